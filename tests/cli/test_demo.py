@@ -1,0 +1,33 @@
+"""The bundled demo: the README's main command shows a preemption and pending reasons."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from warden.cli.main import app
+
+
+def test_demo_json_shows_least_cost_victims_and_reasons() -> None:
+    result = CliRunner().invoke(app, ["demo", "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)
+    by_victim = {p["id"]: p for p in plan["preemptions"]}
+    # The tier-1 service takes the job that saves on SIGTERM within its grace: nothing is lost.
+    assert by_victim["lang-eval"]["for_job"] == "plat-serve-2"
+    assert by_victim["lang-eval"]["lost_work_gpu_s"] == 0.0
+    # The gang takes a whole rack's worth and no more: its claim does not double-count quota.
+    assert {p["id"] for p in plan["preemptions"] if p["for_job"] == "plat-gang"} == {"plat-batch", "vis-scavenge"}
+    reasons = {p["id"]: p["reason"]["code"] for p in plan["pending"]}
+    assert reasons == {"plat-serve-2": "WaitingForGrace", "lang-pretrain-big": "AwaitingApproval",
+                       "plat-gang": "WaitingForGrace", "vis-hparam": "QuotaExceeded"}
+    assert [p["position"] for p in plan["pending"]] == sorted(p["position"] for p in plan["pending"])
+
+
+def test_demo_table_runs_as_a_command() -> None:
+    out = subprocess.run([sys.executable, "-m", "warden.cli.main", "demo"], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert "Preemptions" in out and "WaitingForGrace" in out and "AwaitingApproval" in out

@@ -1,0 +1,133 @@
+"""Why a job is pending (DESIGN §4.5): one primary reason, a plain sentence, machine details.
+
+Every reason class is exercised, including the variants with optional fields unset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from warden.engine import reasons as R
+from warden.engine.reasons import REASON_CODES, Reason
+
+SAMPLES: list[Reason] = [
+    R.QuotaExceeded("vision", "gpu", 16, 4),
+    R.BorrowingLimit("language", "gpu:h100", 8, 2),
+    R.InsufficientCapacity("gpu", 16, 8),
+    R.InsufficientCapacity("gpu:h100", 16, 8, reserved_at=1_000.0),
+    R.Fragmented("pack", 8, 12, 4),
+    R.Fragmented("block", 32, 40, 16, reserved_at=7_200.0),
+    R.WaitingForLease(("v1", "v2"), 3_700.0),
+    R.WaitingForGrace(("v1",), 1_120.0),
+    R.WaitingForGrace(("v1", "v2"), None),
+    R.Reserved("big", 1_000.0),
+    R.Reserved("big", None),
+    R.Position(3, "head"),
+    R.AwaitingApproval(2),
+    R.ThrashBackoff(50.0),
+    R.UnknownQueue("nope"),
+]
+
+
+def _reason_classes() -> list[type[Reason]]:
+    found: list[type[Reason]] = []
+    todo = list(Reason.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo.extend(cls.__subclasses__())
+    # `slots=True` rebuilds each dataclass: keep the classes the module actually exports.
+    return sorted({c for c in found if getattr(R, c.__name__, None) is c}, key=lambda c: c.__name__)
+
+
+def _id(r: Reason) -> str:
+    return f"{r.code}-{SAMPLES.index(r)}"
+
+
+def test_codes_are_unique() -> None:
+    assert len(REASON_CODES) == len(set(REASON_CODES))
+    classes = _reason_classes()
+    assert len({c.code for c in classes}) == len(classes)
+
+
+def test_every_reason_class_is_listed_and_sampled() -> None:
+    classes = _reason_classes()
+    assert {c.code for c in classes} == set(REASON_CODES)
+    assert {type(r) for r in SAMPLES} == set(classes)
+
+
+def test_design_reasons_are_all_present() -> None:
+    design = {"QuotaExceeded", "BorrowingLimit", "InsufficientCapacity", "Fragmented", "WaitingForLease",
+              "WaitingForGrace", "Reserved", "Position", "AwaitingApproval", "ThrashBackoff"}
+    assert design <= set(REASON_CODES)
+
+
+@pytest.mark.parametrize("cls", _reason_classes(), ids=lambda c: c.__name__)
+def test_code_is_the_class_name(cls: type[Reason]) -> None:
+    assert cls.code == cls.__name__
+
+
+@pytest.mark.parametrize("r", SAMPLES, ids=_id)
+def test_message_is_one_plain_sentence(r: Reason) -> None:
+    m = r.message
+    assert isinstance(m, str) and m.strip() == m and len(m) > 10
+    assert m.endswith(".")
+    assert not m[0].islower()  # starts like a sentence (a capital or a number)
+    assert "\n" not in m
+    assert ". " not in m[:-1] and not m.endswith("..")  # no second sentence
+
+
+@pytest.mark.parametrize("r", SAMPLES, ids=_id)
+def test_message_names_the_details_a_person_needs(r: Reason) -> None:
+    m = r.message
+    for f in dataclasses.fields(r):
+        value = getattr(r, f.name)
+        if isinstance(value, (str, int)) and not isinstance(value, bool):
+            assert str(value) in m, (f.name, m)
+        elif isinstance(value, tuple):
+            for item in value:
+                assert str(item) in m, (f.name, m)
+
+
+@pytest.mark.parametrize("r", SAMPLES, ids=_id)
+def test_to_dict_has_code_message_and_json_details(r: Reason) -> None:
+    d = r.to_dict()
+    assert set(d) == {"code", "message", "details"}
+    assert d["code"] == r.code and d["message"] == r.message
+    assert set(d["details"]) == {f.name for f in dataclasses.fields(r)}
+    text = json.dumps(d, allow_nan=False)
+    assert json.loads(text) == d
+
+
+@pytest.mark.parametrize("r", SAMPLES, ids=_id)
+def test_details_hold_the_field_values_with_tuples_as_lists(r: Reason) -> None:
+    details = r.details()
+    for f in dataclasses.fields(r):
+        value = getattr(r, f.name)
+        if isinstance(value, tuple):
+            assert details[f.name] == list(value) and isinstance(details[f.name], list)
+        else:
+            assert details[f.name] == value
+
+
+def test_details_is_a_fresh_dict_each_time() -> None:
+    r = R.WaitingForLease(("v1",), 10.0)
+    r.details()["victims"].append("x")
+    assert r.details()["victims"] == ["v1"]
+
+
+def test_reasons_are_values() -> None:
+    assert R.Position(2, "h") == R.Position(2, "h")
+    assert hash(R.WaitingForGrace(("a",), None)) == hash(R.WaitingForGrace(("a",), None))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        R.Position(2, "h").n = 3  # type: ignore[misc]
+
+
+def test_optional_times_change_the_message() -> None:
+    assert "reserved" not in R.InsufficientCapacity("gpu", 16, 8).message
+    assert "t=1000s" in R.InsufficientCapacity("gpu", 16, 8, reserved_at=1_000.0).message
+    assert "t=1120s" in R.WaitingForGrace(("v1",), 1_120.0).message
+    assert "unknown" in R.WaitingForGrace(("v1",), None).message

@@ -1,0 +1,422 @@
+"""Who may preempt whom (DESIGN §4.3) and what a victim costs (§4.4), rule by rule.
+
+Each rule gets a preemptor P and a candidate victim V and either lets V be taken (None) or
+blocks it until a time (inf: time will not help). Expectations come from the DESIGN text.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from support import nodes, pending, plan_for, policy, preempted, running
+
+from warden.engine.model import Job
+from warden.engine.policy import Policy, parse_policy
+from warden.engine.quota import QuotaTree
+from warden.engine.rules import (
+    Block,
+    Preemptor,
+    RuleContext,
+    blocks,
+    direction,
+    efficiency,
+    efficiency_floor,
+    grace_of,
+    lease,
+    lease_of,
+    lost_work,
+    preemptible,
+    scope,
+    startup_of,
+    thrash_budget,
+    victim_cost,
+)
+
+INF = math.inf
+HOUR = 3600.0
+DAY = 24 * HOUR
+
+DESIGN_QUEUES: dict[str, Any] = {
+    "name": "cluster",
+    "children": [
+        {"name": "research", "weight": 2, "nominal": {"gpu": 64}, "borrowing_limit": {"gpu": 64},
+         "children": [{"name": "vision", "nominal": {"gpu": 32}},
+                      {"name": "language", "nominal": {"gpu": 32}}]},
+        {"name": "platform", "weight": 1, "nominal": {"gpu": 32}, "lending_limit": {"gpu": 16}},
+    ],
+}
+
+
+def ctx(pol: Policy, now: float = 0.0, usage: dict[str, float] | None = None) -> RuleContext:
+    """A context whose quota tree holds `usage` GPUs per leaf."""
+    tree = QuotaTree(pol)
+    for leaf, gpus in (usage or {}).items():
+        tree.add(leaf, (float(gpus),))
+    return RuleContext(pol, tree, now)
+
+
+def pre(job: Job, in_quota: bool = True) -> Preemptor:
+    return Preemptor(job, in_quota, (float(job.total_gpus),))
+
+
+def victim(queue: str = "a", tier: int = 3, started: float = 0.0, **kw: Any) -> Job:
+    return running("v", queue, tier, ("n0", 8), started=started, **kw)
+
+
+# ---------------------------------------------------------------------------- direction
+
+
+@pytest.mark.parametrize("p_tier,v_tier", [(1, 2), (1, 4), (2, 3), (3, 4)])
+def test_downward_preemption_is_allowed(p_tier: int, v_tier: int) -> None:
+    c = ctx(policy())
+    assert direction(c, pre(pending("p", "b", p_tier)), victim("a", v_tier)) is None
+    # Downward does not need P to be in-quota nor V to borrow, and works inside one queue too.
+    assert direction(c, pre(pending("p", "a", p_tier), in_quota=False), victim("a", v_tier)) is None
+
+
+@pytest.mark.parametrize("p_tier,v_tier", [(2, 1), (3, 2), (4, 3), (3, 3), (4, 4)])
+def test_upward_or_same_tier_without_reclaim_is_blocked(p_tier: int, v_tier: int) -> None:
+    c = ctx(policy())  # nobody over nominal
+    b = direction(c, pre(pending("p", "b", p_tier)), victim("a", v_tier))
+    assert b is not None and b.until == INF
+
+
+def test_reclaim_same_tier_from_a_queue_over_its_nominal() -> None:
+    c = ctx(policy(), usage={"a": 16})  # a borrowed b's 8
+    assert direction(c, pre(pending("p", "b", 3)), victim("a", 3)) is None
+
+
+def test_reclaim_needs_the_victims_side_over_nominal() -> None:
+    c = ctx(policy(), usage={"a": 8})  # a exactly at nominal
+    assert direction(c, pre(pending("p", "b", 3)), victim("a", 3)) == Block("direction")
+
+
+def test_reclaim_needs_the_preemptor_in_quota() -> None:
+    c = ctx(policy(), usage={"a": 16})
+    b = direction(c, pre(pending("p", "b", 3), in_quota=False), victim("a", 3))
+    assert b is not None and b.until == INF
+
+
+def test_reclaim_never_takes_a_higher_tier() -> None:
+    c = ctx(policy(), usage={"a": 16})
+    assert direction(c, pre(pending("p", "b", 3)), victim("a", 2)) is not None
+
+
+def test_same_tier_same_queue_is_never_preempted() -> None:
+    c = ctx(policy(), usage={"a": 16})  # a over nominal; P in a
+    b = direction(c, pre(pending("p", "a", 3)), victim("a", 3))
+    assert b is not None and b.until == INF
+
+
+def test_uncharged_victim_is_not_reclaimed_by_the_same_tier() -> None:
+    c = ctx(policy(), usage={"a": 16})
+    assert direction(c, pre(pending("p", "b", 4)), victim("a", 4)) is not None
+
+
+def test_reclaim_between_sibling_teams_of_a_department() -> None:
+    # vision borrowed language's nominal inside research; research itself is within its 64.
+    c = ctx(parse_policy({"queues": DESIGN_QUEUES}), usage={"vision": 60})
+    v = victim("vision", 3)
+    assert direction(c, pre(pending("p", "language", 3)), v) is None
+    # platform is not owed anything: the borrowing stayed inside research.
+    assert direction(c, pre(pending("p", "platform", 3)), v) is not None
+
+
+def test_reclaim_across_departments_when_the_department_borrowed() -> None:
+    c = ctx(parse_policy({"queues": DESIGN_QUEUES}), usage={"vision": 30, "language": 50})  # research at 80
+    assert direction(c, pre(pending("p", "platform", 3)), victim("vision", 3)) is None
+    assert direction(c, pre(pending("p", "platform", 3)), victim("language", 3)) is None
+    # vision is within its own nominal: language (same department) has nothing to reclaim from it.
+    assert direction(c, pre(pending("p", "language", 3)), victim("vision", 3)) is not None
+
+
+# -------------------------------------------------------------------------------- scope
+
+
+def test_quota_scope_in_quota_preemptor_may_preempt_anywhere() -> None:
+    c = ctx(policy())
+    assert scope(c, pre(pending("p", "b", 3), in_quota=True), victim("a", 4)) is None
+
+
+def test_quota_scope_borrowing_preemptor_only_inside_its_own_queue() -> None:
+    c = ctx(policy())
+    p = pre(pending("p", "a", 3), in_quota=False)
+    assert scope(c, p, victim("a", 4)) is None
+    b = scope(c, p, victim("b", 4))
+    assert b == Block("scope") and b.until == INF
+
+
+def test_cluster_scope_preempts_anywhere_even_when_borrowing() -> None:
+    c = ctx(policy())  # tier 1 has scope: cluster by default
+    assert scope(c, pre(pending("p", "a", 1), in_quota=False), victim("b", 3)) is None
+
+
+def test_scope_follows_the_policy() -> None:
+    c = ctx(policy(tiers={2: {"scope": "cluster"}, 1: {"scope": "quota"}}))
+    assert scope(c, pre(pending("p", "a", 2), in_quota=False), victim("b", 3)) is None
+    assert scope(c, pre(pending("p", "a", 1), in_quota=False), victim("b", 3)) is not None
+
+
+# -------------------------------------------------------------------------- preemptible
+
+
+@pytest.mark.parametrize("v_tier,allowed", [(1, False), (2, True), (3, True), (4, True)])
+def test_default_preemptible_tiers(v_tier: int, allowed: bool) -> None:
+    b = preemptible(ctx(policy()), pre(pending("p", "b", 1)), victim("a", v_tier))
+    assert (b is None) == allowed
+    if b is not None:
+        assert b.until == INF
+
+
+def test_preemptible_follows_the_policy() -> None:
+    c = ctx(policy(tiers={3: {"preemptible": False}}))
+    assert preemptible(c, pre(pending("p", "b", 2)), victim("a", 3)) is not None
+
+
+# -------------------------------------------------------------------------------- lease
+
+
+def test_tier_lease_protects_until_it_has_run_out() -> None:
+    pol = policy()  # tier 3: 45 min
+    v = victim("a", 3, started=1_000.0)
+    p = pre(pending("p", "b", 2))
+    assert lease(ctx(pol, now=1_000.0 + 2_699.0), p, v) == Block("lease", 3_700.0)
+    assert lease(ctx(pol, now=3_700.0), p, v) is None
+    assert lease(ctx(pol, now=10_000.0), p, v) is None
+
+
+def test_job_lease_overrides_the_tiers() -> None:
+    pol = policy()
+    p = pre(pending("p", "b", 2))
+    short = victim("a", 3, started=0.0, lease=600.0)
+    assert lease(ctx(pol, now=599.0), p, short) == Block("lease", 600.0)
+    assert lease(ctx(pol, now=600.0), p, short) is None
+    zero = victim("a", 2, started=0.0, lease=0.0)  # tier 2's 4 h lease does not apply
+    assert lease(ctx(pol, now=0.0), p, zero) is None
+
+
+def test_job_lease_is_capped_at_max_lease() -> None:
+    pol = policy()  # max_lease 8h
+    v = victim("a", 3, started=0.0, lease=10 * HOUR)
+    assert lease_of(pol, v) == 8 * HOUR
+    assert lease(ctx(pol, now=8 * HOUR - 1), pre(pending("p", "b", 2)), v) == Block("lease", 8 * HOUR)
+    assert lease(ctx(pol, now=8 * HOUR), pre(pending("p", "b", 2)), v) is None
+
+
+def test_lease_counts_from_the_start_of_the_current_attempt() -> None:
+    pol = policy()
+    v = victim("a", 3, started=0.0)
+    restarted = replace(v, attempt=replace(v.attempt, number=2, started_at=10_000.0))
+    assert lease(ctx(pol, now=11_000.0), pre(pending("p", "b", 2)), restarted) == Block("lease", 12_700.0)
+
+
+def test_job_without_an_attempt_is_never_a_victim() -> None:
+    b = lease(ctx(policy(), now=1e9), pre(pending("p", "b", 2)), pending("x", "a", 4))
+    assert b is not None and b.until == INF
+
+
+# -------------------------------------------------------------------------- thrash budget
+
+
+def test_thrash_budget_allows_fewer_than_count_preemptions_in_the_window() -> None:
+    pol = policy()  # 3 per 24h
+    now = 10 * DAY
+    v = victim("a", 3, preempted_at=(now - 2 * HOUR, now - HOUR))
+    assert thrash_budget(ctx(pol, now=now), pre(pending("p", "b", 2)), v) is None
+
+
+def test_thrash_budget_spent_blocks_until_the_oldest_leaves_the_window() -> None:
+    pol = policy()
+    now = 10 * DAY
+    v = victim("a", 3, preempted_at=(now - 3 * HOUR, now - 2 * HOUR, now - HOUR))
+    assert thrash_budget(ctx(pol, now=now), pre(pending("p", "b", 2)), v) == Block("thrash_budget", now - 3 * HOUR + DAY)
+    # One second before that it is still blocked; at that time the oldest no longer counts.
+    until = now - 3 * HOUR + DAY
+    assert thrash_budget(ctx(pol, now=until - 1), pre(pending("p", "b", 2)), v) is not None
+    assert thrash_budget(ctx(pol, now=until), pre(pending("p", "b", 2)), v) is None
+
+
+def test_thrash_budget_with_more_than_count_waits_for_enough_to_expire() -> None:
+    pol = policy()
+    now = 10 * DAY
+    times = (now - 4 * HOUR, now - 3 * HOUR, now - 2 * HOUR, now - HOUR)
+    v = victim("a", 3, preempted_at=times)
+    # 4 in the window, at most 2 may remain: the second oldest must leave it.
+    assert thrash_budget(ctx(pol, now=now), pre(pending("p", "b", 2)), v) == Block("thrash_budget", now - 3 * HOUR + DAY)
+
+
+def test_thrash_budget_ignores_preemptions_outside_the_window() -> None:
+    pol = policy()
+    now = 10 * DAY
+    v = victim("a", 3, preempted_at=(now - 3 * DAY, now - DAY - 1, now - DAY, now - HOUR))
+    assert thrash_budget(ctx(pol, now=now), pre(pending("p", "b", 2)), v) is None
+
+
+def test_thrash_budget_from_the_policy() -> None:
+    pol = policy(thrash={"max_preemptions": {"per": "1h", "count": 1}})
+    v = victim("a", 3, preempted_at=(5_000.0,))
+    assert thrash_budget(ctx(pol, now=5_100.0), pre(pending("p", "b", 2)), v) == Block("thrash_budget", 8_600.0)
+    assert thrash_budget(ctx(pol, now=8_600.0), pre(pending("p", "b", 2)), v) is None
+
+
+# ------------------------------------------------------------------------ efficiency floor
+
+
+def test_efficiency_formula() -> None:
+    pol = policy()
+    v = victim("a", 3, started=0.0, startup_s=600.0, checkpoint_s=300.0)
+    assert efficiency(pol, v, 3_000.0) == pytest.approx((3_000 - 900) / 3_000)
+    assert efficiency(pol, v, 9_000.0) == pytest.approx(0.9)
+    unknown = victim("a", 3, started=0.0, startup_s=None)  # restart_overhead 60 s assumed
+    assert efficiency(pol, unknown, 600.0) == pytest.approx(0.9)
+
+
+def test_efficiency_floor_stretches_the_lease() -> None:
+    pol = policy()  # min_efficiency 0.9
+    v = victim("a", 3, started=1_000.0, startup_s=600.0, checkpoint_s=300.0)
+    # η ≥ 0.9 once T_run ≥ (600 + 300) / (1 − 0.9) = 9,000 s.
+    until = 1_000.0 + 9_000.0
+    b = efficiency_floor(ctx(pol, now=5_000.0), pre(pending("p", "b", 2)), v)
+    assert b is not None and b.rule == "efficiency" and b.until == pytest.approx(until)
+    assert efficiency_floor(ctx(pol, now=until - 1), pre(pending("p", "b", 2)), v) is not None
+    assert efficiency_floor(ctx(pol, now=until), pre(pending("p", "b", 2)), v) is None
+
+
+def test_efficiency_floor_uses_restart_overhead_when_startup_is_unknown() -> None:
+    pol = policy(preemption={"restart_overhead": "5m"}, thrash={"min_efficiency": 0.75})
+    v = victim("a", 3, started=0.0, startup_s=None)
+    assert startup_of(pol, v) == 300.0
+    b = efficiency_floor(ctx(pol, now=100.0), pre(pending("p", "b", 2)), v)
+    assert b is not None and b.until == pytest.approx(300.0 / 0.25)
+
+
+def test_zero_min_efficiency_protects_only_the_overhead() -> None:
+    pol = policy(thrash={"min_efficiency": 0})
+    v = victim("a", 3, started=100.0, startup_s=50.0, checkpoint_s=10.0)
+    assert efficiency_floor(ctx(pol, now=159.0), pre(pending("p", "b", 2)), v) is not None
+    assert efficiency_floor(ctx(pol, now=160.0), pre(pending("p", "b", 2)), v) is None
+
+
+# --------------------------------------------------------------------- lost work and cost
+
+
+def test_lost_work_is_zero_when_the_sigterm_save_fits_the_grace() -> None:
+    pol = policy()  # tier 3 grace 120 s
+    for save in (30.0, 120.0):
+        v = victim("a", 3, started=0.0, startup_s=100.0, sigterm_save_s=save)
+        assert lost_work(pol, v, 10_000.0) == 0.0
+        assert victim_cost(pol, v, 10_000.0) == (100.0 * 8, 0.0)
+
+
+def test_a_longer_grace_lets_a_slow_save_fit() -> None:
+    pol = policy()
+    v = victim("a", 3, started=0.0, sigterm_save_s=500.0, grace=600.0)
+    assert grace_of(pol, v) == 600.0
+    assert lost_work(pol, v, 10_000.0) == 0.0
+
+
+def test_lost_work_since_the_last_checkpoint_when_the_save_does_not_fit() -> None:
+    pol = policy()
+    v = victim("a", 3, started=0.0, startup_s=100.0, sigterm_save_s=121.0, last_checkpoint_at=7_000.0)
+    assert lost_work(pol, v, 10_000.0) == 8 * 3_000.0
+    assert victim_cost(pol, v, 10_000.0) == (8 * 3_000.0 + 8 * 100.0, 8 * 3_000.0)
+
+
+def test_lost_work_without_a_checkpoint_counts_from_the_end_of_startup() -> None:
+    pol = policy()
+    v = victim("a", 3, started=1_000.0, startup_s=200.0)
+    assert lost_work(pol, v, 5_000.0) == 8 * (5_000.0 - 1_200.0)
+
+
+def test_a_checkpoint_older_than_this_attempts_progress_does_not_extend_lost_work() -> None:
+    pol = policy()
+    v = victim("a", 3, started=1_000.0, startup_s=200.0, last_checkpoint_at=500.0)
+    assert lost_work(pol, v, 5_000.0) == 8 * (5_000.0 - 1_200.0)
+
+
+def test_lost_work_during_startup_is_zero() -> None:
+    pol = policy()
+    v = victim("a", 3, started=1_000.0, startup_s=200.0)
+    assert lost_work(pol, v, 1_100.0) == 0.0
+    assert victim_cost(pol, v, 1_100.0) == (8 * 200.0, 0.0)
+
+
+def test_lost_work_and_cost_count_every_gpu_of_the_gang() -> None:
+    pol = policy()
+    gang = running("g", "a", 3, [("n0", 4), ("n1", 4), ("n2", 4)], started=0.0, startup_s=10.0)
+    assert gang.total_gpus == 12
+    assert victim_cost(pol, gang, 110.0) == (12 * 100.0 + 12 * 10.0, 12 * 100.0)
+
+
+def test_policy_restart_overhead_is_used_when_startup_is_unknown() -> None:
+    pol = policy(preemption={"restart_overhead": "2m"})
+    v = victim("a", 3, started=0.0, startup_s=None)
+    # progress from 0 + 120 s; cost adds 120 s × 8 GPUs
+    assert victim_cost(pol, v, 1_000.0) == (8 * 880.0 + 8 * 120.0, 8 * 880.0)
+    measured = victim("a", 3, started=0.0, startup_s=30.0)
+    assert victim_cost(pol, measured, 1_000.0) == (8 * 970.0 + 8 * 30.0, 8 * 970.0)
+
+
+def test_job_without_an_attempt_loses_nothing() -> None:
+    assert lost_work(policy(), pending("p", "a", 3), 1_000.0) == 0.0
+
+
+# -------------------------------------------------------------------------------- blocks
+
+
+def test_blocks_is_zero_when_nothing_protects_the_victim() -> None:
+    pol = policy()
+    v = victim("a", 3, started=0.0, startup_s=60.0)
+    assert blocks(ctx(pol, now=10_000.0), pre(pending("p", "b", 2)), v) == 0.0
+
+
+def test_blocks_is_the_latest_time_a_timed_rule_lifts() -> None:
+    pol = policy()
+    # lease (45 min) lifts at 2,700; the efficiency floor at 600 / 0.1 = 6,000.
+    v = victim("a", 3, started=0.0, startup_s=600.0)
+    assert blocks(ctx(pol, now=1_000.0), pre(pending("p", "b", 2)), v) == pytest.approx(6_000.0)
+    # Add a spent thrash budget that lifts later still.
+    now = 1_000.0
+    spent = replace(v, preempted_at=(now - 100.0, now - 50.0, now - 10.0))
+    assert blocks(ctx(pol, now=now), pre(pending("p", "b", 2)), spent) == now - 100.0 + DAY
+    # Only the lease left.
+    short = victim("a", 3, started=0.0, startup_s=0.0)
+    assert blocks(ctx(pol, now=1_000.0), pre(pending("p", "b", 2)), short) == 2_700.0
+
+
+@pytest.mark.parametrize("case", ["upward", "unpreemptible", "scope", "same-queue-same-tier"])
+def test_blocks_is_inf_when_time_will_not_help(case: str) -> None:
+    pol = policy()
+    c = ctx(pol, now=1_000.0)  # the victim is also inside its lease: inf must still win
+    v = victim("a", 3, started=500.0)
+    if case == "upward":
+        p = pre(pending("p", "b", 4))
+    elif case == "unpreemptible":
+        p, v = pre(pending("p", "b", 1)), victim("a", 1, started=500.0)
+    elif case == "scope":
+        p, v = pre(pending("p", "b", 3), in_quota=False), victim("a", 4, started=500.0)
+    else:
+        p = pre(pending("p", "a", 3))
+    assert blocks(c, p, v) == INF
+
+
+# ------------------------------------------------------------------ reclaim inside a pass
+
+
+def test_team_reclaims_its_nominal_from_a_sibling_that_borrowed_it() -> None:
+    """vision (nominal 32) runs 64 GPUs — all of research's 64 — and platform its 32: the cluster
+    is full. language (nominal 32, using 0) submits 8 GPUs at the same tier. After evicting one
+    8-GPU vision job language is within its own and research's nominal: that is a reclaim."""
+    pol = parse_policy({"queues": DESIGN_QUEUES})
+    jobs = [running(f"v{i}", "vision", 3, (f"n{i}", 8), started=0.0) for i in range(8)]
+    jobs += [running(f"p{i}", "platform", 3, (f"n{8 + i}", 8), started=0.0) for i in range(4)]
+    jobs.append(pending("L", "language", 3, gpus=8, submit=5_000.0))
+    plan = plan_for(pol, nodes(12), jobs, now=10_000.0)
+    victims = preempted(plan)
+    assert len(victims) == 1 and next(iter(victims)).startswith("v")
+    assert plan.preemptions[0].kind == "reclaim"
+    assert plan.explanations["L"].reason.code == "WaitingForGrace"

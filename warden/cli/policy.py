@@ -1,0 +1,131 @@
+"""`warden policy check|show|schema`: validate a policy file before it governs anything.
+
+A refused file prints every issue on its own line, prefixed with the file name (the way
+compilers and linters report), and exits 2; nothing here ever shows a traceback for bad input.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+from rich import box
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from warden.engine.policy import (
+    Policy,
+    PolicyError,
+    QueueSpec,
+    format_duration,
+    load_policy,
+    policy_json_schema,
+)
+
+app = typer.Typer(
+    help="Check, show and describe policy files (tiers, limits, fair share, queue tree).",
+    no_args_is_help=True,
+)
+
+EXIT_INVALID = 2
+
+PolicyFile = Annotated[Path, typer.Argument(help="The policy YAML file.", show_default=False)]
+
+
+def _load(file: Path) -> Policy:
+    """The policy in `file`, or exit 2 after listing every problem on stderr."""
+    try:
+        return load_policy(file)
+    except PolicyError as err:
+        for issue in err.issues:
+            typer.echo(f"{file}: {issue}", err=True)
+        raise typer.Exit(EXIT_INVALID) from None
+
+
+def _quota(quota: dict[str, int] | None, unset: str) -> str:
+    if quota is None:
+        return unset
+    return ", ".join(f"{resource} {amount}" for resource, amount in quota.items()) or "-"
+
+
+def _queue_label(queue: QueueSpec) -> Text:
+    label = Text(queue.name, style="bold")
+    label.append(
+        f"  weight {queue.weight:g} · nominal {_quota(queue.nominal, '-')}"
+        f" · borrowing {_quota(queue.borrowing_limit, 'unlimited')}"
+        f" · lending {_quota(queue.lending_limit, 'all')}"
+    )
+    return label
+
+
+def _queue_tree(queue: QueueSpec, tree: Tree | None = None) -> Tree:
+    node = Tree(_queue_label(queue)) if tree is None else tree.add(_queue_label(queue))
+    for child in queue.children:
+        _queue_tree(child, node)
+    return node
+
+
+def _summary(file: Path, policy: Policy) -> Group:
+    def yes(flag: bool) -> str:
+        return "yes" if flag else "no"
+
+    # Borderless so that all eight columns fit an 80-column terminal without truncation.
+    tiers = Table(title="tiers", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+                  padding=0)
+    for column in ("tier", "name", "preemptible", "lease", "grace", "approval", "scope",
+                   "charged"):
+        tiers.add_column(column, no_wrap=True)
+    for number, tier in policy.tiers.items():
+        tiers.add_row(str(number), tier.name, yes(tier.preemptible), format_duration(tier.lease),
+                      format_duration(tier.grace), yes(tier.requires_approval), tier.scope,
+                      yes(tier.charged))
+
+    thrash = policy.thrash
+    settings = Table.grid(padding=(0, 2))
+    settings.add_column(style="bold")
+    settings.add_column()
+    for key, value in (
+        ("min_grace", format_duration(policy.min_grace)),
+        ("max_lease", format_duration(policy.max_lease)),
+        ("half_life", format_duration(policy.fair_share.half_life)),
+        ("max_wait", format_duration(policy.fair_share.aging.max_wait["default"])),
+        ("min_efficiency", f"{thrash.min_efficiency:g}"),
+        ("max_preemptions", f"{thrash.max_preemptions.count} per "
+                            f"{format_duration(thrash.max_preemptions.per)}"),
+    ):
+        settings.add_row(key, value)
+
+    return Group(Text(f"{file}: valid policy", style="green"), tiers,
+                 Text("queues", style="italic"), _queue_tree(policy.queues), settings)
+
+
+@app.command()
+def check(file: PolicyFile) -> None:
+    """Validate FILE; print a summary (exit 0) or every problem found (exit 2)."""
+    policy = _load(file)
+    Console(highlight=False).print(_summary(file, policy))
+
+
+@app.command()
+def show(
+    file: PolicyFile,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object instead of YAML.")] = False,
+) -> None:
+    """Print FILE fully resolved: every default filled in, inner quotas summed."""
+    resolved = _load(file).to_dict()
+    if as_json:
+        typer.echo(json.dumps(resolved, indent=2))
+    else:
+        typer.echo(yaml.safe_dump(resolved, sort_keys=False), nl=False)
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of the policy file format."""
+    typer.echo(json.dumps(policy_json_schema(), indent=2))

@@ -1,0 +1,99 @@
+"""Decayed dominant-resource usage and the Fair Tree order of queues (DESIGN §4.1).
+
+Usage is ∫ share(t) dt with exponential decay of the policy's half-life, where a job's share
+is its dominant resource share (DRF: max over resources of used / capacity). Tiers that are not
+charged (tier 4 by default) accrue nothing. The order compares siblings at every level of the
+queue tree by `usage share / entitled share` (Slurm's Fair Tree), so a team that used little of
+what its weight entitles it to is served first, within its department first.
+"""
+
+from __future__ import annotations
+
+import math
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Iterable, Mapping
+
+from warden.engine.model import Job, Node, UsageLedger
+
+if TYPE_CHECKING:
+    from warden.engine.policy import Policy, QueueSpec
+
+
+def cluster_capacity(nodes: Iterable[Node]) -> tuple[int, int, int]:
+    """Total (gpus, cpu, memory) of the cluster."""
+    g = c = m = 0
+    for n in nodes:
+        g += n.gpus
+        c += n.cpu
+        m += n.memory
+    return g, c, m
+
+
+def dominant_share(job: Job, capacity: tuple[int, int, int]) -> float:
+    """max over resources of what the whole gang holds / what the cluster has."""
+    r = job.replicas
+    best = 0.0
+    for used, cap in ((job.gpus * r, capacity[0]), (job.cpu * r, capacity[1]), (job.memory * r, capacity[2])):
+        if cap > 0 and used > 0:
+            best = max(best, used / cap)
+    return best
+
+
+def accrue(ledger: UsageLedger, jobs: Iterable[Job], capacity: tuple[int, int, int],
+           policy: Policy, until: float) -> UsageLedger:
+    """Advance the ledger to `until`, assuming the jobs that hold resources held them throughout.
+
+    Shells call it before every change to the set of running jobs, so the assumption holds.
+    """
+    dt = until - ledger.at
+    if dt <= 0:
+        return ledger
+    h = policy.fair_share.half_life
+    decay = 0.5 ** (dt / h)
+    # ∫_0^dt s · 2^{-(dt-t)/h} dt = s · h/ln2 · (1 - 2^{-dt/h})
+    gain = h / math.log(2) * (1.0 - decay)
+    usage = {q: u * decay for q, u in ledger.usage.items()}
+    for job in jobs:
+        if not job.state.holds_resources or not policy.tier(job.tier).charged:
+            continue
+        usage[job.queue] = usage.get(job.queue, 0.0) + dominant_share(job, capacity) * gain
+    return UsageLedger(at=until, usage=MappingProxyType(usage))
+
+
+def fair_order(policy: Policy, usage: Mapping[str, float]) -> dict[str, tuple[int, tuple[float, ...]]]:
+    """Leaf queue → (rank in the Fair Tree walk, usage/entitlement ratios from the root down).
+
+    The ratio of a queue is (its subtree's usage / its siblings' total usage) divided by (its
+    weight / its siblings' total weight); with no usage among the siblings every ratio is 0.
+    Siblings are ordered by ratio and a depth-first walk in that order ranks the leaves. Siblings
+    with equal ratios share a rank, and so do their subtrees' leaves where the ratios below tie
+    too, so that aging, not a queue's name, decides between equally served teams.
+    """
+    subtree: dict[str, float] = {}
+
+    def total(q: QueueSpec) -> float:
+        s = usage.get(q.name, 0.0) if not q.children else sum(total(c) for c in q.children)
+        subtree[q.name] = s
+        return s
+
+    root = policy.queues
+    total(root)
+    walked: dict[str, tuple[tuple[int, ...], tuple[float, ...]]] = {}
+
+    def walk(q: QueueSpec, ranks: tuple[int, ...], ratios: tuple[float, ...]) -> None:
+        if not q.children:
+            walked[q.name] = (ranks, ratios)
+            return
+        used = sum(subtree[c.name] for c in q.children)
+        weight = sum(c.weight for c in q.children)
+        scored = sorted(((subtree[c.name] / used if used > 0 else 0.0) / (c.weight / weight), c.name, c)
+                        for c in q.children)
+        distinct = sorted({ratio for ratio, _, _ in scored})
+        for ratio, _, c in scored:
+            walk(c, ranks + (distinct.index(ratio),), ratios + (ratio,))
+
+    walk(root, (), ())
+    depth = max(len(ranks) for ranks, _ in walked.values())
+    padded = {leaf: ranks + (0,) * (depth - len(ranks)) for leaf, (ranks, _) in walked.items()}
+    order = {key: n for n, key in enumerate(sorted(set(padded.values())))}
+    return {leaf: (order[padded[leaf]], ratios) for leaf, (_, ratios) in walked.items()}

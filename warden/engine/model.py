@@ -1,0 +1,157 @@
+"""What the engine is told: nodes, jobs with their runtime facts, and the usage ledger.
+
+All times are seconds on the caller's clock (wall clock in the server, virtual in the
+simulator); the engine never reads a clock of its own. CPU is in millicores, memory in MiB.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Literal, Mapping
+
+if TYPE_CHECKING:
+    from warden.engine.policy import Policy
+
+PlacementConstraint = Literal["pack", "block", "any"]
+DEFAULT_FLAVOR = "default"
+
+
+class JobState(str, Enum):
+    """The lifecycle of DESIGN §5; names are stable and shown to users."""
+
+    AWAITING_APPROVAL = "AWAITING_APPROVAL"
+    PENDING = "PENDING"
+    ADMITTED = "ADMITTED"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    PREEMPTING = "PREEMPTING"
+    REQUEUED = "REQUEUED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def holds_resources(self) -> bool:
+        return self in _HOLDING
+
+    @property
+    def waiting(self) -> bool:
+        return self in _WAITING
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL
+
+
+_HOLDING = frozenset({JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING})
+_WAITING = frozenset({JobState.AWAITING_APPROVAL, JobState.PENDING, JobState.REQUEUED})
+_TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One machine. `block` labels its topology block (rack, NVLink domain); None: its own."""
+
+    name: str
+    gpus: int
+    cpu: int = 0
+    memory: int = 0
+    flavor: str = DEFAULT_FLAVOR
+    block: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaPlacement:
+    """Where one replica of a gang runs: a node and the GPU indices on it."""
+
+    node: str
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """Facts about the run a job is in now, as reported by executors and the workload SDK."""
+
+    number: int
+    started_at: float
+    assignment: tuple[ReplicaPlacement, ...]
+    borrowing: bool = False
+    startup_s: float | None = None
+    """Measured startup time (None: not reported yet; the policy's restart overhead is assumed)."""
+    checkpoint_s: float = 0.0
+    """Total time this attempt has spent writing checkpoints."""
+    last_checkpoint_at: float | None = None
+    """End of the newest checkpoint that survives a preemption."""
+    sigterm_save_s: float | None = None
+    """Measured duration of a save on SIGTERM; None when the job does not checkpoint on SIGTERM."""
+    sigterm_at: float | None = None
+    """Set once the job was signalled to stop: it is terminating and frees its resources on exit."""
+    kill_at: float | None = None
+    """SIGKILL deadline of a terminating job: when its resources are certain to be free."""
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A gang: `replicas` × per-replica resources, admitted and evicted whole."""
+
+    id: str
+    queue: str
+    tier: int
+    submit: float
+    state: JobState = JobState.PENDING
+    replicas: int = 1
+    gpus: int = 1
+    cpu: int = 0
+    memory: int = 0
+    flavor: str | None = None
+    placement: PlacementConstraint = "any"
+    user: str = ""
+    lease: float | None = None
+    """Requested minimum runtime in seconds; None takes the tier's."""
+    grace: float | None = None
+    """Requested grace period in seconds; None takes the tier's."""
+    expected_duration: float | None = None
+    """Runtime estimate in seconds (a time limit); lets reservations know when capacity frees."""
+    waited: float = 0.0
+    """Seconds spent pending in earlier attempts (aging carries over a requeue)."""
+    pending_since: float | None = None
+    """When the job last entered PENDING; None means its submit time."""
+    not_before: float | None = None
+    """Requeue back-off: the job may not be admitted before this time."""
+    preempted_at: tuple[float, ...] = ()
+    """When each earlier preemption of this job began (the thrash guard's budget)."""
+    attempt: Attempt | None = None
+
+    @property
+    def total_gpus(self) -> int:
+        return self.replicas * self.gpus
+
+    def wait_at(self, now: float) -> float:
+        """Seconds this job has spent pending in all attempts, up to `now`."""
+        if not self.state.waiting:
+            return self.waited
+        since = self.submit if self.pending_since is None else self.pending_since
+        return self.waited + max(0.0, now - since)
+
+
+@dataclass(frozen=True, slots=True)
+class UsageLedger:
+    """Decayed usage per leaf queue: ∫ dominant-resource share dt, halved every half-life.
+
+    `usage` holds the values as of `at`; `warden.engine.fairshare.accrue` advances it.
+    """
+
+    at: float = 0.0
+    usage: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything one scheduling pass needs. Jobs in terminal states are ignored."""
+
+    nodes: tuple[Node, ...]
+    jobs: tuple[Job, ...]
+    policy: Policy
+    ledger: UsageLedger = UsageLedger()

@@ -1,0 +1,91 @@
+"""What the engine answers: admissions, preemptions, reservations and explanations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from warden.engine.model import ReplicaPlacement
+from warden.engine.reasons import Reason
+
+
+class SortKey(NamedTuple):
+    """A pending job's rank (DESIGN §4.1); smaller sorts first. Shown to users as is.
+
+    A named tuple, not a dataclass: a pass over 100,000 pending jobs builds one per job.
+    `fair_rank` is the position of the job's leaf queue in the Fair Tree walk and `fair_share`
+    the usage/entitlement ratios on its path from the root down (never compared: `id` is unique).
+    """
+
+    tier: int
+    breach: int
+    """0 when the job has waited past its queue's max_wait (it goes first in its tier), else 1."""
+    fair_rank: int
+    neg_waited: float
+    submit: float
+    id: str
+    fair_share: tuple[float, ...] = ()
+
+    @property
+    def waited(self) -> float:
+        return -self.neg_waited
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tier": self.tier,
+            "starvation_breach": self.breach == 0,
+            "fair_rank": self.fair_rank,
+            "fair_share": list(self.fair_share),
+            "waited_s": self.waited,
+            "submit": self.submit,
+            "id": self.id,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    job_id: str
+    placement: tuple[ReplicaPlacement, ...]
+    flavor: str
+    borrowing: bool
+    """True when the job runs above its queue's nominal quota (reclaimable)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    job_id: str
+    for_job: str
+    kind: str
+    """`downward` (strictly lower tier) or `reclaim` (capacity borrowed from the preemptor's side)."""
+    grace: float
+    cost: float
+    """Lost work + restart overhead, in GPU-seconds (DESIGN §4.4)."""
+    lost_work: float
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    job_id: str
+    due: float | None
+    """When the reserved capacity is expected to be free (None: unknown)."""
+    nodes: tuple[str, ...]
+    waits_for: tuple[str, ...] = ()
+
+
+class Explanation(NamedTuple):
+    """Why one waiting job did not start in this pass, and where it stands."""
+
+    job_id: str
+    reason: Reason
+    sort_key: SortKey
+    position: int
+    """1-based rank among all waiting jobs of the pass."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    now: float
+    admissions: tuple[Admission, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
+    reservations: tuple[Reservation, ...] = ()
+    explanations: dict[str, Explanation] = field(default_factory=dict)

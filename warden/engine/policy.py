@@ -1,0 +1,764 @@
+"""The policy file (DESIGN §3): tiers, limits, fair share, thrash guard and the queue tree.
+
+A policy is parsed once and read on every scheduling pass, so validation is strict and complete
+up front (every problem is reported with its path and value, all at once where possible), and
+the lookups the engine needs per job are precomputed. Durations are float seconds in memory and
+canonical strings ("45m") when dumped for people.
+
+`load_policy` is the one function here that touches the file system; shells call it, the
+scheduling pass only ever sees a parsed `Policy`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+__all__ = [
+    "Aging",
+    "Duration",
+    "FairShare",
+    "MaxPreemptions",
+    "Policy",
+    "PolicyError",
+    "PolicyIssue",
+    "PreemptionSpec",
+    "QueueSpec",
+    "SchedulingSpec",
+    "Thrash",
+    "TierSpec",
+    "default_policy",
+    "format_duration",
+    "load_policy",
+    "parse_duration",
+    "parse_policy",
+    "policy_json_schema",
+]
+
+
+# --------------------------------------------------------------------------------------- errors
+
+
+class _Missing:
+    """The value of an issue about something that is absent (nothing to quote back)."""
+
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+MISSING: Any = _Missing()
+
+
+@dataclass(frozen=True)
+class PolicyIssue:
+    """One problem in a policy: where (dotted path, `[i]` for list items), what, and why."""
+
+    path: str
+    value: Any
+    message: str
+    allowed: str | None = None
+
+    def __str__(self) -> str:
+        text = self.message if self.value is MISSING else f"{self.message} (got {self.value!r})"
+        if self.allowed:
+            text += f"; allowed: {self.allowed}"
+        return f"{self.path}: {text}" if self.path else text
+
+
+class PolicyError(ValueError):
+    """A policy was refused; `issues` holds every problem found, `source` names the input."""
+
+    def __init__(self, issues: list[PolicyIssue], source: str | None = None) -> None:
+        self.issues = issues
+        self.source = source
+        super().__init__("\n".join(str(i) for i in issues))
+
+
+def _refuse(value: Any, message: str, allowed: str | None = None) -> PolicyError:
+    """An error about the value being validated; the caller's location becomes its path."""
+    return PolicyError([PolicyIssue("", value, message, allowed)])
+
+
+def _join(prefix: str, path: str) -> str:
+    if not prefix or not path:
+        return prefix or path
+    return prefix + path if path.startswith("[") else f"{prefix}.{path}"
+
+
+def _format_loc(loc: tuple[int | str, ...]) -> str:
+    """Pydantic's loc as a path: list items as `[i]`, dict keys and fields dotted."""
+    path = ""
+    for i, part in enumerate(loc):
+        if part == "[key]":
+            continue
+        if isinstance(part, int) and i > 0 and loc[i - 1] == "children":
+            path += f"[{part}]"
+        else:
+            path = _join(path, str(part))
+    return path
+
+
+def _nested_model(annotation: Any) -> type[BaseModel] | None:
+    """The model a field holds, directly or inside a dict / tuple / Optional."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        if (found := _nested_model(arg)) is not None:
+            return found
+    return None
+
+
+def _fields_at(model: type[BaseModel] | None, loc: tuple[int | str, ...]) -> str | None:
+    """The field names valid where an unknown field `loc` was found (for the error's hint)."""
+    for part in loc[:-1]:
+        if model is not None and isinstance(part, str) and part in model.model_fields:
+            model = _nested_model(model.model_fields[part].annotation)
+    return ", ".join(model.model_fields) if model is not None else None
+
+
+def _issues_from(err: ValidationError, model: type[BaseModel]) -> list[PolicyIssue]:
+    """Translate pydantic's errors; our own validators' PolicyErrors keep their issues."""
+    issues: list[PolicyIssue] = []
+    for e in err.errors():
+        where = _format_loc(e["loc"])
+        cause = e.get("ctx", {}).get("error")
+        if isinstance(cause, PolicyError):
+            issues += [replace(i, path=_join(where, i.path)) for i in cause.issues]
+        elif e["type"] == "missing":
+            issues.append(PolicyIssue(where, MISSING, "required field is missing"))
+        elif e["type"] == "extra_forbidden":
+            issues.append(PolicyIssue(where, e["input"], "unknown field",
+                                      _fields_at(model, e["loc"])))
+        elif e["type"] == "literal_error":
+            issues.append(PolicyIssue(where, e["input"], "not an allowed value",
+                                      e["ctx"]["expected"]))
+        else:
+            issues.append(PolicyIssue(where, e["input"], e["msg"]))
+    return issues
+
+
+# ------------------------------------------------------------------------------------ durations
+
+_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_NUMBER = r"[0-9]+(?:\.[0-9]+)?"
+_NUMBER_RE = re.compile(_NUMBER)
+_DURATION_RE = re.compile(rf"(?:{_NUMBER}[dhms])+")
+_PART_RE = re.compile(rf"({_NUMBER})([dhms])")
+_DURATION_PATTERN = rf"^\s*(?:{_NUMBER}|(?:{_NUMBER}[dhms])+)\s*$"
+_DURATION_ALLOWED = "a number of seconds or a string like 90s, 45m, 8h, 7d, 1h30m"
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a number or a string of `<n><unit>` parts (units d, h, m, s)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise _refuse(value, "not a duration", _DURATION_ALLOWED)
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("-"):
+            raise _refuse(value, "durations cannot be negative")
+        if _NUMBER_RE.fullmatch(text):
+            seconds = float(text)
+        elif _DURATION_RE.fullmatch(text):
+            seconds = sum(float(n) * _UNITS[unit] for n, unit in _PART_RE.findall(text))
+        else:
+            raise _refuse(value, "not a duration", _DURATION_ALLOWED)
+    else:
+        seconds = float(value)
+    if not math.isfinite(seconds):
+        raise _refuse(value, "durations must be finite")
+    if seconds < 0:
+        raise _refuse(value, "durations cannot be negative")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest string that parses back to exactly `seconds`; ties go to larger units."""
+    seconds = float(seconds)
+    if not seconds.is_integer():
+        return f"{Decimal(repr(seconds)):f}s"
+    n = int(seconds)
+    if n == 0:
+        return "0s"
+    candidates = [f"{n // size}{unit}" for unit, size in _UNITS.items() if n % size == 0]
+    rest, parts = n, []
+    for unit, size in _UNITS.items():
+        count, rest = divmod(rest, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    candidates.append("".join(parts))
+    return min(candidates, key=len)
+
+
+Duration = Annotated[
+    float,
+    BeforeValidator(parse_duration),
+    PlainSerializer(format_duration, return_type=str, when_used="json"),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "pattern": _DURATION_PATTERN},
+                {"type": "number", "minimum": 0},
+            ],
+            "description": "Seconds, or a string like 90s, 45m, 8h, 7d, 1h30m.",
+        }
+    ),
+]
+
+
+def _positive_duration(seconds: float) -> float:
+    if seconds <= 0:
+        raise _refuse(format_duration(seconds), "must be longer than 0s")
+    return seconds
+
+
+# ------------------------------------------------------------------------------------ resources
+
+_RESOURCE_PATTERN = r"^(gpu|cpu|memory|gpu:[A-Za-z0-9_.-]+)$"
+_RESOURCE_RE = re.compile(_RESOURCE_PATTERN)
+_RESOURCE_ALLOWED = "gpu, cpu (millicores), memory (MiB), gpu:<flavor>"
+
+
+def _check_resource(name: str) -> str:
+    if not _RESOURCE_RE.fullmatch(name):
+        raise _refuse(name, "unknown resource", _RESOURCE_ALLOWED)
+    return name
+
+
+ResourceName = Annotated[str, AfterValidator(_check_resource)]
+Quota = Annotated[
+    dict[ResourceName, Annotated[int, Field(ge=0, strict=True)]],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "propertyNames": {"pattern": _RESOURCE_PATTERN},
+            "additionalProperties": {"type": "integer", "minimum": 0},
+        }
+    ),
+]
+
+
+# ------------------------------------------------------------------------------------- sections
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class TierSpec(_Spec):
+    """How jobs of one tier are treated (DESIGN §2, §4.3)."""
+
+    name: str = Field(min_length=1)
+    preemptible: bool = True
+    lease: Duration = 0.0
+    grace: Duration = 120.0
+    requires_approval: bool = False
+    scope: Literal["quota", "cluster"] = "quota"
+    charged: bool = True
+
+
+_DEFAULT_TIERS: dict[int, TierSpec] = {
+    1: TierSpec(name="production-inference", preemptible=False, grace=300.0,
+                requires_approval=True, scope="cluster"),
+    2: TierSpec(name="pretraining", lease=4 * 3600.0, grace=300.0, requires_approval=True),
+    3: TierSpec(name="experimentation", lease=45 * 60.0, grace=120.0),
+    4: TierSpec(name="opportunistic", lease=0.0, grace=120.0, charged=False),
+}
+
+
+_QUEUE_NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
+_QUEUE_NAME_RE = re.compile(_QUEUE_NAME_PATTERN)
+
+
+def _check_queue_name(name: str) -> str:
+    if not _QUEUE_NAME_RE.fullmatch(name):
+        raise _refuse(name, "not a valid queue name", "letters, digits, '_', '.', '-'")
+    return name
+
+
+QueueName = Annotated[str, AfterValidator(_check_queue_name),
+                      WithJsonSchema({"type": "string", "pattern": _QUEUE_NAME_PATTERN})]
+
+
+class QueueSpec(_Spec):
+    """A node of the queue tree. After validation an inner queue's `nominal` names every
+    resource its children name (their sum, where the file gave none), so quota checks along a
+    path never need to look below a queue."""
+
+    name: QueueName
+    weight: float = Field(default=1.0, gt=0)
+    nominal: Quota = Field(default_factory=dict)
+    borrowing_limit: Quota | None = None
+    lending_limit: Quota | None = None
+    children: tuple[QueueSpec, ...] = ()
+    parent: str | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="after")
+    def _resolve(self) -> Self:
+        if self.parent is not None:
+            raise PolicyError([PolicyIssue("parent", self.parent,
+                                           "parent is only used in the flat list form of queues")])
+        sums: dict[str, int] = defaultdict(int)
+        for child in self.children:
+            for resource, amount in child.nominal.items():
+                sums[resource] += amount
+        missing = {r: total for r, total in sorted(sums.items()) if r not in self.nominal}
+        if missing:
+            # Frozen for everyone else; the resolved quota is part of building the instance.
+            object.__setattr__(self, "nominal", {**self.nominal, **missing})
+        return self
+
+
+def _walk(queue: QueueSpec, path: str = "") -> Iterator[tuple[str, QueueSpec]]:
+    """Every queue of a tree, root first (pre-order), with its path relative to the root."""
+    yield path, queue
+    for i, child in enumerate(queue.children):
+        yield from _walk(child, f"{path}.children[{i}]" if path else f"children[{i}]")
+
+
+def _tree_issues(root: QueueSpec, locate: Callable[[str, QueueSpec], str]) -> list[PolicyIssue]:
+    """The checks that span queues, all collected. `locate` gives a queue's path relative to
+    `queues` as the input wrote it (nested or flat)."""
+    issues: list[PolicyIssue] = []
+    first_seen: dict[str, str] = {}
+    for path, queue in _walk(root):
+        where = locate(path, queue)
+        if queue.name in first_seen:
+            issues.append(PolicyIssue(_join(where, "name"), queue.name,
+                                      f"duplicate queue name (also at "
+                                      f"{_join('queues', first_seen[queue.name])})"))
+            continue
+        first_seen[queue.name] = where
+        for resource in sorted({r for child in queue.children for r in child.nominal}):
+            total = sum(child.nominal.get(resource, 0) for child in queue.children)
+            if total > queue.nominal[resource]:
+                names = ", ".join(c.name for c in queue.children if resource in c.nominal)
+                issues.append(PolicyIssue(
+                    _join(where, f"nominal.{resource}"), queue.nominal[resource],
+                    f"the children's nominal {resource} ({names}) sums to {total}, "
+                    f"above {queue.name}'s own {queue.nominal[resource]}"))
+        for resource, lend in sorted((queue.lending_limit or {}).items()):
+            nominal = queue.nominal.get(resource, 0)
+            if lend > nominal:
+                issues.append(PolicyIssue(
+                    _join(where, f"lending_limit.{resource}"), lend,
+                    f"lending_limit is above the nominal {resource} {nominal}"))
+    return issues
+
+
+def _default_queues() -> QueueSpec:
+    return QueueSpec(name="cluster", children=(QueueSpec(name="default"),))
+
+
+def _with_default_wait(max_wait: dict[str, float]) -> dict[str, float]:
+    return max_wait if "default" in max_wait else {"default": 24 * 3600.0, **max_wait}
+
+
+class Aging(_Spec):
+    """How long a job may wait before it counts as starving (DESIGN §4.1, step 2)."""
+
+    max_wait: Annotated[dict[str, Duration], AfterValidator(_with_default_wait)] = Field(
+        default_factory=lambda: {"default": 24 * 3600.0},
+        description="`default`, plus optional per-queue overrides keyed by queue name.",
+    )
+
+
+class FairShare(_Spec):
+    half_life: Annotated[Duration, AfterValidator(_positive_duration)] = 7 * 86400.0
+    aging: Aging = Aging()
+
+
+class MaxPreemptions(_Spec):
+    per: Duration = 24 * 3600.0
+    count: int = Field(default=3, ge=1)
+
+
+class Thrash(_Spec):
+    min_efficiency: float = Field(default=0.9, ge=0, lt=1)
+    max_preemptions: MaxPreemptions = MaxPreemptions()
+    requeue_backoff: Duration = 0.0
+
+
+class PreemptionSpec(_Spec):
+    restart_overhead: Duration = Field(
+        default=60.0, description="Startup time assumed for a job that has not reported one.")
+    max_attempts_per_pass: int = Field(default=32, ge=0)
+    victim_order: Literal["cost", "newest", "smallest"] = "cost"
+
+
+class SchedulingSpec(_Spec):
+    order: Literal["governed", "fifo"] = "governed"
+    head_of_line_blocking: bool = False
+    reservations: int = Field(default=1, ge=0)
+    backfill: bool = True
+
+
+# ------------------------------------------------------------------------- flat form of queues
+
+
+def _tree_from_flat(entries: list[Any] | tuple[Any, ...]) -> QueueSpec:
+    """Link a flat list of queues by `parent` into the nested tree. Each entry is validated on
+    its own first, so its problems are reported at `[i]` even when the links are broken too."""
+    issues: list[PolicyIssue] = []
+    index: dict[str, int] = {}
+    own: dict[str, dict[str, Any]] = {}
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, Mapping):
+            issues.append(PolicyIssue(f"[{i}]", entry, "expected a queue mapping"))
+            continue
+        if "children" in entry:
+            issues.append(PolicyIssue(f"[{i}].children", entry["children"],
+                                      "the flat form links queues by parent, not children"))
+        fields = {k: v for k, v in entry.items() if k not in ("parent", "children")}
+        try:
+            QueueSpec.model_validate(fields)
+        except ValidationError as err:
+            issues += [replace(x, path=_join(f"[{i}]", x.path))
+                       for x in _issues_from(err, QueueSpec)]
+            continue
+        name = fields["name"]
+        if name in index:
+            issues.append(PolicyIssue(f"[{i}].name", name,
+                                      f"duplicate queue name (also at queues[{index[name]}])"))
+            continue
+        index[name], own[name] = i, fields
+
+    parent_of: dict[str, str] = {}
+    roots: list[str] = []
+    for name, i in index.items():
+        parent = entries[i].get("parent")
+        if parent is None:
+            roots.append(name)
+        elif isinstance(parent, str) and parent in index:
+            parent_of[name] = parent
+        else:
+            issues.append(PolicyIssue(f"[{i}].parent", parent, "unknown parent queue"))
+    issues += _cycles(parent_of, index)
+    if not roots and not issues:
+        issues.append(PolicyIssue("", MISSING, "no root queue: exactly one queue has no parent"))
+    if len(roots) > 1:
+        issues.append(PolicyIssue("", roots,
+                                  "several root queues: exactly one queue may have no parent"))
+    if issues:
+        raise PolicyError(issues)
+
+    kids: dict[str, list[str]] = defaultdict(list)
+    for name in index:  # file order
+        if name in parent_of:
+            kids[parent_of[name]].append(name)
+
+    def build(name: str) -> QueueSpec:
+        return QueueSpec.model_validate({**own[name], "children": [build(c) for c in kids[name]]})
+
+    root = build(roots[0])
+    if issues := _tree_issues(root, lambda _, queue: f"[{index[queue.name]}]"):
+        raise PolicyError(issues)
+    return root
+
+
+def _cycles(parent_of: dict[str, str], index: dict[str, int]) -> list[PolicyIssue]:
+    """One issue per cycle of parent links, reported at its member that comes first in the file."""
+    issues: list[PolicyIssue] = []
+    done: set[str] = set()
+    for start in parent_of:
+        chain: list[str] = []
+        node: str | None = start
+        while node is not None and node not in done and node not in chain:
+            chain.append(node)
+            node = parent_of.get(node)
+        if node is not None and node in chain:
+            cycle = chain[chain.index(node):]
+            first = min(cycle, key=index.__getitem__)
+            loop = cycle[cycle.index(first):] + cycle[:cycle.index(first)] + [first]
+            issues.append(PolicyIssue(f"[{index[first]}].parent", parent_of[first],
+                                      "cycle in parent links: " + " -> ".join(loop)))
+        done.update(chain)
+    return issues
+
+
+# ---------------------------------------------------------------------------------------- policy
+
+
+def _as_written(raw: Mapping[str, Any], key: str, seconds: float) -> str:
+    """A duration for a message: the file's own text for it if it had one, else canonical."""
+    text = raw.get(key) if isinstance(raw, Mapping) else None
+    return text.strip() if isinstance(text, str) else format_duration(seconds)
+
+
+def _tier_number(key: Any) -> int | None:
+    if isinstance(key, bool):
+        return None
+    if isinstance(key, str) and key.strip().isdigit():
+        key = int(key)
+    return key if isinstance(key, int) and key in _DEFAULT_TIERS else None
+
+
+class Policy(_Spec):
+    """A validated policy. Missing tiers and settings take DESIGN §3's defaults."""
+
+    # min_grace and max_lease come first so that the tiers validator can check against them
+    # even when other sections fail; `to_dict` puts tiers first again, as files write them.
+    min_grace: Duration = 120.0
+    max_lease: Duration = 8 * 3600.0
+    tiers: dict[int, TierSpec] = Field(default_factory=lambda: dict(_DEFAULT_TIERS),
+                                       validate_default=True)
+    fair_share: FairShare = FairShare()
+    thrash: Thrash = Thrash()
+    preemption: PreemptionSpec = PreemptionSpec()
+    scheduling: SchedulingSpec = SchedulingSpec()
+    queues: QueueSpec = Field(default_factory=_default_queues)
+
+    _queues_by_name: dict[str, QueueSpec] = PrivateAttr(default_factory=dict)
+    _parents: dict[str, str | None] = PrivateAttr(default_factory=dict)
+    _paths: dict[str, tuple[str, ...]] = PrivateAttr(default_factory=dict)
+    _leaves: tuple[QueueSpec, ...] = PrivateAttr(default=())
+    _max_wait: dict[str, float] = PrivateAttr(default_factory=dict)
+    _resources: tuple[str, ...] = PrivateAttr(default=())
+
+    @field_validator("tiers", mode="before")
+    @classmethod
+    def _merge_tiers(cls, value: Any, info: ValidationInfo) -> Any:
+        """Each tier given is merged over its default; each tier missing is the default. Every
+        tier, given or not, must respect min_grace and max_lease."""
+        if not isinstance(value, Mapping):
+            return value
+        issues: list[PolicyIssue] = []
+        merged = dict(_DEFAULT_TIERS)
+        given: set[int] = set()
+        failed: set[int] = set()
+        for key, spec in value.items():
+            tier = _tier_number(key)
+            if tier is None:
+                issues.append(PolicyIssue(str(key), key, "unknown tier", "1, 2, 3, 4"))
+                continue
+            if tier in given:
+                issues.append(PolicyIssue(str(key), key, "tier given twice"))
+                continue
+            given.add(tier)
+            if isinstance(spec, Mapping):
+                spec = {**_DEFAULT_TIERS[tier].model_dump(), **spec}
+            try:
+                merged[tier] = TierSpec.model_validate(spec)
+            except ValidationError as err:
+                failed.add(tier)
+                issues += [replace(i, path=_join(str(tier), i.path))
+                           for i in _issues_from(err, TierSpec)]
+        # Durations are quoted as the file wrote them ("60s", not "1m") where it wrote them.
+        raw = (info.context or {}).get("raw", {})
+        raw_tiers = {_tier_number(k): v for k, v in value.items() if isinstance(v, Mapping)}
+        for number, tier_spec in merged.items():
+            if number in failed:
+                continue
+            written = raw_tiers.get(number, {})
+            for field, limit, exceeds, relation in (
+                ("grace", "min_grace", tier_spec.grace < info.data.get("min_grace", 0.0), "below"),
+                ("lease", "max_lease", tier_spec.lease > info.data.get("max_lease", math.inf),
+                 "above"),
+            ):
+                if exceeds:
+                    shown = _as_written(written, field, getattr(tier_spec, field))
+                    issues.append(PolicyIssue(
+                        f"{number}.{field}", shown,
+                        f"{field} {shown} is {relation} {limit} "
+                        f"{_as_written(raw, limit, info.data[limit])}"))
+        if issues:
+            raise PolicyError(issues)
+        return merged
+
+    @field_validator("queues", mode="before")
+    @classmethod
+    def _nest_flat_queues(cls, value: Any) -> Any:
+        return _tree_from_flat(value) if isinstance(value, list | tuple) else value
+
+    @field_validator("queues")
+    @classmethod
+    def _check_queue_tree(cls, root: QueueSpec) -> QueueSpec:
+        if issues := _tree_issues(root, lambda path, _: path):
+            raise PolicyError(issues)
+        return root
+
+    @model_validator(mode="after")
+    def _check_and_index(self) -> Self:
+        parents: dict[str, str | None] = {self.queues.name: None}
+        for _, queue in _walk(self.queues):
+            parents.update({child.name: queue.name for child in queue.children})
+        max_wait = self.fair_share.aging.max_wait
+        if issues := [PolicyIssue(f"fair_share.aging.max_wait.{key}", key, "unknown queue",
+                                  "default or a queue name")
+                      for key in max_wait if key != "default" and key not in parents]:
+            raise PolicyError(issues)
+
+        by_name = {q.name: q for _, q in _walk(self.queues)}
+        paths: dict[str, tuple[str, ...]] = {}
+        for name in by_name:  # pre-order: a parent's path is known before its children's
+            parent = parents[name]
+            paths[name] = (*paths[parent], name) if parent is not None else (name,)
+        self._queues_by_name = by_name
+        self._parents = parents
+        self._paths = paths
+        self._leaves = tuple(q for q in by_name.values() if not q.children)
+        # A queue without its own max_wait takes its nearest ancestor's, else the default.
+        self._max_wait = {
+            name: next((max_wait[a] for a in reversed(path) if a in max_wait), max_wait["default"])
+            for name, path in paths.items()
+        }
+        self._resources = tuple(sorted({
+            resource
+            for q in by_name.values()
+            for quota in (q.nominal, q.borrowing_limit or {}, q.lending_limit or {})
+            for resource in quota
+        }))
+        return self
+
+    def tier(self, tier: int) -> TierSpec:
+        return self.tiers[tier]
+
+    def needs_approval(self, tier: int, is_admin: bool) -> bool:
+        """Tiers that require approval hold a non-admin's job in AWAITING_APPROVAL."""
+        return self.tiers[tier].requires_approval and not is_admin
+
+    def max_wait_for(self, queue_name: str) -> float:
+        """Seconds a job in this queue may wait before it is starving."""
+        return self._max_wait.get(queue_name, self.fair_share.aging.max_wait["default"])
+
+    def queue_names(self) -> list[str]:
+        """All queue names, root first, depth first in file order."""
+        return list(self._queues_by_name)
+
+    def leaves(self) -> list[QueueSpec]:
+        return list(self._leaves)
+
+    def find_queue(self, name: str) -> QueueSpec | None:
+        return self._queues_by_name.get(name)
+
+    def parent_of(self, name: str) -> str | None:
+        return self._parents[name]
+
+    def path_to(self, leaf_name: str) -> tuple[str, ...]:
+        """The queue names from the root down to `leaf_name` (KeyError if unknown)."""
+        return self._paths[leaf_name]
+
+    def governed_resources(self) -> tuple[str, ...]:
+        """Resources some queue limits; others are bounded only by node capacity."""
+        return self._resources
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fully resolved policy, JSON/YAML-ready; `parse_policy` reads it back equal."""
+        out = self.model_dump(mode="json")
+        return {"tiers": {int(k): v for k, v in out.pop("tiers").items()}, **out}
+
+
+# ------------------------------------------------------------------------------------- loading
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML keeps the last of duplicate keys silently; a policy file must not lose settings."""
+
+
+def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        try:
+            duplicate = key in seen
+            seen.add(key)
+        except TypeError:  # unhashable: construct_mapping reports it
+            continue
+        if duplicate:
+            raise yaml.constructor.ConstructorError(
+                "while reading a mapping", node.start_mark,
+                f"found duplicate key {key!r}", key_node.start_mark)
+    return loader.construct_mapping(node)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                              _mapping_without_duplicates)
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(err, "problem", None) or str(err)
+        issue = PolicyIssue("<file>", MISSING, f"YAML syntax error at {where}{problem}")
+        raise PolicyError([issue], source) from None
+
+
+def parse_policy(data: Mapping[str, Any] | str | None, source: str = "<policy>") -> Policy:
+    """A Policy from a mapping or YAML text; None or an empty document gives the defaults."""
+    if isinstance(data, str):
+        data = _load_yaml(data, source)
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise PolicyError([PolicyIssue(
+            "<file>", MISSING,
+            f"a policy is a mapping of settings, not a {type(data).__name__}")], source)
+    try:
+        return Policy.model_validate(data, context={"raw": data})
+    except ValidationError as err:
+        raise PolicyError(_issues_from(err, Policy), source) from None
+
+
+def load_policy(path: str | os.PathLike[str]) -> Policy:
+    """Read and parse a policy file; an unreadable file is a PolicyError naming the path."""
+    source = os.fspath(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PolicyError([PolicyIssue("<file>", source, "no such file")], source) from None
+    except (OSError, UnicodeDecodeError) as err:
+        reason = getattr(err, "strerror", None) or str(err)
+        raise PolicyError([PolicyIssue("<file>", source, f"cannot read: {reason}")],
+                          source) from None
+    return parse_policy(text, source)
+
+
+def default_policy() -> Policy:
+    return Policy()
+
+
+def policy_json_schema() -> dict[str, Any]:
+    """JSON Schema of the file format: pydantic's, widened where the file is looser than the
+    resolved model (tiers are partial and keyed "1".."4"; queues may be a flat list)."""
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema",
+              **Policy.model_json_schema()}
+    schema["$defs"]["TierSpec"].pop("required", None)
+    schema["properties"]["tiers"] = {
+        "type": "object",
+        "description": "Tier number -> settings, merged over that tier's defaults.",
+        "propertyNames": {"enum": [str(t) for t in _DEFAULT_TIERS]},
+        "additionalProperties": {"$ref": "#/$defs/TierSpec"},
+    }
+    queue = {"$ref": "#/$defs/QueueSpec"}
+    schema["properties"]["queues"] = {
+        "description": "The queue tree: the root queue with nested children, or a flat list "
+                       "of queues linked by `parent` (exactly one without a parent).",
+        "anyOf": [queue, {"type": "array", "minItems": 1, "items": queue}],
+    }
+    return schema

@@ -1,0 +1,241 @@
+"""Quota along a queue path: nominal, borrowing limit, lending limit (DESIGN §2, §4.2).
+
+For a job of demand d at leaf q0 with path q0 … qk (qk the root), for every governed resource:
+- **limits**: U(qi) + d ≤ nominal(qi) + borrowing_limit(qi) on every queue (the root: nominal);
+- **lending**: no queue takes capacity that another queue keeps for itself. A queue keeps
+  kept(s) = nominal(s) − lending_limit(s); what a subtree holds back unused is
+  held(s) = max(0, kept(s) − U(s), Σ_children held(c)). At every queue qi on the path,
+  U(qi) + d + Σ held(s) over the siblings s of q0 … q(i−1) ≤ limit(qi).
+The job is *in-quota* when it stays within nominal on every queue below the root, else it is
+*borrowing*. For preemption, a job is in-quota when it would be once capacity that other
+branches borrow beyond their nominal were reclaimed (DESIGN §4.3: "in-quota after admission"). Resources no queue names are not governed. Usage of tiers that are not charged is
+never counted. Usage is mutable with undo, so a pass can try admissions and preemptions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable
+
+from warden.engine.reasons import BorrowingLimit, QuotaExceeded, Reason
+
+if TYPE_CHECKING:
+    from warden.engine.model import Job
+    from warden.engine.policy import Policy, QueueSpec
+
+INF = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaVerdict:
+    fits: bool
+    in_quota: bool
+    reason: Reason | None = None
+
+
+class QuotaTree:
+    """The compiled queue tree with live usage per queue and resource."""
+
+    __slots__ = ("resources", "names", "index", "parent", "children", "nominal", "limit", "kept",
+                 "usage", "held", "child_held", "child_excess", "paths", "depth", "_log")
+
+    def __init__(self, policy: Policy) -> None:
+        self.resources: tuple[str, ...] = tuple(policy.governed_resources())
+        self.names: list[str] = []
+        self.index: dict[str, int] = {}
+        self.parent: list[int] = []
+        self.children: list[list[int]] = []
+        self.nominal: list[list[float]] = []
+        self.limit: list[list[float]] = []
+        self.kept: list[list[float]] = []
+
+        def add(q: QueueSpec, parent: int) -> None:
+            i = len(self.names)
+            self.names.append(q.name)
+            self.index[q.name] = i
+            self.parent.append(parent)
+            self.children.append([])
+            if parent >= 0:
+                self.children[parent].append(i)
+            nom = [float(q.nominal.get(r, 0)) for r in self.resources]
+            borrow = q.borrowing_limit or {}
+            lend = q.lending_limit or {}
+            if parent < 0:
+                lim = [n if r in q.nominal else INF for r, n in zip(self.resources, nom)]
+            else:
+                lim = [n + borrow[r] if r in borrow else INF for r, n in zip(self.resources, nom)]
+            self.nominal.append(nom)
+            self.limit.append(lim)
+            self.kept.append([n - lend[r] if r in lend else 0.0 for r, n in zip(self.resources, nom)])
+            for c in q.children:
+                add(c, i)
+
+        add(policy.queues, -1)
+        n, nr = len(self.names), len(self.resources)
+        self.usage: list[list[float]] = [[0.0] * nr for _ in range(n)]
+        # held(q): capacity q's subtree keeps unused; child_held(q): Σ held over q's children;
+        # child_excess(q): Σ over q's children of usage above nominal (what reclaim could free).
+        self.held: list[list[float]] = [[0.0] * nr for _ in range(n)]
+        self.child_held: list[list[float]] = [[0.0] * nr for _ in range(n)]
+        self.child_excess: list[list[float]] = [[0.0] * nr for _ in range(n)]
+        for i in reversed(range(n)):  # children come after their parent
+            for r in range(nr):
+                self.held[i][r] = max(self.kept[i][r], self.child_held[i][r])
+                if self.parent[i] >= 0:
+                    self.child_held[self.parent[i]][r] += self.held[i][r]
+        self.paths: dict[str, tuple[int, ...]] = {
+            name: self.paths_to_root(i) for i, name in enumerate(self.names) if not self.children[i]}
+        self.depth: list[int] = [len(self.paths_to_root(i)) for i in range(n)]
+        self._log: list[list[tuple[int, tuple[float, ...]]]] = []
+
+    def paths_to_root(self, i: int) -> tuple[int, ...]:
+        path = []
+        while i >= 0:
+            path.append(i)
+            i = self.parent[i]
+        return tuple(path)
+
+    # -- demand -------------------------------------------------------------------------------
+    def demand(self, job: Job, flavor: str) -> tuple[float, ...]:
+        """The job's whole-gang demand per governed resource when placed on `flavor`."""
+        r = job.replicas
+        out = []
+        for name in self.resources:
+            if name == "gpu":
+                out.append(float(job.gpus * r))
+            elif name == "cpu":
+                out.append(float(job.cpu * r))
+            elif name == "memory":
+                out.append(float(job.memory * r))
+            elif name == "gpu:" + flavor:
+                out.append(float(job.gpus * r))
+            else:
+                out.append(0.0)
+        return tuple(out)
+
+    # -- usage --------------------------------------------------------------------------------
+    def mark(self) -> int:
+        return len(self._log)
+
+    def rollback(self, token: int) -> None:
+        while len(self._log) > token:
+            changes = self._log.pop()
+            self._apply([(q, tuple(-x for x in d)) for q, d in changes])
+
+    def add(self, leaf: str, d: tuple[float, ...]) -> None:
+        self._change([(q, d) for q in self.paths[leaf]])
+
+    def remove(self, leaf: str, d: tuple[float, ...]) -> None:
+        neg = tuple(-x for x in d)
+        self._change([(q, neg) for q in self.paths[leaf]])
+
+    def transfer(self, leaf: str, d: tuple[float, ...], leaving: list[tuple[str, tuple[float, ...]]]) -> None:
+        """Charge a job that will start once `leaving` jobs exit, without counting twice.
+
+        Until they exit both are there, so each queue is charged max(0, job − leaving) on top of
+        its usage: the larger of now and after, never less than the truth at any moment.
+        """
+        net: dict[int, list[float]] = {}
+        for q in self.paths[leaf]:
+            net[q] = list(d)
+        for other, od in leaving:
+            for q in self.paths[other]:
+                row = net.setdefault(q, [0.0] * len(d))
+                for r, x in enumerate(od):
+                    row[r] -= x
+        changes = [(q, tuple(max(0.0, x) for x in row)) for q, row in net.items() if any(x > 0 for x in row)]
+        changes.sort(key=lambda c: -self.depth[c[0]])
+        self._change(changes)
+
+    def _change(self, changes: list[tuple[int, tuple[float, ...]]]) -> None:
+        """Apply per-queue deltas, children before parents, and log them for rollback."""
+        self._apply(changes)
+        self._log.append(changes)
+
+    def _apply(self, changes: list[tuple[int, tuple[float, ...]]]) -> None:
+        usage, held, child_held, child_excess = self.usage, self.held, self.child_held, self.child_excess
+        for q, d in changes:
+            u, k, n, h, p = usage[q], self.kept[q], self.nominal[q], held[q], self.parent[q]
+            for r, delta in enumerate(d):
+                if delta:
+                    before = u[r]
+                    after = before + delta
+                    u[r] = after
+                    new_held = max(0.0, k[r] - after, child_held[q][r])
+                    if p >= 0:
+                        child_held[p][r] += new_held - h[r]
+                        child_excess[p][r] += max(0.0, after - n[r]) - max(0.0, before - n[r])
+                    h[r] = new_held
+
+    # -- checks -------------------------------------------------------------------------------
+    def check(self, leaf: str, d: tuple[float, ...]) -> QuotaVerdict:
+        """Would the demand fit along the leaf's path now? Never changes usage."""
+        path = self.paths[leaf]
+        usage, limit, held, child_held = self.usage, self.limit, self.held, self.child_held
+        for r, amount in enumerate(d):
+            if not amount:
+                continue
+            others = 0.0  # what the siblings of the path below this queue keep unused
+            for i, q in enumerate(path):
+                if i:
+                    others += child_held[q][r] - held[path[i - 1]][r]
+                u = usage[q][r]
+                if u + amount <= limit[q][r] + 1e-9 and u + amount + others <= limit[q][r] + 1e-9:
+                    continue
+                if u + amount > limit[q][r] + 1e-9 or not others:
+                    return QuotaVerdict(False, False, self._limit_reason(q, r, amount))
+                avail = int(max(0.0, limit[q][r] - u - others))
+                name = self.resources[r]
+                reason: Reason
+                if self.in_quota(leaf, d):
+                    reason = QuotaExceeded(self.names[q], name, int(amount), avail)
+                else:
+                    reason = BorrowingLimit(self.names[path[0]], name, int(amount), avail)
+                return QuotaVerdict(False, False, reason)
+        return QuotaVerdict(True, self.in_quota(leaf, d))
+
+    def _limit_reason(self, q: int, r: int, amount: float) -> Reason:
+        avail = int(max(0.0, self.limit[q][r] - self.usage[q][r]))
+        name = self.resources[r]
+        if self.limit[q][r] <= self.nominal[q][r]:
+            return QuotaExceeded(self.names[q], name, int(amount), avail)
+        return BorrowingLimit(self.names[q], name, int(amount), avail)
+
+    def in_quota(self, leaf: str, d: tuple[float, ...], reclaim: bool = False) -> bool:
+        """Would the demand stay within nominal on every queue below the root?
+
+        With `reclaim`, usage that other branches hold beyond their own nominal does not count:
+        it is what the job could take back.
+        """
+        path = self.paths[leaf][:-1]
+        usage, nominal = self.usage, self.nominal
+        for r, amount in enumerate(d):
+            if not amount:
+                continue
+            excess = 0.0
+            for i, q in enumerate(path):
+                if reclaim and i:
+                    below = path[i - 1]
+                    excess += self.child_excess[q][r] - max(0.0, usage[below][r] - nominal[below][r])
+                if usage[q][r] + amount - excess > nominal[q][r] + 1e-9:
+                    return False
+        return True
+
+    def over_nominal(self, q: int) -> bool:
+        return any(u > n + 1e-9 for u, n in zip(self.usage[q], self.nominal[q]))
+
+    def lowest_common_ancestor(self, a: str, b: str) -> tuple[int, int, int]:
+        """(ancestor, child of it on a's side, child of it on b's side) for two leaves."""
+        pa, pb = self.paths[a], self.paths[b]
+        ia, ib = len(pa) - 1, len(pb) - 1
+        while ia > 0 and ib > 0 and pa[ia - 1] == pb[ib - 1]:
+            ia -= 1
+            ib -= 1
+        return pa[ia], pa[ia - 1] if ia > 0 else -1, pb[ib - 1] if ib > 0 else -1
+
+    def governed(self) -> bool:
+        return bool(self.resources)
+
+    def leaves(self) -> Iterable[str]:
+        return self.paths.keys()

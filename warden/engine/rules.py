@@ -1,0 +1,170 @@
+"""Who may preempt whom (DESIGN §4.3), one small rule each, and what a victim would cost (§4.4).
+
+A rule looks at a preemptor P and a candidate victim V and either lets V be taken or returns a
+`Block` saying until when V is protected (`until=inf` when time will not help). The preemption
+pass takes only victims no rule blocks; the reservation pass also looks at victims whose blocks
+all lift at a known time, which is how a job learns it is `WaitingForLease`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from warden.engine.model import Job
+
+if TYPE_CHECKING:
+    from warden.engine.policy import Policy
+    from warden.engine.quota import QuotaTree
+
+INF = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    rule: str
+    until: float = INF
+
+
+@dataclass(frozen=True, slots=True)
+class Preemptor:
+    """What the rules need to know about P, computed once per preemption attempt."""
+
+    job: Job
+    in_quota: bool
+    demand: tuple[float, ...]
+
+
+@dataclass(slots=True)
+class RuleContext:
+    policy: Policy
+    quota: QuotaTree
+    now: float
+
+
+def lease_of(policy: Policy, job: Job) -> float:
+    """The job's minimum runtime: its own request, else its tier's, never above max_lease."""
+    lease = policy.tier(job.tier).lease if job.lease is None else job.lease
+    return min(lease, policy.max_lease)
+
+
+def grace_of(policy: Policy, job: Job) -> float:
+    grace = policy.tier(job.tier).grace if job.grace is None else job.grace
+    return max(grace, policy.min_grace)
+
+
+def startup_of(policy: Policy, job: Job) -> float:
+    a = job.attempt
+    if a is not None and a.startup_s is not None:
+        return a.startup_s
+    return policy.preemption.restart_overhead
+
+
+def efficiency(policy: Policy, job: Job, now: float) -> float:
+    """η of the current attempt: (T_run − (T_startup + T_checkpoint)) / T_run."""
+    a = job.attempt
+    if a is None:
+        return 1.0
+    t_run = now - a.started_at
+    if t_run <= 0:
+        return 0.0
+    return (t_run - (startup_of(policy, job) + a.checkpoint_s)) / t_run
+
+
+def lost_work(policy: Policy, job: Job, now: float) -> float:
+    """GPU-seconds a preemption now would throw away (zero if a SIGTERM save fits the grace)."""
+    a = job.attempt
+    if a is None:
+        return 0.0
+    if a.sigterm_save_s is not None and a.sigterm_save_s <= grace_of(policy, job):
+        return 0.0
+    progress_from = a.started_at + startup_of(policy, job)
+    if a.last_checkpoint_at is not None:
+        progress_from = max(progress_from, a.last_checkpoint_at)
+    return job.total_gpus * max(0.0, now - progress_from)
+
+
+def victim_cost(policy: Policy, job: Job, now: float) -> tuple[float, float]:
+    """(cost, lost work): lost work + restart overhead × GPUs, in GPU-seconds."""
+    lost = lost_work(policy, job, now)
+    return lost + startup_of(policy, job) * job.total_gpus, lost
+
+
+# -- the rules --------------------------------------------------------------------------------
+
+def direction(ctx: RuleContext, p: Preemptor, v: Job) -> Block | None:
+    """Downward (strictly lower tier), or reclaim of capacity borrowed from P's side."""
+    if v.tier > p.job.tier:
+        return None
+    if v.tier >= p.job.tier and reclaimable(ctx, p, v):
+        return None
+    return Block("direction")
+
+
+def reclaimable(ctx: RuleContext, p: Preemptor, v: Job) -> bool:
+    """V's side of the common ancestor is above nominal while P's side would stay within it."""
+    q = ctx.quota
+    if not q.governed() or v.queue == p.job.queue or not p.in_quota:
+        return False
+    if not ctx.policy.tier(v.tier).charged:
+        return False
+    _, _, v_side = q.lowest_common_ancestor(p.job.queue, v.queue)
+    return v_side >= 0 and q.over_nominal(v_side)
+
+
+def scope(ctx: RuleContext, p: Preemptor, v: Job) -> Block | None:
+    """`scope: quota` tiers preempt outside their own queue only while in-quota."""
+    if ctx.policy.tier(p.job.tier).scope == "cluster" or p.in_quota or v.queue == p.job.queue:
+        return None
+    return Block("scope")
+
+
+def preemptible(ctx: RuleContext, p: Preemptor, v: Job) -> Block | None:
+    return None if ctx.policy.tier(v.tier).preemptible else Block("preemptible")
+
+
+def lease(ctx: RuleContext, p: Preemptor, v: Job) -> Block | None:
+    """Never preempt inside the current attempt's lease."""
+    a = v.attempt
+    if a is None:
+        return Block("lease")
+    until = a.started_at + lease_of(ctx.policy, v)
+    return Block("lease", until) if ctx.now < until else None
+
+
+def thrash_budget(ctx: RuleContext, p: Preemptor, v: Job) -> Block | None:
+    """At most `count` preemptions of one job per `per` window."""
+    mp = ctx.policy.thrash.max_preemptions
+    recent = sorted(t for t in v.preempted_at if t > ctx.now - mp.per)
+    if len(recent) < mp.count:
+        return None
+    return Block("thrash_budget", recent[len(recent) - mp.count] + mp.per)
+
+
+def efficiency_floor(ctx: RuleContext, p: Preemptor, v: Job) -> Block | None:
+    """Stretch the lease so a preemption never pushes the attempt's η below min_efficiency."""
+    a = v.attempt
+    if a is None:
+        return Block("efficiency")
+    floor = ctx.policy.thrash.min_efficiency
+    overhead = startup_of(ctx.policy, v) + a.checkpoint_s
+    until = a.started_at + overhead / (1.0 - floor)
+    # Compare with a little slack: 1 − 0.9 is not exactly 0.1 in binary floating point.
+    return Block("efficiency", until) if ctx.now < until - 1e-6 else None
+
+
+Rule = Callable[[RuleContext, Preemptor, Job], "Block | None"]
+RULES: Sequence[Rule] = (preemptible, direction, scope, lease, thrash_budget, efficiency_floor)
+
+
+def blocks(ctx: RuleContext, p: Preemptor, v: Job) -> float:
+    """0.0 when V may be taken now; the time its protection lifts; inf when it never will for P."""
+    until = 0.0
+    for rule in RULES:
+        b = rule(ctx, p, v)
+        if b is not None:
+            if b.until == INF:
+                return INF
+            until = max(until, b.until)
+    return until
