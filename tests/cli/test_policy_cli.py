@@ -104,7 +104,7 @@ def test_show_json_is_one_object_with_defaults_filled(tmp_path: Path) -> None:
         "requires_approval": False, "scope": "quota", "charged": True}
     assert shown["tiers"]["1"]["name"] == "production-inference"
     assert shown["min_grace"] == "2m" and shown["max_lease"] == "8h"
-    assert shown["preemption"] == {"restart_overhead": "1m", "max_attempts_per_pass": 32,
+    assert shown["preemption"] == {"restart_overhead": "1m", "max_attempts_per_pass": 16,
                                    "victim_order": "cost"}
     assert shown["queues"]["name"] == "cluster"
     assert [c["name"] for c in shown["queues"]["children"]] == ["default"]

@@ -168,7 +168,7 @@ def test_default_settings() -> None:
     assert (p.thrash.min_efficiency, p.thrash.max_preemptions.count,
             p.thrash.max_preemptions.per, p.thrash.requeue_backoff) == (0.9, 3, 24 * H, 0)
     assert (p.preemption.restart_overhead, p.preemption.max_attempts_per_pass,
-            p.preemption.victim_order) == (60, 32, "cost")
+            p.preemption.victim_order) == (60, 16, "cost")
     assert (p.scheduling.order, p.scheduling.head_of_line_blocking,
             p.scheduling.reservations, p.scheduling.backfill) == ("governed", False, 1, True)
     assert p.queue_names() == ["cluster", "default"]

@@ -166,7 +166,7 @@ def test_scope_follows_the_policy() -> None:
 
 @pytest.mark.parametrize("v_tier,allowed", [(1, False), (2, True), (3, True), (4, True)])
 def test_default_preemptible_tiers(v_tier: int, allowed: bool) -> None:
-    b = preemptible(ctx(policy()), pre(pending("p", "b", 1)), victim("a", v_tier))
+    b = preemptible(ctx(policy()), victim("a", v_tier))
     assert (b is None) == allowed
     if b is not None:
         assert b.until == INF
@@ -174,7 +174,7 @@ def test_default_preemptible_tiers(v_tier: int, allowed: bool) -> None:
 
 def test_preemptible_follows_the_policy() -> None:
     c = ctx(policy(tiers={3: {"preemptible": False}}))
-    assert preemptible(c, pre(pending("p", "b", 2)), victim("a", 3)) is not None
+    assert preemptible(c, victim("a", 3)) is not None
 
 
 # -------------------------------------------------------------------------------- lease
@@ -184,38 +184,38 @@ def test_tier_lease_protects_until_it_has_run_out() -> None:
     pol = policy()  # tier 3: 45 min
     v = victim("a", 3, started=1_000.0)
     p = pre(pending("p", "b", 2))
-    assert lease(ctx(pol, now=1_000.0 + 2_699.0), p, v) == Block("lease", 3_700.0)
-    assert lease(ctx(pol, now=3_700.0), p, v) is None
-    assert lease(ctx(pol, now=10_000.0), p, v) is None
+    assert lease(ctx(pol, now=1_000.0 + 2_699.0), v) == Block("lease", 3_700.0)
+    assert lease(ctx(pol, now=3_700.0), v) is None
+    assert lease(ctx(pol, now=10_000.0), v) is None
 
 
 def test_job_lease_overrides_the_tiers() -> None:
     pol = policy()
     p = pre(pending("p", "b", 2))
     short = victim("a", 3, started=0.0, lease=600.0)
-    assert lease(ctx(pol, now=599.0), p, short) == Block("lease", 600.0)
-    assert lease(ctx(pol, now=600.0), p, short) is None
+    assert lease(ctx(pol, now=599.0), short) == Block("lease", 600.0)
+    assert lease(ctx(pol, now=600.0), short) is None
     zero = victim("a", 2, started=0.0, lease=0.0)  # tier 2's 4 h lease does not apply
-    assert lease(ctx(pol, now=0.0), p, zero) is None
+    assert lease(ctx(pol, now=0.0), zero) is None
 
 
 def test_job_lease_is_capped_at_max_lease() -> None:
     pol = policy()  # max_lease 8h
     v = victim("a", 3, started=0.0, lease=10 * HOUR)
     assert lease_of(pol, v) == 8 * HOUR
-    assert lease(ctx(pol, now=8 * HOUR - 1), pre(pending("p", "b", 2)), v) == Block("lease", 8 * HOUR)
-    assert lease(ctx(pol, now=8 * HOUR), pre(pending("p", "b", 2)), v) is None
+    assert lease(ctx(pol, now=8 * HOUR - 1), v) == Block("lease", 8 * HOUR)
+    assert lease(ctx(pol, now=8 * HOUR), v) is None
 
 
 def test_lease_counts_from_the_start_of_the_current_attempt() -> None:
     pol = policy()
     v = victim("a", 3, started=0.0)
     restarted = replace(v, attempt=replace(v.attempt, number=2, started_at=10_000.0))
-    assert lease(ctx(pol, now=11_000.0), pre(pending("p", "b", 2)), restarted) == Block("lease", 12_700.0)
+    assert lease(ctx(pol, now=11_000.0), restarted) == Block("lease", 12_700.0)
 
 
 def test_job_without_an_attempt_is_never_a_victim() -> None:
-    b = lease(ctx(policy(), now=1e9), pre(pending("p", "b", 2)), pending("x", "a", 4))
+    b = lease(ctx(policy(), now=1e9), pending("x", "a", 4))
     assert b is not None and b.until == INF
 
 
@@ -226,18 +226,18 @@ def test_thrash_budget_allows_fewer_than_count_preemptions_in_the_window() -> No
     pol = policy()  # 3 per 24h
     now = 10 * DAY
     v = victim("a", 3, preempted_at=(now - 2 * HOUR, now - HOUR))
-    assert thrash_budget(ctx(pol, now=now), pre(pending("p", "b", 2)), v) is None
+    assert thrash_budget(ctx(pol, now=now), v) is None
 
 
 def test_thrash_budget_spent_blocks_until_the_oldest_leaves_the_window() -> None:
     pol = policy()
     now = 10 * DAY
     v = victim("a", 3, preempted_at=(now - 3 * HOUR, now - 2 * HOUR, now - HOUR))
-    assert thrash_budget(ctx(pol, now=now), pre(pending("p", "b", 2)), v) == Block("thrash_budget", now - 3 * HOUR + DAY)
+    assert thrash_budget(ctx(pol, now=now), v) == Block("thrash_budget", now - 3 * HOUR + DAY)
     # One second before that it is still blocked; at that time the oldest no longer counts.
     until = now - 3 * HOUR + DAY
-    assert thrash_budget(ctx(pol, now=until - 1), pre(pending("p", "b", 2)), v) is not None
-    assert thrash_budget(ctx(pol, now=until), pre(pending("p", "b", 2)), v) is None
+    assert thrash_budget(ctx(pol, now=until - 1), v) is not None
+    assert thrash_budget(ctx(pol, now=until), v) is None
 
 
 def test_thrash_budget_with_more_than_count_waits_for_enough_to_expire() -> None:
@@ -246,21 +246,21 @@ def test_thrash_budget_with_more_than_count_waits_for_enough_to_expire() -> None
     times = (now - 4 * HOUR, now - 3 * HOUR, now - 2 * HOUR, now - HOUR)
     v = victim("a", 3, preempted_at=times)
     # 4 in the window, at most 2 may remain: the second oldest must leave it.
-    assert thrash_budget(ctx(pol, now=now), pre(pending("p", "b", 2)), v) == Block("thrash_budget", now - 3 * HOUR + DAY)
+    assert thrash_budget(ctx(pol, now=now), v) == Block("thrash_budget", now - 3 * HOUR + DAY)
 
 
 def test_thrash_budget_ignores_preemptions_outside_the_window() -> None:
     pol = policy()
     now = 10 * DAY
     v = victim("a", 3, preempted_at=(now - 3 * DAY, now - DAY - 1, now - DAY, now - HOUR))
-    assert thrash_budget(ctx(pol, now=now), pre(pending("p", "b", 2)), v) is None
+    assert thrash_budget(ctx(pol, now=now), v) is None
 
 
 def test_thrash_budget_from_the_policy() -> None:
     pol = policy(thrash={"max_preemptions": {"per": "1h", "count": 1}})
     v = victim("a", 3, preempted_at=(5_000.0,))
-    assert thrash_budget(ctx(pol, now=5_100.0), pre(pending("p", "b", 2)), v) == Block("thrash_budget", 8_600.0)
-    assert thrash_budget(ctx(pol, now=8_600.0), pre(pending("p", "b", 2)), v) is None
+    assert thrash_budget(ctx(pol, now=5_100.0), v) == Block("thrash_budget", 8_600.0)
+    assert thrash_budget(ctx(pol, now=8_600.0), v) is None
 
 
 # ------------------------------------------------------------------------ efficiency floor
@@ -280,25 +280,25 @@ def test_efficiency_floor_stretches_the_lease() -> None:
     v = victim("a", 3, started=1_000.0, startup_s=600.0, checkpoint_s=300.0)
     # η ≥ 0.9 once T_run ≥ (600 + 300) / (1 − 0.9) = 9,000 s.
     until = 1_000.0 + 9_000.0
-    b = efficiency_floor(ctx(pol, now=5_000.0), pre(pending("p", "b", 2)), v)
+    b = efficiency_floor(ctx(pol, now=5_000.0), v)
     assert b is not None and b.rule == "efficiency" and b.until == pytest.approx(until)
-    assert efficiency_floor(ctx(pol, now=until - 1), pre(pending("p", "b", 2)), v) is not None
-    assert efficiency_floor(ctx(pol, now=until), pre(pending("p", "b", 2)), v) is None
+    assert efficiency_floor(ctx(pol, now=until - 1), v) is not None
+    assert efficiency_floor(ctx(pol, now=until), v) is None
 
 
 def test_efficiency_floor_uses_restart_overhead_when_startup_is_unknown() -> None:
     pol = policy(preemption={"restart_overhead": "5m"}, thrash={"min_efficiency": 0.75})
     v = victim("a", 3, started=0.0, startup_s=None)
     assert startup_of(pol, v) == 300.0
-    b = efficiency_floor(ctx(pol, now=100.0), pre(pending("p", "b", 2)), v)
+    b = efficiency_floor(ctx(pol, now=100.0), v)
     assert b is not None and b.until == pytest.approx(300.0 / 0.25)
 
 
 def test_zero_min_efficiency_protects_only_the_overhead() -> None:
     pol = policy(thrash={"min_efficiency": 0})
     v = victim("a", 3, started=100.0, startup_s=50.0, checkpoint_s=10.0)
-    assert efficiency_floor(ctx(pol, now=159.0), pre(pending("p", "b", 2)), v) is not None
-    assert efficiency_floor(ctx(pol, now=160.0), pre(pending("p", "b", 2)), v) is None
+    assert efficiency_floor(ctx(pol, now=159.0), v) is not None
+    assert efficiency_floor(ctx(pol, now=160.0), v) is None
 
 
 # --------------------------------------------------------------------- lost work and cost

@@ -1,7 +1,8 @@
 """The pure scheduling core: snapshot in, plan out (DESIGN §1, §4).
 
-Nothing in this package performs I/O, reads a clock or draws random numbers, and nothing here
-imports the simulator, the server or the executors.
+Nothing here reads a clock or draws random numbers, the only I/O is `policy.load_policy`
+reading the policy file, and nothing imports the simulator, the server or the executors.
+Shells call `schedule(snapshot, now)`.
 """
 
 from warden.engine.model import (
@@ -14,6 +15,7 @@ from warden.engine.model import (
     UsageLedger,
 )
 from warden.engine.plan import Admission, Explanation, Plan, Preemption, Reservation, SortKey
+from warden.engine.scheduler import schedule
 
 __all__ = [
     "Admission",
@@ -29,4 +31,5 @@ __all__ = [
     "Snapshot",
     "SortKey",
     "UsageLedger",
+    "schedule",
 ]

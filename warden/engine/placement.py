@@ -269,6 +269,14 @@ class CapacityIndex:
         fl = self._flavors.get(flavor)
         return 0 if fl is None else fl.capacity
 
+    def slots(self, flavor: str, gpus: int, cap: int) -> int:
+        """How many replicas of `gpus` GPUs the flavor's nodes hold now, counted up to `cap`
+        (GPUs alone; O(distinct free counts), never visits nodes)."""
+        fl = self._flavors.get(flavor)
+        if fl is None or gpus <= 0:
+            return 0
+        return min(cap, fl.nodes.replica_bound(gpus, cap))
+
     def largest_domain(self, flavor: str, constraint: str) -> int:
         """Most free GPUs in one placement domain (for the `Fragmented` explanation).
 

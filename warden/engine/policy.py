@@ -404,7 +404,7 @@ class Thrash(_Spec):
 class PreemptionSpec(_Spec):
     restart_overhead: Duration = Field(
         default=60.0, description="Startup time assumed for a job that has not reported one.")
-    max_attempts_per_pass: int = Field(default=32, ge=0)
+    max_attempts_per_pass: int = Field(default=16, ge=0)
     victim_order: Literal["cost", "newest", "smallest"] = "cost"
 
 

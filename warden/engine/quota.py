@@ -169,8 +169,12 @@ class QuotaTree:
                     h[r] = new_held
 
     # -- checks -------------------------------------------------------------------------------
-    def check(self, leaf: str, d: tuple[float, ...]) -> QuotaVerdict:
-        """Would the demand fit along the leaf's path now? Never changes usage."""
+    def violation(self, leaf: str, d: tuple[float, ...]) -> tuple[int, int, float, float] | None:
+        """The first limit the demand breaks: (queue, resource, amount over, held by others).
+
+        None when it fits. Only queues in the subtree of the returned queue can make room by
+        shrinking their usage. Never changes usage.
+        """
         path = self.paths[leaf]
         usage, limit, held, child_held = self.usage, self.limit, self.held, self.child_held
         for r, amount in enumerate(d):
@@ -180,20 +184,32 @@ class QuotaTree:
             for i, q in enumerate(path):
                 if i:
                     others += child_held[q][r] - held[path[i - 1]][r]
-                u = usage[q][r]
-                if u + amount <= limit[q][r] + 1e-9 and u + amount + others <= limit[q][r] + 1e-9:
-                    continue
-                if u + amount > limit[q][r] + 1e-9 or not others:
-                    return QuotaVerdict(False, False, self._limit_reason(q, r, amount))
-                avail = int(max(0.0, limit[q][r] - u - others))
-                name = self.resources[r]
-                reason: Reason
-                if self.in_quota(leaf, d):
-                    reason = QuotaExceeded(self.names[q], name, int(amount), avail)
-                else:
-                    reason = BorrowingLimit(self.names[path[0]], name, int(amount), avail)
-                return QuotaVerdict(False, False, reason)
-        return QuotaVerdict(True, self.in_quota(leaf, d))
+                over = usage[q][r] + amount + others - limit[q][r]
+                if over > 1e-9:
+                    return q, r, over, others
+        return None
+
+    def check(self, leaf: str, d: tuple[float, ...]) -> QuotaVerdict:
+        """Would the demand fit along the leaf's path now, and why not? Never changes usage."""
+        broken = self.violation(leaf, d)
+        if broken is None:
+            return QuotaVerdict(True, self.in_quota(leaf, d))
+        q, r, _, others = broken
+        amount = d[r]
+        u = self.usage[q][r]
+        if u + amount > self.limit[q][r] + 1e-9 or not others:
+            return QuotaVerdict(False, False, self._limit_reason(q, r, amount))
+        avail = int(max(0.0, self.limit[q][r] - u - others))
+        name = self.resources[r]
+        reason: Reason
+        if self.in_quota(leaf, d):
+            reason = QuotaExceeded(self.names[q], name, int(amount), avail)
+        else:
+            reason = BorrowingLimit(self.names[self.paths[leaf][0]], name, int(amount), avail)
+        return QuotaVerdict(False, False, reason)
+
+    def fits(self, leaf: str, d: tuple[float, ...]) -> bool:
+        return self.violation(leaf, d) is None
 
     def _limit_reason(self, q: int, r: int, amount: float) -> Reason:
         avail = int(max(0.0, self.limit[q][r] - self.usage[q][r]))

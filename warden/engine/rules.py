@@ -1,9 +1,11 @@
 """Who may preempt whom (DESIGN §4.3), one small rule each, and what a victim would cost (§4.4).
 
-A rule looks at a preemptor P and a candidate victim V and either lets V be taken or returns a
-`Block` saying until when V is protected (`until=inf` when time will not help). The preemption
-pass takes only victims no rule blocks; the reservation pass also looks at victims whose blocks
-all lift at a known time, which is how a job learns it is `WaitingForLease`.
+A rule either lets a victim V be taken or returns a `Block` saying until when V is protected
+(`until=inf` when time will not help). *Victim rules* look at V alone (preemptible, lease,
+thrash budget, efficiency floor), so a pass evaluates them once per running job; *pair rules*
+also look at the preemptor P (direction, scope). The preemption search takes only victims no
+rule blocks; the reservation forecast also counts victims whose blocks all lift at a known
+time, which is how a job learns it is `WaitingForLease`.
 """
 
 from __future__ import annotations
@@ -120,11 +122,11 @@ def scope(ctx: RuleContext, p: Preemptor, v: Job) -> Block | None:
     return Block("scope")
 
 
-def preemptible(ctx: RuleContext, p: Preemptor, v: Job) -> Block | None:
+def preemptible(ctx: RuleContext, v: Job) -> Block | None:
     return None if ctx.policy.tier(v.tier).preemptible else Block("preemptible")
 
 
-def lease(ctx: RuleContext, p: Preemptor, v: Job) -> Block | None:
+def lease(ctx: RuleContext, v: Job) -> Block | None:
     """Never preempt inside the current attempt's lease."""
     a = v.attempt
     if a is None:
@@ -133,7 +135,7 @@ def lease(ctx: RuleContext, p: Preemptor, v: Job) -> Block | None:
     return Block("lease", until) if ctx.now < until else None
 
 
-def thrash_budget(ctx: RuleContext, p: Preemptor, v: Job) -> Block | None:
+def thrash_budget(ctx: RuleContext, v: Job) -> Block | None:
     """At most `count` preemptions of one job per `per` window."""
     mp = ctx.policy.thrash.max_preemptions
     recent = sorted(t for t in v.preempted_at if t > ctx.now - mp.per)
@@ -142,7 +144,7 @@ def thrash_budget(ctx: RuleContext, p: Preemptor, v: Job) -> Block | None:
     return Block("thrash_budget", recent[len(recent) - mp.count] + mp.per)
 
 
-def efficiency_floor(ctx: RuleContext, p: Preemptor, v: Job) -> Block | None:
+def efficiency_floor(ctx: RuleContext, v: Job) -> Block | None:
     """Stretch the lease so a preemption never pushes the attempt's η below min_efficiency."""
     a = v.attempt
     if a is None:
@@ -154,17 +156,40 @@ def efficiency_floor(ctx: RuleContext, p: Preemptor, v: Job) -> Block | None:
     return Block("efficiency", until) if ctx.now < until - 1e-6 else None
 
 
-Rule = Callable[[RuleContext, Preemptor, Job], "Block | None"]
-RULES: Sequence[Rule] = (preemptible, direction, scope, lease, thrash_budget, efficiency_floor)
+VictimRule = Callable[[RuleContext, Job], "Block | None"]
+PairRule = Callable[[RuleContext, Preemptor, Job], "Block | None"]
+VICTIM_RULES: Sequence[VictimRule] = (preemptible, lease, thrash_budget, efficiency_floor)
+PAIR_RULES: Sequence[PairRule] = (direction, scope)
 
 
-def blocks(ctx: RuleContext, p: Preemptor, v: Job) -> float:
-    """0.0 when V may be taken now; the time its protection lifts; inf when it never will for P."""
+def protection(ctx: RuleContext, v: Job) -> float:
+    """When the victim rules let V go: 0.0 now, a time, or inf (never)."""
     until = 0.0
-    for rule in RULES:
-        b = rule(ctx, p, v)
+    for rule in VICTIM_RULES:
+        b = rule(ctx, v)
         if b is not None:
             if b.until == INF:
                 return INF
             until = max(until, b.until)
     return until
+
+
+def allowed(ctx: RuleContext, p: Preemptor, v: Job) -> bool:
+    """Do the pair rules let P take V (leaving time aside)?"""
+    for rule in PAIR_RULES:
+        if rule(ctx, p, v) is not None:
+            return False
+    return True
+
+
+def downward_key(ctx: RuleContext, p: Preemptor) -> tuple:
+    """What the pair rules read of P when V is of a strictly lower tier: every victim of a lower
+    tier that they allow for one P they allow for any P with the same key (a search may reuse
+    the list). Keep it in step with `direction` and `scope`."""
+    free = p.in_quota or ctx.policy.tier(p.job.tier).scope == "cluster"
+    return (p.job.tier, free, None if free else p.job.queue)
+
+
+def blocks(ctx: RuleContext, p: Preemptor, v: Job) -> float:
+    """0.0 when P may take V now; the time V's protection lifts; inf when it never will for P."""
+    return protection(ctx, v) if allowed(ctx, p, v) else INF

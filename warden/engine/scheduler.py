@@ -44,7 +44,8 @@ from warden.engine.reasons import (
     WaitingForLease,
 )
 from warden.engine.model import ReplicaPlacement
-from warden.engine.rules import Preemptor, RuleContext, blocks, grace_of, victim_cost
+from warden.engine.preemption import Candidate, CandidatePool, drop_unneeded, search, victim_key
+from warden.engine.rules import Preemptor, RuleContext, allowed, grace_of, protection, victim_cost
 
 if TYPE_CHECKING:
     from warden.engine.policy import Policy
@@ -71,7 +72,8 @@ def rank(snapshot: Snapshot, now: float) -> list[tuple[SortKey, Job]]:
         ranked = []
         for j in waiting:
             fr, ratios = fair.get(j.queue, unknown)
-            waited = j.wait_at(now)
+            since = j.submit if j.pending_since is None else j.pending_since
+            waited = j.waited + (now - since if now > since else 0.0)  # Job.wait_at, inlined
             breach = 0 if waited >= max_wait.get(j.queue, default_wait) else 1
             ranked.append((SortKey(j.tier, breach, fr, -waited, j.submit, j.id, ratios), j))
     ranked.sort(key=lambda kj: kj[0])
@@ -99,6 +101,8 @@ class Cycle:
         self.index = CapacityIndex(snapshot.nodes)
         self.quota = QuotaTree(self.policy)
         self.ctx = RuleContext(self.policy, self.quota, now)
+        governed = self.quota.governed()
+        self.charged_tiers = {t: governed and spec.charged for t, spec in self.policy.tiers.items()}
         self.node_gpus = {n.name: n.gpus for n in snapshot.nodes}
         self.used_indices: dict[str, set[int]] = {}
         self.holding: list[Job] = []
@@ -110,13 +114,20 @@ class Cycle:
         self.reservations: list[Reservation] = []
         self.holds: list[_Hold] = []
         self.explanations: dict[str, Explanation] = {}
-        self.quota_fail: dict[tuple, Reason] = {}
+        self.quota_seen: dict[tuple, tuple[int, Reason | None, bool]] = {}
+        self.quota_version = 0
+        self.capacity_seen: dict[tuple, tuple[int, Reason]] = {}
+        self.capacity_version = 0
         self.preempt_fail: set[tuple] = set()
         self.held_fail: set[tuple] = set()
         self.held_ok: dict[tuple, tuple[int, Reason]] = {}
+        self.outcomes: dict[tuple, tuple[int, Reason]] = {}
         self.hold_version = 0
         self.attempts_left = self.policy.preemption.max_attempts_per_pass
-        self.victim_order: list[tuple[Job, float, float]] | None = None
+        self.candidates: CandidatePool | None = None
+        self.nodes_of_block: dict[str, list[str]] = {}
+        for n in snapshot.nodes:
+            self.nodes_of_block.setdefault(self.index.block_of(n.name), []).append(n.name)
         self.max_victim_tier: int | None = None
         for job in snapshot.jobs:
             if job.state.holds_resources and job.attempt is not None:
@@ -131,14 +142,15 @@ class Cycle:
             self.used_indices.setdefault(rp.node, set()).update(rp.gpus)
         flavor = self.index.flavor_of(a.assignment[0].node) if a.assignment else ""
         self.flavor_of_job[job.id] = flavor
-        if self._charged(job) and job.queue in self.quota.paths:
+        if self.charged(job) and job.queue in self.quota.paths:
             self.quota.add(job.queue, self.quota.demand(job, flavor))
         self.holding.append(job)
         if a.sigterm_at is not None or job.state is JobState.PREEMPTING:
             self.terminating[job.id] = job
 
-    def _charged(self, job: Job) -> bool:
-        return self.quota.governed() and self.policy.tier(job.tier).charged
+    def charged(self, job: Job) -> bool:
+        """Does the job's usage count against quota (a governed tree, a charged tier)?"""
+        return self.charged_tiers[job.tier]
 
     # -- the pass ---------------------------------------------------------------------------
     def run(self) -> Plan:
@@ -172,29 +184,47 @@ class Cycle:
 
     # -- 3. assign --------------------------------------------------------------------------
     def _consider(self, job: Job) -> Reason | None:
-        """Admit the job if it fits; otherwise preempt, reserve, or say why it waits."""
+        """Admit the job if it fits; otherwise preempt, reserve, or say why it waits.
+
+        A job like one that already failed in this pass (same queue, tier, shape and runtime
+        estimate) fails the same way: free capacity, and free plus held capacity, only shrank
+        and quota usage only grew since. Its reason is reused, which keeps a deep queue cheap.
+        Only `Reserved` depends on which holds exist, so it is reused while they are unchanged.
+        """
+        key = (job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.cpu, job.memory,
+               job.placement, job.expected_duration if self.holds else None)
+        known = self.outcomes.get(key)
+        if known is not None and known[0] in (-1, self.hold_version):
+            return known[1]
+        reason = self._try(job)
+        if reason is not None and not isinstance(reason, (WaitingForGrace, WaitingForLease)) \
+                and getattr(reason, "reserved_at", None) is None:
+            self.outcomes[key] = (self.hold_version if isinstance(reason, Reserved) else -1, reason)
+        return reason
+
+    def _try(self, job: Job) -> Reason | None:
         if job.queue not in self.quota.paths:
             return UnknownQueue(job.queue)
-        charged = self._charged(job)
+        charged = self.charged(job)
         shape = (job.replicas, job.gpus, job.cpu, job.memory, job.placement)
         first: Reason | None = None
         for flavor in self._flavors(job):
             d = self.quota.demand(job, flavor) if charged else ()
             in_quota = True
             if charged:
+                # A failure stays one for the pass; a fit holds until quota usage changes.
                 qkey = (job.queue, d)
-                failed = self.quota_fail.get(qkey)
-                if failed is None:
+                seen = self.quota_seen.get(qkey)
+                if seen is None or (seen[1] is None and seen[0] != self.quota_version):
                     verdict = self.quota.check(job.queue, d)
-                    if not verdict.fits:
-                        failed = self.quota_fail[qkey] = verdict.reason
-                if failed is not None:
-                    first = first or failed
+                    seen = self.quota_seen[qkey] = (self.quota_version, verdict.reason, verdict.in_quota)
+                if seen[1] is not None:
+                    first = first or seen[1]
                     continue
-                in_quota = self.quota.in_quota(job.queue, d)
+                in_quota = seen[2]
             pkey = (flavor,) + shape
             names = self._find(flavor, job)
-            failed = None if names is not None else self._capacity_reason(job, flavor)
+            failed = None if names is not None else self._capacity_reason(job, flavor, pkey)
             if names is None and self.holds:
                 names = self._backfill(job, flavor)
                 if names is None:
@@ -217,7 +247,16 @@ class Cycle:
     def _find(self, flavor: str, job: Job) -> tuple[str, ...] | None:
         return self.index.find(flavor, job.replicas, job.gpus, job.cpu, job.memory, job.placement)
 
-    def _capacity_reason(self, job: Job, flavor: str) -> Reason:
+    def _capacity_reason(self, job: Job, flavor: str, pkey: tuple) -> Reason:
+        """InsufficientCapacity or Fragmented, with the free GPUs as of the last change."""
+        seen = self.capacity_seen.get(pkey)
+        if seen is not None and seen[0] == self.capacity_version:
+            return seen[1]
+        reason = self._capacity_reason_now(job, flavor)
+        self.capacity_seen[pkey] = (self.capacity_version, reason)
+        return reason
+
+    def _capacity_reason_now(self, job: Job, flavor: str) -> Reason:
         need = job.total_gpus
         free = self.index.free_gpus(flavor) if flavor in self.index.flavors() else 0
         if free >= need and need > 0:
@@ -227,8 +266,10 @@ class Cycle:
     def _admit(self, job: Job, flavor: str, names: Sequence[str], d: tuple[float, ...],
                borrowing: bool) -> None:
         self.index.place(names, job.gpus, job.cpu, job.memory)
+        self.capacity_version += 1
         if d:
             self.quota.add(job.queue, d)
+            self.quota_version += 1
         placement = []
         for name in names:
             used = self.used_indices.setdefault(name, set())
@@ -256,6 +297,7 @@ class Cycle:
         for h in usable:
             h.parts = self._take_free(h.parts)
         self.hold_version += 1
+        self.capacity_version += 1
         for name in names:
             self.index.give(name, job.gpus, job.cpu, job.memory)
         self.index.release(mark)
@@ -311,26 +353,27 @@ class Cycle:
         hold = _Hold(job.id, due, self._take_free((n, g, c, m) for n, (g, c, m) in need.items()), backfill)
         self.holds.append(hold)
         self.hold_version += 1
+        self.capacity_version += 1
         return hold
 
     # -- 4. preempt -------------------------------------------------------------------------
-    def _release(self, job: Job) -> None:
+    def release(self, job: Job) -> None:
         a = job.attempt
         assert a is not None
         for rp in a.assignment:
             self.index.give(rp.node, job.gpus, job.cpu, job.memory)
-        if self._charged(job) and job.queue in self.quota.paths:
+        if self.charged(job) and job.queue in self.quota.paths:
             self.quota.remove(job.queue, self.quota.demand(job, self.flavor_of_job[job.id]))
 
-    def _retake(self, job: Job) -> None:
+    def retake(self, job: Job) -> None:
         a = job.attempt
         assert a is not None
         for rp in a.assignment:
             self.index.take(rp.node, job.gpus, job.cpu, job.memory)
-        if self._charged(job) and job.queue in self.quota.paths:
+        if self.charged(job) and job.queue in self.quota.paths:
             self.quota.add(job.queue, self.quota.demand(job, self.flavor_of_job[job.id]))
 
-    def _fits(self, job: Job, flavor: str, d: tuple[float, ...]) -> bool:
+    def fits(self, job: Job, flavor: str, d: tuple[float, ...]) -> bool:
         if d and not self.quota.check(job.queue, d).fits:
             return False
         return self._find(flavor, job) is not None
@@ -342,26 +385,23 @@ class Cycle:
         self.index.rollback(mark[0])
         self.quota.rollback(mark[1])
 
-    def _victims_by_cost(self) -> list[tuple[Job, float, float]]:
-        """Running jobs not yet signalled, in the policy's victim order, with (cost, lost)."""
-        if self.victim_order is None:
+    def block_nodes(self, block: str) -> Sequence[str]:
+        return self.nodes_of_block[block]
+
+    def _candidates(self) -> CandidatePool:
+        """Running jobs not yet signalled, in the policy's victim order, priced once a pass."""
+        if self.candidates is None:
             order = self.policy.preemption.victim_order
             rows = []
             for v in self.holding:
-                if v.id in self.terminating:
-                    continue
-                cost, lost = victim_cost(self.policy, v, self.now)
-                started = v.attempt.started_at if v.attempt else 0.0
-                if order == "newest":
-                    k: tuple = (-v.tier, -started, v.id)
-                elif order == "smallest":
-                    k = (-v.tier, v.total_gpus, -started, v.id)
-                else:
-                    k = (cost, -v.tier, -started, v.id)
-                rows.append((k, v, cost, lost))
+                if v.id not in self.terminating:
+                    cost, lost = victim_cost(self.policy, v, self.now)
+                    rows.append((victim_key(order, v, cost), v, cost, lost))
             rows.sort(key=lambda r: r[0])
-            self.victim_order = [(v, cost, lost) for _, v, cost, lost in rows]
-        return self.victim_order
+            self.candidates = CandidatePool([
+                Candidate(v, cost, lost, protection(self.ctx, v), self.flavor_of_job[v.id], rank)
+                for rank, (_, v, cost, lost) in enumerate(rows)])
+        return self.candidates
 
     def _preempt(self, job: Job) -> Reason | None:
         """Make room for `job` from terminating jobs first, then from eligible victims."""
@@ -389,64 +429,38 @@ class Cycle:
                  if v.id not in self.terminating and self.policy.tier(v.tier).preemptible), default=0)
         if self.max_victim_tier > job.tier:
             return True
-        return self.max_victim_tier == job.tier and self._charged(job)
+        return self.max_victim_tier == job.tier and self.charged(job)
 
     def _preempt_in(self, job: Job, flavor: str) -> Reason | None:
-        d = self.quota.demand(job, flavor) if self._charged(job) else ()
+        d = self.quota.demand(job, flavor) if self.charged(job) else ()
         p = Preemptor(job, self.quota.in_quota(job.queue, d, reclaim=True) if d else True, d)
         mark = self._mark()
         term = sorted((t for t in self.terminating.values() if t.id not in self.claimed),
                       key=lambda t: (t.attempt.kill_at or self.now, t.id))  # type: ignore[union-attr]
         for t in term:
-            self._release(t)
-        victims: list[tuple[Job, float, float]] = []
-        if not self._fits(job, flavor, d):
-            for v, cost, lost in self._victims_by_cost():
-                if v.id in self.claimed or blocks(self.ctx, p, v) != 0.0:
-                    continue
-                if v.tier <= job.tier and not self._still_borrowing(p, v):
-                    continue
-                self._release(v)
-                victims.append((v, cost, lost))
-                if self._fits(job, flavor, d):
-                    break
-            else:
+            self.release(t)
+        victims: list[Candidate] = []
+        if not self.fits(job, flavor, d):
+            victims = search(self, p, flavor, self._candidates(), self.claimed)
+            if not victims:
                 self._rollback(mark)
                 return None
-            # Minimal: give back every victim the job can do without, the costliest first.
-            for row in sorted(victims, key=lambda r: -r[1]):
-                self._retake(row[0])
-                if self._fits(job, flavor, d):
-                    victims.remove(row)
-                else:
-                    self._release(row[0])
         # Depend on as few terminating jobs as possible, the latest to exit first.
-        needed = list(term)
-        for t in reversed(term):
-            self._retake(t)
-            if self._fits(job, flavor, d):
-                needed.remove(t)
-            else:
-                self._release(t)
+        needed = drop_unneeded(self, job, flavor, d, list(reversed(term)))
         names = self._find(flavor, job)
         assert names is not None
         self._rollback(mark)
-        return self._claim(job, flavor, names, d, victims, needed)
-
-    def _still_borrowing(self, p: Preemptor, v: Job) -> bool:
-        """Reclaim takes a victim only while its side is still above nominal."""
-        _, _, v_side = self.quota.lowest_common_ancestor(p.job.queue, v.queue)
-        return v_side >= 0 and self.quota.over_nominal(v_side)
+        return self._claim(job, flavor, names, d, victims, list(reversed(needed)))
 
     def _claim(self, job: Job, flavor: str, names: Sequence[str], d: tuple[float, ...],
-               victims: list[tuple[Job, float, float]], terminating: list[Job]) -> Reason:
+               victims: list[Candidate], terminating: list[Job]) -> Reason:
         """Signal the victims and hold what the job will need, so nobody takes it meanwhile."""
         etas = []
-        for v, cost, lost in victims:
-            grace = grace_of(self.policy, v)
-            kind = "downward" if v.tier > job.tier else "reclaim"
-            self.preemptions.append(Preemption(v.id, job.id, kind, grace, cost, lost))
-            self.claimed.add(v.id)
+        for c in victims:
+            grace = grace_of(self.policy, c.job)
+            kind = "downward" if c.job.tier > job.tier else "reclaim"
+            self.preemptions.append(Preemption(c.job.id, job.id, kind, grace, c.cost, c.lost))
+            self.claimed.add(c.job.id)
             etas.append(self.now + grace)
         for t in terminating:
             self.claimed.add(t.id)
@@ -455,10 +469,11 @@ class Cycle:
         self._hold(job, names, max(etas, default=self.now), backfill=False)
         if d:
             leaving = [(j.queue, self.quota.demand(j, self.flavor_of_job[j.id]))
-                       for j in [v for v, _, _ in victims] + terminating
-                       if self._charged(j) and j.queue in self.quota.paths]
+                       for j in [c.job for c in victims] + terminating
+                       if self.charged(j) and j.queue in self.quota.paths]
             self.quota.transfer(job.queue, d, leaving)
-        ids = tuple(v.id for v, _, _ in victims) + tuple(t.id for t in terminating)
+            self.quota_version += 1
+        ids = tuple(c.job.id for c in victims) + tuple(t.id for t in terminating)
         return WaitingForGrace(ids, max(etas) if etas else None)
 
     # -- 5. reserve -------------------------------------------------------------------------
@@ -482,31 +497,33 @@ class Cycle:
         return blocked
 
     def _forecast(self, job: Job, flavor: str) -> tuple[float, str, tuple[str, ...], list[Job], list[Job]] | None:
-        d = self.quota.demand(job, flavor) if self._charged(job) else ()
+        """Release jobs in the order they will free capacity until the job fits: the due time,
+        its placement then, the jobs it waits for, and which of those it will preempt."""
+        d = self.quota.demand(job, flavor) if self.charged(job) else ()
         p = Preemptor(job, self.quota.in_quota(job.queue, d, reclaim=True) if d else True, d)
         events: list[tuple[float, str, Job, bool]] = []
-        for v in self.holding:
+        for t in self.terminating.values():
+            if t.id not in self.claimed:
+                kill_at = t.attempt.kill_at if t.attempt is not None else None
+                events.append((self.now if kill_at is None else kill_at, t.id, t, False))
+        for c in self._candidates().all:
+            v = c.job
             if v.id in self.claimed:
                 continue
-            a = v.attempt
-            assert a is not None
-            if v.id in self.terminating:
-                events.append((a.kill_at if a.kill_at is not None else self.now, v.id, v, False))
-                continue
-            end = a.started_at + v.expected_duration if v.expected_duration is not None else INF
-            free_at = blocks(self.ctx, p, v)
-            preempt = free_at < end
+            assert v.attempt is not None
+            end = v.attempt.started_at + v.expected_duration if v.expected_duration is not None else INF
+            free_at = c.protected_until if c.protected_until < end and allowed(self.ctx, p, v) else INF
             t = min(end, max(free_at, self.now))
             if t < INF:
-                events.append((t, v.id, v, preempt))
+                events.append((t, v.id, v, free_at < end))
         events.sort(key=lambda e: (e[0], e[1]))
         mark = self._mark()
         released: list[tuple[Job, bool]] = []
         result = None
         for t, _, v, preempt in events:
-            self._release(v)
+            self.release(v)
             released.append((v, preempt))
-            if self._fits(job, flavor, d):
+            if self.fits(job, flavor, d):
                 names = self._find(flavor, job)
                 assert names is not None
                 lease_victims = [v for v, pre in released if pre]
