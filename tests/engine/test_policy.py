@@ -128,7 +128,7 @@ def test_to_dict_is_resolved_and_round_trips() -> None:
     assert [c["name"] for c in d["queues"]["children"]] == ["research", "platform"]
     assert "parent" not in d["queues"]
     assert d["scheduling"] == {"order": "governed", "head_of_line_blocking": False,
-                               "reservations": 1, "backfill": True}
+                               "reservations": 1}
     assert parse_policy(d) == p
     assert parse_policy(yaml.safe_dump(d)) == p
     assert parse_policy(json.loads(json.dumps(d))) == p  # JSON keys tiers by "1".."4"
@@ -170,7 +170,7 @@ def test_default_settings() -> None:
     assert (p.preemption.restart_overhead, p.preemption.max_attempts_per_pass,
             p.preemption.victim_order) == (60, 16, "cost")
     assert (p.scheduling.order, p.scheduling.head_of_line_blocking,
-            p.scheduling.reservations, p.scheduling.backfill) == ("governed", False, 1, True)
+            p.scheduling.reservations) == ("governed", False, 1)
     assert p.queue_names() == ["cluster", "default"]
     assert [q.name for q in p.leaves()] == ["default"]
     assert p.governed_resources() == ()

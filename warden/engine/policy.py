@@ -409,10 +409,13 @@ class PreemptionSpec(_Spec):
 
 
 class SchedulingSpec(_Spec):
+    """`order: fifo` ranks by submit time alone; `head_of_line_blocking` makes the first job that
+    does not fit stop everything behind it; `reservations` is how many top blocked jobs hold the
+    capacity that frees first (0: none)."""
+
     order: Literal["governed", "fifo"] = "governed"
     head_of_line_blocking: bool = False
     reservations: int = Field(default=1, ge=0)
-    backfill: bool = True
 
 
 # ------------------------------------------------------------------------- flat form of queues

@@ -118,6 +118,10 @@ class QuotaTree:
     def mark(self) -> int:
         return len(self._log)
 
+    def forget(self) -> None:
+        """Drop the undo log: what was done so far is kept for good (no mark may be open)."""
+        self._log.clear()
+
     def rollback(self, token: int) -> None:
         while len(self._log) > token:
             changes = self._log.pop()

@@ -26,11 +26,11 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Iterable, Sequence
 
+from warden.engine.allocation import Allocation
 from warden.engine.fairshare import fair_order
 from warden.engine.model import Job, JobState, Snapshot
-from warden.engine.placement import CapacityIndex, assign_gpu_indices
+from warden.engine.placement import assign_gpu_indices
 from warden.engine.plan import Admission, Explanation, Plan, Preemption, Reservation, SortKey
-from warden.engine.quota import QuotaTree
 from warden.engine.reasons import (
     AwaitingApproval,
     Fragmented,
@@ -55,7 +55,33 @@ INF = math.inf
 
 def schedule(snapshot: Snapshot, now: float) -> Plan:
     """The engine's one entry point: the same snapshot and `now` always give the same plan."""
-    return Cycle(snapshot, now).run()
+    return Engine().plan(snapshot, now)
+
+
+class Engine:
+    """Runs passes, keeping what running jobs hold between them (`Allocation`).
+
+    A shell that calls `plan` again and again pays only for the jobs that changed; the plan is
+    the one `schedule` gives for the same snapshot and `now`.
+    """
+
+    def __init__(self) -> None:
+        self._alloc: Allocation | None = None
+
+    def plan(self, snapshot: Snapshot, now: float) -> Plan:
+        alloc = self._alloc
+        if alloc is None or not alloc.matches(snapshot.nodes, snapshot.policy):
+            alloc = self._alloc = Allocation(snapshot.nodes, snapshot.policy)
+        alloc.sync(j for j in snapshot.jobs if j.state.holds_resources and j.attempt is not None)
+        index_mark, quota_mark = alloc.index.mark(), alloc.quota.mark()
+        used = dict(alloc.used)
+        try:
+            return Cycle(snapshot, now, alloc).run()
+        finally:
+            alloc.index.rollback(index_mark)
+            alloc.index.release(index_mark)
+            alloc.quota.rollback(quota_mark)
+            alloc.used = used
 
 
 def rank(snapshot: Snapshot, now: float) -> list[tuple[SortKey, Job]]:
@@ -94,20 +120,24 @@ class _Hold:
 class Cycle:
     """The state of one pass. Built from a snapshot, consumed by `run()`."""
 
-    def __init__(self, snapshot: Snapshot, now: float) -> None:
+    def __init__(self, snapshot: Snapshot, now: float, alloc: Allocation) -> None:
         self.snapshot = snapshot
         self.now = now
         self.policy: Policy = snapshot.policy
-        self.index = CapacityIndex(snapshot.nodes)
-        self.quota = QuotaTree(self.policy)
+        self.index = alloc.index
+        self.quota = alloc.quota
+        self.charged_tiers = alloc.charged_tiers
+        self.flavor_of_job = alloc.flavor_of_job
+        self.used_indices: dict[str, frozenset[int]] = alloc.used
         self.ctx = RuleContext(self.policy, self.quota, now)
-        governed = self.quota.governed()
-        self.charged_tiers = {t: governed and spec.charged for t, spec in self.policy.tiers.items()}
         self.node_gpus = {n.name: n.gpus for n in snapshot.nodes}
-        self.used_indices: dict[str, set[int]] = {}
         self.holding: list[Job] = []
-        self.flavor_of_job: dict[str, str] = {}
         self.terminating: dict[str, Job] = {}
+        for job in snapshot.jobs:
+            if job.state.holds_resources and job.attempt is not None:
+                self.holding.append(job)
+                if job.attempt.sigterm_at is not None or job.state is JobState.PREEMPTING:
+                    self.terminating[job.id] = job
         self.claimed: set[str] = set()
         self.admissions: list[Admission] = []
         self.preemptions: list[Preemption] = []
@@ -120,6 +150,7 @@ class Cycle:
         self.capacity_version = 0
         self.preempt_fail: set[tuple] = set()
         self.held_fail: set[tuple] = set()
+        self.backfill_fail: dict[tuple, int] = {}
         self.held_ok: dict[tuple, tuple[int, Reason]] = {}
         self.outcomes: dict[tuple, tuple[int, Reason]] = {}
         self.hold_version = 0
@@ -129,28 +160,10 @@ class Cycle:
         for n in snapshot.nodes:
             self.nodes_of_block.setdefault(self.index.block_of(n.name), []).append(n.name)
         self.max_victim_tier: int | None = None
-        for job in snapshot.jobs:
-            if job.state.holds_resources and job.attempt is not None:
-                self._load_holding(job)
-
-    # -- 1. snapshot ------------------------------------------------------------------------
-    def _load_holding(self, job: Job) -> None:
-        a = job.attempt
-        assert a is not None
-        for rp in a.assignment:
-            self.index.take(rp.node, job.gpus, job.cpu, job.memory)
-            self.used_indices.setdefault(rp.node, set()).update(rp.gpus)
-        flavor = self.index.flavor_of(a.assignment[0].node) if a.assignment else ""
-        self.flavor_of_job[job.id] = flavor
-        if self.charged(job) and job.queue in self.quota.paths:
-            self.quota.add(job.queue, self.quota.demand(job, flavor))
-        self.holding.append(job)
-        if a.sigterm_at is not None or job.state is JobState.PREEMPTING:
-            self.terminating[job.id] = job
 
     def charged(self, job: Job) -> bool:
         """Does the job's usage count against quota (a governed tree, a charged tier)?"""
-        return self.charged_tiers[job.tier]
+        return self.charged_tiers.get(job.tier, False)
 
     # -- the pass ---------------------------------------------------------------------------
     def run(self) -> Plan:
@@ -272,9 +285,9 @@ class Cycle:
             self.quota_version += 1
         placement = []
         for name in names:
-            used = self.used_indices.setdefault(name, set())
+            used = self.used_indices.get(name, frozenset())
             gpus = assign_gpu_indices(self.node_gpus[name], used, job.gpus)
-            used.update(gpus)
+            self.used_indices[name] = used | frozenset(gpus)
             placement.append(ReplicaPlacement(name, gpus))
         self.admissions.append(Admission(job.id, tuple(placement), flavor, borrowing))
 
@@ -286,11 +299,16 @@ class Cycle:
                   and (job.tier == 4 or (ends is not None and h.due is not None and ends <= h.due))]
         if not usable:
             return None
+        # Free plus usable held capacity only shrinks while the holds stay as they are.
+        key = (flavor, job.replicas, job.gpus, job.cpu, job.memory, job.placement, tuple(id(h) for h in usable))
+        if self.backfill_fail.get(key) == self.hold_version:
+            return None
         mark = self.index.mark()
         self._release_holds(usable)
         names = self._find(flavor, job)
         if names is None:
             self.index.rollback(mark)
+            self.backfill_fail[key] = self.hold_version
             return None
         # The job takes its share; each reservation keeps what is left of its part.
         self.index.place(names, job.gpus, job.cpu, job.memory)
@@ -314,6 +332,10 @@ class Cycle:
         known = self.held_ok.get(pkey)
         if known is not None and known[0] == self.hold_version:
             return known[1]
+        held = sum(g for h in self.holds for node, g, _, _ in h.parts if self.index.flavor_of(node) == flavor)
+        if self.index.free_gpus(flavor) + held < job.total_gpus:
+            self.held_fail.add(pkey)
+            return None
         mark = self.index.mark()
         self._release_holds(self.holds)
         fits = self._find(flavor, job) is not None

@@ -1,0 +1,37 @@
+"""A warm Engine gives exactly the plan a fresh pass gives, whatever it saw before."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from warden.bench.engine import synthetic_snapshot
+from warden.engine.model import Attempt, JobState
+from warden.engine.scheduler import Engine, schedule
+
+
+def test_warm_engine_matches_fresh_passes_over_changing_snapshots() -> None:
+    rng = random.Random(7)
+    engine = Engine()
+    snapshot, now = synthetic_snapshot(40, 8, 120, 60, 3)
+    for step in range(12):
+        assert engine.plan(snapshot, now) == schedule(snapshot, now)
+        assert engine.plan(snapshot, now) == schedule(snapshot, now)  # a repeated pass, too
+        # Some running jobs end, some change facts only, some pending ones start where others were.
+        jobs = list(snapshot.jobs)
+        holding = [i for i, j in enumerate(jobs) if j.state.holds_resources]
+        for i in rng.sample(holding, k=min(5, len(holding))):
+            jobs[i] = replace(jobs[i], state=JobState.SUCCEEDED)
+        for i in rng.sample(holding, k=min(5, len(holding))):
+            a = jobs[i].attempt
+            if a is not None and jobs[i].state.holds_resources:
+                jobs[i] = replace(jobs[i], attempt=replace(a, checkpoint_s=a.checkpoint_s + 10.0,
+                                                           last_checkpoint_at=now))
+        plan = schedule(replace(snapshot, jobs=tuple(j for j in jobs if not j.state.terminal)), now)
+        started = {a.job_id: a for a in plan.admissions}
+        jobs = [replace(j, state=JobState.RUNNING,
+                        attempt=Attempt(1, now, started[j.id].placement)) if j.id in started else j
+                for j in jobs if not j.state.terminal]
+        now += 60.0 * (step + 1)
+        snapshot = replace(snapshot, jobs=tuple(jobs))
+    assert engine.plan(snapshot, now) == schedule(snapshot, now)

@@ -1,0 +1,95 @@
+"""What the jobs that hold resources take: node capacity, GPU indices and quota usage.
+
+Kept between passes by `warden.engine.scheduler.Engine`, which applies only the jobs that
+started, stopped or moved since the last pass; a pass changes it only under a mark and rolls it
+back, so the state always equals a fresh build from the last snapshot (the plan stays a
+function of the snapshot and `now`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+from warden.engine.model import Job, Node
+from warden.engine.placement import CapacityIndex
+from warden.engine.quota import QuotaTree
+
+if TYPE_CHECKING:
+    from warden.engine.policy import Policy
+
+
+class Allocation:
+    __slots__ = ("nodes", "policy", "index", "quota", "charged_tiers", "jobs", "flavor_of_job", "used")
+
+    def __init__(self, nodes: tuple[Node, ...], policy: Policy) -> None:
+        self.nodes = nodes
+        self.policy = policy
+        self.index = CapacityIndex(nodes)
+        self.quota = QuotaTree(policy)
+        governed = self.quota.governed()
+        self.charged_tiers = {t: governed and spec.charged for t, spec in policy.tiers.items()}
+        self.jobs: dict[str, Job] = {}
+        self.flavor_of_job: dict[str, str] = {}
+        self.used: dict[str, frozenset[int]] = {}
+        """GPU indices in use per node (frozen: a pass copies on write)."""
+
+    def matches(self, nodes: tuple[Node, ...], policy: Policy) -> bool:
+        return (nodes is self.nodes or nodes == self.nodes) and (policy is self.policy or policy == self.policy)
+
+    def charged(self, job: Job) -> bool:
+        """Does the job's usage count against quota (a governed tree, a charged tier)?"""
+        return self.charged_tiers.get(job.tier, False) and job.queue in self.quota.paths
+
+    def sync(self, holding: Iterable[Job]) -> None:
+        """Make the state that of exactly these jobs, touching only those that changed.
+
+        Departures first: a job may start on what another one just gave back.
+        """
+        arriving = []
+        current: dict[str, Job] = {}
+        for job in holding:
+            current[job.id] = job
+            old = self.jobs.get(job.id)
+            if old is job:
+                continue
+            if old is not None and _same_footprint(old, job):
+                self.jobs[job.id] = job
+                continue
+            if old is not None:
+                self._remove(old)
+            arriving.append(job)
+        for gone in [i for i in self.jobs if i not in current]:
+            self._remove(self.jobs[gone])
+        for job in arriving:
+            self._add(job)
+        self.quota.forget()
+
+    def _add(self, job: Job) -> None:
+        a = job.attempt
+        assert a is not None
+        for rp in a.assignment:
+            self.index.take(rp.node, job.gpus, job.cpu, job.memory)
+            self.used[rp.node] = self.used.get(rp.node, frozenset()) | frozenset(rp.gpus)
+        flavor = self.index.flavor_of(a.assignment[0].node) if a.assignment else ""
+        self.flavor_of_job[job.id] = flavor
+        if self.charged(job):
+            self.quota.add(job.queue, self.quota.demand(job, flavor))
+        self.jobs[job.id] = job
+
+    def _remove(self, job: Job) -> None:
+        a = job.attempt
+        assert a is not None
+        for rp in a.assignment:
+            self.index.give(rp.node, job.gpus, job.cpu, job.memory)
+            self.used[rp.node] = self.used[rp.node] - frozenset(rp.gpus)
+        if self.charged(job):
+            self.quota.remove(job.queue, self.quota.demand(job, self.flavor_of_job[job.id]))
+        del self.flavor_of_job[job.id]
+        del self.jobs[job.id]
+
+
+def _same_footprint(a: Job, b: Job) -> bool:
+    """Do two versions of a job hold the same resources in the same queue and tier?"""
+    return (a.queue == b.queue and a.tier == b.tier and a.gpus == b.gpus and a.cpu == b.cpu
+            and a.memory == b.memory and a.attempt is not None and b.attempt is not None
+            and a.attempt.assignment == b.attempt.assignment)
