@@ -18,11 +18,12 @@ victims on each node are taken in victim order, and a minimal set always.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
 
 from warden.engine.model import Job
-from warden.engine.rules import Preemptor, allowed, downward_key
+from warden.engine.rules import Preemptor, allowed, downward_key, may_reclaim
 
 if TYPE_CHECKING:
     from warden.engine.placement import CapacityIndex
@@ -42,13 +43,17 @@ class Candidate:
     flavor: str
     rank: int
     """Position in victim order."""
+    leaving: bool = False
+    """Already terminating: its capacity is about to free at no further cost."""
 
 
 class CandidatePool:
     """The running jobs of one pass in victim order, with the lists each search starts from."""
 
-    def __init__(self, candidates: list[Candidate]) -> None:
+    def __init__(self, candidates: list[Candidate], by_cost: bool) -> None:
         self.all = candidates
+        self.by_cost = by_cost
+        """True when victim order is ascending cost (the search may stop early)."""
         self.free_now = [c for c in candidates if c.protected_until == 0.0]
         self._downward: dict[tuple, list[Candidate]] = {}
 
@@ -59,7 +64,8 @@ class CandidatePool:
         if lower is None:
             tier = p.job.tier
             lower = self._downward[key] = [c for c in self.free_now if c.job.tier > tier and allowed(ctx, p, c.job)]
-        same = [c for c in self.free_now if c.job.tier == p.job.tier and allowed(ctx, p, c.job)]
+        same = ([c for c in self.free_now if c.job.tier == p.job.tier and allowed(ctx, p, c.job)]
+                if may_reclaim(ctx, p) else [])
         merged = heapq.merge(lower, same, key=lambda c: c.rank) if same else lower
         return [c for c in merged if c.job.id not in taken]
 
@@ -93,17 +99,19 @@ class Workspace(Protocol):
     def block_nodes(self, block: str) -> Sequence[str]: ...
 
 
-def search(ws: Workspace, p: Preemptor, flavor: str, pool: CandidatePool, taken: set[str]) -> list[Candidate]:
-    """The victims that make `p` fit on `flavor`, released in `ws`; [] (nothing released) if
-    no eligible set does. `taken`: ids of jobs already chosen as victims in this pass."""
+def search(ws: Workspace, p: Preemptor, flavor: str, pool: CandidatePool, taken: set[str],
+           leaving: list[Candidate]) -> list[Candidate]:
+    """What makes `p` fit on `flavor`, released in `ws`: jobs already `leaving` (terminating, at
+    no cost, so a need they cover never gets a new victim) and new victims; [] (nothing
+    released) if no eligible set does. `taken`: ids of jobs already claimed in this pass."""
     job, d = p.job, p.demand
-    eligible = pool.eligible(ws.ctx, p, taken)
+    eligible = leaving + pool.eligible(ws.ctx, p, taken)
     if not eligible:
         return []
     victims: list[Candidate] = []
     chosen: set[str] = set()
-    for c in _cheapest_slots(ws, job, flavor, eligible):
-        if c.job.tier <= job.tier and not still_borrowing(ws.quota, p, c.job):
+    for c in _cheapest_slots(ws, job, flavor, eligible, pool.by_cost):
+        if not c.leaving and c.job.tier <= job.tier and not still_borrowing(ws.quota, p, c.job):
             continue  # reclaim takes back only what is borrowed
         ws.release(c.job)
         victims.append(c)
@@ -112,60 +120,92 @@ def search(ws: Workspace, p: Preemptor, flavor: str, pool: CandidatePool, taken:
         for c in victims:
             ws.retake(c.job)
         return []
-    costliest_first = sorted(victims, key=lambda c: -c.cost)
+    # Give back the costliest first; among jobs already leaving, the one that exits last.
+    costliest_first = sorted(victims, key=lambda c: (-c.cost, -c.rank))
     needed = {c.job.id for c in drop_unneeded(ws, job, flavor, d, costliest_first)}
     return [c for c in victims if c.job.id in needed]
 
 
-def _cheapest_slots(ws: Workspace, job: Job, flavor: str, eligible: list[Candidate]) -> list[Candidate]:
+def _cheapest_slots(ws: Workspace, job: Job, flavor: str, eligible: list[Candidate],
+                    by_cost: bool) -> list[Candidate]:
     """Price the gang's replicas node by node and take the cheapest domain.
 
     A node offers replica slots: those its free GPUs hold now (free), then one more each time
     the next victim on it, in victim order, frees enough (the cost of that run). A domain — one
     node for `pack` or a single replica, a block for `block`, the whole flavor for `any` — is
     priced by its cheapest `replicas` slots; the cheapest domain's victims are returned.
+    When victims come in cost order (`by_cost`) the scan stops as soon as no later victim can
+    make a cheaper choice: every slot it completes costs at least its own cost.
     """
     g, want = job.gpus, job.replicas
     if g <= 0:
         return []
-    on_node: dict[str, list[tuple[Candidate, int]]] = {}
-    for c in eligible:
+    index = ws.index
+    per_node = job.placement == "pack" or want == 1
+    offers: dict[str, list[tuple[float, int]]] = {}  # node → (cost, victims) at 1, 2, … slots
+    runs: dict[str, list] = {}  # node → [free GPUs, cost, victims] after its victims so far
+    on_node: dict[str, list[Candidate]] = {}
+    bound = math.inf
+    for i, c in enumerate(eligible):
+        if by_cost and c.cost >= bound:
+            break
         if c.flavor != flavor or c.job.attempt is None:
             continue
         here: dict[str, int] = {}
         for rp in c.job.attempt.assignment:
             here[rp.node] = here.get(rp.node, 0) + c.job.gpus
         for node, gpus in here.items():
-            on_node.setdefault(node, []).append((c, gpus))
+            o = offers.get(node)
+            if o is None:
+                free = index.free(node)[0]
+                o = offers[node] = [(0.0, 0)] * min(want, free // g)
+                runs[node] = [free, 0.0, 0]
+            if len(o) >= want:
+                continue
+            run = runs[node]
+            run[0] += gpus
+            run[1] += c.cost
+            run[2] += 1
+            on_node.setdefault(node, []).append(c)
+            while len(o) < want and run[0] // g > len(o):
+                o.append((run[1], run[2]))
+            if per_node and len(o) >= want:
+                bound = min(bound, run[1])
+        if by_cost and not per_node and i % 256 == 255:
+            best = _best_domain(ws, job, flavor, offers)
+            if best is not None:
+                bound = best[3]
+    best = _best_domain(ws, job, flavor, offers)
+    if best is None:
+        return []
+    chosen: dict[str, Candidate] = {}
+    for n, count in best[2].items():
+        for c in on_node.get(n, ())[:count]:
+            chosen.setdefault(c.job.id, c)
+    return list(chosen.values())
 
-    def offers(node: str) -> list[tuple[float, int]]:
-        """(cost so far, victims so far) at which the node holds 1, 2, … replicas."""
-        free = ws.index.free(node)[0]
-        out = [(0.0, 0)] * min(want, free // g)
-        cost, n = 0.0, 0
-        for c, gpus in on_node.get(node, ()):
-            if len(out) >= want:
-                break
-            free += gpus
-            cost += c.cost
-            n += 1
-            while len(out) < want and free // g > len(out):
-                out.append((cost, n))
-        return out
 
+def _best_domain(ws: Workspace, job: Job, flavor: str, offers: dict[str, list[tuple[float, int]]]
+                 ) -> tuple[float, int, dict[str, int], float] | None:
+    """The cheapest domain's (cost, victims, victims taken per node, bound): the bound is what a
+    later victim must cost less than to improve on it."""
+    g, want = job.gpus, job.replicas
     index = ws.index
     if job.placement == "pack" or want == 1:
-        domains: Iterable[Sequence[str]] = ([n] for n in on_node)
+        domains: Iterable[Sequence[str]] = ([n] for n in offers)
     elif job.placement == "block":
-        blocks = dict.fromkeys(index.block_of(n) for n in on_node)
-        domains = (ws.block_nodes(b) for b in blocks)
+        domains = (ws.block_nodes(b) for b in dict.fromkeys(index.block_of(n) for n in offers))
     else:
-        domains = [list(on_node)]
-    best: tuple[float, int, dict[str, int]] | None = None
+        domains = [list(offers)]
+    best: tuple[float, int, dict[str, int], float] | None = None
     for nodes in domains:
-        table = {n: o for n in nodes if (o := offers(n))}
-        if job.placement == "any" and want > 1:
-            # Nodes without victims still offer what their free GPUs hold, at no cost.
+        table = {n: o for n in nodes if (o := offers.get(n))}
+        if job.placement == "block":
+            # Block nodes without victims still offer what their free GPUs hold, at no cost.
+            for n in nodes:
+                if n not in table and (k := index.free(n)[0] // g):
+                    table[n] = [(0.0, 0)] * min(k, want)
+        elif job.placement == "any" and want > 1:
             idle = index.slots(flavor, g, want + sum(len(o) for o in table.values()))
             idle -= sum(index.free(n)[0] // g for n in table)
             if idle > 0:
@@ -176,25 +216,23 @@ def _cheapest_slots(ws: Workspace, job: Job, flavor: str, eligible: list[Candida
         heap = [(o[0][0], n, 0) for n, o in table.items()]
         heapq.heapify(heap)
         taken: dict[str, int] = {}
-        total = 0.0
+        total = top = 0.0
         for _ in range(want):
             marginal, n, k = heapq.heappop(heap)
             total += marginal
+            top = max(top, marginal)
             taken[n] = k + 1
             o = table[n]
             if k + 1 < len(o):
                 heapq.heappush(heap, (o[k + 1][0] - o[k][0], n, k + 1))
-        prefix = {n: table[n][k - 1][1] for n, k in taken.items()}
+        prefix = {n: table[n][k - 1][1] for n, k in taken.items() if n}
         victims = sum(prefix.values())
+        # `any` improves only if a later victim undercuts its dearest slot; one domain of a
+        # `block` or `pack` gang only if it costs less than the whole of the best one.
+        bound = top if job.placement == "any" and want > 1 else total
         if best is None or (total, victims) < best[:2]:
-            best = (total, victims, prefix)
-    if best is None:
-        return []
-    chosen: dict[str, Candidate] = {}
-    for n, count in best[2].items():
-        for c, _ in on_node.get(n, ())[:count]:
-            chosen.setdefault(c.job.id, c)
-    return list(chosen.values())
+            best = (total, victims, prefix, bound)
+    return best
 
 
 def _fill(ws: Workspace, p: Preemptor, flavor: str, eligible: list[Candidate],
@@ -218,7 +256,7 @@ def _fill(ws: Workspace, p: Preemptor, flavor: str, eligible: list[Candidate],
                       and broken[0] in quota.paths.get(v.queue, ()))
         if not in_subtree and not (on_flavor and (gpu_short > 0 or broken is None)):
             continue
-        if v.tier <= job.tier and not still_borrowing(ws.quota, p, v):
+        if not c.leaving and v.tier <= job.tier and not still_borrowing(ws.quota, p, v):
             continue
         ws.release(v)
         victims.append(c)
@@ -243,14 +281,13 @@ def still_borrowing(quota: QuotaTree, p: Preemptor, v: Job) -> bool:
 
 
 def drop_unneeded(ws: Workspace, job: Job, flavor: str, d: tuple[float, ...],
-                  released: Sequence[Candidate | Job]) -> list:
+                  released: Sequence[Candidate]) -> list[Candidate]:
     """Take back, in the given order, each released job the fit does not need; the rest."""
     needed = []
-    for item in released:
-        v = item.job if isinstance(item, Candidate) else item
-        ws.retake(v)
+    for c in released:
+        ws.retake(c.job)
         if ws.fits(job, flavor, d):
             continue
-        ws.release(v)
-        needed.append(item)
+        ws.release(c.job)
+        needed.append(c)
     return needed

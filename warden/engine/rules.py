@@ -107,12 +107,17 @@ def direction(ctx: RuleContext, p: Preemptor, v: Job) -> Block | None:
 def reclaimable(ctx: RuleContext, p: Preemptor, v: Job) -> bool:
     """V's side of the common ancestor is above nominal while P's side would stay within it."""
     q = ctx.quota
-    if not q.governed() or v.queue == p.job.queue or not p.in_quota:
+    if not may_reclaim(ctx, p) or v.queue == p.job.queue:
         return False
     if not ctx.policy.tier(v.tier).charged:
         return False
     _, _, v_side = q.lowest_common_ancestor(p.job.queue, v.queue)
     return v_side >= 0 and q.over_nominal(v_side)
+
+
+def may_reclaim(ctx: RuleContext, p: Preemptor) -> bool:
+    """Can P reclaim at all? Only an in-quota job under a governed tree can."""
+    return p.in_quota and ctx.quota.governed()
 
 
 def scope(ctx: RuleContext, p: Preemptor, v: Job) -> Block | None:
