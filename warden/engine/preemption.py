@@ -94,6 +94,8 @@ class Workspace(Protocol):
 
     def fits(self, job: Job, flavor: str, d: tuple[float, ...]) -> bool: ...
 
+    def placeable(self, job: Job, flavor: str) -> bool: ...
+
     def charged(self, job: Job) -> bool: ...
 
     def block_nodes(self, block: str) -> Sequence[str]: ...
@@ -110,7 +112,10 @@ def search(ws: Workspace, p: Preemptor, flavor: str, pool: CandidatePool, taken:
         return []
     victims: list[Candidate] = []
     chosen: set[str] = set()
-    for c in _cheapest_slots(ws, job, flavor, eligible, pool.by_cost):
+    # Price placement only when placement is what is missing; a job short of quota alone
+    # takes victims (jobs already leaving first) under the queue whose limit it breaks.
+    slots = _cheapest_slots(ws, job, flavor, eligible, pool.by_cost) if not ws.placeable(job, flavor) else []
+    for c in slots:
         if not c.leaving and c.job.tier <= job.tier and not still_borrowing(ws.quota, p, c.job):
             continue  # reclaim takes back only what is borrowed
         ws.release(c.job)

@@ -38,7 +38,7 @@ class QuotaTree:
     """The compiled queue tree with live usage per queue and resource."""
 
     __slots__ = ("resources", "names", "index", "parent", "children", "nominal", "limit", "kept",
-                 "usage", "held", "child_held", "child_excess", "paths", "depth", "_log")
+                 "usage", "held", "child_held", "child_excess", "leaving", "paths", "depth", "_log")
 
     def __init__(self, policy: Policy) -> None:
         self.resources: tuple[str, ...] = tuple(policy.governed_resources())
@@ -87,7 +87,8 @@ class QuotaTree:
         self.paths: dict[str, tuple[int, ...]] = {
             name: self.paths_to_root(i) for i, name in enumerate(self.names) if not self.children[i]}
         self.depth: list[int] = [len(self.paths_to_root(i)) for i in range(n)]
-        self._log: list[list[tuple[int, tuple[float, ...]]]] = []
+        self.leaving: list[list[float]] = [[0.0] * nr for _ in range(n)]
+        self._log: list[tuple[list[tuple[int, tuple[float, ...]]], list[tuple[int, tuple[float, ...]]]]] = []
 
     def paths_to_root(self, i: int) -> tuple[int, ...]:
         path = []
@@ -124,8 +125,22 @@ class QuotaTree:
 
     def rollback(self, token: int) -> None:
         while len(self._log) > token:
-            changes = self._log.pop()
+            changes, departing = self._log.pop()
             self._apply([(q, tuple(-x for x in d)) for q, d in changes])
+            for q, d in departing:
+                row = self.leaving[q]
+                for r, x in enumerate(d):
+                    row[r] -= x
+
+    def depart(self, leaf: str, d: tuple[float, ...]) -> None:
+        """Note usage that is leaving (its job was signalled): it still counts against limits
+        until the job exits, but a branch is no longer borrowing what is already on its way out."""
+        departing = [(q, d) for q in self.paths[leaf]]
+        for q, _ in departing:
+            row = self.leaving[q]
+            for r, x in enumerate(d):
+                row[r] += x
+        self._log.append(([], departing))
 
     def add(self, leaf: str, d: tuple[float, ...]) -> None:
         self._change([(q, d) for q in self.paths[leaf]])
@@ -155,7 +170,7 @@ class QuotaTree:
     def _change(self, changes: list[tuple[int, tuple[float, ...]]]) -> None:
         """Apply per-queue deltas, children before parents, and log them for rollback."""
         self._apply(changes)
-        self._log.append(changes)
+        self._log.append((changes, []))
 
     def _apply(self, changes: list[tuple[int, tuple[float, ...]]]) -> None:
         usage, held, child_held, child_excess = self.usage, self.held, self.child_held, self.child_excess
@@ -243,7 +258,8 @@ class QuotaTree:
         return True
 
     def over_nominal(self, q: int) -> bool:
-        return any(u > n + 1e-9 for u, n in zip(self.usage[q], self.nominal[q]))
+        """Is the queue above its nominal once the usage already leaving is gone (borrowing)?"""
+        return any(u - left > n + 1e-9 for u, left, n in zip(self.usage[q], self.leaving[q], self.nominal[q]))
 
     def lowest_common_ancestor(self, a: str, b: str) -> tuple[int, int, int]:
         """(ancestor, child of it on a's side, child of it on b's side) for two leaves."""

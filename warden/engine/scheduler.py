@@ -167,6 +167,8 @@ class Cycle:
                 self.holding.append(job)
                 if job.attempt.sigterm_at is not None or job.state is JobState.PREEMPTING:
                     self.terminating[job.id] = job
+                    if self.charged(job) and job.queue in self.quota.paths:
+                        self.quota.depart(job.queue, self.quota.demand(job, self.flavor_of_job[job.id]))
         self.claimed: set[str] = set()
         self.admissions: list[Admission] = []
         self.preemptions: list[Preemption] = []
@@ -475,7 +477,11 @@ class Cycle:
         return self.candidates
 
     def _preempt(self, job: Job) -> Reason | None:
-        """Make room for `job` from terminating jobs first, then from eligible victims."""
+        """Make room for `job` from terminating jobs first, then from eligible victims.
+
+        Every flavor the job may use is searched and the cheapest set wins; then every victim
+        the job can do without on any flavor is given back, so the set is minimal overall.
+        """
         key = (job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.cpu, job.memory, job.placement)
         if key in self.preempt_fail or self.attempts_left <= 0:
             return None
@@ -483,12 +489,42 @@ class Cycle:
             self.preempt_fail.add(key)
             return None
         self.attempts_left -= 1
-        for flavor in self._flavors(job):
-            result = self._preempt_in(job, flavor)
-            if result is not None:
-                return result
-        self.preempt_fail.add(key)
-        return None
+        flavors = self._flavors(job)
+        best: tuple[float, int, int, list[Candidate]] | None = None
+        for i, flavor in enumerate(flavors):
+            mark = self._mark()
+            chosen = self._search(job, flavor)
+            self._rollback(mark)
+            if chosen:
+                found = (sum(c.cost for c in chosen), sum(not c.leaving for c in chosen), i, chosen)
+                if best is None or found[:3] < best[:3]:
+                    best = found
+        if best is None:
+            self.preempt_fail.add(key)
+            return None
+        mark = self._mark()
+        for c in best[3]:
+            self.release(c.job)
+        needed = []
+        for c in sorted(best[3], key=lambda c: (-c.cost, -c.rank)):
+            self.retake(c.job)
+            if not any(self._fits_flavor(job, f) for f in flavors):
+                self.release(c.job)
+                needed.append(c)
+        flavor = next(f for f in flavors if self._fits_flavor(job, f))
+        names = self._find(flavor, job)
+        assert names is not None
+        self._rollback(mark)
+        d = self.quota.demand(job, flavor) if self.charged(job) else ()
+        ordered = sorted(needed, key=lambda c: c.rank)
+        return self._claim(job, names, d, [c for c in ordered if not c.leaving],
+                           [c.job for c in ordered if c.leaving])
+
+    def placeable(self, job: Job, flavor: str) -> bool:
+        return self._find(flavor, job) is not None
+
+    def _fits_flavor(self, job: Job, flavor: str) -> bool:
+        return self.fits(job, flavor, self.quota.demand(job, flavor) if self.charged(job) else ())
 
     def _could_preempt(self, job: Job) -> bool:
         """A cheap necessary condition: something terminating, or a possible victim's tier."""
@@ -502,25 +538,25 @@ class Cycle:
             return True
         return self.max_victim_tier == job.tier and self.charged(job)
 
-    def _preempt_in(self, job: Job, flavor: str) -> Reason | None:
+    def _search(self, job: Job, flavor: str) -> list[Candidate]:
+        """Jobs whose exit makes room for `job` on `flavor` (released), or [] (nothing)."""
         d = self.quota.demand(job, flavor) if self.charged(job) else ()
-        p = Preemptor(job, self.quota.in_quota(job.queue, d, reclaim=True) if d else True, d)
         term = sorted((t for t in self.terminating.values() if t.id not in self.claimed),
                       key=lambda t: (t.attempt.kill_at or self.now, t.id))  # type: ignore[union-attr]
         leaving = [Candidate(t, 0.0, 0.0, 0.0, self.flavor_of_job[t.id], i - len(term), leaving=True)
                    for i, t in enumerate(term)]
+        in_quota = self.quota.in_quota(job.queue, d, reclaim=True) if d else True
         mark = self._mark()
-        chosen = search(self, p, flavor, self._candidates(), self.claimed, leaving)
-        if not chosen:
+        chosen = search(self, Preemptor(job, in_quota, d), flavor, self._candidates(), self.claimed, leaving)
+        if in_quota and d and chosen and not self.quota.in_quota(job.queue, d) \
+                and any(not c.leaving and c.job.queue != job.queue for c in chosen):
+            # Counted as in-quota for what it could reclaim, but these victims leave it
+            # borrowing: `scope: quota` then allows victims in its own queue only.
             self._rollback(mark)
-            return None
-        names = self._find(flavor, job)
-        assert names is not None
-        self._rollback(mark)
-        return self._claim(job, flavor, names, d, [c for c in chosen if not c.leaving],
-                           [c.job for c in chosen if c.leaving])
+            chosen = search(self, Preemptor(job, False, d), flavor, self._candidates(), self.claimed, leaving)
+        return chosen
 
-    def _claim(self, job: Job, flavor: str, names: Sequence[str], d: tuple[float, ...],
+    def _claim(self, job: Job, names: Sequence[str], d: tuple[float, ...],
                victims: list[Candidate], terminating: list[Job]) -> Reason:
         """Signal the victims and hold what the job will need, so nobody takes it meanwhile."""
         etas = []
@@ -529,6 +565,8 @@ class Cycle:
             kind = "downward" if c.job.tier > job.tier else "reclaim"
             self.preemptions.append(Preemption(c.job.id, job.id, kind, grace, c.cost, c.lost))
             self.claimed.add(c.job.id)
+            if self.charged(c.job) and c.job.queue in self.quota.paths:
+                self.quota.depart(c.job.queue, self.quota.demand(c.job, self.flavor_of_job[c.job.id]))
             etas.append(self.now + grace)
         for t in terminating:
             self.claimed.add(t.id)
