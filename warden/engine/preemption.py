@@ -44,7 +44,24 @@ class Candidate:
     rank: int
     """Position in victim order."""
     leaving: bool = False
-    """Already terminating: its capacity is about to free at no further cost."""
+    """Already on its way out (terminating, or signalled earlier in this pass): its capacity is
+    about to free at no further cost."""
+    parts: tuple[tuple[str, int, int, int], ...] | None = None
+    """For a leaving job part of whose capacity another waiting job already counts on: the
+    (node, gpus, cpu, memory) that are still unpromised. None: all it holds."""
+    eta: float = 0.0
+    """When a leaving job's capacity is certain to be free (its SIGKILL deadline)."""
+
+    def gpus_by_node(self) -> dict[str, int]:
+        """GPUs this candidate would free, per node."""
+        out: dict[str, int] = {}
+        if self.parts is not None:
+            for node, gpus, _, _ in self.parts:
+                out[node] = out.get(node, 0) + gpus
+        elif self.job.attempt is not None:
+            for rp in self.job.attempt.assignment:
+                out[rp.node] = out.get(rp.node, 0) + self.job.gpus
+        return out
 
 
 class CandidatePool:
@@ -88,9 +105,9 @@ class Workspace(Protocol):
     quota: QuotaTree
     ctx: RuleContext
 
-    def release(self, job: Job) -> None: ...
+    def release(self, c: Candidate) -> None: ...
 
-    def retake(self, job: Job) -> None: ...
+    def retake(self, c: Candidate) -> None: ...
 
     def fits(self, job: Job, flavor: str, d: tuple[float, ...]) -> bool: ...
 
@@ -118,12 +135,12 @@ def search(ws: Workspace, p: Preemptor, flavor: str, pool: CandidatePool, taken:
     for c in slots:
         if not c.leaving and c.job.tier <= job.tier and not still_borrowing(ws.quota, p, c.job):
             continue  # reclaim takes back only what is borrowed
-        ws.release(c.job)
+        ws.release(c)
         victims.append(c)
         chosen.add(c.job.id)
     if not ws.fits(job, flavor, d) and not _fill(ws, p, flavor, eligible, victims, chosen):
         for c in victims:
-            ws.retake(c.job)
+            ws.retake(c)
         return []
     # Give back the costliest first; among jobs already leaving, the one that exits last.
     costliest_first = sorted(victims, key=lambda c: (-c.cost, -c.rank))
@@ -154,12 +171,9 @@ def _cheapest_slots(ws: Workspace, job: Job, flavor: str, eligible: list[Candida
     for i, c in enumerate(eligible):
         if by_cost and c.cost >= bound:
             break
-        if c.flavor != flavor or c.job.attempt is None:
+        if c.flavor != flavor:
             continue
-        here: dict[str, int] = {}
-        for rp in c.job.attempt.assignment:
-            here[rp.node] = here.get(rp.node, 0) + c.job.gpus
-        for node, gpus in here.items():
+        for node, gpus in c.gpus_by_node().items():
             o = offers.get(node)
             if o is None:
                 free = index.free(node)[0]
@@ -257,17 +271,17 @@ def _fill(ws: Workspace, p: Preemptor, flavor: str, eligible: list[Candidate],
         if v.id in chosen:
             continue
         on_flavor = c.flavor == flavor
-        in_subtree = (broken is not None and ws.charged(v)
+        in_subtree = (broken is not None and c.parts is None and ws.charged(v)
                       and broken[0] in quota.paths.get(v.queue, ()))
         if not in_subtree and not (on_flavor and (gpu_short > 0 or broken is None)):
             continue
         if not c.leaving and v.tier <= job.tier and not still_borrowing(ws.quota, p, v):
             continue
-        ws.release(v)
+        ws.release(c)
         victims.append(c)
         chosen.add(v.id)
         if on_flavor:
-            gpu_short -= v.total_gpus
+            gpu_short -= sum(c.gpus_by_node().values())
         if gpu_short > 0:
             continue
         if d:
@@ -290,9 +304,9 @@ def drop_unneeded(ws: Workspace, job: Job, flavor: str, d: tuple[float, ...],
     """Take back, in the given order, each released job the fit does not need; the rest."""
     needed = []
     for c in released:
-        ws.retake(c.job)
+        ws.retake(c)
         if ws.fits(job, flavor, d):
             continue
-        ws.release(c.job)
+        ws.release(c)
         needed.append(c)
     return needed

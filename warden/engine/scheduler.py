@@ -170,6 +170,8 @@ class Cycle:
                     if self.charged(job) and job.queue in self.quota.paths:
                         self.quota.depart(job.queue, self.quota.demand(job, self.flavor_of_job[job.id]))
         self.claimed: set[str] = set()
+        self.rests: dict[str, tuple[Job, tuple[tuple[str, int, int, int], ...], float]] = {}
+        """Leaving jobs others count on: what of them is still unpromised, and when it frees."""
         self.admissions: list[Admission] = []
         self.preemptions: list[Preemption] = []
         self.reservations: list[Reservation] = []
@@ -430,7 +432,8 @@ class Cycle:
         return hold
 
     # -- 4. preempt -------------------------------------------------------------------------
-    def release(self, job: Job) -> None:
+    def _release_job(self, job: Job) -> None:
+        """What-if: the job's resources and quota usage are free."""
         a = job.attempt
         assert a is not None
         for rp in a.assignment:
@@ -438,13 +441,36 @@ class Cycle:
         if self.charged(job) and job.queue in self.quota.paths:
             self.quota.remove(job.queue, self.quota.demand(job, self.flavor_of_job[job.id]))
 
-    def retake(self, job: Job) -> None:
+    def _retake_job(self, job: Job) -> None:
         a = job.attempt
         assert a is not None
         for rp in a.assignment:
             self.index.take(rp.node, job.gpus, job.cpu, job.memory)
         if self.charged(job) and job.queue in self.quota.paths:
             self.quota.add(job.queue, self.quota.demand(job, self.flavor_of_job[job.id]))
+
+    def release(self, c: Candidate) -> None:
+        """What-if: the candidate has left. What others already count on stays taken, and the
+        quota of a job another preemptor counts on was settled by that one's claim."""
+        if c.parts is None:
+            self._release_job(c.job)
+        else:
+            for part in c.parts:
+                self.index.give(*part)
+
+    def retake(self, c: Candidate) -> None:
+        if c.parts is None:
+            self._retake_job(c.job)
+        else:
+            for part in c.parts:
+                self.index.take(*part)
+
+    def _footprint(self, c: Candidate) -> list[tuple[str, int, int, int]]:
+        if c.parts is not None:
+            return list(c.parts)
+        a = c.job.attempt
+        assert a is not None
+        return [(rp.node, c.job.gpus, c.job.cpu, c.job.memory) for rp in a.assignment]
 
     def fits(self, job: Job, flavor: str, d: tuple[float, ...]) -> bool:
         if d and not self.quota.check(job.queue, d).fits:
@@ -504,21 +530,19 @@ class Cycle:
             return None
         mark = self._mark()
         for c in best[3]:
-            self.release(c.job)
+            self.release(c)
         needed = []
         for c in sorted(best[3], key=lambda c: (-c.cost, -c.rank)):
-            self.retake(c.job)
+            self.retake(c)
             if not any(self._fits_flavor(job, f) for f in flavors):
-                self.release(c.job)
+                self.release(c)
                 needed.append(c)
         flavor = next(f for f in flavors if self._fits_flavor(job, f))
         names = self._find(flavor, job)
         assert names is not None
         self._rollback(mark)
         d = self.quota.demand(job, flavor) if self.charged(job) else ()
-        ordered = sorted(needed, key=lambda c: c.rank)
-        return self._claim(job, names, d, [c for c in ordered if not c.leaving],
-                           [c.job for c in ordered if c.leaving])
+        return self._claim(job, names, d, sorted(needed, key=lambda c: c.rank))
 
     def placeable(self, job: Job, flavor: str) -> bool:
         return self._find(flavor, job) is not None
@@ -538,13 +562,24 @@ class Cycle:
             return True
         return self.max_victim_tier == job.tier and self.charged(job)
 
+    def _leaving(self) -> list[Candidate]:
+        """Capacity already on its way out, soonest first, as free candidates: terminating jobs
+        nobody counts on yet, and what is left of those others already count on."""
+        rows = []
+        for t in self.terminating.values():
+            if t.id not in self.claimed:
+                kill_at = t.attempt.kill_at if t.attempt is not None else None
+                rows.append((self.now if kill_at is None else kill_at, t.id, t, None))
+        for job_id, (t, parts, eta) in self.rests.items():
+            rows.append((eta, job_id, t, parts))
+        rows.sort(key=lambda r: (r[0], r[1]))
+        return [Candidate(t, 0.0, 0.0, 0.0, self.flavor_of_job[t.id], i - len(rows), leaving=True,
+                          parts=parts, eta=eta) for i, (eta, _, t, parts) in enumerate(rows)]
+
     def _search(self, job: Job, flavor: str) -> list[Candidate]:
         """Jobs whose exit makes room for `job` on `flavor` (released), or [] (nothing)."""
         d = self.quota.demand(job, flavor) if self.charged(job) else ()
-        term = sorted((t for t in self.terminating.values() if t.id not in self.claimed),
-                      key=lambda t: (t.attempt.kill_at or self.now, t.id))  # type: ignore[union-attr]
-        leaving = [Candidate(t, 0.0, 0.0, 0.0, self.flavor_of_job[t.id], i - len(term), leaving=True)
-                   for i, t in enumerate(term)]
+        leaving = self._leaving()
         in_quota = self.quota.in_quota(job.queue, d, reclaim=True) if d else True
         mark = self._mark()
         chosen = search(self, Preemptor(job, in_quota, d), flavor, self._candidates(), self.claimed, leaving)
@@ -556,31 +591,44 @@ class Cycle:
             chosen = search(self, Preemptor(job, False, d), flavor, self._candidates(), self.claimed, leaving)
         return chosen
 
-    def _claim(self, job: Job, names: Sequence[str], d: tuple[float, ...],
-               victims: list[Candidate], terminating: list[Job]) -> Reason:
-        """Signal the victims and hold what the job will need, so nobody takes it meanwhile."""
-        etas = []
-        for c in victims:
+    def _claim(self, job: Job, names: Sequence[str], d: tuple[float, ...], chosen: list[Candidate]) -> Reason:
+        """Signal the new victims and hold what the job will need, so nobody takes it meanwhile.
+
+        The job's whole future placement is held now; what the jobs it waits for hold beyond
+        that stays theirs, offered to the next preemptor as capacity on its way out.
+        """
+        etas = {}
+        for c in chosen:
+            if c.leaving:
+                etas[c.job.id] = c.eta
+                continue
             grace = grace_of(self.policy, c.job)
             kind = "downward" if c.job.tier > job.tier else "reclaim"
             self.preemptions.append(Preemption(c.job.id, job.id, kind, grace, c.cost, c.lost))
-            self.claimed.add(c.job.id)
             if self.charged(c.job) and c.job.queue in self.quota.paths:
                 self.quota.depart(c.job.queue, self.quota.demand(c.job, self.flavor_of_job[c.job.id]))
-            etas.append(self.now + grace)
-        for t in terminating:
-            self.claimed.add(t.id)
-            a = t.attempt
-            etas.append(a.kill_at if a is not None and a.kill_at is not None else self.now)
-        self._hold(job, names, max(etas, default=self.now), backfill=False)
+            etas[c.job.id] = self.now + grace
+        footprints = {c.job.id: self._footprint(c) for c in chosen}
+        for parts in footprints.values():
+            for part in parts:
+                self.index.give(*part)
+        due = max(etas.values(), default=self.now)
+        self._hold(job, names, due, backfill=False)
+        for c in chosen:
+            self.claimed.add(c.job.id)
+            rest = self._take_free(footprints[c.job.id])
+            if rest:
+                self.rests[c.job.id] = (c.job, tuple(rest), etas[c.job.id])
+            else:
+                self.rests.pop(c.job.id, None)
         if d:
-            leaving = [(j.queue, self.quota.demand(j, self.flavor_of_job[j.id]))
-                       for j in [c.job for c in victims] + terminating
-                       if self.charged(j) and j.queue in self.quota.paths]
+            # Jobs counted on for the first time leave their usage to this one; the rest of a
+            # job another claim counts on was settled by that claim.
+            leaving = [(c.job.queue, self.quota.demand(c.job, self.flavor_of_job[c.job.id]))
+                       for c in chosen if c.parts is None and self.charged(c.job) and c.job.queue in self.quota.paths]
             self.quota.transfer(job.queue, d, leaving)
             self.quota_version += 1
-        ids = tuple(c.job.id for c in victims) + tuple(t.id for t in terminating)
-        return WaitingForGrace(ids, max(etas) if etas else None)
+        return WaitingForGrace(tuple(etas), due)
 
     # -- 5. reserve -------------------------------------------------------------------------
     def _reserve(self, job: Job, blocked: Reason) -> Reason | None:
@@ -627,7 +675,7 @@ class Cycle:
         released: list[tuple[Job, bool]] = []
         result = None
         for t, _, v, preempt in events:
-            self.release(v)
+            self._release_job(v)
             released.append((v, preempt))
             if self.fits(job, flavor, d):
                 names = self._find(flavor, job)
