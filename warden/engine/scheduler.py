@@ -415,14 +415,20 @@ class Cycle:
                 taken.append(part)
         return taken
 
-    def _hold(self, job: Job, names: Sequence[str], due: float | None, backfill: bool) -> _Hold:
-        """Keep the part of a future placement that is free now away from lower-ranked jobs."""
+    @staticmethod
+    def _need(job: Job, names: Sequence[str]) -> dict[str, list[int]]:
+        """(gpus, cpu, memory) a placement takes per node."""
         need: dict[str, list[int]] = {}
         for name in names:
             n = need.setdefault(name, [0, 0, 0])
             n[0] += job.gpus
             n[1] += job.cpu
             n[2] += job.memory
+        return need
+
+    def _hold(self, job: Job, names: Sequence[str], due: float | None, backfill: bool) -> _Hold:
+        """Keep the part of a future placement that is free now away from lower-ranked jobs."""
+        need = self._need(job, names)
         hold = _Hold(job.id, due, self._take_free((n, g, c, m) for n, (g, c, m) in need.items()), backfill)
         self.holds.append(hold)
         if backfill:
@@ -608,12 +614,23 @@ class Cycle:
             if self.charged(c.job) and c.job.queue in self.quota.paths:
                 self.quota.depart(c.job.queue, self.quota.demand(c.job, self.flavor_of_job[c.job.id]))
             etas[c.job.id] = self.now + grace
+        due = max(etas.values(), default=self.now)
+        hold = self._hold(job, names, due, backfill=False)
+        # The rest of the placement comes out of the leaving jobs' capacity: promised to this
+        # job, never shown free (a `Reserved` check releases only what a hold took from free).
+        rest_of_need = self._need(job, names)
+        for node, g, cpu, mem in hold.parts:
+            n = rest_of_need[node]
+            n[0] -= g
+            n[1] -= cpu
+            n[2] -= mem
         footprints = {c.job.id: self._footprint(c) for c in chosen}
         for parts in footprints.values():
             for part in parts:
                 self.index.give(*part)
-        due = max(etas.values(), default=self.now)
-        self._hold(job, names, due, backfill=False)
+        for node, (g, cpu, mem) in rest_of_need.items():
+            if g or cpu or mem:
+                self.index.take(node, g, cpu, mem)
         for c in chosen:
             self.claimed.add(c.job.id)
             rest = self._take_free(footprints[c.job.id])
