@@ -10,6 +10,18 @@ from warden.engine.plan import Plan
 from warden.engine.scheduler import schedule
 
 
+# DESIGN §3's queue tree.
+DESIGN_QUEUES: dict[str, Any] = {
+    "name": "cluster",
+    "children": [
+        {"name": "research", "weight": 2, "nominal": {"gpu": 64}, "borrowing_limit": {"gpu": 64},
+         "children": [{"name": "vision", "nominal": {"gpu": 32}},
+                      {"name": "language", "nominal": {"gpu": 32}}]},
+        {"name": "platform", "weight": 1, "nominal": {"gpu": 32}, "lending_limit": {"gpu": 16}},
+    ],
+}
+
+
 def nodes(count: int, gpus: int = 8, block_size: int | None = None, flavor: str = "default") -> tuple[Node, ...]:
     return tuple(Node(f"n{i}", gpus, flavor=flavor,
                       block=None if block_size is None else f"b{i // block_size}") for i in range(count))

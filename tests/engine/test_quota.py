@@ -13,6 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support import DESIGN_QUEUES
+
 from warden.engine.model import Job
 from warden.engine.policy import parse_policy
 from warden.engine.quota import QuotaTree
@@ -31,16 +33,6 @@ def two_teams(a: dict[str, Any] | None = None, b: dict[str, Any] | None = None) 
     ]})
 
 
-# DESIGN §3's queue tree.
-DESIGN_QUEUES: dict[str, Any] = {
-    "name": "cluster",
-    "children": [
-        {"name": "research", "weight": 2, "nominal": {"gpu": 64}, "borrowing_limit": {"gpu": 64},
-         "children": [{"name": "vision", "nominal": {"gpu": 32}},
-                      {"name": "language", "nominal": {"gpu": 32}}]},
-        {"name": "platform", "weight": 1, "nominal": {"gpu": 32}, "lending_limit": {"gpu": 16}},
-    ],
-}
 
 
 def gpu(n: float) -> tuple[float, ...]:

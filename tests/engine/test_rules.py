@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from support import nodes, pending, plan_for, policy, preempted, running
+from support import DESIGN_QUEUES, nodes, pending, plan_for, policy, preempted, running
 
 from warden.engine.model import Job
 from warden.engine.policy import Policy, parse_policy
@@ -40,15 +40,6 @@ INF = math.inf
 HOUR = 3600.0
 DAY = 24 * HOUR
 
-DESIGN_QUEUES: dict[str, Any] = {
-    "name": "cluster",
-    "children": [
-        {"name": "research", "weight": 2, "nominal": {"gpu": 64}, "borrowing_limit": {"gpu": 64},
-         "children": [{"name": "vision", "nominal": {"gpu": 32}},
-                      {"name": "language", "nominal": {"gpu": 32}}]},
-        {"name": "platform", "weight": 1, "nominal": {"gpu": 32}, "lending_limit": {"gpu": 16}},
-    ],
-}
 
 
 def ctx(pol: Policy, now: float = 0.0, usage: dict[str, float] | None = None) -> RuleContext:

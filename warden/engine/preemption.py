@@ -164,8 +164,9 @@ def _cheapest_slots(ws: Workspace, job: Job, flavor: str, eligible: list[Candida
         return []
     index = ws.index
     per_node = job.placement == "pack" or want == 1
-    offers: dict[str, list[tuple[float, int]]] = {}  # node → (cost, victims) at 1, 2, … slots
-    runs: dict[str, list] = {}  # node → [free GPUs, cost, victims] after its victims so far
+    # node → (cost, new victims, candidates taken) at 1, 2, … slots
+    offers: dict[str, list[tuple[float, int, int]]] = {}
+    runs: dict[str, list] = {}  # node → [free GPUs, cost, new victims, candidates] so far
     on_node: dict[str, list[Candidate]] = {}
     bound = math.inf
     for i, c in enumerate(eligible):
@@ -177,17 +178,18 @@ def _cheapest_slots(ws: Workspace, job: Job, flavor: str, eligible: list[Candida
             o = offers.get(node)
             if o is None:
                 free = index.free(node)[0]
-                o = offers[node] = [(0.0, 0)] * min(want, free // g)
-                runs[node] = [free, 0.0, 0]
+                o = offers[node] = [(0.0, 0, 0)] * min(want, free // g)
+                runs[node] = [free, 0.0, 0, 0]
             if len(o) >= want:
                 continue
             run = runs[node]
             run[0] += gpus
             run[1] += c.cost
-            run[2] += 1
+            run[2] += 0 if c.leaving else 1
+            run[3] += 1
             on_node.setdefault(node, []).append(c)
             while len(o) < want and run[0] // g > len(o):
-                o.append((run[1], run[2]))
+                o.append((run[1], run[2], run[3]))
             if per_node and len(o) >= want:
                 bound = min(bound, run[1])
         if by_cost and not per_node and i % 256 == 255:
@@ -204,9 +206,10 @@ def _cheapest_slots(ws: Workspace, job: Job, flavor: str, eligible: list[Candida
     return list(chosen.values())
 
 
-def _best_domain(ws: Workspace, job: Job, flavor: str, offers: dict[str, list[tuple[float, int]]]
+def _best_domain(ws: Workspace, job: Job, flavor: str, offers: dict[str, list[tuple[float, int, int]]]
                  ) -> tuple[float, int, dict[str, int], float] | None:
-    """The cheapest domain's (cost, victims, victims taken per node, bound): the bound is what a
+    """The cheapest domain's (cost, new victims, candidates taken per node, bound), fewer new
+    victims breaking ties (jobs already leaving are free and no victim); the bound is what a
     later victim must cost less than to improve on it."""
     g, want = job.gpus, job.replicas
     index = ws.index
@@ -223,12 +226,12 @@ def _best_domain(ws: Workspace, job: Job, flavor: str, offers: dict[str, list[tu
             # Block nodes without victims still offer what their free GPUs hold, at no cost.
             for n in nodes:
                 if n not in table and (k := index.free(n)[0] // g):
-                    table[n] = [(0.0, 0)] * min(k, want)
+                    table[n] = [(0.0, 0, 0)] * min(k, want)
         elif job.placement == "any" and want > 1:
             idle = index.slots(flavor, g, want + sum(len(o) for o in table.values()))
             idle -= sum(index.free(n)[0] // g for n in table)
             if idle > 0:
-                table[""] = [(0.0, 0)] * min(idle, want)
+                table[""] = [(0.0, 0, 0)] * min(idle, want)
         if sum(len(o) for o in table.values()) < want:
             continue
         # Take slots cheapest-marginal first; a node's slots come in order.
@@ -244,8 +247,8 @@ def _best_domain(ws: Workspace, job: Job, flavor: str, offers: dict[str, list[tu
             o = table[n]
             if k + 1 < len(o):
                 heapq.heappush(heap, (o[k + 1][0] - o[k][0], n, k + 1))
-        prefix = {n: table[n][k - 1][1] for n, k in taken.items() if n}
-        victims = sum(prefix.values())
+        prefix = {n: table[n][k - 1][2] for n, k in taken.items() if n}
+        victims = sum(table[n][k - 1][1] for n, k in taken.items() if n)
         # `any` improves only if a later victim undercuts its dearest slot; one domain of a
         # `block` or `pack` gang only if it costs less than the whole of the best one.
         bound = top if job.placement == "any" and want > 1 else total
