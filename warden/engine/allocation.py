@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 
 class Allocation:
-    __slots__ = ("nodes", "policy", "index", "quota", "charged_tiers", "jobs", "flavor_of_job", "used")
+    __slots__ = ("nodes", "policy", "index", "quota", "charged_tiers", "jobs", "flavor_of_job", "used",
+                 "victim_facts")
 
     def __init__(self, nodes: tuple[Node, ...], policy: Policy) -> None:
         self.nodes = nodes
@@ -32,6 +33,9 @@ class Allocation:
         self.flavor_of_job: dict[str, str] = {}
         self.used: dict[str, frozenset[int]] = {}
         """GPU indices in use per node (frozen: a pass copies on write)."""
+        self.victim_facts: dict[str, tuple[Job, float, float, float | None, float]] = {}
+        """Per running job, what pricing it as a victim needs that does not change with time:
+        (the job as seen, seen at, protected until, progress at risk since, restart cost)."""
 
     def matches(self, nodes: tuple[Node, ...], policy: Policy) -> bool:
         return (nodes is self.nodes or nodes == self.nodes) and (policy is self.policy or policy == self.policy)

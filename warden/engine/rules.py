@@ -74,23 +74,33 @@ def efficiency(policy: Policy, job: Job, now: float) -> float:
     return (t_run - (startup_of(policy, job) + a.checkpoint_s)) / t_run
 
 
-def lost_work(policy: Policy, job: Job, now: float) -> float:
-    """GPU-seconds a preemption now would throw away (zero if a SIGTERM save fits the grace)."""
+def at_risk_since(policy: Policy, job: Job) -> float | None:
+    """Start of the progress a preemption would throw away: the later of the end of startup
+    and the last checkpoint; None when nothing would be lost (a SIGTERM save fits the grace)."""
     a = job.attempt
     if a is None:
-        return 0.0
+        return None
     if a.sigterm_save_s is not None and a.sigterm_save_s <= grace_of(policy, job):
-        return 0.0
-    progress_from = a.started_at + startup_of(policy, job)
-    if a.last_checkpoint_at is not None:
-        progress_from = max(progress_from, a.last_checkpoint_at)
-    return job.total_gpus * max(0.0, now - progress_from)
+        return None
+    since = a.started_at + startup_of(policy, job)
+    return since if a.last_checkpoint_at is None else max(since, a.last_checkpoint_at)
+
+
+def lost_work(policy: Policy, job: Job, now: float) -> float:
+    """GPU-seconds a preemption now would throw away (zero if a SIGTERM save fits the grace)."""
+    since = at_risk_since(policy, job)
+    return 0.0 if since is None else job.total_gpus * max(0.0, now - since)
 
 
 def victim_cost(policy: Policy, job: Job, now: float) -> tuple[float, float]:
     """(cost, lost work): lost work + restart overhead × GPUs, in GPU-seconds."""
-    lost = lost_work(policy, job, now)
-    return lost + startup_of(policy, job) * job.total_gpus, lost
+    return cost_at(job, at_risk_since(policy, job), startup_of(policy, job) * job.total_gpus, now)
+
+
+def cost_at(job: Job, since: float | None, restart: float, now: float) -> tuple[float, float]:
+    """`victim_cost` from its parts that do not change with time (a pass keeps them per job)."""
+    lost = 0.0 if since is None else job.total_gpus * max(0.0, now - since)
+    return lost + restart, lost
 
 
 # -- the rules --------------------------------------------------------------------------------

@@ -46,7 +46,16 @@ from warden.engine.reasons import (
 )
 from warden.engine.model import ReplicaPlacement
 from warden.engine.preemption import Candidate, CandidatePool, search, victim_key
-from warden.engine.rules import Preemptor, RuleContext, allowed, grace_of, protection, victim_cost
+from warden.engine.rules import (
+    Preemptor,
+    RuleContext,
+    allowed,
+    at_risk_since,
+    cost_at,
+    grace_of,
+    protection,
+    startup_of,
+)
 
 if TYPE_CHECKING:
     from warden.engine.policy import Policy
@@ -158,6 +167,7 @@ class Cycle:
         self.charged_tiers = alloc.charged_tiers
         self.flavor_of_job = alloc.flavor_of_job
         self.used_indices: dict[str, frozenset[int]] = alloc.used
+        self.victim_facts = alloc.victim_facts
         self.ctx = RuleContext(self.policy, self.quota, now)
         self.node_gpus = {n.name: n.gpus for n in snapshot.nodes}
         self.holding: list[Job] = []
@@ -497,16 +507,34 @@ class Cycle:
         """Running jobs not yet signalled, in the policy's victim order, priced once a pass."""
         if self.candidates is None:
             order = self.policy.preemption.victim_order
+            now = self.now
             rows = []
             for v in self.holding:
-                if v.id not in self.terminating:
-                    cost, lost = victim_cost(self.policy, v, self.now)
-                    rows.append((victim_key(order, v, cost), v, cost, lost))
+                if v.id in self.terminating:
+                    continue
+                _, protected, since, restart = self._victim_facts(v)
+                cost, lost = cost_at(v, since, restart, now)
+                rows.append((victim_key(order, v, cost), v, cost, lost, 0.0 if protected <= now else protected))
             rows.sort(key=lambda r: r[0])
             self.candidates = CandidatePool([
-                Candidate(v, cost, lost, protection(self.ctx, v), self.flavor_of_job[v.id], rank)
-                for rank, (_, v, cost, lost) in enumerate(rows)], by_cost=order == "cost")
+                Candidate(v, cost, lost, protected, self.flavor_of_job[v.id], rank)
+                for rank, (_, v, cost, lost, protected) in enumerate(rows)], by_cost=order == "cost")
         return self.candidates
+
+    def _victim_facts(self, v: Job) -> tuple[Job, float, float | None, float]:
+        """(job, protected until, at risk since, restart cost), kept between passes per job.
+
+        A job's protection only ever lifts as time passes (a lease or stretched lease runs
+        out, old preemptions leave the budget window), so what was computed at an earlier
+        `now` holds later; a job whose facts change arrives as a new object and is priced anew.
+        """
+        facts = self.victim_facts.get(v.id)
+        if facts is None or facts[0] is not v or facts[1] > self.now:
+            protected = protection(self.ctx, v)
+            facts = (v, self.now, protected, at_risk_since(self.policy, v),
+                     startup_of(self.policy, v) * v.total_gpus)
+            self.victim_facts[v.id] = facts
+        return facts[0], facts[2], facts[3], facts[4]
 
     def _preempt(self, job: Job) -> Reason | None:
         """Make room for `job` from terminating jobs first, then from eligible victims.
