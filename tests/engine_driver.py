@@ -1,0 +1,277 @@
+"""A tiny deterministic history driver for property tests of the engine.
+
+Not the simulator: it knows just enough to apply plans. It holds the nodes, a policy, the jobs
+(frozen `Job`s, changed with `dataclasses.replace`), the usage ledger and `now`. Every random
+choice (arrivals, run times, when a signalled job exits, when an approval comes) is fixed up
+front in the `JobSpec`s, so a history is a pure function of its specs and step gaps.
+
+`Driver.step(now)` follows the simulator's event order at one time (DESIGN §8): completions and
+exits first, then approvals and arrivals, then one `schedule(snapshot, now)`, whose plan is then
+applied:
+
+- an `Admission` makes the job RUNNING with a new `Attempt` on the plan's placement;
+- a `Preemption` makes the victim PREEMPTING: `sigterm_at=now`, `kill_at=now+grace`, and
+  `preempted_at` gains `now`; the history fixes when in `[sigterm_at, kill_at]` it exits;
+- a preempted job that exits releases every replica at once and is REQUEUED (waiting), with
+  `pending_since=now` and no attempt.
+
+`Driver.next_time(gap)` never steps past the next event, so a terminating job always exits at
+exactly the time its spec chose: never after `kill_at`, and the ledger is accrued before every
+change to the set of jobs holding resources.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from warden.engine.fairshare import accrue, cluster_capacity
+from warden.engine.model import Attempt, Job, JobState, Node, Snapshot, UsageLedger
+from warden.engine.plan import Plan
+from warden.engine.policy import Policy
+from warden.engine.scheduler import schedule
+
+__all__ = ["Driver", "Eviction", "JobSpec", "StepRecord", "run_history"]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job as submitted plus the facts of its future the history decided in advance."""
+
+    job: Job
+    """The job at submission (PENDING or AWAITING_APPROVAL); `submit` is its arrival time."""
+    duration: float
+    """Seconds of running one attempt needs to finish (every attempt starts over)."""
+    approve_after: float | None = None
+    """AWAITING_APPROVAL jobs: seconds after arrival an admin approves them (None: never)."""
+    startup_s: float | None = None
+    """Startup time the job reports once it has started up (None: never reported)."""
+    checkpoint_every: float | None = None
+    """Seconds of running between checkpoints, counted from the end of startup."""
+    checkpoint_cost: float = 0.0
+    """Seconds each checkpoint takes (added to the attempt's `checkpoint_s`)."""
+    sigterm_save_s: float | None = None
+    """Reported duration of a save on SIGTERM (None: the job does not save on SIGTERM)."""
+    exit_fracs: tuple[float, ...] = (1.0,)
+    """For the k-th preemption, where in [sigterm_at, kill_at] the job exits (cycled)."""
+
+    @property
+    def arrival(self) -> float:
+        return self.job.submit
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """One preemption as the driver carried it out."""
+
+    job_id: str
+    attempt: int
+    for_job: str
+    sigterm_at: float
+    kill_at: float
+    grace: float
+    exit_at: float
+    exited: bool = False
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    now: float
+    snapshot: Snapshot
+    plan: Plan
+    completed: tuple[str, ...] = ()
+    exited: tuple[str, ...] = ()
+    arrived: tuple[str, ...] = ()
+    approved: tuple[str, ...] = ()
+
+
+PlanHook = Callable[[Snapshot, Plan, float], None]
+
+
+@dataclass
+class Driver:
+    nodes: tuple[Node, ...]
+    policy: Policy
+    specs: tuple[JobSpec, ...]
+    on_plan: PlanHook | None = None
+    """Called with (snapshot, plan, now) after every pass, before the plan is applied."""
+    now: float = 0.0
+    jobs: dict[str, Job] = field(default_factory=dict)
+    """Jobs that have arrived and are not finished, in arrival order."""
+    finished: dict[str, Job] = field(default_factory=dict)
+    ledger: UsageLedger = field(default_factory=UsageLedger)
+    log: list[StepRecord] = field(default_factory=list)
+    evictions: list[Eviction] = field(default_factory=list)
+    _spec: dict[str, JobSpec] = field(default_factory=dict)
+    _arrivals: list[JobSpec] = field(default_factory=list)
+    _attempts: dict[str, int] = field(default_factory=dict)
+    _exit_at: dict[str, int] = field(default_factory=dict)
+    """Job id → index into `evictions` of its eviction in flight."""
+
+    def __post_init__(self) -> None:
+        ids = [s.job.id for s in self.specs]
+        assert len(set(ids)) == len(ids), "job ids must be unique"
+        self._spec = {s.job.id: s for s in self.specs}
+        self._arrivals = sorted(self.specs, key=lambda s: (s.arrival, s.job.id))
+        self._capacity = cluster_capacity(self.nodes)
+
+    # -- time ---------------------------------------------------------------------------------
+    def _completion_at(self, job: Job) -> float | None:
+        a = job.attempt
+        if job.state is not JobState.RUNNING or a is None or a.sigterm_at is not None:
+            return None
+        return a.started_at + self._spec[job.id].duration
+
+    def _approval_at(self, job: Job) -> float | None:
+        after = self._spec[job.id].approve_after
+        if job.state is not JobState.AWAITING_APPROVAL or after is None:
+            return None
+        return job.submit + after
+
+    def next_event(self) -> float | None:
+        """The earliest time something happens by itself (arrival, approval, completion, exit)."""
+        times: list[float] = []
+        if self._arrivals:
+            times.append(self._arrivals[0].arrival)
+        for job in self.jobs.values():
+            for t in (self._completion_at(job), self._approval_at(job)):
+                if t is not None:
+                    times.append(t)
+        times += [self.evictions[i].exit_at for i in self._exit_at.values()]
+        return min(times) if times else None
+
+    def next_time(self, gap: float) -> float:
+        """`now + gap`, or the next event if it comes first (never a step past an event)."""
+        t = self.now + gap
+        nxt = self.next_event()
+        if nxt is not None and nxt < t:
+            t = nxt
+        return max(t, self.now)
+
+    # -- one step -----------------------------------------------------------------------------
+    def step(self, now: float) -> StepRecord:
+        assert now >= self.now, f"time goes forward: {now} < {self.now}"
+        nxt = self.next_event()
+        assert nxt is None or nxt >= now, f"stepping to {now} would skip an event at {nxt}"
+        self._accrue(now)
+        self.now = now
+        completed, exited = self._finish_and_exit(now)
+        arrived, approved = self._arrive_and_approve(now)
+        self._refresh_facts(now)
+        snapshot = Snapshot(self.nodes, tuple(self.jobs.values()), self.policy, self.ledger)
+        plan = schedule(snapshot, now)
+        if self.on_plan is not None:
+            self.on_plan(snapshot, plan, now)
+        self._apply(plan, now)
+        record = StepRecord(now, snapshot, plan, completed, exited, arrived, approved)
+        self.log.append(record)
+        return record
+
+    def _accrue(self, now: float) -> None:
+        self.ledger = accrue(self.ledger, self.jobs.values(), self._capacity, self.policy, now)
+
+    def _finish_and_exit(self, now: float) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        completed: list[str] = []
+        exited: list[str] = []
+        for job_id in list(self.jobs):
+            job = self.jobs[job_id]
+            if job_id in self._exit_at:
+                k = self._exit_at[job_id]
+                ev = self.evictions[k]
+                # Events are never skipped: an exit is applied at exactly its time.
+                assert ev.exit_at >= now, f"{job_id} should have exited at {ev.exit_at}, now {now}"
+                if ev.exit_at <= now:
+                    assert ev.sigterm_at <= now <= ev.kill_at
+                    self.evictions[k] = replace(ev, exited=True)
+                    del self._exit_at[job_id]
+                    backoff = self.policy.thrash.requeue_backoff
+                    # The whole gang goes at once: the attempt (every replica) is dropped.
+                    self.jobs[job_id] = replace(
+                        job, state=JobState.REQUEUED, attempt=None, pending_since=now,
+                        not_before=now + backoff if backoff > 0 else None)
+                    exited.append(job_id)
+                continue
+            end = self._completion_at(job)
+            if end is not None:
+                assert end >= now, f"{job_id} should have completed at {end}, now {now}"
+                if end <= now:
+                    self.finished[job_id] = replace(job, state=JobState.SUCCEEDED)
+                    del self.jobs[job_id]
+                    completed.append(job_id)
+        return tuple(completed), tuple(exited)
+
+    def _arrive_and_approve(self, now: float) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        approved = []
+        for job_id, job in self.jobs.items():
+            t = self._approval_at(job)
+            if t is not None and t <= now:
+                self.jobs[job_id] = replace(job, state=JobState.PENDING)
+                approved.append(job_id)
+        arrived = []
+        while self._arrivals and self._arrivals[0].arrival <= now:
+            spec = self._arrivals.pop(0)
+            self.jobs[spec.job.id] = spec.job
+            arrived.append(spec.job.id)
+        return tuple(arrived), tuple(approved)
+
+    def _refresh_facts(self, now: float) -> None:
+        """What the SDK would have reported by `now`: startup time and checkpoints."""
+        for job_id, job in self.jobs.items():
+            a = job.attempt
+            if a is None or a.sigterm_at is not None:
+                continue
+            spec = self._spec[job_id]
+            startup = spec.startup_s or 0.0
+            facts: dict[str, object] = {}
+            if spec.startup_s is not None and now >= a.started_at + spec.startup_s:
+                facts["startup_s"] = spec.startup_s
+            if spec.checkpoint_every:
+                done = int(max(0.0, now - a.started_at - startup) // spec.checkpoint_every)
+                if done:
+                    facts["last_checkpoint_at"] = a.started_at + startup + done * spec.checkpoint_every
+                    facts["checkpoint_s"] = done * spec.checkpoint_cost
+            changed = {k: v for k, v in facts.items() if getattr(a, k) != v}
+            if changed:
+                self.jobs[job_id] = replace(job, attempt=replace(a, **changed))  # type: ignore[arg-type]
+
+    def _apply(self, plan: Plan, now: float) -> None:
+        for adm in plan.admissions:
+            job = self.jobs[adm.job_id]
+            assert job.state.waiting, f"admitted {adm.job_id} is {job.state}"
+            number = self._attempts.get(job.id, 0) + 1
+            self._attempts[job.id] = number
+            spec = self._spec[job.id]
+            attempt = Attempt(number=number, started_at=now, assignment=adm.placement,
+                              borrowing=adm.borrowing, sigterm_save_s=spec.sigterm_save_s)
+            self.jobs[job.id] = replace(job, state=JobState.RUNNING, attempt=attempt,
+                                        waited=job.wait_at(now), pending_since=None,
+                                        not_before=None)
+        for pre in plan.preemptions:
+            job = self.jobs[pre.job_id]
+            a = job.attempt
+            assert a is not None and job.state.holds_resources and a.sigterm_at is None, \
+                f"preempted {pre.job_id} is {job.state} with attempt {a}"
+            spec = self._spec[job.id]
+            frac = spec.exit_fracs[len(job.preempted_at) % len(spec.exit_fracs)]
+            frac = min(1.0, max(0.0, frac))
+            kill_at = now + pre.grace
+            # Exit strictly after the signal (the pass at `now` is over) and never after kill_at.
+            exit_at = min(kill_at, now + max(1.0, frac * pre.grace))
+            self.jobs[job.id] = replace(
+                job, state=JobState.PREEMPTING, preempted_at=job.preempted_at + (now,),
+                attempt=replace(a, sigterm_at=now, kill_at=kill_at))
+            self._exit_at[job.id] = len(self.evictions)
+            self.evictions.append(Eviction(job.id, a.number, pre.for_job, now, kill_at,
+                                           pre.grace, exit_at))
+
+
+def run_history(nodes: tuple[Node, ...], policy: Policy, specs: tuple[JobSpec, ...],
+                gaps: tuple[float, ...], on_step: Callable[[Driver, StepRecord], None] | None = None,
+                on_plan: PlanHook | None = None) -> Driver:
+    """Drive one history: a step per gap (or earlier, at the next event)."""
+    driver = Driver(nodes, policy, specs, on_plan=on_plan)
+    for gap in gaps:
+        record = driver.step(driver.next_time(gap))
+        if on_step is not None:
+            on_step(driver, record)
+    return driver
