@@ -17,8 +17,7 @@ terminating count as gone when judging whether a side borrows.
 
 Unmarked tests run short histories (well under 30 s); `slow` ones run many long ones
 (about 3 minutes). WARDEN_PROPERTY_EXPLORE=1 runs the slow tests randomised (not
-derandomised) with many more examples, to hunt for new counterexamples;
-WARDEN_STRICT_KNOWN_BUGS=1 stops tolerating the open bugs of KNOWN_ENGINE_BUGS.
+derandomised) with many more examples, to hunt for new counterexamples.
 """
 
 from __future__ import annotations
@@ -47,22 +46,6 @@ EPS = 1e-9
 INF = math.inf
 FLAVORS = ("a100", "h100")
 EXPLORE = os.environ.get("WARDEN_PROPERTY_EXPLORE") == "1"
-
-KNOWN_ENGINE_BUGS: dict[str, str] = {
-    "in-flight-quota-not-shared": (
-        "An eviction in flight that a higher-ranked waiting job counts on is shared for its GPUs "
-        "but not for its quota: a later job that lacks quota the same exit frees gets a new "
-        "victim (test_in_flight_eviction_shares_its_quota)."),
-}
-"""Engine bugs this module has isolated. Each has a strict-xfail test of its own; the property
-checks tolerate exactly that pattern (and nothing else) so they keep guarding the rest. Set
-WARDEN_STRICT_KNOWN_BUGS=1 to check strictly."""
-
-
-def tolerate(bug: str) -> bool:
-    assert bug in KNOWN_ENGINE_BUGS
-    return os.environ.get("WARDEN_STRICT_KNOWN_BUGS") != "1"
-
 
 # =============================================================================== strategies
 
@@ -854,13 +837,9 @@ def _fits_in_future(v: PassView, pre: Job, also_gone: list[str], earlier: list[s
     Replays the pass's claims the way the engine makes them: each higher-ranked waiting job,
     in rank order, gets the jobs it waits for released and takes a best-fit placement; then
     every other job already terminating and `also_gone` are released, and P is tried. True
-    proves P's remaining victims were needless; False proves nothing. Tolerating a known bug,
-    a job in flight that a higher-ranked job already waits for frees its GPUs for P but not
-    its quota (those jobs are charged as quota.py's `transfer` does).
+    proves P's remaining victims were needless; False proves nothing.
     """
     f, q = free.copy(), quota.copy()
-    claimed = {x for c in earlier for x in v.plan.explanations[c].reason.victims}  # type: ignore[attr-defined]
-    share_quota = not tolerate("in-flight-quota-not-shared")
     released: set[str] = set()
 
     def release(x: str) -> None:
@@ -869,8 +848,7 @@ def _fits_in_future(v: PassView, pre: Job, also_gone: list[str], earlier: list[s
         released.add(x)
         job = v.jobs[x]
         f.give_job(job, v.nodes_of(job))
-        if share_quota or x not in claimed:
-            q.add(job, v.flavor_of(job), -1)
+        q.add(job, v.flavor_of(job), -1)
 
     for cid in earlier:
         for x in v.plan.explanations[cid].reason.victims:  # type: ignore[attr-defined]
@@ -880,10 +858,7 @@ def _fits_in_future(v: PassView, pre: Job, also_gone: list[str], earlier: list[s
         if flavor is None:
             return False
         f.place(c, flavor)
-        if share_quota:
-            q.add(c, flavor)
-    if not share_quota:
-        _charge_claims(v, q, earlier)
+        q.add(c, flavor)
     for x in [j.id for j in v.holding if j.id in v.terminating] + also_gone:
         release(x)
     return any(f.fits(pre, fl) and q.fits(pre, fl) for fl in v.candidate_flavors(pre))
@@ -1042,8 +1017,8 @@ def _settings(examples: int, explore_examples: int | None = None) -> settings:
                     suppress_health_check=_HEALTH, print_blob=True)
 
 
-SHORT = 60
-LONG = 250
+SHORT = 80
+LONG = 400
 
 
 @_settings(SHORT)
@@ -1108,9 +1083,8 @@ def test_driver_applies_a_preemption_and_its_exit() -> None:
 
 
 # ================================================= engine bugs the property tests isolated
-# Each is the minimal pass of a counterexample the histories above found. Fixed ones stay as
-# regression tests; an open one is a strict xfail (listed in KNOWN_ENGINE_BUGS) until fixed,
-# when the xfail fails and the entry and its tolerance must go.
+# Each is the minimal pass of a counterexample the histories above found, kept as a
+# regression test.
 
 
 def _quota_policy(queues: dict[str, Any], **extra: Any) -> Policy:
@@ -1228,7 +1202,6 @@ def test_terminating_jobs_beat_a_free_new_victim() -> None:
     assert preempted(plan) == set()
 
 
-@pytest.mark.xfail(strict=True, reason=KNOWN_ENGINE_BUGS["in-flight-quota-not-shared"])
 def test_in_flight_eviction_shares_its_quota() -> None:
     from support import nodes, pending, plan_for, preempted, running
 
@@ -1241,5 +1214,5 @@ def test_in_flight_eviction_shares_its_quota() -> None:
     p2 = pending("p2", "b", 2, gpus=2, submit=9_001.0)
     plan = plan_for(pol, nodes(2), [x, v, p1, p2], now=10_000.0)
     # n1 is idle; the root's quota (8) is full. x's exit frees 4 GPUs of it by t=10,110: room
-    # for p1 (2) and p2 (2). The engine evicts v (40,000 GPU-seconds) for p2 as well.
+    # for p1 (2) and p2 (2), so v (40,000 GPU-seconds) must not be evicted for p2.
     assert preempted(plan) == set()

@@ -443,11 +443,22 @@ def test_transfer_charges_only_what_the_leaving_jobs_do_not_cover() -> None:
     t = two_teams()
     t.add("a", gpu(8))
     # b's job will replace a's 8 once it exits: the root is charged nothing more, b its 8.
-    t.transfer("b", gpu(8), [("a", gpu(8))])
+    left = t.transfer("b", gpu(8), [t.path_usage("a", gpu(8))])
     assert t.usage[idx(t, "cluster")][0] == 8.0
     assert t.usage[idx(t, "b")][0] == 8.0 and t.usage[idx(t, "a")][0] == 8.0
+    # The root's 8 are taken over; a's own 8 will vanish at exit and are left over.
+    assert left == [[(idx(t, "a"), (8.0,))]]
     token = t.mark()
-    t.transfer("b", gpu(4), [("a", gpu(2))])  # a larger claim than what leaves: root +2
+    left = t.transfer("b", gpu(4), [t.path_usage("a", gpu(2))])  # more than what leaves: root +2
     assert t.usage[idx(t, "cluster")][0] == 10.0
+    assert left == [[(idx(t, "a"), (2.0,))]]
     t.rollback(token)
     assert t.usage[idx(t, "cluster")][0] == 8.0
+
+
+def test_adjust_adds_and_removes_per_queue_usage() -> None:
+    t = two_teams()
+    t.adjust([(idx(t, "a"), (3.0,)), (idx(t, "cluster"), (3.0,))], 1)
+    assert t.usage[idx(t, "a")][0] == t.usage[idx(t, "cluster")][0] == 3.0
+    t.adjust([(idx(t, "a"), (3.0,)), (idx(t, "cluster"), (3.0,))], -1)
+    assert t.usage[idx(t, "a")][0] == t.usage[idx(t, "cluster")][0] == 0.0

@@ -113,7 +113,7 @@ class Workspace(Protocol):
 
     def placeable(self, job: Job, flavor: str) -> bool: ...
 
-    def charged(self, job: Job) -> bool: ...
+    def frees_quota_in(self, c: Candidate, queue: int) -> bool: ...
 
     def block_nodes(self, block: str) -> Sequence[str]: ...
 
@@ -274,8 +274,7 @@ def _fill(ws: Workspace, p: Preemptor, flavor: str, eligible: list[Candidate],
         if v.id in chosen:
             continue
         on_flavor = c.flavor == flavor
-        in_subtree = (broken is not None and c.parts is None and ws.charged(v)
-                      and broken[0] in quota.paths.get(v.queue, ()))
+        in_subtree = broken is not None and ws.frees_quota_in(c, broken[0])
         if not in_subtree and not (on_flavor and (gpu_short > 0 or broken is None)):
             continue
         if not c.leaving and v.tier <= job.tier and not still_borrowing(ws.quota, p, v):

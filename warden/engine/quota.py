@@ -149,23 +149,46 @@ class QuotaTree:
         neg = tuple(-x for x in d)
         self._change([(q, neg) for q in self.paths[leaf]])
 
-    def transfer(self, leaf: str, d: tuple[float, ...], leaving: list[tuple[str, tuple[float, ...]]]) -> None:
-        """Charge a job that will start once `leaving` jobs exit, without counting twice.
+    def path_usage(self, leaf: str, d: tuple[float, ...]) -> list[tuple[int, tuple[float, ...]]]:
+        """A leaf's demand as per-queue usage along its path, leaf first."""
+        return [(q, d) for q in self.paths[leaf]]
+
+    def transfer(self, leaf: str, d: tuple[float, ...],
+                 leaving: list[list[tuple[int, tuple[float, ...]]]]) -> list[list[tuple[int, tuple[float, ...]]]]:
+        """Charge a job that will start once `leaving` usage (per queue) is gone, without
+        counting twice; return what of each leaving entry this job does not take over.
 
         Until they exit both are there, so each queue is charged max(0, job − leaving) on top of
-        its usage: the larger of now and after, never less than the truth at any moment.
+        its usage: the larger of now and after, never less than the truth at any moment. The
+        leaving usage the job does not replace will vanish at exit, and the next job waiting on
+        the same exits may count on it.
         """
-        net: dict[int, list[float]] = {}
-        for q in self.paths[leaf]:
-            net[q] = list(d)
-        for other, od in leaving:
-            for q in self.paths[other]:
-                row = net.setdefault(q, [0.0] * len(d))
-                for r, x in enumerate(od):
-                    row[r] -= x
-        changes = [(q, tuple(max(0.0, x) for x in row)) for q, row in net.items() if any(x > 0 for x in row)]
+        need = {q: list(d) for q in self.paths[leaf]}
+        left_over = []
+        for entry in leaving:
+            rest = []
+            for q, vec in entry:
+                want = need.get(q)
+                if want is None:
+                    rest.append((q, vec))
+                    continue
+                remaining = []
+                for r, x in enumerate(vec):
+                    took = min(x, max(0.0, want[r]))
+                    want[r] -= took
+                    remaining.append(x - took)
+                if any(x > 0 for x in remaining):
+                    rest.append((q, tuple(remaining)))
+            left_over.append(rest)
+        changes = [(q, tuple(max(0.0, x) for x in row)) for q, row in need.items() if any(x > 0 for x in row)]
         changes.sort(key=lambda c: -self.depth[c[0]])
         self._change(changes)
+        return left_over
+
+    def adjust(self, changes: list[tuple[int, tuple[float, ...]]], sign: int) -> None:
+        """Add (sign 1) or remove (sign −1) per-queue usage, as `transfer` returns it."""
+        ordered = sorted(changes, key=lambda c: -self.depth[c[0]])
+        self._change([(q, tuple(sign * x for x in d)) for q, d in ordered])
 
     def _change(self, changes: list[tuple[int, tuple[float, ...]]]) -> None:
         """Apply per-queue deltas, children before parents, and log them for rollback."""

@@ -181,6 +181,7 @@ class Cycle:
                         self.quota.depart(job.queue, self.quota.demand(job, self.flavor_of_job[job.id]))
         self.claimed: set[str] = set()
         self.rests: dict[str, tuple[Job, tuple[tuple[str, int, int, int], ...], float]] = {}
+        self.rest_quota: dict[str, list[tuple[int, tuple[float, ...]]]] = {}
         """Leaving jobs others count on: what of them is still unpromised, and when it frees."""
         self.admissions: list[Admission] = []
         self.preemptions: list[Preemption] = []
@@ -466,13 +467,14 @@ class Cycle:
             self.quota.add(job.queue, self.quota.demand(job, self.flavor_of_job[job.id]))
 
     def release(self, c: Candidate) -> None:
-        """What-if: the candidate has left. What others already count on stays taken, and the
-        quota of a job another preemptor counts on was settled by that one's claim."""
+        """What-if: the candidate has left. Of a job another waiting job already counts on, only
+        what that one does not take over is freed: the capacity and quota usage left over."""
         if c.parts is None:
             self._release_job(c.job)
         else:
             for part in c.parts:
                 self.index.give(*part)
+            self.quota.adjust(self.rest_quota.get(c.job.id, []), -1)
 
     def retake(self, c: Candidate) -> None:
         if c.parts is None:
@@ -480,6 +482,13 @@ class Cycle:
         else:
             for part in c.parts:
                 self.index.take(*part)
+            self.quota.adjust(self.rest_quota.get(c.job.id, []), 1)
+
+    def frees_quota_in(self, c: Candidate, queue: int) -> bool:
+        """Would the candidate's exit lower the usage of that queue?"""
+        if c.parts is not None:
+            return any(q == queue for q, _ in self.rest_quota.get(c.job.id, ()))
+        return self.charged(c.job) and queue in self.quota.paths.get(c.job.queue, ())
 
     def _footprint(self, c: Candidate) -> list[tuple[str, int, int, int]]:
         if c.parts is not None:
@@ -666,13 +675,21 @@ class Cycle:
                 self.rests[c.job.id] = (c.job, tuple(rest), etas[c.job.id])
             else:
                 self.rests.pop(c.job.id, None)
+        # The leaving usage this job takes over is charged to it; the rest vanishes at exit and
+        # the next job waiting on the same exits may count on it.
+        leaving = []
+        for c in chosen:
+            if c.parts is not None:
+                leaving.append(self.rest_quota.get(c.job.id, []))
+            elif self.charged(c.job) and c.job.queue in self.quota.paths:
+                leaving.append(self.quota.path_usage(c.job.queue, self.quota.demand(c.job, self.flavor_of_job[c.job.id])))
+            else:
+                leaving.append([])
         if d:
-            # Jobs counted on for the first time leave their usage to this one; the rest of a
-            # job another claim counts on was settled by that claim.
-            leaving = [(c.job.queue, self.quota.demand(c.job, self.flavor_of_job[c.job.id]))
-                       for c in chosen if c.parts is None and self.charged(c.job) and c.job.queue in self.quota.paths]
-            self.quota.transfer(job.queue, d, leaving)
+            leaving = self.quota.transfer(job.queue, d, leaving)
             self.quota_version += 1
+        for c, left in zip(chosen, leaving):
+            self.rest_quota[c.job.id] = left
         return WaitingForGrace(tuple(etas), due)
 
     # -- 5. reserve -------------------------------------------------------------------------
