@@ -904,34 +904,34 @@ def check_quota(v: PassView) -> None:
 
 def _charge_claims(v: PassView, model: QuotaModel, cids: Iterable[str]) -> None:
     """Charge waiting jobs, given in rank order, as quota.py's `transfer` does: per queue,
-    max(0, its demand − what the jobs it waits for free there), where a job in flight frees its
-    usage to the first waiting job that counts on it only. A flavor-specific resource only
-    where the flavor is certain (leaving it out keeps usage low and what lenders keep high:
-    the stricter side)."""
-    settled: set[str] = set()
+    max(0, its demand − the usage there of the jobs it waits for that no higher-ranked waiting
+    job has taken over yet). A flavor-specific resource only where the flavor is certain
+    (leaving it out keeps usage low and what lenders keep high: the stricter side)."""
+    left: dict[str, dict[str, dict[str, float]]] = {}  # leaving job → queue → resource → usage
     for cid in cids:
         c = v.jobs[cid]
-        waits_for = [x for x in v.plan.explanations[cid].reason.victims if x not in settled]  # type: ignore[attr-defined]
-        settled.update(waits_for)
+        waits_for = list(v.plan.explanations[cid].reason.victims)  # type: ignore[attr-defined]
+        for x in waits_for:
+            leaving = v.jobs[x]
+            if x not in left:
+                d = model.demand(leaving, v.flavor_of(leaving)) if model.charged(leaving) else {}
+                left[x] = {q: dict(d) for q in model.path(leaving.queue)}
         if not model.charged(c):
             continue
         flavors = v.candidate_flavors(c)
         demand = {r: a for r, a in model.demand(c, flavors[0]).items()
                   if len(flavors) == 1 or not r.startswith("gpu:")}
-        net: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         for q in model.path(c.queue):
             for r, a in demand.items():
-                net[q][r] += a
-        for x in waits_for:
-            leaving = v.jobs[x]
-            if model.charged(leaving):
-                for q in model.path(leaving.queue):
-                    for r, a in model.demand(leaving, v.flavor_of(leaving)).items():
-                        net[q][r] -= a
-        for q, row in net.items():
-            for r, x in row.items():
-                if x > 0:
-                    model.usage[q][r] += x
+                want = a
+                for x in waits_for:
+                    have = left[x].get(q, {}).get(r, 0.0)
+                    took = min(have, max(0.0, want))
+                    if took:
+                        left[x][q][r] = have - took
+                        want -= took
+                if want > 0:
+                    model.usage[q][r] += want
 
 
 def check_determinism(v: PassView, rng: random.Random) -> None:
