@@ -141,16 +141,22 @@ class Driver:
         return min(times) if times else None
 
     def next_time(self, gap: float) -> float:
-        """`now + gap`, or the next event if it comes first (never a step past an event)."""
+        """`now + gap`, or the next event if it comes first (never a step past an event).
+        Before the first pass: the first event (or `gap`)."""
+        if not self.log:
+            nxt = self.next_event()
+            return min(gap, nxt) if nxt is not None else gap
         t = self.now + gap
         nxt = self.next_event()
         if nxt is not None and nxt < t:
             t = nxt
-        return max(t, self.now)
+        return t
 
     # -- one step -----------------------------------------------------------------------------
     def step(self, now: float) -> StepRecord:
-        assert now >= self.now, f"time goes forward: {now} < {self.now}"
+        # One pass per point in time (DESIGN §8): every event up to `now` is handled in it.
+        assert now > self.now or (not self.log and now == self.now), \
+            f"passes at {self.now} and then {now}: time must move forward"
         nxt = self.next_event()
         assert nxt is None or nxt >= now, f"stepping to {now} would skip an event at {nxt}"
         self._accrue(now)
@@ -201,17 +207,18 @@ class Driver:
         return tuple(completed), tuple(exited)
 
     def _arrive_and_approve(self, now: float) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        arrived = []
+        while self._arrivals and self._arrivals[0].arrival <= now:
+            spec = self._arrivals.pop(0)
+            self.jobs[spec.job.id] = spec.job
+            arrived.append(spec.job.id)
+        # After the arrivals, so a job approved the moment it arrives is approved in this pass.
         approved = []
         for job_id, job in self.jobs.items():
             t = self._approval_at(job)
             if t is not None and t <= now:
                 self.jobs[job_id] = replace(job, state=JobState.PENDING)
                 approved.append(job_id)
-        arrived = []
-        while self._arrivals and self._arrivals[0].arrival <= now:
-            spec = self._arrivals.pop(0)
-            self.jobs[spec.job.id] = spec.job
-            arrived.append(spec.job.id)
         return tuple(arrived), tuple(approved)
 
     def _refresh_facts(self, now: float) -> None:

@@ -234,19 +234,19 @@ def _best_domain(ws: Workspace, job: Job, flavor: str, offers: dict[str, list[tu
                 table[""] = [(0.0, 0, 0)] * min(idle, want)
         if sum(len(o) for o in table.values()) < want:
             continue
-        # Take slots cheapest-marginal first; a node's slots come in order.
-        heap = [(o[0][0], n, 0) for n, o in table.items()]
+        # Take slots cheapest-marginal first, fewer new victims on ties; a node's slots in order.
+        heap = [(o[0][0], o[0][1], n, 0) for n, o in table.items()]
         heapq.heapify(heap)
         taken: dict[str, int] = {}
         total = top = 0.0
         for _ in range(want):
-            marginal, n, k = heapq.heappop(heap)
+            marginal, _, n, k = heapq.heappop(heap)
             total += marginal
             top = max(top, marginal)
             taken[n] = k + 1
             o = table[n]
             if k + 1 < len(o):
-                heapq.heappush(heap, (o[k + 1][0] - o[k][0], n, k + 1))
+                heapq.heappush(heap, (o[k + 1][0] - o[k][0], o[k + 1][1] - o[k][1], n, k + 1))
         prefix = {n: table[n][k - 1][2] for n, k in taken.items() if n}
         victims = sum(table[n][k - 1][1] for n, k in taken.items() if n)
         # `any` improves only if a later victim undercuts its dearest slot; one domain of a
