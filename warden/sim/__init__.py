@@ -1,0 +1,1 @@
+"""The trace-driven simulator: replays a trace through the unchanged engine with a virtual clock."""

@@ -1,0 +1,141 @@
+"""The simulator's data: trace jobs going in, per-job and per-attempt records coming out.
+
+Every module of `warden.sim` speaks these types: loaders produce a `Trace`, the event loop
+turns it into a `SimRun`, and metrics and reports read only the `SimRun`. Times are seconds
+from the start of the trace; GPU amounts are whole GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class TraceJob:
+    """One job of a trace, with every optional column resolved to a value.
+
+    Checkpoint behaviour: a `resumable` job resumes from its newest checkpoint after a
+    requeue, writes one every `checkpoint_interval` seconds of progress (None: only on
+    SIGTERM), each taking `checkpoint_seconds`, and saves on SIGTERM when that save fits its
+    grace. A job that is not resumable starts again from zero after every preemption.
+    """
+
+    job_id: str
+    submit: float
+    num_gpus: int
+    duration: float
+    """Seconds of useful progress the job needs to finish."""
+    queue: str = "default"
+    tier: int = 3
+    user: str = ""
+    replicas: int = 1
+    gpus_per_replica: int = 1
+    lease: float | None = None
+    """Requested minimum runtime (None: the tier's)."""
+    checkpoint_interval: float | None = None
+    checkpoint_seconds: float = 0.0
+    startup_seconds: float = 0.0
+    resumable: bool = True
+    cpu: int = 0
+    """Millicores per replica."""
+    memory: int = 0
+    """MiB per replica."""
+    flavor: str | None = None
+    """GPU flavor the job asks for (None: any)."""
+    seq: int = 0
+    """Position in the trace after sorting by submit time (then file order): FIFO's tie-break."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A loaded trace: jobs sorted by (submit, seq), and what loading decided."""
+
+    jobs: tuple[TraceJob, ...]
+    source: str
+    """The file it came from."""
+    format: str
+    """native, philly, philly-rfold or pai2023."""
+    queues: dict[str, float] = field(default_factory=dict)
+    """Nominal GPU quota per queue where the trace comes with one (Philly VCs); else empty."""
+    skipped: int = 0
+    skipped_reasons: dict[str, int] = field(default_factory=dict)
+    """Rows left out, counted by reason (only with `skip_invalid`)."""
+    rules: tuple[str, ...] = ()
+    """The documented rules applied to fill what the trace lacks, each in one sentence."""
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """One run of a job, from the moment it took its GPUs to the moment it gave them back.
+
+    GPU time is conserved per attempt:
+    `ended_at - admitted_at == startup_s + checkpoint_s + useful_s + lost_s + idle_s`.
+    """
+
+    number: int
+    admitted_at: float
+    ended_at: float
+    gpus: int
+    startup_s: float
+    checkpoint_s: float
+    """Time spent writing checkpoints (a save cut short by SIGKILL included)."""
+    useful_s: float
+    """Progress this attempt made that survives (saved, or finished)."""
+    lost_s: float
+    """Progress this attempt made that a preemption threw away."""
+    idle_s: float = 0.0
+    """Time the attempt held GPUs without progress (a stranded part of a gang)."""
+    preempted: bool = False
+    sigterm_at: float | None = None
+    borrowing: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """What happened to one trace job."""
+
+    job_id: str
+    queue: str
+    tier: int
+    user: str
+    submit: float
+    num_gpus: int
+    duration: float
+    finished_at: float | None
+    """None: the simulation ended before the job finished."""
+    wait_s: float
+    """Seconds spent waiting (pending or requeued) over all attempts."""
+    attempts: tuple[AttemptRecord, ...] = ()
+
+    @property
+    def preemptions(self) -> int:
+        return sum(a.preempted for a in self.attempts)
+
+    @property
+    def jct_s(self) -> float | None:
+        return None if self.finished_at is None else self.finished_at - self.submit
+
+
+@dataclass(frozen=True)
+class SimRun:
+    """Everything one simulation produced; metrics and reports are functions of it."""
+
+    policy: str
+    trace: str
+    seed: int
+    gpus: int
+    """GPUs in the cluster."""
+    jobs: tuple[JobRecord, ...]
+    started_at: float
+    """Time of the first arrival."""
+    ended_at: float
+    """Time of the last event (the makespan's end)."""
+    entitlement: dict[str, float] = field(default_factory=dict)
+    """Each leaf queue's share of the cluster it is owed while it has demand (weights,
+    normalised to sum 1 over the queues that have any)."""
+    max_wait: dict[str, float] = field(default_factory=dict)
+    """Per queue, the wait after which a job counts as a starvation breach (absent: none)."""
+    wall_s: float = 0.0
+    passes: int = 0
+    """Scheduling passes the engine ran."""
