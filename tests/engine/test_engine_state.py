@@ -13,10 +13,22 @@ from warden.engine.scheduler import Engine, schedule
 def test_warm_engine_matches_fresh_passes_over_changing_snapshots() -> None:
     rng = random.Random(7)
     engine = Engine()
+    told = Engine()
+    """Told only what changed between snapshots, never shown the rest."""
     snapshot, now = synthetic_snapshot(40, 8, 120, 60, 3)
+    told.plan(snapshot, now)
+    previous = {j.id: j for j in snapshot.jobs}
     for step in range(12):
-        assert engine.plan(snapshot, now) == schedule(snapshot, now)
-        assert engine.plan(snapshot, now) == schedule(snapshot, now)  # a repeated pass, too
+        fresh = schedule(snapshot, now)
+        assert fresh.admissions or fresh.preemptions  # the history keeps the engine busy
+        assert engine.plan(snapshot, now) == fresh
+        assert engine.plan(snapshot, now) == fresh  # a repeated pass, too
+        current = {j.id: j for j in snapshot.jobs}
+        changed = [j for i, j in current.items() if previous.get(i) is not j]
+        changed += [replace(j, state=JobState.SUCCEEDED) for i, j in previous.items() if i not in current]
+        assert told.plan(replace(snapshot, jobs=()), now, changed) == fresh
+        assert told.plan(replace(snapshot, jobs=()), now, ()) == fresh  # nothing changed since
+        previous = current
         # Some running jobs end, some change facts only, some pending ones start where others were.
         jobs = list(snapshot.jobs)
         holding = [i for i, j in enumerate(jobs) if j.state.holds_resources]
@@ -35,3 +47,4 @@ def test_warm_engine_matches_fresh_passes_over_changing_snapshots() -> None:
         now += 60.0 * (step + 1)
         snapshot = replace(snapshot, jobs=tuple(jobs))
     assert engine.plan(snapshot, now) == schedule(snapshot, now)
+    assert engine.plan(snapshot, now, changed=()) == schedule(snapshot, now)

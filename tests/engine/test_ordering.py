@@ -210,6 +210,23 @@ def test_fifo_order_is_submit_then_id_across_tiers_and_queues() -> None:
     assert ids(pol, jobs, now, usage={"b": 1e6}) == ["t4-early", "t2-same-a", "t2-same-b", "t3-starved", "t1-late"]
 
 
+def test_priority_order_is_tier_then_submit_then_id_ignoring_fair_share_and_age() -> None:
+    pol = policy(scheduling={"order": "priority"})
+    now = 100 * HOUR
+    jobs = [
+        pending("t1-late", "a", 1, submit=50.0),
+        pending("t4-early", "b", 4, submit=10.0),
+        pending("t3-starved", "a", 3, submit=40.0, waited=10 * DAY),
+        pending("t3-early", "b", 3, submit=30.0),
+        pending("t2-same-b", "b", 2, submit=20.0),
+        pending("t2-same-a", "a", 2, submit=20.0),
+    ]
+    assert ids(pol, jobs, now, usage={"b": 1e6}) == [
+        "t1-late", "t2-same-a", "t2-same-b", "t3-early", "t3-starved", "t4-early"]
+    keys = {j.id: k for k, j in ranked(pol, jobs, now)}
+    assert keys["t4-early"].tier == 4 and keys["t4-early"].breach == 1
+
+
 def test_fifo_ignores_carried_over_wait() -> None:
     pol = policy(scheduling={"order": "fifo"})
     old = pending("old", "a", 3, submit=10.0)

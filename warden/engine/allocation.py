@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 class Allocation:
     __slots__ = ("nodes", "policy", "index", "quota", "charged_tiers", "jobs", "flavor_of_job", "used",
-                 "victim_facts")
+                 "victim_facts", "node_gpus", "nodes_of_block", "tiers")
 
     def __init__(self, nodes: tuple[Node, ...], policy: Policy) -> None:
         self.nodes = nodes
@@ -36,6 +36,12 @@ class Allocation:
         self.victim_facts: dict[str, tuple[Job, float, float, float | None, float]] = {}
         """Per running job, what pricing it as a victim needs that does not change with time:
         (the job as seen, seen at, protected until, progress at risk since, restart cost)."""
+        self.node_gpus = {n.name: n.gpus for n in nodes}
+        self.nodes_of_block: dict[str, list[str]] = {}
+        for n in nodes:
+            self.nodes_of_block.setdefault(self.index.block_of(n.name), []).append(n.name)
+        self.tiers: dict[int, int] = {}
+        """How many holding jobs each tier has: who could be a victim, without a scan."""
 
     def matches(self, nodes: tuple[Node, ...], policy: Policy) -> bool:
         return (nodes is self.nodes or nodes == self.nodes) and (policy is self.policy or policy == self.policy)
@@ -68,6 +74,25 @@ class Allocation:
             self._add(job)
         self.quota.forget()
 
+    def apply(self, changed: Iterable[Job]) -> None:
+        """Take only these jobs' new versions (any state); every other job is as before."""
+        arriving = []
+        for job in changed:
+            old = self.jobs.get(job.id)
+            holds = job.state.holds_resources and job.attempt is not None
+            if old is job:
+                continue
+            if holds and old is not None and _same_footprint(old, job):
+                self.jobs[job.id] = job
+                continue
+            if old is not None:
+                self._remove(old)
+            if holds:
+                arriving.append(job)
+        for job in arriving:
+            self._add(job)
+        self.quota.forget()
+
     def _add(self, job: Job) -> None:
         a = job.attempt
         assert a is not None
@@ -79,6 +104,7 @@ class Allocation:
         if self.charged(job):
             self.quota.add(job.queue, self.quota.demand(job, flavor))
         self.jobs[job.id] = job
+        self.tiers[job.tier] = self.tiers.get(job.tier, 0) + 1
 
     def _remove(self, job: Job) -> None:
         a = job.attempt
@@ -90,6 +116,8 @@ class Allocation:
             self.quota.remove(job.queue, self.quota.demand(job, self.flavor_of_job[job.id]))
         del self.flavor_of_job[job.id]
         del self.jobs[job.id]
+        self.victim_facts.pop(job.id, None)
+        self.tiers[job.tier] -= 1
 
 
 def _same_footprint(a: Job, b: Job) -> bool:

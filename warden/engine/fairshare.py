@@ -45,18 +45,30 @@ def accrue(ledger: UsageLedger, jobs: Iterable[Job], capacity: tuple[int, int, i
 
     Shells call it before every change to the set of running jobs, so the assumption holds.
     """
-    dt = until - ledger.at
-    if dt <= 0:
-        return ledger
-    h = policy.fair_share.half_life
-    decay = 0.5 ** (dt / h)
-    # ∫_0^dt s · 2^{-(dt-t)/h} dt = s · h/ln2 · (1 - 2^{-dt/h})
-    gain = h / math.log(2) * (1.0 - decay)
-    usage = {q: u * decay for q, u in ledger.usage.items()}
+    rates: dict[str, float] = {}
     for job in jobs:
         if not job.state.holds_resources or not policy.tier(job.tier).charged:
             continue
-        usage[job.queue] = usage.get(job.queue, 0.0) + dominant_share(job, capacity) * gain
+        rates[job.queue] = rates.get(job.queue, 0.0) + dominant_share(job, capacity)
+    return accrue_rates(ledger, rates, policy.fair_share.half_life, until)
+
+
+def accrue_rates(ledger: UsageLedger, rates: Mapping[str, float], half_life: float,
+                 until: float) -> UsageLedger:
+    """Advance the ledger to `until` with each queue's summed dominant share held constant.
+
+    A shell that keeps those sums itself (the simulator) pays per queue, not per job.
+    """
+    dt = until - ledger.at
+    if dt <= 0:
+        return ledger
+    decay = 0.5 ** (dt / half_life)
+    # ∫_0^dt s · 2^{-(dt-t)/h} dt = s · h/ln2 · (1 - 2^{-dt/h})
+    gain = half_life / math.log(2) * (1.0 - decay)
+    usage = {q: u * decay for q, u in ledger.usage.items()}
+    for q, rate in rates.items():
+        if rate > 0:
+            usage[q] = usage.get(q, 0.0) + rate * gain
     return UsageLedger(at=until, usage=MappingProxyType(usage))
 
 

@@ -409,11 +409,12 @@ class PreemptionSpec(_Spec):
 
 
 class SchedulingSpec(_Spec):
-    """`order: fifo` ranks by submit time alone; `head_of_line_blocking` makes the first job that
+    """`order: fifo` ranks by submit time alone, `priority` by tier and then submit time (what
+    Kueue and Kubernetes do without fair sharing); `head_of_line_blocking` makes the first job that
     does not fit stop everything behind it; `reservations` is how many top blocked jobs hold the
     capacity that frees first (0: none)."""
 
-    order: Literal["governed", "fifo"] = "governed"
+    order: Literal["governed", "priority", "fifo"] = "governed"
     head_of_line_blocking: bool = False
     reservations: int = Field(default=1, ge=0)
 

@@ -72,17 +72,32 @@ class Engine:
     """Runs passes, keeping what running jobs hold between them (`Allocation`).
 
     A shell that calls `plan` again and again pays only for the jobs that changed; the plan is
-    the one `schedule` gives for the same snapshot and `now`.
+    the one `schedule` gives for the same snapshot and `now`. A shell that knows what changed
+    since the snapshot of its previous call passes those jobs as `changed` (new versions, in
+    any state: a terminal one has left) and promises that every other job is as it was; the
+    engine then never walks the whole snapshot, which keeps a pass over a quiet cluster cheap.
     """
 
     def __init__(self) -> None:
         self._alloc: Allocation | None = None
+        self._waiting: dict[str, Job] = {}
+        self._terminating: dict[str, Job] = {}
 
-    def plan(self, snapshot: Snapshot, now: float) -> Plan:
+    def plan(self, snapshot: Snapshot, now: float, changed: Iterable[Job] | None = None) -> Plan:
         alloc = self._alloc
         if alloc is None or not alloc.matches(snapshot.nodes, snapshot.policy):
             alloc = self._alloc = Allocation(snapshot.nodes, snapshot.policy)
-        alloc.sync(j for j in snapshot.jobs if j.state.holds_resources and j.attempt is not None)
+            changed = None
+        if changed is None:
+            self._waiting = {j.id: j for j in snapshot.jobs if j.state.waiting}
+            self._terminating = {j.id: j for j in snapshot.jobs if _terminating(j)}
+            alloc.sync(j for j in snapshot.jobs if j.state.holds_resources and j.attempt is not None)
+        else:
+            changed = list(changed)
+            for job in changed:
+                _put(self._waiting, job, job.state.waiting)
+                _put(self._terminating, job, _terminating(job))
+            alloc.apply(changed)
         index_mark, quota_mark = alloc.index.mark(), alloc.quota.mark()
         used = dict(alloc.used)
         # A pass allocates many small objects and creates no reference cycles: the cyclic
@@ -90,7 +105,7 @@ class Engine:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            return Cycle(snapshot, now, alloc).run()
+            return Cycle(snapshot, now, alloc, self._waiting.values(), self._terminating).run()
         finally:
             if collecting:
                 gc.enable()
@@ -100,8 +115,23 @@ class Engine:
             alloc.used = used
 
 
-def rank(snapshot: Snapshot, now: float) -> list[tuple[SortKey, Job]]:
+def _terminating(job: Job) -> bool:
+    """Does the job hold resources it is about to give back (signalled, or in its grace)?"""
+    return job.state.holds_resources and job.attempt is not None and (
+        job.attempt.sigterm_at is not None or job.state is JobState.PREEMPTING)
+
+
+def _put(table: dict[str, Job], job: Job, member: bool) -> None:
+    if member:
+        table[job.id] = job
+    else:
+        table.pop(job.id, None)
+
+
+def rank(snapshot: Snapshot, now: float, waiting: Iterable[Job] | None = None) -> list[tuple[SortKey, Job]]:
     """The waiting jobs of a snapshot in scheduling order, each with its sort key.
+
+    `waiting` may name the snapshot's waiting jobs when the caller already knows them.
 
     Jobs are grouped by (tier, breach, fair rank) first and each group sorted by the rest: the
     groups are few, and inside one the first field compared is a float that rarely ties, which
@@ -110,16 +140,18 @@ def rank(snapshot: Snapshot, now: float) -> list[tuple[SortKey, Job]]:
     policy = snapshot.policy
     new = tuple.__new__  # SortKey's own constructor is a Python function; this is C
     groups: dict[tuple[int, int, int], list[tuple[SortKey, Job]]] = {}
-    fifo = policy.scheduling.order == "fifo"
+    order = policy.scheduling.order
+    fifo = order != "governed"
+    by_tier = order == "priority"
     fair = {} if fifo else fair_order(policy, snapshot.ledger.usage)
     unknown = (len(fair), ())
     default_wait = policy.fair_share.aging.max_wait.get("default", INF)
     max_wait = {q: policy.max_wait_for(q) for q in fair}
-    for j in snapshot.jobs:
+    for j in (snapshot.jobs if waiting is None else waiting):
         if not j.state.waiting:
             continue
         if fifo:
-            key = new(SortKey, (0, 1, 0, 0.0, j.submit, j.id, ()))
+            key = new(SortKey, (j.tier if by_tier else 0, 1, 0, 0.0, j.submit, j.id, ()))
         else:
             fr, ratios = fair.get(j.queue, unknown)
             since = j.submit if j.pending_since is None else j.pending_since
@@ -158,7 +190,8 @@ class _Hold:
 class Cycle:
     """The state of one pass. Built from a snapshot, consumed by `run()`."""
 
-    def __init__(self, snapshot: Snapshot, now: float, alloc: Allocation) -> None:
+    def __init__(self, snapshot: Snapshot, now: float, alloc: Allocation, waiting: Iterable[Job],
+                 terminating: dict[str, Job]) -> None:
         self.snapshot = snapshot
         self.now = now
         self.policy: Policy = snapshot.policy
@@ -169,16 +202,14 @@ class Cycle:
         self.used_indices: dict[str, frozenset[int]] = alloc.used
         self.victim_facts = alloc.victim_facts
         self.ctx = RuleContext(self.policy, self.quota, now)
-        self.node_gpus = {n.name: n.gpus for n in snapshot.nodes}
-        self.holding: list[Job] = []
-        self.terminating: dict[str, Job] = {}
-        for job in snapshot.jobs:
-            if job.state.holds_resources and job.attempt is not None:
-                self.holding.append(job)
-                if job.attempt.sigterm_at is not None or job.state is JobState.PREEMPTING:
-                    self.terminating[job.id] = job
-                    if self.charged(job) and job.queue in self.quota.paths:
-                        self.quota.depart(job.queue, self.quota.demand(job, self.flavor_of_job[job.id]))
+        self.node_gpus = alloc.node_gpus
+        self.waiting = waiting
+        self.holding = alloc.jobs
+        self.tiers = alloc.tiers
+        self.terminating = terminating
+        for job in terminating.values():
+            if self.charged(job) and job.queue in self.quota.paths:
+                self.quota.depart(job.queue, self.quota.demand(job, self.flavor_of_job[job.id]))
         self.claimed: set[str] = set()
         self.rests: dict[str, tuple[Job, tuple[tuple[str, int, int, int], ...], float]] = {}
         self.rest_quota: dict[str, list[tuple[int, tuple[float, ...]]]] = {}
@@ -203,9 +234,7 @@ class Cycle:
         self.hold_version = 0
         self.attempts_left = self.policy.preemption.max_attempts_per_pass
         self.candidates: CandidatePool | None = None
-        self.nodes_of_block: dict[str, list[str]] = {}
-        for n in snapshot.nodes:
-            self.nodes_of_block.setdefault(self.index.block_of(n.name), []).append(n.name)
+        self.nodes_of_block = alloc.nodes_of_block
         self.max_victim_tier: int | None = None
 
     def charged(self, job: Job) -> bool:
@@ -219,7 +248,7 @@ class Cycle:
         approval: dict[int, Reason] = {}
         explanations = self.explanations
         new = tuple.__new__  # Explanation's own constructor is a Python function; this is C
-        for position, (key, job) in enumerate(rank(self.snapshot, self.now), 1):
+        for position, (key, job) in enumerate(rank(self.snapshot, self.now, self.waiting), 1):
             reason: Reason | None
             if job.state is JobState.AWAITING_APPROVAL:
                 reason = approval.get(job.tier) or approval.setdefault(job.tier, AwaitingApproval(job.tier))
@@ -518,7 +547,7 @@ class Cycle:
             order = self.policy.preemption.victim_order
             now = self.now
             rows = []
-            for v in self.holding:
+            for v in self.holding.values():
                 if v.id in self.terminating:
                     continue
                 _, protected, since, restart = self._victim_facts(v)
@@ -598,9 +627,12 @@ class Cycle:
         if any(t not in self.claimed for t in self.terminating):
             return True
         if self.max_victim_tier is None:
+            leaving: dict[int, int] = {}
+            for t in self.terminating.values():
+                leaving[t.tier] = leaving.get(t.tier, 0) + 1
             self.max_victim_tier = max(
-                (v.tier for v in self.holding
-                 if v.id not in self.terminating and self.policy.tier(v.tier).preemptible), default=0)
+                (tier for tier, n in self.tiers.items()
+                 if n > leaving.get(tier, 0) and self.policy.tier(tier).preemptible), default=0)
         if self.max_victim_tier > job.tier:
             return True
         return self.max_victim_tier == job.tier and self.charged(job)

@@ -1,0 +1,507 @@
+"""The simulator's metrics (DESIGN §7), computed from a `SimRun` alone.
+
+Everything is a function of the run's job and attempt records, so any engine or policy preset
+can be compared on the same footing. `summarize` returns one JSON-ready dict (plain floats, ints,
+strings and None; None wherever a value is undefined, never NaN); `timeseries` returns the
+per-bin series the report plots; `format_table` renders summaries for a terminal.
+
+Definitions (times in seconds, GPU amounts in whole GPUs, `makespan = ended_at - started_at`):
+
+- *admitted GPU-seconds* of an attempt: `gpus * (ended_at - admitted_at)`; it splits exactly into
+  startup, checkpoint, useful, lost and idle time (see `AttemptRecord`).
+- *utilization*: Σ admitted GPU-seconds / (`run.gpus` * makespan). An engine that never
+  over-commits keeps it ≤ 1; it is not clipped, so a value above 1 exposes an engine bug.
+- *goodput*: Σ useful GPU-seconds / Σ admitted GPU-seconds (None when nothing was admitted).
+- *lost GPU-hours*: Σ gpus * (lost_s + idle_s) over all attempts / 3600: progress thrown away by
+  preemptions plus time held without progress (stranded gang members).
+- *lost work per preemption*: the same sum over preempted attempts only, divided by the number
+  of preemptions, in GPU-seconds (None without preemptions).
+- *wait*: `JobRecord.wait_s` (pending or requeued, over all attempts), over all jobs, finished
+  or not. *JCT*: `finished_at - submit` over finished jobs.
+- *percentiles*: `numpy.percentile` with its default linear interpolation (p95 of
+  [0, 10, 20, 30, 40] is 38).
+- *max wait of the least-served queue*: for each queue the maximum wait of its jobs, then the
+  maximum over queues. The queue it comes from is the least-served one (`least_served_queue`).
+  Numerically it is the worst wait in the cluster, but it is reported as a property of a queue
+  because that is the fairness question: how badly is the worst-off team served?
+- *starvation breach*: a job whose wait is at least `run.max_wait[queue]`; queues absent from
+  `max_wait` never breach.
+- *η* of a finished job: useful GPU-seconds / admitted GPU-seconds over all its attempts (jobs
+  that were never admitted for a positive time have none); `eta_p5`, `eta_p50` over finished jobs.
+- *delivered GPU-hours* of a queue: Σ admitted GPU-seconds of its attempts / 3600.
+- *owed GPU-hours* of a queue: ∫ owed_q(t) dt / 3600 over [started_at, ended_at]. At each instant
+  the cluster's `run.gpus` are divided among queues by weighted water-filling (weighted max-min
+  fairness): a level λ rises and each queue gets `min(demand_q, λ * weight_q)` until the GPUs
+  run out or every queue is at its demand, so a queue that wants less than its share gets its
+  demand and the rest goes to the queues still below theirs, in proportion to their weights.
+  `weight_q = run.entitlement[q]`; a queue absent from it (or with weight 0) is owed nothing,
+  except that when none of the run's queues has a positive weight all queues weigh the same.
+  `demand_q(t)` is Σ num_gpus of q's jobs with `submit <= t < finished_at` (a job that never
+  finished counts until `ended_at`). The demand is piecewise constant between submits and
+  finishes, so the integral is exact. Owed GPU-hours never exceed `gpus * makespan / 3600` in
+  total, nor a queue's own demand integral; delivered may exceed owed (borrowed idle capacity).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+from rich.table import Table
+
+from warden.sim.records import AttemptRecord, SimRun
+
+HOUR = 3600.0
+_ROW_CHUNK_CELLS = 2_000_000
+"""Bound on intervals × queues handled at once by the owed computation (memory, not speed)."""
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.intp]
+
+
+# ---------------------------------------------------------------------------- flat arrays
+
+
+@dataclass(frozen=True)
+class _Flat:
+    """The run's records as column arrays, built once so every metric is a numpy reduction."""
+
+    queues: list[str]
+    """Queue names, sorted; `job_queue` indexes it."""
+    submit: FloatArray
+    finished: FloatArray
+    """finished_at, NaN for jobs that did not finish."""
+    num_gpus: FloatArray
+    wait: FloatArray
+    tier: IntArray
+    job_queue: IntArray
+    att_job: IntArray
+    """Index of each attempt's job."""
+    gpus: FloatArray
+    admitted: FloatArray
+    ended: FloatArray
+    startup: FloatArray
+    checkpoint: FloatArray
+    useful: FloatArray
+    lost: FloatArray
+    idle: FloatArray
+    preempted: NDArray[np.bool_]
+
+    @property
+    def held(self) -> FloatArray:
+        """Admitted GPU-seconds of each attempt."""
+        return self.gpus * (self.ended - self.admitted)
+
+    @property
+    def wasted(self) -> FloatArray:
+        """Lost plus idle GPU-seconds of each attempt."""
+        return self.gpus * (self.lost + self.idle)
+
+
+_ATTEMPT_FIELDS = attrgetter("gpus", "admitted_at", "ended_at", "startup_s", "checkpoint_s", "useful_s",
+                             "lost_s", "idle_s", "preempted")
+_JOB_FIELDS = attrgetter("submit", "num_gpus", "wait_s", "tier")
+
+
+def _table(getter: attrgetter[Any], records: Sequence[Any], width: int) -> FloatArray:
+    """Records as a float matrix, one row each: one pass of C-level attribute access (fast)."""
+    if not records:
+        return np.zeros((0, width))
+    return np.array(list(map(getter, records)), dtype=np.float64)
+
+
+def _flatten(run: SimRun) -> _Flat:
+    jobs = run.jobs
+    n = len(jobs)
+    queues = sorted({j.queue for j in jobs})
+    index = {q: i for i, q in enumerate(queues)}
+    attempts: list[AttemptRecord] = [a for j in jobs for a in j.attempts]
+    counts = np.fromiter((len(j.attempts) for j in jobs), dtype=np.intp, count=n)
+    jt = _table(_JOB_FIELDS, jobs, 4)
+    at = _table(_ATTEMPT_FIELDS, attempts, 9)
+    return _Flat(
+        queues=queues,
+        submit=jt[:, 0],
+        finished=np.fromiter((math.nan if j.finished_at is None else j.finished_at for j in jobs),
+                             dtype=np.float64, count=n),
+        num_gpus=jt[:, 1],
+        wait=jt[:, 2],
+        tier=jt[:, 3].astype(np.intp),
+        job_queue=np.fromiter((index[j.queue] for j in jobs), dtype=np.intp, count=n),
+        att_job=np.repeat(np.arange(n, dtype=np.intp), counts),
+        gpus=at[:, 0],
+        admitted=at[:, 1],
+        ended=at[:, 2],
+        startup=at[:, 3],
+        checkpoint=at[:, 4],
+        useful=at[:, 5],
+        lost=at[:, 6],
+        idle=at[:, 7],
+        preempted=at[:, 8] != 0,
+    )
+
+
+# ---------------------------------------------------------------------------- small helpers
+
+
+def _num(x: float | None, digits: int) -> float | None:
+    """A plain, rounded float, or None for None, NaN and infinities (JSON has no NaN)."""
+    if x is None:
+        return None
+    f = float(x)
+    return round(f, digits) if math.isfinite(f) else None
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den > 0 else None
+
+
+def _pct(values: FloatArray, q: float) -> float | None:
+    """numpy's default (linear) percentile, None for no values."""
+    return float(np.percentile(values, q)) if values.size else None
+
+
+def _mean(values: FloatArray) -> float | None:
+    return float(values.mean()) if values.size else None
+
+
+def _max(values: FloatArray) -> float | None:
+    return float(values.max()) if values.size else None
+
+
+def _secs(x: float | None) -> float | None:
+    return _num(x, 3)
+
+
+def _hours(gpu_seconds: float | None) -> float | None:
+    return None if gpu_seconds is None else _num(gpu_seconds / HOUR, 6)
+
+
+def _frac(x: float | None) -> float | None:
+    return _num(x, 6)
+
+
+# ---------------------------------------------------------------------------- owed GPU-hours
+
+
+def queue_weights(run: SimRun, queues: list[str]) -> FloatArray:
+    """The water-filling weight of each queue: its entitlement, or all equal if none has one."""
+    w = np.array([max(float(run.entitlement.get(q, 0.0)), 0.0) for q in queues], dtype=np.float64)
+    if w.size and not (w > 0).any():
+        w[:] = 1.0
+    return w
+
+
+def waterfill(demand: FloatArray, weights: FloatArray, capacity: float) -> FloatArray:
+    """Weighted max-min fair allocation of `capacity` for each row of `demand` (rows × queues).
+
+    Every weight must be positive. Rows whose total demand fits get their demand. Otherwise the
+    level λ solves Σ min(d_q, λ w_q) = capacity: sorting queues by d_q / w_q, the sum at the
+    k-th ratio is (demand of the queues before k) + ratio_k × (weight of queues from k on); the
+    first k where that reaches capacity brackets λ, which is then solved for exactly.
+    """
+    alloc = demand.copy()
+    over = demand.sum(axis=1) > capacity
+    if not over.any():
+        return alloc
+    d = demand[over]
+    ratio = d / weights
+    order = np.argsort(ratio, axis=1, kind="stable")
+    r = np.take_along_axis(ratio, order, axis=1)
+    ds = np.take_along_axis(d, order, axis=1)
+    ws = weights[order]
+    before = np.cumsum(ds, axis=1) - ds
+    from_here = np.cumsum(ws[:, ::-1], axis=1)[:, ::-1]
+    reached = before + r * from_here >= capacity
+    k = np.argmax(reached, axis=1)
+    rows = np.arange(d.shape[0])
+    level = (capacity - before[rows, k]) / from_here[rows, k]
+    alloc[over] = np.minimum(d, level[:, None] * weights)
+    return alloc
+
+
+def owed_gpu_seconds(run: SimRun, flat: _Flat | None = None) -> dict[str, float]:
+    """∫ owed_q(t) dt per queue, in GPU-seconds (see the module docstring for the definition)."""
+    f = _flatten(run) if flat is None else flat
+    owed = {q: 0.0 for q in f.queues}
+    if not f.queues or run.gpus <= 0 or run.ended_at <= run.started_at:
+        return owed
+    weights = queue_weights(run, f.queues)
+    cols = np.flatnonzero(weights > 0)  # weight-0 queues are owed nothing: leave them out
+    col_of = np.full(len(f.queues), -1, dtype=np.intp)
+    col_of[cols] = np.arange(cols.size)
+    keep = col_of[f.job_queue] >= 0
+    start, end = run.started_at, run.ended_at
+    on = np.clip(f.submit[keep], start, end)
+    off = np.clip(np.where(np.isnan(f.finished[keep]), end, f.finished[keep]), start, end)
+    edges = np.unique(np.concatenate(([start, end], on, off)))
+    dt = np.diff(edges)
+    # +gpus on the interval that starts at submit, -gpus on the one that starts at finish
+    rows = np.concatenate((np.searchsorted(edges, on), np.searchsorted(edges, off)))
+    q = np.concatenate((col_of[f.job_queue[keep]],) * 2)
+    g = np.concatenate((f.num_gpus[keep], -f.num_gpus[keep]))
+    totals = _integrate_waterfill(rows, q, g, dt, weights[cols], float(run.gpus))
+    for c, total in zip(cols, totals):
+        owed[f.queues[c]] = float(total)
+    return owed
+
+
+def _integrate_waterfill(rows: IntArray, q: IntArray, g: FloatArray, dt: FloatArray,
+                         weights: FloatArray, capacity: float) -> FloatArray:
+    """Σ over intervals of waterfill(demand) × length, with demand built from per-row deltas.
+
+    Intervals are processed in chunks (carrying the demand across) so memory stays bounded by
+    `_ROW_CHUNK_CELLS` whatever the number of queues.
+    """
+    nq = weights.size
+    n_rows = dt.size
+    order = np.argsort(rows, kind="stable")
+    rows, q, g = rows[order], q[order], g[order]
+    chunk = max(1, _ROW_CHUNK_CELLS // max(nq, 1))
+    carry = np.zeros(nq)
+    total = np.zeros(nq)
+    for a in range(0, n_rows, chunk):
+        b = min(a + chunk, n_rows)
+        lo, hi = np.searchsorted(rows, [a, b])
+        cells = (rows[lo:hi] - a) * nq + q[lo:hi]
+        delta = np.bincount(cells, weights=g[lo:hi], minlength=(b - a) * nq).reshape(b - a, nq)
+        delta[0] += carry
+        demand = np.cumsum(delta, axis=0)
+        carry = demand[-1].copy()
+        np.maximum(demand, 0.0, out=demand)
+        total += (waterfill(demand, weights, capacity) * dt[a:b, None]).sum(axis=0)
+    return total
+
+
+# ---------------------------------------------------------------------------- summary
+
+
+def summarize(run: SimRun) -> dict[str, Any]:
+    """All §7 metrics of one run as a JSON-ready dict (definitions in the module docstring)."""
+    f = _flatten(run)
+    makespan = run.ended_at - run.started_at
+    done = ~np.isnan(f.finished)
+    held = f.held
+    preemptions = int(f.preempted.sum())
+    admitted_total = float(held.sum())
+    available = run.gpus * makespan
+    summary: dict[str, Any] = {
+        "policy": run.policy,
+        "trace": run.trace,
+        "seed": int(run.seed),
+        "gpus": int(run.gpus),
+        "jobs": len(run.jobs),
+        "finished": int(done.sum()),
+        "unfinished": int((~done).sum()),
+        "avg_jct_s": _secs(_mean(f.finished[done] - f.submit[done])),
+        "avg_wait_s": _secs(_mean(f.wait)),
+        "p50_wait_s": _secs(_pct(f.wait, 50)),
+        "p95_wait_s": _secs(_pct(f.wait, 95)),
+        "makespan_s": _secs(makespan),
+        "utilization": _frac(_ratio(admitted_total, available)),
+        "goodput": _frac(_ratio(float((f.gpus * f.useful).sum()), admitted_total)),
+        "preemptions": preemptions,
+        "preemptions_per_hour": _num(_ratio(preemptions * HOUR, makespan), 4),
+        "lost_gpu_hours": _hours(float(f.wasted.sum())),
+        "lost_work_per_preemption_s": _secs(_ratio(float(f.wasted[f.preempted].sum()), preemptions)),
+        "startup_gpu_hours": _hours(float((f.gpus * f.startup).sum())),
+        "checkpoint_gpu_hours": _hours(float((f.gpus * f.checkpoint).sum())),
+        "admitted_gpu_hours": _hours(admitted_total),
+        "available_gpu_hours": _hours(max(available, 0.0)),
+    }
+    per_queue = _per_queue(run, f)
+    worst = max(per_queue.items(), key=lambda kv: (kv[1]["max_wait_s"] is not None, kv[1]["max_wait_s"] or 0.0),
+                default=None)
+    summary["max_wait_least_served_queue_s"] = None if worst is None else worst[1]["max_wait_s"]
+    summary["least_served_queue"] = None if worst is None else worst[0]
+    summary["starvation_breaches"] = _breaches(run, f)
+    eta = _eta(f, done)
+    summary["eta_p5"] = _frac(_pct(eta, 5))
+    summary["eta_p50"] = _frac(_pct(eta, 50))
+    summary["per_queue"] = per_queue
+    summary["per_tier"] = _per_tier(f)
+    summary["wall_s"] = _secs(run.wall_s)
+    summary["passes"] = int(run.passes)
+    summary["jobs_per_wall_s"] = _num(_ratio(len(run.jobs), run.wall_s), 1)
+    return summary
+
+
+def _eta(f: _Flat, done: NDArray[np.bool_]) -> FloatArray:
+    """η of each finished job that held GPUs for a positive time."""
+    n = f.submit.size
+    useful = np.bincount(f.att_job, weights=f.gpus * f.useful, minlength=n)
+    held = np.bincount(f.att_job, weights=f.held, minlength=n)
+    ok = done & (held > 0)
+    return useful[ok] / held[ok]
+
+
+def _breaches(run: SimRun, f: _Flat) -> int:
+    limits = np.array([run.max_wait.get(q, math.inf) for q in f.queues], dtype=np.float64)
+    if not limits.size:
+        return 0
+    return int((f.wait >= limits[f.job_queue]).sum())
+
+
+def _wait_stats(waits: FloatArray) -> dict[str, Any]:
+    return {"jobs": int(waits.size), "p50_wait_s": _secs(_pct(waits, 50)), "p95_wait_s": _secs(_pct(waits, 95))}
+
+
+def _per_queue(run: SimRun, f: _Flat) -> dict[str, dict[str, Any]]:
+    owed = owed_gpu_seconds(run, f)
+    delivered = np.bincount(f.job_queue[f.att_job], weights=f.held, minlength=len(f.queues))
+    out: dict[str, dict[str, Any]] = {}
+    for i, q in enumerate(f.queues):
+        waits = f.wait[f.job_queue == i]
+        out[q] = {
+            **_wait_stats(waits),
+            "max_wait_s": _secs(_max(waits)),
+            "owed_gpu_hours": _hours(owed[q]),
+            "delivered_gpu_hours": _hours(float(delivered[i])),
+            "delivered_over_owed": _num(_ratio(float(delivered[i]), owed[q]), 4),
+        }
+    return out
+
+
+def _per_tier(f: _Flat) -> dict[str, dict[str, Any]]:
+    return {str(int(t)): _wait_stats(f.wait[f.tier == t]) for t in np.unique(f.tier)}
+
+
+# ---------------------------------------------------------------------------- time series
+
+
+def timeseries(run: SimRun, points: int = 500) -> dict[str, Any]:
+    """Per-bin series over [started_at, ended_at] for plots, as plain lists.
+
+    `points` equal bins; `edges_s` are their bounds (seconds since the trace's start, so runs of
+    different policies share an axis). `utilization` is the exact time-weighted mean of busy
+    GPUs / gpus in each bin. `preemptions` counts preempted attempts and `lost_gpu_hours` sums
+    gpus × (lost + idle) / 3600 of all attempts, each in the bin where the attempt ended (when
+    the work is actually thrown away and the GPUs handed back). `wait_cdf` is `wait_cdf(run)`.
+    """
+    f = _flatten(run)
+    start, end = run.started_at, run.ended_at
+    out: dict[str, Any] = {"edges_s": [], "bin_s": None, "utilization": [], "preemptions": [],
+                           "lost_gpu_hours": [], "wait_cdf": _wait_cdf(f)}
+    if end <= start or points < 1:
+        return out
+    edges = np.linspace(start, end, points + 1)
+    width = (end - start) / points
+    busy = np.diff(_busy_integral(f, edges))
+    util = busy / (width * run.gpus) if run.gpus > 0 else np.zeros(points)
+    ended_in = np.clip(f.ended, start, end)
+    pre, _ = np.histogram(ended_in[f.preempted], bins=edges)
+    lost, _ = np.histogram(ended_in, bins=edges, weights=f.wasted / HOUR)
+    out.update(edges_s=[round(float(e), 3) for e in edges], bin_s=round(width, 3),
+               utilization=[round(float(u), 6) for u in util],
+               preemptions=[int(p) for p in pre],
+               lost_gpu_hours=[round(float(x), 6) for x in lost])
+    return out
+
+
+def _busy_integral(f: _Flat, at: FloatArray) -> FloatArray:
+    """∫ busy GPUs dt from -∞ to each of `at`: piecewise linear between attempt starts and ends."""
+    if not f.gpus.size:
+        return np.zeros_like(at)
+    times = np.concatenate((f.admitted, f.ended))
+    delta = np.concatenate((f.gpus, -f.gpus))
+    order = np.argsort(times, kind="stable")
+    t, d = times[order], delta[order]
+    level = np.cumsum(d)
+    area = np.concatenate(([0.0], np.cumsum(level[:-1] * np.diff(t))))
+    return np.interp(at, t, area)
+
+
+def wait_cdf(run: SimRun, points: int = 200) -> dict[str, dict[str, list[float]]]:
+    """Empirical CDF of waits per tier ("1".."4"), downsampled to at most `points` quantiles.
+
+    `fraction[i]` of the tier's jobs waited at most `wait_s[i]`; quantiles (linear
+    interpolation) keep the curve's shape while a 100k-job trace stays a few hundred points.
+    """
+    return _wait_cdf(_flatten(run), points)
+
+
+def _wait_cdf(f: _Flat, points: int = 200) -> dict[str, dict[str, list[float]]]:
+    out: dict[str, dict[str, list[float]]] = {}
+    for t in np.unique(f.tier):
+        waits = np.sort(f.wait[f.tier == t])
+        if waits.size <= points:
+            x = waits
+            y = np.arange(1, waits.size + 1) / waits.size
+        else:
+            y = np.linspace(0.0, 1.0, points)
+            x = np.quantile(waits, y)
+        out[str(int(t))] = {"wait_s": [round(float(v), 3) for v in x], "fraction": [round(float(v), 6) for v in y]}
+    return out
+
+
+# ---------------------------------------------------------------------------- human table
+
+
+def format_duration(seconds: float | None) -> str:
+    """Seconds as the two largest units people read at a glance: 42s, 7m05s, 3h12m, 2d04h."""
+    if seconds is None:
+        return "—"
+    s = float(seconds)
+    if s < 10:
+        return f"{s:.1f}s"
+    total = int(round(s))
+    days, rem = divmod(total, 86400)
+    hours, rem = divmod(rem, 3600)
+    minutes, secs = divmod(rem, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def format_percent(fraction: float | None) -> str:
+    return "—" if fraction is None else f"{100 * float(fraction):.1f}%"
+
+
+def _format_plain(x: Any) -> str:
+    return "—" if x is None else str(x)
+
+
+def _format_hours(x: float | None) -> str:
+    return "—" if x is None else f"{float(x):,.1f}"
+
+
+TABLE_COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+    ("policy", "policy", _format_plain),
+    ("jobs", "jobs", _format_plain),
+    ("avg JCT", "avg_jct_s", format_duration),
+    ("avg wait", "avg_wait_s", format_duration),
+    ("p50 wait", "p50_wait_s", format_duration),
+    ("p95 wait", "p95_wait_s", format_duration),
+    ("makespan", "makespan_s", format_duration),
+    ("util", "utilization", format_percent),
+    ("goodput", "goodput", format_percent),
+    ("preempt", "preemptions", _format_plain),
+    ("lost GPU-h", "lost_gpu_hours", _format_hours),
+    ("worst queue max wait", "max_wait_least_served_queue_s", format_duration),
+    ("breaches", "starvation_breaches", _format_plain),
+    ("η p5", "eta_p5", format_percent),
+)
+"""(header, summary key, formatter) of the human table; the HTML report uses the same."""
+
+
+def table_cells(row: dict[str, Any]) -> list[str]:
+    """One summary dict as the human table's cell texts, in `TABLE_COLUMNS` order."""
+    return [fmt(row.get(key)) for _, key, fmt in TABLE_COLUMNS]
+
+
+def format_table(rows: list[dict[str, Any]]) -> Table:
+    """A rich table with one row per summary dict (from `summarize`), in human units."""
+    table = Table(title=None, header_style="bold")
+    for header, key, _ in TABLE_COLUMNS:
+        table.add_column(header, justify="left" if key == "policy" else "right")
+    for row in rows:
+        table.add_row(*table_cells(row))
+    return table

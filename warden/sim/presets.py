@@ -1,0 +1,159 @@
+"""The policies a simulation can run: warden's governed policy, any policy file, and presets
+that reproduce FIFO and how Slurm, Kueue and plain Kubernetes decide.
+
+Every preset is an ordinary engine policy plus a few `Behaviour` settings for what the peer
+does outside its scheduling decision (when SIGKILL really lands, how many admissions a cycle
+makes, whether a gang is scheduled pod by pod). The queue tree comes from the trace: one leaf
+per trace queue under a root `cluster`. The exact semantics of each preset are in
+docs/simulator.md; the facts they rest on in the peers' own documentation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from warden.engine.policy import Policy, PolicyError, PolicyIssue, load_policy, parse_policy
+
+
+@dataclass(frozen=True, slots=True)
+class Behaviour:
+    """What a simulated scheduler does besides the engine's plan."""
+
+    grace_poll: float | None = None
+    """SIGKILL lands on the first tick of this period at or after the grace deadline (Slurm
+    checks GraceTime every 30 s); None: exactly at the deadline, as warden's own timer does."""
+    admissions_per_queue: int | None = None
+    """At most this many admissions per leaf queue per pass (Kueue admits one workload per
+    ClusterQueue per cycle); None: no limit."""
+    cycle_s: float = 1.0
+    """How soon a pass that held admissions back runs again."""
+    pods: bool = False
+    """Schedule every replica of a gang as its own pod (Kubernetes without a queueing layer):
+    a gang makes progress only while all its pods run; evicting one pod interrupts the job and
+    strands the others, which hold their GPUs idle until the evicted pod runs again."""
+
+
+@dataclass(frozen=True)
+class SimPolicy:
+    name: str
+    policy: Policy
+    behaviour: Behaviour = Behaviour()
+
+
+PRESETS = ("governed", "fifo_strict", "fifo_backfill", "slurm", "kueue", "k8s")
+
+_NO_GUARD = {"min_efficiency": 0.0, "max_preemptions": {"per": "24h", "count": 1_000_000}}
+
+
+def _tiers(preemptible: Callable[[int], bool], grace: str, lease: str = "0s") -> dict[int, dict[str, Any]]:
+    names = {1: "production-inference", 2: "pretraining", 3: "experimentation", 4: "opportunistic"}
+    return {t: {"name": names[t], "preemptible": preemptible(t), "grace": grace, "lease": lease,
+                "requires_approval": False, "scope": "cluster"} for t in names}
+
+
+def entitlements(queues: Mapping[str, float], names: Iterable[str], gpus: int) -> dict[str, int]:
+    """Nominal GPUs per trace queue: the trace's quotas, scaled down to the cluster when they
+    exceed it (floored to whole GPUs); queues without a quota get 0. A trace without quotas
+    splits the cluster equally (the first `gpus mod n` queues, in name order, get one more)."""
+    names = sorted(set(names))
+    if not queues:
+        share, extra = divmod(gpus, len(names)) if names else (0, 0)
+        return {q: share + (1 if i < extra else 0) for i, q in enumerate(names)}
+    total = sum(queues.get(q, 0.0) for q in names)
+    scale = gpus / total if total > gpus else 1.0
+    return {q: int(queues.get(q, 0.0) * scale) for q in names}
+
+
+def _queue_tree(nominal: Mapping[str, int], gpus: int, governed: bool) -> dict[str, Any]:
+    """Root `cluster` with one leaf per trace queue; quotas only where the policy governs them.
+
+    Fair-share weights follow the nominal quotas (1 for a queue without one)."""
+    leaves = []
+    for q in sorted(nominal):
+        leaf: dict[str, Any] = {"name": q, "weight": max(1, nominal[q])}
+        if governed:
+            leaf["nominal"] = {"gpu": nominal[q]}
+        leaves.append(leaf)
+    root: dict[str, Any] = {"name": "cluster", "children": leaves}
+    if governed:
+        root["nominal"] = {"gpu": gpus}
+    return root
+
+
+def build_preset(name: str, nominal: Mapping[str, int], gpus: int) -> SimPolicy:
+    """The named preset for a cluster of `gpus` GPUs and these trace queues."""
+    queues_governed = _queue_tree(nominal, gpus, governed=True)
+    queues_free = _queue_tree(nominal, gpus, governed=False)
+    never = _tiers(lambda t: False, "120s")
+    fifo = {"order": "fifo", "reservations": 0}
+    data: dict[str, Any]
+    behaviour = Behaviour()
+    if name == "governed":
+        data = {"queues": queues_governed,
+                "tiers": {1: {"requires_approval": False}, 2: {"requires_approval": False}}}
+    elif name == "fifo_strict":
+        data = {"tiers": never, "queues": queues_free, "thrash": _NO_GUARD,
+                "scheduling": {**fifo, "head_of_line_blocking": True}}
+    elif name == "fifo_backfill":
+        data = {"tiers": never, "queues": queues_free, "thrash": _NO_GUARD,
+                "scheduling": {**fifo, "head_of_line_blocking": False}}
+    elif name == "slurm":
+        data = {"tiers": _tiers(lambda t: t > 1, "120s"), "queues": queues_free,
+                "thrash": {**_NO_GUARD, "requeue_backoff": "120s"},
+                "preemption": {"victim_order": "smallest"},
+                "scheduling": {"order": "governed", "reservations": 1}}
+        behaviour = Behaviour(grace_poll=30.0)
+    elif name == "kueue":
+        tiers = _tiers(lambda t: t > 1, "30s")
+        for spec in tiers.values():
+            spec["scope"] = "quota"
+        data = {"min_grace": "30s", "tiers": tiers, "queues": queues_governed, "thrash": _NO_GUARD,
+                "preemption": {"victim_order": "newest"},
+                "scheduling": {"order": "priority", "reservations": 0}}
+        behaviour = Behaviour(admissions_per_queue=1, cycle_s=1.0)
+    elif name == "k8s":
+        data = {"min_grace": "30s", "tiers": _tiers(lambda t: t > 1, "30s"), "queues": queues_free,
+                "thrash": _NO_GUARD, "preemption": {"victim_order": "newest"},
+                "scheduling": {"order": "priority", "reservations": 0}}
+        behaviour = Behaviour(pods=True)
+    else:
+        raise _refused("policy", name, "is neither a preset nor a policy file",
+                                 ", ".join(PRESETS) + ", or a path to a policy YAML")
+    return SimPolicy(name, parse_policy(data, f"<preset {name}>"), behaviour)
+
+
+def _refused(path: str, value: Any, message: str, allowed: str | None = None) -> PolicyError:
+    return PolicyError([PolicyIssue(path, value, message, allowed)])
+
+
+def resolve_policy(name_or_file: str, nominal: Mapping[str, int], gpus: int) -> SimPolicy:
+    """A preset by name, or a policy file whose leaf queues must cover the trace's queues."""
+    if name_or_file in PRESETS:
+        return build_preset(name_or_file, nominal, gpus)
+    path = Path(name_or_file)
+    if not path.exists():
+        raise _refused("policy", name_or_file, "is neither a preset nor an existing file",
+                                 ", ".join(PRESETS) + ", or a path to a policy YAML")
+    policy = load_policy(path)
+    leaves = {q.name for q in policy.leaves()}
+    missing = sorted(set(nominal) - leaves)
+    if missing:
+        raise _refused("queues", ", ".join(missing),
+                                 f"trace queues are not leaf queues of {path}",
+                                 ", ".join(sorted(leaves)))
+    # The sim approves every job at once: nothing waits for a person.
+    tiers = {t: spec.model_copy(update={"requires_approval": False}) for t, spec in policy.tiers.items()}
+    return SimPolicy(path.stem, policy.model_copy(update={"tiers": tiers}))
+
+
+def policy_entitlement(policy: Policy) -> dict[str, float]:
+    """Each leaf queue's share of the cluster it is owed: its nominal GPUs, or its weight when
+    no leaf has a GPU quota (normalised to sum 1)."""
+    leaves = policy.leaves()
+    raw = {q.name: float(q.nominal.get("gpu", 0.0)) for q in leaves}
+    if not any(raw.values()):
+        raw = {q.name: q.weight for q in leaves}
+    total = sum(raw.values())
+    return {q: v / total for q, v in raw.items()} if total > 0 else {}

@@ -1,0 +1,402 @@
+"""The discrete-event loop: a trace replayed through the unchanged engine on a virtual clock.
+
+At every moment something happens, the loop handles, in this order, (1) completions and
+exits, (2) arrivals, (3) one scheduling pass — when some job waits. A pass hands the engine
+a snapshot and the jobs that changed since the previous one (`Engine.plan(…, changed=…)`),
+then applies the plan: victims get SIGTERM and exit after their save or at SIGKILL
+(`warden.sim.workload`), admitted jobs start. An exit may fall at the same moment as the pass
+that caused it (a job that does not handle SIGTERM); the loop then runs another round at that
+moment, exits first again.
+
+Jobs are made of pods: one pod holding the whole gang, or, for a policy that schedules pod by
+pod (the `k8s` preset), one pod per replica. A job makes progress only while all its pods
+run; that stretch is a *segment*. Each pod's time holding GPUs is one `AttemptRecord`, split
+into startup, checkpoint, useful, lost and idle time (idle: holding GPUs while the rest of
+the gang is missing).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from warden.engine.fairshare import accrue_rates, dominant_share
+from warden.engine.model import Attempt, Job, JobState, Node, Snapshot, UsageLedger
+from warden.engine.plan import Plan
+from warden.engine.scheduler import Engine
+from warden.sim.presets import SimPolicy
+from warden.sim.records import AttemptRecord, JobRecord, SimRun, Trace, TraceJob
+from warden.sim.workload import checkpoint_times, finish_time, progress_at, sigterm_exit
+
+# Event kinds, in the order they are handled at one moment (arrivals come between 0 and 2).
+_DONE, _EXIT, _CKPT, _WAKE = 0, 0, 0, 2
+_FINISH_K, _EXIT_K, _CKPT_K, _WAKE_K = "finish", "exit", "ckpt", "wake"
+
+
+@dataclass(slots=True, eq=False)
+class _Pod:
+    """One engine job: the whole gang, or one replica of it."""
+
+    eid: str
+    gang: _Gang
+    job: Job
+    token: int = 0
+    admitted_at: float = 0.0
+    attempt_no: int = 0
+    sigterm_at: float | None = None
+    borrowing: bool = False
+    # What this attempt spent, from segments that ended while it held its GPUs.
+    startup: float = 0.0
+    checkpoint: float = 0.0
+    useful: float = 0.0
+    lost: float = 0.0
+    preempted: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class _Gang:
+    """One trace job and its progress."""
+
+    spec: TraceJob
+    pods: list[_Pod] = field(default_factory=list)
+    running: int = 0
+    waiting: int = 0
+    wait_since: float = 0.0
+    wait_s: float = 0.0
+    saved: float = 0.0
+    segment_at: float | None = None
+    """When the current segment (all pods running) began; None: no segment."""
+    token: int = 0
+    interrupted: bool = False
+    """A pod of the current segment was signalled: the segment ends at that pod's exit."""
+    segment_end: float = 0.0
+    """When the last interrupted segment ended (the save on SIGTERM written, or SIGKILL)."""
+    finished_at: float | None = None
+    records: list[AttemptRecord] = field(default_factory=list)
+
+
+@dataclass
+class Simulation:
+    """One run of a trace under one policy on one cluster."""
+
+    trace: Trace
+    nodes: tuple[Node, ...]
+    policy: SimPolicy
+    entitlement: dict[str, float] = field(default_factory=dict)
+    on_progress: Callable[[int, int], None] | None = None
+    """Called now and then with (jobs arrived, jobs in the trace)."""
+    skipped: dict[str, int] = field(default_factory=dict)
+    """Trace jobs the cluster can never run, by reason."""
+
+    def __post_init__(self) -> None:
+        self.engine = Engine()
+        self.pol = self.policy.policy
+        self.behaviour = self.policy.behaviour
+        self.capacity = (sum(n.gpus for n in self.nodes), sum(n.cpu for n in self.nodes),
+                         sum(n.memory for n in self.nodes))
+        self.fair = self.pol.scheduling.order == "governed"
+        self.report_checkpoints = self.pol.preemption.victim_order == "cost"
+        self.charged = {t: spec.charged for t, spec in self.pol.tiers.items()}
+        self.grace_poll = self.behaviour.grace_poll
+        self.backoff = self.pol.thrash.requeue_backoff
+        self.live: dict[str, Job] = {}
+        self.pods: dict[str, _Pod] = {}
+        self.changed: dict[str, Job] = {}
+        self.rates: dict[str, float] = {}
+        self.ledger = UsageLedger()
+        self.waiting = 0
+        self.events: list[tuple[float, int, int, str, object, int]] = []
+        self.seq = 0
+        self.wakes: set[float] = set()
+        self.passes = 0
+        self.width = len(str(len(self.trace.jobs)))
+        """Engine ids are zero-padded trace positions: their string order is the trace's order."""
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self) -> SimRun:
+        wall = time.perf_counter()
+        gangs = self._admissible()
+        arrivals = [g.spec.submit for g in gangs]
+        n, i = len(gangs), 0
+        events = self.events
+        now = 0.0
+        report_every = max(1, n // 200)
+        while i < n or events:
+            now = min(arrivals[i] if i < n else math.inf, events[0][0] if events else math.inf)
+            due_pass = False
+            while events and events[0][0] == now and events[0][1] == 0:
+                _, _, _, kind, obj, token = heapq.heappop(events)
+                if kind == _FINISH_K:
+                    due_pass |= self._finish(obj, token, now)  # type: ignore[arg-type]
+                elif kind == _EXIT_K:
+                    due_pass |= self._exit(obj, token, now)  # type: ignore[arg-type]
+                else:
+                    self._checkpoint(obj, token, now)  # type: ignore[arg-type]
+            while i < n and arrivals[i] == now:
+                self._arrive(gangs[i], now)
+                i += 1
+                due_pass = True
+                if self.on_progress is not None and i % report_every == 0:
+                    self.on_progress(i, n)
+            while events and events[0][0] == now and events[0][3] == _WAKE_K:
+                heapq.heappop(events)
+                self.wakes.discard(now)
+                due_pass = True
+            if due_pass and self.waiting:
+                self._pass(now)
+        if self.on_progress is not None:
+            self.on_progress(n, n)
+        records = tuple(self._record(g) for g in gangs)
+        started = gangs[0].spec.submit if gangs else 0.0
+        return SimRun(
+            policy=self.policy.name, trace=self.trace.source, seed=self.trace.seed,
+            gpus=self.capacity[0], jobs=records, started_at=started, ended_at=max(now, started),
+            entitlement=dict(self.entitlement),
+            max_wait={q.name: self.pol.max_wait_for(q.name) for q in self.pol.leaves()
+                      if math.isfinite(self.pol.max_wait_for(q.name))},
+            wall_s=time.perf_counter() - wall, passes=self.passes)
+
+    def _admissible(self) -> list[_Gang]:
+        """The trace's jobs this cluster can run at all; the rest are counted in `skipped`."""
+        total = self.capacity[0]
+        largest: dict[str | None, int] = {None: max((n.gpus for n in self.nodes), default=0)}
+        flavor_gpus: dict[str | None, int] = {None: total}
+        for node in self.nodes:
+            largest[node.flavor] = max(largest.get(node.flavor, 0), node.gpus)
+            flavor_gpus[node.flavor] = flavor_gpus.get(node.flavor, 0) + node.gpus
+        queues = {q.name for q in self.pol.leaves()}
+        gangs = []
+        for spec in self.trace.jobs:
+            if spec.flavor not in flavor_gpus:
+                self._skip("flavor")
+            elif spec.num_gpus > flavor_gpus[spec.flavor] or spec.gpus_per_replica > largest[spec.flavor]:
+                self._skip("larger_than_cluster")
+            elif spec.queue not in queues:
+                self._skip("queue")
+            else:
+                gangs.append(_Gang(spec))
+        return gangs
+
+    def _skip(self, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def _push(self, t: float, order: int, kind: str, obj: object, token: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, order, self.seq, kind, obj, token))
+
+    def _wake(self, t: float) -> None:
+        if t not in self.wakes:
+            self.wakes.add(t)
+            self._push(t, _WAKE, _WAKE_K, None, 0)
+
+    def _update(self, pod: _Pod, job: Job) -> None:
+        pod.job = job
+        self.changed[pod.eid] = job
+        if job.state.terminal:
+            del self.live[pod.eid]
+        else:
+            self.live[pod.eid] = job
+
+    # -- arrivals ---------------------------------------------------------------------------
+    def _arrive(self, gang: _Gang, now: float) -> None:
+        spec = gang.spec
+        split = self.behaviour.pods and spec.replicas > 1
+        base = f"{spec.seq:0{self.width}d}"
+        shapes = [(f"{base}/{r}", 1) for r in range(spec.replicas)] if split else [(base, spec.replicas)]
+        for eid, replicas in shapes:
+            job = Job(eid, spec.queue, spec.tier, spec.submit, JobState.PENDING, replicas=replicas,
+                      gpus=spec.gpus_per_replica, cpu=spec.cpu, memory=spec.memory, flavor=spec.flavor,
+                      user=spec.user, lease=spec.lease,
+                      expected_duration=finish_time(spec, 0.0, 0.0), pending_since=now)
+            pod = _Pod(eid, gang, job)
+            gang.pods.append(pod)
+            self.pods[eid] = pod
+            self._update(pod, job)
+        gang.waiting = len(gang.pods)
+        gang.wait_since = now
+        self.waiting += len(gang.pods)
+
+    # -- a pass -----------------------------------------------------------------------------
+    def _pass(self, now: float) -> None:
+        if self.fair:
+            self.ledger = accrue_rates(self.ledger, self.rates, self.pol.fair_share.half_life, now)
+        snapshot = Snapshot(self.nodes, self.live.values(), self.pol, self.ledger)  # type: ignore[arg-type]
+        changed = self.changed.values()
+        plan = self.engine.plan(snapshot, now, changed)
+        self.changed = {}
+        self.passes += 1
+        self._apply(plan, now)
+
+    def _apply(self, plan: Plan, now: float) -> None:
+        for p in plan.preemptions:
+            self._signal(self.pods[p.job_id], now, p.grace)
+        limit = self.behaviour.admissions_per_queue
+        per_queue: dict[str, int] = {}
+        held_back = False
+        for a in plan.admissions:
+            pod = self.pods[a.job_id]
+            if limit is not None:
+                q = pod.job.queue
+                if per_queue.get(q, 0) >= limit:
+                    held_back = True
+                    continue
+                per_queue[q] = per_queue.get(q, 0) + 1
+            self._start(pod, now, a.placement, a.borrowing)
+        if held_back:
+            self._wake(now + self.behaviour.cycle_s)
+        for r in plan.reservations:
+            if r.due is not None and r.due > now:
+                self._wake(r.due)
+
+    # -- starting ---------------------------------------------------------------------------
+    def _start(self, pod: _Pod, now: float, placement: tuple, borrowing: bool) -> None:
+        gang = pod.gang
+        spec = gang.spec
+        pod.token += 1
+        pod.attempt_no += 1
+        pod.admitted_at = now
+        pod.sigterm_at = None
+        pod.borrowing = borrowing
+        pod.startup = pod.checkpoint = pod.useful = pod.lost = 0.0
+        pod.preempted = False
+        job = pod.job
+        attempt = Attempt(pod.attempt_no, now, placement, borrowing, startup_s=spec.startup_seconds,
+                          sigterm_save_s=spec.checkpoint_seconds if spec.resumable else None)
+        waited = job.waited + (now - job.pending_since if job.pending_since is not None else 0.0)
+        self._update(pod, replace(job, state=JobState.RUNNING, attempt=attempt, waited=waited,
+                                  pending_since=None, not_before=None,
+                                  expected_duration=finish_time(spec, 0.0, gang.saved)))
+        self.waiting -= 1
+        gang.waiting -= 1
+        if gang.waiting == 0:
+            gang.wait_s += now - gang.wait_since
+        gang.running += 1
+        if self.fair and self.charged[job.tier]:
+            self.rates[job.queue] = self.rates.get(job.queue, 0.0) + dominant_share(pod.job, self.capacity)
+        if gang.running == len(gang.pods):
+            self._begin_segment(gang, now)
+
+    def _begin_segment(self, gang: _Gang, now: float) -> None:
+        spec = gang.spec
+        gang.segment_at = now
+        gang.interrupted = False
+        gang.token += 1
+        self._push(finish_time(spec, now, gang.saved), _DONE, _FINISH_K, gang, gang.token)
+        if self.report_checkpoints:
+            for t in checkpoint_times(spec, now, gang.saved):
+                self._push(t, _CKPT, _CKPT_K, gang, gang.token)
+
+    def _checkpoint(self, gang: _Gang, token: int, now: float) -> None:
+        """A periodic save ended: tell the engine, whose victim cost counts from it."""
+        if token != gang.token or gang.interrupted or gang.segment_at is None:
+            return
+        p = progress_at(gang.spec, gang.segment_at, gang.saved, now)
+        for pod in gang.pods:
+            a = pod.job.attempt
+            if a is not None:
+                self._update(pod, replace(pod.job, attempt=replace(
+                    a, checkpoint_s=pod.checkpoint + p.checkpoint_s, last_checkpoint_at=now)))
+
+    # -- ending -----------------------------------------------------------------------------
+    def _segment_part(self, gang: _Gang, until: float, saved: float, done: float, checkpoint_s: float) -> None:
+        """Book the segment that ran from `gang.segment_at` to `until` on each running pod."""
+        start = gang.segment_at
+        assert start is not None
+        startup = min(gang.spec.startup_seconds, until - start)
+        useful = max(0.0, saved - gang.saved)
+        lost = max(0.0, done - gang.saved - useful)
+        for pod in gang.pods:
+            if pod.job.attempt is not None:
+                pod.startup += startup
+                pod.checkpoint += checkpoint_s
+                pod.useful += useful
+                pod.lost += lost
+        gang.saved = saved
+        gang.segment_at = None
+
+    def _finish(self, gang: _Gang, token: int, now: float) -> bool:
+        if token != gang.token or gang.interrupted:
+            return False
+        p = progress_at(gang.spec, gang.segment_at, gang.saved, now)  # type: ignore[arg-type]
+        self._segment_part(gang, now, gang.spec.duration, gang.spec.duration, p.checkpoint_s)
+        gang.finished_at = now
+        gang.token += 1
+        for pod in gang.pods:
+            self._release(pod, now)
+            self._update(pod, replace(pod.job, state=JobState.SUCCEEDED))
+        return True
+
+    def _signal(self, pod: _Pod, now: float, grace: float) -> None:
+        """SIGTERM to a pod; its exit (after a save, or at SIGKILL) is scheduled."""
+        gang = pod.gang
+        kill_at = now + grace
+        if self.grace_poll:
+            kill_at = math.ceil(kill_at / self.grace_poll) * self.grace_poll
+        a = pod.job.attempt
+        assert a is not None
+        self._update(pod, replace(pod.job, state=JobState.PREEMPTING,
+                                  attempt=replace(a, sigterm_at=now, kill_at=kill_at)))
+        pod.sigterm_at = now
+        pod.preempted = True
+        exit_at = now
+        if gang.segment_at is not None and not gang.interrupted:
+            ex = sigterm_exit(gang.spec, gang.segment_at, gang.saved, now, kill_at)
+            gang.interrupted = True
+            gang.token += 1
+            self._segment_part(gang, ex.at, ex.saved, ex.done, ex.checkpoint_s)
+            gang.segment_end = exit_at = ex.at
+        elif gang.interrupted and gang.segment_end > now:
+            exit_at = gang.segment_end  # signalled with the rest of its gang: it saves with them
+        pod.token += 1
+        self._push(exit_at, _EXIT, _EXIT_K, pod, pod.token)
+
+    def _exit(self, pod: _Pod, token: int, now: float) -> bool:
+        if token != pod.token:
+            return False
+        assert pod.sigterm_at is not None
+        self._release(pod, now)
+        job = pod.job
+        not_before = now + self.backoff if self.backoff > 0 else None
+        self._update(pod, replace(job, state=JobState.PENDING, attempt=None, pending_since=now,
+                                  not_before=not_before, preempted_at=job.preempted_at + (pod.sigterm_at,)))
+        gang = pod.gang
+        if gang.waiting == 0:
+            gang.wait_since = now
+        gang.waiting += 1
+        self.waiting += 1
+        if not_before is not None:
+            self._wake(not_before)
+        return True
+
+    def _release(self, pod: _Pod, now: float) -> None:
+        """The pod gives its GPUs back: close its attempt record."""
+        gang = pod.gang
+        job = pod.job
+        held = now - pod.admitted_at
+        idle = held - pod.startup - pod.checkpoint - pod.useful - pod.lost
+        gang.records.append(AttemptRecord(
+            number=pod.attempt_no, admitted_at=pod.admitted_at, ended_at=now, gpus=job.total_gpus,
+            startup_s=pod.startup, checkpoint_s=pod.checkpoint, useful_s=pod.useful, lost_s=pod.lost,
+            idle_s=idle if idle > 1e-6 else 0.0, preempted=pod.preempted, sigterm_at=pod.sigterm_at,
+            borrowing=pod.borrowing))
+        gang.running -= 1
+        if self.fair and self.charged[job.tier]:
+            rate = self.rates[job.queue] - dominant_share(job, self.capacity)
+            self.rates[job.queue] = rate if gang.running or rate > 1e-12 else 0.0
+
+    def _record(self, gang: _Gang) -> JobRecord:
+        s = gang.spec
+        wait = gang.wait_s
+        return JobRecord(s.job_id, s.queue, s.tier, s.user, s.submit, s.num_gpus, s.duration,
+                         gang.finished_at, wait, tuple(sorted(gang.records, key=lambda r: (r.admitted_at, r.number))))
+
+
+def simulate(trace: Trace, nodes: tuple[Node, ...], policy: SimPolicy,
+             entitlement: dict[str, float] | None = None,
+             on_progress: Callable[[int, int], None] | None = None) -> tuple[SimRun, dict[str, int]]:
+    """Replay the trace; returns the run and the trace jobs skipped as impossible, by reason."""
+    sim = Simulation(trace, nodes, policy, dict(entitlement or {}), on_progress)
+    return sim.run(), dict(sim.skipped)
