@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from warden.engine.model import Node
-from warden.engine.placement import CapacityIndex, assign_gpu_indices
+from warden.engine.placement import CapacityIndex, assign_gpu_indices, gpu_mask
 
 CONSTRAINTS = ("pack", "block", "any")
 
@@ -476,16 +476,17 @@ def test_largest_domain_per_constraint() -> None:
 
 
 def test_assign_gpu_indices() -> None:
-    assert assign_gpu_indices(8, [], 3) == (0, 1, 2)
-    assert assign_gpu_indices(8, {0, 2, 3}, 3) == (1, 4, 5)
-    assert assign_gpu_indices(8, iter([7, 0]), 6) == (1, 2, 3, 4, 5, 6)
-    assert assign_gpu_indices(4, [1, 1], 0) == ()
-    with pytest.raises(ValueError):
-        assign_gpu_indices(4, [0, 1], 3)
-    with pytest.raises(ValueError):
-        assign_gpu_indices(4, [4], 1)
-    with pytest.raises(ValueError):
-        assign_gpu_indices(4, [], -1)
+    assert assign_gpu_indices(8, 0, 3) == ((0, 1, 2), 0b111)
+    assert assign_gpu_indices(8, gpu_mask({0, 2, 3}), 3) == ((1, 4, 5), gpu_mask({1, 4, 5}))
+    assert assign_gpu_indices(8, gpu_mask([7, 0]), 6)[0] == (1, 2, 3, 4, 5, 6)
+    assert assign_gpu_indices(4, gpu_mask([1, 1]), 0) == ((), 0)
+    assert assign_gpu_indices(4096, gpu_mask(range(4000)), 3)[0] == (4000, 4001, 4002)
+    with pytest.raises(ValueError, match="3 GPU indices wanted, 2 free of 4"):
+        assign_gpu_indices(4, gpu_mask([0, 1]), 3)
+    with pytest.raises(ValueError, match="outside range"):
+        assign_gpu_indices(4, gpu_mask([4]), 1)
+    with pytest.raises(ValueError, match="negative"):
+        assign_gpu_indices(4, 0, -1)
 
 
 def test_same_calls_same_answers() -> None:

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from warden.sim.metrics import (
     format_duration,
+    format_gpu_hours,
     format_percent,
     format_table,
     summarize,
@@ -283,6 +284,10 @@ def test_format_duration(seconds: float | None, text: str) -> None:
 
 def test_format_percent() -> None:
     assert (format_percent(0.8571), format_percent(None), format_percent(1)) == ("85.7%", "—", "100.0%")
+
+
+def test_format_gpu_hours_keeps_small_values_visible() -> None:
+    assert (format_gpu_hours(0.0556), format_gpu_hours(12345.67), format_gpu_hours(None)) == ("0.06", "12,345.7", "—")
 
 
 def test_format_table_has_one_row_per_summary_in_human_units() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterable
 
 from warden.engine.model import Job, Node
-from warden.engine.placement import CapacityIndex
+from warden.engine.placement import CapacityIndex, gpu_mask
 from warden.engine.quota import QuotaTree
 
 if TYPE_CHECKING:
@@ -31,8 +31,8 @@ class Allocation:
         self.charged_tiers = {t: governed and spec.charged for t, spec in policy.tiers.items()}
         self.jobs: dict[str, Job] = {}
         self.flavor_of_job: dict[str, str] = {}
-        self.used: dict[str, frozenset[int]] = {}
-        """GPU indices in use per node (frozen: a pass copies on write)."""
+        self.used: dict[str, int] = {}
+        """GPU indices in use per node, as bit sets (`gpu_mask`)."""
         self.victim_facts: dict[str, tuple[Job, float, float, float | None, float]] = {}
         """Per running job, what pricing it as a victim needs that does not change with time:
         (the job as seen, seen at, protected until, progress at risk since, restart cost)."""
@@ -98,7 +98,7 @@ class Allocation:
         assert a is not None
         for rp in a.assignment:
             self.index.take(rp.node, job.gpus, job.cpu, job.memory)
-            self.used[rp.node] = self.used.get(rp.node, frozenset()) | frozenset(rp.gpus)
+            self.used[rp.node] = self.used.get(rp.node, 0) | gpu_mask(rp.gpus)
         flavor = self.index.flavor_of(a.assignment[0].node) if a.assignment else ""
         self.flavor_of_job[job.id] = flavor
         if self.charged(job):
@@ -111,7 +111,7 @@ class Allocation:
         assert a is not None
         for rp in a.assignment:
             self.index.give(rp.node, job.gpus, job.cpu, job.memory)
-            self.used[rp.node] = self.used[rp.node] - frozenset(rp.gpus)
+            self.used[rp.node] = self.used[rp.node] & ~gpu_mask(rp.gpus)
         if self.charged(job):
             self.quota.remove(job.queue, self.quota.demand(job, self.flavor_of_job[job.id]))
         del self.flavor_of_job[job.id]

@@ -27,7 +27,7 @@ from typing import Iterable, Sequence
 
 from warden.engine.model import Node
 
-__all__ = ["CapacityIndex", "assign_gpu_indices", "CONSTRAINTS"]
+__all__ = ["CapacityIndex", "assign_gpu_indices", "gpu_mask", "CONSTRAINTS"]
 
 CONSTRAINTS: tuple[str, ...] = ("pack", "block", "any")
 _FAILED_CACHE_MAX = 4096
@@ -603,24 +603,35 @@ def _first(run: list[int]) -> int:
     return run[0]
 
 
-def assign_gpu_indices(capacity: int, used: Iterable[int], count: int) -> tuple[int, ...]:
-    """The `count` lowest GPU indices in range(capacity) not in `used`.
+def gpu_mask(indices: Iterable[int]) -> int:
+    """GPU indices as a bit set (bit i: GPU i), the form the engine keeps per node."""
+    mask = 0
+    for g in indices:
+        mask |= 1 << g
+    return mask
+
+
+def assign_gpu_indices(capacity: int, used: int, count: int) -> tuple[tuple[int, ...], int]:
+    """The `count` lowest GPU indices in range(capacity) not in the bit set `used`, and their
+    bit set.
 
     Lowest-first keeps assignments stable and reproducible (same inputs, same CUDA devices).
-    ValueError if fewer than `count` are free or `used` names an index outside the node.
+    A bit set costs a few machine words per node however many GPUs it has (a simulated pool
+    has thousands). ValueError if fewer than `count` are free or `used` names an index outside
+    the node.
     """
     if count < 0:
         raise ValueError(f"count must not be negative, got {count}")
-    taken = set(used)
-    for u in taken:
-        if not 0 <= u < capacity:
-            raise ValueError(f"GPU index {u} is outside range({capacity})")
-    if capacity - len(taken) < count:
-        raise ValueError(f"{count} GPU indices wanted, {capacity - len(taken)} free of {capacity}")
+    if used >> capacity:
+        raise ValueError(f"GPU index {used.bit_length() - 1} is outside range({capacity})")
+    free = ~used & ((1 << capacity) - 1)
+    if free.bit_count() < count:
+        raise ValueError(f"{count} GPU indices wanted, {free.bit_count()} free of {capacity}")
     out: list[int] = []
-    for g in range(capacity):
-        if len(out) == count:
-            break
-        if g not in taken:
-            out.append(g)
-    return tuple(out)
+    taken = 0
+    for _ in range(count):
+        low = free & -free
+        out.append(low.bit_length() - 1)
+        taken |= low
+        free ^= low
+    return tuple(out), taken

@@ -199,7 +199,7 @@ class Cycle:
         self.quota = alloc.quota
         self.charged_tiers = alloc.charged_tiers
         self.flavor_of_job = alloc.flavor_of_job
-        self.used_indices: dict[str, frozenset[int]] = alloc.used
+        self.used_indices: dict[str, int] = alloc.used
         self.victim_facts = alloc.victim_facts
         self.ctx = RuleContext(self.policy, self.quota, now)
         self.node_gpus = alloc.node_gpus
@@ -376,9 +376,9 @@ class Cycle:
             self.quota_version += 1
         placement = []
         for name in names:
-            used = self.used_indices.get(name, frozenset())
-            gpus = assign_gpu_indices(self.node_gpus[name], used, job.gpus)
-            self.used_indices[name] = used | frozenset(gpus)
+            used = self.used_indices.get(name, 0)
+            gpus, taken = assign_gpu_indices(self.node_gpus[name], used, job.gpus)
+            self.used_indices[name] = used | taken
             placement.append(ReplicaPlacement(name, gpus))
         self.admissions.append(Admission(job.id, tuple(placement), flavor, borrowing))
 

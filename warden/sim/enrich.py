@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Collection
+from typing import Any
 from dataclasses import fields
 from operator import attrgetter
 
@@ -155,7 +156,7 @@ def enrich(jobs: list[TraceJob], *, seed: int, format: str,
     return [TraceJob(*row) for row in rows], rules
 
 
-def fill_fields(rows: list[list[object]], *, seed: int, format: str,
+def fill_fields(rows: list[list[Any]], *, seed: int, format: str,
                 given: Collection[str] | None = None) -> list[str]:
     """`enrich` on jobs held as lists of field values in `FIELDS` order, changed in place.
 
@@ -184,8 +185,8 @@ def fill_fields(rows: list[list[object]], *, seed: int, format: str,
     for row in rows:
         tier_draw = draw()
         interval = intervals[int(draw() * len(intervals))]
-        num_gpus: int = row[i_gpus]  # type: ignore[assignment]
-        duration: float = row[i_duration]  # type: ignore[assignment]
+        num_gpus: int = row[i_gpus]
+        duration: float = row[i_duration]
         if fill_queue:
             row[i_queue] = DEFAULT_QUEUE
         if fill_tier:

@@ -45,6 +45,7 @@ Definitions (times in seconds, GPU amounts in whole GPUs, `makespan = ended_at -
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Callable, Sequence
@@ -71,7 +72,7 @@ class _Flat:
     """The run's records as column arrays, built once so every metric is a numpy reduction."""
 
     queues: list[str]
-    """Queue names, sorted; `job_queue` indexes it."""
+    """Queue names in natural order (q2 before q10); `job_queue` indexes it."""
     submit: FloatArray
     finished: FloatArray
     """finished_at, NaN for jobs that did not finish."""
@@ -117,7 +118,7 @@ def _table(getter: attrgetter[Any], records: Sequence[Any], width: int) -> Float
 def _flatten(run: SimRun) -> _Flat:
     jobs = run.jobs
     n = len(jobs)
-    queues = sorted({j.queue for j in jobs})
+    queues = sorted({j.queue for j in jobs}, key=natural_key)
     index = {q: i for i, q in enumerate(queues)}
     attempts: list[AttemptRecord] = [a for j in jobs for a in j.attempts]
     counts = np.fromiter((len(j.attempts) for j in jobs), dtype=np.intp, count=n)
@@ -146,6 +147,11 @@ def _flatten(run: SimRun) -> _Flat:
 
 
 # ---------------------------------------------------------------------------- small helpers
+
+
+def natural_key(name: str) -> tuple[Any, ...]:
+    """Sort key that puts q2 before q10 (queue names often end in numbers)."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
 def _num(x: float | None, digits: int) -> float | None:
@@ -270,7 +276,7 @@ def _integrate_waterfill(rows: IntArray, q: IntArray, g: FloatArray, dt: FloatAr
         cells = (rows[lo:hi] - a) * nq + q[lo:hi]
         delta = np.bincount(cells, weights=g[lo:hi], minlength=(b - a) * nq).reshape(b - a, nq)
         delta[0] += carry
-        demand = np.cumsum(delta, axis=0)
+        demand = np.cumsum(delta, axis=0, dtype=np.float64)
         carry = demand[-1].copy()
         np.maximum(demand, 0.0, out=demand)
         total += (waterfill(demand, weights, capacity) * dt[a:b, None]).sum(axis=0)
@@ -314,10 +320,7 @@ def summarize(run: SimRun) -> dict[str, Any]:
         "available_gpu_hours": _hours(max(available, 0.0)),
     }
     per_queue = _per_queue(run, f)
-    worst = max(per_queue.items(), key=lambda kv: (kv[1]["max_wait_s"] is not None, kv[1]["max_wait_s"] or 0.0),
-                default=None)
-    summary["max_wait_least_served_queue_s"] = None if worst is None else worst[1]["max_wait_s"]
-    summary["least_served_queue"] = None if worst is None else worst[0]
+    summary["least_served_queue"], summary["max_wait_least_served_queue_s"] = _least_served(per_queue)
     summary["starvation_breaches"] = _breaches(run, f)
     eta = _eta(f, done)
     summary["eta_p5"] = _frac(_pct(eta, 5))
@@ -328,6 +331,14 @@ def summarize(run: SimRun) -> dict[str, Any]:
     summary["passes"] = int(run.passes)
     summary["jobs_per_wall_s"] = _num(_ratio(len(run.jobs), run.wall_s), 1)
     return summary
+
+
+def _least_served(per_queue: dict[str, dict[str, Any]]) -> tuple[str | None, float | None]:
+    """The queue whose worst wait is the longest (first in natural order on ties), and that wait."""
+    if not per_queue:
+        return None, None
+    queue = max(per_queue, key=lambda q: per_queue[q]["max_wait_s"])
+    return queue, per_queue[queue]["max_wait_s"]
 
 
 def _eta(f: _Flat, done: NDArray[np.bool_]) -> FloatArray:
@@ -469,8 +480,11 @@ def _format_plain(x: Any) -> str:
     return "—" if x is None else str(x)
 
 
-def _format_hours(x: float | None) -> str:
-    return "—" if x is None else f"{float(x):,.1f}"
+def format_gpu_hours(x: float | None) -> str:
+    """GPU-hours: two decimals while small (a few lost GPU-minutes should not read as 0.0)."""
+    if x is None:
+        return "—"
+    return f"{float(x):.2f}" if abs(float(x)) < 10 else f"{float(x):,.1f}"
 
 
 TABLE_COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
@@ -484,7 +498,7 @@ TABLE_COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("util", "utilization", format_percent),
     ("goodput", "goodput", format_percent),
     ("preempt", "preemptions", _format_plain),
-    ("lost GPU-h", "lost_gpu_hours", _format_hours),
+    ("lost GPU-h", "lost_gpu_hours", format_gpu_hours),
     ("worst queue max wait", "max_wait_least_served_queue_s", format_duration),
     ("breaches", "starvation_breaches", _format_plain),
     ("η p5", "eta_p5", format_percent),

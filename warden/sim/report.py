@@ -19,15 +19,26 @@ import html
 import io
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
 import matplotlib
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, PercentFormatter
+from matplotlib.ticker import FuncFormatter, NullLocator, PercentFormatter
+from matplotlib.typing import RcKeyType
 
-from warden.sim.metrics import TABLE_COLUMNS, format_duration, format_percent, summarize, table_cells, timeseries
+from warden.sim.metrics import (
+    TABLE_COLUMNS,
+    format_duration,
+    format_gpu_hours,
+    format_percent,
+    natural_key,
+    summarize,
+    table_cells,
+    timeseries,
+)
 from warden.sim.records import SimRun
 
 HOUR = 3600.0
@@ -42,7 +53,7 @@ PLOT_SECTIONS: tuple[tuple[str, str], ...] = (
 )
 """(section id, heading) of the four plots, in page order."""
 
-_RC = {"svg.hashsalt": "warden", "svg.fonttype": "path", "font.size": 9.0}
+_RC: dict[RcKeyType, Any] = {"svg.hashsalt": "warden", "svg.fonttype": "path", "font.size": 9.0}
 """Deterministic SVG ids (reports diff cleanly) and glyphs as paths (no font needed to view)."""
 
 _CSS = """
@@ -191,13 +202,9 @@ def _queue_table_section(labels: Sequence[str], summaries: Sequence[dict[str, An
         for queue, q in s.get("per_queue", {}).items():
             rows.append([label, queue, str(q["jobs"]), format_duration(q["p50_wait_s"]),
                          format_duration(q["p95_wait_s"]), format_duration(q["max_wait_s"]),
-                         _gpu_hours(q["owed_gpu_hours"]), _gpu_hours(q["delivered_gpu_hours"]),
+                         format_gpu_hours(q["owed_gpu_hours"]), format_gpu_hours(q["delivered_gpu_hours"]),
                          format_percent(q["delivered_over_owed"])])
     return f'<section id="queue-table"><h2>Per queue</h2>{_table(headers, rows)}</section>'
-
-
-def _gpu_hours(x: float | None) -> str:
-    return "—" if x is None else f"{x:,.1f}"
 
 
 def _plot_section(section_id: str, heading: str, image: str) -> str:
@@ -246,10 +253,22 @@ def _grid(count: int) -> tuple[int, int]:
     return math.ceil(max(count, 1) / cols), cols
 
 
-def _duration_axis(ax: Axes) -> None:
+_WAIT_TICKS = (0.0, 60.0, 600.0, HOUR, 6 * HOUR, 24 * HOUR, 7 * 24 * HOUR, 30 * 24 * HOUR)
+"""Wait ticks people think in: none, a minute, ten minutes, an hour, six hours, a day, a week, a month."""
+
+
+def _tick(seconds: float) -> str:
+    """A round duration without its zero tail: 1m, 10m, 1h, 1d."""
+    return "0" if seconds <= 0 else re.sub(r"(?<=[a-z])00[a-z]$", "", format_duration(seconds))
+
+
+def _duration_axis(ax: Axes, longest: float) -> None:
+    """Symlog seconds (linear up to a minute, so zero waits show) with ticks at human durations."""
     ax.set_xscale("symlog", linthresh=60.0)
-    ax.set_xlim(left=0.0)
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: format_duration(x) if x > 0 else "0"))
+    ax.set_xlim(0.0, max(longest, 60.0) * 1.2)
+    ax.set_xticks([t for t in _WAIT_TICKS if t <= max(longest, 60.0) * 1.2])
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: _tick(x)))
+    ax.xaxis.set_minor_locator(NullLocator())
 
 
 def _wait_cdf_figure(labels: Sequence[str], series: Sequence[dict[str, Any]]) -> Figure:
@@ -258,6 +277,7 @@ def _wait_cdf_figure(labels: Sequence[str], series: Sequence[dict[str, Any]]) ->
     fig = _new_figure(4.2 * cols, 3.0 * rows)
     axes = fig.subplots(rows, cols, squeeze=False, sharey=True)
     tiers = sorted({t for s in series for t in s["wait_cdf"]}, key=int)
+    longest = max((max(c["wait_s"], default=0.0) for s in series for c in s["wait_cdf"].values()), default=0.0)
     colours = {t: f"C{i}" for i, t in enumerate(tiers)}
     for i, ax in enumerate(axes.flat):
         if i >= len(labels):
@@ -270,7 +290,7 @@ def _wait_cdf_figure(labels: Sequence[str], series: Sequence[dict[str, Any]]) ->
         if not cdf:
             _no_data(ax)
         else:
-            _duration_axis(ax)
+            _duration_axis(ax, longest)
             ax.legend(loc="lower right", fontsize=8)
         ax.set_title(_mpl(labels[i]))
         ax.set_xlabel("wait")
@@ -298,7 +318,7 @@ def _utilization_figure(labels: Sequence[str], series: Sequence[dict[str, Any]])
             _step(ax, s["edges_s"], s["utilization"], label)
             drawn = True
     if drawn:
-        ax.legend(loc="lower right", fontsize=8)
+        fig.legend(loc="outside upper center", ncols=min(len(labels), 6), fontsize=8)
     else:
         _no_data(ax)
     ax.set_ylim(0, 1.05)
@@ -311,7 +331,7 @@ def _utilization_figure(labels: Sequence[str], series: Sequence[dict[str, Any]])
 
 def _queue_figure(labels: Sequence[str], summaries: Sequence[dict[str, Any]]) -> Figure:
     """Small multiples per policy: owed (hatched) and delivered (solid) bars side by side per queue."""
-    queues = sorted({q for s in summaries for q in s.get("per_queue", {})})
+    queues = sorted({q for s in summaries for q in s.get("per_queue", {})}, key=natural_key)
     rows, cols = _grid(len(labels))
     width = max(4.2, min(14.0, 0.45 * len(queues) + 1.5))
     cols = 1 if width > 7 else cols
@@ -352,12 +372,13 @@ def _preemption_figure(labels: Sequence[str], series: Sequence[dict[str, Any]]) 
         _step(top, s["edges_s"], [p / bin_h for p in s["preemptions"]], label)
         _step(bottom, s["edges_s"], [x / bin_h for x in s["lost_gpu_hours"]], label)
         drawn = True
+    if drawn:
+        fig.legend(*top.get_legend_handles_labels(), loc="outside upper center", ncols=min(len(labels), 6),
+                   fontsize=8)
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
-        if drawn:
-            ax.legend(loc="upper right", fontsize=8)
-        else:
+        if not drawn:
             _no_data(ax)
     top.set_ylabel("preemptions / hour")
     bottom.set_ylabel("lost GPU-hours / hour")

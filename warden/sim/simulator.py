@@ -90,6 +90,8 @@ class Simulation:
     """Called now and then with (jobs arrived, jobs in the trace)."""
     skipped: dict[str, int] = field(default_factory=dict)
     """Trace jobs the cluster can never run, by reason."""
+    on_pass: Callable[[Snapshot, Plan, float], None] | None = None
+    """Shown every pass with a snapshot that stays as it was (for invariant checks)."""
 
     def __post_init__(self) -> None:
         self.engine = Engine()
@@ -228,6 +230,8 @@ class Simulation:
         plan = self.engine.plan(snapshot, now, changed)
         self.changed = {}
         self.passes += 1
+        if self.on_pass is not None:
+            self.on_pass(replace(snapshot, jobs=tuple(self.live.values())), plan, now)
         self._apply(plan, now)
 
     def _apply(self, plan: Plan, now: float) -> None:
