@@ -18,10 +18,12 @@ def _register() -> None:
     from warden.cli import bench as bench_cli
     from warden.cli import demo as demo_cli
     from warden.cli import policy as policy_cli
+    from warden.cli import sim as sim_cli
 
     app.add_typer(demo_cli.app, name="demo")
     app.add_typer(policy_cli.app, name="policy")
     app.add_typer(bench_cli.app, name="bench")
+    app.add_typer(sim_cli.app, name="sim")
 
 
 _register()

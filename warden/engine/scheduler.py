@@ -284,8 +284,8 @@ class Cycle:
         fit without them, so only an identical job reuses it while the holds are unchanged; where
         quota governs CPU or memory the reason names the amounts asked, so the same goes there.
         """
-        expected = job.expected_duration if self.holds else None
-        key = (job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.placement, expected)
+        key = (job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.placement,
+               self._usable_signature(job) if self.reserved else None)
         fronts = self.outcomes.get(key)
         if fronts is not None:
             # A job asking at least the CPU and memory of one that failed fails too.
@@ -305,6 +305,16 @@ class Cycle:
             elif len(fronts) < 8:
                 fronts.append(entry)
         return reason
+
+    def _usable_signature(self, job: Job) -> tuple[bool, ...]:
+        """Which reservations the job may backfill: all that its runtime estimate matters for.
+
+        Jobs that end at different times but before (or after) the same reservations are due
+        fail the same way, so they share one cached outcome."""
+        if job.tier == 4:
+            return (True,) * len(self.reserved)
+        ends = None if job.expected_duration is None else self.now + job.expected_duration
+        return tuple(ends is not None and h.due is not None and ends <= h.due for h in self.reserved)
 
     def _try(self, job: Job) -> Reason | None:
         if job.queue not in self.quota.paths:

@@ -59,7 +59,8 @@ class Trace:
     """Nominal GPU quota per queue where the trace comes with one (Philly VCs); else empty."""
     skipped: int = 0
     skipped_reasons: dict[str, int] = field(default_factory=dict)
-    """Rows left out, counted by reason (only with `skip_invalid`)."""
+    """Rows left out, counted by reason: malformed ones (with `skip_invalid`) and those a
+    loader always drops (documented in docs/traces.md)."""
     rules: tuple[str, ...] = ()
     """The documented rules applied to fill what the trace lacks, each in one sentence."""
     seed: int = 0

@@ -100,7 +100,9 @@ class Simulation:
         self.capacity = (sum(n.gpus for n in self.nodes), sum(n.cpu for n in self.nodes),
                          sum(n.memory for n in self.nodes))
         self.fair = self.pol.scheduling.order == "governed"
-        self.report_checkpoints = self.pol.preemption.victim_order == "cost"
+        # Checkpoint times matter to the engine only where it prices victims by lost work.
+        self.report_checkpoints = self.pol.preemption.victim_order == "cost" and any(
+            t.preemptible for t in self.pol.tiers.values())
         self.charged = {t: spec.charged for t, spec in self.pol.tiers.items()}
         self.grace_poll = self.behaviour.grace_poll
         self.backoff = self.pol.thrash.requeue_backoff
