@@ -86,6 +86,11 @@ def nudge(sp: SimPolicy, path: str, delta: str) -> SimPolicy:
         raise PolicyError([PolicyIssue(path, keys[-1], "names no setting of the policy")])
     last = _key(node, keys[-1], path)
     old = node[last]
+    if isinstance(old, str):  # a duration, shown as written ("7d")
+        try:
+            old = parse_duration(old)
+        except (ValueError, TypeError):
+            pass
     if isinstance(old, bool) or not isinstance(old, (int, float)):
         raise PolicyError([PolicyIssue(path, old, "is not a number the policy holds", "a numeric setting")])
     d = delta.strip()
@@ -203,4 +208,9 @@ def _value_at(sp: SimPolicy, path: str) -> Any:
     node: Any = sp.policy.to_dict()
     for k in path.split("."):
         node = _child(node, k, path)
+    if isinstance(node, str):
+        try:
+            return parse_duration(node)
+        except (ValueError, TypeError):
+            return node
     return node
