@@ -114,18 +114,11 @@ def test_fifo_average_jct_on_a_philly_slice_matches_the_textbook(preset: str) ->
     path = TRACES / "philly" / "rfold_philly_trace.csv"
     if not path.exists():
         pytest.skip(f"the Philly traces are not at {TRACES} (../shared/traces)")
-    import csv
+    from warden.sim.loaders import load_trace
 
-    jobs = []
-    with path.open() as f:
-        rows = csv.reader(f)
-        next(rows)
-        for row in rows:
-            if float(row[5]) > 0:
-                jobs.append(tj(len(jobs), float(row[1]), int(row[4]), float(row[5])))
-            if len(jobs) == 3000:
-                break
-    jobs = [replace(j, num_gpus=min(j.num_gpus, 64), gpus_per_replica=min(j.num_gpus, 64)) for j in jobs]
+    jobs = [replace(j, num_gpus=min(j.num_gpus, 64), gpus_per_replica=min(j.num_gpus, 64))
+            for j in load_trace(path, limit=3000, enrich=False).jobs]
+    assert all(j.startup_seconds == 0.0 and j.checkpoint_interval is None for j in jobs)
     r = run(jobs, preset, 64)
     expected = reference_fifo(jobs, 64, strict=preset == "fifo_strict")
     ref = sum(expected[j.job_id] - j.submit for j in jobs) / len(jobs)

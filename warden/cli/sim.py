@@ -39,6 +39,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a t
 ReportOpt = Annotated[Optional[Path], typer.Option("--report", help="Write an HTML report (and its JSON) into DIR.", show_default=False)]
 SkipOpt = Annotated[bool, typer.Option("--skip-invalid", help="Skip malformed trace rows and count them, instead of stopping at the first.")]
 LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="Only the first N jobs by submit time.", show_default=False)]
+EnrichOpt = Annotated[bool, typer.Option("--enrich/--no-enrich", help="Fill what the trace lacks (tiers, startup, checkpoints, gangs) by the documented seeded rules; --no-enrich replays the bare jobs, as textbook simulators do.")]
 
 _err = Console(stderr=True)
 
@@ -62,14 +63,14 @@ def _refusals() -> Iterator[None]:
 
 
 def _setup(trace: Path, format: str, gpus: int | None, cluster: Path | None, seed: int,
-           skip_invalid: bool, limit: int | None) -> Setup:
+           skip_invalid: bool, limit: int | None, enrich: bool) -> Setup:
     if format != "auto" and format not in FORMATS:
         raise _fail(f"--format: {format!r} is not a trace format; allowed: auto, {', '.join(FORMATS)}")
     if limit is not None and limit < 1:
         raise _fail(f"--limit: {limit!r} must be at least 1")
     with _refusals():
         return prepare(trace, format=format, gpus=gpus, cluster=cluster, seed=seed,
-                       skip_invalid=skip_invalid, limit=limit)
+                       skip_invalid=skip_invalid, limit=limit, enrich=enrich)
 
 
 @contextmanager
@@ -115,9 +116,9 @@ def _emit(outcomes: list[Outcome], as_json: bool, report: Path | None, many: boo
 def run_cmd(trace: TraceOpt, policy: Annotated[str, typer.Option("--policy", help=f"A preset ({', '.join(PRESETS)}) or a policy YAML.")] = "governed",
             format: FormatOpt = "auto", gpus: GpusOpt = None, cluster: ClusterOpt = None,
             seed: SeedOpt = 0, json_out: JsonOpt = False, report: ReportOpt = None,
-            skip_invalid: SkipOpt = False, limit: LimitOpt = None) -> None:
+            skip_invalid: SkipOpt = False, limit: LimitOpt = None, enrich: EnrichOpt = True) -> None:
     """Simulate one policy on a trace and print its metrics."""
-    setup = _setup(trace, format, gpus, cluster, seed, skip_invalid, limit)
+    setup = _setup(trace, format, gpus, cluster, seed, skip_invalid, limit, enrich)
     _emit(_run_all(setup, [policy], json_out), json_out, report, many=False)
 
 
@@ -126,7 +127,7 @@ def compare_cmd(trace: TraceOpt,
                 policies: Annotated[str, typer.Option("--policies", help="Comma-separated presets or policy files.")] = "governed,fifo_backfill,slurm,kueue",
                 format: FormatOpt = "auto", gpus: GpusOpt = None, cluster: ClusterOpt = None,
                 seed: SeedOpt = 0, json_out: JsonOpt = False, report: ReportOpt = None,
-                skip_invalid: SkipOpt = False, limit: LimitOpt = None) -> None:
+                skip_invalid: SkipOpt = False, limit: LimitOpt = None, enrich: EnrichOpt = True) -> None:
     """Simulate several policies on the same trace and seed: one row a policy."""
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names:
@@ -134,7 +135,7 @@ def compare_cmd(trace: TraceOpt,
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise _fail(f"--policies: {', '.join(dupes)} named twice")
-    setup = _setup(trace, format, gpus, cluster, seed, skip_invalid, limit)
+    setup = _setup(trace, format, gpus, cluster, seed, skip_invalid, limit, enrich)
     _emit(_run_all(setup, names, json_out), json_out, report, many=True)
 
 
@@ -145,10 +146,10 @@ def sensitivity_cmd(trace: TraceOpt,
                     policy: Annotated[str, typer.Option("--policy", help="A preset or a policy YAML.")] = "governed",
                     format: FormatOpt = "auto", gpus: GpusOpt = None, cluster: ClusterOpt = None,
                     seed: SeedOpt = 0, json_out: JsonOpt = False, skip_invalid: SkipOpt = False,
-                    limit: LimitOpt = None) -> None:
+                    limit: LimitOpt = None, enrich: EnrichOpt = True) -> None:
     """How much the admission order (Kendall tau distance) and the metrics change when one
     policy parameter moves a little."""
-    setup = _setup(trace, format, gpus, cluster, seed, skip_invalid, limit)
+    setup = _setup(trace, format, gpus, cluster, seed, skip_invalid, limit, enrich)
     with _refusals(), _progress(f"{policy} ±{param}", json_out) as update:
         result = sensitivity(setup, policy, param, delta, update)
     if json_out:

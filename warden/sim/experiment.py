@@ -34,12 +34,12 @@ class Setup:
 
 def prepare(trace: str | Path, *, format: str = "auto", gpus: int | None = None,
             cluster: str | Path | None = None, seed: int = 0, skip_invalid: bool = False,
-            limit: int | None = None) -> Setup:
+            limit: int | None = None, enrich: bool = True) -> Setup:
     """Load the trace and build the cluster (`gpus` or a cluster file, exactly one)."""
     if (gpus is None) == (cluster is None):
         raise ValueError("give exactly one of --gpus N or --cluster FILE")
     nodes = pool(gpus) if gpus is not None else load_cluster(cluster)  # type: ignore[arg-type]
-    t = load_trace(trace, format, seed=seed, skip_invalid=skip_invalid, limit=limit)
+    t = load_trace(trace, format, seed=seed, skip_invalid=skip_invalid, limit=limit, enrich=enrich)
     names = {j.queue for j in t.jobs} | set(t.queues)
     return Setup(t, nodes, entitlements(t.queues, names or {"default"}, total_gpus(nodes)))
 

@@ -558,17 +558,20 @@ def _cell(value: object) -> str:
 
 def load_trace(path: str | Path, format: str = "auto", *, seed: int = 0,
                skip_invalid: bool = False, limit: int | None = None,
-               vc_file: str | Path | None = None) -> Trace:
+               vc_file: str | Path | None = None, enrich: bool = True) -> Trace:
     """Load a trace file into jobs sorted by (submit, file order), rebased to start at 0.0.
 
     `format`: auto, native, philly, philly-rfold or pai2023. `seed` drives the enrichment
     draws. `skip_invalid` counts bad rows in `Trace.skipped` instead of raising `TraceError`.
     `limit` keeps the first N jobs by submit time. `vc_file` (Philly only) is the VC quota
     table; by default `philly_vc_nodes.csv` next to the trace, when there is one.
+    `enrich=False` applies none of the enrichment rules: what the trace lacks keeps
+    `TraceJob`'s defaults (tier 3, no startup, no checkpoints, one replica) — the bare jobs
+    that textbook simulators replay.
     """
     with _gc_paused():
         return _load(Path(path), format, seed=seed, skip_invalid=skip_invalid, limit=limit,
-                     vc_file=vc_file)
+                     vc_file=vc_file, enrich=enrich)
 
 
 @contextmanager
@@ -589,7 +592,7 @@ def _gc_paused() -> Iterator[None]:
 
 
 def _load(path: Path, format: str, *, seed: int, skip_invalid: bool, limit: int | None,
-          vc_file: str | Path | None) -> Trace:
+          vc_file: str | Path | None, enrich: bool) -> Trace:
     source = str(path)
     if format != "auto" and format not in FORMATS:
         raise TraceError(f"{source}: unknown format {format!r}; expected auto or one of "
@@ -604,7 +607,7 @@ def _load(path: Path, format: str, *, seed: int, skip_invalid: bool, limit: int 
                              source=source)
         ctx = _Context(source, skip_invalid, unit="row")
         header, rows = _parquet_rows(path, ctx)
-        return _finish(_parse_native(header, rows, ctx), "native", source, seed, limit)
+        return _finish(_parse_native(header, rows, ctx), "native", source, seed, limit, enrich)
     ctx = _Context(source, skip_invalid)
     with path.open(newline="", encoding="utf-8-sig") as handle:
         reader = csv.reader(handle)
@@ -623,7 +626,7 @@ def _load(path: Path, format: str, *, seed: int, skip_invalid: bool, limit: int 
             parsed = _parse_rfold(header, numbered, ctx)
         else:
             parsed = _parse_pai(header, numbered, ctx)
-    return _finish(parsed, resolved, source, seed, limit)
+    return _finish(parsed, resolved, source, seed, limit, enrich)
 
 
 def _vc_file_for(trace: Path, vc_file: str | Path | None) -> Path | None:
@@ -636,7 +639,8 @@ def _vc_file_for(trace: Path, vc_file: str | Path | None) -> Path | None:
     return beside if beside.is_file() else None
 
 
-def _finish(parsed: _Rows, format: str, source: str, seed: int, limit: int | None) -> Trace:
+def _finish(parsed: _Rows, format: str, source: str, seed: int, limit: int | None,
+            enrich: bool = True) -> Trace:
     """Sort (stable: ties keep file order), cut to `limit`, rebase, number, enrich, build."""
     rows = parsed.rows
     rows.sort(key=itemgetter("submit"))
@@ -657,7 +661,7 @@ def _finish(parsed: _Rows, format: str, source: str, seed: int, limit: int | Non
         job[i_submit] = row["submit"] - base
         job[i_seq] = seq
         values.append(job)
-    rules = fill_fields(values, seed=seed, format=format, given=parsed.given)
+    rules = fill_fields(values, seed=seed, format=format, given=parsed.given) if enrich else []
     loader_rules = parsed.rules
     if format == "pai2023":
         loader_rules = [*loader_rules, _fraction_rule(fractional)]
