@@ -512,3 +512,14 @@ def test_real_pai_default_pod_list() -> None:
 def test_real_pai_multigpu50_lacks_times() -> None:
     with pytest.raises(TraceError, match="creation_time"):
         load_trace(real("alibaba_pai_v2023/openb_pod_list_multigpu50.csv"))
+
+
+def test_without_enrichment_jobs_keep_the_bare_defaults(tmp_path: Path) -> None:
+    path = write(tmp_path, "#job id,arrival time (sec),topology,shape,size,duration (sec)\n"
+                           "0,0.0,CLOS,1,16,7200.0\n1,5.0,CLOS,1,1,60.0\n")
+    bare = load_trace(path, enrich=False)
+    assert len(bare.rules) < len(load_trace(path).rules) and bare.format == "philly-rfold"
+    assert [(j.tier, j.startup_seconds, j.checkpoint_interval, j.replicas, j.gpus_per_replica)
+            for j in bare.jobs] == [(3, 0.0, None, 1, 16), (3, 0.0, None, 1, 1)]
+    enriched = load_trace(path)
+    assert enriched.rules and enriched.jobs[0].replicas == 2 and enriched.jobs[0].startup_seconds > 0
