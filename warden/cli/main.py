@@ -24,6 +24,11 @@ def _register() -> None:
     app.add_typer(policy_cli.app, name="policy")
     app.add_typer(bench_cli.app, name="bench")
     app.add_typer(sim_cli.app, name="sim")
+    from warden.cli import jobs as jobs_cli
+    from warden.cli import server as server_cli
+
+    server_cli.register(app)
+    jobs_cli.register(app)
 
 
 _register()

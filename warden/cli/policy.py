@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 import yaml
@@ -129,3 +129,19 @@ def show(
 def schema() -> None:
     """Print the JSON Schema of the policy file format."""
     typer.echo(json.dumps(policy_json_schema(), indent=2))
+
+
+@app.command()
+def apply(
+    file: PolicyFile,
+    url: Annotated[Optional[str], typer.Option("--url", help="Server URL (default $WARDEN_URL).", show_default=False)] = None,
+    token: Annotated[Optional[str], typer.Option("--token", help="Admin token (default $WARDEN_TOKEN).", show_default=False)] = None,
+) -> None:
+    """Validate FILE here, then make it the server's policy (admins only; versioned; jobs keep
+    their tier and lease)."""
+    from warden.cli.jobs import client
+
+    _load(file)
+    with client(url, token) as c:
+        out = c.apply_policy(file.read_text())
+    typer.echo(f"policy version {out['version']} applied")

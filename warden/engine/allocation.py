@@ -18,6 +18,12 @@ if TYPE_CHECKING:
     from warden.engine.policy import Policy
 
 
+VictimFacts = tuple[Job, float, float, "float | None", float, tuple[tuple[str, int], ...], int, int, float]
+"""(the job as seen, seen at, protected until, progress at risk since, restart cost, GPUs freed
+per node, GPUs, −tier, −started): what pricing a running job as a victim needs that does not
+change with time."""
+
+
 class Allocation:
     __slots__ = ("nodes", "policy", "index", "quota", "charged_tiers", "jobs", "flavor_of_job", "used",
                  "victim_facts", "node_gpus", "nodes_of_block", "tiers")
@@ -33,9 +39,9 @@ class Allocation:
         self.flavor_of_job: dict[str, str] = {}
         self.used: dict[str, int] = {}
         """GPU indices in use per node, as bit sets (`gpu_mask`)."""
-        self.victim_facts: dict[str, tuple[Job, float, float, float | None, float]] = {}
-        """Per running job, what pricing it as a victim needs that does not change with time:
-        (the job as seen, seen at, protected until, progress at risk since, restart cost)."""
+        self.victim_facts: dict[str, VictimFacts] = {}
+        """Per running job, what pricing it as a victim needs that does not change with time
+        (`warden.engine.scheduler.Cycle._victim_facts`)."""
         self.node_gpus = {n.name: n.gpus for n in nodes}
         self.nodes_of_block: dict[str, list[str]] = {}
         for n in nodes:

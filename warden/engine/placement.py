@@ -172,7 +172,7 @@ class CapacityIndex:
 
     __slots__ = (
         "_names", "_pos", "_fg", "_fc", "_fm", "_cg", "_cc", "_cm", "_flavor", "_block",
-        "_flavors", "_log", "_base", "_marks", "_next_token",
+        "_flavors", "_flavor_names", "_log", "_base", "_marks", "_next_token",
     )
 
     def __init__(self, nodes: Sequence[Node]) -> None:
@@ -237,6 +237,7 @@ class CapacityIndex:
         for fl in self._flavors.values():
             for blk in fl.block_list:
                 fl.blocks.add(blk.free, blk.pos)
+        self._flavor_names = tuple(sorted(self._flavors))
 
     # ----------------------------------------------------------------- reading
 
@@ -251,7 +252,7 @@ class CapacityIndex:
         return self._cg[i], self._cc[i], self._cm[i]
 
     def flavors(self) -> tuple[str, ...]:
-        return tuple(sorted(self._flavors))
+        return self._flavor_names
 
     def flavor_of(self, node: str) -> str:
         return self._flavor[self._pos[node]].name

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
+from bisect import bisect_left
+from itertools import chain, islice
+from typing import TYPE_CHECKING, Iterable, Iterator, NamedTuple, Protocol, Sequence
 
 from warden.engine.model import Job
-from warden.engine.rules import Preemptor, allowed, downward_key, may_reclaim
+from warden.engine.rules import Preemptor, allowed_for, downward_key, may_reclaim
 
 if TYPE_CHECKING:
     from warden.engine.placement import CapacityIndex
@@ -31,9 +32,12 @@ if TYPE_CHECKING:
     from warden.engine.rules import RuleContext
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """A running job that could be preempted, with what it would cost, computed once a pass."""
+class Candidate(NamedTuple):
+    """A running job that could be preempted, with what it would cost, computed once a pass.
+
+    A named tuple, not a dataclass: a pass over 20,000 running jobs builds one per job, and
+    `tuple.__new__` builds one several times faster than a frozen dataclass's `__init__`.
+    """
 
     job: Job
     cost: float
@@ -43,6 +47,9 @@ class Candidate:
     flavor: str
     rank: int
     """Position in victim order."""
+    freed: tuple[tuple[str, int], ...]
+    """GPUs this candidate would free, per node, in the order it holds the nodes (see
+    `freed_gpus`): every search walks it, so it is worked out once, not per search."""
     leaving: bool = False
     """Already on its way out (terminating, or signalled earlier in this pass): its capacity is
     about to free at no further cost."""
@@ -52,39 +59,110 @@ class Candidate:
     eta: float = 0.0
     """When a leaving job's capacity is certain to be free (its SIGKILL deadline)."""
 
-    def gpus_by_node(self) -> dict[str, int]:
-        """GPUs this candidate would free, per node."""
-        out: dict[str, int] = {}
-        if self.parts is not None:
-            for node, gpus, _, _ in self.parts:
-                out[node] = out.get(node, 0) + gpus
-        elif self.job.attempt is not None:
-            for rp in self.job.attempt.assignment:
-                out[rp.node] = out.get(rp.node, 0) + self.job.gpus
-        return out
+
+def freed_gpus(job: Job, parts: Iterable[tuple[str, int, int, int]] | None = None
+               ) -> tuple[tuple[str, int], ...]:
+    """GPUs a job's exit frees per node (of `parts` only, when given), nodes in first-seen order."""
+    out: dict[str, int] = {}
+    if parts is not None:
+        for node, gpus, _, _ in parts:
+            out[node] = out.get(node, 0) + gpus
+    elif job.attempt is not None:
+        for rp in job.attempt.assignment:
+            out[rp.node] = out.get(rp.node, 0) + job.gpus
+    return tuple(out.items())
+
+
+def _rank(c: Candidate) -> int:
+    return c.rank
+
+
+def _cost(c: Candidate) -> float:
+    return c.cost
 
 
 class CandidatePool:
-    """The running jobs of one pass in victim order, with the lists each search starts from."""
+    """The running jobs of one pass in victim order, with the lists each search starts from.
 
-    def __init__(self, candidates: list[Candidate], by_cost: bool) -> None:
+    A job signalled in this pass is `drop`ped from every list a search walks (it is offered
+    as capacity on its way out instead), so searches need not filter their lists.
+    """
+
+    def __init__(self, candidates: list[Candidate], by_cost: bool, ascending: bool = False) -> None:
         self.all = candidates
+        """Every candidate, signalled in this pass or not."""
         self.by_cost = by_cost
         """True when victim order is ascending cost (the search may stop early)."""
+        self.ascending = ascending
+        """True when, besides, no cost is negative (or NaN): then every list a search walks,
+        jobs already leaving (cost 0) first, is in ascending cost, which lets it bisect."""
         self.free_now = [c for c in candidates if c.protected_until == 0.0]
         self._downward: dict[tuple, list[Candidate]] = {}
+        self._of_tier: dict[int, list[Candidate]] | None = None
 
-    def eligible(self, ctx: RuleContext, p: Preemptor, taken: set[str]) -> list[Candidate]:
-        """Victims the rules let `p` take now, in victim order, leaving out `taken` ones."""
+    def eligible(self, ctx: RuleContext, p: Preemptor, leaving: Sequence[Candidate] = ()) -> Eligible:
+        """Victims the rules let `p` take now, in victim order, after the jobs already `leaving`.
+
+        The pair rules read only a victim's tier and queue (`allowed_for`), so they are
+        evaluated once per (tier, queue), not once per victim. Victims of a lower tier are
+        kept per `downward_key` for the pass; same-tier (reclaim) victims depend on the quota
+        state and are listed anew, from the pass's per-tier lists.
+        """
         key = downward_key(ctx, p)
         lower = self._downward.get(key)
+        ok = allowed_for(ctx, p)
         if lower is None:
             tier = p.job.tier
-            lower = self._downward[key] = [c for c in self.free_now if c.job.tier > tier and allowed(ctx, p, c.job)]
-        same = ([c for c in self.free_now if c.job.tier == p.job.tier and allowed(ctx, p, c.job)]
-                if may_reclaim(ctx, p) else [])
-        merged = heapq.merge(lower, same, key=lambda c: c.rank) if same else lower
-        return [c for c in merged if c.job.id not in taken]
+            lower = self._downward[key] = [c for c in self.free_now if c.job.tier > tier and ok(c.job)]
+        same: list[Candidate] = []
+        if may_reclaim(ctx, p):
+            same = [c for c in self._tiers().get(p.job.tier, ()) if ok(c.job)]
+        return Eligible(leaving, lower, same)
+
+    def _tiers(self) -> dict[int, list[Candidate]]:
+        """`free_now` by tier, in victim order."""
+        if self._of_tier is None:
+            self._of_tier = {}
+            for c in self.free_now:
+                self._of_tier.setdefault(c.job.tier, []).append(c)
+        return self._of_tier
+
+    def drop(self, c: Candidate) -> None:
+        """The candidate was signalled: leave it out of every later search (not of `all`)."""
+        lists = [self.free_now, *self._downward.values()]
+        if self._of_tier is not None:
+            lists.extend(self._of_tier.values())
+        for members in lists:
+            # Every list is in victim order, so the candidate is found by its rank.
+            j = bisect_left(members, c.rank, key=_rank)
+            if j < len(members) and members[j] is c:
+                del members[j]
+
+
+class Eligible:
+    """The victims one search may take, in the order it takes them: jobs already leaving first,
+    then eligible running jobs in victim order (lower tiers and reclaimable same-tier ones
+    merged by rank).
+
+    Iterated lazily and anew each time: a search usually stops long before the end (victims
+    come in cost order), so building the whole list per search would cost more than the
+    search itself.
+    """
+
+    __slots__ = ("leaving", "lower", "same")
+
+    def __init__(self, leaving: Sequence[Candidate], lower: list[Candidate], same: list[Candidate]) -> None:
+        self.leaving = leaving
+        self.lower = lower
+        self.same = same
+
+    def __iter__(self) -> Iterator[Candidate]:
+        if self.same:
+            return chain(self.leaving, heapq.merge(self.lower, self.same, key=_rank))
+        return chain(self.leaving, self.lower)
+
+    def __bool__(self) -> bool:
+        return bool(self.leaving or self.lower or self.same)
 
 
 def victim_key(order: str, job: Job, cost: float) -> tuple:
@@ -118,20 +196,21 @@ class Workspace(Protocol):
     def block_nodes(self, block: str) -> Sequence[str]: ...
 
 
-def search(ws: Workspace, p: Preemptor, flavor: str, pool: CandidatePool, taken: set[str],
+def search(ws: Workspace, p: Preemptor, flavor: str, pool: CandidatePool,
            leaving: list[Candidate]) -> list[Candidate]:
     """What makes `p` fit on `flavor`, released in `ws`: jobs already `leaving` (terminating, at
-    no cost, so a need they cover never gets a new victim) and new victims; [] (nothing
-    released) if no eligible set does. `taken`: ids of jobs already claimed in this pass."""
+    no cost, so a need they cover never gets a new victim) and new victims from `pool` (which
+    holds no job claimed earlier in this pass); [] (nothing released) if no eligible set does."""
     job, d = p.job, p.demand
-    eligible = leaving + pool.eligible(ws.ctx, p, taken)
+    eligible = pool.eligible(ws.ctx, p, leaving)
     if not eligible:
         return []
     victims: list[Candidate] = []
     chosen: set[str] = set()
     # Price placement only when placement is what is missing; a job short of quota alone
     # takes victims (jobs already leaving first) under the queue whose limit it breaks.
-    slots = _cheapest_slots(ws, job, flavor, eligible, pool.by_cost) if not ws.placeable(job, flavor) else []
+    slots = _cheapest_slots(ws, job, flavor, eligible, pool.by_cost, pool.ascending) \
+        if not ws.placeable(job, flavor) else []
     for c in slots:
         if not c.leaving and c.job.tier <= job.tier and not still_borrowing(ws.quota, p, c.job):
             continue  # reclaim takes back only what is borrowed
@@ -148,8 +227,8 @@ def search(ws: Workspace, p: Preemptor, flavor: str, pool: CandidatePool, taken:
     return [c for c in victims if c.job.id in needed]
 
 
-def _cheapest_slots(ws: Workspace, job: Job, flavor: str, eligible: list[Candidate],
-                    by_cost: bool) -> list[Candidate]:
+def _cheapest_slots(ws: Workspace, job: Job, flavor: str, eligible: Iterable[Candidate],
+                    by_cost: bool, ascending: bool = False) -> list[Candidate]:
     """Price the gang's replicas node by node and take the cheapest domain.
 
     A node offers replica slots: those its free GPUs hold now (free), then one more each time
@@ -157,83 +236,195 @@ def _cheapest_slots(ws: Workspace, job: Job, flavor: str, eligible: list[Candida
     node for `pack` or a single replica, a block for `block`, the whole flavor for `any` — is
     priced by its cheapest `replicas` slots; the cheapest domain's victims are returned.
     When victims come in cost order (`by_cost`) the scan stops as soon as no later victim can
-    make a cheaper choice: every slot it completes costs at least its own cost.
+    make a cheaper choice: every slot it completes costs at least its own cost. For a gang of
+    several nodes the best domain (and so that bound) is worked out again every 256 victims
+    (positions counted over all of `eligible`, every flavor). `ascending`: `eligible` is in
+    ascending cost (see `CandidatePool.ascending`).
     """
     g, want = job.gpus, job.replicas
     if g <= 0:
         return []
     index = ws.index
     per_node = job.placement == "pack" or want == 1
-    # node → (cost, new victims, candidates taken) at 1, 2, … slots
-    offers: dict[str, list[tuple[float, int, int]]] = {}
-    runs: dict[str, list] = {}  # node → [free GPUs, cost, new victims, candidates] so far
-    on_node: dict[str, list[Candidate]] = {}
+    prices = _Prices(ws, job, flavor)
+    # node → [free GPUs, cost, new victims, candidates taken, its offers, its candidates, most
+    # slots]: the run of victims on the node so far, and (cost, new victims, candidates taken)
+    # at 1, 2, … slots, in `prices.offers` too. A node never offers more slots than its GPUs
+    # hold (what is free and what its candidates hold never add up to more), so once it offers
+    # that many, later victims on it change nothing and are passed over.
+    runs: dict[str, list] = {}
+    offers = prices.offers
+
+    def take(cands: Iterable[Candidate], bound: float) -> tuple[float, bool]:
+        """Add candidates on the flavor to their nodes' runs, in order, until one costs `bound`
+        or more (victims in cost order); the bound, lowered as per-node domains complete, and
+        whether the scan stopped."""
+        for c in cands:
+            cost = c.cost
+            if by_cost and cost >= bound:
+                return bound, True
+            for node, gpus in c.freed:
+                run = runs.get(node)
+                if run is None:
+                    free = index.free(node)[0]
+                    o = offers[node] = [(0.0, 0, 0)] * min(want, free // g)
+                    run = runs[node] = [free, 0.0, 0, 0, o, [], min(want, index.capacity(node)[0] // g)]
+                    prices.created(node)
+                else:
+                    o = run[4]
+                if len(o) >= run[6]:
+                    continue
+                run[0] += gpus
+                run[1] += cost
+                run[2] += 0 if c.leaving else 1
+                run[3] += 1
+                run[5].append(c)
+                if run[0] // g > len(o):
+                    while len(o) < want and run[0] // g > len(o):
+                        o.append((run[1], run[2], run[3]))
+                    prices.grew(node)
+                    if per_node and len(o) >= want:
+                        bound = min(bound, run[1])
+        return bound, False
+
+    # Victims are taken 256 at a time, those on the flavor picked out at C speed.
+    items = iter(eligible)
     bound = math.inf
-    for i, c in enumerate(eligible):
-        if by_cost and c.cost >= bound:
-            break
-        if c.flavor != flavor:
-            continue
-        for node, gpus in c.gpus_by_node().items():
-            o = offers.get(node)
-            if o is None:
-                free = index.free(node)[0]
-                o = offers[node] = [(0.0, 0, 0)] * min(want, free // g)
-                runs[node] = [free, 0.0, 0, 0]
-            if len(o) >= want:
-                continue
-            run = runs[node]
-            run[0] += gpus
-            run[1] += c.cost
-            run[2] += 0 if c.leaving else 1
-            run[3] += 1
-            on_node.setdefault(node, []).append(c)
-            while len(o) < want and run[0] // g > len(o):
-                o.append((run[1], run[2], run[3]))
-            if per_node and len(o) >= want:
-                bound = min(bound, run[1])
-        if by_cost and not per_node and i % 256 == 255:
-            best = _best_domain(ws, job, flavor, offers)
-            if best is not None:
-                bound = best[3]
-    best = _best_domain(ws, job, flavor, offers)
+    while chunk := list(islice(items, 256)):
+        if by_cost and not per_node:
+            # The bound changes only when the best domain is worked out again, after the
+            # 256th, 512th, … victim (when it is on the flavor): inside each run of 256 it is
+            # fixed, so the scan stops at the first victim of the run that costs as much
+            # (found by bisection when costs only grow).
+            if ascending:
+                stop = bisect_left(chunk, bound, key=_cost)
+            else:
+                stop = next((k for k, c in enumerate(chunk) if c.cost >= bound), len(chunk))
+            take([c for c in chunk[:stop] if c.flavor == flavor], bound)
+            if stop < len(chunk) or len(chunk) < 256:
+                break
+            if chunk[-1].flavor == flavor:
+                best = prices.best()
+                if best is not None:
+                    bound = best[3]
+        elif ascending or not by_cost:
+            # Only victims on the flavor change anything, and (costs only growing) one
+            # elsewhere that costs the bound is followed by none on the flavor that costs less.
+            bound, stopped = take([c for c in chunk if c.flavor == flavor], bound)
+            if stopped:
+                break
+        else:
+            stopped = False
+            for c in chunk:
+                if c.cost >= bound:
+                    stopped = True
+                    break
+                if c.flavor == flavor:
+                    bound, _ = take((c,), bound)
+            if stopped:
+                break
+    best = prices.best()
     if best is None:
         return []
     chosen: dict[str, Candidate] = {}
     for n, count in best[2].items():
-        for c in on_node.get(n, ())[:count]:
+        run = runs.get(n)
+        for c in (run[5] if run is not None else ())[:count]:
             chosen.setdefault(c.job.id, c)
     return list(chosen.values())
 
 
-def _best_domain(ws: Workspace, job: Job, flavor: str, offers: dict[str, list[tuple[float, int, int]]]
-                 ) -> tuple[float, int, dict[str, int], float] | None:
-    """The cheapest domain's (cost, new victims, candidates taken per node, bound), fewer new
-    victims breaking ties (jobs already leaving are free and no victim); the bound is what a
-    later victim must cost less than to improve on it."""
-    g, want = job.gpus, job.replicas
-    index = ws.index
-    if job.placement == "pack" or want == 1:
-        domains: Iterable[Sequence[str]] = ([n] for n in offers)
-    elif job.placement == "block":
-        domains = (ws.block_nodes(b) for b in dict.fromkeys(index.block_of(n) for n in offers))
-    else:
-        domains = [list(offers)]
-    best: tuple[float, int, dict[str, int], float] | None = None
-    for nodes in domains:
+Price = tuple[float, int, dict[str, int], float]
+"""A domain's (cost, new victims, candidates taken per node, bound)."""
+
+
+class _Prices:
+    """The offers of one search's nodes, and the cheapest domain among them.
+
+    For `block` gangs the price of each block is kept until an offer of one of its nodes
+    grows: the search asks for the best domain every 256 victims, and most blocks have not
+    changed since the last time. (A node's first offers are what its free GPUs hold, which is
+    what the block counted for it before, so they change no price.) Free capacity does not
+    change during a search, so what each node holds free is read once.
+    """
+
+    __slots__ = ("ws", "job", "flavor", "offers", "blocks", "dirty", "by_block", "idle")
+
+    def __init__(self, ws: Workspace, job: Job, flavor: str) -> None:
+        self.ws = ws
+        self.job = job
+        self.flavor = flavor
+        self.offers: dict[str, list[tuple[float, int, int]]] = {}
+        """node → (cost, new victims, candidates taken) at 1, 2, … slots."""
+        self.by_block = job.placement == "block" and job.replicas > 1
+        self.blocks: dict[str, Price | None] = {}
+        """`block` gangs: block → its price (None: too few slots), in first-offer order."""
+        self.dirty: set[str] = set()
+        """`block` gangs: blocks whose offers changed since they were priced."""
+        self.idle: dict[str, int] = {}
+        """node → replicas its free GPUs hold now."""
+
+    def created(self, node: str) -> None:
+        """The node's offers were created (the slots its free GPUs hold)."""
+        if self.by_block:
+            b = self.ws.index.block_of(node)
+            if b not in self.blocks:
+                self.blocks[b] = None
+                self.dirty.add(b)
+
+    def grew(self, node: str) -> None:
+        """The node's offers grew."""
+        if self.by_block:
+            self.dirty.add(self.ws.index.block_of(node))
+
+    def free_slots(self, node: str) -> int:
+        k = self.idle.get(node)
+        if k is None:
+            k = self.idle[node] = self.ws.index.free(node)[0] // self.job.gpus
+        return k
+
+    def best(self) -> Price | None:
+        """The cheapest domain's price, fewer new victims breaking ties (jobs already leaving are
+        free and no victim); the bound is what a later victim must cost less than to improve
+        on it. Among equal domains the first (in first-offer order) wins."""
+        job, offers = self.job, self.offers
+        want = job.replicas
+        best: Price | None = None
+        if job.placement == "pack" or want == 1:
+            for n, o in offers.items():
+                if len(o) >= want:
+                    price = _node_price(n, o, want)
+                    if best is None or (price[0], price[1]) < best[:2]:
+                        best = price
+            return best
+        if self.by_block:
+            blocks = self.blocks
+            for b in self.dirty:
+                blocks[b] = self._domain_price(self.ws.block_nodes(b))
+            self.dirty.clear()
+            for price in blocks.values():
+                if price is not None and (best is None or price[:2] < best[:2]):
+                    best = price
+            return best
+        return self._domain_price(list(offers))
+
+    def _domain_price(self, nodes: Sequence[str]) -> Price | None:
+        """The price of one domain: its cheapest `replicas` slots. None: it has too few."""
+        job, offers, flavor = self.job, self.offers, self.flavor
+        g, want = job.gpus, job.replicas
         table = {n: o for n in nodes if (o := offers.get(n))}
         if job.placement == "block":
             # Block nodes without victims still offer what their free GPUs hold, at no cost.
             for n in nodes:
-                if n not in table and (k := index.free(n)[0] // g):
+                if n not in table and (k := self.free_slots(n)):
                     table[n] = [(0.0, 0, 0)] * min(k, want)
         elif job.placement == "any" and want > 1:
-            idle = index.slots(flavor, g, want + sum(len(o) for o in table.values()))
-            idle -= sum(index.free(n)[0] // g for n in table)
+            idle = self.ws.index.slots(flavor, g, want + sum(len(o) for o in table.values()))
+            idle -= sum(self.free_slots(n) for n in table)
             if idle > 0:
                 table[""] = [(0.0, 0, 0)] * min(idle, want)
         if sum(len(o) for o in table.values()) < want:
-            continue
+            return None
         # Take slots cheapest-marginal first, fewer new victims on ties; a node's slots in order.
         heap = [(o[0][0], o[0][1], n, 0) for n, o in table.items()]
         heapq.heapify(heap)
@@ -252,12 +443,26 @@ def _best_domain(ws: Workspace, job: Job, flavor: str, offers: dict[str, list[tu
         # `any` improves only if a later victim undercuts its dearest slot; one domain of a
         # `block` or `pack` gang only if it costs less than the whole of the best one.
         bound = top if job.placement == "any" and want > 1 else total
-        if best is None or (total, victims) < best[:2]:
-            best = (total, victims, prefix, bound)
-    return best
+        return total, victims, prefix, bound
 
 
-def _fill(ws: Workspace, p: Preemptor, flavor: str, eligible: list[Candidate],
+def _node_price(n: str, o: list[tuple[float, int, int]], want: int) -> Price:
+    """`_Prices._domain_price` of one node's first `want` slots (`pack`, or a single replica),
+    without the heap: a lone node's slots are taken in order. Sums as the heap would,
+    marginal by marginal, so the total is the same float."""
+    total = top = 0.0
+    prev = 0.0
+    for k in range(want):
+        marginal = o[k][0] if k == 0 else o[k][0] - prev
+        prev = o[k][0]
+        total += marginal
+        top = max(top, marginal)
+    if not n:  # as `_domain_price` reads it: the nameless entry is idle capacity, no victims
+        return total, 0, {}, total
+    return total, o[want - 1][1], {n: o[want - 1][2]}, total
+
+
+def _fill(ws: Workspace, p: Preemptor, flavor: str, eligible: Iterable[Candidate],
           victims: list[Candidate], chosen: set[str]) -> bool:
     """Add victims in victim order until the job fits; True when it does.
 
@@ -283,7 +488,7 @@ def _fill(ws: Workspace, p: Preemptor, flavor: str, eligible: list[Candidate],
         victims.append(c)
         chosen.add(v.id)
         if on_flavor:
-            gpu_short -= sum(c.gpus_by_node().values())
+            gpu_short -= sum(gpus for _, gpus in c.freed)
         if gpu_short > 0:
             continue
         if d:

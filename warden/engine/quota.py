@@ -38,7 +38,8 @@ class QuotaTree:
     """The compiled queue tree with live usage per queue and resource."""
 
     __slots__ = ("resources", "names", "index", "parent", "children", "nominal", "limit", "kept",
-                 "usage", "held", "child_held", "child_excess", "leaving", "paths", "depth", "_log")
+                 "usage", "held", "child_held", "child_excess", "leaving", "paths", "depth", "_demands",
+                 "_log")
 
     def __init__(self, policy: Policy) -> None:
         self.resources: tuple[str, ...] = tuple(policy.governed_resources())
@@ -88,6 +89,7 @@ class QuotaTree:
             name: self.paths_to_root(i) for i, name in enumerate(self.names) if not self.children[i]}
         self.depth: list[int] = [len(self.paths_to_root(i)) for i in range(n)]
         self.leaving: list[list[float]] = [[0.0] * nr for _ in range(n)]
+        self._demands: dict[tuple[int, int, int, int, str], tuple[float, ...]] = {}
         self._log: list[tuple[list[tuple[int, tuple[float, ...]]], list[tuple[int, tuple[float, ...]]]]] = []
 
     def paths_to_root(self, i: int) -> tuple[int, ...]:
@@ -99,7 +101,16 @@ class QuotaTree:
 
     # -- demand -------------------------------------------------------------------------------
     def demand(self, job: Job, flavor: str) -> tuple[float, ...]:
-        """The job's whole-gang demand per governed resource when placed on `flavor`."""
+        """The job's whole-gang demand per governed resource when placed on `flavor`.
+
+        Remembered per shape: a pass asks it for thousands of jobs of a few dozen shapes."""
+        key = (job.replicas, job.gpus, job.cpu, job.memory, flavor)
+        d = self._demands.get(key)
+        if d is None:
+            d = self._demands[key] = self._demand(job, flavor)
+        return d
+
+    def _demand(self, job: Job, flavor: str) -> tuple[float, ...]:
         r = job.replicas
         out = []
         for name in self.resources:

@@ -197,6 +197,26 @@ def allowed(ctx: RuleContext, p: Preemptor, v: Job) -> bool:
     return True
 
 
+def allowed_for(ctx: RuleContext, p: Preemptor) -> Callable[[Job], bool]:
+    """`allowed(ctx, p, v)` as a function of V alone, answered once per (tier, queue) of V.
+
+    The pair rules read nothing of V but its tier and queue (and the quota state, which the
+    caller keeps unchanged while it uses the function), so victims of one tier in one queue
+    share the answer: a pass over thousands of victims asks the rules a few dozen times.
+    Keep it in step with `direction` and `scope`.
+    """
+    seen: dict[tuple[int, str], bool] = {}
+
+    def ok(v: Job) -> bool:
+        key = (v.tier, v.queue)
+        answer = seen.get(key)
+        if answer is None:
+            answer = seen[key] = allowed(ctx, p, v)
+        return answer
+
+    return ok
+
+
 def downward_key(ctx: RuleContext, p: Preemptor) -> tuple:
     """What the pair rules read of P when V is of a strictly lower tier: every victim of a lower
     tier that they allow for one P they allow for any P with the same key (a search may reuse

@@ -23,11 +23,13 @@ placement failures inside the capacity index, which keeps deep queues cheap.
 from __future__ import annotations
 
 import gc
+import heapq
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Iterable, Sequence
+from operator import itemgetter
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
-from warden.engine.allocation import Allocation
+from warden.engine.allocation import Allocation, VictimFacts
 from warden.engine.fairshare import fair_order
 from warden.engine.model import Job, JobState, Snapshot
 from warden.engine.placement import assign_gpu_indices
@@ -45,13 +47,12 @@ from warden.engine.reasons import (
     WaitingForLease,
 )
 from warden.engine.model import ReplicaPlacement
-from warden.engine.preemption import Candidate, CandidatePool, search, victim_key
+from warden.engine.preemption import Candidate, CandidatePool, freed_gpus, search, victim_key
 from warden.engine.rules import (
     Preemptor,
     RuleContext,
     allowed,
     at_risk_since,
-    cost_at,
     grace_of,
     protection,
     startup_of,
@@ -61,6 +62,12 @@ if TYPE_CHECKING:
     from warden.engine.policy import Policy
 
 INF = math.inf
+
+
+ReleaseOrders = tuple[list[tuple[float, str, Job, Candidate]], list[tuple[float, str, Job, Candidate]],
+                      dict[tuple[int, str], Job]]
+"""`Cycle._release_orders`: running jobs by expected end, by when they may be preempted, and
+one job of each (tier, queue)."""
 
 
 def schedule(snapshot: Snapshot, now: float) -> Plan:
@@ -89,9 +96,8 @@ class Engine:
             alloc = self._alloc = Allocation(snapshot.nodes, snapshot.policy)
             changed = None
         if changed is None:
-            self._waiting = {j.id: j for j in snapshot.jobs if j.state.waiting}
-            self._terminating = {j.id: j for j in snapshot.jobs if _terminating(j)}
-            alloc.sync(j for j in snapshot.jobs if j.state.holds_resources and j.attempt is not None)
+            self._waiting, self._terminating, holding = _classify(snapshot.jobs)
+            alloc.sync(holding)
         else:
             changed = list(changed)
             for job in changed:
@@ -115,6 +121,34 @@ class Engine:
             alloc.used = used
 
 
+_PENDING, _REQUEUED, _AWAITING = JobState.PENDING, JobState.REQUEUED, JobState.AWAITING_APPROVAL
+_RUNNING, _PREEMPTING, _ADMITTED, _STARTING = (
+    JobState.RUNNING, JobState.PREEMPTING, JobState.ADMITTED, JobState.STARTING)
+
+
+def _classify(jobs: Iterable[Job]) -> tuple[dict[str, Job], dict[str, Job], list[Job]]:
+    """The waiting jobs, the terminating ones (`_terminating`) and those that hold resources
+    with an attempt, in one walk over a snapshot.
+
+    States are told apart by identity: `JobState.waiting` and `holds_resources` look the state
+    up in a frozenset, which hashes the enum member in Python — per job, per pass, it adds up.
+    """
+    waiting: dict[str, Job] = {}
+    terminating: dict[str, Job] = {}
+    holding: list[Job] = []
+    for j in jobs:
+        state = j.state
+        if state is _PENDING or state is _REQUEUED or state is _AWAITING:
+            waiting[j.id] = j
+        elif state is _RUNNING or state is _PREEMPTING or state is _ADMITTED or state is _STARTING:
+            a = j.attempt
+            if a is not None:
+                holding.append(j)
+                if a.sigterm_at is not None or state is _PREEMPTING:
+                    terminating[j.id] = j
+    return waiting, terminating, holding
+
+
 def _terminating(job: Job) -> bool:
     """Does the job hold resources it is about to give back (signalled, or in its grace)?"""
     return job.state.holds_resources and job.attempt is not None and (
@@ -132,48 +166,63 @@ def rank(snapshot: Snapshot, now: float, waiting: Iterable[Job] | None = None) -
     """The waiting jobs of a snapshot in scheduling order, each with its sort key.
 
     `waiting` may name the snapshot's waiting jobs when the caller already knows them.
+    """
+    return [(key, job) for *_, key, job in _ranked(snapshot, now, waiting)]
+
+
+Ranked = tuple[float, float, str, int, SortKey, Job]
+"""(−waited, submit, id, arrival, sort key, job): a job as `_ranked` sorts it."""
+
+
+def _ranked(snapshot: Snapshot, now: float, waiting: Iterable[Job] | None = None) -> list[Ranked]:
+    """`rank`, each job as (−waited, submit, id, arrival, sort key, job).
 
     Jobs are grouped by (tier, breach, fair rank) first and each group sorted by the rest: the
     groups are few, and inside one the first field compared is a float that rarely ties, which
-    is several times cheaper than comparing whole keys field by field.
+    is several times cheaper than comparing whole keys field by field. The rest leads each
+    entry, so a group sorts without a key function; `arrival` (unique) settles any full tie
+    as a stable sort would, and the key and job are never compared.
     """
     policy = snapshot.policy
     new = tuple.__new__  # SortKey's own constructor is a Python function; this is C
-    groups: dict[tuple[int, int, int], list[tuple[SortKey, Job]]] = {}
+    groups: dict[tuple[int, int, int], list[Ranked]] = {}
     order = policy.scheduling.order
     fifo = order != "governed"
     by_tier = order == "priority"
     fair = {} if fifo else fair_order(policy, snapshot.ledger.usage)
-    unknown = (len(fair), ())
     default_wait = policy.fair_share.aging.max_wait.get("default", INF)
-    max_wait = {q: policy.max_wait_for(q) for q in fair}
-    for j in (snapshot.jobs if waiting is None else waiting):
-        if not j.state.waiting:
+    # queue → (fair rank, ratios, max wait); a queue the policy does not know ranks last.
+    queues = {q: (fr, ratios, policy.max_wait_for(q)) for q, (fr, ratios) in fair.items()}
+    unknown = (len(fair), (), default_wait)
+    for n, j in enumerate(snapshot.jobs if waiting is None else waiting):
+        state = j.state
+        if not (state is _PENDING or state is _REQUEUED or state is _AWAITING):  # not state.waiting
             continue
         if fifo:
-            key = new(SortKey, (j.tier if by_tier else 0, 1, 0, 0.0, j.submit, j.id, ()))
+            tier = j.tier if by_tier else 0
+            key = new(SortKey, (tier, 1, 0, 0.0, j.submit, j.id, ()))
+            entry = (0.0, j.submit, j.id, n, key, j)
+            group_key = (tier, 1, 0)
         else:
-            fr, ratios = fair.get(j.queue, unknown)
+            fr, ratios, max_wait = queues.get(j.queue, unknown)
             since = j.submit if j.pending_since is None else j.pending_since
             waited = j.waited + (now - since if now > since else 0.0)  # Job.wait_at, inlined
-            breach = 0 if waited >= max_wait.get(j.queue, default_wait) else 1
-            key = new(SortKey, (j.tier, breach, fr, -waited, j.submit, j.id, ratios))
-        group = groups.get(key[:3])
+            breach = 0 if waited >= max_wait else 1
+            neg_waited = -waited
+            key = new(SortKey, (j.tier, breach, fr, neg_waited, j.submit, j.id, ratios))
+            entry = (neg_waited, j.submit, j.id, n, key, j)
+            group_key = (j.tier, breach, fr)
+        group = groups.get(group_key)
         if group is None:
-            groups[key[:3]] = [(key, j)]
+            groups[group_key] = [entry]
         else:
-            group.append((key, j))
-    ranked: list[tuple[SortKey, Job]] = []
+            group.append(entry)
+    ranked: list[Ranked] = []
     for g in sorted(groups):
         members = groups[g]
-        members.sort(key=_wait_submit_id)
+        members.sort()
         ranked.extend(members)
     return ranked
-
-
-def _wait_submit_id(kj: tuple[SortKey, Job]) -> tuple[float, float, str]:
-    k = kj[0]
-    return k[3], k[4], k[5]
 
 
 @dataclass(slots=True)
@@ -211,6 +260,8 @@ class Cycle:
             if self.charged(job) and job.queue in self.quota.paths:
                 self.quota.depart(job.queue, self.quota.demand(job, self.flavor_of_job[job.id]))
         self.claimed: set[str] = set()
+        self.leaving_now: list[Candidate] | None = None
+        """`_leaving`, until the next claim."""
         self.rests: dict[str, tuple[Job, tuple[tuple[str, int, int, int], ...], float]] = {}
         self.rest_quota: dict[str, list[tuple[int, tuple[float, ...]]]] = {}
         """Leaving jobs others count on: what of them is still unpromised, and when it frees."""
@@ -234,6 +285,7 @@ class Cycle:
         self.hold_version = 0
         self.attempts_left = self.policy.preemption.max_attempts_per_pass
         self.candidates: CandidatePool | None = None
+        self.release_orders: ReleaseOrders | None = None
         self.nodes_of_block = alloc.nodes_of_block
         self.max_victim_tier: int | None = None
 
@@ -248,16 +300,18 @@ class Cycle:
         approval: dict[int, Reason] = {}
         explanations = self.explanations
         new = tuple.__new__  # Explanation's own constructor is a Python function; this is C
-        for position, (key, job) in enumerate(rank(self.snapshot, self.now, self.waiting), 1):
+        now = self.now
+        consider = self._consider
+        for position, (_, _, _, _, key, job) in enumerate(_ranked(self.snapshot, now, self.waiting), 1):
             reason: Reason | None
-            if job.state is JobState.AWAITING_APPROVAL:
+            if job.state is _AWAITING:
                 reason = approval.get(job.tier) or approval.setdefault(job.tier, AwaitingApproval(job.tier))
-            elif job.not_before is not None and job.not_before > self.now:
+            elif job.not_before is not None and job.not_before > now:
                 reason = ThrashBackoff(job.not_before)
             elif head is not None:
                 reason = Position(position, head.id)
             else:
-                reason = self._consider(job)
+                reason = consider(job)
                 if reason is not None and strict:
                     head = job
             if reason is not None:
@@ -289,12 +343,13 @@ class Cycle:
         fronts = self.outcomes.get(key)
         if fronts is not None:
             # A job asking at least the CPU and memory of one that failed fails too.
+            job_cpu, job_memory, governed = job.cpu, job.memory, self.cpu_memory_governed
             for cpu, memory, version, reason in fronts:
                 if version == -1:
-                    if (job.cpu == cpu and job.memory == memory) if self.cpu_memory_governed \
-                            else (job.cpu >= cpu and job.memory >= memory):
+                    if (job_cpu == cpu and job_memory == memory) if governed \
+                            else (job_cpu >= cpu and job_memory >= memory):
                         return reason
-                elif version == self.hold_version and job.cpu == cpu and job.memory == memory:
+                elif version == self.hold_version and job_cpu == cpu and job_memory == memory:
                     return reason
         reason = self._try(job)
         if reason is not None and not isinstance(reason, (WaitingForGrace, WaitingForLease)) \
@@ -311,10 +366,16 @@ class Cycle:
 
         Jobs that end at different times but before (or after) the same reservations are due
         fail the same way, so they share one cached outcome."""
+        reserved = self.reserved
         if job.tier == 4:
-            return (True,) * len(self.reserved)
-        ends = None if job.expected_duration is None else self.now + job.expected_duration
-        return tuple(ends is not None and h.due is not None and ends <= h.due for h in self.reserved)
+            return (True,) * len(reserved)
+        if job.expected_duration is None:
+            return (False,) * len(reserved)
+        ends = self.now + job.expected_duration
+        if len(reserved) == 1:  # the default: one reservation
+            due = reserved[0].due
+            return (due is not None and ends <= due,)
+        return tuple([h.due is not None and ends <= h.due for h in reserved])
 
     def _try(self, job: Job) -> Reason | None:
         if job.queue not in self.quota.paths:
@@ -404,13 +465,24 @@ class Cycle:
         key = (flavor, job.replicas, job.gpus, job.cpu, job.memory, job.placement, tuple(id(h) for h in usable))
         if self.backfill_fail.get(key) == self.hold_version:
             return None
+        # Only the flavor's own nodes matter to a placement on it: release the holds there
+        # first, and the rest only once the job is found to fit.
+        flavor_of = self.index.flavor_of
+        here: list[tuple[str, int, int, int]] = []
+        elsewhere: list[tuple[str, int, int, int]] = []
+        for h in usable:
+            for part in h.parts:
+                (here if flavor_of(part[0]) == flavor else elsewhere).append(part)
         mark = self.index.mark()
-        self._release_holds(usable)
+        for part in here:
+            self.index.give(*part)
         names = self._find(flavor, job)
         if names is None:
             self.index.rollback(mark)
             self.backfill_fail[key] = self.hold_version
             return None
+        for part in elsewhere:
+            self.index.give(*part)
         # The job takes its share; each reservation keeps what is left of its part.
         self.index.place(names, job.gpus, job.cpu, job.memory)
         for h in usable:
@@ -433,12 +505,15 @@ class Cycle:
         known = self.held_ok.get(pkey)
         if known is not None and known[0] == self.hold_version:
             return known[1]
-        held = sum(g for h in self.holds for node, g, _, _ in h.parts if self.index.flavor_of(node) == flavor)
-        if self.index.free_gpus(flavor) + held < job.total_gpus:
+        # Only the flavor's own nodes matter to a placement on it: release the holds there.
+        flavor_of = self.index.flavor_of
+        parts = [part for h in self.holds for part in h.parts if flavor_of(part[0]) == flavor]
+        if self.index.free_gpus(flavor) + sum(part[1] for part in parts) < job.total_gpus:
             self.held_fail.add(pkey)
             return None
         mark = self.index.mark()
-        self._release_holds(self.holds)
+        for part in parts:
+            self.index.give(*part)
         fits = self._find(flavor, job) is not None
         self.index.rollback(mark)
         if not fits:
@@ -448,11 +523,6 @@ class Cycle:
         reason = Reserved(holder.job_id, holder.due)
         self.held_ok[pkey] = (self.hold_version, reason)
         return reason
-
-    def _release_holds(self, holds: Iterable[_Hold]) -> None:
-        for h in holds:
-            for node, g, c, m in h.parts:
-                self.index.give(node, g, c, m)
 
     def _take_free(self, parts: Iterable[tuple[str, int, int, int]]) -> list[tuple[str, int, int, int]]:
         """Take, of each wanted (node, gpus, cpu, memory), what is free now; return what was taken."""
@@ -537,7 +607,7 @@ class Cycle:
         return [(rp.node, c.job.gpus, c.job.cpu, c.job.memory) for rp in a.assignment]
 
     def fits(self, job: Job, flavor: str, d: tuple[float, ...]) -> bool:
-        if d and not self.quota.check(job.queue, d).fits:
+        if d and self.quota.violation(job.queue, d) is not None:
             return False
         return self._find(flavor, job) is not None
 
@@ -552,25 +622,49 @@ class Cycle:
         return self.nodes_of_block[block]
 
     def _candidates(self) -> CandidatePool:
-        """Running jobs not yet signalled, in the policy's victim order, priced once a pass."""
+        """Running jobs not yet signalled, in the policy's victim order, priced once a pass.
+
+        Everything about a victim but its cost at `now` is kept between passes
+        (`_victim_facts`); the cost is `rules.cost_at`, inlined (same arithmetic, same floats).
+        """
         if self.candidates is None:
             order = self.policy.preemption.victim_order
+            by_cost = order == "cost"
             now = self.now
+            known = self.victim_facts
+            terminating = self.terminating
             rows = []
+            nonnegative = True
             for v in self.holding.values():
-                if v.id in self.terminating:
+                if v.id in terminating:
                     continue
-                _, protected, since, restart = self._victim_facts(v)
-                cost, lost = cost_at(v, since, restart, now)
-                rows.append((victim_key(order, v, cost), v, cost, lost, 0.0 if protected <= now else protected))
-            rows.sort(key=lambda r: r[0])
+                facts = known.get(v.id)
+                if facts is None or facts[0] is not v or facts[1] > now:
+                    facts = self._victim_facts(v)
+                _, _, protected, since, restart, freed, gpus, neg_tier, neg_started = facts
+                if since is None:
+                    lost = 0.0
+                else:
+                    at_risk = now - since
+                    lost = gpus * (at_risk if at_risk > 0.0 else 0.0)  # max(0.0, now - since)
+                cost = lost + restart
+                if not cost >= 0.0:  # negative, or NaN
+                    nonnegative = False
+                key = (cost, neg_tier, neg_started, v.id) if by_cost else victim_key(order, v, cost)
+                rows.append((key, v, cost, lost, 0.0 if protected <= now else protected, freed))
+            rows.sort(key=itemgetter(0))
+            new = tuple.__new__  # Candidate's own constructor is a Python function; this is C
+            flavor_of_job = self.flavor_of_job
             self.candidates = CandidatePool([
-                Candidate(v, cost, lost, protected, self.flavor_of_job[v.id], rank)
-                for rank, (_, v, cost, lost, protected) in enumerate(rows)], by_cost=order == "cost")
+                new(Candidate, (v, cost, lost, protected, flavor_of_job[v.id], rank, freed, False, None, 0.0))
+                for rank, (_, v, cost, lost, protected, freed) in enumerate(rows)],
+                by_cost=by_cost, ascending=by_cost and nonnegative)
         return self.candidates
 
-    def _victim_facts(self, v: Job) -> tuple[Job, float, float | None, float]:
-        """(job, protected until, at risk since, restart cost), kept between passes per job.
+    def _victim_facts(self, v: Job) -> VictimFacts:
+        """What pricing a running job as a victim needs that does not change with time, kept
+        between passes per job: (job, seen at, protected until, at risk since, restart cost,
+        GPUs freed per node, GPUs, −tier, −started).
 
         A job's protection only ever lifts as time passes (a lease or stretched lease runs
         out, old preemptions leave the budget window), so what was computed at an earlier
@@ -578,11 +672,12 @@ class Cycle:
         """
         facts = self.victim_facts.get(v.id)
         if facts is None or facts[0] is not v or facts[1] > self.now:
-            protected = protection(self.ctx, v)
-            facts = (v, self.now, protected, at_risk_since(self.policy, v),
-                     startup_of(self.policy, v) * v.total_gpus)
+            started = v.attempt.started_at if v.attempt is not None else 0.0
+            facts = (v, self.now, protection(self.ctx, v), at_risk_since(self.policy, v),
+                     startup_of(self.policy, v) * v.total_gpus, freed_gpus(v), v.total_gpus,
+                     -v.tier, -started)
             self.victim_facts[v.id] = facts
-        return facts[0], facts[2], facts[3], facts[4]
+        return facts
 
     def _preempt(self, job: Job) -> Reason | None:
         """Make room for `job` from terminating jobs first, then from eligible victims.
@@ -649,7 +744,13 @@ class Cycle:
 
     def _leaving(self) -> list[Candidate]:
         """Capacity already on its way out, soonest first, as free candidates: terminating jobs
-        nobody counts on yet, and what is left of those others already count on."""
+        nobody counts on yet, and what is left of those others already count on. Kept until
+        the next claim changes either."""
+        if self.leaving_now is None:
+            self.leaving_now = self._leaving_now()
+        return self.leaving_now
+
+    def _leaving_now(self) -> list[Candidate]:
         rows = []
         for t in self.terminating.values():
             if t.id not in self.claimed:
@@ -658,8 +759,8 @@ class Cycle:
         for job_id, (t, parts, eta) in self.rests.items():
             rows.append((eta, job_id, t, parts))
         rows.sort(key=lambda r: (r[0], r[1]))
-        return [Candidate(t, 0.0, 0.0, 0.0, self.flavor_of_job[t.id], i - len(rows), leaving=True,
-                          parts=parts, eta=eta) for i, (eta, _, t, parts) in enumerate(rows)]
+        return [Candidate(t, 0.0, 0.0, 0.0, self.flavor_of_job[t.id], i - len(rows), freed_gpus(t, parts),
+                          leaving=True, parts=parts, eta=eta) for i, (eta, _, t, parts) in enumerate(rows)]
 
     def _search(self, job: Job, flavor: str) -> list[Candidate]:
         """Jobs whose exit makes room for `job` on `flavor` (released), or [] (nothing)."""
@@ -667,13 +768,13 @@ class Cycle:
         leaving = self._leaving()
         in_quota = self.quota.in_quota(job.queue, d, reclaim=True) if d else True
         mark = self._mark()
-        chosen = search(self, Preemptor(job, in_quota, d), flavor, self._candidates(), self.claimed, leaving)
+        chosen = search(self, Preemptor(job, in_quota, d), flavor, self._candidates(), leaving)
         if in_quota and d and chosen and not self.quota.in_quota(job.queue, d) \
                 and any(not c.leaving and c.job.queue != job.queue for c in chosen):
             # Counted as in-quota for what it could reclaim, but these victims leave it
             # borrowing: `scope: quota` then allows victims in its own queue only.
             self._rollback(mark)
-            chosen = search(self, Preemptor(job, False, d), flavor, self._candidates(), self.claimed, leaving)
+            chosen = search(self, Preemptor(job, False, d), flavor, self._candidates(), leaving)
         return chosen
 
     def _claim(self, job: Job, names: Sequence[str], d: tuple[float, ...], chosen: list[Candidate]) -> Reason:
@@ -710,8 +811,12 @@ class Cycle:
         for node, (g, cpu, mem) in rest_of_need.items():
             if g or cpu or mem:
                 self.index.take(node, g, cpu, mem)
+        pool = self._candidates()
+        self.leaving_now = None
         for c in chosen:
             self.claimed.add(c.job.id)
+            if not c.leaving:
+                pool.drop(c)
             rest = self._take_free(footprints[c.job.id])
             if rest:
                 self.rests[c.job.id] = (c.job, tuple(rest), etas[c.job.id])
@@ -756,29 +861,35 @@ class Cycle:
 
     def _forecast(self, job: Job, flavor: str) -> tuple[float, str, tuple[str, ...], list[Job], list[Job]] | None:
         """Release jobs in the order they will free capacity until the job fits: the due time,
-        its placement then, the jobs it waits for, and which of those it will preempt."""
+        its placement then, the jobs it waits for, and which of those it will preempt.
+
+        A running job frees its capacity at its expected end, or — if the job may preempt it
+        (pair rules) and its protection lifts before that — when the protection lifts; a
+        terminating one at its SIGKILL deadline. Both orders are sorted once a pass
+        (`_release_orders`) and merged here, each job taken from the one that applies to it,
+        so a forecast costs what it releases, not a sort of every running job.
+        """
         d = self.quota.demand(job, flavor) if self.charged(job) else ()
         p = Preemptor(job, self.quota.in_quota(job.queue, d, reclaim=True) if d else True, d)
-        events: list[tuple[float, str, Job, bool]] = []
+        at_end, at_lift, kinds = self._release_orders()
+        # The pair rules read the quota usage, which the releases below change: ask them first.
+        may = {kind: allowed(self.ctx, p, v) for kind, v in kinds.items()}
+        claimed = self.claimed
+        leaving: list[tuple[float, str, Job, bool]] = []
         for t in self.terminating.values():
-            if t.id not in self.claimed:
+            if t.id not in claimed:
                 kill_at = t.attempt.kill_at if t.attempt is not None else None
-                events.append((self.now if kill_at is None else kill_at, t.id, t, False))
-        for c in self._candidates().all:
-            v = c.job
-            if v.id in self.claimed:
-                continue
-            assert v.attempt is not None
-            end = v.attempt.started_at + v.expected_duration if v.expected_duration is not None else INF
-            free_at = c.protected_until if c.protected_until < end and allowed(self.ctx, p, v) else INF
-            t = min(end, max(free_at, self.now))
-            if t < INF:
-                events.append((t, v.id, v, free_at < end))
-        events.sort(key=lambda e: (e[0], e[1]))
+                leaving.append((self.now if kill_at is None else kill_at, t.id, t, False))
+        leaving.sort(key=_time_and_id)
+        ending = (e for e in _drain(at_end)
+                  if e[2].id not in claimed and not (e[3].protected_until < e[0] and may[e[2].tier, e[2].queue]))
+        lifting = (e for e in _drain(at_lift) if e[2].id not in claimed and may[e[2].tier, e[2].queue])
         mark = self._mark()
         released: list[tuple[Job, bool]] = []
         result = None
-        for t, _, v, preempt in events:
+        for t, _, v, preempt in heapq.merge(leaving, ((t, i, v, False) for t, i, v, _ in ending),
+                                            ((t, i, v, True) for t, i, v, _ in lifting),
+                                            key=_time_and_id):
             self._release_job(v)
             released.append((v, preempt))
             if self.fits(job, flavor, d):
@@ -789,3 +900,39 @@ class Cycle:
                 break
         self._rollback(mark)
         return result
+
+    def _release_orders(self) -> ReleaseOrders:
+        """The running jobs not signalled before this pass, in the order they end (those with an
+        expected end), and those whose protection lifts before their end, in the order they
+        may be preempted: heaps of (time, id, job, candidate), smallest time and id first; and
+        one job of each (tier, queue) among them, all the pair rules read of a victim. Once a
+        pass. Heaps, not sorted lists: a forecast stops after the first few hundred."""
+        if self.release_orders is None:
+            now = self.now
+            at_end: list[tuple[float, str, Job, Candidate]] = []
+            at_lift: list[tuple[float, str, Job, Candidate]] = []
+            kinds: dict[tuple[int, str], Job] = {}
+            for c in self._candidates().all:
+                v = c.job
+                kinds.setdefault((v.tier, v.queue), v)
+                assert v.attempt is not None
+                end = v.attempt.started_at + v.expected_duration if v.expected_duration is not None else INF
+                if end < INF:
+                    at_end.append((end, v.id, v, c))
+                if c.protected_until < end:
+                    at_lift.append((min(end, max(c.protected_until, now)), v.id, v, c))
+            heapq.heapify(at_end)  # ids are unique: tuples never compare past them
+            heapq.heapify(at_lift)
+            self.release_orders = (at_end, at_lift, kinds)
+        return self.release_orders
+
+
+def _time_and_id(e: tuple) -> tuple[float, str]:
+    return e[0], e[1]
+
+
+def _drain(heap: list[tuple[float, str, Job, Candidate]]) -> Iterator[tuple[float, str, Job, Candidate]]:
+    """A heap's items, smallest first, leaving the heap as it was."""
+    heap = heap.copy()
+    while heap:
+        yield heapq.heappop(heap)

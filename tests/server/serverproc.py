@@ -1,0 +1,94 @@
+"""A real warden server in a child process, on a free port, with fake GPUs — for end-to-end
+tests. Waits on conditions with timeouts, never on fixed sleeps."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+
+ADMIN = "admin-secret-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition",
+             interval: float = 0.02) -> Any:
+    """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+@dataclass
+class Server:
+    state_dir: Path
+    policy: Path | None = None
+    gpus: int = 4
+    db: str | None = None
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> Server:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        args = [sys.executable, "-m", "warden.cli.main", "server", "--port", str(self.port),
+                "--fake-gpus", str(self.gpus), "--state-dir", str(self.state_dir), "--bootstrap-token", ADMIN]
+        if self.policy is not None:
+            args += ["--policy", str(self.policy)]
+        if self.db is not None:
+            args += ["--db", self.db]
+        self.log = self.state_dir / f"server-{self.port}-{time.monotonic_ns()}.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
+        wait_for(self._healthy, 30, f"the server on {self.url} (log {self.log})")
+        return self
+
+    def _healthy(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"server exited {self.proc.returncode}: {self.log.read_text() if self.log else ''}")
+        try:
+            return httpx.get(f"{self.url}/v1/health", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def client(self, token: str | None = ADMIN) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=10)

@@ -1,0 +1,132 @@
+"""The shipped Alembic migrations build exactly the schema of warden.store.schema, on both databases."""
+
+from __future__ import annotations
+
+import fnmatch
+import threading
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
+from sqlalchemy import Engine, inspect, text
+
+from warden.store import Store, connect, current_revision, migrate
+from warden.store.db import MIGRATIONS_DIR, alembic_config
+from warden.store.schema import Base
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'warden.db'}"
+    else:
+        url = str(request.getfixturevalue("fresh_postgres_url"))
+    created = connect(url)
+    try:
+        yield created
+    finally:
+        created.dispose()
+
+
+def head() -> str:
+    revision = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert revision is not None
+    return revision
+
+
+def _columns(engine: Engine, table: str) -> dict[str, tuple[bool, bool]]:
+    """name -> (nullable, part of the primary key), as the database reports them."""
+    inspector = inspect(engine)
+    pk = set(inspector.get_pk_constraint(table)["constrained_columns"])
+    return {c["name"]: (bool(c["nullable"]), c["name"] in pk) for c in inspector.get_columns(table)}
+
+
+def test_migrate_creates_exactly_the_orm_schema(engine: Engine) -> None:
+    assert current_revision(engine) is None
+    migrate(engine)
+    assert current_revision(engine) == head()
+
+    inspector = inspect(engine)
+    assert set(inspector.get_table_names()) == set(Base.metadata.tables) | {"alembic_version"}
+    for name, table in Base.metadata.tables.items():
+        expected = {c.name: (bool(c.nullable), c.primary_key) for c in table.columns}
+        assert _columns(engine, name) == expected, name
+        indexes = {ix["name"]: tuple(ix["column_names"]) for ix in inspector.get_indexes(name)
+                   if not ix.get("unique")}
+        assert indexes == {ix.name: tuple(c.name for c in ix.columns) for ix in table.indexes}, name
+        foreign = {(tuple(fk["constrained_columns"]), fk["referred_table"]) for fk in inspector.get_foreign_keys(name)}
+        assert foreign == {((fk.parent.name,), fk.column.table.name) for fk in table.foreign_keys}, name
+    assert {tuple(u["column_names"]) for u in inspector.get_unique_constraints("tokens")} == {("token_hash",)}
+
+    # Alembic's own comparison (types, nullability, indexes, constraints) finds nothing to do.
+    with engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"compare_type": True})
+        assert compare_metadata(context, Base.metadata) == []
+
+
+def test_migrate_twice_is_harmless(engine: Engine) -> None:
+    migrate(engine)
+    store = Store(engine)
+    job_id = store.submit(name="x", user="u", queue="q", tier=3, command=["true"], actor="u", now=1.0)
+    store.audit("u", "approve", f"job/{job_id}", {}, now=2.0)
+    migrate(engine)
+    assert current_revision(engine) == head()
+    assert store.get(job_id) is not None and len(store.audit_log()) == 1
+
+
+def test_concurrent_migrations_are_serialized(engine: Engine) -> None:
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(3)
+
+    def run() -> None:
+        try:
+            barrier.wait()
+            migrate(engine)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert current_revision(engine) == head()
+
+
+def test_downgrade_to_base_removes_everything(engine: Engine) -> None:
+    from alembic import command
+
+    migrate(engine)
+    config = alembic_config()
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "base")
+    assert set(inspect(engine).get_table_names()) == {"alembic_version"}
+    with engine.connect() as conn:
+        if conn.dialect.name == "postgresql":
+            functions = conn.execute(text("SELECT count(*) FROM pg_proc WHERE proname = 'warden_audit_append_only'"))
+            assert functions.scalar_one() == 0
+    migrate(engine)  # and back up again
+    assert current_revision(engine) == head()
+
+
+def test_every_migration_file_ships_in_the_package() -> None:
+    """An installed warden must be able to migrate: pyproject's package-data must match every
+    file Alembic needs (env.py, the template, each revision)."""
+    config: dict[str, Any] = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"]["warden"]
+    package_root = REPO_ROOT / "warden"
+    needed = [p for p in MIGRATIONS_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    assert {p.name for p in needed} >= {"env.py", "script.py.mako", "0001_initial.py"}
+    for path in needed:
+        relative = path.relative_to(package_root).as_posix()
+        assert any(fnmatch.fnmatch(relative, pattern) for pattern in patterns), relative

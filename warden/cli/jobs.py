@@ -1,0 +1,254 @@
+"""The user's verbs, as Slurm and kubectl users know them: `submit`, `queue`, `describe`,
+`cancel`, `approve`, `logs`, `nodes`, `queues`, `token create`, `audit`.
+
+Each talks to a warden server (`WARDEN_URL`, `WARDEN_TOKEN`; `--url`/`--token` override).
+Every listing has `--json`; rich tables otherwise. A refusal prints one line naming the field
+and the value and exits 2; an unreachable server exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Annotated, Any, Iterator, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from warden.client import ApiRefused, Client, Unreachable
+from warden.engine.policy import format_duration
+
+EXIT_REFUSED = 2
+EXIT_UNREACHABLE = 1
+
+UrlOpt = Annotated[Optional[str], typer.Option("--url", help="Server URL (default $WARDEN_URL or http://127.0.0.1:8765).", show_default=False)]
+TokenOpt = Annotated[Optional[str], typer.Option("--token", help="Bearer token (default $WARDEN_TOKEN).", show_default=False)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+_err = Console(stderr=True)
+
+
+@contextmanager
+def client(url: str | None, token: str | None) -> Iterator[Client]:
+    c = Client(url, token)
+    try:
+        yield c
+    except ApiRefused as err:
+        _err.print(f"[bold red]error:[/] {err.describe()}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_REFUSED) from None
+    except Unreachable as err:
+        _err.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_UNREACHABLE) from None
+    finally:
+        c.close()
+
+
+def _dump(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2))
+
+
+def _age(seconds: float | None) -> str:
+    return "" if seconds is None else format_duration(round(seconds))
+
+
+def _parse_env(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for p in pairs:
+        key, sep, value = p.partition("=")
+        if not sep or not key:
+            _err.print(f"[bold red]error:[/] --env: {p!r} is not KEY=VALUE", highlight=False)
+            raise typer.Exit(EXIT_REFUSED)
+        env[key] = value
+    return env
+
+
+def register(app: typer.Typer) -> None:
+    """Attach the verbs to the top-level `warden` app."""
+
+    @app.command("submit", context_settings={"allow_interspersed_args": False})
+    def submit(
+        command: Annotated[list[str], typer.Argument(help="The command and its arguments (after --).", show_default=False)],
+        queue: Annotated[str, typer.Option("--queue", "-q", help="Leaf queue (team).", show_default=False)],
+        tier: Annotated[int, typer.Option("--tier", "-t", help="1 production inference, 2 pre-training, 3 experimentation, 4 opportunistic.", show_default=False)],
+        gpus: Annotated[int, typer.Option("--gpus", help="GPUs per replica.")] = 1,
+        replicas: Annotated[int, typer.Option("--replicas", help="Replicas of the gang.")] = 1,
+        placement: Annotated[str, typer.Option("--placement", help="pack, block or any.")] = "any",
+        lease: Annotated[Optional[str], typer.Option("--lease", help="Minimum runtime, e.g. 30m.", show_default=False)] = None,
+        grace: Annotated[Optional[str], typer.Option("--grace", help="Grace after SIGTERM, e.g. 300s.", show_default=False)] = None,
+        time_limit: Annotated[Optional[str], typer.Option("--time-limit", help="Runtime estimate, e.g. 2h.", show_default=False)] = None,
+        name: Annotated[str, typer.Option("--name", help="A name to show.")] = "",
+        cpu: Annotated[int, typer.Option("--cpu", help="Millicores per replica.")] = 0,
+        memory: Annotated[int, typer.Option("--memory", help="MiB per replica.")] = 0,
+        flavor: Annotated[Optional[str], typer.Option("--flavor", help="GPU flavor.", show_default=False)] = None,
+        env: Annotated[list[str], typer.Option("--env", "-e", help="KEY=VALUE for the job (repeatable).")] = [],
+        url: UrlOpt = None, token: TokenOpt = None, json_out: JsonOpt = False,
+    ) -> None:
+        """Submit a job; prints its id as the last word."""
+        import os
+
+        body: dict[str, Any] = {"queue": queue, "tier": tier, "command": list(command), "gpus": gpus,
+                                "replicas": replicas, "placement": placement, "name": name, "cpu": cpu,
+                                "memory": memory, "workdir": os.getcwd(), "env": _parse_env(env)}
+        for key, value in (("lease", lease), ("grace", grace), ("time_limit", time_limit), ("flavor", flavor)):
+            if value is not None:
+                body[key] = value
+        with client(url, token) as c:
+            out = c.submit(**body)
+        if json_out:
+            _dump(out)
+        else:
+            typer.echo(f"Submitted job ({out['state']}) {out['id']}")
+
+    @app.command("queue")
+    def queue_cmd(queue: Annotated[Optional[str], typer.Option("--queue", "-q", show_default=False)] = None,
+                  state: Annotated[Optional[str], typer.Option("--state", help="Comma-separated states.", show_default=False)] = None,
+                  user: Annotated[Optional[str], typer.Option("--user", "-u", show_default=False)] = None,
+                  all_jobs: Annotated[bool, typer.Option("--all", "-a", help="Include finished jobs.")] = False,
+                  url: UrlOpt = None, token: TokenOpt = None, json_out: JsonOpt = False) -> None:
+        """List jobs like squeue: id, name, queue, tier, state, GPUs, wait, position, reason."""
+        with client(url, token) as c:
+            rows = c.jobs(queue=queue, state=state, user=user, all=all_jobs)
+        if json_out:
+            _dump(rows)
+            return
+        t = Table("ID", "NAME", "USER", "QUEUE", "TIER", "STATE", "GPUS", "WAIT", "POS", "REASON")
+        for r in rows:
+            reason = r.get("reason") or {}
+            t.add_row(r["id"], r["name"], r["user"], r["queue"], str(r["tier"]), r["state"], str(r["gpus"]),
+                      _age(r["wait_s"]), str(r["position"] or ""), reason.get("code", ""))
+        Console().print(t)
+
+    @app.command("describe")
+    def describe(job_id: Annotated[str, typer.Argument(help="Job id.")], url: UrlOpt = None,
+                 token: TokenOpt = None, json_out: JsonOpt = False) -> None:
+        """Why a job waits (one sentence), its sort key, attempts and events."""
+        with client(url, token) as c:
+            j = c.job(job_id)
+        if json_out:
+            _dump(j)
+            return
+        con = Console()
+        con.print(f"[bold]job {j['id']}[/bold] {j['name']}  user {j['user']}  queue {j['queue']}  tier {j['tier']}  "
+                  f"[bold]{j['state']}[/bold]")
+        con.print(f"  {j['gpus']} GPU(s) as {j['replicas']} × {j['gpus_per_replica']}, placement {j['placement']}; "
+                  f"lease {_age(j['lease_s'])}, grace {_age(j['grace_s'])}; command: {' '.join(j['command'])}")
+        reason = j.get("reason")
+        if reason:
+            con.print(f"  [bold]why pending:[/bold] {reason['message']} ({reason['code']}, position {j['position']})")
+        if j.get("sort_key"):
+            con.print(f"  sort key: {json.dumps(j['sort_key'])}")
+        for w in j.get("warnings") or []:
+            con.print(f"  [yellow]warning:[/yellow] {w}")
+        if j["attempts"]:
+            t = Table("ATTEMPT", "STATE", "STARTED", "ENDED", "PLACEMENT", "EXIT", "REASON", title="attempts")
+            for a in j["attempts"]:
+                where = "; ".join(f"{p['node']}:{','.join(map(str, p['gpus']))}" for p in a["placement"])
+                t.add_row(str(a["number"]), a["state"], _clock(a["started_at"]), _clock(a["ended_at"]), where,
+                          ",".join(map(str, a["exit_codes"] or [])), a["reason"] or "")
+            con.print(t)
+        t = Table("TIME", "FROM", "TO", "ACTOR", "REASON", title="events")
+        for e in j["events"]:
+            t.add_row(_clock(e["at"]), e["from"] or "", e["to"], e["actor"], e["reason"])
+        con.print(t)
+
+    @app.command("cancel")
+    def cancel(job_id: Annotated[str, typer.Argument(help="Job id.")], url: UrlOpt = None, token: TokenOpt = None,
+               json_out: JsonOpt = False) -> None:
+        """Cancel a job: a running one gets SIGTERM, its grace, then SIGKILL."""
+        with client(url, token) as c:
+            out = c.cancel(job_id)
+        _dump(out) if json_out else typer.echo(f"job {out['id']}: {out['state']} (cancel requested)")
+
+    @app.command("approve")
+    def approve(job_id: Annotated[str, typer.Argument(help="Job id.")], url: UrlOpt = None, token: TokenOpt = None,
+                json_out: JsonOpt = False) -> None:
+        """Approve a tier-1/2 job that awaits an admin (admins only)."""
+        with client(url, token) as c:
+            out = c.approve(job_id)
+        _dump(out) if json_out else typer.echo(f"job {out['id']}: {out['state']}")
+
+    @app.command("logs")
+    def logs(job_id: Annotated[str, typer.Argument(help="Job id.")],
+             attempt: Annotated[Optional[int], typer.Option("--attempt", show_default=False)] = None,
+             rank: Annotated[int, typer.Option("--rank")] = 0,
+             follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the attempt ends.")] = False,
+             url: UrlOpt = None, token: TokenOpt = None) -> None:
+        """Print a job's output (stdout and stderr of one replica of one attempt)."""
+        offset = 0
+        with client(url, token) as c:
+            while True:
+                out = c.logs(job_id, attempt, rank, offset)
+                sys.stdout.write(out["text"])
+                sys.stdout.flush()
+                offset = out["offset"]
+                attempt = out["attempt"] or attempt
+                if not follow or out["eof"]:
+                    return
+                if not out["text"]:
+                    time.sleep(0.25)
+
+    @app.command("nodes")
+    def nodes(url: UrlOpt = None, token: TokenOpt = None, json_out: JsonOpt = False) -> None:
+        """The nodes, their GPUs and what runs on them."""
+        with client(url, token) as c:
+            rows = c.nodes()
+        if json_out:
+            _dump(rows)
+            return
+        t = Table("NODE", "FLAVOR", "GPUS", "USED", "FREE", "JOBS")
+        for n in rows:
+            t.add_row(n["name"], n["flavor"], str(n["gpus"]), str(n["gpus_used"]), str(n["gpus_free"]),
+                      ",".join(n["jobs"]))
+        Console().print(t)
+
+    @app.command("queues")
+    def queues(url: UrlOpt = None, token: TokenOpt = None, json_out: JsonOpt = False) -> None:
+        """Queues: quota, usage, fair share, owed vs delivered GPU-hours."""
+        with client(url, token) as c:
+            rows = c.queues()
+        if json_out:
+            _dump(rows)
+            return
+        t = Table("QUEUE", "PARENT", "WEIGHT", "NOMINAL", "IN USE", "PENDING", "FAIR-SHARE USE", "OWED GPU-h",
+                  "DELIVERED GPU-h")
+        for q in rows:
+            t.add_row(q["name"], q["parent"] or "", f"{q['weight']:g}",
+                      ", ".join(f"{k} {v:g}" for k, v in q["nominal"].items()), str(q["gpus_in_use"]),
+                      str(q["pending_jobs"]), f"{q['fair_share_usage']:.3g}", f"{q['owed_gpu_hours']:.2f}",
+                      f"{q['delivered_gpu_hours']:.2f}")
+        Console().print(t)
+
+    token_app = typer.Typer(help="Bearer tokens (admins only).", no_args_is_help=True)
+    app.add_typer(token_app, name="token")
+
+    @token_app.command("create")
+    def token_create(user: Annotated[str, typer.Option("--user", help="Who the token stands for.", show_default=False)],
+                     role: Annotated[str, typer.Option("--role", help="user or admin.")] = "user",
+                     queues: Annotated[str, typer.Option("--queues", help="Comma-separated leaf queues, or *.")] = "*",
+                     url: UrlOpt = None, token: TokenOpt = None, json_out: JsonOpt = False) -> None:
+        """Create a token; prints it (it is shown only once)."""
+        with client(url, token) as c:
+            out = c.create_token(user, role, [q.strip() for q in queues.split(",") if q.strip()])
+        _dump(out) if json_out else typer.echo(out["token"])
+
+    @app.command("audit")
+    def audit(limit: Annotated[int, typer.Option("--limit")] = 100, url: UrlOpt = None, token: TokenOpt = None,
+              json_out: JsonOpt = False) -> None:
+        """The append-only log of privileged actions (admins only)."""
+        with client(url, token) as c:
+            rows = c.audit(limit)
+        if json_out:
+            _dump(rows)
+            return
+        t = Table("TIME", "ACTOR", "ACTION", "TARGET", "DETAILS")
+        for a in rows:
+            t.add_row(_clock(a["at"]), a["actor"], a["action"], a["target"], json.dumps(a["details"]))
+        Console().print(t)
+
+
+def _clock(t: float | None) -> str:
+    return "" if t is None else datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")

@@ -1,0 +1,162 @@
+"""The executor contract: what a server asks of the machinery that runs jobs.
+
+An executor turns the engine's plan into processes and reports back what happened. The server
+calls it with plain data (`LaunchSpec`) and gets back plain data (`Handle`, `Exit`), so the
+same server drives the `local` executor, a Slurm cluster or Ray without knowing which.
+
+The one stateful promise is restart safety: the server persists the `Handle` of every attempt it
+starts, and after the server process dies and comes back, `Executor.adopt` finds the attempt
+again. Jobs never die because the server did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Protocol, runtime_checkable
+
+_EMPTY_ENV: Mapping[str, str] = MappingProxyType({})
+
+
+class UnknownAttempt(KeyError):
+    """The executor does not track this (job, attempt): never started, not adopted, or its
+    exit was already reported by `exits()`."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLaunch:
+    """One replica of a gang: where it runs and which GPUs it sees."""
+
+    rank: int              # 0..world_size-1
+    node: str              # node name from the engine's placement
+    gpus: tuple[int, ...]  # GPU indices on that node -> CUDA_VISIBLE_DEVICES="0,3"
+    local_rank: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """Everything needed to start one attempt of a job; the executor adds nothing of its own
+    except the free port of a gang whose `master_port` is None."""
+
+    job_id: str
+    attempt: int
+    command: tuple[str, ...]          # argv, run without a shell
+    replicas: tuple[ReplicaLaunch, ...]
+    grace_s: float                    # WARDEN_GRACE_SECONDS
+    workdir: Path                     # cwd of every replica (must exist)
+    log_dir: Path                     # per-attempt logs: one stdout+stderr file per replica
+    checkpoint_dir: Path              # WARDEN_CHECKPOINT_DIR (created if missing)
+    env: Mapping[str, str] = field(default_factory=lambda: _EMPTY_ENV)  # extra environment from the submission
+    master_port: int | None = None    # for gangs; a free port is picked if None
+
+    @property
+    def world_size(self) -> int:
+        return len(self.replicas)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaHandle:
+    """Where to find one running replica again: its supervisor (the shim), the job's process
+    group, and the files the shim writes. `pgid` is None when the command could not be started
+    (the exit file then says why)."""
+
+    rank: int
+    shim_pid: int
+    pgid: int | None
+    status_path: Path
+    exit_path: Path
+    log_path: Path
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "shim_pid": self.shim_pid, "pgid": self.pgid,
+                "status_path": str(self.status_path), "exit_path": str(self.exit_path),
+                "log_path": str(self.log_path)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ReplicaHandle:
+        pgid = data.get("pgid")
+        return cls(rank=int(data["rank"]), shim_pid=int(data["shim_pid"]),
+                   pgid=None if pgid is None else int(pgid),
+                   status_path=Path(data["status_path"]), exit_path=Path(data["exit_path"]),
+                   log_path=Path(data["log_path"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Handle:
+    """What the server persists to find a running attempt again after it restarts.
+
+    `to_dict`/`from_dict` give a JSON-ready form so the server can store it in any database.
+    `control_path` is where the executor records a terminate/kill of this attempt (signal
+    times, SIGKILL deadline), so a server that restarts mid-grace still kills on time."""
+
+    job_id: str
+    attempt: int
+    replicas: tuple[ReplicaHandle, ...]
+    control_path: Path | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "attempt": self.attempt,
+                "replicas": [r.to_dict() for r in self.replicas],
+                "control_path": None if self.control_path is None else str(self.control_path)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Handle:
+        control = data.get("control_path")
+        return cls(job_id=str(data["job_id"]), attempt=int(data["attempt"]),
+                   replicas=tuple(ReplicaHandle.from_dict(r) for r in data["replicas"]),
+                   control_path=None if control is None else Path(control))
+
+
+@dataclass(frozen=True, slots=True)
+class Exit:
+    """An attempt whose every process is gone. Resources may be released only now."""
+
+    job_id: str
+    attempt: int
+    exit_codes: tuple[int | None, ...]   # per replica, subprocess convention (-9 = SIGKILL); None = unknown
+    ended_at: float                      # wall clock when the last process of the attempt was gone
+    signalled_at: float | None           # when warden sent SIGTERM (None if never)
+    killed: bool                         # warden sent SIGKILL (at the grace deadline, or by kill())
+    killed_at: float | None = None       # wall clock when that SIGKILL was sent
+    error: str | None = None             # why a replica has no exit status (not started, supervisor lost)
+
+    @property
+    def succeeded(self) -> bool:
+        return all(code == 0 for code in self.exit_codes)
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Makes a plan real. Every method is safe to call from the server's threads."""
+
+    def start(self, spec: LaunchSpec) -> Handle:
+        """Start every replica of the attempt; returns once each has a process (or failed to)."""
+        ...
+
+    def terminate(self, job_id: str, attempt: int, grace_s: float) -> float:
+        """SIGTERM every replica's whole process group now, SIGKILL every group at now + grace
+        (a timer, not a polling tick). Returns the SIGKILL deadline (time.time() based).
+        Idempotent: a second call changes nothing and returns the first deadline."""
+        ...
+
+    def kill(self, job_id: str, attempt: int) -> None:
+        """SIGKILL every group now."""
+        ...
+
+    def exits(self) -> list[Exit]:
+        """Attempts whose every process is gone since the last call, each reported once."""
+        ...
+
+    def adopt(self, handle: Handle, kill_at: float | None = None) -> None:
+        """After a restart: track this attempt again; re-arm its SIGKILL if it was terminating."""
+        ...
+
+    def running(self) -> list[tuple[str, int]]:
+        """(job_id, attempt) of every tracked attempt not yet reported by `exits()`."""
+        ...
+
+    def close(self) -> None:
+        """Stop timers and threads. Never kills jobs: they must survive a server restart."""
+        ...

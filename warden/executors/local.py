@@ -1,0 +1,513 @@
+"""The `local` executor: runs each attempt as process groups on this machine.
+
+Every replica runs under its own shim (`warden.executors.shim`), started detached in a new
+session: the shim is the job's parent, so the job and its exit status outlive the server, even a
+server killed with SIGKILL. The job runs in a process group of its own (a new session), which is
+what warden signals: SIGTERM to every replica's group in one loop, then SIGKILL to every group
+from a single timer thread at the deadline, never earlier. An attempt is reported as exited only
+when the shims of all its replicas have written their exit files, i.e. when no process of any of
+its groups is left, because only then may its GPUs be given to someone else.
+
+Files per attempt, all under `LaunchSpec.log_dir`:
+`rank-N.log` (the replica's stdout and stderr), `rank-N.status.json` (written by the shim once
+the job runs), `rank-N.exit.json` (written by the shim once the group is gone) and
+`control.json` (written here on terminate/kill, so that an adopter re-arms the SIGKILL timer).
+See docs/executors.md.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from warden.executors.base import Exit, Handle, LaunchSpec, ReplicaHandle, ReplicaLaunch, UnknownAttempt
+from warden.executors.shim import group_alive, process_alive, read_json, start_ticks, write_json_atomic
+
+Key = tuple[str, int]
+
+#: Inherited variables that would mislead a job: GPU visibility and the gang rendezvous are
+#: warden's to set, and `WARDEN_*` belongs to the contract (DESIGN §6).
+INHERITED_DROPPED = frozenset({"CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "RANK",
+                               "WORLD_SIZE", "LOCAL_RANK"})
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+class LaunchError(OSError):
+    """The attempt could not be started (its workdir is missing, a shim failed); nothing of it is
+    left running. An OSError, like the failures of `subprocess` it stands for."""
+
+
+def job_environment(spec: LaunchSpec, replica: ReplicaLaunch, *, master_port: int | None,
+                    log_path: Path, base: Mapping[str, str]) -> dict[str, str]:
+    """The environment of one replica: `base` (the server's) without GPU, rendezvous and
+    WARDEN_* variables, then the submission's `env`, then warden's contract variables, which
+    nothing overrides (a job must not widen its own CUDA_VISIBLE_DEVICES)."""
+    env = {k: v for k, v in base.items() if k not in INHERITED_DROPPED and not k.startswith("WARDEN_")}
+    env.update(spec.env)
+    env.update({
+        "WARDEN_JOB_ID": spec.job_id,
+        "WARDEN_ATTEMPT": str(spec.attempt),
+        "WARDEN_GRACE_SECONDS": _seconds(spec.grace_s),
+        "WARDEN_CHECKPOINT_DIR": str(spec.checkpoint_dir),
+        "WARDEN_LOG_FILE": str(log_path),
+        "WARDEN_NODE": replica.node,
+        "CUDA_VISIBLE_DEVICES": ",".join(str(gpu) for gpu in replica.gpus),
+    })
+    if spec.world_size > 1:
+        env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
+                    "RANK": str(replica.rank), "WORLD_SIZE": str(spec.world_size),
+                    "LOCAL_RANK": str(replica.local_rank)})
+    else:
+        for name in INHERITED_DROPPED - {"CUDA_VISIBLE_DEVICES"}:
+            env.pop(name, None)  # the submission's env may not fake a gang either
+    return env
+
+
+def log_paths(handle: Handle) -> tuple[Path, ...]:
+    """The log file of every replica, by rank."""
+    return tuple(replica.log_path for replica in handle.replicas)
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _seconds(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+@dataclass(slots=True)
+class _Tracked:
+    """What this executor knows of one attempt besides its handle (mutable, under the lock)."""
+
+    handle: Handle
+    shim_ticks: tuple[int | None, ...]
+    signalled_at: float | None = None
+    kill_at: float | None = None        # wall clock deadline, as returned by terminate()
+    kill_mono: float | None = None      # the same deadline on the monotonic clock
+    killed_at: float | None = None
+
+
+class _KillTimer:
+    """One thread and a heap of monotonic deadlines: SIGKILL comes when the deadline is due,
+    not at the next tick of some polling loop (Slurm's 30 s poll is what warden improves on).
+    The thread waits on a condition variable with the exact remaining time and re-checks the
+    clock, so it never fires early."""
+
+    def __init__(self, fire: Callable[[list[Key]], None]) -> None:
+        self._fire = fire
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, Key]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def arm(self, deadline_mono: float, key: Key) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            heapq.heappush(self._heap, (deadline_mono, next(self._order), key))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="warden-kill-timer", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+
+    def _next_due(self) -> list[Key]:
+        """Block until at least one deadline is due; return every due key (empty when closed)."""
+        with self._cond:
+            while not self._closed:
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                now = time.monotonic()
+                if self._heap[0][0] <= now:
+                    due = []
+                    while self._heap and self._heap[0][0] <= now:
+                        due.append(heapq.heappop(self._heap)[2])
+                    return due
+                self._cond.wait(self._heap[0][0] - now)
+            return []
+
+    def _run(self) -> None:
+        while due := self._next_due():
+            self._fire(due)
+
+
+class LocalExecutor:
+    """Runs attempts as process groups on this machine (Linux). Thread-safe.
+
+    `base_env` is the environment jobs inherit (default: this process's, read at each start);
+    `python` runs the shim; `start_timeout_s` bounds how long `start` waits for every shim
+    to report its job running."""
+
+    def __init__(self, *, base_env: Mapping[str, str] | None = None, python: str = sys.executable,
+                 start_timeout_s: float = 30.0) -> None:
+        self._base_env = base_env
+        self._python = python
+        self._start_timeout_s = start_timeout_s
+        self._lock = threading.Lock()
+        self._control_lock = threading.Lock()  # orders control.json writes; taken before _lock
+        self._tracked: dict[Key, _Tracked] = {}
+        self._starting: set[Key] = set()
+        self._unreaped: dict[int, int | None] = {}  # shim pid -> start ticks
+        self._timer = _KillTimer(self._deadlines_reached)
+        self._closed = False
+
+    # -- start -----------------------------------------------------------------------------
+
+    def start(self, spec: LaunchSpec) -> Handle:
+        """Start every replica under its shim; returns once each job process exists (or failed
+        to exec, which `exits()` then reports with exit code 127/126). Raises ValueError for a
+        malformed spec, LaunchError (an OSError) when the workdir is missing or a shim fails
+        (the rest of the gang is killed)."""
+        _validate(spec)
+        if not spec.workdir.is_dir():
+            raise LaunchError(f"job {spec.job_id!r}: workdir {str(spec.workdir)!r} is not a directory")
+        key = (spec.job_id, spec.attempt)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("executor is closed")
+            if key in self._tracked or key in self._starting:
+                raise ValueError(f"attempt {spec.attempt} of job {spec.job_id!r} is already running here")
+            self._starting.add(key)
+        try:
+            handle = self._launch(spec)
+            tracked = _Tracked(handle, tuple(_shim_ticks(r) for r in handle.replicas))
+            with self._lock:
+                self._tracked[key] = tracked
+            return handle
+        finally:
+            with self._lock:
+                self._starting.discard(key)
+
+    def _launch(self, spec: LaunchSpec) -> Handle:
+        spec.log_dir.mkdir(parents=True, exist_ok=True)
+        spec.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        port = (spec.master_port or free_port()) if spec.world_size > 1 else None
+        base = dict(os.environ if self._base_env is None else self._base_env)
+        ordered = sorted(spec.replicas, key=lambda r: r.rank)
+        replicas = [_replica_paths(spec.log_dir, r.rank) for r in ordered]
+        launches: list[dict[str, Any]] = []
+        control = spec.log_dir / "control.json"
+        control.unlink(missing_ok=True)  # leftovers of an earlier start in the same directory
+        for replica, (log, status, exit_path) in zip(ordered, replicas):
+            for stale in (status, exit_path):
+                stale.unlink(missing_ok=True)
+            env = job_environment(spec, replica, master_port=port, log_path=log, base=base)
+            launches.append({"argv": list(spec.command), "cwd": str(spec.workdir), "env": env,
+                             "log": str(log), "status": str(status), "exit": str(exit_path)})
+        shims = [self._spawn_shim(launch) for launch in launches]
+        failures = self._await_shims(shims, launches)
+        handles = []
+        for replica, (log, status, exit_path) in zip(ordered, replicas):
+            record = read_json(status)
+            if record is None:
+                continue
+            handles.append(ReplicaHandle(rank=replica.rank, shim_pid=int(record["shim_pid"]),
+                                         pgid=record.get("pgid"), status_path=status,
+                                         exit_path=exit_path, log_path=log))
+        if failures:
+            _signal_groups([h.pgid for h in handles], signal.SIGKILL)
+            raise LaunchError(f"job {spec.job_id!r} attempt {spec.attempt}: " + "; ".join(failures))
+        return Handle(spec.job_id, spec.attempt, tuple(handles), control_path=control)
+
+    def _spawn_shim(self, launch: dict[str, Any]) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+        with open(str(launch["log"]), "ab") as log:
+            return subprocess.Popen(
+                [self._python, "-m", "warden.executors.shim"], stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL, stderr=log, cwd="/", env=env,
+                start_new_session=True, close_fds=True)
+
+    def _await_shims(self, shims: list[subprocess.Popen[bytes]], launches: list[dict[str, Any]]) -> list[str]:
+        """Hand each shim its launch description, then wait until each has reported its job
+        running (the first shim process exits 0 then). Returns what went wrong, per replica."""
+        for shim, launch in zip(shims, launches):
+            assert shim.stdin is not None
+            try:
+                shim.stdin.write(json.dumps(launch).encode())
+                shim.stdin.close()
+            except BrokenPipeError:
+                pass
+        deadline = time.monotonic() + self._start_timeout_s
+        failures = []
+        for shim, launch in zip(shims, launches):
+            try:
+                code = shim.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_groups([shim.pid], signal.SIGKILL)  # the first process and the forked shim
+                shim.wait()
+                code = None
+            if code != 0:
+                failures.append(f"shim for {launch['log']} failed "
+                                f"({'timed out' if code is None else f'exit {code}'})")
+        return failures
+
+    # -- signals ---------------------------------------------------------------------------
+
+    def terminate(self, job_id: str, attempt: int, grace_s: float) -> float:
+        """SIGTERM every replica's process group in one loop, and arm a single SIGKILL for all
+        of them at the returned deadline (`time.time()` based). The deadline is taken after the
+        last SIGTERM went out, so no group gets less than `grace_s`. Idempotent: a second call
+        returns the first deadline and sends nothing."""
+        if grace_s < 0:
+            raise ValueError(f"grace_s must be >= 0, got {grace_s!r}")
+        key = (job_id, attempt)
+        with self._lock:
+            tracked = self._get(key)
+            if tracked.kill_at is not None:
+                return tracked.kill_at
+            sent = _signal_groups(_live_groups(tracked.handle), signal.SIGTERM)
+            mono, now = time.monotonic(), time.time()
+            tracked.kill_at = now + grace_s
+            tracked.kill_mono = mono + grace_s
+            if sent:  # else every group was gone already: it ended by itself, no SIGTERM
+                tracked.signalled_at = now
+                self._timer.arm(tracked.kill_mono, key)
+            deadline = tracked.kill_at
+        self._persist(tracked)
+        return deadline
+
+    def kill(self, job_id: str, attempt: int) -> None:
+        """SIGKILL every replica's process group now."""
+        key = (job_id, attempt)
+        with self._lock:
+            tracked = self._get(key)
+            killed = self._kill_locked(tracked)
+        if killed:
+            self._persist(tracked)
+
+    def _deadlines_reached(self, keys: list[Key]) -> None:
+        """The timer's callback: SIGKILL every due attempt first, then record it on disk."""
+        killed = []
+        with self._lock:
+            for key in keys:
+                tracked = self._tracked.get(key)
+                if tracked is None or tracked.kill_mono is None or time.monotonic() < tracked.kill_mono:
+                    continue  # already reported, or re-armed later by adopt()
+                if self._kill_locked(tracked):
+                    killed.append(tracked)
+        for tracked in killed:
+            self._persist(tracked)
+
+    def _kill_locked(self, tracked: _Tracked) -> bool:
+        if tracked.killed_at is not None:
+            return False
+        if not _signal_groups(_live_groups(tracked.handle), signal.SIGKILL):
+            return False
+        tracked.killed_at = time.time()
+        if tracked.kill_at is None:
+            tracked.kill_at = tracked.killed_at
+        return True
+
+    def _persist(self, tracked: _Tracked) -> None:
+        """Write the attempt's signal state to control.json for a future adopter. Outside the
+        main lock (fsync is slow); the latest state is read under it, so writes never regress."""
+        if tracked.handle.control_path is None:
+            return
+        with self._control_lock:
+            with self._lock:
+                record = {"signalled_at": tracked.signalled_at, "kill_at": tracked.kill_at,
+                          "killed_at": tracked.killed_at}
+            write_json_atomic(tracked.handle.control_path, record)
+
+    # -- exits -----------------------------------------------------------------------------
+
+    def exits(self) -> list[Exit]:
+        """Attempts whose every process is gone, each reported exactly once (then forgotten)."""
+        with self._lock:
+            candidates = list(self._tracked.items())
+        done: list[tuple[Key, list[dict[str, Any]]]] = []
+        for key, tracked in candidates:
+            records = []
+            for replica, ticks in zip(tracked.handle.replicas, tracked.shim_ticks):
+                record = _replica_exit(replica, ticks)
+                if record is None:
+                    break
+                records.append(record)
+            else:
+                done.append((key, records))
+        reported = []
+        with self._lock:
+            for key, records in done:
+                if key in self._tracked:
+                    tracked = self._tracked.pop(key)
+                    reported.append(_exit(tracked, records))
+                    self._unreaped.update(zip((r.shim_pid for r in tracked.handle.replicas), tracked.shim_ticks))
+            self._reap_shims()
+        return reported
+
+    def _reap_shims(self) -> None:
+        """Shims are re-parented to init, which reaps them. Where this process is init (the
+        server as PID 1 of a container) or a subreaper, they are re-parented here instead and
+        would stay zombies: reap exactly those, by pid, once they are done (never waitpid(-1),
+        which would steal the exit status of the server's own subprocesses)."""
+        for pid, ticks in list(self._unreaped.items()):
+            if start_ticks(pid) != ticks:
+                del self._unreaped[pid]  # gone, or the pid names someone else now
+                continue
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                    continue  # our child, still finishing: next call
+            except ChildProcessError:
+                pass  # not our child: init reaps it
+            del self._unreaped[pid]
+
+    def replica_exit_codes(self, job_id: str, attempt: int) -> tuple[int | None, ...]:
+        """Per replica, its exit code if its group is already gone, else None. For a server's
+        gang policy: a gang with a failed replica is not ended by the executor by itself."""
+        with self._lock:
+            tracked = self._get((job_id, attempt))
+        return tuple(None if record is None else record.get("exit_code")
+                     for record in (read_json(r.exit_path) for r in tracked.handle.replicas))
+
+    # -- restart ---------------------------------------------------------------------------
+
+    def adopt(self, handle: Handle, kill_at: float | None = None) -> None:
+        """Track an attempt started by an earlier server process. Its terminate record (if
+        any) is read back; the SIGKILL timer is re-armed at `kill_at`, else at the recorded
+        deadline, and fires at once if that is past. Adopting a tracked attempt only re-arms."""
+        key = (handle.job_id, handle.attempt)
+        control = read_json(handle.control_path) if handle.control_path is not None else None
+        control = control or {}
+        with self._lock:
+            tracked = self._tracked.get(key)
+            if tracked is None:
+                tracked = _Tracked(handle, tuple(_shim_ticks(r) for r in handle.replicas),
+                                   signalled_at=control.get("signalled_at"),
+                                   kill_at=control.get("kill_at"), killed_at=control.get("killed_at"))
+                self._tracked[key] = tracked
+            deadline = kill_at if kill_at is not None else tracked.kill_at
+            if deadline is not None and tracked.killed_at is None:
+                tracked.kill_at = deadline
+                tracked.kill_mono = time.monotonic() + (deadline - time.time())
+                self._timer.arm(tracked.kill_mono, key)
+
+    def running(self) -> list[tuple[str, int]]:
+        """Every tracked attempt whose exit `exits()` has not reported yet."""
+        with self._lock:
+            return sorted(self._tracked)
+
+    def handle(self, job_id: str, attempt: int) -> Handle:
+        with self._lock:
+            return self._get((job_id, attempt)).handle
+
+    def close(self) -> None:
+        """Stop the timer thread. Jobs keep running; pending SIGKILLs are left to an adopter
+        (they are recorded in each attempt's control.json)."""
+        with self._lock:
+            self._closed = True
+        self._timer.close()
+
+    def __enter__(self) -> LocalExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _get(self, key: Key) -> _Tracked:
+        tracked = self._tracked.get(key)
+        if tracked is None:
+            raise UnknownAttempt(key)
+        return tracked
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def _validate(spec: LaunchSpec) -> None:
+    if not spec.command:
+        raise ValueError(f"job {spec.job_id!r}: command is empty")
+    if not spec.replicas:
+        raise ValueError(f"job {spec.job_id!r}: no replicas")
+    ranks = sorted(r.rank for r in spec.replicas)
+    if ranks != list(range(len(ranks))):
+        raise ValueError(f"job {spec.job_id!r}: replica ranks must be 0..{len(ranks) - 1}, got {ranks}")
+    if spec.grace_s < 0:
+        raise ValueError(f"job {spec.job_id!r}: grace_s must be >= 0, got {spec.grace_s!r}")
+
+
+def _replica_paths(log_dir: Path, rank: int) -> tuple[Path, Path, Path]:
+    return (log_dir / f"rank-{rank}.log", log_dir / f"rank-{rank}.status.json",
+            log_dir / f"rank-{rank}.exit.json")
+
+
+def _shim_ticks(replica: ReplicaHandle) -> int | None:
+    status = read_json(replica.status_path)
+    return None if status is None else status.get("shim_start_ticks")
+
+
+def _live_groups(handle: Handle) -> list[int]:
+    """Process groups that may still hold processes. A group whose exit file exists is gone,
+    and its id may already name someone else's group: it is never signalled."""
+    return [r.pgid for r in handle.replicas if r.pgid is not None and not r.exit_path.exists()]
+
+
+def _signal_groups(pgids: Iterable[int | None], sig: signal.Signals) -> int:
+    """Send `sig` to every group in one loop (no I/O in between); returns how many got it."""
+    sent = 0
+    for pgid in pgids:
+        if pgid is None:
+            continue
+        try:
+            os.killpg(pgid, sig)
+            sent += 1
+        except ProcessLookupError:
+            pass
+    return sent
+
+
+def _replica_exit(replica: ReplicaHandle, shim_ticks: int | None) -> dict[str, Any] | None:
+    """The replica's exit record, or None while any of its processes may live. A shim that
+    died without writing one (killed by hand, OOM, reboot) is survived: once its group is gone
+    too, an exit with an unknown status is recorded in its place."""
+    record = read_json(replica.exit_path)
+    if record is not None or process_alive(replica.shim_pid, shim_ticks):
+        return record
+    record = read_json(replica.exit_path)  # it may have written it just before exiting
+    if record is not None:
+        return record
+    if replica.pgid is not None and group_alive(replica.pgid):
+        return None
+    record = {"exit_code": None, "ended_at": time.time(),
+              "error": f"supervisor (pid {replica.shim_pid}) is gone without an exit record"}
+    write_json_atomic(replica.exit_path, record)
+    return record
+
+
+def _exit(tracked: _Tracked, records: list[dict[str, Any]]) -> Exit:
+    errors = [f"rank {r.rank}: {rec['error']}" for r, rec in zip(tracked.handle.replicas, records)
+              if rec.get("error")]
+    return Exit(job_id=tracked.handle.job_id, attempt=tracked.handle.attempt,
+                exit_codes=tuple(_optional_int(rec.get("exit_code")) for rec in records),
+                ended_at=max(float(rec["ended_at"]) for rec in records),
+                signalled_at=tracked.signalled_at, killed=tracked.killed_at is not None,
+                killed_at=tracked.killed_at, error="; ".join(errors) or None)
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)

@@ -1,0 +1,276 @@
+"""The shim: a tiny supervisor between the local executor and one replica of a job.
+
+Why it exists: the server must be able to die (even by SIGKILL) and come back without taking
+its jobs along, and whoever comes back must still learn each job's exit status and the moment
+its last process was gone. A process's exit status can only be collected by its parent, so the
+parent of the job must be something that outlives the server and writes the status down: this
+shim. It runs detached in its own session, is a child subreaper (orphaned descendants of the job
+are re-parented to it, so it can tell when the very last one is gone), ignores the terminal
+signals, and records everything in two small JSON files written atomically:
+
+- the status file, as soon as the job has started: shim pid, job pid and process group;
+- the exit file, once no process of the job's group is left: the main process's exit status
+  (subprocess convention, -9 = killed by SIGKILL) and the time the last process was gone.
+
+Protocol (used by `warden.executors.local`): the launch description comes as JSON on stdin
+(so the job's environment, which may hold secrets, is never written to disk). The first process
+forks the real shim and exits with 0 once the status file exists (1 if the shim died first), so
+the executor learns about success without polling and never has a zombie to reap.
+
+Only the standard library is imported here: the shim starts fast and cannot break because of
+the rest of warden.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+PR_SET_CHILD_SUBREAPER = 36
+# How often the shim looks at the job's process group when no child exited (a member whose
+# parent is not the shim can leave the group without the shim being told). Normal exits are
+# seen at once through SIGCHLD.
+POLL_S = 0.2
+_SUPERVISOR_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write `data` so that a reader sees either nothing or the whole file, even after a crash
+    or power loss: temp file, fsync, rename, fsync the directory."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(data, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The file's JSON object, or None if it does not exist (yet)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except FileNotFoundError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (index 0 = state), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2:].split()
+
+
+def start_ticks(pid: int) -> int | None:
+    """When the process started, in clock ticks since boot: with the pid it names a process
+    uniquely, so a recycled pid is not mistaken for the shim. None if unknown."""
+    fields = _proc_stat(pid)
+    return int(fields[19]) if fields and len(fields) > 19 else None
+
+
+def process_alive(pid: int, ticks: int | None = None) -> bool:
+    """Is `pid` a live process (not a zombie) and, when `ticks` is given, the same one?"""
+    fields = _proc_stat(pid)
+    if fields is None:
+        if os.path.isdir("/proc/self"):
+            return False
+        try:  # no /proc: all we can ask is whether the pid exists
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    if fields[0] in ("Z", "X"):
+        return False
+    return ticks is None or len(fields) <= 19 or int(fields[19]) == ticks
+
+
+def group_alive(pgid: int) -> bool:
+    """Does any process (zombies included) still belong to process group `pgid`?"""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _children(parent: int) -> list[int]:
+    """Pids whose parent is `parent`, from /proc (empty where there is no /proc)."""
+    found: list[int] = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in names:
+        if name.isdigit():
+            fields = _proc_stat(int(name))
+            if fields and len(fields) > 1 and int(fields[1]) == parent:
+                found.append(int(name))
+    return found
+
+
+def _become_subreaper() -> bool:
+    """Orphaned descendants of the job are re-parented to the shim rather than to init, so the
+    shim can reap them and knows when the last one is gone. Linux only; elsewhere the shim
+    falls back to watching the process group."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def _reset_signals_in_child() -> None:
+    """The job must start with default signal handling: the shim ignores SIGTERM and blocks
+    SIGCHLD, and both would otherwise survive exec into the job."""
+    for sig in _SUPERVISOR_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
+def _reap_ready(leader: int) -> int | None:
+    """Reap every child that has exited; returns the leader's wait status if it was among them."""
+    leader_status = None
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return leader_status
+        if pid == 0:
+            return leader_status
+        if pid == leader:
+            leader_status = status
+
+
+def _kill_escaped() -> int:
+    """SIGKILL the descendants that left the job's process group (setsid daemons and the like)
+    once the group itself is gone, and reap them: the attempt's resources are freed when the
+    exit file appears, so nothing of the job may outlive it (Slurm's proctrack does the same).
+    Returns how many were killed."""
+    me = os.getpid()
+    killed: set[int] = set()
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return len(killed)
+        if pid:
+            continue
+        for child in _children(me):
+            try:
+                os.kill(child, signal.SIGKILL)
+                killed.add(child)
+            except ProcessLookupError:
+                pass
+        signal.sigtimedwait([signal.SIGCHLD], POLL_S)
+
+
+def wait_for_group(leader: int) -> tuple[int, float, int]:
+    """Wait until the main process has exited and no process of its group is left.
+
+    Returns (main exit status in subprocess convention, wall time the last one was gone,
+    number of escaped descendants killed). SIGCHLD must be blocked by the caller so that
+    `sigtimedwait` wakes on every child exit without a race against the reaping."""
+    leader_code: int | None = None
+    while True:
+        status = _reap_ready(leader)
+        if status is not None:
+            leader_code = os.waitstatus_to_exitcode(status)
+        if leader_code is not None and not group_alive(leader):
+            break
+        signal.sigtimedwait([signal.SIGCHLD], POLL_S)
+    escaped = _kill_escaped()
+    return leader_code, time.time(), escaped
+
+
+def _start_job(launch: dict[str, Any], log_fd: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        launch["argv"], cwd=launch["cwd"], env=launch["env"],
+        stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
+        start_new_session=True, close_fds=True, preexec_fn=_reset_signals_in_child)
+
+
+def supervise(launch: dict[str, Any], ready_fd: int | None = None) -> int:
+    """Start the job, record it, wait for its whole process group, record the exit."""
+    status_path, exit_path = Path(launch["status"]), Path(launch["exit"])
+    subreaper = _become_subreaper()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    for sig in _SUPERVISOR_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    me = {"shim_pid": os.getpid(), "shim_start_ticks": start_ticks(os.getpid()), "subreaper": subreaper}
+    log_fd = os.open(launch["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        proc = _start_job(launch, log_fd)
+    except OSError as exc:
+        code = 127 if exc.errno in (errno.ENOENT, errno.ENOTDIR) else 126
+        error = f"cannot start {launch['argv'][0]!r}: {exc.strerror or exc}"
+        os.write(log_fd, f"warden-shim: {error}\n".encode())
+        now = time.time()
+        write_json_atomic(status_path, {**me, "pid": None, "pgid": None, "started_at": now, "error": error})
+        _signal_ready(ready_fd)
+        write_json_atomic(exit_path, {"exit_code": code, "ended_at": now, "error": error,
+                                      "escaped_killed": 0})
+        return 0
+    finally:
+        os.close(log_fd)
+    write_json_atomic(status_path, {**me, "pid": proc.pid, "pgid": proc.pid, "started_at": time.time(),
+                                    "job_start_ticks": start_ticks(proc.pid)})
+    _signal_ready(ready_fd)
+    code, ended_at, escaped = wait_for_group(proc.pid)
+    proc.returncode = code  # reaped by wait_for_group; keeps Popen from waiting again
+    write_json_atomic(exit_path, {"exit_code": code, "ended_at": ended_at, "error": None,
+                                  "escaped_killed": escaped})
+    return 0
+
+
+def _signal_ready(ready_fd: int | None) -> None:
+    if ready_fd is not None:
+        os.write(ready_fd, b"ok")
+        os.close(ready_fd)
+
+
+def _detach() -> int:
+    """Fork; the first process waits until the shim has written its status file (or died) and
+    exits, so the shim is re-parented away from the server and never becomes its zombie.
+    Returns, in the shim, the write end of the readiness pipe."""
+    read_fd, write_fd = os.pipe()
+    if os.fork() > 0:
+        os.close(write_fd)
+        answer = os.read(read_fd, 2)
+        os._exit(0 if answer == b"ok" else 1)
+    os.close(read_fd)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # stdout and stderr stay where the executor pointed them (the log)
+    os.close(devnull)
+    return write_fd
+
+
+def main() -> int:
+    launch = json.loads(sys.stdin.buffer.read())
+    ready_fd = _detach()
+    return supervise(launch, ready_fd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Assembling the server: store, executor, nodes, policy, tokens, the reconcile loop and the
+HTTP app; `serve` runs it under uvicorn until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import AsyncIterator, Callable
+
+import yaml
+from fastapi import FastAPI
+
+from warden.engine.model import Node
+from warden.engine.policy import Policy, default_policy, load_policy, parse_policy
+from warden.executors.gpus import discover_gpus
+from warden.executors.local import LocalExecutor
+from warden.server.api import build_router, install_error_handlers, metrics_route
+from warden.server.service import Service
+from warden.store.db import connect, default_url, migrate, state_dir as default_state_dir
+from warden.store.repo import NodeRecord, Store
+
+log = logging.getLogger("warden.server")
+
+
+@dataclass(frozen=True)
+class Settings:
+    db: str | None = None
+    policy: Path | None = None
+    host: str = "127.0.0.1"
+    port: int = 8765
+    fake_gpus: int | None = None
+    state_dir: Path | None = None
+    bootstrap_token: str | None = None
+
+
+def local_node(fake_gpus: int | None) -> tuple[Node, ...]:
+    """This machine as one node: its GPUs (or `fake_gpus` fake ones), cores and memory."""
+    gpus = discover_gpus(fake_gpus)
+    memory_mib = 0
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    memory_mib = int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return (Node(socket.gethostname() or "localhost", len(gpus), (os.cpu_count() or 1) * 1000, memory_mib),)
+
+
+def _policy(store: Store, path: Path | None, now: float) -> Policy:
+    """The policy file given at start (a new version when it differs), else the stored one,
+    else the default."""
+    current = store.current_policy()
+    if path is not None:
+        source = path.read_text()
+        policy = load_policy(path)
+        if current is None or current.source != source:
+            store.apply_policy(source, policy.to_dict(), "server", now)
+            store.audit("server", "policy.apply", f"file/{path}", {}, now)
+        return policy
+    if current is not None:
+        return parse_policy(yaml.safe_load(current.source), "stored policy")
+    policy = default_policy()
+    store.apply_policy(yaml.safe_dump(policy.to_dict(), sort_keys=False), policy.to_dict(), "server", now)
+    return policy
+
+
+def _tokens(store: Store, bootstrap: str | None, state: Path, now: float, say: Callable[[str], None]) -> None:
+    if bootstrap:
+        store.ensure_token(bootstrap, "admin", "admin", ["*"], now)
+        return
+    if store.list_tokens():
+        return
+    token = store.create_token("admin", "admin", ["*"], "server", now)
+    path = state / "admin-token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    store.audit("server", "token.create", "user/admin", {"role": "admin", "file": str(path)}, now)
+    say(f"created the first admin token; it is in {path} (the CLI on this machine reads it from there)")
+
+
+def build_service(settings: Settings, say: Callable[[str], None] = print) -> Service:
+    import time
+
+    state = settings.state_dir or default_state_dir()
+    state.mkdir(parents=True, exist_ok=True)
+    engine = connect(settings.db or default_url())
+    migrate(engine)
+    store = Store(engine)
+    now = time.time()
+    nodes = local_node(settings.fake_gpus)
+    store.replace_nodes(NodeRecord.from_engine(n, updated_at=now) for n in nodes)
+    policy = _policy(store, settings.policy, now)
+    _tokens(store, settings.bootstrap_token, state, now, say)
+    executor = LocalExecutor()
+    return Service(store, executor, nodes, policy, state)
+
+
+def create_app(service: Service) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        service.start()
+        try:
+            yield
+        finally:
+            service.stop()
+
+    app = FastAPI(title="warden", version="0.1.0", lifespan=lifespan,
+                  description="A scheduler for shared GPU clusters that governs preemption.")
+    install_error_handlers(app)
+    app.include_router(build_router(service))
+    metrics_route(app, service)
+    return app
+
+
+def serve(settings: Settings, say: Callable[[str], None] = print) -> None:
+    import uvicorn
+
+    service = build_service(settings, say)
+    gpus = sum(n.gpus for n in service.nodes)
+    say(f"warden serving on http://{settings.host}:{settings.port} — {gpus} GPU(s), policy with "
+        f"{len(service.policy.leaves())} leaf queue(s), state in {service.state_dir}")
+    uvicorn.run(create_app(service), host=settings.host, port=settings.port, log_level="warning")

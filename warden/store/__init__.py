@@ -1,0 +1,43 @@
+"""The control plane's database: SQLite embedded by default, PostgreSQL for production.
+
+`connect(url)` opens it, `migrate(engine)` brings the schema to the newest revision shipped in
+this package, and `Store` is every read and write the control plane makes. See docs/store.md.
+"""
+
+from warden.store.db import connect, current_revision, default_url, migrate, state_dir
+from warden.store.repo import (
+    ActiveJob,
+    AttemptRecord,
+    AuditEntry,
+    CurrentPolicy,
+    EventRecord,
+    JobNotFound,
+    JobRecord,
+    LedgerState,
+    NodeRecord,
+    PolicyRecord,
+    Store,
+    TokenInfo,
+    hash_token,
+)
+
+__all__ = [
+    "ActiveJob",
+    "AttemptRecord",
+    "AuditEntry",
+    "CurrentPolicy",
+    "EventRecord",
+    "JobNotFound",
+    "JobRecord",
+    "LedgerState",
+    "NodeRecord",
+    "PolicyRecord",
+    "Store",
+    "TokenInfo",
+    "connect",
+    "current_revision",
+    "default_url",
+    "hash_token",
+    "migrate",
+    "state_dir",
+]

@@ -1,0 +1,141 @@
+"""Opening the control plane's database and bringing its schema up to date.
+
+SQLite is the embedded default (one file in the user's state directory); PostgreSQL is for
+production. Both get connection settings that make an answered request durable: on SQLite a
+write-ahead log with `synchronous=FULL`, so a transaction whose commit returned is on disk
+before the server answers; on PostgreSQL the server's own defaults (`synchronous_commit=on`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import URL, Connection, make_url
+
+SqliteSync = Literal["FULL", "NORMAL"]
+
+WRITE_OPTION = "warden_write"
+"""Execution option marking a connection that will write. On SQLite its transactions start
+with BEGIN IMMEDIATE (take the write lock first, wait up to busy_timeout for it) instead of a
+deferred BEGIN that could fail half-way with SQLITE_BUSY when it tries to upgrade to a write."""
+
+BUSY_TIMEOUT_MS = 5000
+MIGRATIONS_DIR = Path(__file__).resolve().with_name("migrations")
+MIGRATE_LOCK_KEY = 0x77617264656E  # "warden": PostgreSQL advisory lock serializing migrations
+
+
+def state_dir() -> Path:
+    """The per-user state directory: $WARDEN_STATE_DIR, else $XDG_STATE_HOME/warden, else
+    ~/.local/state/warden (the XDG base-directory default). Created when missing."""
+    explicit = os.environ.get("WARDEN_STATE_DIR")
+    if explicit:
+        path = Path(explicit).expanduser()
+    else:
+        xdg = os.environ.get("XDG_STATE_HOME")
+        base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "state"
+        path = base / "warden"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def default_url() -> str:
+    """SQLite file `warden.db` in the state directory: what a server uses when told no URL."""
+    return f"sqlite:///{state_dir() / 'warden.db'}"
+
+
+def normalize_url(url: str | URL) -> URL:
+    """Pin PostgreSQL URLs to psycopg 3: `postgresql://` and `postgres://` name no driver, and
+    SQLAlchemy would otherwise pick psycopg2, which warden does not depend on."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def connect(url: str | URL | None = None, *, sqlite_synchronous: SqliteSync = "FULL", **engine_kw: Any) -> Engine:
+    """An Engine for `url` (default: `default_url()`), with warden's connection settings.
+
+    `sqlite_synchronous` exists for measurements (docs/store.md); keep FULL in production.
+    """
+    parsed = normalize_url(url if url is not None else default_url())
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        engine = create_engine(parsed, **engine_kw)
+        _configure_sqlite(engine, sqlite_synchronous)
+    elif backend == "postgresql":
+        engine_kw.setdefault("pool_pre_ping", True)
+        engine = create_engine(parsed, **engine_kw)
+    else:
+        raise ValueError(f"database url: unsupported backend {backend!r} in {parsed.render_as_string()!r}; "
+                         "use sqlite:///PATH or postgresql://USER@HOST/DB")
+    return engine
+
+
+def _configure_sqlite(engine: Engine, synchronous: SqliteSync) -> None:
+    """Set the pragmas on every new DBAPI connection, and take over BEGIN from the driver.
+
+    Python's sqlite3 module (3.11) opens transactions itself, lazily and only before DML, so
+    reads and DDL would run outside them; with `isolation_level = None` it stops, and the
+    "begin" listener below issues BEGIN DEFERRED or BEGIN IMMEDIATE (see WRITE_OPTION).
+    """
+    if synchronous not in ("FULL", "NORMAL"):
+        raise ValueError(f"sqlite_synchronous: expected FULL or NORMAL, got {synchronous!r}")
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute(f"PRAGMA synchronous = {synchronous}")
+            cursor.execute("PRAGMA foreign_keys = ON")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        mode = "IMMEDIATE" if conn.get_execution_options().get(WRITE_OPTION) else "DEFERRED"
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def writer(engine: Engine) -> Engine:
+    """The same pool, marked for writing (see WRITE_OPTION); a no-op on PostgreSQL."""
+    return engine.execution_options(**{WRITE_OPTION: True})
+
+
+def alembic_config() -> Config:
+    """Alembic's configuration for the migrations shipped in this package: no alembic.ini needed.
+
+    Pass a live connection in `config.attributes["connection"]`; `env.py` then uses it.
+    """
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("path_separator", "os")
+    return config
+
+
+def migrate(engine: Engine) -> None:
+    """Upgrade the database to the newest schema, in one transaction. Idempotent.
+
+    Concurrent callers are serialized (SQLite: the write lock; PostgreSQL: an advisory lock),
+    so two servers starting at once do not both try to create the tables.
+    """
+    config = alembic_config()
+    with writer(engine).begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATE_LOCK_KEY})
+        config.attributes["connection"] = conn
+        command.upgrade(config, "head")
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The migration the database is at; None for a database never migrated."""
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()

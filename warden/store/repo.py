@@ -1,0 +1,917 @@
+"""The repository: every read and write the control plane makes, one short transaction each.
+
+`Store` wraps an Engine and holds no other state, so one instance may be shared by threads.
+Reads return plain frozen dataclasses (never live ORM objects): they can cross threads, be
+cached and compared, and cannot lazily hit the database after the transaction is gone. JSON
+lists come back as tuples; JSON objects as fresh dicts the caller owns.
+
+Writes on SQLite start with BEGIN IMMEDIATE (see `warden.store.db.WRITE_OPTION`), so two
+writers queue on the lock instead of failing half-way; on PostgreSQL a row is locked with
+SELECT ... FOR UPDATE where a compare-and-set needs it, and submissions take an advisory lock.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import math
+import secrets
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from typing import Any, NamedTuple, cast
+
+from sqlalchemy import Connection, CursorResult, Engine, Row, Table, bindparam, delete, insert, select, text, update
+from sqlalchemy.types import JSON
+
+from warden.engine.model import DEFAULT_FLAVOR, Attempt, Job, JobState, Node, ReplicaPlacement, UsageLedger
+from warden.store.db import connect, migrate, writer
+from warden.store.schema import AttemptRow, AuditRow, EventRow, JobRow, LedgerRow, NodeRow, PolicyRow, TokenRow
+
+JOBS = cast(Table, JobRow.__table__)
+ATTEMPTS = cast(Table, AttemptRow.__table__)
+EVENTS = cast(Table, EventRow.__table__)
+TOKENS = cast(Table, TokenRow.__table__)
+AUDIT = cast(Table, AuditRow.__table__)
+POLICIES = cast(Table, PolicyRow.__table__)
+LEDGER = cast(Table, LedgerRow.__table__)
+NODES = cast(Table, NodeRow.__table__)
+
+TERMINAL_STATES = frozenset(s.value for s in JobState if s.terminal)
+WAITING_STATES = frozenset(s.value for s in JobState if s.waiting)
+SUBMIT_STATES = frozenset({JobState.PENDING.value, JobState.AWAITING_APPROVAL.value})
+PLACEMENTS = frozenset({"pack", "block", "any"})
+ROLES = frozenset({"user", "admin"})
+ATTEMPT_STATES = frozenset({"running", "terminating", "exited"})
+LIVE_ATTEMPT_STATES = frozenset({"running", "terminating"})
+END_REASONS = frozenset({"completed", "failed", "preempted", "cancelled", "killed"})
+ANY_QUEUE = "*"
+
+SUBMIT_TICK = 1e-6
+"""The least gap between two submissions' `submit_at`, so (submit_at, id) order is id order."""
+SUBMIT_LOCK_KEY = 0x7761726465_6E01
+"""PostgreSQL advisory lock serializing submissions (read the newest submit_at, then insert)."""
+TOKEN_LOCK_KEY = 0x7761726465_6E02
+"""PostgreSQL advisory lock serializing `ensure_token` (look up, then insert or update)."""
+
+_JOB_IMMUTABLE = frozenset({"id", "state", "version", "submit_at", "tier"})
+"""Columns `transition`/`update` refuse: the id and submit order are fixed, the state moves only
+through `transition`'s compare-and-set, the version only by the store, and a tier is immutable
+(DESIGN §2)."""
+_ATTEMPT_IMMUTABLE = frozenset({"job_id", "number"})
+
+
+class JobNotFound(LookupError):
+    """No job has this id."""
+
+
+# ---------------------------------------------------------------------------------------------
+# What the store returns
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """A row of `jobs`. `id` is the database key; users see `job_id` (its string form)."""
+
+    id: int
+    name: str
+    user: str
+    queue: str
+    tier: int
+    state: JobState
+    replicas: int
+    gpus: int
+    cpu: int
+    memory: int
+    flavor: str | None
+    placement: str
+    lease_s: float | None
+    grace_s: float | None
+    expected_duration_s: float | None
+    command: tuple[str, ...]
+    workdir: str
+    env: dict[str, str]
+    submit_at: float
+    pending_since: float | None
+    waited_s: float
+    not_before: float | None
+    preempted_at: tuple[float, ...]
+    attempt: int
+    approved_by: str | None
+    approved_at: float | None
+    exit_code: int | None
+    explanation: dict[str, Any] | None
+    finished_at: float | None
+    cancel_requested: bool
+    version: int
+
+    @property
+    def job_id(self) -> str:
+        return str(self.id)
+
+    def to_engine(self, attempt: AttemptRecord | None = None) -> Job:
+        """The engine's view of this job; `attempt` only counts while it is live (not exited)."""
+        live = attempt if attempt is not None and attempt.state in LIVE_ATTEMPT_STATES else None
+        return Job(
+            id=self.job_id, queue=self.queue, tier=self.tier, submit=self.submit_at, state=self.state,
+            replicas=self.replicas, gpus=self.gpus, cpu=self.cpu, memory=self.memory, flavor=self.flavor,
+            placement=cast(Any, self.placement), user=self.user, lease=self.lease_s, grace=self.grace_s,
+            expected_duration=self.expected_duration_s, waited=self.waited_s,
+            pending_since=self.pending_since, not_before=self.not_before,
+            preempted_at=self.preempted_at, attempt=None if live is None else live.to_engine(),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """A row of `attempts`: one run of a job, with what executors and the SDK reported."""
+
+    job_id: int
+    number: int
+    state: str
+    started_at: float
+    assignment: tuple[ReplicaPlacement, ...]
+    flavor: str | None
+    borrowing: bool
+    startup_s: float | None
+    checkpoint_s: float
+    last_checkpoint_at: float | None
+    sigterm_save_s: float | None
+    sigterm_at: float | None
+    kill_at: float | None
+    ended_at: float | None
+    exit_codes: tuple[int, ...] | None
+    handle: dict[str, Any] | None
+    log_dir: str
+    preempted_for: str | None
+    reason: str | None
+
+    def to_engine(self) -> Attempt:
+        return Attempt(
+            number=self.number, started_at=self.started_at, assignment=self.assignment,
+            borrowing=self.borrowing, startup_s=self.startup_s, checkpoint_s=self.checkpoint_s,
+            last_checkpoint_at=self.last_checkpoint_at, sigterm_save_s=self.sigterm_save_s,
+            sigterm_at=self.sigterm_at, kill_at=self.kill_at,
+        )
+
+
+class ActiveJob(NamedTuple):
+    """A job not in a terminal state, with its live attempt (None while it holds no run)."""
+
+    job: JobRecord
+    attempt: AttemptRecord | None
+
+    def to_engine(self) -> Job:
+        return self.job.to_engine(self.attempt)
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    """A lifecycle transition of one job (`from_state` None for the submission)."""
+
+    id: int
+    job_id: int
+    at: float
+    from_state: str | None
+    to_state: str
+    reason: str
+    actor: str
+    details: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenInfo:
+    """Who a token belongs to and what it may do; never the token itself."""
+
+    id: int
+    user: str
+    role: str
+    queues: tuple[str, ...]
+    created_at: float
+    created_by: str
+    revoked_at: float | None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+    def may_submit_to(self, queue: str) -> bool:
+        return ANY_QUEUE in self.queues or queue in self.queues
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    id: int
+    at: float
+    actor: str
+    action: str
+    target: str
+    details: dict[str, Any]
+
+
+class CurrentPolicy(NamedTuple):
+    """The policy in force: unpacks as `(version, source, resolved)`."""
+
+    version: int
+    source: str
+    resolved: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRecord:
+    version: int
+    applied_at: float
+    applied_by: str
+    source: str
+    resolved: dict[str, Any]
+
+
+class LedgerState(NamedTuple):
+    """The persisted fair-share ledger: unpacks as `(at, {queue: usage})`."""
+
+    at: float
+    usage: dict[str, float]
+
+    def to_engine(self) -> UsageLedger:
+        return UsageLedger(at=self.at, usage=dict(self.usage))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """A node as discovered; `gpu_names` are the device names (e.g. "NVIDIA H100 80GB HBM3")."""
+
+    name: str
+    gpus: int
+    cpu: int = 0
+    memory: int = 0
+    flavor: str = DEFAULT_FLAVOR
+    block: str | None = None
+    gpu_names: tuple[str, ...] = field(default=())
+    updated_at: float = 0.0
+
+    @classmethod
+    def from_engine(cls, node: Node, *, updated_at: float, gpu_names: Sequence[str] = ()) -> NodeRecord:
+        return cls(node.name, node.gpus, node.cpu, node.memory, node.flavor, node.block,
+                   tuple(gpu_names), updated_at)
+
+    def to_engine(self) -> Node:
+        return Node(self.name, self.gpus, cpu=self.cpu, memory=self.memory, flavor=self.flavor, block=self.block)
+
+
+# ---------------------------------------------------------------------------------------------
+# The repository
+
+
+class Store:
+    """The control plane's database. Every method is one transaction; see the module docstring."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._writer = writer(engine)
+
+    @classmethod
+    def open(cls, url: str | None = None, *, upgrade: bool = True) -> Store:
+        """Connect to `url` (default: the user's SQLite file) and, unless told not to, migrate."""
+        engine = connect(url)
+        if upgrade:
+            migrate(engine)
+        return cls(engine)
+
+    def close(self) -> None:
+        """Close the pooled connections."""
+        self.engine.dispose()
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        with self._writer.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn:
+            yield conn
+
+    # --- jobs ----------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        *,
+        name: str,
+        user: str,
+        queue: str,
+        tier: int,
+        command: Sequence[str],
+        actor: str,
+        now: float,
+        state: JobState | str = JobState.PENDING,
+        replicas: int = 1,
+        gpus: int = 1,
+        cpu: int = 0,
+        memory: int = 0,
+        flavor: str | None = None,
+        placement: str = "any",
+        lease_s: float | None = None,
+        grace_s: float | None = None,
+        expected_duration_s: float | None = None,
+        workdir: str = "",
+        env: Mapping[str, str] | None = None,
+        not_before: float | None = None,
+        reason: str = "submitted",
+        details: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Insert a job and its first event atomically; return its id.
+
+        `submit_at` is `max(now, newest submit_at + 1e-6)`, read and written under a lock, so
+        submission times strictly increase in id order even when clocks or threads race.
+        `pending_since` stays None (the engine reads that as "since submit").
+        """
+        initial = _submit_state(state)
+        _check_request(tier=tier, replicas=replicas, gpus=gpus, cpu=cpu, memory=memory, placement=placement)
+        values: dict[str, Any] = dict(
+            name=name, user=user, queue=queue, tier=tier, state=initial, replicas=replicas, gpus=gpus,
+            cpu=cpu, memory=memory, flavor=flavor, placement=placement, lease_s=lease_s, grace_s=grace_s,
+            expected_duration_s=expected_duration_s, command=_str_list("command", command),
+            workdir=workdir, env=_str_dict("env", env or {}), pending_since=None, waited_s=0.0,
+            not_before=not_before, preempted_at=[], attempt=0, explanation=None,
+            cancel_requested=False, version=1,
+        )
+        with self._write() as conn:
+            _advisory_lock(conn, SUBMIT_LOCK_KEY)
+            newest = conn.execute(select(JOBS.c.submit_at).order_by(JOBS.c.id.desc()).limit(1)).scalar()
+            values["submit_at"] = _next_submit_at(now, newest)
+            job_id = _new_id(conn.execute(insert(JOBS), values))
+            _add_event(conn, job_id, now, None, initial, reason, actor, details)
+        return job_id
+
+    def get(self, job_id: int | str) -> JobRecord | None:
+        key = _job_key(job_id)
+        if key is None:
+            return None
+        with self._read() as conn:
+            row = conn.execute(select(JOBS).where(JOBS.c.id == key)).first()
+        return None if row is None else _job(row)
+
+    def list(
+        self,
+        queue: str | None = None,
+        state: JobState | str | Iterable[JobState | str] | None = None,
+        user: str | None = None,
+        limit: int | None = None,
+    ) -> tuple[JobRecord, ...]:
+        """Jobs matching every filter given, oldest (lowest id) first."""
+        query = select(JOBS).order_by(JOBS.c.id)
+        if queue is not None:
+            query = query.where(JOBS.c.queue == queue)
+        states = _state_set(state)
+        if states is not None:
+            query = query.where(JOBS.c.state.in_(sorted(states)))
+        if user is not None:
+            query = query.where(JOBS.c.user == user)
+        if limit is not None:
+            query = query.limit(limit)
+        with self._read() as conn:
+            return tuple(_job(row) for row in conn.execute(query))
+
+    def events(self, job_id: int | str) -> tuple[EventRecord, ...]:
+        """The job's transitions, oldest first (empty for an unknown job)."""
+        key = _job_key(job_id)
+        if key is None:
+            return ()
+        query = select(EVENTS).where(EVENTS.c.job_id == key).order_by(EVENTS.c.id)
+        with self._read() as conn:
+            return tuple(_record(EventRecord, row) for row in conn.execute(query))
+
+    def active(self) -> tuple[ActiveJob, ...]:
+        """Every job not in a terminal state, with its live attempt, in id order: one query, one
+        consistent snapshot, what a restarted server hands the engine."""
+        live = (ATTEMPTS.c.job_id == JOBS.c.id) & (ATTEMPTS.c.number == JOBS.c.attempt) \
+            & ATTEMPTS.c.state.in_(sorted(LIVE_ATTEMPT_STATES))
+        attempt_cols = [c.label(f"a__{c.name}") for c in ATTEMPTS.c]
+        query = (select(*JOBS.c, *attempt_cols).select_from(JOBS.outerjoin(ATTEMPTS, live))
+                 .where(JOBS.c.state.not_in(sorted(TERMINAL_STATES))).order_by(JOBS.c.id))
+        out = []
+        with self._read() as conn:
+            for row in conn.execute(query):
+                m = row._mapping
+                job = _job_from({c.name: m[c.name] for c in JOBS.c})
+                attempt = None
+                if m["a__job_id"] is not None:
+                    attempt = _attempt_from({c.name: m[f"a__{c.name}"] for c in ATTEMPTS.c})
+                out.append(ActiveJob(job, attempt))
+        return tuple(out)
+
+    def transition(
+        self,
+        job_id: int | str,
+        to_state: JobState | str,
+        /,
+        *,
+        reason: str,
+        actor: str,
+        now: float,
+        expect_state: JobState | str | Iterable[JobState | str] | None = None,
+        details: Mapping[str, Any] | None = None,
+        **field_updates: Any,
+    ) -> bool:
+        """Move a job to `to_state` if it is in `expect_state` (any state when None).
+
+        Compare-and-set: returns False and changes nothing when the job is elsewhere (another
+        actor got there first). Otherwise applies `field_updates`, bumps `version` and records
+        the event, in one transaction. Unless given: entering a terminal state sets
+        `finished_at = now`; leaving the waiting states clears the pending `explanation`.
+        Raises JobNotFound for an unknown id.
+        """
+        target = JobState(to_state).value
+        expected = _state_set(expect_state)
+        values = _job_updates(field_updates)
+        if target in TERMINAL_STATES:
+            values.setdefault("finished_at", now)
+        if target not in WAITING_STATES:
+            values.setdefault("explanation", None)
+        key = _require_key(job_id)
+        with self._write() as conn:
+            current = conn.execute(select(JOBS.c.state).where(JOBS.c.id == key).with_for_update()).scalar()
+            if current is None:
+                raise JobNotFound(job_id)
+            if expected is not None and current not in expected:
+                return False
+            conn.execute(update(JOBS).where(JOBS.c.id == key)
+                         .values(state=target, version=JOBS.c.version + 1, **values))
+            _add_event(conn, key, now, current, target, reason, actor, details)
+        return True
+
+    def update(self, job_id: int | str, /, *, expect_version: int | None = None, **field_updates: Any) -> bool:
+        """Change a job's fields without a state change (no event); bumps `version`.
+
+        With `expect_version`, only if the job is still at that version (optimistic locking).
+        Returns False when that check fails; raises JobNotFound for an unknown id.
+        """
+        values = _job_updates(field_updates)
+        key = _require_key(job_id)
+        query = update(JOBS).where(JOBS.c.id == key)
+        if expect_version is not None:
+            query = query.where(JOBS.c.version == expect_version)
+        with self._write() as conn:
+            if conn.execute(query.values(version=JOBS.c.version + 1, **values)).rowcount:
+                return True
+            if conn.execute(select(JOBS.c.id).where(JOBS.c.id == key)).first() is None:
+                raise JobNotFound(job_id)
+        return False
+
+    def set_explanations(self, explanations: Mapping[int | str, Mapping[str, Any] | None]) -> None:
+        """Store the engine's latest explanation of many pending jobs in one executemany.
+
+        Each changed row's `version` is bumped; pass only the explanations that changed to
+        keep a pass cheap. Unknown ids are ignored (the job may have been purged).
+        """
+        params = []
+        for job_id, explanation in explanations.items():
+            key = _job_key(job_id)
+            if key is not None:
+                params.append({"b_id": key, "b_explanation": None if explanation is None else dict(explanation)})
+        if not params:
+            return
+        query = (update(JOBS).where(JOBS.c.id == bindparam("b_id"))
+                 .values(explanation=bindparam("b_explanation", type_=JSON(none_as_null=True)),
+                         version=JOBS.c.version + 1))
+        with self._write() as conn:
+            conn.execute(query, params)
+
+    # --- attempts ------------------------------------------------------------------------------
+
+    def start_attempt(
+        self,
+        job_id: int | str,
+        number: int,
+        started_at: float,
+        assignment: Iterable[ReplicaPlacement | Mapping[str, Any]],
+        flavor: str | None = None,
+        borrowing: bool = False,
+        handle: Mapping[str, Any] | None = None,
+        log_dir: str = "",
+        *,
+        startup_s: float | None = None,
+        sigterm_save_s: float | None = None,
+    ) -> AttemptRecord:
+        """Record a new running attempt and make it the job's current one (`jobs.attempt`).
+
+        The job's state is the caller's to move (`transition`); the two are separate so an
+        executor can record the run as soon as it exists. Raises JobNotFound for an unknown id
+        and IntegrityError when this attempt number was already used.
+        """
+        key = _require_key(job_id)
+        values: dict[str, Any] = dict(
+            job_id=key, number=number, state="running", started_at=started_at,
+            assignment=_assignment_json(assignment), flavor=flavor, borrowing=borrowing,
+            startup_s=startup_s, checkpoint_s=0.0, sigterm_save_s=sigterm_save_s,
+            handle=None if handle is None else dict(handle), log_dir=log_dir,
+        )
+        with self._write() as conn:
+            bumped = conn.execute(update(JOBS).where(JOBS.c.id == key)
+                                  .values(attempt=number, version=JOBS.c.version + 1)).rowcount
+            if not bumped:
+                raise JobNotFound(job_id)
+            conn.execute(insert(ATTEMPTS), values)
+            row = conn.execute(_attempt_query(key, number)).one()
+        return _attempt(row)
+
+    def update_attempt(self, job_id: int | str, number: int, /, **field_updates: Any) -> bool:
+        """Record facts about an attempt (checkpoints, SIGTERM, kill deadline, handle…).
+
+        Bumps the job's `version` too, since what `describe` shows changed. Returns False when
+        there is no such attempt.
+        """
+        values = _attempt_updates(field_updates)
+        key = _job_key(job_id)
+        if key is None:
+            return False
+        if not values:
+            return self.attempt(key, number) is not None
+        with self._write() as conn:
+            return _update_attempt(conn, key, number, values)
+
+    def end_attempt(
+        self,
+        job_id: int | str,
+        number: int,
+        ended_at: float,
+        exit_codes: Sequence[int],
+        reason: str,
+        *,
+        preempted_for: str | None = None,
+    ) -> bool:
+        """Mark an attempt exited, with why (completed|failed|preempted|cancelled|killed).
+        Returns False when there is no such attempt."""
+        if reason not in END_REASONS:
+            raise ValueError(f"reason: expected one of {sorted(END_REASONS)}, got {reason!r}")
+        key = _job_key(job_id)
+        if key is None:
+            return False
+        values = {"state": "exited", "ended_at": ended_at, "exit_codes": [int(c) for c in exit_codes],
+                  "reason": reason}
+        if preempted_for is not None:
+            values["preempted_for"] = str(preempted_for)
+        with self._write() as conn:
+            return _update_attempt(conn, key, number, values)
+
+    def attempt(self, job_id: int | str, number: int) -> AttemptRecord | None:
+        key = _job_key(job_id)
+        if key is None:
+            return None
+        with self._read() as conn:
+            row = conn.execute(_attempt_query(key, number)).first()
+        return None if row is None else _attempt(row)
+
+    def attempts(self, job_id: int | str) -> tuple[AttemptRecord, ...]:
+        """Every attempt of a job, first first."""
+        key = _job_key(job_id)
+        if key is None:
+            return ()
+        query = select(ATTEMPTS).where(ATTEMPTS.c.job_id == key).order_by(ATTEMPTS.c.number)
+        with self._read() as conn:
+            return tuple(_attempt(row) for row in conn.execute(query))
+
+    def all_attempts(self) -> tuple[AttemptRecord, ...]:
+        """Every attempt of every job (the history owed-vs-delivered accounting reads)."""
+        query = select(ATTEMPTS).order_by(ATTEMPTS.c.job_id, ATTEMPTS.c.number)
+        with self._read() as conn:
+            return tuple(_attempt(row) for row in conn.execute(query))
+
+    def running_attempts(self) -> tuple[AttemptRecord, ...]:
+        """Attempts still running or terminating: what executors must re-adopt after a restart."""
+        query = (select(ATTEMPTS).where(ATTEMPTS.c.state.in_(sorted(LIVE_ATTEMPT_STATES)))
+                 .order_by(ATTEMPTS.c.job_id, ATTEMPTS.c.number))
+        with self._read() as conn:
+            return tuple(_attempt(row) for row in conn.execute(query))
+
+    # --- tokens --------------------------------------------------------------------------------
+
+    def create_token(self, user: str, role: str, queues: Sequence[str], created_by: str, now: float) -> str:
+        """Mint a token; return it. Only its SHA-256 is stored: this is the one time it is seen."""
+        token = secrets.token_urlsafe(32)
+        values = _token_values(token, user, role, queues)
+        with self._write() as conn:
+            conn.execute(insert(TOKENS), {**values, "created_at": now, "created_by": created_by})
+        return token
+
+    def ensure_token(self, token: str, user: str, role: str, queues: Sequence[str], now: float,
+                     created_by: str = "warden") -> TokenInfo:
+        """Make an operator-given (bootstrap) token exist with this user, role and queues.
+
+        Idempotent: a second call updates the grant to what the operator gives now. A token
+        that was revoked stays revoked (the returned `revoked_at` says so); restarting the
+        server with the same flag must not resurrect it.
+        """
+        if not token:
+            raise ValueError("token: must not be empty")
+        values = _token_values(token, user, role, queues)
+        with self._write() as conn:
+            _advisory_lock(conn, TOKEN_LOCK_KEY)
+            by_hash = TOKENS.c.token_hash == values["token_hash"]
+            if conn.execute(select(TOKENS.c.id).where(by_hash)).first() is None:
+                conn.execute(insert(TOKENS), {**values, "created_at": now, "created_by": created_by})
+            else:
+                conn.execute(update(TOKENS).where(by_hash)
+                             .values(user=values["user"], role=values["role"], queues=values["queues"]))
+            row = conn.execute(select(TOKENS).where(by_hash)).one()
+        return _token(row)
+
+    def token_for(self, token: str) -> TokenInfo | None:
+        """Who presents this token, or None when it is unknown or revoked."""
+        query = select(TOKENS).where(TOKENS.c.token_hash == hash_token(token), TOKENS.c.revoked_at.is_(None))
+        with self._read() as conn:
+            row = conn.execute(query).first()
+        return None if row is None else _token(row)
+
+    def revoke_token(self, token_id: int, now: float) -> bool:
+        """Revoke by id (as `list_tokens` shows). False when unknown or already revoked."""
+        query = (update(TOKENS).where(TOKENS.c.id == token_id, TOKENS.c.revoked_at.is_(None))
+                 .values(revoked_at=now))
+        with self._write() as conn:
+            return bool(conn.execute(query).rowcount)
+
+    def list_tokens(self) -> tuple[TokenInfo, ...]:
+        """Every token's grant, revoked ones included, in creation order; never a secret."""
+        with self._read() as conn:
+            return tuple(_token(row) for row in conn.execute(select(TOKENS).order_by(TOKENS.c.id)))
+
+    # --- audit ---------------------------------------------------------------------------------
+
+    def audit(self, actor: str, action: str, target: str, details: Mapping[str, Any] | None, now: float) -> int:
+        """Append to the audit trail; return the entry's id. The database refuses any change
+        to an entry once written."""
+        with self._write() as conn:
+            result = conn.execute(insert(AUDIT), {"at": now, "actor": actor, "action": action, "target": target,
+                                                  "details": dict(details or {})})
+            return _new_id(result)
+
+    def audit_log(self, limit: int | None = None) -> tuple[AuditEntry, ...]:
+        """The audit trail, newest first (`limit`: only the newest that many)."""
+        query = select(AUDIT).order_by(AUDIT.c.id.desc())
+        if limit is not None:
+            query = query.limit(limit)
+        with self._read() as conn:
+            return tuple(_record(AuditEntry, row) for row in conn.execute(query))
+
+    # --- policies ------------------------------------------------------------------------------
+
+    def apply_policy(self, source_text: str, resolved: Mapping[str, Any], actor: str, now: float) -> int:
+        """Record a new policy version (the text as given and its resolved form); return it."""
+        with self._write() as conn:
+            result = conn.execute(insert(POLICIES), {"applied_at": now, "applied_by": actor, "source": source_text,
+                                                     "resolved": dict(resolved)})
+            return _new_id(result)
+
+    def current_policy(self) -> CurrentPolicy | None:
+        """The newest policy as `(version, source, resolved)`, or None before any was applied."""
+        query = select(POLICIES.c.version, POLICIES.c.source, POLICIES.c.resolved) \
+            .order_by(POLICIES.c.version.desc()).limit(1)
+        with self._read() as conn:
+            row = conn.execute(query).first()
+        return None if row is None else CurrentPolicy(int(row.version), row.source, dict(row.resolved))
+
+    def policy_history(self, limit: int | None = None) -> tuple[PolicyRecord, ...]:
+        """Applied policies, newest first."""
+        query = select(POLICIES).order_by(POLICIES.c.version.desc())
+        if limit is not None:
+            query = query.limit(limit)
+        with self._read() as conn:
+            return tuple(_record(PolicyRecord, row) for row in conn.execute(query))
+
+    # --- fair-share ledger ---------------------------------------------------------------------
+
+    def load_ledger(self) -> LedgerState:
+        """The saved ledger as `(at, {queue: usage})`; `(0.0, {})` when none was saved."""
+        with self._read() as conn:
+            rows = conn.execute(select(LEDGER)).all()
+        if not rows:
+            return LedgerState(0.0, {})
+        return LedgerState(max(float(r.at) for r in rows), {r.queue: float(r.usage) for r in rows})
+
+    def save_ledger(self, at: float, usage: Mapping[str, float]) -> None:
+        """Replace the saved ledger with `usage` as of `at` (queues absent now are dropped)."""
+        params = [{"queue": q, "usage": float(u), "at": at} for q, u in usage.items()]
+        with self._write() as conn:
+            conn.execute(delete(LEDGER))
+            if params:
+                conn.execute(insert(LEDGER), params)
+
+    # --- nodes ---------------------------------------------------------------------------------
+
+    def replace_nodes(self, nodes: Iterable[NodeRecord]) -> None:
+        """Replace the recorded cluster with `nodes` (as discovered at the server's start)."""
+        params = [{"name": n.name, "gpus": n.gpus, "cpu": n.cpu, "memory": n.memory, "flavor": n.flavor,
+                   "block": n.block, "gpu_names": builtins.list(n.gpu_names), "updated_at": n.updated_at}
+                  for n in nodes]
+        with self._write() as conn:
+            conn.execute(delete(NODES))
+            if params:
+                conn.execute(insert(NODES), params)
+
+    def nodes(self) -> tuple[NodeRecord, ...]:
+        """The recorded nodes, by name."""
+        with self._read() as conn:
+            rows = conn.execute(select(NODES).order_by(NODES.c.name)).all()
+        return tuple(NodeRecord(r.name, r.gpus, r.cpu, r.memory, r.flavor, r.block, tuple(r.gpu_names),
+                                r.updated_at) for r in rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+def hash_token(token: str) -> str:
+    """The stored form of a token: SHA-256, hex. Tokens are 256-bit random, so no salt or
+    slow hash is needed: nothing about them can be guessed from the hash."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def _new_id(result: CursorResult[Any]) -> int:
+    """The autoincrement key of the row a single-row INSERT created."""
+    key = result.inserted_primary_key
+    if key is None or key[0] is None:
+        raise RuntimeError("the database returned no key for the inserted row")
+    return int(key[0])
+
+
+def _advisory_lock(conn: Connection, key: int) -> None:
+    """Serialize a read-then-write on PostgreSQL until commit. SQLite needs nothing: its
+    writers already hold the database's single write lock (BEGIN IMMEDIATE)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+
+
+def _next_submit_at(now: float, newest: float | None) -> float:
+    if newest is None:
+        return float(now)
+    floor = max(newest + SUBMIT_TICK, math.nextafter(newest, math.inf))
+    return max(float(now), floor)
+
+
+def _add_event(conn: Connection, job_id: int, at: float, from_state: str | None, to_state: str,
+               reason: str, actor: str, details: Mapping[str, Any] | None) -> None:
+    conn.execute(insert(EVENTS), {"job_id": job_id, "at": at, "from_state": from_state, "to_state": to_state,
+                                  "reason": reason, "actor": actor, "details": dict(details or {})})
+
+
+def _update_attempt(conn: Connection, job_id: int, number: int, values: Mapping[str, Any]) -> bool:
+    where = (ATTEMPTS.c.job_id == job_id) & (ATTEMPTS.c.number == number)
+    if not conn.execute(update(ATTEMPTS).where(where).values(**values)).rowcount:
+        return False
+    conn.execute(update(JOBS).where(JOBS.c.id == job_id).values(version=JOBS.c.version + 1))
+    return True
+
+
+def _attempt_query(job_id: int, number: int) -> Any:
+    return select(ATTEMPTS).where(ATTEMPTS.c.job_id == job_id, ATTEMPTS.c.number == number)
+
+
+def _job_key(job_id: int | str) -> int | None:
+    """The database key of a user-facing id ("42" or 42); None when it cannot be one."""
+    if isinstance(job_id, bool):
+        return None
+    if isinstance(job_id, int):
+        return job_id
+    text_id = str(job_id).strip()
+    return int(text_id) if text_id.isdigit() else None
+
+
+def _require_key(job_id: int | str) -> int:
+    key = _job_key(job_id)
+    if key is None:
+        raise JobNotFound(job_id)
+    return key
+
+
+def _submit_state(state: JobState | str) -> str:
+    value = JobState(state).value
+    if value not in SUBMIT_STATES:
+        raise ValueError(f"state: a job is submitted PENDING or AWAITING_APPROVAL, got {value!r}")
+    return value
+
+
+def _state_set(state: JobState | str | Iterable[JobState | str] | None) -> frozenset[str] | None:
+    if state is None:
+        return None
+    if isinstance(state, str):  # JobState is a str too
+        return frozenset({JobState(state).value})
+    return frozenset(JobState(s).value for s in state)
+
+
+def _check_request(*, tier: int, replicas: int, gpus: int, cpu: int, memory: int, placement: str) -> None:
+    if tier not in (1, 2, 3, 4):
+        raise ValueError(f"tier: expected 1, 2, 3 or 4, got {tier!r}")
+    if replicas < 1:
+        raise ValueError(f"replicas: expected at least 1, got {replicas!r}")
+    for name, value in (("gpus", gpus), ("cpu", cpu), ("memory", memory)):
+        if value < 0:
+            raise ValueError(f"{name}: expected a non-negative number, got {value!r}")
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement: expected one of pack, block, any, got {placement!r}")
+
+
+def _str_list(name: str, items: Sequence[str]) -> builtins.list[str]:
+    if isinstance(items, str) or not all(isinstance(i, str) for i in items):
+        raise ValueError(f"{name}: expected a list of strings, got {items!r}")
+    return builtins.list(items)
+
+
+def _str_dict(name: str, items: Mapping[str, str]) -> dict[str, str]:
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in items.items()):
+        raise ValueError(f"{name}: expected a mapping of strings to strings, got {items!r}")
+    return dict(items)
+
+
+def _job_updates(updates: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate `transition`/`update` keyword fields and turn them into column values."""
+    values: dict[str, Any] = {}
+    for name, value in updates.items():
+        if name in _JOB_IMMUTABLE or name not in JOBS.c:
+            raise ValueError(f"{name}: not a job field that can be updated")
+        if name == "placement" and value not in PLACEMENTS:
+            raise ValueError(f"placement: expected one of pack, block, any, got {value!r}")
+        if name in ("command", "preempted_at"):
+            value = builtins.list(value)
+        elif name in ("env", "explanation") and value is not None:
+            value = dict(value)
+        values[name] = value
+    return values
+
+
+def _attempt_updates(updates: Mapping[str, Any]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name, value in updates.items():
+        if name in _ATTEMPT_IMMUTABLE or name not in ATTEMPTS.c:
+            raise ValueError(f"{name}: not an attempt field that can be updated")
+        if name == "state" and value not in ATTEMPT_STATES:
+            raise ValueError(f"state: expected one of {sorted(ATTEMPT_STATES)}, got {value!r}")
+        if name == "reason" and value is not None and value not in END_REASONS:
+            raise ValueError(f"reason: expected one of {sorted(END_REASONS)}, got {value!r}")
+        if name == "assignment":
+            value = _assignment_json(value)
+        elif name == "exit_codes" and value is not None:
+            value = [int(c) for c in value]
+        elif name == "handle" and value is not None:
+            value = dict(value)
+        values[name] = value
+    return values
+
+
+def _assignment_json(assignment: Iterable[ReplicaPlacement | Mapping[str, Any]]) -> builtins.list[dict[str, Any]]:
+    out = []
+    for replica in assignment:
+        if isinstance(replica, ReplicaPlacement):
+            node, gpus = replica.node, replica.gpus
+        else:
+            node, gpus = replica["node"], replica.get("gpus", ())
+        out.append({"node": str(node), "gpus": [int(g) for g in gpus]})
+    return out
+
+
+def _token_values(token: str, user: str, role: str, queues: Sequence[str]) -> dict[str, Any]:
+    if role not in ROLES:
+        raise ValueError(f"role: expected user or admin, got {role!r}")
+    if not user:
+        raise ValueError("user: must not be empty")
+    return {"token_hash": hash_token(token), "user": user, "role": role, "queues": _str_list("queues", queues)}
+
+
+def _job(row: Row[Any]) -> JobRecord:
+    return _job_from(row._mapping)
+
+
+def _job_from(m: Mapping[Any, Any]) -> JobRecord:
+    return JobRecord(**{
+        **{f.name: m[f.name] for f in fields(JobRecord)},
+        "state": JobState(m["state"]),
+        "command": tuple(m["command"]),
+        "env": dict(m["env"]),
+        "preempted_at": tuple(float(t) for t in m["preempted_at"]),
+        "cancel_requested": bool(m["cancel_requested"]),
+    })
+
+
+def _attempt(row: Row[Any]) -> AttemptRecord:
+    return _attempt_from(row._mapping)
+
+
+def _attempt_from(m: Mapping[Any, Any]) -> AttemptRecord:
+    exit_codes = m["exit_codes"]
+    return AttemptRecord(**{
+        **{f.name: m[f.name] for f in fields(AttemptRecord)},
+        "assignment": tuple(ReplicaPlacement(r["node"], tuple(r["gpus"])) for r in m["assignment"]),
+        "borrowing": bool(m["borrowing"]),
+        "exit_codes": None if exit_codes is None else tuple(exit_codes),
+    })
+
+
+def _token(row: Row[Any]) -> TokenInfo:
+    m = row._mapping
+    return TokenInfo(m["id"], m["user"], m["role"], tuple(m["queues"]), m["created_at"], m["created_by"],
+                     m["revoked_at"])
+
+
+def _record(cls: Any, row: Row[Any]) -> Any:
+    """A dataclass whose fields are all columns of `row`, with JSON objects copied."""
+    m = row._mapping
+    return cls(**{f.name: (dict(m[f.name]) if isinstance(m[f.name], dict) else m[f.name]) for f in fields(cls)})

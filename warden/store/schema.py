@@ -1,0 +1,191 @@
+"""The control plane's tables, as SQLAlchemy 2 declarative classes.
+
+These classes are the source of truth that `migrations/versions/*.py` must reproduce; the
+migration tests compare a migrated database with `Base.metadata` column by column. A change
+here needs a new migration (see docs/store.md).
+
+Portable types only, so one schema serves SQLite (embedded default) and PostgreSQL:
+`Double` for times and quantities (double precision on PostgreSQL, REAL on SQLite), `JSON`
+for lists and documents, strings for enumerations (validated by `warden.store.repo`, not by
+CHECK constraints, so that a new state name needs no table rebuild on SQLite). Times are epoch
+seconds as floats, the engine's unit. CPU is in millicores and memory in MiB, per replica.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, Double, ForeignKey, Index, Integer, MetaData, String, Text, false, text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+"""Deterministic constraint names, identical on both databases, so a later migration can name
+the constraint it alters."""
+
+NullableJSON = JSON(none_as_null=True)
+"""A nullable JSON column: Python None is stored as SQL NULL, not as the JSON text 'null'."""
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class JobRow(Base):
+    """One submitted gang: its request, where it is in the lifecycle, and what it last heard."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        Index("ix_jobs_state", "state"),
+        Index("ix_jobs_queue_state", "queue", "state"),
+        Index("ix_jobs_user", "user"),
+        {"sqlite_autoincrement": True},  # ids are never reused, even after the newest row goes
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(255))
+    user: Mapped[str] = mapped_column(String(255))
+    queue: Mapped[str] = mapped_column(String(255))
+    tier: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(32))
+    replicas: Mapped[int] = mapped_column(Integer)
+    gpus: Mapped[int] = mapped_column(Integer)
+    cpu: Mapped[int] = mapped_column(Integer)
+    memory: Mapped[int] = mapped_column(Integer)
+    flavor: Mapped[str | None] = mapped_column(String(255))
+    placement: Mapped[str] = mapped_column(String(16))
+    lease_s: Mapped[float | None] = mapped_column(Double)
+    grace_s: Mapped[float | None] = mapped_column(Double)
+    expected_duration_s: Mapped[float | None] = mapped_column(Double)
+    command: Mapped[list[str]] = mapped_column(JSON)
+    workdir: Mapped[str] = mapped_column(Text)
+    env: Mapped[dict[str, str]] = mapped_column(JSON)
+    submit_at: Mapped[float] = mapped_column(Double)
+    pending_since: Mapped[float | None] = mapped_column(Double)
+    waited_s: Mapped[float] = mapped_column(Double, default=0.0, server_default=text("0"))
+    not_before: Mapped[float | None] = mapped_column(Double)
+    preempted_at: Mapped[list[float]] = mapped_column(JSON)
+    attempt: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    approved_by: Mapped[str | None] = mapped_column(String(255))
+    approved_at: Mapped[float | None] = mapped_column(Double)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    explanation: Mapped[dict[str, Any] | None] = mapped_column(NullableJSON)
+    finished_at: Mapped[float | None] = mapped_column(Double)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    version: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
+
+
+class AttemptRow(Base):
+    """One run of a job between admission and exit, with the facts executors and the SDK report."""
+
+    __tablename__ = "attempts"
+    __table_args__ = (Index("ix_attempts_state", "state"),)
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    number: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    state: Mapped[str] = mapped_column(String(16))
+    started_at: Mapped[float] = mapped_column(Double)
+    assignment: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    flavor: Mapped[str | None] = mapped_column(String(255))
+    borrowing: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    startup_s: Mapped[float | None] = mapped_column(Double)
+    checkpoint_s: Mapped[float] = mapped_column(Double, default=0.0, server_default=text("0"))
+    last_checkpoint_at: Mapped[float | None] = mapped_column(Double)
+    sigterm_save_s: Mapped[float | None] = mapped_column(Double)
+    sigterm_at: Mapped[float | None] = mapped_column(Double)
+    kill_at: Mapped[float | None] = mapped_column(Double)
+    ended_at: Mapped[float | None] = mapped_column(Double)
+    exit_codes: Mapped[list[int] | None] = mapped_column(NullableJSON)
+    handle: Mapped[dict[str, Any] | None] = mapped_column(NullableJSON)
+    log_dir: Mapped[str] = mapped_column(Text)
+    preempted_for: Mapped[str | None] = mapped_column(String(32))
+    reason: Mapped[str | None] = mapped_column(String(16))
+
+
+class EventRow(Base):
+    """One lifecycle transition (DESIGN §5): kept forever and shown by `describe`."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_job_id_id", "job_id", "id"), {"sqlite_autoincrement": True})
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
+    at: Mapped[float] = mapped_column(Double)
+    from_state: Mapped[str | None] = mapped_column(String(32))
+    to_state: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(String(255))
+    actor: Mapped[str] = mapped_column(String(255))
+    details: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class TokenRow(Base):
+    """An API token: only its SHA-256 is kept, so a copy of the database grants nothing."""
+
+    __tablename__ = "tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    user: Mapped[str] = mapped_column(String(255))
+    role: Mapped[str] = mapped_column(String(16))
+    queues: Mapped[list[str]] = mapped_column(JSON)
+    created_at: Mapped[float] = mapped_column(Double)
+    created_by: Mapped[str] = mapped_column(String(255))
+    revoked_at: Mapped[float | None] = mapped_column(Double)
+
+
+class AuditRow(Base):
+    """Who did what to what: governance actions. Append-only, enforced by triggers in the migration."""
+
+    __tablename__ = "audit"
+    __table_args__ = ({"sqlite_autoincrement": True},)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[float] = mapped_column(Double)
+    actor: Mapped[str] = mapped_column(String(255))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(255))
+    details: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class PolicyRow(Base):
+    """Every policy ever applied, as written and as resolved; the highest version is in force."""
+
+    __tablename__ = "policies"
+    __table_args__ = ({"sqlite_autoincrement": True},)
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    applied_at: Mapped[float] = mapped_column(Double)
+    applied_by: Mapped[str] = mapped_column(String(255))
+    source: Mapped[str] = mapped_column(Text)
+    resolved: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class LedgerRow(Base):
+    """The fair-share usage ledger, one row a leaf queue, so a restart keeps everyone's history."""
+
+    __tablename__ = "ledger"
+
+    queue: Mapped[str] = mapped_column(String(255), primary_key=True)
+    usage: Mapped[float] = mapped_column(Double)
+    at: Mapped[float] = mapped_column(Double)
+
+
+class NodeRow(Base):
+    """The cluster as discovered when the server started."""
+
+    __tablename__ = "nodes"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    gpus: Mapped[int] = mapped_column(Integer)
+    cpu: Mapped[int] = mapped_column(Integer)
+    memory: Mapped[int] = mapped_column(Integer)
+    flavor: Mapped[str] = mapped_column(String(255))
+    block: Mapped[str | None] = mapped_column(String(255))
+    gpu_names: Mapped[list[str]] = mapped_column(JSON)
+    updated_at: Mapped[float] = mapped_column(Double)
+
