@@ -46,7 +46,8 @@ class Candidate(NamedTuple):
     """0.0 when the victim rules let it go now; else when they will (inf: never)."""
     flavor: str
     rank: int
-    """Position in victim order."""
+    """Position in victim order among the candidates free now; protected ones (which no search
+    takes) rank after all of them, in no particular order."""
     freed: tuple[tuple[str, int], ...]
     """GPUs this candidate would free, per node, in the order it holds the nodes (see
     `freed_gpus`): every search walks it, so it is worked out once, not per search."""
@@ -88,15 +89,17 @@ class CandidatePool:
     as capacity on its way out instead), so searches need not filter their lists.
     """
 
-    def __init__(self, candidates: list[Candidate], by_cost: bool, ascending: bool = False) -> None:
-        self.all = candidates
+    def __init__(self, free_now: list[Candidate], protected: Sequence[Candidate] = (), by_cost: bool = True,
+                 ascending: bool = False) -> None:
+        self.all = free_now + list(protected)
         """Every candidate, signalled in this pass or not."""
         self.by_cost = by_cost
         """True when victim order is ascending cost (the search may stop early)."""
         self.ascending = ascending
         """True when, besides, no cost is negative (or NaN): then every list a search walks,
         jobs already leaving (cost 0) first, is in ascending cost, which lets it bisect."""
-        self.free_now = [c for c in candidates if c.protected_until == 0.0]
+        self.free_now = list(free_now)
+        """The candidates the rules let go now (`protected_until` 0.0), in victim order."""
         self._downward: dict[tuple, list[Candidate]] = {}
         self._of_tier: dict[int, list[Candidate]] | None = None
 
@@ -263,24 +266,26 @@ def _cheapest_slots(ws: Workspace, job: Job, flavor: str, eligible: Iterable[Can
             cost = c.cost
             if by_cost and cost >= bound:
                 return bound, True
+            fresh = 0 if c.leaving else 1
             for node, gpus in c.freed:
                 run = runs.get(node)
                 if run is None:
                     free = index.free(node)[0]
-                    o = offers[node] = [(0.0, 0, 0)] * min(want, free // g)
-                    run = runs[node] = [free, 0.0, 0, 0, o, [], min(want, index.capacity(node)[0] // g)]
+                    offers[node] = [(0.0, 0, 0)] * min(want, free // g)
+                    run = runs[node] = [free, 0.0, 0, 0, offers[node], [], min(want, index.capacity(node)[0] // g)]
                     prices.created(node)
-                else:
-                    o = run[4]
-                if len(o) >= run[6]:
+                o = run[4]
+                slots = len(o)
+                if slots >= run[6]:
                     continue
-                run[0] += gpus
+                free = run[0] + gpus
+                run[0] = free
                 run[1] += cost
-                run[2] += 0 if c.leaving else 1
+                run[2] += fresh
                 run[3] += 1
                 run[5].append(c)
-                if run[0] // g > len(o):
-                    while len(o) < want and run[0] // g > len(o):
+                if free // g > slots:
+                    while len(o) < want and free // g > len(o):
                         o.append((run[1], run[2], run[3]))
                     prices.grew(node)
                     if per_node and len(o) >= want:

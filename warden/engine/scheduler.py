@@ -64,7 +64,7 @@ if TYPE_CHECKING:
 INF = math.inf
 
 
-ReleaseOrders = tuple[list[tuple[float, str, Job, Candidate]], list[tuple[float, str, Job, Candidate]],
+ReleaseOrders = tuple[list[tuple[float, str, Job, float]], list[tuple[float, str, Job, float]],
                       dict[tuple[int, str], Job]]
 """`Cycle._release_orders`: running jobs by expected end, by when they may be preempted, and
 one job of each (tier, queue)."""
@@ -225,6 +225,12 @@ def _ranked(snapshot: Snapshot, now: float, waiting: Iterable[Job] | None = None
     return ranked
 
 
+Part = tuple[str, int, int, int]
+"""(node, gpus, cpu, memory): a share of one node's capacity."""
+HeldParts = tuple[list[Part], list[Part], int, dict[str, list[int]]]
+"""`Cycle._held_parts`: held parts on a flavor, elsewhere, the GPUs of the first, the first per node."""
+
+
 @dataclass(slots=True)
 class _Hold:
     """Capacity a waiting job keeps from lower-ranked ones: a claim or a reservation."""
@@ -280,6 +286,7 @@ class Cycle:
         self.held_fail: set[tuple] = set()
         self.backfill_fail: dict[tuple, int] = {}
         self.held_ok: dict[tuple, tuple[int, Reason]] = {}
+        self.held_parts: dict[tuple, tuple[int, HeldParts]] = {}
         self.outcomes: dict[tuple, list[tuple[int, int, int, Reason]]] = {}
         self.cpu_memory_governed = any(r in ("cpu", "memory") for r in self.quota.resources)
         self.hold_version = 0
@@ -361,20 +368,25 @@ class Cycle:
                 fronts.append(entry)
         return reason
 
-    def _usable_signature(self, job: Job) -> tuple[bool, ...]:
+    def _usable_signature(self, job: Job) -> bool | tuple[bool, ...]:
         """Which reservations the job may backfill: all that its runtime estimate matters for.
 
         Jobs that end at different times but before (or after) the same reservations are due
-        fail the same way, so they share one cached outcome."""
+        fail the same way, so they share one cached outcome. With one reservation (the
+        default) the answer is a bool rather than a 1-tuple: one allocation less per job."""
         reserved = self.reserved
+        if len(reserved) == 1:
+            if job.tier == 4:
+                return True
+            if job.expected_duration is None:
+                return False
+            due = reserved[0].due
+            return due is not None and self.now + job.expected_duration <= due
         if job.tier == 4:
             return (True,) * len(reserved)
         if job.expected_duration is None:
             return (False,) * len(reserved)
         ends = self.now + job.expected_duration
-        if len(reserved) == 1:  # the default: one reservation
-            due = reserved[0].due
-            return (due is not None and ends <= due,)
         return tuple([h.due is not None and ends <= h.due for h in reserved])
 
     def _try(self, job: Job) -> Reason | None:
@@ -456,23 +468,25 @@ class Cycle:
     # -- backfill into reservations ---------------------------------------------------------
     def _backfill(self, job: Job, flavor: str) -> tuple[str, ...] | None:
         """Try the capacity reserved for higher-ranked jobs that this job may use until due."""
-        ends = None if job.expected_duration is None else self.now + job.expected_duration
-        usable = [h for h in self.reserved
-                  if job.tier == 4 or (ends is not None and h.due is not None and ends <= h.due)]
+        if job.tier == 4:
+            usable = self.reserved
+        elif job.expected_duration is None:
+            return None
+        else:
+            ends = self.now + job.expected_duration
+            usable = [h for h in self.reserved if h.due is not None and ends <= h.due]
         if not usable:
             return None
         # Free plus usable held capacity only shrinks while the holds stay as they are.
-        key = (flavor, job.replicas, job.gpus, job.cpu, job.memory, job.placement, tuple(id(h) for h in usable))
+        key = (flavor, job.replicas, job.gpus, job.cpu, job.memory, job.placement, tuple([id(h) for h in usable]))
         if self.backfill_fail.get(key) == self.hold_version:
             return None
         # Only the flavor's own nodes matter to a placement on it: release the holds there
         # first, and the rest only once the job is found to fit.
-        flavor_of = self.index.flavor_of
-        here: list[tuple[str, int, int, int]] = []
-        elsewhere: list[tuple[str, int, int, int]] = []
-        for h in usable:
-            for part in h.parts:
-                (here if flavor_of(part[0]) == flavor else elsewhere).append(part)
+        here, elsewhere, _, per_node = self._held_parts(usable, flavor)
+        if job.replicas == 1 and not self._one_fits_with(job, per_node):
+            self.backfill_fail[key] = self.hold_version
+            return None
         mark = self.index.mark()
         for part in here:
             self.index.give(*part)
@@ -506,16 +520,18 @@ class Cycle:
         if known is not None and known[0] == self.hold_version:
             return known[1]
         # Only the flavor's own nodes matter to a placement on it: release the holds there.
-        flavor_of = self.index.flavor_of
-        parts = [part for h in self.holds for part in h.parts if flavor_of(part[0]) == flavor]
-        if self.index.free_gpus(flavor) + sum(part[1] for part in parts) < job.total_gpus:
+        parts, _, held, per_node = self._held_parts(self.holds, flavor)
+        if self.index.free_gpus(flavor) + held < job.total_gpus:
             self.held_fail.add(pkey)
             return None
-        mark = self.index.mark()
-        for part in parts:
-            self.index.give(*part)
-        fits = self._find(flavor, job) is not None
-        self.index.rollback(mark)
+        if job.replicas == 1:
+            fits = self._one_fits_with(job, per_node)
+        else:
+            mark = self.index.mark()
+            for part in parts:
+                self.index.give(*part)
+            fits = self._find(flavor, job) is not None
+            self.index.rollback(mark)
         if not fits:
             self.held_fail.add(pkey)
             return None
@@ -523,6 +539,50 @@ class Cycle:
         reason = Reserved(holder.job_id, holder.due)
         self.held_ok[pkey] = (self.hold_version, reason)
         return reason
+
+    def _held_parts(self, holds: Sequence[_Hold], flavor: str) -> HeldParts:
+        """The parts of `holds` on the flavor's nodes, those elsewhere, the GPUs of the first,
+        and the first summed per node; kept until the holds change (`hold_version`)."""
+        key = (flavor, tuple([id(h) for h in holds]))
+        seen = self.held_parts.get(key)
+        if seen is not None and seen[0] == self.hold_version:
+            return seen[1]
+        flavor_of = self.index.flavor_of
+        here: list[Part] = []
+        elsewhere: list[Part] = []
+        for h in holds:
+            for part in h.parts:
+                (here if flavor_of(part[0]) == flavor else elsewhere).append(part)
+        per_node: dict[str, list[int]] = {}
+        for node, g, c, m in here:
+            total = per_node.setdefault(node, [0, 0, 0])
+            total[0] += g
+            total[1] += c
+            total[2] += m
+        found = (here, elsewhere, sum(part[1] for part in here), per_node)
+        self.held_parts[key] = (self.hold_version, found)
+        return found
+
+    def _one_fits_with(self, job: Job, extra: dict[str, list[int]]) -> bool:
+        """Would one replica of the job fit on one of these nodes, with `extra` (node → gpus,
+        cpu, memory) added to what is free there?
+
+        `_find` after giving `extra` back, for a single-replica job the current free capacity
+        cannot place, without changing the index: every placement constraint then asks for one
+        node with room (`placement` module docstring), and only the nodes given to can have it.
+        Untracked CPU or memory (a node declaring 0) never limits, as in the index.
+        """
+        g, c, m = job.gpus, job.cpu, job.memory
+        index = self.index
+        for node, (hg, hc, hm) in extra.items():
+            fg, fc, fm = index.free(node)
+            if fg + hg < g:
+                continue
+            _, cc, cm = index.capacity(node)
+            if (c and cc and fc + hc < c) or (m and cm and fm + hm < m):
+                continue
+            return True
+        return False
 
     def _take_free(self, parts: Iterable[tuple[str, int, int, int]]) -> list[tuple[str, int, int, int]]:
         """Take, of each wanted (node, gpus, cpu, memory), what is free now; return what was taken."""
@@ -626,6 +686,8 @@ class Cycle:
 
         Everything about a victim but its cost at `now` is kept between passes
         (`_victim_facts`); the cost is `rules.cost_at`, inlined (same arithmetic, same floats).
+        Only the jobs the rules let go now are put in victim order: no search takes the others
+        (a reservation's forecast reads when their protection lifts), so they follow, unsorted.
         """
         if self.candidates is None:
             order = self.policy.preemption.victim_order
@@ -633,7 +695,10 @@ class Cycle:
             now = self.now
             known = self.victim_facts
             terminating = self.terminating
+            new = tuple.__new__  # Candidate's own constructor is a Python function; this is C
             rows = []
+            protected_ones: list[Candidate] = []
+            after = len(self.holding)  # ranks for the protected ones: after every free one
             nonnegative = True
             for v in self.holding.values():
                 if v.id in terminating:
@@ -641,30 +706,34 @@ class Cycle:
                 facts = known.get(v.id)
                 if facts is None or facts[0] is not v or facts[1] > now:
                     facts = self._victim_facts(v)
-                _, _, protected, since, restart, freed, gpus, neg_tier, neg_started = facts
+                _, _, protected, since, restart, freed, gpus, neg_tier, neg_started, flavor = facts
                 if since is None:
                     lost = 0.0
                 else:
                     at_risk = now - since
                     lost = gpus * (at_risk if at_risk > 0.0 else 0.0)  # max(0.0, now - since)
                 cost = lost + restart
-                if not cost >= 0.0:  # negative, or NaN
-                    nonnegative = False
-                key = (cost, neg_tier, neg_started, v.id) if by_cost else victim_key(order, v, cost)
-                rows.append((key, v, cost, lost, 0.0 if protected <= now else protected, freed))
+                if protected <= now:
+                    protected = 0.0
+                if protected == 0.0:
+                    if not cost >= 0.0:  # negative, or NaN
+                        nonnegative = False
+                    key = (cost, neg_tier, neg_started, v.id) if by_cost else victim_key(order, v, cost)
+                    rows.append((key, v, cost, lost, freed, flavor))
+                else:
+                    protected_ones.append(new(Candidate, (v, cost, lost, protected, flavor,
+                                                          after + len(protected_ones), freed, False, None, 0.0)))
             rows.sort(key=itemgetter(0))
-            new = tuple.__new__  # Candidate's own constructor is a Python function; this is C
-            flavor_of_job = self.flavor_of_job
-            self.candidates = CandidatePool([
-                new(Candidate, (v, cost, lost, protected, flavor_of_job[v.id], rank, freed, False, None, 0.0))
-                for rank, (_, v, cost, lost, protected, freed) in enumerate(rows)],
-                by_cost=by_cost, ascending=by_cost and nonnegative)
+            free = [new(Candidate, (v, cost, lost, 0.0, flavor, rank, freed, False, None, 0.0))
+                    for rank, (_, v, cost, lost, freed, flavor) in enumerate(rows)]
+            self.candidates = CandidatePool(free, protected_ones, by_cost=by_cost,
+                                            ascending=by_cost and nonnegative)
         return self.candidates
 
     def _victim_facts(self, v: Job) -> VictimFacts:
         """What pricing a running job as a victim needs that does not change with time, kept
         between passes per job: (job, seen at, protected until, at risk since, restart cost,
-        GPUs freed per node, GPUs, −tier, −started).
+        GPUs freed per node, GPUs, −tier, −started, flavor).
 
         A job's protection only ever lifts as time passes (a lease or stretched lease runs
         out, old preemptions leave the budget window), so what was computed at an earlier
@@ -675,7 +744,7 @@ class Cycle:
             started = v.attempt.started_at if v.attempt is not None else 0.0
             facts = (v, self.now, protection(self.ctx, v), at_risk_since(self.policy, v),
                      startup_of(self.policy, v) * v.total_gpus, freed_gpus(v), v.total_gpus,
-                     -v.tier, -started)
+                     -v.tier, -started, self.flavor_of_job[v.id])
             self.victim_facts[v.id] = facts
         return facts
 
@@ -844,7 +913,7 @@ class Cycle:
         """Find when capacity for `job` frees first, and hold what of it is free now."""
         best: tuple[float, str, tuple[str, ...], list[Job], list[Job]] | None = None
         for flavor in self._flavors(job):
-            found = self._forecast(job, flavor)
+            found = self._forecast(job, flavor, INF if best is None else best[0])
             if found is not None and (best is None or found[0] < best[0]):
                 best = found
         if best is None:
@@ -859,9 +928,11 @@ class Cycle:
             return replace(blocked, reserved_at=due)
         return blocked
 
-    def _forecast(self, job: Job, flavor: str) -> tuple[float, str, tuple[str, ...], list[Job], list[Job]] | None:
+    def _forecast(self, job: Job, flavor: str, before: float = INF
+                  ) -> tuple[float, str, tuple[str, ...], list[Job], list[Job]] | None:
         """Release jobs in the order they will free capacity until the job fits: the due time,
-        its placement then, the jobs it waits for, and which of those it will preempt.
+        its placement then, the jobs it waits for, and which of those it will preempt. None
+        when it never fits, or not before `before` (the due time another flavor already has).
 
         A running job frees its capacity at its expected end, or — if the job may preempt it
         (pair rules) and its protection lifts before that — when the protection lifts; a
@@ -882,7 +953,7 @@ class Cycle:
                 leaving.append((self.now if kill_at is None else kill_at, t.id, t, False))
         leaving.sort(key=_time_and_id)
         ending = (e for e in _drain(at_end)
-                  if e[2].id not in claimed and not (e[3].protected_until < e[0] and may[e[2].tier, e[2].queue]))
+                  if e[2].id not in claimed and not (e[3] < e[0] and may[e[2].tier, e[2].queue]))
         lifting = (e for e in _drain(at_lift) if e[2].id not in claimed and may[e[2].tier, e[2].queue])
         mark = self._mark()
         released: list[tuple[Job, bool]] = []
@@ -890,6 +961,8 @@ class Cycle:
         for t, _, v, preempt in heapq.merge(leaving, ((t, i, v, False) for t, i, v, _ in ending),
                                             ((t, i, v, True) for t, i, v, _ in lifting),
                                             key=_time_and_id):
+            if max(t, self.now) >= before:
+                break  # due no earlier than `before`, as is every later release
             self._release_job(v)
             released.append((v, preempt))
             if self.fits(job, flavor, d):
@@ -904,23 +977,27 @@ class Cycle:
     def _release_orders(self) -> ReleaseOrders:
         """The running jobs not signalled before this pass, in the order they end (those with an
         expected end), and those whose protection lifts before their end, in the order they
-        may be preempted: heaps of (time, id, job, candidate), smallest time and id first; and
-        one job of each (tier, queue) among them, all the pair rules read of a victim. Once a
-        pass. Heaps, not sorted lists: a forecast stops after the first few hundred."""
+        may be preempted: heaps of (time, id, job, protected until), smallest time and id first;
+        and one job of each (tier, queue) among them, all the pair rules read of a victim. Once
+        a pass. Heaps, not sorted lists: a forecast stops after the first few hundred."""
         if self.release_orders is None:
             now = self.now
-            at_end: list[tuple[float, str, Job, Candidate]] = []
-            at_lift: list[tuple[float, str, Job, Candidate]] = []
+            at_end: list[tuple[float, str, Job, float]] = []
+            at_lift: list[tuple[float, str, Job, float]] = []
             kinds: dict[tuple[int, str], Job] = {}
             for c in self._candidates().all:
                 v = c.job
-                kinds.setdefault((v.tier, v.queue), v)
+                kind = (v.tier, v.queue)
+                if kind not in kinds:
+                    kinds[kind] = v
                 assert v.attempt is not None
                 end = v.attempt.started_at + v.expected_duration if v.expected_duration is not None else INF
+                protected = c.protected_until
                 if end < INF:
-                    at_end.append((end, v.id, v, c))
-                if c.protected_until < end:
-                    at_lift.append((min(end, max(c.protected_until, now)), v.id, v, c))
+                    at_end.append((end, v.id, v, protected))
+                if protected < end:
+                    lifts = now if now > protected else protected  # max(protected, now)
+                    at_lift.append((lifts if lifts < end else end, v.id, v, protected))  # min(end, lifts)
             heapq.heapify(at_end)  # ids are unique: tuples never compare past them
             heapq.heapify(at_lift)
             self.release_orders = (at_end, at_lift, kinds)
@@ -931,7 +1008,7 @@ def _time_and_id(e: tuple) -> tuple[float, str]:
     return e[0], e[1]
 
 
-def _drain(heap: list[tuple[float, str, Job, Candidate]]) -> Iterator[tuple[float, str, Job, Candidate]]:
+def _drain(heap: list[tuple[float, str, Job, float]]) -> Iterator[tuple[float, str, Job, float]]:
     """A heap's items, smallest first, leaving the heap as it was."""
     heap = heap.copy()
     while heap:

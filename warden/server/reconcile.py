@@ -82,13 +82,22 @@ class Reconciler:
         self._wake.set()
 
     def run(self, stop: threading.Event, interval: float = 1.0) -> None:
-        """Pass after pass until `stop` is set: on every poke, and at least every `interval`."""
+        """Pass after pass until `stop` is set: on every poke, and at least every `interval`.
+
+        After a pass the loop rests at least as long as the pass took, so that under a storm
+        of submissions the API keeps half the interpreter: the submissions that arrive
+        meanwhile are all taken by the next pass.
+        """
         while not stop.is_set():
+            t0 = time.monotonic()
             try:
                 self.reconcile()
             except Exception:  # a failed pass must not stop the loop; the next one retries
                 log.exception("reconcile pass failed")
-            self._wake.wait(interval)
+            took = time.monotonic() - t0
+            if stop.wait(min(took, interval)):
+                return
+            self._wake.wait(max(0.0, interval - took))
             self._wake.clear()
 
     def set_policy(self, policy: Policy) -> None:
@@ -257,12 +266,16 @@ class Reconciler:
 
     # -- explain ----------------------------------------------------------------------------
     def _explain(self, plan: Plan) -> None:
+        """Store the explanations that changed. A job's wait grows every pass, so it is left
+        out of the comparison (the API adds the current wait when it shows the sort key)."""
         changed = {}
         for job_id, e in plan.explanations.items():
-            data = {"reason": e.reason.to_dict(), "sort_key": e.sort_key.to_dict(), "position": e.position}
-            if self._explained.get(job_id) != data:
-                changed[int(job_id)] = data
-                self._explained[job_id] = data
+            k = e.sort_key
+            seen = (e.reason, e.position, k.tier, k.breach, k.fair_rank, k.fair_share)
+            if self._explained.get(job_id) != seen:
+                self._explained[job_id] = seen
+                changed[int(job_id)] = {"reason": e.reason.to_dict(), "sort_key": k.to_dict(),
+                                        "position": e.position}
         if changed:
             self.store.set_explanations(changed)
 

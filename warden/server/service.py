@@ -8,7 +8,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import yaml
 
@@ -20,6 +20,14 @@ from warden.server.errors import ApiError
 from warden.server.metrics import ServerMetrics
 from warden.server.reconcile import Reconciler
 from warden.store.repo import Store
+
+
+TOKEN_CACHE_S = 1.0
+
+
+class Submitted(NamedTuple):
+    id: int
+    state: JobState
 
 
 class Service:
@@ -34,6 +42,7 @@ class Service:
         self.metrics = ServerMetrics(self)
         self.reconciler.metrics = self.metrics
         self._stop = threading.Event()
+        self._tokens: dict[str, tuple[Principal, float]] = {}
         self._thread: threading.Thread | None = None
 
     @property
@@ -60,11 +69,23 @@ class Service:
 
     # -- who --------------------------------------------------------------------------------
     def authenticate(self, header: str | None) -> Principal:
+        """The caller of a request. A token's grant is remembered for `TOKEN_CACHE_S`, so a
+        storm of requests does not read the tokens table every time; a revoked token stops
+        working within that time."""
         token = bearer(header)
+        now = time.monotonic()
+        cached = self._tokens.get(token)
+        if cached is not None and cached[1] > now:
+            return cached[0]
         info = self.store.token_for(token)
         if info is None:
+            self._tokens.pop(token, None)
             raise ApiError(401, "Authorization", "Bearer ***", "unknown or revoked token", CHALLENGE)
-        return Principal(info.user, info.role, tuple(info.queues))
+        who = Principal(info.user, info.role, tuple(info.queues))
+        if len(self._tokens) > 10_000:
+            self._tokens.clear()
+        self._tokens[token] = (who, now + TOKEN_CACHE_S)
+        return who
 
     def require_admin(self, who: Principal, what: str) -> None:
         if not who.is_admin:
@@ -99,12 +120,14 @@ class Service:
         job_id = self.store.submit(
             name=req.name, user=who.user, queue=req.queue, tier=req.tier, state=state,
             replicas=req.replicas, gpus=req.gpus, cpu=req.cpu, memory=req.memory, flavor=req.flavor,
-            placement=req.placement, lease_s=req.lease, grace_s=req.grace, expected_duration_s=req.time_limit,
+            # The lease is fixed at submission: a later policy keeps this job's lease (and its tier).
+            placement=req.placement, lease_s=req.lease if req.lease is not None else tier.lease,
+            grace_s=req.grace, expected_duration_s=req.time_limit,
             command=list(req.command), workdir=workdir, env=dict(req.env), actor=who.user, now=self.now(),
             reason=f"submitted to {req.queue} at tier {req.tier} ({tier.name})"
                    + ("; waits for an admin's approval" if state is JobState.AWAITING_APPROVAL else ""))
         self.reconciler.poke()
-        return self.store.get(job_id)
+        return Submitted(job_id, state)
 
     def _check_shape(self, req: Any) -> None:
         """A job the cluster could never hold is refused now, not left pending forever."""

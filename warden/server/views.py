@@ -42,7 +42,8 @@ def job_detail(job: Any, events: Iterable[Any], attempts: Iterable[Any], now: fl
         "lease_s": job.lease_s if job.lease_s is not None else policy.tier(job.tier).lease,
         "grace_s": job.grace_s if job.grace_s is not None else policy.tier(job.tier).grace,
         "time_limit_s": job.expected_duration_s, "approved_by": job.approved_by,
-        "sort_key": e.get("sort_key") if job.state.waiting else None,
+        "sort_key": ({**e["sort_key"], "waited_s": round(wait_s(job, now), 3)}
+                     if job.state.waiting and e.get("sort_key") else None),
         "events": [{"at": ev.at, "from": ev.from_state, "to": ev.to_state, "reason": ev.reason,
                     "actor": ev.actor} for ev in events],
         "attempts": [attempt_view(a) for a in attempts],

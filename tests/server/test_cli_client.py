@@ -1,0 +1,132 @@
+"""The CLI verbs against a real server: `submit` prints the id last, listings have `--json`,
+refusals exit 2 naming the field, an unreachable server exits 1. One run on PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
+from serverproc import ADMIN, Server, wait_for
+
+POLICY = """\
+min_grace: 2s
+thrash: {min_efficiency: 0}
+preemption: {restart_overhead: 0s}
+tiers:
+  3: {name: experimentation, lease: 1s, grace: 2s}
+  4: {name: opportunistic, lease: 0s, grace: 2s, charged: false}
+  1: {name: production-inference, preemptible: false, grace: 2s, requires_approval: true, scope: cluster}
+  2: {name: pretraining, lease: 1h, grace: 2s, requires_approval: true}
+queues:
+  name: cluster
+  children:
+    - {name: vision, nominal: {gpu: 2}}
+    - {name: language, nominal: {gpu: 2}}
+"""
+
+
+def warden(server: Server, *args: str, token: str | None = ADMIN, check: bool = False) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
+    env["WARDEN_URL"] = server.url
+    if token:
+        env["WARDEN_TOKEN"] = token
+    done = subprocess.run([sys.executable, "-m", "warden.cli.main", *args], capture_output=True, text=True,
+                          env=env, timeout=60)
+    if check:
+        assert done.returncode == 0, done.stderr
+    return done
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    s = Server(tmp_path / "state", policy=policy).start()
+    yield s
+    s.stop()
+
+
+def test_submit_queue_describe_logs_and_cancel(server: Server, tmp_path: Path) -> None:
+    out = warden(server, "submit", "--queue", "vision", "--tier", "3", "--gpus", "1", "--name", "hello", "--",
+                 sys.executable, "-c", "print('hello from warden')", check=True).stdout
+    job = out.split()[-1]
+    assert job.isdigit()
+    wait_for(lambda: json.loads(warden(server, "describe", job, "--json", check=True).stdout)["state"] == "SUCCEEDED")
+    assert warden(server, "logs", job, check=True).stdout == "hello from warden\n"
+    rows = json.loads(warden(server, "queue", "--all", "--json", check=True).stdout)
+    assert [(r["id"], r["name"], r["state"]) for r in rows] == [(job, "hello", "SUCCEEDED")]
+    assert "SUCCEEDED" in warden(server, "queue", "--all", check=True).stdout
+
+    big = warden(server, "submit", "-q", "vision", "-t", "3", "--gpus", "4", "--", "sleep", "60", check=True)
+    blocked = warden(server, "submit", "-q", "vision", "-t", "3", "--gpus", "2", "--", "true", check=True)
+    blocked_id = blocked.stdout.split()[-1]
+    detail = wait_for(lambda: (d := json.loads(warden(server, "describe", blocked_id, "--json").stdout))["reason"] and d)
+    assert detail["reason"]["code"] in ("InsufficientCapacity", "QuotaExceeded") and detail["position"] == 1
+    text = warden(server, "describe", blocked_id, check=True).stdout
+    assert "why pending" in text and detail["reason"]["message"][:30] in text.replace("\n", " ")
+    big_id = big.stdout.split()[-1]
+    assert "cancel requested" in warden(server, "cancel", big_id, check=True).stdout
+    wait_for(lambda: json.loads(warden(server, "describe", blocked_id, "--json").stdout)["state"] == "SUCCEEDED")
+    assert json.loads(warden(server, "describe", big_id, "--json").stdout)["state"] == "CANCELLED"
+
+
+def test_nodes_queues_tokens_audit_and_policy_apply(server: Server, tmp_path: Path) -> None:
+    nodes = json.loads(warden(server, "nodes", "--json", check=True).stdout)
+    assert len(nodes) == 1 and nodes[0]["gpus"] == 4
+    queues = {q["name"]: q for q in json.loads(warden(server, "queues", "--json", check=True).stdout)}
+    assert queues["vision"]["nominal"] == {"gpu": 2.0} and queues["cluster"]["leaf"] is False
+    token = warden(server, "token", "create", "--user", "carol", "--queues", "language", check=True).stdout.strip()
+    refused = warden(server, "submit", "-q", "vision", "-t", "3", "--", "true", token=token)
+    assert refused.returncode == 2 and "carol" in refused.stderr and "vision" in refused.stderr
+    pending = warden(server, "submit", "-q", "language", "-t", "2", "--", "true", token=token, check=True)
+    assert "AWAITING_APPROVAL" in pending.stdout
+    assert warden(server, "approve", pending.stdout.split()[-1], token=token).returncode == 2
+    assert "PENDING" in warden(server, "approve", pending.stdout.split()[-1], check=True).stdout
+    new_policy = tmp_path / "new.yaml"
+    new_policy.write_text(POLICY.replace("lease: 1s", "lease: 2s"))
+    assert "policy version 2 applied" in warden(server, "policy", "apply", str(new_policy), check=True).stdout
+    actions = [a["action"] for a in json.loads(warden(server, "audit", "--json", check=True).stdout)]
+    assert {"token.create", "approve", "policy.apply"} <= set(actions)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["submit", "-q", "nope", "-t", "3", "--", "true"], ["queue", "nope"]),
+    (["submit", "-q", "vision", "-t", "5", "--", "true"], ["tier", "5"]),
+    (["submit", "-q", "vision", "-t", "3", "--gpus", "64", "--", "true"], ["gpus", "64"]),
+    (["submit", "-q", "vision", "-t", "3", "--grace", "1s", "--", "true"], ["grace"]),
+    (["describe", "999"], ["id", "999"]),
+    (["cancel", "abc"], ["id", "abc"]),
+])
+def test_refusals_name_the_field_and_exit_2(server: Server, args: list[str], words: list[str]) -> None:
+    done = warden(server, *args)
+    assert done.returncode == 2 and done.stdout == ""
+    for w in words:
+        assert w in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_wrong_token_and_no_server(server: Server) -> None:
+    done = warden(server, "queue", token="wrong")
+    assert done.returncode == 2 and "token" in done.stderr
+    gone = Server(server.state_dir, port=1)
+    env_done = warden(gone, "queue")
+    assert env_done.returncode == 1 and "cannot reach" in env_done.stderr
+
+
+def test_the_server_runs_on_postgresql(tmp_path: Path, fresh_postgres_url: str) -> None:  # noqa: F811
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    s = Server(tmp_path / "state", policy=policy, db=fresh_postgres_url).start()
+    try:
+        out = warden(s, "submit", "-q", "language", "-t", "3", "--", sys.executable, "-c", "print(6*7)", check=True)
+        job = out.stdout.split()[-1]
+        wait_for(lambda: json.loads(warden(s, "describe", job, "--json").stdout)["state"] == "SUCCEEDED")
+        assert warden(s, "logs", job, check=True).stdout == "42\n"
+    finally:
+        s.stop()
