@@ -27,7 +27,7 @@ import heapq
 import math
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 from warden.engine.allocation import Allocation, VictimFacts
 from warden.engine.fairshare import fair_order
@@ -225,6 +225,10 @@ def _ranked(snapshot: Snapshot, now: float, waiting: Iterable[Job] | None = None
     return ranked
 
 
+Outcome = tuple[int, int, int, Reason]
+"""(CPU, memory, hold version or −1, reason): why a job asking that much failed (`Cycle._consider`)."""
+_UNKNOWN: Any = object()
+"""`Cycle.run`: no remembered outcome applies (a sentinel, never in a plan)."""
 Part = tuple[str, int, int, int]
 """(node, gpus, cpu, memory): a share of one node's capacity."""
 HeldParts = tuple[list[Part], list[Part], int, dict[str, list[int]]]
@@ -287,7 +291,7 @@ class Cycle:
         self.backfill_fail: dict[tuple, int] = {}
         self.held_ok: dict[tuple, tuple[int, Reason]] = {}
         self.held_parts: dict[tuple, tuple[int, HeldParts]] = {}
-        self.outcomes: dict[tuple, list[tuple[int, int, int, Reason]]] = {}
+        self.outcomes: dict[tuple, list[Outcome]] = {}
         self.cpu_memory_governed = any(r in ("cpu", "memory") for r in self.quota.resources)
         self.hold_version = 0
         self.attempts_left = self.policy.preemption.max_attempts_per_pass
@@ -308,7 +312,8 @@ class Cycle:
         explanations = self.explanations
         new = tuple.__new__  # Explanation's own constructor is a Python function; this is C
         now = self.now
-        consider = self._consider
+        outcomes = self.outcomes
+        governed = self.cpu_memory_governed
         for position, (_, _, _, _, key, job) in enumerate(_ranked(self.snapshot, now, self.waiting), 1):
             reason: Reason | None
             if job.state is _AWAITING:
@@ -318,7 +323,26 @@ class Cycle:
             elif head is not None:
                 reason = Position(position, head.id)
             else:
-                reason = consider(job)
+                # `_consider`'s outcome cache, looked up here rather than in a call: it answers
+                # most jobs of a deep queue, and a call per job is a sizeable share of a pass.
+                okey = (job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.placement,
+                        self._usable_signature(job) if self.reserved else None)
+                fronts = outcomes.get(okey)
+                reason = _UNKNOWN
+                if fronts is not None:
+                    # A job asking at least the CPU and memory of one that failed fails too.
+                    job_cpu, job_memory = job.cpu, job.memory
+                    for cpu, memory, version, known in fronts:
+                        if version == -1:
+                            if (job_cpu == cpu and job_memory == memory) if governed \
+                                    else (job_cpu >= cpu and job_memory >= memory):
+                                reason = known
+                                break
+                        elif version == self.hold_version and job_cpu == cpu and job_memory == memory:
+                            reason = known
+                            break
+                if reason is _UNKNOWN:
+                    reason = self._consider(job, okey, fronts)
                 if reason is not None and strict:
                     head = job
             if reason is not None:
@@ -335,29 +359,18 @@ class Cycle:
         return (job.flavor,) if job.flavor is not None else self.index.flavors()
 
     # -- 3. assign --------------------------------------------------------------------------
-    def _consider(self, job: Job) -> Reason | None:
-        """Admit the job if it fits; otherwise preempt, reserve, or say why it waits.
+    def _consider(self, job: Job, key: tuple, fronts: list[Outcome] | None) -> Reason | None:
+        """Admit the job if it fits; otherwise preempt, reserve, or say why it waits; remember
+        why it failed under `key` (`fronts`: what is remembered there already).
 
         A job like one that already failed in this pass (same queue, tier, shape and runtime
         estimate, at least its CPU and memory) fails the same way: free capacity, and free plus
-        held capacity, only shrank and quota usage only grew since. Its reason is reused, which
-        keeps a deep queue cheap. `Reserved` depends on which holds exist and says the job would
-        fit without them, so only an identical job reuses it while the holds are unchanged; where
-        quota governs CPU or memory the reason names the amounts asked, so the same goes there.
+        held capacity, only shrank and quota usage only grew since. Its reason is reused (`run`
+        looks it up), which keeps a deep queue cheap. `Reserved` depends on which holds exist
+        and says the job would fit without them, so only an identical job reuses it while the
+        holds are unchanged; where quota governs CPU or memory the reason names the amounts
+        asked, so the same goes there.
         """
-        key = (job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.placement,
-               self._usable_signature(job) if self.reserved else None)
-        fronts = self.outcomes.get(key)
-        if fronts is not None:
-            # A job asking at least the CPU and memory of one that failed fails too.
-            job_cpu, job_memory, governed = job.cpu, job.memory, self.cpu_memory_governed
-            for cpu, memory, version, reason in fronts:
-                if version == -1:
-                    if (job_cpu == cpu and job_memory == memory) if governed \
-                            else (job_cpu >= cpu and job_memory >= memory):
-                        return reason
-                elif version == self.hold_version and job_cpu == cpu and job_memory == memory:
-                    return reason
         reason = self._try(job)
         if reason is not None and not isinstance(reason, (WaitingForGrace, WaitingForLease)) \
                 and getattr(reason, "reserved_at", None) is None:

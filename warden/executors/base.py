@@ -153,6 +153,12 @@ class Executor(Protocol):
         """After a restart: track this attempt again; re-arm its SIGKILL if it was terminating."""
         ...
 
+    def recover(self, job_id: str, attempt: int, log_dir: Path, replicas: int) -> Handle | None:
+        """The handle of an attempt whose `start` the server may not have seen return (it
+        stopped in between), rebuilt from what the executor left on its side; None when no
+        replica had started."""
+        ...
+
     def running(self) -> list[tuple[str, int]]:
         """(job_id, attempt) of every tracked attempt not yet reported by `exits()`."""
         ...

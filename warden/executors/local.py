@@ -407,6 +407,21 @@ class LocalExecutor:
                 tracked.kill_mono = time.monotonic() + (deadline - time.time())
                 self._timer.arm(tracked.kill_mono, key)
 
+    def recover(self, job_id: str, attempt: int, log_dir: Path, replicas: int) -> Handle | None:
+        """Rebuild the handle of an attempt from the shims' status files in its `log_dir`.
+        Replicas whose shim never wrote one did not start; None when none did."""
+        handles = []
+        for rank in range(replicas):
+            log, status, exit_path = _replica_paths(Path(log_dir), rank)
+            record = read_json(status)
+            if record is None or "shim_pid" not in record:
+                continue
+            handles.append(ReplicaHandle(rank=rank, shim_pid=int(record["shim_pid"]), pgid=record.get("pgid"),
+                                         status_path=status, exit_path=exit_path, log_path=log))
+        if not handles:
+            return None
+        return Handle(job_id, attempt, tuple(handles), control_path=Path(log_dir) / "control.json")
+
     def running(self) -> list[tuple[str, int]]:
         """Every tracked attempt whose exit `exits()` has not reported yet."""
         with self._lock:

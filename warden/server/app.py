@@ -37,9 +37,16 @@ class Settings:
     bootstrap_token: str | None = None
 
 
-def local_node(fake_gpus: int | None) -> tuple[Node, ...]:
-    """This machine as one node: its GPUs (or `fake_gpus` fake ones), cores and memory."""
+DEFAULT_FAKE_GPUS = 4
+
+
+def local_node(fake_gpus: int | None, say: Callable[[str], None] = print) -> tuple[Node, ...]:
+    """This machine as one node: its GPUs (or `fake_gpus` fake ones; 4 when it has none and
+    nothing was asked), cores and memory."""
     gpus = discover_gpus(fake_gpus)
+    if not gpus and fake_gpus is None:
+        gpus = discover_gpus(DEFAULT_FAKE_GPUS)
+        say(f"no GPU found (nvidia-smi): pretending to have {DEFAULT_FAKE_GPUS} (--fake-gpus N to choose)")
     memory_mib = 0
     try:
         with open("/proc/meminfo") as f:
@@ -89,11 +96,11 @@ def build_service(settings: Settings, say: Callable[[str], None] = print) -> Ser
 
     state = settings.state_dir or default_state_dir()
     state.mkdir(parents=True, exist_ok=True)
-    engine = connect(settings.db or default_url())
+    engine = connect(settings.db or default_url(state))
     migrate(engine)
     store = Store(engine)
     now = time.time()
-    nodes = local_node(settings.fake_gpus)
+    nodes = local_node(settings.fake_gpus, say)
     store.replace_nodes(NodeRecord.from_engine(n, updated_at=now) for n in nodes)
     policy = _policy(store, settings.policy, now)
     _tokens(store, settings.bootstrap_token, state, now, say)

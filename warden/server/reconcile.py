@@ -105,13 +105,63 @@ class Reconciler:
             self.policy = policy
         self.poke()
 
-    def adopt_running(self) -> None:
-        """After a start: track every attempt the database says is running or terminating."""
+    def recover(self) -> None:
+        """After a start: finish whatever a killed server left half done, and track every
+        attempt that is still running again (its SIGKILL re-armed if it was terminating).
+
+        A pass changes the database in several short transactions; the server may have died
+        between any two. Each half-done step is completed or undone here, in the direction
+        that never gives one GPU to two jobs: an attempt row holds its GPUs until it ends."""
         with self.lock:
-            for a in self.store.running_attempts():
-                if a.handle is None:
+            now = self.clock()
+            for active in self.store.active():
+                job, attempt = active.job, active.attempt
+                if not job.state.holds_resources:
                     continue
-                self.executor.adopt(Handle.from_dict(a.handle), a.kill_at)
+                if attempt is None:
+                    self._recover_without_attempt(job, now)
+                    continue
+                handle = attempt.handle
+                if handle is None:
+                    recovered = self.executor.recover(job.job_id, attempt.number, Path(attempt.log_dir), job.replicas)
+                    if recovered is None:  # stopped before any process started
+                        self.store.end_attempt(job.id, attempt.number, ended_at=now, exit_codes=[], reason="failed")
+                        self.store.transition(job.id, JobState.PENDING, reason="requeued: the server stopped "
+                                              "before the job's processes started", actor="warden", now=now,
+                                              pending_since=now)
+                        continue
+                    handle = recovered.to_dict()
+                    self.store.update_attempt(job.id, attempt.number, handle=handle)
+                self.executor.adopt(Handle.from_dict(handle), attempt.kill_at)
+                for state in (JobState.STARTING, JobState.RUNNING):
+                    if job.state in (JobState.ADMITTED, JobState.STARTING) and job.state is not state:
+                        self.store.transition(job.id, state, reason="processes started (recovered)",
+                                              actor="warden", now=now)
+                        job = self.store.get(job.id) or job
+        self.poke()
+
+    def _recover_without_attempt(self, job: Any, now: float) -> None:
+        """A job holding resources without a live attempt: its attempt ended (or was never
+        written) but the job's own transition was lost. Finish it from the attempt's record."""
+        last = self.store.attempt(job.id, job.attempt) if job.attempt else None
+        if last is None:  # the attempt was numbered but never written: undo the number too
+            self.store.transition(job.id, JobState.PENDING, reason="requeued: the server stopped before "
+                                  "the job started", actor="warden", now=now, pending_since=now,
+                                  attempt=max(0, job.attempt - 1))
+            return
+        if last.reason in ("preempted", "killed") and not job.cancel_requested:
+            self.store.transition(job.id, JobState.REQUEUED, reason=f"{last.reason} (recovered)", actor="warden",
+                                  now=now, preempted_at=[*job.preempted_at, last.sigterm_at or now])
+            self.store.transition(job.id, JobState.PENDING, reason="requeued", actor="warden", now=now,
+                                  pending_since=now)
+            return
+        codes = list(last.exit_codes or ())
+        if job.cancel_requested:
+            to = JobState.CANCELLED
+        else:
+            to = JobState.SUCCEEDED if last.reason == "completed" else JobState.FAILED
+        self.store.transition(job.id, to, reason=f"{last.reason} (recovered): exit {_codes(codes)}",
+                              actor="warden", now=now, exit_code=next((c for c in codes if c != 0), 0))
 
     # -- one pass ---------------------------------------------------------------------------
     def reconcile(self) -> Plan:

@@ -54,8 +54,9 @@ class Service:
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
-        """Re-adopt what was running, then run the reconcile loop in a thread."""
-        self.reconciler.adopt_running()
+        """Recover what a stopped server left (re-adopting running jobs), then run the
+        reconcile loop in a thread."""
+        self.reconciler.recover()
         self._thread = threading.Thread(target=self.reconciler.run, args=(self._stop,), name="warden-reconcile",
                                         daemon=True)
         self._thread.start()

@@ -44,9 +44,10 @@ def state_dir() -> Path:
     return path
 
 
-def default_url() -> str:
-    """SQLite file `warden.db` in the state directory: what a server uses when told no URL."""
-    return f"sqlite:///{state_dir() / 'warden.db'}"
+def default_url(directory: Path | None = None) -> str:
+    """SQLite file `warden.db` in `directory` (default: the state directory): what a server
+    uses when told no URL."""
+    return f"sqlite:///{(directory or state_dir()) / 'warden.db'}"
 
 
 def normalize_url(url: str | URL) -> URL:
