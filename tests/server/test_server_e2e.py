@@ -279,7 +279,11 @@ def test_the_server_killed_mid_run_restarts_and_readopts(tmp_path: Path, scripts
     s = Server(tmp_path / "state", policy=policy).start()
     try:
         with s.client() as c:
-            running = submit(c, queue="vision", tier=3, gpus=4, command=py(scripts["trainer"], tmp_path / "r", 4))
+            # Runs until the test says go: the restart happens while it certainly runs.
+            go = tmp_path / "go"
+            code = (f"import os, time; open({str(tmp_path / 'r.started')!r}, 'a').write('1\\n')\n"
+                    f"while not os.path.exists({str(go)!r}): time.sleep(0.05)")
+            running = submit(c, queue="vision", tier=3, gpus=4, command=[sys.executable, "-c", code])
             until_state(c, running, "RUNNING")
             # Same queue and tier: it cannot preempt the running job, it must wait for its GPUs.
             waiting = submit(c, queue="vision", tier=3, gpus=2, command=py(scripts["trainer"], tmp_path / "w", 0.1))
@@ -287,6 +291,7 @@ def test_the_server_killed_mid_run_restarts_and_readopts(tmp_path: Path, scripts
         s.start()
         with s.client() as c:
             assert state(c, running) == "RUNNING" and state(c, waiting) == "PENDING"
+            go.touch()
             until_state(c, running, "SUCCEEDED", timeout=30)
             assert (tmp_path / "r.started").read_text().split() == ["1"]  # never started twice
             until_state(c, waiting, "SUCCEEDED", timeout=30)

@@ -56,6 +56,22 @@ class SubmitRequest(BaseModel):
         return v
 
 
+class ReportRequest(BaseModel):
+    """What the workload SDK tells the server about the attempt it runs in."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    attempt: int = Field(ge=1)
+    kind: Literal["startup", "progress", "checkpoint_started", "checkpoint_finished"]
+    at: float | None = None
+    startup_s: float | None = Field(default=None, ge=0)
+    step: int | None = Field(default=None, ge=0)
+    samples: int | None = Field(default=None, ge=0)
+    duration_s: float | None = Field(default=None, ge=0)
+    size_bytes: int | None = Field(default=None, ge=0)
+    on_sigterm: bool | None = None
+
+
 class TokenRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -142,6 +158,11 @@ def build_router(service: Any) -> APIRouter:
     def approve(job_id: str, who: Caller) -> dict[str, Any]:
         job = service.approve(job_id, who)
         return {"id": str(job.id), "state": job.state.value}
+
+    @r.post("/jobs/{job_id}/reports", status_code=202)
+    def report(job_id: str, req: ReportRequest, authorization: Annotated[str | None, Header()] = None
+               ) -> dict[str, Any]:
+        return service.report(job_id, authorization, req)
 
     @r.get("/jobs/{job_id}/logs")
     def logs(job_id: str, who: Caller, attempt: int | None = None, rank: int = 0,

@@ -105,7 +105,12 @@ def build_service(settings: Settings, say: Callable[[str], None] = print) -> Ser
     policy = _policy(store, settings.policy, now)
     _tokens(store, settings.bootstrap_token, state, now, say)
     executor = LocalExecutor()
-    return Service(store, executor, nodes, policy, state)
+    return Service(store, executor, nodes, policy, state, url=f"http://{_reachable(settings.host)}:{settings.port}")
+
+
+def _reachable(host: str) -> str:
+    """The address jobs on this machine use to reach a server listening on `host`."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
 def create_app(service: Service) -> FastAPI:

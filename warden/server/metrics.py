@@ -55,9 +55,12 @@ class ServerMetrics:
     def admission(self, queue: str, tier: int, wait_s: float) -> None:
         self.wait.labels(queue, str(tier)).observe(wait_s)
 
-    def preemption(self, queue: str, tier: int, kind: str, lost_gpu_s: float) -> None:
+    def preemption(self, queue: str, tier: int, kind: str) -> None:
         self.preemptions.labels(queue, str(tier), kind).inc()
-        self.lost.labels(queue).inc(lost_gpu_s)
+
+    def lost_work(self, queue: str, gpu_s: float) -> None:
+        """Measured at the victim's exit, from its checkpoint reports."""
+        self.lost.labels(queue).inc(gpu_s)
 
     def held(self, dt: float, gpus_by_queue: dict[str, int], capacity: int) -> None:
         """GPU-seconds over the `dt` since the previous pass."""

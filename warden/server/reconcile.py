@@ -58,13 +58,16 @@ class Reconciler:
     """Owns the engine and the executor; every change of a job's state goes through it."""
 
     def __init__(self, store: Store, executor: Executor, nodes: tuple[Node, ...], policy: Policy,
-                 state_dir: Path, clock: Callable[[], float] = time.time) -> None:
+                 state_dir: Path, clock: Callable[[], float] = time.time,
+                 report_env: Callable[[str, int], dict[str, str]] | None = None) -> None:
         self.store = store
         self.executor = executor
         self.nodes = nodes
         self.policy = policy
         self.state_dir = state_dir
         self.clock = clock
+        self.report_env = report_env
+        """The environment that lets an attempt's SDK report to this server."""
         self.engine = Engine()
         self.lock = threading.RLock()
         self._wake = threading.Event()
@@ -223,6 +226,11 @@ class Reconciler:
         codes = list(ex.exit_codes)
         clean = all(c == 0 for c in codes)
         first_bad = next((c for c in codes if c != 0), None)
+        if attempt.sigterm_at is not None:
+            lost = lost_work(attempt, job.gpus * job.replicas)
+            self.store.update_attempt(job.id, ex.attempt, lost_work_gpu_s=lost)
+            if self.metrics is not None and not job.cancel_requested:
+                self.metrics.lost_work(job.queue, lost)
         if job.cancel_requested:
             reason, to = "cancelled", JobState.CANCELLED
         elif attempt.sigterm_at is not None:
@@ -256,9 +264,9 @@ class Reconciler:
                                   preempted_for=for_job)
         self.store.transition(job.id, JobState.PREEMPTING, now=now, actor="warden",
                               reason=f"preempted for job {for_job} ({kind}); grace {grace:.0f}s, "
-                                     f"SIGKILL at {kill_at:.3f}; lost work {lost:.0f} GPU-s")
+                                     f"SIGKILL at {kill_at:.3f}; expected lost work {lost:.0f} GPU-s")
         if self.metrics is not None:
-            self.metrics.preemption(job.queue, job.tier, kind, lost)
+            self.metrics.preemption(job.queue, job.tier, kind)
 
     def cancel(self, job: Any, actor: str) -> None:
         """Cancel through the same path as a preemption: SIGTERM, grace, SIGKILL, then CANCELLED."""
@@ -302,7 +310,8 @@ class Reconciler:
             replicas=_replicas(placement),
             grace_s=job.grace_s if job.grace_s is not None else self.policy.tier(job.tier).grace,
             workdir=Path(job.workdir), log_dir=attempt_dir,
-            checkpoint_dir=self.state_dir / "jobs" / str(job.id) / "checkpoints", env=dict(job.env or {}))
+            checkpoint_dir=self.state_dir / "jobs" / str(job.id) / "checkpoints",
+            env={**(job.env or {}), **(self.report_env(str(job.id), number) if self.report_env else {})})
         try:
             handle = self.executor.start(spec)
         except OSError as err:
@@ -328,6 +337,21 @@ class Reconciler:
                                         "position": e.position}
         if changed:
             self.store.set_explanations(changed)
+
+
+def lost_work(attempt: Any, gpus: int) -> float:
+    """GPU-seconds of progress a SIGTERM threw away, from what the attempt reported: none if
+    a checkpoint finished after SIGTERM (the save on SIGTERM), else the progress since the
+    later of the end of startup and the last checkpoint."""
+    sigterm = attempt.sigterm_at
+    if sigterm is None:
+        return 0.0
+    if attempt.last_checkpoint_at is not None and attempt.last_checkpoint_at >= sigterm:
+        return 0.0
+    since = attempt.started_at + (attempt.startup_s or 0.0)
+    if attempt.last_checkpoint_at is not None:
+        since = max(since, attempt.last_checkpoint_at)
+    return gpus * max(0.0, sigterm - since)
 
 
 def _replicas(placement: tuple[ReplicaPlacement, ...]) -> tuple[ReplicaLaunch, ...]:

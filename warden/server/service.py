@@ -4,7 +4,10 @@ its change durable before it returns."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
+import secrets
 import threading
 import time
 from pathlib import Path
@@ -32,13 +35,16 @@ class Submitted(NamedTuple):
 
 class Service:
     def __init__(self, store: Store, executor: Executor, nodes: tuple[Node, ...], policy: Policy,
-                 state_dir: Path, clock: Callable[[], float] = time.time) -> None:
+                 state_dir: Path, clock: Callable[[], float] = time.time, url: str = "") -> None:
         self.store = store
         self.executor = executor
         self.nodes = nodes
         self.state_dir = state_dir
         self.clock = clock
-        self.reconciler = Reconciler(store, executor, nodes, policy, state_dir, clock)
+        self.url = url
+        """Where jobs send their reports (`WARDEN_URL` inside a job)."""
+        self._report_key = _secret(state_dir / "report-secret")
+        self.reconciler = Reconciler(store, executor, nodes, policy, state_dir, clock, self.report_env)
         self.metrics = ServerMetrics(self)
         self.reconciler.metrics = self.metrics
         self._stop = threading.Event()
@@ -189,6 +195,46 @@ class Service:
         return {"id": job_id, "attempt": number, "rank": rank, "text": text.decode("utf-8", "replace"),
                 "offset": offset + len(text), "eof": row.state == "exited" and len(text) < (1 << 20)}
 
+    # -- reports from the workload SDK ------------------------------------------------------
+    def report_token(self, job_id: str, attempt: int) -> str:
+        """A bearer token good for one attempt's reports only: an HMAC the server can check
+        without storing it."""
+        return hmac.new(self._report_key, f"{job_id}:{attempt}".encode(), hashlib.sha256).hexdigest()
+
+    def report_env(self, job_id: str, attempt: int) -> dict[str, str]:
+        return {"WARDEN_URL": self.url, "WARDEN_REPORT_TOKEN": self.report_token(job_id, attempt)} if self.url else {}
+
+    def report(self, job_id: str, header: str | None, req: Any) -> dict[str, Any]:
+        """Startup, progress and checkpoint reports: what the engine's victim cost (the last
+        checkpoint, the measured SIGTERM save) and efficiency (startup and checkpoint time)
+        are computed from."""
+        job = self.job(job_id)
+        token = bearer(header)
+        if not hmac.compare_digest(token, self.report_token(job_id, req.attempt)):
+            who = self.authenticate(header)
+            if who.user != job.user and not who.is_admin:
+                raise forbidden(who, f"report for job {job_id} of user {job.user!r}")
+        attempt = self.store.attempt(job.id, req.attempt)
+        if attempt is None or attempt.ended_at is not None:
+            raise ApiError(409, "attempt", req.attempt, f"is not a running attempt of job {job_id}")
+        at = min(req.at if req.at is not None else self.now(), self.now())
+        fields: dict[str, Any] = {}
+        if req.kind == "startup":
+            fields["startup_s"] = req.startup_s if req.startup_s is not None else max(0.0, at - attempt.started_at)
+        elif req.kind == "progress":
+            fields.update(progress_step=req.step, progress_samples=req.samples, progress_at=at)
+        elif req.kind == "checkpoint_finished":
+            duration = req.duration_s or 0.0
+            # A job that saves through the SDK saves the same state on SIGTERM: its latest save
+            # time is the best estimate of what a preemption's save will take.
+            fields.update(checkpoint_s=attempt.checkpoint_s + duration, last_checkpoint_at=at,
+                          checkpoints=attempt.checkpoints + 1, sigterm_save_s=duration)
+            if req.step is not None:
+                fields["progress_step"] = max(req.step, attempt.progress_step or 0)
+        if fields:
+            self.store.update_attempt(job.id, req.attempt, **fields)
+        return {"id": job_id, "attempt": req.attempt, "kind": req.kind}
+
     # -- admin ------------------------------------------------------------------------------
     def apply_policy(self, source: str, who: Principal) -> int:
         """Validate and version a new policy; jobs keep their tier and lease."""
@@ -226,3 +272,15 @@ class Service:
 
 def _plain(value: Any) -> Any:
     return None if value.__class__.__name__ == "_Missing" else value
+
+
+def _secret(path: Path) -> bytes:
+    """A per-installation secret kept in the state directory (created once, mode 0600)."""
+    try:
+        return bytes.fromhex(path.read_text().strip())
+    except (OSError, ValueError):
+        key = secrets.token_bytes(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(key.hex() + "\n")
+        return key

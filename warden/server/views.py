@@ -48,7 +48,25 @@ def job_detail(job: Any, events: Iterable[Any], attempts: Iterable[Any], now: fl
                     "actor": ev.actor} for ev in events],
         "attempts": [attempt_view(a) for a in attempts],
     })
+    out["warnings"] = warnings(job, attempts, now, out["grace_s"])
     return out
+
+
+def warnings(job: Any, attempts: Iterable[Any], now: float, grace: float) -> list[str]:
+    """What a person should know before this job is preempted: a measured save that does
+    not fit the grace means a preemption loses the work since the last checkpoint."""
+    live = [a for a in attempts if a.ended_at is None and a.number == job.attempt]
+    if not live:
+        return []
+    a = live[0]
+    if a.sigterm_save_s is None or a.sigterm_save_s <= grace:
+        return []
+    since = a.started_at + (a.startup_s or 0.0)
+    if a.last_checkpoint_at is not None:
+        since = max(since, a.last_checkpoint_at)
+    lost_min = job.gpus * job.replicas * max(0.0, now - since) / 60
+    return [f"its measured checkpoint save takes {a.sigterm_save_s:.0f} s, longer than its grace of "
+            f"{grace:.0f} s: a preemption now would lose {lost_min:.1f} GPU-minutes"]
 
 
 def attempt_view(a: Any) -> dict[str, Any]:
@@ -57,7 +75,8 @@ def attempt_view(a: Any) -> dict[str, Any]:
             "sigterm_at": a.sigterm_at, "kill_at": a.kill_at, "reason": a.reason,
             "preempted_for": a.preempted_for, "startup_s": a.startup_s, "checkpoint_s": a.checkpoint_s,
             "last_checkpoint_at": a.last_checkpoint_at, "sigterm_save_s": a.sigterm_save_s,
-            "log_dir": a.log_dir}
+            "log_dir": a.log_dir, "progress_step": a.progress_step, "progress_samples": a.progress_samples,
+            "progress_at": a.progress_at, "checkpoints": a.checkpoints, "lost_work_gpu_s": a.lost_work_gpu_s}
 
 
 def node_views(nodes: Iterable[Node], attempts: Iterable[Any]) -> list[dict[str, Any]]:

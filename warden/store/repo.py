@@ -148,6 +148,11 @@ class AttemptRecord:
     log_dir: str
     preempted_for: str | None
     reason: str | None
+    progress_step: int | None = None
+    progress_samples: int | None = None
+    progress_at: float | None = None
+    checkpoints: int = 0
+    lost_work_gpu_s: float | None = None
 
     def to_engine(self) -> Attempt:
         return Attempt(

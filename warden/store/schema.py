@@ -105,6 +105,12 @@ class AttemptRow(Base):
     log_dir: Mapped[str] = mapped_column(Text)
     preempted_for: Mapped[str | None] = mapped_column(String(32))
     reason: Mapped[str | None] = mapped_column(String(16))
+    progress_step: Mapped[int | None] = mapped_column(Integer)
+    progress_samples: Mapped[int | None] = mapped_column(Integer)
+    progress_at: Mapped[float | None] = mapped_column(Double)
+    checkpoints: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    lost_work_gpu_s: Mapped[float | None] = mapped_column(Double)
+    """GPU-seconds of progress a preemption of this attempt threw away (measured at its exit)."""
 
 
 class EventRow(Base):
