@@ -27,8 +27,11 @@ def _register() -> None:
     from warden.cli import jobs as jobs_cli
     from warden.cli import server as server_cli
 
+    from warden.cli import check as check_cli
+
     server_cli.register(app)
     jobs_cli.register(app)
+    check_cli.register(app)
 
 
 _register()
