@@ -92,3 +92,17 @@ class Server:
     def client(self, token: str | None = ADMIN) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=10)
+
+
+def submit(c: httpx.Client, **body: Any) -> str:
+    """POST a job (in this directory unless told); its id."""
+    body.setdefault("workdir", os.getcwd())
+    r = c.post("/v1/jobs", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def until_state(c: httpx.Client, job_id: str, *states: str, timeout: float = 20) -> dict[str, Any]:
+    """The job, once it is in one of `states`."""
+    return wait_for(lambda: (j := c.get(f"/v1/jobs/{job_id}").json())["state"] in states and j,
+                    timeout, f"job {job_id} in {states}")

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
-from serverproc import ADMIN, Server, wait_for
+from serverproc import ADMIN, Server, submit, until_state, wait_for
 
 # Short leases and graces so the tests run in seconds; no efficiency floor and no assumed
 # restart overhead (together they would stretch a 1 s lease to a minute).
@@ -90,20 +90,8 @@ def _kill_leftovers(tmp_path: Path) -> None:
                 pass
 
 
-def submit(c: httpx.Client, **body: Any) -> str:
-    body.setdefault("workdir", os.getcwd())
-    r = c.post("/v1/jobs", json=body)
-    assert r.status_code == 201, r.text
-    return r.json()["id"]
-
-
 def state(c: httpx.Client, job_id: str) -> str:
     return c.get(f"/v1/jobs/{job_id}").json()["state"]
-
-
-def until_state(c: httpx.Client, job_id: str, *states: str, timeout: float = 20) -> dict[str, Any]:
-    return wait_for(lambda: (j := c.get(f"/v1/jobs/{job_id}").json())["state"] in states and j,
-                    timeout, f"job {job_id} in {states}")
 
 
 def py(script: Path, *args: Any) -> list[str]:
