@@ -15,6 +15,7 @@ import os
 import secrets
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -193,7 +194,8 @@ def _run(command: Sequence[str], attempt: int, grace: float, ckpt: Path, workdir
     env.update({"WARDEN_JOB_ID": "check", "WARDEN_ATTEMPT": str(attempt), "WARDEN_GRACE_SECONDS": f"{grace:g}",
                 "WARDEN_CHECKPOINT_DIR": str(ckpt), "WARDEN_URL": reports.url, "WARDEN_REPORT_TOKEN": token,
                 "WARDEN_PROGRESS_INTERVAL": "0"})
-    return subprocess.Popen(list(command), env=env, cwd=workdir, start_new_session=True)
+    # The workload's own output goes to stderr: stdout stays the verdict (a table or JSON).
+    return subprocess.Popen(list(command), env=env, cwd=workdir, start_new_session=True, stdout=sys.stderr)
 
 
 def _wait(proc: subprocess.Popen[bytes], timeout: float) -> int | None:

@@ -1,0 +1,285 @@
+"""`warden.workload.report`: the wire protocol against a real HTTP server, rate limiting, the
+background thread, and failures that never reach the training loop.
+
+`ReportSink` (a tiny recording server) is also used by test_examples.py and test_checkpoint.py.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from warden.workload.report import PROCESS_STARTED_AT, Reporter, process_started_at
+
+TOKEN = "report-token-123"
+
+
+@dataclass
+class Received:
+    path: str
+    authorization: str | None
+    body: dict[str, Any]
+    at: float
+
+
+class ReportSink:
+    """A real HTTP server in a thread that records every POST. `status` and `delay` set how it
+    answers (to play a failing or slow control plane)."""
+
+    def __init__(self) -> None:
+        self.reports: list[Received] = []
+        self.status = 200
+        self.delay = 0.0
+        self._cond = threading.Condition()
+        sink = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                if sink.delay:
+                    time.sleep(sink.delay)
+                with sink._cond:
+                    sink.reports.append(Received(self.path, self.headers.get("Authorization"),
+                                                 body, time.time()))
+                    sink._cond.notify_all()
+                self.send_response(sink.status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def kinds(self) -> list[str]:
+        with self._cond:
+            return [str(r.body.get("kind")) for r in self.reports]
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        with self._cond:
+            return [r.body for r in self.reports if r.body.get("kind") == kind]
+
+    def wait_for(self, predicate: Callable[[list[Received]], bool], timeout: float = 30.0
+                 ) -> list[Received]:
+        """Blocks until `predicate(reports)` holds; fails the test after `timeout`."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not predicate(self.reports):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"reports never matched; got {self.reports}")
+                self._cond.wait(left)
+            return list(self.reports)
+
+    def wait_kind(self, kind: str, timeout: float = 30.0) -> dict[str, Any]:
+        self.wait_for(lambda rs: any(r.body.get("kind") == kind for r in rs), timeout)
+        return self.of(kind)[0]
+
+
+@pytest.fixture
+def sink() -> Iterator[ReportSink]:
+    s = ReportSink()
+    yield s
+    s.close()
+
+
+def env_for(sink: ReportSink, job: str = "j42", attempt: int = 3) -> dict[str, str]:
+    return {"WARDEN_URL": sink.url, "WARDEN_JOB_ID": job, "WARDEN_ATTEMPT": str(attempt),
+            "WARDEN_REPORT_TOKEN": TOKEN}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# -- disabled ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("env", [{}, {"WARDEN_JOB_ID": "j1"}, {"WARDEN_URL": "http://x"}])
+def test_outside_warden_every_method_is_a_noop(env: dict[str, str]) -> None:
+    r = Reporter.from_env(env)
+    assert not r.enabled
+    assert r.startup_finished() is None
+    r.progress(1, samples=10)
+    r.checkpoint_started()
+    r.checkpoint_finished(1.0, 10, True)
+    assert r.flush(0) is True
+    assert (r.sent, r.failed) == (0, 0)
+
+
+def test_disabled_progress_costs_nothing_measurable() -> None:
+    r = Reporter.from_env({})
+    n = 200_000
+    runs = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for i in range(n):
+            r.progress(i)
+        runs.append((time.perf_counter() - t) / n)
+    assert statistics.median(runs) < 1e-6, runs  # ~0.1 µs: one call and one attribute test
+
+
+def test_only_rank_zero_reports(sink: ReportSink) -> None:
+    assert not Reporter.from_env({**env_for(sink), "RANK": "1"}).enabled
+    assert Reporter.from_env({**env_for(sink), "RANK": "0"}).enabled
+
+
+# -- the protocol --------------------------------------------------------------------------------
+
+def test_startup_is_posted_with_token_attempt_and_time(sink: ReportSink) -> None:
+    r = Reporter.from_env(env_for(sink, job="team/j 42"), started_at=time.time() - 2.0)
+    before = time.time()
+    startup = r.startup_finished()
+    # Synchronous: recorded by the time the call returns.
+    (got,) = sink.reports
+    assert got.path == "/v1/jobs/team%2Fj%2042/reports"
+    assert got.authorization == f"Bearer {TOKEN}"
+    assert got.body["kind"] == "startup" and got.body["attempt"] == 3
+    assert before <= got.body["at"] <= time.time()
+    assert got.body["startup_s"] == pytest.approx(startup)
+    assert 2.0 <= got.body["startup_s"] < 3.0
+    assert r.sent == 1
+
+
+def test_default_startup_reference_is_the_process_start() -> None:
+    # Taken at import from /proc: not after "now", and not after this module's import.
+    assert PROCESS_STARTED_AT <= process_started_at() + 0.02 <= time.time() + 0.02
+
+
+def test_checkpoint_reports_are_synchronous_and_complete(sink: ReportSink) -> None:
+    r = Reporter.from_env(env_for(sink))
+    r.checkpoint_started()
+    assert sink.kinds() == ["checkpoint_started"]
+    r.checkpoint_finished(1.5, 1234, on_sigterm=True)
+    body = sink.of("checkpoint_finished")[0]
+    assert body == {"attempt": 3, "kind": "checkpoint_finished", "at": body["at"],
+                    "duration_s": 1.5, "size_bytes": 1234, "on_sigterm": True}
+    assert isinstance(body["at"], float)
+    # The step the checkpoint holds, when the caller knows it (CheckpointStore always does).
+    r.checkpoint_started(step=40)
+    r.checkpoint_finished(0.5, 10, on_sigterm=False, step=40)
+    assert [b.get("step") for b in sink.of("checkpoint_started")] == [None, 40]
+    assert sink.of("checkpoint_finished")[1]["step"] == 40
+
+
+def test_progress_is_rate_limited_and_sent_in_the_background(sink: ReportSink) -> None:
+    r = Reporter.from_env(env_for(sink), min_interval=0.5)
+    for step in range(1, 1001):
+        r.progress(step, samples=step * 32)
+    assert r.flush(5)
+    assert sink.of("progress") == [{"attempt": 3, "kind": "progress", "at": pytest.approx(
+        time.time(), abs=5), "step": 1, "samples": 32}]
+    time.sleep(0.6)  # the interval passes: the next call goes out again
+    r.progress(2000)
+    assert r.flush(5)
+    assert [b["step"] for b in sink.of("progress")] == [1, 2000]
+    assert "samples" not in sink.of("progress")[1]
+
+
+def test_progress_never_waits_on_a_slow_server(sink: ReportSink) -> None:
+    sink.delay = 1.0
+    r = Reporter.from_env(env_for(sink), min_interval=0.0)
+    t = time.perf_counter()
+    for step in range(100):
+        r.progress(step)
+    elapsed = time.perf_counter() - t
+    assert elapsed < 0.1, elapsed  # 100 calls while one request takes a second
+    assert r.flush(10)
+    # The thread sends the newest pending report, not a backlog of 100.
+    steps = [b["step"] for b in sink.of("progress")]
+    assert len(steps) <= 3 and steps[-1] == 99, steps
+
+
+def test_flush_gives_up_after_its_timeout(sink: ReportSink) -> None:
+    sink.delay = 1.5
+    r = Reporter.from_env(env_for(sink))
+    r.progress(1)
+    t = time.monotonic()
+    assert r.flush(0.2) is False
+    assert time.monotonic() - t < 1.0
+
+
+# -- failures ------------------------------------------------------------------------------------
+
+def test_unreachable_server_is_logged_once_and_never_raises(capfd: pytest.CaptureFixture[str]
+                                                            ) -> None:
+    r = Reporter.from_env({"WARDEN_URL": f"http://127.0.0.1:{free_port()}",
+                           "WARDEN_JOB_ID": "j1", "WARDEN_REPORT_TOKEN": TOKEN})
+    r.startup_finished()
+    r.checkpoint_started()
+    r.checkpoint_finished(1.0, 1, False)
+    r.progress(1)
+    assert r.flush(5)
+    err = capfd.readouterr().err
+    assert err.count("warden.workload: could not send") == 1, err
+    assert "startup" in err and TOKEN not in err
+    assert (r.sent, r.failed) == (0, 4)
+
+
+@pytest.mark.parametrize("status", [401, 404, 500, 503])
+def test_error_status_is_a_failure_not_an_exception(sink: ReportSink, status: int,
+                                                    capfd: pytest.CaptureFixture[str]) -> None:
+    sink.status = status
+    r = Reporter.from_env(env_for(sink))
+    r.checkpoint_finished(1.0, 1, True)
+    r.checkpoint_finished(1.0, 1, True)
+    assert (r.sent, r.failed) == (0, 2)
+    assert capfd.readouterr().err.count(f"HTTP {status}") == 1
+
+
+def test_a_hanging_server_costs_at_most_the_timeout(sink: ReportSink) -> None:
+    sink.delay = 3.0
+    r = Reporter.from_env(env_for(sink), timeout=0.3)
+    t = time.monotonic()
+    r.checkpoint_finished(1.0, 1, True)
+    assert time.monotonic() - t < 1.5
+    assert r.failed == 1
+
+
+def test_a_bad_url_never_raises() -> None:
+    r = Reporter.from_env({"WARDEN_URL": "not a url", "WARDEN_JOB_ID": "j1"})
+    r.checkpoint_started()
+    assert r.failed == 1
+
+
+def test_reports_ignore_http_proxy_settings(sink: ReportSink, monkeypatch: pytest.MonkeyPatch
+                                            ) -> None:
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{free_port()}")
+    r = Reporter.from_env(env_for(sink))
+    r.checkpoint_started()
+    assert r.sent == 1
+
+
+def test_reporting_from_many_threads(sink: ReportSink) -> None:
+    r = Reporter.from_env(env_for(sink), min_interval=3600)
+    def hammer() -> None:
+        for i in range(1000):
+            r.progress(i)
+
+    threads = [threading.Thread(target=hammer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert r.flush(5)
+    assert len(sink.of("progress")) == 1  # one slot per interval, whoever wins it

@@ -1,0 +1,304 @@
+"""Reports from inside a job to the warden control plane (DESIGN §6, §7).
+
+The engine prices a preemption by what the job would lose: its startup time, the time its
+checkpoints take and whether a save on SIGTERM fits its grace period. Only the job knows those
+numbers, so it reports them here:
+
+    POST {WARDEN_URL}/v1/jobs/{WARDEN_JOB_ID}/reports
+    Authorization: Bearer {WARDEN_REPORT_TOKEN}
+    {"attempt": 2, "kind": "checkpoint_finished", "at": 1767225600.0,
+     "duration_s": 4.2, "size_bytes": 1048576, "on_sigterm": true}
+
+Rules that keep reporting from ever hurting training:
+
+- standard library only (``urllib``): nothing to install inside the job's environment;
+- outside warden (no ``WARDEN_JOB_ID`` or ``WARDEN_URL``) every method returns at once;
+- ``progress`` is rate-limited (one HTTP call per ``min_interval``) and sent from a background
+  thread, so the training loop never waits on the network;
+- checkpoint reports are sent synchronously with a short timeout, because a job that saved on
+  SIGTERM exits right after and a background thread would die with it;
+- a failure (server down, 4xx, 5xx, timeout) is written to stderr once and never raised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import urllib.parse
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import urllib.request
+
+__all__ = ["PROCESS_STARTED_AT", "Reporter", "default_reporter", "process_started_at"]
+
+
+def process_started_at() -> float:
+    """Wall-clock time (``time.time()`` scale) at which this job's processes started.
+
+    warden starts every replica as a process group of its own, led by the job command; the
+    group leader's start time therefore counts everything the attempt did before it could make
+    progress: a wrapper script, ``torchrun`` spawning this worker, ``import torch`` (seconds
+    alone). It is read from ``/proc`` on Linux (the leader's, when it is older than this
+    process, else this process's own); elsewhere, or if ``/proc`` is unreadable, it is the time
+    this module was imported. Resolution: one clock tick (10 ms).
+    """
+    now = time.time()
+    try:
+        with open("/proc/uptime", "rb") as f:
+            uptime = float(f.read().split()[0])
+        started = now - (uptime - _started_after_boot("self"))
+    except (OSError, ValueError, IndexError):
+        return now
+    try:
+        leader = os.getpgid(0)
+        if leader != os.getpid():
+            started = min(started, now - (uptime - _started_after_boot(str(leader))))
+    except (OSError, ValueError, IndexError):
+        pass  # the leader is gone or not visible: this process's own start
+    # Guard against clock oddities: never in the future, never more than a day back.
+    return min(now, max(started, now - 86_400.0))
+
+
+def _started_after_boot(pid: str) -> float:
+    """Seconds after boot at which process ``pid`` started (field 22 of /proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read().decode("ascii", "replace")
+    # The command name (field 2) may hold spaces and parentheses: count from the last ')'.
+    fields = stat[stat.rindex(")") + 2:].split()
+    return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+PROCESS_STARTED_AT: float = process_started_at()
+"""Taken once, at import: the reference for ``Reporter.startup_finished``."""
+
+_KINDS = frozenset({"startup", "progress", "checkpoint_started", "checkpoint_finished"})
+
+
+class Reporter:
+    """Sends the job's reports to warden; every method is a no-op when ``enabled`` is False.
+
+    Thread-safe: the training loop, a data-loader thread and the SIGTERM path may all report.
+    """
+
+    def __init__(
+        self,
+        url: str | None,
+        job_id: str | None,
+        token: str | None = None,
+        attempt: int = 1,
+        *,
+        min_interval: float = 10.0,
+        timeout: float = 2.0,
+        started_at: float | None = None,
+    ) -> None:
+        """``url``/``job_id`` None or empty disable the reporter. ``min_interval`` bounds the
+        rate of progress calls; ``timeout`` bounds every HTTP call (the synchronous checkpoint
+        reports can delay a SIGTERM save by at most that, once per report). ``started_at`` is
+        the reference for ``startup_finished`` (default: this process's start)."""
+        self.enabled: bool = bool(url) and bool(job_id)
+        self.attempt = attempt
+        self.min_interval = min_interval
+        self.timeout = timeout
+        self.started_at = PROCESS_STARTED_AT if started_at is None else started_at
+        self._endpoint = ""
+        self._headers: dict[str, str] = {"Content-Type": "application/json"}
+        self._opener: urllib.request.OpenerDirector | None = None
+        if self.enabled:
+            assert url is not None and job_id is not None
+            quoted = urllib.parse.quote(job_id, safe="")
+            self._endpoint = f"{url.rstrip('/')}/v1/jobs/{quoted}/reports"
+            if token:
+                self._headers["Authorization"] = f"Bearer {token}"
+            # 15 ms of imports, only paid when there is somewhere to report to.
+            from urllib.request import ProxyHandler, build_opener
+
+            # The server is on the cluster's network: a job's HTTP(S)_PROXY (meant for
+            # downloads) must not route reports through a proxy that cannot reach it.
+            self._opener = build_opener(ProxyHandler({}))
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._next_progress_at = float("-inf")  # monotonic; the first progress goes out at once
+        self._pending: dict[str, Any] | None = None  # latest progress waiting for the thread
+        self._in_flight = False
+        self._thread: threading.Thread | None = None
+        self._failed_logged = False
+        self.sent = 0
+        """Reports accepted (2xx) so far."""
+        self.failed = 0
+        """Reports that failed (no answer, timeout, non-2xx)."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> Reporter:
+        """A reporter configured by the executor's environment (DESIGN §6).
+
+        Enabled only with both ``WARDEN_JOB_ID`` and ``WARDEN_URL``, and only on the rank that
+        writes shared state (``RANK`` unset or 0): a gang reports once, not once per replica.
+        ``WARDEN_PROGRESS_INTERVAL`` (seconds) overrides ``min_interval``: `warden
+        check-workload` sets it to 0 to see progress at once.
+        """
+        env = os.environ if env is None else env
+        rank = _int(env.get("RANK"), 0)
+        url = env.get("WARDEN_URL") if rank == 0 else None
+        interval = env.get("WARDEN_PROGRESS_INTERVAL")
+        if interval and "min_interval" not in kwargs:
+            try:
+                kwargs["min_interval"] = max(0.0, float(interval))
+            except ValueError:
+                pass
+        return cls(url, env.get("WARDEN_JOB_ID"), env.get("WARDEN_REPORT_TOKEN"),
+                   _int(env.get("WARDEN_ATTEMPT"), 1), **kwargs)
+
+    # -- the reports ---------------------------------------------------------------------------
+
+    def startup_finished(self, now: float | None = None) -> float | None:
+        """Reports (synchronously) the seconds from process start to now: the job is about to
+        make progress. Returns that figure, or None when disabled. Call it once per attempt,
+        after loading the checkpoint and before the first step."""
+        if not self.enabled:
+            return None
+        now = time.time() if now is None else now
+        startup_s = max(0.0, now - self.started_at)
+        self._send({"kind": "startup", "at": now, "startup_s": startup_s})
+        return startup_s
+
+    def progress(self, step: int, samples: int | None = None) -> None:
+        """Records progress; at most one HTTP call per ``min_interval``, from a background
+        thread. Calls in between are dropped (the next one sent carries the newer step)."""
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now < self._next_progress_at:
+            return
+        body: dict[str, Any] = {"kind": "progress", "at": time.time(), "step": int(step)}
+        if samples is not None:
+            body["samples"] = int(samples)
+        with self._lock:
+            if now < self._next_progress_at:  # another thread won the slot
+                return
+            self._next_progress_at = now + self.min_interval
+            self._pending = body
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="warden-reporter",
+                                                daemon=True)
+                self._thread.start()
+            self._wake.notify_all()  # flush() may wait on the same condition
+
+    def checkpoint_started(self, step: int | None = None) -> None:
+        """Reports (synchronously) that a checkpoint write begins (of ``step``, if given)."""
+        if self.enabled:
+            self._send(_with_step({"kind": "checkpoint_started", "at": time.time()}, step))
+
+    def checkpoint_finished(self, duration_s: float, size_bytes: int, on_sigterm: bool,
+                            step: int | None = None) -> None:
+        """Reports (synchronously) a completed checkpoint: how long the save took, its size,
+        whether it was the save on SIGTERM (the engine compares that duration with the grace
+        period: a job whose SIGTERM save fits loses nothing when preempted), and the step it
+        holds, if given (what the next attempt will resume from)."""
+        if self.enabled:
+            self._send(_with_step({"kind": "checkpoint_finished", "at": time.time(),
+                                   "duration_s": float(duration_s), "size_bytes": int(size_bytes),
+                                   "on_sigterm": bool(on_sigterm)}, step))
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Waits until the background thread has sent what it holds (or ``timeout`` passed).
+        Returns True when nothing is left to send. Call it before exiting."""
+        if not self.enabled:
+            return True
+        deadline = time.monotonic() + max(0.0, timeout)
+        with self._lock:
+            while self._pending is not None or self._in_flight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wake.wait(left)
+        return True
+
+    # -- transport ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        """Background sender: takes the latest pending progress report, sends it, repeats."""
+        while True:
+            with self._lock:
+                while self._pending is None:
+                    self._wake.wait()
+                body, self._pending = self._pending, None
+                self._in_flight = True
+            try:
+                self._send(body)
+            finally:
+                with self._lock:
+                    self._in_flight = False
+                    self._wake.notify_all()
+
+    def _send(self, body: dict[str, Any]) -> bool:
+        """One POST; True on a 2xx. Never raises: a report must not break training."""
+        from urllib.error import HTTPError
+        from urllib.request import Request
+
+        assert body["kind"] in _KINDS and self._opener is not None
+        payload = json.dumps({"attempt": self.attempt, **body}).encode()
+        try:
+            request = Request(self._endpoint, data=payload, headers=self._headers,
+                              method="POST")
+            with self._opener.open(request, timeout=self.timeout) as response:
+                response.read()
+                status = int(response.status)
+                ok, error = 200 <= status < 300, f"HTTP {status}"
+        except HTTPError as e:  # non-2xx answers (after redirects)
+            ok, error = False, f"HTTP {e.code} {e.reason}"
+        except Exception as e:  # noqa: BLE001 - URLError, timeouts, resets, a bad URL: all alike
+            ok, error = False, f"{type(e).__name__}: {e}"
+        with self._lock:
+            if ok:
+                self.sent += 1
+            else:
+                self.failed += 1
+        if not ok:
+            self._log_failure(body["kind"], error)
+        return ok
+
+    def _log_failure(self, kind: str, error: str) -> None:
+        """Writes the first failure to stderr (never the token); later ones are only counted."""
+        with self._lock:
+            if self._failed_logged:
+                return
+            self._failed_logged = True
+        try:
+            print(f"warden.workload: could not send the {kind} report to {self._endpoint}: "
+                  f"{error}; training continues, further report failures are not logged",
+                  file=sys.stderr, flush=True)
+        except Exception:  # noqa: BLE001 - a closed stderr must not matter either
+            pass
+
+
+def _with_step(body: dict[str, Any], step: int | None) -> dict[str, Any]:
+    if step is not None:
+        body["step"] = int(step)
+    return body
+
+
+def _int(value: str | None, default: int) -> int:
+    try:
+        return int(value) if value not in (None, "") else default
+    except ValueError:
+        return default
+
+
+_default: Reporter | None = None
+_default_lock = threading.Lock()
+
+
+def default_reporter() -> Reporter:
+    """The process-wide reporter from the environment, shared by the guard and the checkpoint
+    store so that rate limiting and the log-once rule hold for the whole process."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                _default = Reporter.from_env()
+    return _default
