@@ -18,10 +18,11 @@ if TYPE_CHECKING:
     from warden.engine.policy import Policy
 
 
-VictimFacts = tuple[Job, float, float, "float | None", float, tuple[tuple[str, int], ...], int, int, float, str]
+VictimFacts = tuple[Job, float, float, "float | None", float, tuple[tuple[str, int], ...], int, int, float, str,
+                    float]
 """(the job as seen, seen at, protected until, progress at risk since, restart cost, GPUs freed
-per node, GPUs, −tier, −started, flavor): what pricing a running job as a victim needs that
-does not change with time."""
+per node, GPUs, −tier, −started, flavor, expected end): what pricing a running job as a victim
+needs that does not change with time."""
 
 
 class Allocation:

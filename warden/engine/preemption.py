@@ -46,8 +46,7 @@ class Candidate(NamedTuple):
     """0.0 when the victim rules let it go now; else when they will (inf: never)."""
     flavor: str
     rank: int
-    """Position in victim order among the candidates free now; protected ones (which no search
-    takes) rank after all of them, in no particular order."""
+    """Position in victim order (jobs already leaving: negative, soonest out first)."""
     freed: tuple[tuple[str, int], ...]
     """GPUs this candidate would free, per node, in the order it holds the nodes (see
     `freed_gpus`): every search walks it, so it is worked out once, not per search."""
@@ -83,25 +82,36 @@ def _cost(c: Candidate) -> float:
 
 
 class CandidatePool:
-    """The running jobs of one pass in victim order, with the lists each search starts from.
+    """The running jobs of one pass the rules let go now, in victim order, with the lists each
+    search starts from. (Jobs still protected are no search's victims: a pass does not list them.)
 
     A job signalled in this pass is `drop`ped from every list a search walks (it is offered
     as capacity on its way out instead), so searches need not filter their lists.
     """
 
-    def __init__(self, free_now: list[Candidate], protected: Sequence[Candidate] = (), by_cost: bool = True,
-                 ascending: bool = False) -> None:
-        self.all = free_now + list(protected)
-        """Every candidate, signalled in this pass or not."""
+    def __init__(self, free_now: list[Candidate], held_on: dict[str, int] | None = None,
+                 by_cost: bool = True, ascending: bool = False) -> None:
         self.by_cost = by_cost
         """True when victim order is ascending cost (the search may stop early)."""
         self.ascending = ascending
         """True when, besides, no cost is negative (or NaN): then every list a search walks,
         jobs already leaving (cost 0) first, is in ascending cost, which lets it bisect."""
-        self.free_now = list(free_now)
+        self.free_now = free_now
         """The candidates the rules let go now (`protected_until` 0.0), in victim order."""
         self._downward: dict[tuple, list[Candidate]] = {}
         self._of_tier: dict[int, list[Candidate]] | None = None
+        self._held_on = held_on
+
+    def held_on(self) -> dict[str, int]:
+        """GPUs the candidates hold, per node: no search's victims free more there (with the
+        jobs already leaving)."""
+        if self._held_on is None:
+            held: dict[str, int] = {}
+            for c in self.free_now:
+                for node, gpus in c.freed:
+                    held[node] = held.get(node, 0) + gpus
+            self._held_on = held
+        return self._held_on
 
     def eligible(self, ctx: RuleContext, p: Preemptor, leaving: Sequence[Candidate] = ()) -> Eligible:
         """Victims the rules let `p` take now, in victim order, after the jobs already `leaving`.
@@ -132,6 +142,9 @@ class CandidatePool:
 
     def drop(self, c: Candidate) -> None:
         """The candidate was signalled: leave it out of every later search (not of `all`)."""
+        if self._held_on is not None:
+            for node, gpus in c.freed:
+                self._held_on[node] -= gpus
         lists = [self.free_now, *self._downward.values()]
         if self._of_tier is not None:
             lists.extend(self._of_tier.values())
@@ -212,8 +225,16 @@ def search(ws: Workspace, p: Preemptor, flavor: str, pool: CandidatePool,
     chosen: set[str] = set()
     # Price placement only when placement is what is missing; a job short of quota alone
     # takes victims (jobs already leaving first) under the queue whose limit it breaks.
-    slots = _cheapest_slots(ws, job, flavor, eligible, pool.by_cost, pool.ascending) \
-        if not ws.placeable(job, flavor) else []
+    slots = []
+    if not ws.placeable(job, flavor):
+        # At most what the pool and the leaving jobs hold on a node can free there.
+        held = pool.held_on()
+        if leaving:
+            held = held.copy()
+            for c in leaving:
+                for node, gpus in c.freed:
+                    held[node] = held.get(node, 0) + gpus
+        slots = _cheapest_slots(ws, job, flavor, eligible, pool.by_cost, pool.ascending, held)
     for c in slots:
         if not c.leaving and c.job.tier <= job.tier and not still_borrowing(ws.quota, p, c.job):
             continue  # reclaim takes back only what is borrowed
@@ -231,7 +252,8 @@ def search(ws: Workspace, p: Preemptor, flavor: str, pool: CandidatePool,
 
 
 def _cheapest_slots(ws: Workspace, job: Job, flavor: str, eligible: Iterable[Candidate],
-                    by_cost: bool, ascending: bool = False) -> list[Candidate]:
+                    by_cost: bool, ascending: bool = False, held: dict[str, int] | None = None
+                    ) -> list[Candidate]:
     """Price the gang's replicas node by node and take the cheapest domain.
 
     A node offers replica slots: those its free GPUs hold now (free), then one more each time
@@ -242,7 +264,8 @@ def _cheapest_slots(ws: Workspace, job: Job, flavor: str, eligible: Iterable[Can
     make a cheaper choice: every slot it completes costs at least its own cost. For a gang of
     several nodes the best domain (and so that bound) is worked out again every 256 victims
     (positions counted over all of `eligible`, every flavor). `ascending`: `eligible` is in
-    ascending cost (see `CandidatePool.ascending`).
+    ascending cost (see `CandidatePool.ascending`). `held`: per node, at least the GPUs the
+    candidates of `eligible` hold there (none: unknown).
     """
     g, want = job.gpus, job.replicas
     if g <= 0:
@@ -252,9 +275,10 @@ def _cheapest_slots(ws: Workspace, job: Job, flavor: str, eligible: Iterable[Can
     prices = _Prices(ws, job, flavor)
     # node → [free GPUs, cost, new victims, candidates taken, its offers, its candidates, most
     # slots]: the run of victims on the node so far, and (cost, new victims, candidates taken)
-    # at 1, 2, … slots, in `prices.offers` too. A node never offers more slots than its GPUs
-    # hold (what is free and what its candidates hold never add up to more), so once it offers
-    # that many, later victims on it change nothing and are passed over.
+    # at 1, 2, … slots, in `prices.offers` too. A node never offers more slots than what is
+    # free there and what its candidates hold can fill (`held`), so once it offers that many,
+    # later victims on it change nothing and are passed over: on a node where a job that
+    # cannot be taken holds GPUs, a whole-node gang never gets a slot.
     runs: dict[str, list] = {}
     offers = prices.offers
 
@@ -272,11 +296,12 @@ def _cheapest_slots(ws: Workspace, job: Job, flavor: str, eligible: Iterable[Can
                 if run is None:
                     free = index.free(node)[0]
                     offers[node] = [(0.0, 0, 0)] * min(want, free // g)
-                    run = runs[node] = [free, 0.0, 0, 0, offers[node], [], min(want, index.capacity(node)[0] // g)]
+                    most = want if held is None else min(want, (free + held.get(node, 0)) // g)
+                    run = runs[node] = [free, 0.0, 0, 0, offers[node], [], most]
                     prices.created(node)
                 o = run[4]
-                slots = len(o)
-                if slots >= run[6]:
+                have = len(o)
+                if have >= run[6]:
                     continue
                 free = run[0] + gpus
                 run[0] = free
@@ -284,7 +309,7 @@ def _cheapest_slots(ws: Workspace, job: Job, flavor: str, eligible: Iterable[Can
                 run[2] += fresh
                 run[3] += 1
                 run[5].append(c)
-                if free // g > slots:
+                if free // g > have:
                     while len(o) < want and free // g > len(o):
                         o.append((run[1], run[2], run[3]))
                     prices.grew(node)
@@ -383,6 +408,7 @@ class _Prices:
             self.dirty.add(self.ws.index.block_of(node))
 
     def free_slots(self, node: str) -> int:
+        """Replicas the node's free GPUs hold now (read once a search)."""
         k = self.idle.get(node)
         if k is None:
             k = self.idle[node] = self.ws.index.free(node)[0] // self.job.gpus
@@ -407,9 +433,9 @@ class _Prices:
             for b in self.dirty:
                 blocks[b] = self._domain_price(self.ws.block_nodes(b))
             self.dirty.clear()
-            for price in blocks.values():
-                if price is not None and (best is None or price[:2] < best[:2]):
-                    best = price
+            for priced in blocks.values():
+                if priced is not None and (best is None or priced[:2] < best[:2]):
+                    best = priced
             return best
         return self._domain_price(list(offers))
 

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from warden.engine.policy import Policy, QueueSpec
 
 INF = math.inf
+_DEMANDS_KEPT = 4096
+"""Job shapes whose demand vectors a tree remembers (`QuotaTree.demand`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +105,13 @@ class QuotaTree:
     def demand(self, job: Job, flavor: str) -> tuple[float, ...]:
         """The job's whole-gang demand per governed resource when placed on `flavor`.
 
-        Remembered per shape: a pass asks it for thousands of jobs of a few dozen shapes."""
+        Remembered per shape: a pass asks it for thousands of jobs of a few dozen shapes (and
+        the tree lives as long as its policy, so the memory is bounded)."""
         key = (job.replicas, job.gpus, job.cpu, job.memory, flavor)
         d = self._demands.get(key)
         if d is None:
+            if len(self._demands) >= _DEMANDS_KEPT:
+                self._demands.clear()
             d = self._demands[key] = self._demand(job, flavor)
         return d
 

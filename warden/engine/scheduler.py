@@ -279,6 +279,8 @@ class Cycle:
         self.preemptions: list[Preemption] = []
         self.reservations: list[Reservation] = []
         self.holds: list[_Hold] = []
+        self.hold_ids: tuple[int, ...] = ()
+        """`id` of each of `holds`, in order (a key while they live: the pass keeps them)."""
         self.reserved: list[_Hold] = []
         """The holds of reservations: the ones lower jobs may backfill."""
         self.explanations: dict[str, Explanation] = {}
@@ -296,6 +298,8 @@ class Cycle:
         self.hold_version = 0
         self.attempts_left = self.policy.preemption.max_attempts_per_pass
         self.candidates: CandidatePool | None = None
+        self.releases: ReleaseOrders = ([], [], {})
+        """What `_release_orders` is made of, listed by `_candidates`."""
         self.release_orders: ReleaseOrders | None = None
         self.nodes_of_block = alloc.nodes_of_block
         self.max_victim_tier: int | None = None
@@ -314,6 +318,7 @@ class Cycle:
         now = self.now
         outcomes = self.outcomes
         governed = self.cpu_memory_governed
+        reserved = self.reserved  # grows in place during the pass
         for position, (_, _, _, _, key, job) in enumerate(_ranked(self.snapshot, now, self.waiting), 1):
             reason: Reason | None
             if job.state is _AWAITING:
@@ -325,8 +330,19 @@ class Cycle:
             else:
                 # `_consider`'s outcome cache, looked up here rather than in a call: it answers
                 # most jobs of a deep queue, and a call per job is a sizeable share of a pass.
-                okey = (job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.placement,
-                        self._usable_signature(job) if self.reserved else None)
+                if not reserved:
+                    usable: bool | tuple[bool, ...] | None = None
+                elif len(reserved) == 1:  # `_usable_signature`, inlined for the usual case
+                    if job.tier == 4:
+                        usable = True
+                    elif job.expected_duration is None:
+                        usable = False
+                    else:
+                        due = reserved[0].due
+                        usable = due is not None and now + job.expected_duration <= due
+                else:
+                    usable = self._usable_signature(job)
+                okey = (job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.placement, usable)
                 fronts = outcomes.get(okey)
                 reason = _UNKNOWN
                 if fronts is not None:
@@ -386,7 +402,8 @@ class Cycle:
 
         Jobs that end at different times but before (or after) the same reservations are due
         fail the same way, so they share one cached outcome. With one reservation (the
-        default) the answer is a bool rather than a 1-tuple: one allocation less per job."""
+        default) the answer is a bool rather than a 1-tuple: one allocation less per job
+        (`run` works that case out inline, the same way)."""
         reserved = self.reserved
         if len(reserved) == 1:
             if job.tier == 4:
@@ -408,7 +425,8 @@ class Cycle:
         charged = self.charged(job)
         shape = (job.replicas, job.gpus, job.cpu, job.memory, job.placement)
         first: Reason | None = None
-        for flavor in self._flavors(job):
+        find = self.index.find  # `_find`, `_flavors` and `_capacity_reason`'s cache, inlined
+        for flavor in (job.flavor,) if job.flavor is not None else self.index.flavors():
             d = self.quota.demand(job, flavor) if charged else ()
             in_quota = True
             if charged:
@@ -423,8 +441,12 @@ class Cycle:
                     continue
                 in_quota = seen[2]
             pkey = (flavor,) + shape
-            names = self._find(flavor, job)
-            failed = None if names is not None else self._capacity_reason(job, flavor, pkey)
+            names = find(flavor, job.replicas, job.gpus, job.cpu, job.memory, job.placement)
+            failed = None
+            if names is None:
+                seen_capacity = self.capacity_seen.get(pkey)
+                failed = seen_capacity[1] if seen_capacity is not None and seen_capacity[0] == self.capacity_version \
+                    else self._capacity_reason(job, flavor, pkey)
             if names is None and self.holds:
                 names = self._backfill(job, flavor) if self.reserved else None
                 if names is None:
@@ -491,12 +513,13 @@ class Cycle:
         if not usable:
             return None
         # Free plus usable held capacity only shrinks while the holds stay as they are.
-        key = (flavor, job.replicas, job.gpus, job.cpu, job.memory, job.placement, tuple([id(h) for h in usable]))
+        ids = tuple([id(h) for h in usable])
+        key = (flavor, job.replicas, job.gpus, job.cpu, job.memory, job.placement, ids)
         if self.backfill_fail.get(key) == self.hold_version:
             return None
         # Only the flavor's own nodes matter to a placement on it: release the holds there
         # first, and the rest only once the job is found to fit.
-        here, elsewhere, _, per_node = self._held_parts(usable, flavor)
+        here, elsewhere, _, per_node = self._held_parts(usable, ids, flavor)
         if job.replicas == 1 and not self._one_fits_with(job, per_node):
             self.backfill_fail[key] = self.hold_version
             return None
@@ -533,7 +556,7 @@ class Cycle:
         if known is not None and known[0] == self.hold_version:
             return known[1]
         # Only the flavor's own nodes matter to a placement on it: release the holds there.
-        parts, _, held, per_node = self._held_parts(self.holds, flavor)
+        parts, _, held, per_node = self._held_parts(self.holds, self.hold_ids, flavor)
         if self.index.free_gpus(flavor) + held < job.total_gpus:
             self.held_fail.add(pkey)
             return None
@@ -553,10 +576,11 @@ class Cycle:
         self.held_ok[pkey] = (self.hold_version, reason)
         return reason
 
-    def _held_parts(self, holds: Sequence[_Hold], flavor: str) -> HeldParts:
-        """The parts of `holds` on the flavor's nodes, those elsewhere, the GPUs of the first,
-        and the first summed per node; kept until the holds change (`hold_version`)."""
-        key = (flavor, tuple([id(h) for h in holds]))
+    def _held_parts(self, holds: Sequence[_Hold], ids: tuple[int, ...], flavor: str) -> HeldParts:
+        """The parts of `holds` (whose `id`s are `ids`) on the flavor's nodes, those elsewhere,
+        the GPUs of the first, and the first summed per node; kept until the holds change
+        (`hold_version`)."""
+        key = (flavor, ids)
         seen = self.held_parts.get(key)
         if seen is not None and seen[0] == self.hold_version:
             return seen[1]
@@ -624,6 +648,7 @@ class Cycle:
         need = self._need(job, names)
         hold = _Hold(job.id, due, self._take_free((n, g, c, m) for n, (g, c, m) in need.items()), backfill)
         self.holds.append(hold)
+        self.hold_ids += (id(hold),)
         if backfill:
             self.reserved.append(hold)
         self.hold_version += 1
@@ -631,12 +656,14 @@ class Cycle:
         return hold
 
     # -- 4. preempt -------------------------------------------------------------------------
-    def _release_job(self, job: Job) -> None:
-        """What-if: the job's resources and quota usage are free."""
+    def _release_job(self, job: Job, only: str | None = None) -> None:
+        """What-if: the job's resources and quota usage are free (its resources on nodes of
+        flavor `only` alone, when given: a caller that only places on that flavor)."""
         a = job.attempt
         assert a is not None
         for rp in a.assignment:
-            self.index.give(rp.node, job.gpus, job.cpu, job.memory)
+            if only is None or self.index.flavor_of(rp.node) == only:
+                self.index.give(rp.node, job.gpus, job.cpu, job.memory)
         if self.charged(job) and job.queue in self.quota.paths:
             self.quota.remove(job.queue, self.quota.demand(job, self.flavor_of_job[job.id]))
 
@@ -699,19 +726,22 @@ class Cycle:
 
         Everything about a victim but its cost at `now` is kept between passes
         (`_victim_facts`); the cost is `rules.cost_at`, inlined (same arithmetic, same floats).
-        Only the jobs the rules let go now are put in victim order: no search takes the others
-        (a reservation's forecast reads when their protection lifts), so they follow, unsorted.
+        Only the jobs the rules let go now are candidates: no search takes the others. Where the
+        policy makes reservations, the same walk lists what `_release_orders` needs of all.
         """
         if self.candidates is None:
+            releases = self.policy.scheduling.reservations > 0
+            at_end: list[tuple[float, str, Job, float]] = []
+            at_lift: list[tuple[float, str, Job, float]] = []
+            kinds: dict[tuple[int, str], Job] = {}
             order = self.policy.preemption.victim_order
             by_cost = order == "cost"
             now = self.now
             known = self.victim_facts
             terminating = self.terminating
             new = tuple.__new__  # Candidate's own constructor is a Python function; this is C
-            rows = []
-            protected_ones: list[Candidate] = []
-            after = len(self.holding)  # ranks for the protected ones: after every free one
+            rows: list[tuple[Any, ...]] = []  # victim key (or its fields) first
+            held_on: dict[str, int] = {}  # GPUs the rows hold per node
             nonnegative = True
             for v in self.holding.values():
                 if v.id in terminating:
@@ -719,34 +749,51 @@ class Cycle:
                 facts = known.get(v.id)
                 if facts is None or facts[0] is not v or facts[1] > now:
                     facts = self._victim_facts(v)
-                _, _, protected, since, restart, freed, gpus, neg_tier, neg_started, flavor = facts
-                if since is None:
-                    lost = 0.0
-                else:
-                    at_risk = now - since
-                    lost = gpus * (at_risk if at_risk > 0.0 else 0.0)  # max(0.0, now - since)
-                cost = lost + restart
+                _, _, protected, since, restart, freed, gpus, neg_tier, neg_started, flavor, end = facts
                 if protected <= now:
                     protected = 0.0
+                if releases:
+                    kind = (v.tier, v.queue)
+                    if kind not in kinds:
+                        kinds[kind] = v
+                    if end < INF:
+                        at_end.append((end, v.id, v, protected))
+                    if protected < end:
+                        lifts = now if now > protected else protected  # max(protected, now)
+                        at_lift.append((lifts if lifts < end else end, v.id, v, protected))  # min(end, lifts)
                 if protected == 0.0:
+                    if since is None:
+                        lost = 0.0
+                    else:
+                        at_risk = now - since
+                        lost = gpus * (at_risk if at_risk > 0.0 else 0.0)  # max(0.0, now - since)
+                    cost = lost + restart
                     if not cost >= 0.0:  # negative, or NaN
                         nonnegative = False
-                    key = (cost, neg_tier, neg_started, v.id) if by_cost else victim_key(order, v, cost)
-                    rows.append((key, v, cost, lost, freed, flavor))
-                else:
-                    protected_ones.append(new(Candidate, (v, cost, lost, protected, flavor,
-                                                          after + len(protected_ones), freed, False, None, 0.0)))
-            rows.sort(key=itemgetter(0))
-            free = [new(Candidate, (v, cost, lost, 0.0, flavor, rank, freed, False, None, 0.0))
-                    for rank, (_, v, cost, lost, freed, flavor) in enumerate(rows)]
-            self.candidates = CandidatePool(free, protected_ones, by_cost=by_cost,
-                                            ascending=by_cost and nonnegative)
+                    if by_cost:
+                        # `victim_key` leads the row, so rows sort as tuples (no key function;
+                        # the id is unique, so nothing after it is ever compared).
+                        rows.append((cost, neg_tier, neg_started, v.id, v, lost, freed, flavor))
+                    else:
+                        rows.append((victim_key(order, v, cost), v, cost, lost, freed, flavor))
+                    for node, gpus in freed:
+                        held_on[node] = held_on.get(node, 0) + gpus
+            if by_cost:
+                rows.sort()
+                free = [new(Candidate, (v, cost, lost, 0.0, flavor, rank, freed, False, None, 0.0))
+                        for rank, (cost, _, _, _, v, lost, freed, flavor) in enumerate(rows)]
+            else:
+                rows.sort(key=itemgetter(0))
+                free = [new(Candidate, (v, cost, lost, 0.0, flavor, rank, freed, False, None, 0.0))
+                        for rank, (_, v, cost, lost, freed, flavor) in enumerate(rows)]
+            self.candidates = CandidatePool(free, held_on, by_cost=by_cost, ascending=by_cost and nonnegative)
+            self.releases = (at_end, at_lift, kinds)
         return self.candidates
 
     def _victim_facts(self, v: Job) -> VictimFacts:
         """What pricing a running job as a victim needs that does not change with time, kept
         between passes per job: (job, seen at, protected until, at risk since, restart cost,
-        GPUs freed per node, GPUs, −tier, −started, flavor).
+        GPUs freed per node, GPUs, −tier, −started, flavor, expected end).
 
         A job's protection only ever lifts as time passes (a lease or stretched lease runs
         out, old preemptions leave the budget window), so what was computed at an earlier
@@ -755,9 +802,10 @@ class Cycle:
         facts = self.victim_facts.get(v.id)
         if facts is None or facts[0] is not v or facts[1] > self.now:
             started = v.attempt.started_at if v.attempt is not None else 0.0
+            end = started + v.expected_duration if v.expected_duration is not None else INF
             facts = (v, self.now, protection(self.ctx, v), at_risk_since(self.policy, v),
                      startup_of(self.policy, v) * v.total_gpus, freed_gpus(v), v.total_gpus,
-                     -v.tier, -started, self.flavor_of_job[v.id])
+                     -v.tier, -started, self.flavor_of_job[v.id], end)
             self.victim_facts[v.id] = facts
         return facts
 
@@ -833,7 +881,7 @@ class Cycle:
         return self.leaving_now
 
     def _leaving_now(self) -> list[Candidate]:
-        rows = []
+        rows: list[tuple[float, str, Job, tuple[Part, ...] | None]] = []
         for t in self.terminating.values():
             if t.id not in self.claimed:
                 kill_at = t.attempt.kill_at if t.attempt is not None else None
@@ -960,10 +1008,10 @@ class Cycle:
         may = {kind: allowed(self.ctx, p, v) for kind, v in kinds.items()}
         claimed = self.claimed
         leaving: list[tuple[float, str, Job, bool]] = []
-        for t in self.terminating.values():
-            if t.id not in claimed:
-                kill_at = t.attempt.kill_at if t.attempt is not None else None
-                leaving.append((self.now if kill_at is None else kill_at, t.id, t, False))
+        for gone in self.terminating.values():
+            if gone.id not in claimed:
+                kill_at = gone.attempt.kill_at if gone.attempt is not None else None
+                leaving.append((self.now if kill_at is None else kill_at, gone.id, gone, False))
         leaving.sort(key=_time_and_id)
         ending = (e for e in _drain(at_end)
                   if e[2].id not in claimed and not (e[3] < e[0] and may[e[2].tier, e[2].queue]))
@@ -976,7 +1024,7 @@ class Cycle:
                                             key=_time_and_id):
             if max(t, self.now) >= before:
                 break  # due no earlier than `before`, as is every later release
-            self._release_job(v)
+            self._release_job(v, only=flavor)  # the fit is tested on `flavor` alone
             released.append((v, preempt))
             if self.fits(job, flavor, d):
                 names = self._find(flavor, job)
@@ -992,28 +1040,14 @@ class Cycle:
         expected end), and those whose protection lifts before their end, in the order they
         may be preempted: heaps of (time, id, job, protected until), smallest time and id first;
         and one job of each (tier, queue) among them, all the pair rules read of a victim. Once
-        a pass. Heaps, not sorted lists: a forecast stops after the first few hundred."""
+        a pass (listed by `_candidates`, in the same walk over the running jobs). Heaps, not
+        sorted lists: a forecast stops after the first few hundred."""
         if self.release_orders is None:
-            now = self.now
-            at_end: list[tuple[float, str, Job, float]] = []
-            at_lift: list[tuple[float, str, Job, float]] = []
-            kinds: dict[tuple[int, str], Job] = {}
-            for c in self._candidates().all:
-                v = c.job
-                kind = (v.tier, v.queue)
-                if kind not in kinds:
-                    kinds[kind] = v
-                assert v.attempt is not None
-                end = v.attempt.started_at + v.expected_duration if v.expected_duration is not None else INF
-                protected = c.protected_until
-                if end < INF:
-                    at_end.append((end, v.id, v, protected))
-                if protected < end:
-                    lifts = now if now > protected else protected  # max(protected, now)
-                    at_lift.append((lifts if lifts < end else end, v.id, v, protected))  # min(end, lifts)
+            self._candidates()
+            at_end, at_lift, kinds = self.releases
             heapq.heapify(at_end)  # ids are unique: tuples never compare past them
             heapq.heapify(at_lift)
-            self.release_orders = (at_end, at_lift, kinds)
+            self.release_orders = self.releases
         return self.release_orders
 
 
