@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_report import ReportSink, env_for
+from reportsink import ReportSink, env_for
 
 import warden.workload.checkpoint as checkpoint_mod
 from warden.workload import CheckpointStore, PreemptionGuard, Reporter

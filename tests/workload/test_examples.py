@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_report import TOKEN, ReportSink
+from reportsink import TOKEN, ReportSink
 
 from warden.workload import CheckpointStore, Reporter
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_report import ReportSink, env_for
+from reportsink import ReportSink, env_for
 
 from warden.workload import PreemptionGuard, Reporter, active_guard, install
 
