@@ -5,15 +5,7 @@ thrash guard, ordering and reservations), a stream of jobs and the gaps between 
 `engine_driver` plays the history and hands every (snapshot, plan, now) to `check_pass` before
 it applies the plan, and `check_history` looks across passes at the end.
 
-The checks recompute what they need from the snapshot and the plan with models of their own
-(`QuotaModel` re-derives quota.py's docstring, `Free` gang feasibility), using the engine only
-for `schedule` itself and `rules.lease_of`. Where a check depends on the engine's in-pass state
-(what capacity and quota a preemptor saw, which it does not report), it is written to be
-sound: it rebuilds a state with no more room than the engine's (or, where it grants a
-permission, no less), so a failure is a violation under the reading of DESIGN stated next to
-the check, not an artefact of the model. Two readings are choices: a job waiting for its
-victims counts as the quota usage it is about to have (quota.py's `transfer`), and a job
-already terminating that no waiting job counts on is gone when judging whether a side borrows.
+The checks themselves, and the readings of DESIGN they rest on, are in `tests/invariants.py`.
 
 Unmarked tests run short histories (about 15 s); `slow` ones run many long ones (about two
 minutes on one core). WARDEN_PROPERTY_EXPLORE=1 runs the slow tests randomised (not

@@ -106,3 +106,10 @@ def until_state(c: httpx.Client, job_id: str, *states: str, timeout: float = 20)
     """The job, once it is in one of `states`."""
     return wait_for(lambda: (j := c.get(f"/v1/jobs/{job_id}").json())["state"] in states and j,
                     timeout, f"job {job_id} in {states}")
+
+
+def started(tmp_path: Path, policy_text: str, **kw: Any) -> Server:
+    """A server with this policy, state under `tmp_path`, started."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_text)
+    return Server(tmp_path / "state", policy=policy, **kw).start()

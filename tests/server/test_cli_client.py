@@ -12,7 +12,7 @@ from typing import Iterator
 
 import pytest
 from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
-from serverproc import ADMIN, Server, wait_for
+from serverproc import ADMIN, Server, started, wait_for
 
 POLICY = """\
 min_grace: 2s
@@ -45,9 +45,7 @@ def warden(server: Server, *args: str, token: str | None = ADMIN, check: bool = 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Server]:
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(POLICY)
-    s = Server(tmp_path / "state", policy=policy).start()
+    s = started(tmp_path, POLICY)
     yield s
     s.stop()
 

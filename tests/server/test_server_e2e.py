@@ -8,13 +8,12 @@ import os
 import signal
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
 import pytest
-from serverproc import ADMIN, Server, submit, until_state, wait_for
+from serverproc import Server, started, submit, until_state, wait_for
 
 # Short leases and graces so the tests run in seconds; no efficiency floor and no assumed
 # restart overhead (together they would stretch a 1 s lease to a minute).
@@ -70,9 +69,7 @@ def scripts(tmp_path: Path) -> dict[str, Path]:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Server]:
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(POLICY)
-    s = Server(tmp_path / "state", policy=policy).start()
+    s = started(tmp_path, POLICY)
     yield s
     s.stop()
     _kill_leftovers(tmp_path)

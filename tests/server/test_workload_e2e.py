@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
-from serverproc import Server, submit, until_state, wait_for
+from serverproc import Server, started, submit, until_state, wait_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -41,9 +41,7 @@ def attempt(c: httpx.Client, job: str, number: int) -> dict[str, Any]:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Server]:
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(POLICY)
-    s = Server(tmp_path / "state", policy=policy, gpus=4).start()
+    s = started(tmp_path, POLICY, gpus=4)
     yield s
     s.stop()
 
