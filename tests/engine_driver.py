@@ -13,7 +13,15 @@ applied:
 - a `Preemption` makes the victim PREEMPTING: `sigterm_at=now`, `kill_at=now+grace`, and
   `preempted_at` gains `now`; the history fixes when in `[sigterm_at, kill_at]` it exits;
 - a preempted job that exits releases every replica at once and is REQUEUED (waiting), with
-  `pending_since=now` and no attempt.
+  `pending_since=now` and no attempt;
+- exactly the waiting jobs in `Plan.claims` carry `Job.claim` into the next pass.
+
+`Driver.engine` chooses the path a pass takes: `"fresh"` calls `schedule()` (a new `Engine`
+every pass), `"warm"` keeps one `Engine` and hands it every snapshot whole, and `"changed"`
+keeps one `Engine` and tells it only the jobs that changed since the previous pass (an empty
+job list otherwise), the way the simulator and the server drive it. On the warm paths every
+plan is compared with a fresh `schedule()` of the same snapshot, and the engine's allocation
+with one built afresh (`check_warm_engine`).
 
 `Driver.next_time(gap)` never steps past the next event, so a terminating job always exits at
 exactly the time its spec chose: never after `kill_at`, and the ledger is accrued before every
@@ -23,13 +31,14 @@ change to the set of jobs holding resources.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, Literal
 
 from warden.engine.fairshare import accrue, cluster_capacity
 from warden.engine.model import Attempt, Job, JobState, Node, Snapshot, UsageLedger
 from warden.engine.plan import Plan
 from warden.engine.policy import Policy
-from warden.engine.scheduler import schedule
+from warden.engine.allocation import Allocation
+from warden.engine.scheduler import Engine, schedule
 
 __all__ = ["Driver", "Eviction", "JobSpec", "StepRecord", "run_history"]
 
@@ -86,6 +95,30 @@ class StepRecord:
 
 
 PlanHook = Callable[[Snapshot, Plan, float], None]
+EnginePath = Literal["fresh", "warm", "changed"]
+
+
+def check_warm_engine(engine: Engine, snapshot: Snapshot, plan: Plan, now: float) -> None:
+    """The warm engine's plan is a fresh pass's, and what it keeps between passes equals a
+    fresh build from the snapshot, with every derived quota value true to its definition."""
+    fresh = schedule(snapshot, now)
+    assert plan == fresh, f"warm plan differs from a fresh pass at t={now}:\n{plan}\n{fresh}"
+    alloc = engine._alloc
+    assert alloc is not None
+    built = Allocation(snapshot.nodes, snapshot.policy)
+    built.sync(j for j in snapshot.jobs if j.state.holds_resources and j.attempt is not None)
+    alloc.index.check()
+    alloc.quota.check()
+    assert alloc.jobs == built.jobs
+    assert alloc.flavor_of_job == built.flavor_of_job
+    assert {n: u for n, u in alloc.used.items() if u} == {n: u for n, u in built.used.items() if u}
+    assert {t: n for t, n in alloc.tiers.items() if n} == {t: n for t, n in built.tiers.items() if n}
+    for node in snapshot.nodes:
+        assert alloc.index.free(node.name) == built.index.free(node.name), node.name
+    for name in ("usage", "held", "child_held", "child_excess", "leaving"):
+        ours, theirs = getattr(alloc.quota, name), getattr(built.quota, name)
+        assert all(abs(a - b) < 1e-6 for x, y in zip(ours, theirs) for a, b in zip(x, y)), \
+            f"quota {name} drifted: {ours} != {theirs}"
 
 
 @dataclass
@@ -95,6 +128,7 @@ class Driver:
     specs: tuple[JobSpec, ...]
     on_plan: PlanHook | None = None
     """Called with (snapshot, plan, now) after every pass, before the plan is applied."""
+    engine: EnginePath = "fresh"
     now: float = 0.0
     jobs: dict[str, Job] = field(default_factory=dict)
     """Jobs that have arrived and are not finished, in arrival order."""
@@ -107,6 +141,9 @@ class Driver:
     _attempts: dict[str, int] = field(default_factory=dict)
     _exit_at: dict[str, int] = field(default_factory=dict)
     """Job id → index into `evictions` of its eviction in flight."""
+    _warm: Engine = field(default_factory=Engine)
+    _told: dict[str, Job] = field(default_factory=dict)
+    """`"changed"`: the jobs as the warm engine was last told them."""
 
     def __post_init__(self) -> None:
         ids = [s.job.id for s in self.specs]
@@ -165,13 +202,29 @@ class Driver:
         arrived, approved = self._arrive_and_approve(now)
         self._refresh_facts(now)
         snapshot = Snapshot(self.nodes, tuple(self.jobs.values()), self.policy, self.ledger)
-        plan = schedule(snapshot, now)
+        plan = self._plan(snapshot, now)
         if self.on_plan is not None:
             self.on_plan(snapshot, plan, now)
         self._apply(plan, now)
         record = StepRecord(now, snapshot, plan, completed, exited, arrived, approved)
         self.log.append(record)
         return record
+
+    def _plan(self, snapshot: Snapshot, now: float) -> Plan:
+        if self.engine == "fresh":
+            return schedule(snapshot, now)
+        if self.engine == "warm":
+            plan = self._warm.plan(snapshot, now)
+        else:
+            current = {j.id: j for j in snapshot.jobs}
+            changed = [j for i, j in current.items() if self._told.get(i) is not j]
+            changed += [self.finished[i] for i in self._told if i not in current]
+            first = not self._told and not self.log
+            self._told = current
+            plan = self._warm.plan(snapshot if first else replace(snapshot, jobs=()), now,
+                                   None if first else changed)
+        check_warm_engine(self._warm, snapshot, plan, now)
+        return plan
 
     def _accrue(self, now: float) -> None:
         self.ledger = accrue(self.ledger, self.jobs.values(), self._capacity, self.policy, now)
@@ -270,13 +323,18 @@ class Driver:
             self._exit_at[job.id] = len(self.evictions)
             self.evictions.append(Eviction(job.id, a.number, pre.for_job, now, kill_at,
                                            pre.grace, exit_at))
+        # The shell's side of a claim: exactly the jobs the plan names hold one next pass.
+        for job_id, job in self.jobs.items():
+            claim = job.state.waiting and job_id in plan.claims
+            if job.claim != claim:
+                self.jobs[job_id] = replace(job, claim=claim)
 
 
 def run_history(nodes: tuple[Node, ...], policy: Policy, specs: tuple[JobSpec, ...],
                 gaps: tuple[float, ...], on_step: Callable[[Driver, StepRecord], None] | None = None,
-                on_plan: PlanHook | None = None) -> Driver:
+                on_plan: PlanHook | None = None, engine: EnginePath = "fresh") -> Driver:
     """Drive one history: a step per gap (or earlier, at the next event)."""
-    driver = Driver(nodes, policy, specs, on_plan=on_plan)
+    driver = Driver(nodes, policy, specs, on_plan=on_plan, engine=engine)
     for gap in gaps:
         record = driver.step(driver.next_time(gap))
         if on_step is not None:

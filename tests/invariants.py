@@ -527,6 +527,11 @@ def check_minimal_victims(v: PassView) -> None:
                 claimed_before.update(plan.explanations[jid].reason.victims)  # type: ignore[attr-defined]
         exact = not earlier
 
+        # A `scope: quota` preemptor taking victims outside its own queue must be in-quota once
+        # they are gone (DESIGN §4.3): a victim that only that needs is needed too.
+        in_quota_too = v.snapshot.policy.tier(pre.tier).scope == "quota" and quota.charged(pre) \
+            and any(v.jobs[x].queue != pre.queue for x in mine)
+
         def fits_without(gone: Iterable[str], flavors: Iterable[str],
                          free: Free = free, quota: QuotaModel = quota) -> bool:
             f, q = free.copy(), quota.copy()
@@ -534,7 +539,8 @@ def check_minimal_victims(v: PassView) -> None:
                 job = v.jobs[x]
                 f.give_job(job, v.nodes_of(job))
                 q.add(job, v.flavor_of(job), -1)
-            return any(f.fits(pre, fl) and q.fits(pre, fl) for fl in flavors)
+            return any(f.fits(pre, fl) and q.fits(pre, fl) and (not in_quota_too or q.in_quota(pre, fl))
+                       for fl in flavors)
 
         flavors = v.candidate_flavors(pre)  # minimal over every flavor P may use
         where = f"{pid} (tier {pre.tier}, {pre.queue}, {pre.replicas}x{pre.gpus} {pre.placement})"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from engine_driver import Driver, JobSpec, run_history
+from engine_driver import Driver, EnginePath, JobSpec, run_history
 from invariants import check_history, check_pass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -44,6 +44,7 @@ class History:
     policy_data: dict[str, Any]
     specs: tuple[JobSpec, ...]
     gaps: tuple[float, ...]
+    engine: EnginePath = "changed"
 
     @property
     def policy(self) -> Policy:
@@ -294,13 +295,16 @@ def histories(draw: st.DrawFn, min_steps: int, max_steps: int, pressure: bool = 
     horizon = int(min(sum(gaps), 4 * 3600) * (0.5 if pressure else 0.8))
     tiers = [3, 3, 3, 3, 2, 4] if reclaim else None
     specs = draw(job_specs(cluster, _leaves(data["queues"]), horizon, pressure, tiers))
-    return History(cluster, data, specs, gaps)
+    # Production's path: one warm Engine, told what changed (or shown every snapshot whole);
+    # every plan is compared with a fresh pass's.
+    engine: EnginePath = draw(st.sampled_from(["changed", "changed", "warm"]))
+    return History(cluster, data, specs, gaps, engine)
 
 
 def play(h: History) -> Driver:
     rng = random.Random(0)
     driver = run_history(h.nodes, h.policy, h.specs, h.gaps,
-                         on_plan=lambda snap, plan, now: check_pass(snap, plan, now, rng))
+                         on_plan=lambda snap, plan, now: check_pass(snap, plan, now, rng), engine=h.engine)
     check_history(driver)
     return driver
 

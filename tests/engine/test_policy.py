@@ -128,7 +128,7 @@ def test_to_dict_is_resolved_and_round_trips() -> None:
     assert [c["name"] for c in d["queues"]["children"]] == ["research", "platform"]
     assert "parent" not in d["queues"]
     assert d["scheduling"] == {"order": "governed", "head_of_line_blocking": False,
-                               "reservations": 1}
+                               "reservations": 1, "requeue_timestamp": "submit"}
     assert parse_policy(d) == p
     assert parse_policy(yaml.safe_dump(d)) == p
     assert parse_policy(json.loads(json.dumps(d))) == p  # JSON keys tiers by "1".."4"

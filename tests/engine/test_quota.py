@@ -50,20 +50,20 @@ def idx(t: QuotaTree, name: str) -> int:
 def test_demand_within_nominal_is_in_quota() -> None:
     t = two_teams()
     assert t.resources == ("gpu",)
-    v = t.check("a", gpu(8))
+    v = t.verdict("a", gpu(8))
     assert v.fits and v.in_quota and v.reason is None
     assert t.in_quota("a", gpu(8))
 
 
 def test_demand_above_nominal_borrows_idle_capacity_of_a_sibling() -> None:
     t = two_teams()
-    v = t.check("a", gpu(9))  # a's nominal is 8; b's 8 are idle and b lends all (unset)
+    v = t.verdict("a", gpu(9))  # a's nominal is 8; b's 8 are idle and b lends all (unset)
     assert v.fits and not v.in_quota
     assert not t.in_quota("a", gpu(9))
     t.add("a", gpu(8))
-    v = t.check("a", gpu(1))  # a is at nominal: one more GPU borrows
+    v = t.verdict("a", gpu(1))  # a is at nominal: one more GPU borrows
     assert v.fits and not v.in_quota
-    assert t.check("b", gpu(8)).in_quota  # b's own nominal is untouched
+    assert t.verdict("b", gpu(8)).in_quota  # b's own nominal is untouched
 
 
 def test_in_quota_needs_every_resource_within_nominal() -> None:
@@ -75,17 +75,17 @@ def test_in_quota_needs_every_resource_within_nominal() -> None:
     job = Job("j", "a", 3, submit=0.0, gpus=4, cpu=1500)  # GPUs fine, CPU above a's 1000
     d = t.demand(job, "default")
     assert d == (1500.0, 4.0)
-    v = t.check("a", d)
+    v = t.verdict("a", d)
     assert v.fits and not v.in_quota
 
 
 def test_cluster_total_caps_everyone() -> None:
     t = two_teams()
-    v = t.check("a", gpu(17))  # root nominal resolves to 8 + 8 = 16
+    v = t.verdict("a", gpu(17))  # root nominal resolves to 8 + 8 = 16
     assert not v.fits
     assert v.reason is not None and v.reason.requested == 17 and v.reason.available == 16
     t.add("b", gpu(8))
-    v = t.check("a", gpu(9))
+    v = t.verdict("a", gpu(9))
     assert not v.fits and v.reason is not None and v.reason.available == 8
 
 
@@ -94,9 +94,9 @@ def test_cluster_total_caps_everyone() -> None:
 
 def test_borrowing_limit_caps_a_queue_above_nominal() -> None:
     t = two_teams(a={"borrowing_limit": {"gpu": 4}})
-    v = t.check("a", gpu(12))  # 8 nominal + 4 borrowed
+    v = t.verdict("a", gpu(12))  # 8 nominal + 4 borrowed
     assert v.fits and not v.in_quota
-    v = t.check("a", gpu(13))
+    v = t.verdict("a", gpu(13))
     assert not v.fits
     assert v.reason == BorrowingLimit("a", "gpu", 13, 12)
 
@@ -104,8 +104,8 @@ def test_borrowing_limit_caps_a_queue_above_nominal() -> None:
 def test_borrowing_limit_reason_counts_what_the_queue_already_uses() -> None:
     t = two_teams(a={"borrowing_limit": {"gpu": 4}})
     t.add("a", gpu(8))
-    assert t.check("a", gpu(4)).fits
-    v = t.check("a", gpu(8))
+    assert t.verdict("a", gpu(4)).fits
+    v = t.verdict("a", gpu(8))
     assert not v.fits
     assert isinstance(v.reason, BorrowingLimit)
     assert (v.reason.queue, v.reason.resource, v.reason.requested, v.reason.available) == ("a", "gpu", 8, 4)
@@ -114,8 +114,8 @@ def test_borrowing_limit_reason_counts_what_the_queue_already_uses() -> None:
 def test_borrowing_limit_zero_means_quota_exceeded_at_nominal() -> None:
     t = two_teams(a={"borrowing_limit": {"gpu": 0}})
     t.add("a", gpu(6))
-    assert t.check("a", gpu(2)).in_quota
-    v = t.check("a", gpu(4))
+    assert t.verdict("a", gpu(2)).in_quota
+    v = t.verdict("a", gpu(4))
     assert not v.fits
     assert v.reason == QuotaExceeded("a", "gpu", 4, 2)
 
@@ -128,8 +128,8 @@ def test_borrowing_limit_on_a_department_caps_all_its_teams_together() -> None:
         {"name": "platform", "nominal": {"gpu": 16}},
     ]})
     t.add("vision", gpu(10))
-    assert t.check("language", gpu(2)).fits
-    v = t.check("language", gpu(3))
+    assert t.verdict("language", gpu(2)).fits
+    v = t.verdict("language", gpu(3))
     assert not v.fits
     assert v.reason == BorrowingLimit("research", "gpu", 3, 2)
 
@@ -140,8 +140,8 @@ def test_borrowing_limit_on_a_department_caps_all_its_teams_together() -> None:
 def test_design_example_lender_keeps_nominal_minus_lending_limit() -> None:
     """DESIGN §3: platform nominal 32, lending_limit 16 → research gets at most 64 + 16 = 80."""
     t = tree(DESIGN_QUEUES)
-    assert t.check("vision", gpu(80)).fits
-    v = t.check("vision", gpu(81))
+    assert t.verdict("vision", gpu(80)).fits
+    v = t.verdict("vision", gpu(81))
     assert not v.fits
     assert v.reason is not None and v.reason.code == "BorrowingLimit"
     assert (v.reason.resource, v.reason.requested, v.reason.available) == ("gpu", 81, 80)
@@ -151,47 +151,47 @@ def test_lending_limit_across_two_teams_of_the_borrowing_department() -> None:
     t = tree(DESIGN_QUEUES)
     t.add("vision", gpu(32))
     t.add("language", gpu(32))  # research at its nominal 64
-    assert t.check("language", gpu(16)).fits
-    assert not t.check("language", gpu(17)).fits
-    assert not t.check("vision", gpu(17)).fits
+    assert t.verdict("language", gpu(16)).fits
+    assert not t.verdict("language", gpu(17)).fits
+    assert not t.verdict("vision", gpu(17)).fits
 
 
 def test_lender_using_part_of_what_it_keeps_still_holds_the_rest() -> None:
     # platform uses 10 of the 16 it keeps: 6 stay held, research gets 96 − 10 − 6 = 80.
     t = tree(DESIGN_QUEUES)
     t.add("platform", gpu(10))
-    assert t.check("language", gpu(80)).fits
-    assert not t.check("language", gpu(81)).fits
+    assert t.verdict("language", gpu(80)).fits
+    assert not t.verdict("language", gpu(81)).fits
 
 
 def test_lender_using_more_than_it_keeps_leaves_the_rest_of_the_cluster() -> None:
     # platform uses 20 (> its kept 16): nothing more is held, research gets 96 − 20 = 76.
     t = tree(DESIGN_QUEUES)
     t.add("platform", gpu(20))
-    assert t.check("vision", gpu(76)).fits
-    assert not t.check("vision", gpu(77)).fits
+    assert t.verdict("vision", gpu(76)).fits
+    assert not t.verdict("vision", gpu(77)).fits
 
 
 def test_lender_can_always_take_back_what_it_keeps() -> None:
     t = tree(DESIGN_QUEUES)
     t.add("vision", gpu(80))  # research borrowed all platform lends
-    v = t.check("platform", gpu(16))
+    v = t.verdict("platform", gpu(16))
     assert v.fits and v.in_quota
-    assert not t.check("platform", gpu(17)).fits  # the other 16 are lent out
+    assert not t.verdict("platform", gpu(17)).fits  # the other 16 are lent out
 
 
 def test_unset_lending_limit_lends_everything() -> None:
     queues = {**DESIGN_QUEUES, "children": [DESIGN_QUEUES["children"][0],
                                              {"name": "platform", "nominal": {"gpu": 32}}]}
     t = tree(queues)
-    assert t.check("vision", gpu(96)).fits  # research: 64 + all of platform's 32 (≤ 128)
+    assert t.verdict("vision", gpu(96)).fits  # research: 64 + all of platform's 32 (≤ 128)
 
 
 def test_lending_limit_zero_lends_nothing() -> None:
     t = two_teams(b={"lending_limit": {"gpu": 0}})
-    v = t.check("a", gpu(8))
+    v = t.verdict("a", gpu(8))
     assert v.fits and v.in_quota
-    assert not t.check("a", gpu(9)).fits
+    assert not t.verdict("a", gpu(9)).fits
 
 
 def test_team_lending_limit_holds_inside_a_borrowing_department() -> None:
@@ -203,8 +203,8 @@ def test_team_lending_limit_holds_inside_a_borrowing_department() -> None:
             {"name": "language", "nominal": {"gpu": 32}}]},
         DESIGN_QUEUES["children"][1]]}
     t = tree(queues)
-    assert t.check("language", gpu(48)).fits
-    assert not t.check("language", gpu(49)).fits
+    assert t.verdict("language", gpu(48)).fits
+    assert not t.verdict("language", gpu(49)).fits
 
 
 # -------------------------------------------------------------------------------- hierarchical
@@ -212,25 +212,25 @@ def test_team_lending_limit_holds_inside_a_borrowing_department() -> None:
 
 def test_team_borrows_from_its_sibling_team_before_leaving_the_department() -> None:
     t = tree(DESIGN_QUEUES)
-    v = t.check("vision", gpu(64))  # vision over its 32, research within its 64
+    v = t.verdict("vision", gpu(64))  # vision over its 32, research within its 64
     assert v.fits and not v.in_quota
     t.add("vision", gpu(64))
     assert t.over_nominal(idx(t, "vision"))
     assert not t.over_nominal(idx(t, "research"))  # borrowed inside the department only
     # The next 16 come from platform (what it lends): research goes over nominal.
-    assert t.check("vision", gpu(16)).fits
+    assert t.verdict("vision", gpu(16)).fits
     t.add("vision", gpu(16))
     assert t.over_nominal(idx(t, "research"))
-    assert not t.check("vision", gpu(1)).fits
+    assert not t.verdict("vision", gpu(1)).fits
 
 
 def test_sibling_within_department_nominal_is_not_in_quota_when_department_is_over() -> None:
     t = tree(DESIGN_QUEUES)
     t.add("vision", gpu(60))
     # language asks 8: within its own 32, but research would reach 68 > 64.
-    v = t.check("language", gpu(8))
+    v = t.verdict("language", gpu(8))
     assert v.fits and not v.in_quota
-    assert t.check("language", gpu(4)).in_quota
+    assert t.verdict("language", gpu(4)).in_quota
 
 
 # ------------------------------------------------------------------------ usage bookkeeping
@@ -269,7 +269,7 @@ def test_rollback_undoes_only_what_came_after_the_mark() -> None:
     assert t.usage[idx(t, "platform")] == [0.0]
     assert t.usage[idx(t, "cluster")] == [10.0]
     # The held-back capacity follows: platform keeps its 16 again.
-    assert t.check("vision", gpu(70)).fits and not t.check("vision", gpu(71)).fits
+    assert t.verdict("vision", gpu(70)).fits and not t.verdict("vision", gpu(71)).fits
 
 
 RESOURCE_QUEUES: dict[str, Any] = {
@@ -330,7 +330,7 @@ def test_check_never_changes_usage() -> None:
     before = [row[:] for row in t.usage], t.mark()
     for leaf in ("vision", "language", "platform"):
         for n in (1, 50, 200):
-            t.check(leaf, gpu(n))
+            t.verdict(leaf, gpu(n))
             t.in_quota(leaf, gpu(n))
     assert ([row[:] for row in t.usage], t.mark()) == before
 
@@ -344,7 +344,7 @@ def test_resources_no_queue_names_are_not_checked() -> None:
     job = Job("j", "a", 3, submit=0.0, gpus=2, cpu=10**9, memory=10**9)
     d = t.demand(job, "default")
     assert d == (2.0,)
-    assert t.check("a", d).in_quota
+    assert t.verdict("a", d).in_quota
 
 
 def test_policy_without_quotas_governs_nothing() -> None:
@@ -359,7 +359,7 @@ def test_cpu_quota_is_checked_when_named() -> None:
         {"name": "b", "nominal": {"gpu": 8, "cpu": 4000}},
     ]})
     job = Job("j", "a", 3, submit=0.0, replicas=2, gpus=1, cpu=2500)  # 5000 millicores in all
-    v = t.check("a", t.demand(job, "default"))
+    v = t.verdict("a", t.demand(job, "default"))
     assert not v.fits
     assert v.reason == QuotaExceeded("a", "cpu", 5000, 4000)
 
@@ -384,9 +384,9 @@ def test_flavored_quota_counts_only_jobs_on_that_flavor() -> None:
     assert t.demand(job, "a100") == (8.0, 0.0)
     t.add("a", t.demand(job, "h100"))
     # a's 8 H100s are used: another H100 job exceeds them, the same job on A100s fits.
-    v = t.check("a", t.demand(job, "h100"))
+    v = t.verdict("a", t.demand(job, "h100"))
     assert not v.fits and v.reason == QuotaExceeded("a", "gpu:h100", 8, 0)
-    v = t.check("a", t.demand(job, "a100"))
+    v = t.verdict("a", t.demand(job, "a100"))
     assert v.fits and v.in_quota
 
 
@@ -398,8 +398,8 @@ def test_flavor_only_quota_leaves_other_flavors_ungoverned() -> None:
     assert t.resources == ("gpu:h100",)
     job = Job("j", "a", 3, submit=0.0, gpus=64)
     assert t.demand(job, "a100") == (0.0,)
-    assert t.check("a", t.demand(job, "a100")).fits
-    assert not t.check("a", t.demand(job, "h100")).fits
+    assert t.verdict("a", t.demand(job, "a100")).fits
+    assert not t.verdict("a", t.demand(job, "h100")).fits
 
 
 # ---------------------------------------------------------------------- tree navigation

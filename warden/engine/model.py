@@ -122,6 +122,10 @@ class Job:
     """Requeue back-off: the job may not be admitted before this time."""
     preempted_at: tuple[float, ...] = ()
     """When each earlier preemption of this job began (the thrash guard's budget)."""
+    claim: bool = False
+    """A waiting job whose preemptions are freeing capacity for it (`Plan.claims` of the last
+    pass): a pass considers such jobs before all others, so what their victims free goes to
+    them and to no other job, borrowing or not. Set by the shell from the previous plan."""
     attempt: Attempt | None = None
 
     @property

@@ -89,3 +89,10 @@ class Plan:
     preemptions: tuple[Preemption, ...] = ()
     reservations: tuple[Reservation, ...] = ()
     explanations: dict[str, Explanation] = field(default_factory=dict)
+    claims: frozenset[str] = frozenset()
+    """Waiting jobs that, after this pass, wait for capacity their victims are freeing (their
+    reason is `WaitingForGrace`). A shell marks exactly these jobs `Job.claim` for the next pass,
+    and no others: the capacity stays theirs until they are admitted."""
+    released_claims: tuple[str, ...] = ()
+    """Jobs that held a claim coming into this pass and neither were admitted nor hold one now:
+    they no longer need what their victims free, which is open to every job again."""

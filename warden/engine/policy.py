@@ -412,11 +412,15 @@ class SchedulingSpec(_Spec):
     """`order: fifo` ranks by submit time alone, `priority` by tier and then submit time (what
     Kueue and Kubernetes do without fair sharing); `head_of_line_blocking` makes the first job that
     does not fit stop everything behind it; `reservations` is how many top blocked jobs hold the
-    capacity that frees first (0: none)."""
+    capacity that frees first (0: none). `requeue_timestamp` is the time a requeued (preempted)
+    job is ordered by in the `priority` and `fifo` orders: `submit` keeps its submit time,
+    `eviction` uses the time it was last requeued, so it goes behind jobs submitted before that
+    (Kueue's `requeuingStrategy.timestamp: Eviction`, its default)."""
 
     order: Literal["governed", "priority", "fifo"] = "governed"
     head_of_line_blocking: bool = False
     reservations: int = Field(default=1, ge=0)
+    requeue_timestamp: Literal["submit", "eviction"] = "submit"
 
 
 # ------------------------------------------------------------------------- flat form of queues

@@ -21,7 +21,7 @@ import heapq
 import math
 from bisect import bisect_left
 from itertools import chain, islice
-from typing import TYPE_CHECKING, Iterable, Iterator, NamedTuple, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence
 
 from warden.engine.model import Job
 from warden.engine.rules import Preemptor, allowed_for, downward_key, may_reclaim
@@ -216,11 +216,20 @@ def search(ws: Workspace, p: Preemptor, flavor: str, pool: CandidatePool,
            leaving: list[Candidate]) -> list[Candidate]:
     """What makes `p` fit on `flavor`, released in `ws`: jobs already `leaving` (terminating, at
     no cost, so a need they cover never gets a new victim) and new victims from `pool` (which
-    holds no job claimed earlier in this pass); [] (nothing released) if no eligible set does."""
+    holds no job claimed earlier in this pass); [] (nothing released) if no eligible set does.
+
+    A preemptor that is in-quota only once others' borrowing is reclaimed (`p.reclaims`) fits
+    only when the set also leaves it within nominal on its whole path (DESIGN §4.3: "in-quota
+    after admission"), so the set takes as much borrowed capacity as that needs."""
     job, d = p.job, p.demand
     eligible = pool.eligible(ws.ctx, p, leaving)
     if not eligible:
         return []
+    quota = ws.quota
+
+    def satisfied() -> bool:
+        return ws.fits(job, flavor, d) and (not p.reclaims or quota.in_quota(job.queue, d))
+
     victims: list[Candidate] = []
     chosen: set[str] = set()
     # Price placement only when placement is what is missing; a job short of quota alone
@@ -236,18 +245,18 @@ def search(ws: Workspace, p: Preemptor, flavor: str, pool: CandidatePool,
                     held[node] = held.get(node, 0) + gpus
         slots = _cheapest_slots(ws, job, flavor, eligible, pool.by_cost, pool.ascending, held)
     for c in slots:
-        if not c.leaving and c.job.tier <= job.tier and not still_borrowing(ws.quota, p, c.job):
+        if not c.leaving and c.job.tier <= job.tier and not still_borrowing(quota, p, c.job):
             continue  # reclaim takes back only what is borrowed
         ws.release(c)
         victims.append(c)
         chosen.add(c.job.id)
-    if not ws.fits(job, flavor, d) and not _fill(ws, p, flavor, eligible, victims, chosen):
+    if not satisfied() and not _fill(ws, p, flavor, eligible, victims, chosen, satisfied):
         for c in victims:
             ws.retake(c)
         return []
     # Give back the costliest first; among jobs already leaving, the one that exits last.
     costliest_first = sorted(victims, key=lambda c: (-c.cost, -c.rank))
-    needed = {c.job.id for c in drop_unneeded(ws, job, flavor, d, costliest_first)}
+    needed = {c.job.id for c in drop_unneeded(ws, costliest_first, satisfied)}
     return [c for c in victims if c.job.id in needed]
 
 
@@ -494,26 +503,37 @@ def _node_price(n: str, o: list[tuple[float, int, int]], want: int) -> Price:
 
 
 def _fill(ws: Workspace, p: Preemptor, flavor: str, eligible: Iterable[Candidate],
-          victims: list[Candidate], chosen: set[str]) -> bool:
-    """Add victims in victim order until the job fits; True when it does.
+          victims: list[Candidate], chosen: set[str], satisfied: Callable[[], bool]) -> bool:
+    """Add victims in victim order until `satisfied()`; True when it is.
 
     Only victims that can help are taken: ones on the job's flavor while it lacks GPUs or a
-    placement, ones under the queue whose limit it breaks while it lacks quota. Fit is tested
-    only once enough GPUs have been freed to possibly make a difference.
+    placement, ones under the queue whose limit (or, for `p.reclaims`, whose nominal) it breaks
+    while it lacks quota. Fit is tested only once enough GPUs have been freed to possibly make
+    a difference.
     """
     job, d = p.job, p.demand
     index, quota = ws.index, ws.quota
+
+    def short_of_quota() -> int | None:
+        """The queue whose subtree must shrink for the job's quota, or None."""
+        if not d:
+            return None
+        broken = quota.violation(job.queue, d)
+        if broken is not None:
+            return broken[0]
+        return quota.over_nominal_at(job.queue, d) if p.reclaims else None
+
     gpu_short = job.total_gpus - index.free_gpus(flavor)
-    broken = quota.violation(job.queue, d) if d else None
+    short = short_of_quota()
     for c in eligible:
         v = c.job
         if v.id in chosen:
             continue
         on_flavor = c.flavor == flavor
-        in_subtree = broken is not None and ws.frees_quota_in(c, broken[0])
-        if not in_subtree and not (on_flavor and (gpu_short > 0 or broken is None)):
+        in_subtree = short is not None and ws.frees_quota_in(c, short)
+        if not in_subtree and not (on_flavor and (gpu_short > 0 or short is None)):
             continue
-        if not c.leaving and v.tier <= job.tier and not still_borrowing(ws.quota, p, v):
+        if not c.leaving and v.tier <= job.tier and not still_borrowing(quota, p, v):
             continue
         ws.release(c)
         victims.append(c)
@@ -522,11 +542,10 @@ def _fill(ws: Workspace, p: Preemptor, flavor: str, eligible: Iterable[Candidate
             gpu_short -= sum(gpus for _, gpus in c.freed)
         if gpu_short > 0:
             continue
-        if d:
-            broken = quota.violation(job.queue, d)
-            if broken is not None:
-                continue
-        if ws.fits(job, flavor, d):
+        short = short_of_quota()
+        if short is not None:
+            continue
+        if satisfied():
             return True
     return False
 
@@ -537,13 +556,12 @@ def still_borrowing(quota: QuotaTree, p: Preemptor, v: Job) -> bool:
     return v_side >= 0 and quota.over_nominal(v_side)
 
 
-def drop_unneeded(ws: Workspace, job: Job, flavor: str, d: tuple[float, ...],
-                  released: Sequence[Candidate]) -> list[Candidate]:
-    """Take back, in the given order, each released job the fit does not need; the rest."""
+def drop_unneeded(ws: Workspace, released: Sequence[Candidate], satisfied: Callable[[], bool]) -> list[Candidate]:
+    """Take back, in the given order, each released job that `satisfied()` does not need; the rest."""
     needed = []
     for c in released:
         ws.retake(c)
-        if ws.fits(job, flavor, d):
+        if satisfied():
             continue
         ws.release(c)
         needed.append(c)

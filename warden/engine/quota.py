@@ -92,7 +92,8 @@ class QuotaTree:
         self.depth: list[int] = [len(self.paths_to_root(i)) for i in range(n)]
         self.leaving: list[list[float]] = [[0.0] * nr for _ in range(n)]
         self._demands: dict[tuple[int, int, int, int, str], tuple[float, ...]] = {}
-        self._log: list[tuple[list[tuple[int, tuple[float, ...]]], list[tuple[int, tuple[float, ...]]]]] = []
+        self._log: list[tuple[list[float], int, float]] = []
+        """The journal: (row, resource, value replaced), oldest first (`rollback`)."""
 
     def paths_to_root(self, i: int) -> tuple[int, ...]:
         path = []
@@ -132,38 +133,39 @@ class QuotaTree:
         return tuple(out)
 
     # -- usage --------------------------------------------------------------------------------
+    # Every change to a cell of `usage`, `held`, `child_held`, `child_excess` or `leaving` is
+    # journalled with the value it replaced, and `rollback` writes those values back: the state
+    # after a rollback is the state at the mark, bit for bit, not a recomputation of it.
     def mark(self) -> int:
         return len(self._log)
 
     def forget(self) -> None:
-        """Drop the undo log: what was done so far is kept for good (no mark may be open)."""
+        """Drop the journal: what was done so far is kept for good (no mark may be open)."""
         self._log.clear()
 
     def rollback(self, token: int) -> None:
-        while len(self._log) > token:
-            changes, departing = self._log.pop()
-            self._apply([(q, tuple(-x for x in d)) for q, d in changes])
-            for q, d in departing:
-                row = self.leaving[q]
-                for r, x in enumerate(d):
-                    row[r] -= x
+        log = self._log
+        while len(log) > token:
+            row, r, old = log.pop()
+            row[r] = old
 
     def depart(self, leaf: str, d: tuple[float, ...]) -> None:
         """Note usage that is leaving (its job was signalled): it still counts against limits
         until the job exits, but a branch is no longer borrowing what is already on its way out."""
-        departing = [(q, d) for q in self.paths[leaf]]
-        for q, _ in departing:
+        log = self._log
+        for q in self.paths[leaf]:
             row = self.leaving[q]
             for r, x in enumerate(d):
-                row[r] += x
-        self._log.append(([], departing))
+                if x:
+                    log.append((row, r, row[r]))
+                    row[r] += x
 
     def add(self, leaf: str, d: tuple[float, ...]) -> None:
-        self._change([(q, d) for q in self.paths[leaf]])
+        self._apply([(q, d) for q in self.paths[leaf]])
 
     def remove(self, leaf: str, d: tuple[float, ...]) -> None:
         neg = tuple(-x for x in d)
-        self._change([(q, neg) for q in self.paths[leaf]])
+        self._apply([(q, neg) for q in self.paths[leaf]])
 
     def path_usage(self, leaf: str, d: tuple[float, ...]) -> list[tuple[int, tuple[float, ...]]]:
         """A leaf's demand as per-queue usage along its path, leaf first."""
@@ -196,35 +198,80 @@ class QuotaTree:
                 if any(x > 0 for x in remaining):
                     rest.append((q, tuple(remaining)))
             left_over.append(rest)
-        changes = [(q, tuple(max(0.0, x) for x in row)) for q, row in need.items() if any(x > 0 for x in row)]
-        changes.sort(key=lambda c: -self.depth[c[0]])
-        self._change(changes)
+        self._apply([(q, tuple(max(0.0, x) for x in row)) for q, row in need.items() if any(x > 0 for x in row)])
         return left_over
 
     def adjust(self, changes: list[tuple[int, tuple[float, ...]]], sign: int) -> None:
         """Add (sign 1) or remove (sign −1) per-queue usage, as `transfer` returns it."""
-        ordered = sorted(changes, key=lambda c: -self.depth[c[0]])
-        self._change([(q, tuple(sign * x for x in d)) for q, d in ordered])
-
-    def _change(self, changes: list[tuple[int, tuple[float, ...]]]) -> None:
-        """Apply per-queue deltas, children before parents, and log them for rollback."""
-        self._apply(changes)
-        self._log.append((changes, []))
+        self._apply([(q, tuple(sign * x for x in d)) for q, d in changes])
 
     def _apply(self, changes: list[tuple[int, tuple[float, ...]]]) -> None:
-        usage, held, child_held, child_excess = self.usage, self.held, self.child_held, self.child_excess
+        """Apply per-queue usage deltas, journalled, and keep `held` true up to the root.
+
+        A queue's `held` depends on its own usage and on its children's `held`, so a change
+        anywhere on a path is carried upward until a queue's `held` no longer moves; the order
+        of `changes` does not matter.
+        """
+        log = self._log
+        usage, child_excess, nominal, parent = self.usage, self.child_excess, self.nominal, self.parent
         for q, d in changes:
-            u, k, n, h, p = usage[q], self.kept[q], self.nominal[q], held[q], self.parent[q]
+            u, n, p = usage[q], nominal[q], parent[q]
             for r, delta in enumerate(d):
-                if delta:
-                    before = u[r]
-                    after = before + delta
-                    u[r] = after
-                    new_held = max(0.0, k[r] - after, child_held[q][r])
-                    if p >= 0:
-                        child_held[p][r] += new_held - h[r]
-                        child_excess[p][r] += max(0.0, after - n[r]) - max(0.0, before - n[r])
-                    h[r] = new_held
+                if not delta:
+                    continue
+                before = u[r]
+                after = before + delta
+                log.append((u, r, before))
+                u[r] = after
+                if p >= 0:
+                    moved = max(0.0, after - n[r]) - max(0.0, before - n[r])
+                    if moved:
+                        ce = child_excess[p]
+                        log.append((ce, r, ce[r]))
+                        ce[r] += moved
+                self._carry_held(q, r)
+
+    def _carry_held(self, q: int, r: int) -> None:
+        """Recompute held(q) for resource r and carry any change to the ancestors."""
+        log, held, child_held, kept, usage, parent = (
+            self._log, self.held, self.child_held, self.kept, self.usage, self.parent)
+        while q >= 0:
+            h = held[q]
+            new = max(0.0, kept[q][r] - usage[q][r], child_held[q][r])
+            old = h[r]
+            if new == old:
+                return
+            log.append((h, r, old))
+            h[r] = new
+            p = parent[q]
+            if p >= 0:
+                ch = child_held[p]
+                log.append((ch, r, ch[r]))
+                ch[r] += new - old
+            q = p
+
+    def check(self) -> None:
+        """Assert that every derived value equals its definition over `usage` (tests call it
+        after every pass, beside `CapacityIndex.check`)."""
+        n, nr = len(self.names), len(self.resources)
+        held = [[0.0] * nr for _ in range(n)]
+        child_held = [[0.0] * nr for _ in range(n)]
+        child_excess = [[0.0] * nr for _ in range(n)]
+        for i in reversed(range(n)):
+            for r in range(nr):
+                held[i][r] = max(0.0, self.kept[i][r] - self.usage[i][r], child_held[i][r])
+                p = self.parent[i]
+                if p >= 0:
+                    child_held[p][r] += held[i][r]
+                    child_excess[p][r] += max(0.0, self.usage[i][r] - self.nominal[i][r])
+        for i in range(n):
+            for r in range(nr):
+                name = f"{self.names[i]}/{self.resources[r]}"
+                assert abs(held[i][r] - self.held[i][r]) < 1e-6, f"held {name}: {self.held[i][r]} != {held[i][r]}"
+                assert abs(child_held[i][r] - self.child_held[i][r]) < 1e-6, \
+                    f"child_held {name}: {self.child_held[i][r]} != {child_held[i][r]}"
+                assert abs(child_excess[i][r] - self.child_excess[i][r]) < 1e-6, \
+                    f"child_excess {name}: {self.child_excess[i][r]} != {child_excess[i][r]}"
 
     # -- checks -------------------------------------------------------------------------------
     def violation(self, leaf: str, d: tuple[float, ...]) -> tuple[int, int, float, float] | None:
@@ -247,7 +294,7 @@ class QuotaTree:
                     return q, r, over, others
         return None
 
-    def check(self, leaf: str, d: tuple[float, ...]) -> QuotaVerdict:
+    def verdict(self, leaf: str, d: tuple[float, ...]) -> QuotaVerdict:
         """Would the demand fit along the leaf's path now, and why not? Never changes usage."""
         broken = self.violation(leaf, d)
         if broken is None:
@@ -295,6 +342,16 @@ class QuotaTree:
                 if usage[q][r] + amount - excess > nominal[q][r] + 1e-9:
                     return False
         return True
+
+    def over_nominal_at(self, leaf: str, d: tuple[float, ...]) -> int | None:
+        """The first queue below the root the demand would take above its nominal, or None
+        (`in_quota` without reclaim, naming where it breaks)."""
+        usage, nominal = self.usage, self.nominal
+        for q in self.paths[leaf][:-1]:
+            for r, amount in enumerate(d):
+                if amount and usage[q][r] + amount > nominal[q][r] + 1e-9:
+                    return q
+        return None
 
     def over_nominal(self, q: int) -> bool:
         """Is the queue above its nominal once the usage already leaving is gone (borrowing)?"""

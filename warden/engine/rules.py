@@ -35,7 +35,10 @@ class Preemptor:
 
     job: Job
     in_quota: bool
+    """In-quota, counting what it could reclaim from branches above their nominal."""
     demand: tuple[float, ...]
+    reclaims: bool = False
+    """In-quota only by that count: the victims must leave it in-quota (`preemption.search`)."""
 
 
 @dataclass(slots=True)

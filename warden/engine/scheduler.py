@@ -22,7 +22,6 @@ placement failures inside the capacity index, which keeps deep queues cheap.
 
 from __future__ import annotations
 
-import gc
 import heapq
 import math
 from dataclasses import dataclass, field, replace
@@ -89,6 +88,8 @@ class Engine:
         self._alloc: Allocation | None = None
         self._waiting: dict[str, Job] = {}
         self._terminating: dict[str, Job] = {}
+        self._claims: dict[str, Job] = {}
+        """The waiting jobs that come into a pass holding a claim (`Job.claim`)."""
 
     def plan(self, snapshot: Snapshot, now: float, changed: Iterable[Job] | None = None) -> Plan:
         alloc = self._alloc
@@ -97,24 +98,21 @@ class Engine:
             changed = None
         if changed is None:
             self._waiting, self._terminating, holding = _classify(snapshot.jobs)
+            self._claims = {i: j for i, j in self._waiting.items() if j.claim}
             alloc.sync(holding)
         else:
             changed = list(changed)
             for job in changed:
-                _put(self._waiting, job, job.state.waiting)
+                waiting = job.state.waiting
+                _put(self._waiting, job, waiting)
+                _put(self._claims, job, waiting and job.claim)
                 _put(self._terminating, job, _terminating(job))
             alloc.apply(changed)
         index_mark, quota_mark = alloc.index.mark(), alloc.quota.mark()
         used = dict(alloc.used)
-        # A pass allocates many small objects and creates no reference cycles: the cyclic
-        # collector would only walk the snapshot's jobs again and again.
-        collecting = gc.isenabled()
-        gc.disable()
         try:
-            return Cycle(snapshot, now, alloc, self._waiting.values(), self._terminating).run()
+            return Cycle(snapshot, now, alloc, self._waiting.values(), self._terminating, self._claims).run()
         finally:
-            if collecting:
-                gc.enable()
             alloc.index.rollback(index_mark)
             alloc.index.release(index_mark)
             alloc.quota.rollback(quota_mark)
@@ -189,6 +187,7 @@ def _ranked(snapshot: Snapshot, now: float, waiting: Iterable[Job] | None = None
     order = policy.scheduling.order
     fifo = order != "governed"
     by_tier = order == "priority"
+    by_eviction = policy.scheduling.requeue_timestamp == "eviction"
     fair = {} if fifo else fair_order(policy, snapshot.ledger.usage)
     default_wait = policy.fair_share.aging.max_wait.get("default", INF)
     # queue → (fair rank, ratios, max wait); a queue the policy does not know ranks last.
@@ -200,8 +199,9 @@ def _ranked(snapshot: Snapshot, now: float, waiting: Iterable[Job] | None = None
             continue
         if fifo:
             tier = j.tier if by_tier else 0
-            key = new(SortKey, (tier, 1, 0, 0.0, j.submit, j.id, ()))
-            entry = (0.0, j.submit, j.id, n, key, j)
+            stamp = j.pending_since if by_eviction and j.pending_since is not None else j.submit
+            key = new(SortKey, (tier, 1, 0, 0.0, stamp, j.id, ()))
+            entry = (0.0, stamp, j.id, n, key, j)
             group_key = (tier, 1, 0)
         else:
             fr, ratios, max_wait = queues.get(j.queue, unknown)
@@ -250,7 +250,7 @@ class Cycle:
     """The state of one pass. Built from a snapshot, consumed by `run()`."""
 
     def __init__(self, snapshot: Snapshot, now: float, alloc: Allocation, waiting: Iterable[Job],
-                 terminating: dict[str, Job]) -> None:
+                 terminating: dict[str, Job], claims: dict[str, Job] | None = None) -> None:
         self.snapshot = snapshot
         self.now = now
         self.policy: Policy = snapshot.policy
@@ -263,6 +263,7 @@ class Cycle:
         self.ctx = RuleContext(self.policy, self.quota, now)
         self.node_gpus = alloc.node_gpus
         self.waiting = waiting
+        self.claims: dict[str, Job] = claims or {}
         self.holding = alloc.jobs
         self.tiers = alloc.tiers
         self.terminating = terminating
@@ -319,7 +320,7 @@ class Cycle:
         outcomes = self.outcomes
         governed = self.cpu_memory_governed
         reserved = self.reserved  # grows in place during the pass
-        for position, (_, _, _, _, key, job) in enumerate(_ranked(self.snapshot, now, self.waiting), 1):
+        for position, (_, _, _, _, key, job) in enumerate(self._order(), 1):
             reason: Reason | None
             if job.state is _AWAITING:
                 reason = approval.get(job.tier) or approval.setdefault(job.tier, AwaitingApproval(job.tier))
@@ -363,13 +364,33 @@ class Cycle:
                     head = job
             if reason is not None:
                 explanations[job.id] = new(Explanation, (job.id, reason, key, position))
+        claims = frozenset(i for i, e in explanations.items() if isinstance(e.reason, WaitingForGrace))
         return Plan(
             now=self.now,
             admissions=tuple(self.admissions),
             preemptions=tuple(self.preemptions),
             reservations=tuple(self.reservations),
             explanations=self.explanations,
+            claims=claims,
+            released_claims=tuple(sorted(i for i in self.claims if i in explanations and i not in claims)),
         )
+
+    def _order(self) -> list[Ranked]:
+        """The ranking, with the jobs that hold a claim first (in rank order among them).
+
+        A claimant's victims are leaving for it: considered first, it takes what they free (or
+        claims it again while they are still in their grace) before any other job could be
+        admitted into it, which would only be preempted again in turn.
+        """
+        ranked = _ranked(self.snapshot, self.now, self.waiting)
+        claims = self.claims
+        if not claims:
+            return ranked
+        first = [r for r in ranked if r[2] in claims and r[5].state is not _AWAITING]
+        if not first:
+            return ranked
+        held = {r[2] for r in first}
+        return first + [r for r in ranked if r[2] not in held]
 
     def _flavors(self, job: Job) -> Sequence[str]:
         return (job.flavor,) if job.flavor is not None else self.index.flavors()
@@ -434,7 +455,7 @@ class Cycle:
                 qkey = (job.queue, d)
                 seen = self.quota_seen.get(qkey)
                 if seen is None or (seen[1] is None and seen[0] != self.quota_version):
-                    verdict = self.quota.check(job.queue, d)
+                    verdict = self.quota.verdict(job.queue, d)
                     seen = self.quota_seen[qkey] = (self.quota_version, verdict.reason, verdict.in_quota)
                 if seen[1] is not None:
                     first = first or seen[1]
@@ -823,31 +844,43 @@ class Cycle:
             return None
         self.attempts_left -= 1
         flavors = self._flavors(job)
-        best: tuple[float, int, int, list[Candidate]] | None = None
+        best: tuple[float, int, int, list[Candidate], bool] | None = None
         for i, flavor in enumerate(flavors):
             mark = self._mark()
-            chosen = self._search(job, flavor)
+            chosen, reclaims = self._search(job, flavor)
             self._rollback(mark)
             if chosen:
-                found = (sum(c.cost for c in chosen), sum(not c.leaving for c in chosen), i, chosen)
+                found = (*_set_cost(chosen), i, chosen, reclaims)
                 if best is None or found[:3] < best[:3]:
                     best = found
         if best is None:
             self.preempt_fail.add(key)
             return None
+        victims, reclaims = best[3], best[4]
+
+        def enough(f: str) -> bool:
+            """The search's own test: the job fits (and, for a set chosen to reclaim its way
+            into quota, is in-quota) on flavor f."""
+            d = self.quota.demand(job, f) if self.charged(job) else ()
+            return self.fits(job, f, d) and (not reclaims or self.quota.in_quota(job.queue, d))
+
         mark = self._mark()
-        for c in best[3]:
+        for c in victims:
             self.release(c)
         needed = []
-        for c in sorted(best[3], key=lambda c: (-c.cost, -c.rank)):
+        for c in sorted(victims, key=lambda c: (-c.cost, -c.rank)):
             self.retake(c)
-            if not any(self._fits_flavor(job, f) for f in flavors):
+            if not any(enough(f) for f in flavors):
                 self.release(c)
                 needed.append(c)
-        flavor = next(f for f in flavors if self._fits_flavor(job, f))
-        names = self._find(flavor, job)
-        assert names is not None
+        flavor = next((f for f in flavors if enough(f)), None)
+        names = self._find(flavor, job) if flavor is not None else None
         self._rollback(mark)
+        if flavor is None or names is None:
+            # The search and this fit test read the same state, so they agree; were they ever
+            # not to, the job waits with the reason its placement gives, and the pass goes on.
+            self.preempt_fail.add(key)
+            return None
         d = self.quota.demand(job, flavor) if self.charged(job) else ()
         return self._claim(job, names, d, sorted(needed, key=lambda c: c.rank))
 
@@ -892,20 +925,32 @@ class Cycle:
         return [Candidate(t, 0.0, 0.0, 0.0, self.flavor_of_job[t.id], i - len(rows), freed_gpus(t, parts),
                           leaving=True, parts=parts, eta=eta) for i, (eta, _, t, parts) in enumerate(rows)]
 
-    def _search(self, job: Job, flavor: str) -> list[Candidate]:
-        """Jobs whose exit makes room for `job` on `flavor` (released), or [] (nothing)."""
+    def _search(self, job: Job, flavor: str) -> tuple[list[Candidate], bool]:
+        """Jobs whose exit makes room for `job` on `flavor` (released), or [] (nothing); and
+        whether they were chosen to leave it in-quota (`Preemptor.reclaims`).
+
+        A `scope: quota` job that is in-quota only once others' borrowing is reclaimed takes
+        victims anywhere only if they leave it in-quota; failing that, it searches again as a
+        borrower, which may take victims in its own queue alone (DESIGN §4.3).
+        """
         d = self.quota.demand(job, flavor) if self.charged(job) else ()
         leaving = self._leaving()
         in_quota = self.quota.in_quota(job.queue, d, reclaim=True) if d else True
+        reclaims = bool(in_quota and d and self.policy.tier(job.tier).scope == "quota"
+                        and not self.quota.in_quota(job.queue, d))
         mark = self._mark()
-        chosen = search(self, Preemptor(job, in_quota, d), flavor, self._candidates(), leaving)
-        if in_quota and d and chosen and not self.quota.in_quota(job.queue, d) \
-                and any(not c.leaving and c.job.queue != job.queue for c in chosen):
-            # Counted as in-quota for what it could reclaim, but these victims leave it
-            # borrowing: `scope: quota` then allows victims in its own queue only.
+        chosen = search(self, Preemptor(job, in_quota, d, reclaims), flavor, self._candidates(), leaving)
+        if not reclaims:
+            return chosen, False
+        # Victims in its own queue alone may do for less: the cheaper set wins.
+        self._rollback(mark)
+        alone = search(self, Preemptor(job, False, d), flavor, self._candidates(), leaving)
+        if chosen and (not alone or _set_cost(chosen) <= _set_cost(alone)):
             self._rollback(mark)
-            chosen = search(self, Preemptor(job, False, d), flavor, self._candidates(), leaving)
-        return chosen
+            for c in chosen:
+                self.release(c)
+            return chosen, True
+        return alone, False
 
     def _claim(self, job: Job, names: Sequence[str], d: tuple[float, ...], chosen: list[Candidate]) -> Reason:
         """Signal the new victims and hold what the job will need, so nobody takes it meanwhile.
@@ -1049,6 +1094,11 @@ class Cycle:
             heapq.heapify(at_lift)
             self.release_orders = self.releases
         return self.release_orders
+
+
+def _set_cost(chosen: Sequence[Candidate]) -> tuple[float, int]:
+    """How victim sets compare (DESIGN §4.4): least cost, then fewest new victims."""
+    return sum(c.cost for c in chosen), sum(not c.leaving for c in chosen)
 
 
 def _time_and_id(e: tuple) -> tuple[float, str]:
