@@ -462,3 +462,30 @@ def test_adjust_adds_and_removes_per_queue_usage() -> None:
     assert t.usage[idx(t, "a")][0] == t.usage[idx(t, "cluster")][0] == 3.0
     t.adjust([(idx(t, "a"), (3.0,)), (idx(t, "cluster"), (3.0,))], -1)
     assert t.usage[idx(t, "a")][0] == t.usage[idx(t, "cluster")][0] == 0.0
+
+
+def test_rollback_restores_every_derived_value_exactly() -> None:
+    """A change deep in the tree moves `held` up to the root; a rollback writes back exactly
+    the values it replaced, and `check()` finds every derived value true to its definition."""
+    pol = parse_policy({"queues": {"name": "root", "nominal": {"gpu": 16}, "children": [
+        {"name": "dept", "nominal": {"gpu": 8}, "lending_limit": {"gpu": 2}, "children": [
+            {"name": "a", "nominal": {"gpu": 4}, "lending_limit": {"gpu": 0}},
+            {"name": "b", "nominal": {"gpu": 4}}]},
+        {"name": "other", "nominal": {"gpu": 8}}]}})
+    t = QuotaTree(pol)
+    t.add("b", gpu(3))
+    t.forget()
+    assert t.held[t.index["dept"]][0] == 4.0  # a keeps all 4 of its nominal
+    before = [[list(row) for row in getattr(t, name)] for name in ("usage", "held", "child_held", "child_excess")]
+    mark = t.mark()
+    t.add("a", gpu(2))
+    t.check()
+    dept, root = t.index["dept"], t.index["root"]
+    assert t.held[t.index["a"]][0] == 2.0 and t.held[dept][0] == 2.0 and t.child_held[root][0] == 2.0
+    t.transfer("other", gpu(4), [t.path_usage("b", gpu(3))])
+    t.depart("b", gpu(3))
+    t.check()
+    t.rollback(mark)
+    t.check()
+    after = [[list(row) for row in getattr(t, name)] for name in ("usage", "held", "child_held", "child_excess")]
+    assert after == before
