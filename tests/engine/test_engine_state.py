@@ -48,3 +48,19 @@ def test_warm_engine_matches_fresh_passes_over_changing_snapshots() -> None:
         snapshot = replace(snapshot, jobs=tuple(jobs))
     assert engine.plan(snapshot, now) == schedule(snapshot, now)
     assert engine.plan(snapshot, now, changed=()) == schedule(snapshot, now)
+
+
+def test_a_job_told_twice_counts_as_its_last_version() -> None:
+    """A shell may name a job more than once in one change set (it started, then ended):
+    the engine keeps only the last version, as a fresh pass over the snapshot would."""
+    snapshot, now = synthetic_snapshot(20, 8, 60, 30, 2)
+    engine = Engine()
+    plan = engine.plan(snapshot, now)
+    assert plan.admissions
+    adm = plan.admissions[0]
+    job = next(j for j in snapshot.jobs if j.id == adm.job_id)
+    started = replace(job, state=JobState.RUNNING, pending_since=None, attempt=Attempt(1, now, adm.placement))
+    ended = replace(started, state=JobState.SUCCEEDED)
+    after = replace(snapshot, jobs=tuple(j for j in snapshot.jobs if j.id != job.id))
+    told = engine.plan(replace(snapshot, jobs=()), now + 1.0, [started, ended])
+    assert told == schedule(after, now + 1.0)

@@ -82,9 +82,10 @@ class Allocation:
         self.quota.forget()
 
     def apply(self, changed: Iterable[Job]) -> None:
-        """Take only these jobs' new versions (any state); every other job is as before."""
+        """Take only these jobs' new versions (any state); every other job is as before. A job
+        named more than once counts as its last version."""
         arriving = []
-        for job in changed:
+        for job in {j.id: j for j in changed}.values():
             old = self.jobs.get(job.id)
             holds = job.state.holds_resources and job.attempt is not None
             if old is job:
