@@ -5,7 +5,11 @@
 (a) 1,000 nodes × 8 GPUs, 10,000 pending, 5,000 running;
 (b) 4,000 nodes × 8 GPUs, 100,000 pending, 20,000 running;
 (c) linear scaling: 1,000 × 8 with 5,000 running, at 1,000 and at 10,000 pending;
-    `scaling_ratio` = time(10×) / time(1×) (10 would be linear in the queue's depth).
+    `scaling_ratio` = time(10×) / time(1×) (10 would be linear in the queue's depth);
+(d) a deep queue: 1,000 × 8, 50,000 pending that cannot all fit, 5,000 running; pass after
+    pass 30 jobs complete, 30 arrive and the last plan's admissions start, and the engine is
+    told only those (`warm_pass_ms_median`, at most 100 changed jobs a pass); a full pass over
+    the final snapshot (`full_pass_ms_median`) and a cold one for comparison.
 
 `--quick` shrinks every size 10× for a smoke run. `--profile` also writes a cProfile of one
 pass of (a) and (b) (top 15 by cumulative time) to stderr, so stdout stays one JSON object.
@@ -26,13 +30,14 @@ if __package__ in (None, ""):
     # Run as a script from a checkout: make the repository's `warden` importable.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from warden.bench.engine import run_engine_bench, synthetic_snapshot  # noqa: E402
+from warden.bench.engine import run_churn_bench, run_engine_bench, synthetic_snapshot  # noqa: E402
 
 CONFIGS: dict[str, dict[str, int]] = {
     "a": {"nodes": 1000, "gpus_per_node": 8, "pending": 10_000, "running": 5_000, "repeat": 5},
     "b": {"nodes": 4000, "gpus_per_node": 8, "pending": 100_000, "running": 20_000, "repeat": 3},
     "c_1x": {"nodes": 1000, "gpus_per_node": 8, "pending": 1_000, "running": 5_000, "repeat": 5},
     "c_10x": {"nodes": 1000, "gpus_per_node": 8, "pending": 10_000, "running": 5_000, "repeat": 5},
+    "d": {"nodes": 1000, "gpus_per_node": 8, "pending": 50_000, "running": 5_000, "repeat": 5, "churn": 30},
 }
 
 
@@ -65,13 +70,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeat", type=int, default=None,
                         help="timed passes per configuration (default 5, 3 for b)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", default="a,b,c", help="comma-separated subset of a,b,c")
+    parser.add_argument("--only", default="a,b,c,d", help="comma-separated subset of a,b,c,d")
     parser.add_argument("--profile", action="store_true", help="cProfile (a) and (b) to stderr")
     args = parser.parse_args(argv)
     only = {s.strip() for s in args.only.split(",") if s.strip()}
-    unknown = only - {"a", "b", "c"}
+    unknown = only - {"a", "b", "c", "d"}
     if unknown:
-        parser.error(f"--only: unknown configuration(s) {sorted(unknown)}; choose from a, b, c")
+        parser.error(f"--only: unknown configuration(s) {sorted(unknown)}; choose from a, b, c, d")
 
     configs = {k: (_shrink(v, 10) if args.quick else dict(v)) for k, v in CONFIGS.items()}
     result: dict[str, Any] = {"quick": args.quick, "seed": args.seed}
@@ -100,6 +105,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if one["pass_ms_median"] > 0 else None,
             "runs": {"1x": one, "10x": ten},
         }
+    if "d" in only:
+        cfg = configs["d"]
+        repeat = args.repeat if args.repeat is not None else cfg["repeat"]
+        print(f"bench: d {cfg} repeat={repeat}", file=sys.stderr, flush=True)
+        result["d"] = run_churn_bench(cfg["nodes"], cfg["gpus_per_node"], cfg["pending"], cfg["running"],
+                                      churn=cfg["churn"], seed=args.seed, repeat=repeat)
     print(json.dumps(result))
     return result
 

@@ -96,6 +96,9 @@ class Client:
     def approve(self, job_id: str) -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{job_id}/approve")
 
+    def release(self, job_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{job_id}/release")
+
     def logs(self, job_id: str, attempt: int | None = None, rank: int = 0, offset: int = 0) -> dict[str, Any]:
         params: dict[str, Any] = {"rank": rank, "offset": offset}
         if attempt is not None:

@@ -1,28 +1,90 @@
-"""What `describe` shows beyond the database rows: the save-does-not-fit-the-grace warning."""
+"""What `describe` shows beyond the database rows: the save-does-not-fit-the-grace warning, the
+effective grace and lease, a held job's reason. Built on records a real store returns."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from collections.abc import Iterator
+from pathlib import Path
 
-from warden.server.views import warnings
+import pytest
+
+from warden.engine.model import JobState, ReplicaPlacement
+from warden.engine.policy import parse_policy
+from warden.server.views import job_detail, job_summary, warnings
+from warden.store.repo import Store, StoredAttempt, StoredJob
+
+POLICY = parse_policy({"min_grace": "120s", "preemption": {"restart_overhead": "30s"},
+                       "queues": {"name": "cluster", "children": [{"name": "team"}]}})
 
 
-def _attempt(**kw: object) -> SimpleNamespace:
-    base = dict(number=1, ended_at=None, started_at=1000.0, startup_s=20.0, last_checkpoint_at=1400.0,
-                sigterm_save_s=None)
-    return SimpleNamespace(**{**base, **kw})
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store.open(f"sqlite:///{tmp_path / 'warden.db'}")
+    yield s
+    s.close()
 
 
-JOB = SimpleNamespace(attempt=1, gpus=4, replicas=2)
+def running_job(store: Store, *, grace_s: float | None = None, **facts: object) -> tuple[StoredJob, StoredAttempt]:
+    """A 2 × 4-GPU job whose first attempt started at t=1000 and reported `facts`."""
+    job_id = store.submit(name="train", user="u", queue="team", tier=3, command=["true"], actor="u", now=900.0,
+                          replicas=2, gpus=4, grace_s=grace_s)
+    store.transition(job_id, JobState.RUNNING, reason="running", actor="warden", now=1000.0, attempt=1)
+    store.start_attempt(job_id, 1, started_at=1000.0,
+                        assignment=[ReplicaPlacement("n0", (0, 1, 2, 3)), ReplicaPlacement("n1", (0, 1, 2, 3))])
+    if facts:
+        store.update_attempt(job_id, 1, **facts)
+    job, attempt = store.get(job_id), store.attempt(job_id, 1)
+    assert job is not None and attempt is not None
+    return job, attempt
 
 
-def test_a_save_longer_than_the_grace_warns_with_the_work_a_preemption_would_lose() -> None:
-    [text] = warnings(JOB, [_attempt(sigterm_save_s=300.0)], now=1700.0, grace=120.0)
+def test_a_save_longer_than_the_grace_warns_with_the_work_a_preemption_would_lose(store: Store) -> None:
+    job, attempt = running_job(store, startup_s=20.0, last_checkpoint_at=1400.0, sigterm_save_s=300.0)
+    [text] = warnings(job, [attempt], now=1700.0, policy=POLICY)
     # 8 GPUs × 300 s since the last checkpoint = 40 GPU-minutes.
     assert "300 s" in text and "120 s" in text and "40.0 GPU-minutes" in text
 
 
-def test_no_warning_when_the_save_fits_or_is_unknown_or_the_attempt_ended() -> None:
-    assert warnings(JOB, [_attempt(sigterm_save_s=60.0)], now=1700.0, grace=120.0) == []
-    assert warnings(JOB, [_attempt()], now=1700.0, grace=120.0) == []
-    assert warnings(JOB, [_attempt(sigterm_save_s=300.0, ended_at=1600.0)], now=1700.0, grace=120.0) == []
+def test_without_a_reported_startup_the_warning_assumes_the_policys_restart_overhead(store: Store) -> None:
+    job, attempt = running_job(store, sigterm_save_s=300.0)
+    [text] = warnings(job, [attempt], now=1330.0, policy=POLICY)
+    # Progress began at 1000 + 30 s of assumed startup: 8 GPUs × 300 s = 40 GPU-minutes, as the engine prices it.
+    assert "40.0 GPU-minutes" in text
+
+
+def test_no_warning_when_the_save_fits_or_is_unknown_or_the_attempt_ended(store: Store) -> None:
+    job, fits = running_job(store, last_checkpoint_at=1400.0, sigterm_save_s=60.0)
+    assert warnings(job, [fits], now=1700.0, policy=POLICY) == []
+    job, unknown = running_job(store, last_checkpoint_at=1400.0)
+    assert warnings(job, [unknown], now=1700.0, policy=POLICY) == []
+    job, _ = running_job(store, last_checkpoint_at=1400.0, sigterm_save_s=300.0)
+    store.end_attempt(job.id, 1, ended_at=1600.0, exit_codes=[0, 0], reason="completed")
+    ended = store.attempt(job.id, 1)
+    assert ended is not None
+    assert warnings(job, [ended], now=1700.0, policy=POLICY) == []
+
+
+def test_the_grace_shown_is_the_one_the_job_gets_never_below_min_grace(store: Store) -> None:
+    job, attempt = running_job(store, grace_s=60.0)  # submitted before min_grace was raised to 120 s
+    detail = job_detail(job, store.events(job.id), [attempt], now=1100.0, policy=POLICY)
+    assert detail["grace_s"] == 120.0
+    store.update(job.id, lease_s=7200.0)  # fixed at submission, before max_lease was lowered to 1 h
+    longer = store.get(job.id)
+    assert longer is not None
+    stricter = parse_policy({"max_lease": "1h", "tiers": {2: {"lease": "1h"}},
+                             "queues": {"name": "cluster", "children": [{"name": "team"}]}})
+    assert job_detail(longer, (), [attempt], now=1100.0, policy=stricter)["lease_s"] == 3600.0
+
+
+def test_a_held_job_shows_its_hold_as_the_reason_it_waits(store: Store) -> None:
+    job_id = store.submit(name="", user="u", queue="team", tier=3, command=["true"], actor="u", now=10.0)
+    reason = "quarantined: scheduling passes failed with ValueError: boom while this job waited"
+    store.transition(job_id, JobState.PENDING, reason=reason, actor="warden", now=20.0, held_reason=reason,
+                     explanation={"reason": {"code": "Held", "message": f"Held: {reason}.", "details": {}},
+                                  "sort_key": None, "position": None})
+    job = store.get(job_id)
+    assert job is not None
+    summary = job_summary(job, now=30.0)
+    assert summary["state"] == "PENDING" and summary["held_reason"] == reason
+    assert summary["reason"]["code"] == "Held" and summary["wait_s"] == 20.0
+    assert job_detail(job, store.events(job_id), (), now=30.0, policy=POLICY)["events"][-1]["reason"] == reason

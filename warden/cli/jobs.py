@@ -1,5 +1,5 @@
 """The user's verbs, as Slurm and kubectl users know them: `submit`, `queue`, `describe`,
-`cancel`, `approve`, `logs`, `nodes`, `queues`, `token create`, `audit`.
+`cancel`, `approve`, `release`, `logs`, `nodes`, `queues`, `token create`, `audit`.
 
 Each talks to a warden server (`WARDEN_URL`, `WARDEN_TOKEN`; `--url`/`--token` override).
 Every listing has `--json`; rich tables otherwise. A refusal prints one line naming the field
@@ -138,7 +138,8 @@ def register(app: typer.Typer) -> None:
                   f"lease {_age(j['lease_s'])}, grace {_age(j['grace_s'])}; command: {' '.join(j['command'])}")
         reason = j.get("reason")
         if reason:
-            con.print(f"  [bold]why pending:[/bold] {reason['message']} ({reason['code']}, position {j['position']})")
+            where = f", position {j['position']}" if j.get("position") is not None else ""
+            con.print(f"  [bold]why pending:[/bold] {reason['message']} ({reason['code']}{where})")
         if j.get("sort_key"):
             con.print(f"  sort key: {json.dumps(j['sort_key'])}")
         for w in j.get("warnings") or []:
@@ -170,6 +171,14 @@ def register(app: typer.Typer) -> None:
         with client(url, token) as c:
             out = c.approve(job_id)
         _dump(out) if json_out else typer.echo(f"job {out['id']}: {out['state']}")
+
+    @app.command("release")
+    def release(job_id: Annotated[str, typer.Argument(help="Job id.")], url: UrlOpt = None, token: TokenOpt = None,
+                json_out: JsonOpt = False) -> None:
+        """Let a held job be scheduled again, like Slurm's `scontrol release` (admins only)."""
+        with client(url, token) as c:
+            out = c.release(job_id)
+        _dump(out) if json_out else typer.echo(f"job {out['id']}: {out['state']} (released)")
 
     @app.command("logs")
     def logs(job_id: Annotated[str, typer.Argument(help="Job id.")],

@@ -9,20 +9,21 @@ Bad input gets a 4xx and a JSON body naming the field and the value
 # No `from __future__ import annotations`: FastAPI reads these signatures at run time.
 
 import json
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import yaml
 from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from warden.engine.model import JobState
-from warden.engine.policy import Duration, Policy, PolicyError, parse_policy
+from warden.engine.policy import Duration
 from warden.server.auth import Principal
 from warden.server.errors import ApiError
 from warden.server.views import job_detail, job_summary, node_views, queue_views
+
+if TYPE_CHECKING:
+    from warden.server.service import Service
 
 API_VERSION = "v1"
 
@@ -119,7 +120,7 @@ def _jsonable(value: Any) -> Any:
         return repr(value)
 
 
-def build_router(service: Any) -> APIRouter:
+def build_router(service: "Service") -> APIRouter:
     """The /v1 routes over a `warden.server.service.Service` (the state behind the API)."""
     r = APIRouter(prefix=f"/{API_VERSION}")
 
@@ -157,6 +158,11 @@ def build_router(service: Any) -> APIRouter:
     @r.post("/jobs/{job_id}/approve")
     def approve(job_id: str, who: Caller) -> dict[str, Any]:
         job = service.approve(job_id, who)
+        return {"id": str(job.id), "state": job.state.value}
+
+    @r.post("/jobs/{job_id}/release")
+    def release(job_id: str, who: Caller) -> dict[str, Any]:
+        job = service.release(job_id, who)
         return {"id": str(job.id), "state": job.state.value}
 
     @r.post("/jobs/{job_id}/reports", status_code=202)
@@ -216,7 +222,7 @@ def _states(state: list[str] | None, include_finished: bool) -> set[str] | None:
     return {s.value for s in JobState if not s.terminal}
 
 
-def metrics_route(app: FastAPI, service: Any) -> None:
+def metrics_route(app: FastAPI, service: "Service") -> None:
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:
         body, content_type = service.metrics.render()

@@ -12,17 +12,21 @@ queue, tier, state or kind only, so the number of series stays bounded by the po
 - cost of the priority scheme: `warden_preemptions_total{queue,tier,kind}`,
   `warden_lost_work_gpu_seconds_total{queue}` (lost work per preemption is their ratio);
 - delivered GPU-seconds per queue: `warden_gpu_seconds_delivered_total{queue}`;
-- `warden_jobs{state}` and `warden_scheduling_pass_seconds` (histogram).
+- `warden_jobs{state}` and `warden_scheduling_pass_seconds` (histogram);
+- a failing engine: `warden_scheduling_pass_failures_total` (passes whose engine call raised)
+  and `warden_jobs_held` (waiting jobs held out of scheduling, e.g. quarantined for making
+  passes fail).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from warden.engine.accounting import wait_time
 from warden.engine.model import JobState
 
 if TYPE_CHECKING:
@@ -49,6 +53,8 @@ class ServerMetrics:
                                  ["queue"], registry=r)
         self.passes = Histogram("warden_scheduling_pass_seconds", "Duration of one reconcile pass.",
                                 buckets=PASS_BUCKETS, registry=r)
+        self.pass_failures = Counter("warden_scheduling_pass_failures",
+                                     "Scheduling passes whose engine call raised.", registry=r)
         r.register(_Gauges(service))
 
     # -- fed by the reconcile loop ----------------------------------------------------------
@@ -76,6 +82,9 @@ class ServerMetrics:
     def pass_took(self, seconds: float) -> None:
         self.passes.observe(seconds)
 
+    def pass_failed(self) -> None:
+        self.pass_failures.inc()
+
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
@@ -86,12 +95,10 @@ class _Gauges:
     def __init__(self, service: Service) -> None:
         self.service = service
 
-    def describe(self) -> list[Any]:
+    def describe(self) -> list[GaugeMetricFamily]:
         return []
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from warden.server.views import wait_s  # the API's own definition of a job's wait
-
         s = self.service
         now = s.now()
         jobs = [a.job for a in s.store.active()]
@@ -108,6 +115,9 @@ class _Gauges:
         for state, n in sorted(counts.items()):
             by_state.add_metric([state], n)
         yield by_state
+        held = GaugeMetricFamily("warden_jobs_held", "Waiting jobs held out of scheduling (quarantined).")
+        held.add_metric([], sum(1 for j in jobs if j.held_reason is not None and j.state.waiting))
+        yield held
         policy = s.policy
         longest = GaugeMetricFamily("warden_queue_max_wait_seconds", "Longest current wait in each queue.",
                                     labels=["queue"])
@@ -117,7 +127,7 @@ class _Gauges:
         over: dict[str, int] = {q.name: 0 for q in policy.leaves()}
         for j in jobs:
             if j.state.waiting:
-                w = wait_s(j, now)
+                w = wait_time(j.waited_s, j.pending_since, j.submit_at, now)
                 worst[j.queue] = max(worst.get(j.queue, 0.0), w)
                 if w >= policy.max_wait_for(j.queue):
                     over[j.queue] = over.get(j.queue, 0) + 1

@@ -8,7 +8,12 @@ second, one pass runs this fixed sequence under one lock:
    `CANCELLED`, the rest `SUCCEEDED` (all replicas exited 0) or `FAILED`;
 2. **snapshot** — the nodes, every job that is not finished with its attempt's facts, the
    policy and the fair-share ledger (advanced to now);
-3. **plan** — `Engine.plan(snapshot, now)`;
+3. **plan** — `Engine.plan(snapshot, now)`; a pass whose engine call raises is counted
+   (`warden_scheduling_pass_failures_total`) and logged with the waiting jobs, and changes
+   nothing but the exits; when the next pass fails the same way, the waiting job that makes
+   it fail is found by halving the waiting jobs and *held* (it stays waiting, left out of the
+   snapshot, with the reason shown by `describe`) until an admin releases it or it is
+   cancelled, and the pass goes on without it;
 4. **preempt** — each victim gets SIGTERM and its SIGKILL deadline through the executor and
    enters `PREEMPTING`;
 5. **admit** — each admitted job gets its attempt row (which holds its GPUs in the database)
@@ -16,8 +21,9 @@ second, one pass runs this fixed sequence under one lock:
 6. **explain** — the explanations that changed since the last pass are stored.
 
 Every transition is an event with time, reason and actor. Nothing here holds state the
-database does not also hold, except timers the executor re-arms on `adopt`, so the server can
-be killed at any moment and started again.
+database does not also hold, except timers the executor re-arms on `adopt` (and the last
+failure's kind, which a restart may forget: it then takes one more failure to hold the job),
+so the server can be killed at any moment and started again.
 """
 
 from __future__ import annotations
@@ -25,21 +31,52 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+import traceback
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
+from warden.engine.accounting import assumed_startup, effective_grace, measured_lost_work, wait_time
 from warden.engine.fairshare import accrue, cluster_capacity
-from warden.engine.model import JobState, Node, ReplicaPlacement, Snapshot
+from warden.engine.model import Job, JobState, Node, ReplicaPlacement, Snapshot
 from warden.engine.plan import Plan
 from warden.engine.policy import Policy
 from warden.engine.scheduler import Engine
 from warden.executors.base import Executor, Exit, Handle, LaunchSpec, ReplicaLaunch
-from warden.store.repo import ActiveJob, Store
+from warden.store.repo import ActiveJob, Store, StoredAttempt, StoredJob
+
+if TYPE_CHECKING:
+    from warden.server.metrics import ServerMetrics
 
 log = logging.getLogger("warden.reconcile")
 
 WAITING = frozenset(s for s in JobState if s.waiting)
+HELD = "Held"
+"""The reason code a held job shows instead of the engine's explanation."""
+LOGGED_IDS = 20
+"""How many job ids a failure's log line names before it counts the rest."""
+
+
+@dataclass(frozen=True, slots=True)
+class PassFailure:
+    """How an engine call failed. Two failures are the same when the same exception type was
+    raised at the same place: the message may differ (it often names a job or a time)."""
+
+    kind: str
+    where: str
+    message: str
+
+    @classmethod
+    def of(cls, err: BaseException) -> PassFailure:
+        frames = traceback.extract_tb(err.__traceback__)
+        where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+        return cls(type(err).__name__, where, str(err))
+
+    def same_as(self, other: PassFailure | None) -> bool:
+        return other is not None and (self.kind, self.where) == (other.kind, other.where)
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.message}" if self.message else self.kind
 
 
 @dataclass
@@ -52,6 +89,8 @@ class PassStats:
     preempted: int = 0
     finished: int = 0
     passes: int = 0
+    failures: int = 0
+    """Passes whose engine call raised."""
 
 
 class Reconciler:
@@ -72,12 +111,17 @@ class Reconciler:
         self.lock = threading.RLock()
         self._wake = threading.Event()
         self.ledger = store.load_ledger().to_engine()
-        self._explained: dict[str, Any] = {}
+        self._explained: dict[str, tuple[object, ...]] = {}
         self.stats = PassStats()
         self.last_plan: Plan | None = None
-        self.metrics: Any | None = None
-        """`warden.server.metrics.ServerMetrics`, fed as passes go."""
+        self.metrics: ServerMetrics | None = None
+        """Fed as passes go."""
         self._last_pass_at: float | None = None
+        self._last_failure: PassFailure | None = None
+        """How the previous engine call failed (None: it did not)."""
+        self._unattributed: tuple[PassFailure, frozenset[str]] | None = None
+        """A failure no single waiting job caused, and the waiting jobs then: not searched
+        again until they change."""
 
     # -- the loop ---------------------------------------------------------------------------
     def poke(self) -> None:
@@ -143,7 +187,7 @@ class Reconciler:
                         job = self.store.get(job.id) or job
         self.poke()
 
-    def _recover_without_attempt(self, job: Any, now: float) -> None:
+    def _recover_without_attempt(self, job: StoredJob, now: float) -> None:
         """A job holding resources without a live attempt: its attempt ended (or was never
         written) but the job's own transition was lost. Finish it from the attempt's record."""
         last = self.store.attempt(job.id, job.attempt) if job.attempt else None
@@ -167,7 +211,9 @@ class Reconciler:
                               actor="warden", now=now, exit_code=next((c for c in codes if c != 0), 0))
 
     # -- one pass ---------------------------------------------------------------------------
-    def reconcile(self) -> Plan:
+    def reconcile(self) -> Plan | None:
+        """One pass; None when the engine failed on it (counted and logged; the exits were
+        still collected, and the next pass retries)."""
         with self.lock:
             t0 = time.perf_counter()
             now = self.clock()
@@ -175,24 +221,117 @@ class Reconciler:
             active = self.store.active()
             snapshot = self._snapshot(active, now)
             self._account(snapshot, now)
-            plan = self.engine.plan(snapshot, now)
-            by_id = {a.job.job_id: a for a in active}
-            for p in plan.preemptions:
-                victim = by_id[p.job_id]
-                assert victim.attempt is not None
-                self._preempt(victim.job, victim.attempt, p.grace, p.for_job, p.kind, p.lost_work, now)
-            for a in plan.admissions:
-                self._admit(by_id[a.job_id].job, a.placement, a.flavor, a.borrowing, now)
-            self._explain(plan)
+            plan = self._plan(snapshot, now)
+            if plan is not None:
+                by_id = {a.job.job_id: a for a in active}
+                for p in plan.preemptions:
+                    victim = by_id[p.job_id]
+                    assert victim.attempt is not None
+                    self._preempt(victim.job, victim.attempt, p.grace, p.for_job, p.kind, p.lost_work, now)
+                for a in plan.admissions:
+                    self._admit(by_id[a.job_id].job, a.placement, a.flavor, a.borrowing, now)
+                self._claims(plan, by_id, now)
+                self._explain(plan)
+                self.last_plan = plan
             self.store.save_ledger(self.ledger.at, dict(self.ledger.usage))
-            self.last_plan = plan
             s = self.stats
             s.at, s.duration_s, s.passes = now, time.perf_counter() - t0, s.passes + 1
-            s.admitted += len(plan.admissions)
-            s.preempted += len(plan.preemptions)
+            if plan is not None:
+                s.admitted += len(plan.admissions)
+                s.preempted += len(plan.preemptions)
             if self.metrics is not None:
                 self.metrics.pass_took(s.duration_s)
             return plan
+
+    # -- a pass that fails ------------------------------------------------------------------
+    def _plan(self, snapshot: Snapshot, now: float) -> Plan | None:
+        """The engine's plan, or None when it raised. A failure like the previous pass's holds
+        the waiting job that causes it, and the pass is tried once more without that job; a
+        pass therefore holds at most one job, and costs a bounded number of trial passes."""
+        try:
+            plan = self.engine.plan(snapshot, now)
+        except Exception as err:
+            failure = self._failed(err, snapshot)
+            repeated = failure.same_as(self._last_failure)
+            self._last_failure = failure
+            if not repeated:
+                return None
+            waiting = frozenset(j.id for j in snapshot.jobs if j.state.waiting)
+            if self._unattributed is not None and failure.same_as(self._unattributed[0]) \
+                    and self._unattributed[1] == waiting:
+                return None
+            culprit = self._culprit(snapshot, now, failure)
+            if culprit is None:
+                self._unattributed = (failure, waiting)
+                log.error("no single waiting job makes the scheduling pass fail with %s: nobody is held, "
+                          "and the pass is retried", failure)
+                return None
+            self._hold(culprit, failure, now)
+            rest = replace(snapshot, jobs=tuple(j for j in snapshot.jobs if j.id != culprit.id))
+            try:
+                plan = self.engine.plan(rest, now)
+            except Exception as again:
+                self._last_failure = self._failed(again, rest)
+                return None
+        self._last_failure = self._unattributed = None
+        return plan
+
+    def _failed(self, err: Exception, snapshot: Snapshot) -> PassFailure:
+        """Count and log a failed engine call (its traceback when it differs from the previous
+        one's); start the next pass from a fresh engine, since what it keeps between passes may
+        have been left half updated."""
+        self.engine = Engine()
+        failure = PassFailure.of(err)
+        self.stats.failures += 1
+        if self.metrics is not None:
+            self.metrics.pass_failed()
+        waiting = [j.id for j in snapshot.jobs if j.state.waiting]
+        log.error("scheduling pass failed with %s; it was scheduling %d waiting job(s): %s",
+                  failure, len(waiting), _ids(waiting),
+                  exc_info=None if failure.same_as(self._last_failure) else err)
+        return failure
+
+    def _culprit(self, snapshot: Snapshot, now: float, failure: PassFailure) -> Job | None:
+        """The waiting job without which the pass does not fail `failure`'s way, found by
+        halving: at most 2·log2(waiting) + 2 trial passes, each on a fresh engine. None when
+        the pass fails without any waiting job (it is not theirs to fix) or only with several
+        of them together."""
+        fixed = tuple(j for j in snapshot.jobs if not j.state.waiting)
+        suspects: Sequence[Job] = [j for j in snapshot.jobs if j.state.waiting]
+
+        def fails(jobs: Sequence[Job]) -> bool:
+            try:
+                Engine().plan(replace(snapshot, jobs=fixed + tuple(jobs)), now)
+            except Exception as err:
+                return PassFailure.of(err).same_as(failure)
+            return False
+
+        if not suspects or fails(()) or not fails(suspects):
+            return None
+        while len(suspects) > 1:
+            half = len(suspects) // 2
+            if fails(suspects[:half]):
+                suspects = suspects[:half]
+            elif fails(suspects[half:]):
+                suspects = suspects[half:]
+            else:
+                return None
+        return suspects[0]
+
+    def _hold(self, job: Job, failure: PassFailure, now: float) -> None:
+        """Quarantine a job: it stays in its waiting state, out of every snapshot, with the
+        reason as its event and its explanation, until an admin releases it."""
+        reason = f"quarantined: scheduling passes failed with {failure} while this job waited"
+        message = (f"Held: {reason}. An admin may release it (warden release {job.id}) once the cause "
+                   "is fixed, or it can be cancelled.")
+        explanation = {"reason": {"code": HELD, "message": message,
+                                  "details": {"by": "warden", "error": str(failure), "where": failure.where}},
+                       "sort_key": None, "position": None}
+        held = self.store.transition(int(job.id), job.state, reason=reason, actor="warden", now=now,
+                                     expect_state={job.state}, held_reason=reason, explanation=explanation)
+        self._explained.pop(job.id, None)
+        if held:
+            log.error("job %s held: %s", job.id, reason)
 
     def _account(self, snapshot: Snapshot, now: float) -> None:
         """GPU-seconds held per queue since the previous pass (held throughout it, as every
@@ -207,7 +346,8 @@ class Reconciler:
         self.metrics.held(now - last, held, sum(n.gpus for n in self.nodes))
 
     def _snapshot(self, active: tuple[ActiveJob, ...], now: float) -> Snapshot:
-        engine_jobs = tuple(a.to_engine() for a in active)
+        """The engine's input: every unfinished job but the held ones."""
+        engine_jobs = tuple(a.to_engine() for a in active if a.job.held_reason is None or not a.job.state.waiting)
         capacity = cluster_capacity(self.nodes)
         self.ledger = accrue(self.ledger, (j for j in engine_jobs if j.state.holds_resources),
                              capacity, self.policy, now)
@@ -227,7 +367,9 @@ class Reconciler:
         clean = all(c == 0 for c in codes)
         first_bad = next((c for c in codes if c != 0), None)
         if attempt.sigterm_at is not None:
-            lost = lost_work(attempt, job.gpus * job.replicas)
+            lost = measured_lost_work(job.gpus * job.replicas, attempt.sigterm_at, attempt.started_at,
+                                      assumed_startup(self.policy, attempt.startup_s),
+                                      attempt.last_checkpoint_at, ex.ended_at)
             self.store.update_attempt(job.id, ex.attempt, lost_work_gpu_s=lost)
             if self.metrics is not None and not job.cancel_requested:
                 self.metrics.lost_work(job.queue, lost)
@@ -257,8 +399,8 @@ class Reconciler:
                                   now=now, exit_code=code)
 
     # -- preempt ----------------------------------------------------------------------------
-    def _preempt(self, job: Any, attempt: Any, grace: float, for_job: str, kind: str, lost: float,
-                 now: float) -> None:
+    def _preempt(self, job: StoredJob, attempt: StoredAttempt, grace: float, for_job: str, kind: str,
+                 lost: float, now: float) -> None:
         kill_at = self.executor.terminate(str(job.id), attempt.number, grace)
         self.store.update_attempt(job.id, attempt.number, state="terminating", sigterm_at=now, kill_at=kill_at,
                                   preempted_for=for_job)
@@ -268,7 +410,7 @@ class Reconciler:
         if self.metrics is not None:
             self.metrics.preemption(job.queue, job.tier, kind)
 
-    def cancel(self, job: Any, actor: str) -> None:
+    def cancel(self, job: StoredJob, actor: str) -> None:
         """Cancel through the same path as a preemption: SIGTERM, grace, SIGKILL, then CANCELLED."""
         with self.lock:
             now = self.clock()
@@ -277,27 +419,27 @@ class Reconciler:
                 return
             if state in WAITING:
                 self.store.transition(job.id, JobState.CANCELLED, reason="cancelled", actor=actor, now=now,
-                                      expect_state={state}, cancel_requested=True)
+                                      expect_state={state}, cancel_requested=True, held_reason=None)
                 return
             self.store.update(job.id, cancel_requested=True)
             attempt = self.store.attempt(job.id, job.attempt)
             if attempt is not None and attempt.ended_at is None and attempt.sigterm_at is None:
-                grace = job.grace_s if job.grace_s is not None else self.policy.tier(job.tier).grace
+                grace = effective_grace(self.policy, job.tier, job.grace_s)
                 kill_at = self.executor.terminate(str(job.id), attempt.number, grace)
                 self.store.update_attempt(job.id, attempt.number, state="terminating", sigterm_at=now,
                                           kill_at=kill_at)
         self.poke()
 
     # -- admit ------------------------------------------------------------------------------
-    def _admit(self, job: Any, placement: tuple[ReplicaPlacement, ...], flavor: str, borrowing: bool,
+    def _admit(self, job: StoredJob, placement: tuple[ReplicaPlacement, ...], flavor: str, borrowing: bool,
                now: float) -> None:
         number = job.attempt + 1
         attempt_dir = self.state_dir / "jobs" / str(job.id) / f"attempt-{number}"
-        waited = job.waited_s + max(0.0, now - (job.pending_since if job.pending_since is not None else job.submit_at))
+        waited = wait_time(job.waited_s, job.pending_since, job.submit_at, now)
         if not self.store.transition(job.id, JobState.ADMITTED, reason=_placed(placement, borrowing),
                                      actor="warden", now=now, expect_state={JobState.PENDING,
                                                                             JobState.REQUEUED},
-                                     attempt=number, waited_s=waited, pending_since=None):
+                                     attempt=number, waited_s=waited, pending_since=None, claim=False):
             return  # cancelled meanwhile
         # The attempt row holds the GPUs in the database before any process exists.
         self.store.start_attempt(job.id, number, started_at=now, assignment=placement, flavor=flavor,
@@ -308,7 +450,7 @@ class Reconciler:
         spec = LaunchSpec(
             job_id=str(job.id), attempt=number, command=tuple(job.command),
             replicas=_replicas(placement),
-            grace_s=job.grace_s if job.grace_s is not None else self.policy.tier(job.tier).grace,
+            grace_s=effective_grace(self.policy, job.tier, job.grace_s),
             workdir=Path(job.workdir), log_dir=attempt_dir,
             checkpoint_dir=self.state_dir / "jobs" / str(job.id) / "checkpoints",
             env={**(job.env or {}), **(self.report_env(str(job.id), number) if self.report_env else {})})
@@ -323,11 +465,33 @@ class Reconciler:
         self.store.transition(job.id, JobState.STARTING, reason="processes started", actor="warden", now=now)
         self.store.transition(job.id, JobState.RUNNING, reason="running", actor="warden", now=now)
 
+    # -- claims -----------------------------------------------------------------------------
+    def _claims(self, plan: Plan, by_id: dict[str, ActiveJob], now: float) -> None:
+        """Exactly the waiting jobs the plan names hold a claim into the next pass: what their
+        victims free is theirs (an admission ends a claim with it, in `_admit`)."""
+        released = set(plan.released_claims)
+        admitted = {a.job_id for a in plan.admissions}
+        for job_id, active in by_id.items():
+            job = active.job
+            if job.state not in WAITING or job_id in admitted:
+                continue
+            want = job_id in plan.claims
+            if job.claim == want:
+                continue
+            if want:
+                reason = "claims the capacity its victims are freeing"
+            elif job_id in released:
+                reason = "claim released: its victims' capacity is no longer needed"
+            else:
+                reason = "claim ended"
+            self.store.transition(job.id, job.state, reason=reason, actor="warden", now=now,
+                                  expect_state={job.state}, claim=want)
+
     # -- explain ----------------------------------------------------------------------------
     def _explain(self, plan: Plan) -> None:
         """Store the explanations that changed. A job's wait grows every pass, so it is left
         out of the comparison (the API adds the current wait when it shows the sort key)."""
-        changed = {}
+        changed: dict[int | str, dict[str, object] | None] = {}
         for job_id, e in plan.explanations.items():
             k = e.sort_key
             seen = (e.reason, e.position, k.tier, k.breach, k.fair_rank, k.fair_share)
@@ -337,21 +501,6 @@ class Reconciler:
                                         "position": e.position}
         if changed:
             self.store.set_explanations(changed)
-
-
-def lost_work(attempt: Any, gpus: int) -> float:
-    """GPU-seconds of progress a SIGTERM threw away, from what the attempt reported: none if
-    a checkpoint finished after SIGTERM (the save on SIGTERM), else the progress since the
-    later of the end of startup and the last checkpoint."""
-    sigterm = attempt.sigterm_at
-    if sigterm is None:
-        return 0.0
-    if attempt.last_checkpoint_at is not None and attempt.last_checkpoint_at >= sigterm:
-        return 0.0
-    since = attempt.started_at + (attempt.startup_s or 0.0)
-    if attempt.last_checkpoint_at is not None:
-        since = max(since, attempt.last_checkpoint_at)
-    return gpus * max(0.0, sigterm - since)
 
 
 def _replicas(placement: tuple[ReplicaPlacement, ...]) -> tuple[ReplicaLaunch, ...]:
@@ -365,10 +514,16 @@ def _replicas(placement: tuple[ReplicaPlacement, ...]) -> tuple[ReplicaLaunch, .
     return tuple(out)
 
 
-def _codes(codes: list[int | None]) -> str:
+def _codes(codes: Sequence[int | None]) -> str:
     return ",".join("?" if c is None else str(c) for c in codes) or "?"
 
 
 def _placed(placement: tuple[ReplicaPlacement, ...], borrowing: bool) -> str:
     where = "; ".join(f"{p.node} GPUs {','.join(map(str, p.gpus)) or '-'}" for p in placement)
     return f"admitted on {where}" + (" (borrowing)" if borrowing else "")
+
+
+def _ids(ids: Sequence[str]) -> str:
+    """Job ids for a log line: the first `LOGGED_IDS`, then how many more."""
+    shown = ", ".join(ids[:LOGGED_IDS]) or "none"
+    return shown + (f" and {len(ids) - LOGGED_IDS} more" if len(ids) > LOGGED_IDS else "")

@@ -11,7 +11,7 @@ import secrets
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import yaml
 
@@ -22,8 +22,10 @@ from warden.server.auth import Principal, bearer, forbidden, CHALLENGE
 from warden.server.errors import ApiError
 from warden.server.metrics import ServerMetrics
 from warden.server.reconcile import Reconciler
-from warden.store.repo import Store
+from warden.store.repo import Store, StoredJob
 
+if TYPE_CHECKING:
+    from warden.server.api import ReportRequest, SubmitRequest, TokenRequest
 
 TOKEN_CACHE_S = 1.0
 
@@ -98,7 +100,7 @@ class Service:
         if not who.is_admin:
             raise forbidden(who, what)
 
-    def job(self, job_id: str) -> Any:
+    def job(self, job_id: str) -> StoredJob:
         if not job_id.isdigit():
             raise ApiError(404, "id", job_id, "no such job")
         job = self.store.get(int(job_id))
@@ -107,7 +109,7 @@ class Service:
         return job
 
     # -- submit -----------------------------------------------------------------------------
-    def submit(self, req: Any, who: Principal) -> Any:
+    def submit(self, req: SubmitRequest, who: Principal) -> Submitted:
         policy = self.policy
         leaves = [q.name for q in policy.leaves()]
         if req.queue not in leaves:
@@ -136,7 +138,7 @@ class Service:
         self.reconciler.poke()
         return Submitted(job_id, state)
 
-    def _check_shape(self, req: Any) -> None:
+    def _check_shape(self, req: SubmitRequest) -> None:
         """A job the cluster could never hold is refused now, not left pending forever."""
         nodes = [n for n in self.nodes if req.flavor is None or n.flavor == req.flavor]
         if req.flavor is not None and not nodes:
@@ -149,8 +151,8 @@ class Service:
         if req.gpus > max((n.gpus for n in nodes), default=0):
             raise ApiError(422, "gpus", req.gpus, "more GPUs per replica than any node has")
 
-    # -- cancel, approve --------------------------------------------------------------------
-    def cancel(self, job_id: str, who: Principal) -> Any:
+    # -- cancel, approve, release -----------------------------------------------------------
+    def cancel(self, job_id: str, who: Principal) -> StoredJob:
         job = self.job(job_id)
         if job.user != who.user and not who.is_admin:
             raise forbidden(who, f"cancel job {job_id} of user {job.user!r}")
@@ -158,9 +160,9 @@ class Service:
             raise ApiError(409, "id", job_id, f"the job already ended ({job.state.value})")
         self.reconciler.cancel(job, who.user)
         self.store.audit(who.user, "cancel", f"job/{job_id}", {"state": job.state.value}, self.now())
-        return self.store.get(job.id)
+        return self._reread(job)
 
-    def approve(self, job_id: str, who: Principal) -> Any:
+    def approve(self, job_id: str, who: Principal) -> StoredJob:
         self.require_admin(who, f"approve job {job_id}")
         job = self.job(job_id)
         if job.state is not JobState.AWAITING_APPROVAL:
@@ -172,7 +174,27 @@ class Service:
             raise ApiError(409, "id", job_id, "the job changed state meanwhile")
         self.store.audit(who.user, "approve", f"job/{job_id}", {"tier": job.tier, "queue": job.queue}, now)
         self.reconciler.poke()
-        return self.store.get(job.id)
+        return self._reread(job)
+
+    def release(self, job_id: str, who: Principal) -> StoredJob:
+        """Let a held job be scheduled again (Slurm's `scontrol release`), e.g. once the cause
+        of the failing passes it was quarantined for is fixed. Should they fail again because
+        of it, it is held again."""
+        self.require_admin(who, f"release job {job_id}")
+        job = self.job(job_id)
+        if job.held_reason is None or not job.state.waiting:
+            raise ApiError(409, "id", job_id, f"the job is not held ({job.state.value})")
+        now = self.now()
+        if not self.store.transition(job.id, job.state, reason=f"released by {who.user}", actor=who.user, now=now,
+                                     expect_state={job.state}, held_reason=None, explanation=None):
+            raise ApiError(409, "id", job_id, "the job changed state meanwhile")
+        self.store.audit(who.user, "release", f"job/{job_id}", {"held_reason": job.held_reason}, now)
+        self.reconciler.poke()
+        return self._reread(job)
+
+    def _reread(self, job: StoredJob) -> StoredJob:
+        """The job as it is now (as it was, should it have been purged meanwhile)."""
+        return self.store.get(job.id) or job
 
     # -- logs -------------------------------------------------------------------------------
     def logs(self, job_id: str, attempt: int | None, rank: int, offset: int) -> dict[str, Any]:
@@ -204,7 +226,7 @@ class Service:
     def report_env(self, job_id: str, attempt: int) -> dict[str, str]:
         return {"WARDEN_URL": self.url, "WARDEN_REPORT_TOKEN": self.report_token(job_id, attempt)} if self.url else {}
 
-    def report(self, job_id: str, header: str | None, req: Any) -> dict[str, Any]:
+    def report(self, job_id: str, header: str | None, req: ReportRequest) -> dict[str, Any]:
         """Startup, progress and checkpoint reports: what the engine's victim cost (the last
         checkpoint, the measured SIGTERM save) and efficiency (startup and checkpoint time)
         are computed from."""
@@ -258,7 +280,7 @@ class Service:
         self.reconciler.set_policy(policy)
         return version
 
-    def create_token(self, req: Any, who: Principal) -> str:
+    def create_token(self, req: TokenRequest, who: Principal) -> str:
         self.require_admin(who, "create tokens")
         leaves = {q.name for q in self.policy.leaves()}
         unknown = [q for q in req.queues if q != "*" and q not in leaves]

@@ -1,26 +1,27 @@
-"""The JSON the API returns, with DESIGN's names (`id`, `state`, `tier`, `queue`, `reason`, …)."""
+"""The JSON the API returns, with DESIGN's names (`id`, `state`, `tier`, `queue`, `reason`, …).
+
+Every derived number (a wait, a grace, the work a preemption would lose, owed and delivered
+GPU-hours) comes from `warden.engine.accounting`, so the API shows what the engine and the
+simulator compute.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import math
+from typing import Any, Iterable, Sequence
 
-from warden.engine.model import JobState, Node
+from warden.engine import accounting
+from warden.engine.model import Node, UsageLedger
 from warden.engine.policy import Policy
-from warden.engine.model import UsageLedger
-from warden.sim.metrics import owed_gpu_seconds
-from warden.sim.presets import policy_entitlement
-from warden.sim.records import AttemptRecord, JobRecord, SimRun
+from warden.store.repo import EventRecord, Store, StoredAttempt, StoredJob
 
 
-def wait_s(job: Any, now: float) -> float:
+def wait_s(job: StoredJob, now: float) -> float:
     """Seconds pending over all attempts, up to now for a job that still waits."""
-    if job.state.waiting:
-        since = job.pending_since if job.pending_since is not None else job.submit_at
-        return job.waited_s + max(0.0, now - since)
-    return job.waited_s
+    return accounting.wait_time(job.waited_s, job.pending_since, job.submit_at, now, job.state.waiting)
 
 
-def job_summary(job: Any, now: float) -> dict[str, Any]:
+def job_summary(job: StoredJob, now: float) -> dict[str, Any]:
     e = job.explanation or {}
     reason = e.get("reason") if job.state.waiting else None
     return {
@@ -28,19 +29,20 @@ def job_summary(job: Any, now: float) -> dict[str, Any]:
         "state": job.state.value, "replicas": job.replicas, "gpus": job.gpus * job.replicas,
         "gpus_per_replica": job.gpus, "submit_at": job.submit_at, "wait_s": round(wait_s(job, now), 3),
         "position": e.get("position") if reason else None, "reason": reason, "attempt": job.attempt,
-        "exit_code": job.exit_code, "finished_at": job.finished_at,
+        "exit_code": job.exit_code, "finished_at": job.finished_at, "held_reason": job.held_reason,
+        "claim": job.claim,
     }
 
 
-def job_detail(job: Any, events: Iterable[Any], attempts: Iterable[Any], now: float,
+def job_detail(job: StoredJob, events: Iterable[EventRecord], attempts: Sequence[StoredAttempt], now: float,
                policy: Policy) -> dict[str, Any]:
     out = job_summary(job, now)
     e = job.explanation or {}
     out.update({
         "command": list(job.command), "workdir": job.workdir, "placement": job.placement,
         "flavor": job.flavor, "cpu": job.cpu, "memory": job.memory,
-        "lease_s": job.lease_s if job.lease_s is not None else policy.tier(job.tier).lease,
-        "grace_s": job.grace_s if job.grace_s is not None else policy.tier(job.tier).grace,
+        "lease_s": accounting.effective_lease(policy, job.tier, job.lease_s),
+        "grace_s": accounting.effective_grace(policy, job.tier, job.grace_s),
         "time_limit_s": job.expected_duration_s, "approved_by": job.approved_by,
         "sort_key": ({**e["sort_key"], "waited_s": round(wait_s(job, now), 3)}
                      if job.state.waiting and e.get("sort_key") else None),
@@ -48,28 +50,29 @@ def job_detail(job: Any, events: Iterable[Any], attempts: Iterable[Any], now: fl
                     "actor": ev.actor} for ev in events],
         "attempts": [attempt_view(a) for a in attempts],
     })
-    out["warnings"] = warnings(job, attempts, now, out["grace_s"])
+    out["warnings"] = warnings(job, attempts, now, policy)
     return out
 
 
-def warnings(job: Any, attempts: Iterable[Any], now: float, grace: float) -> list[str]:
+def warnings(job: StoredJob, attempts: Iterable[StoredAttempt], now: float, policy: Policy) -> list[str]:
     """What a person should know before this job is preempted: a measured save that does
-    not fit the grace means a preemption loses the work since the last checkpoint."""
+    not fit the grace means a preemption loses the work since the last checkpoint (the lost
+    work the engine prices the job's preemption with)."""
     live = [a for a in attempts if a.ended_at is None and a.number == job.attempt]
     if not live:
         return []
     a = live[0]
-    if a.sigterm_save_s is None or a.sigterm_save_s <= grace:
+    grace = accounting.effective_grace(policy, job.tier, job.grace_s)
+    if a.sigterm_save_s is None or accounting.save_fits_grace(a.sigterm_save_s, grace):
         return []
-    since = a.started_at + (a.startup_s or 0.0)
-    if a.last_checkpoint_at is not None:
-        since = max(since, a.last_checkpoint_at)
-    lost_min = job.gpus * job.replicas * max(0.0, now - since) / 60
+    lost = accounting.predicted_lost_work(job.gpus * job.replicas, now, a.started_at,
+                                          accounting.assumed_startup(policy, a.startup_s),
+                                          a.last_checkpoint_at, a.sigterm_save_s, grace)
     return [f"its measured checkpoint save takes {a.sigterm_save_s:.0f} s, longer than its grace of "
-            f"{grace:.0f} s: a preemption now would lose {lost_min:.1f} GPU-minutes"]
+            f"{grace:.0f} s: a preemption now would lose {lost / 60:.1f} GPU-minutes"]
 
 
-def attempt_view(a: Any) -> dict[str, Any]:
+def attempt_view(a: StoredAttempt) -> dict[str, Any]:
     return {"number": a.number, "state": a.state, "started_at": a.started_at, "ended_at": a.ended_at,
             "placement": [{"node": p.node, "gpus": list(p.gpus)} for p in a.assignment], "borrowing": a.borrowing, "exit_codes": a.exit_codes,
             "sigterm_at": a.sigterm_at, "kill_at": a.kill_at, "reason": a.reason,
@@ -79,7 +82,7 @@ def attempt_view(a: Any) -> dict[str, Any]:
             "progress_at": a.progress_at, "checkpoints": a.checkpoints, "lost_work_gpu_s": a.lost_work_gpu_s}
 
 
-def node_views(nodes: Iterable[Node], attempts: Iterable[Any]) -> list[dict[str, Any]]:
+def node_views(nodes: Iterable[Node], attempts: Iterable[StoredAttempt]) -> list[dict[str, Any]]:
     used: dict[str, list[int]] = {}
     on: dict[str, list[str]] = {}
     for a in attempts:
@@ -92,7 +95,7 @@ def node_views(nodes: Iterable[Node], attempts: Iterable[Any]) -> list[dict[str,
              "jobs": sorted(set(on.get(n.name, [])), key=int)} for n in nodes]
 
 
-def queue_views(policy: Policy, store: Any, ledger: UsageLedger, nodes: tuple[Node, ...],
+def queue_views(policy: Policy, store: Store, ledger: UsageLedger, nodes: tuple[Node, ...],
                 now: float) -> list[dict[str, Any]]:
     """Every queue of the tree with its quota, what its jobs hold now, its fair-share usage,
     and owed vs delivered GPU-hours since the first submission (DESIGN §7)."""
@@ -123,25 +126,26 @@ def queue_views(policy: Policy, store: Any, ledger: UsageLedger, nodes: tuple[No
     return rows
 
 
-def _owed_delivered(policy: Policy, store: Any, nodes: tuple[Node, ...], now: float
+def _owed_delivered(policy: Policy, store: Store, nodes: tuple[Node, ...], now: float
                     ) -> tuple[dict[str, float], dict[str, float]]:
-    """The simulator's owed/delivered accounting over the server's own history."""
+    """Owed and delivered GPU-seconds per leaf queue over the server's whole history, from the
+    first submission to now: the accounting the simulator reports."""
     jobs = store.list()
     if not jobs:
         return {}, {}
-    by_job: dict[int, list[AttemptRecord]] = {}
-    for a in store.all_attempts():
-        end = a.ended_at if a.ended_at is not None else now
-        gpus = sum(len(p.gpus) for p in a.assignment)
-        by_job.setdefault(a.job_id, []).append(AttemptRecord(
-            a.number, a.started_at, end, gpus, 0.0, 0.0, 0.0, 0.0, end - a.started_at))
-    records = tuple(JobRecord(str(j.id), j.queue, j.tier, j.user, j.submit_at, j.gpus * j.replicas, 0.0,
-                              j.finished_at, 0.0, tuple(by_job.get(j.id, ()))) for j in jobs)
+    queues = sorted({j.queue for j in jobs})
+    index = {q: i for i, q in enumerate(queues)}
     start = min(j.submit_at for j in jobs)
-    run = SimRun(policy="server", trace="server", seed=0, gpus=sum(n.gpus for n in nodes), jobs=records,
-                 started_at=start, ended_at=max(now, start), entitlement=policy_entitlement(policy))
-    owed = owed_gpu_seconds(run)
+    owed = accounting.owed_gpu_seconds(
+        queues, [index[j.queue] for j in jobs], [j.gpus * j.replicas for j in jobs], [j.submit_at for j in jobs],
+        [math.nan if j.finished_at is None else j.finished_at for j in jobs],
+        accounting.policy_entitlement(policy), sum(n.gpus for n in nodes), start, max(now, start))
+    queue_of = {j.id: j.queue for j in jobs}
     delivered: dict[str, float] = {}
-    for r in records:
-        delivered[r.queue] = delivered.get(r.queue, 0.0) + sum(a.gpus * (a.ended_at - a.admitted_at) for a in r.attempts)
+    for a in store.all_attempts():
+        q = queue_of.get(a.job_id)
+        if q is not None:
+            held = accounting.held_gpu_seconds(float(sum(len(p.gpus) for p in a.assignment)), a.started_at,
+                                               a.ended_at if a.ended_at is not None else now)
+            delivered[q] = delivered.get(q, 0.0) + held
     return owed, delivered

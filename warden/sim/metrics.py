@@ -8,7 +8,7 @@ per-bin series the report plots; `format_table` renders summaries for a terminal
 Definitions (times in seconds, GPU amounts in whole GPUs, `makespan = ended_at - started_at`):
 
 - *admitted GPU-seconds* of an attempt: `gpus * (ended_at - admitted_at)`; it splits exactly into
-  startup, checkpoint, useful, lost and idle time (see `AttemptRecord`).
+  startup, checkpoint, useful, lost and idle time (see `SimAttempt`).
 - *utilization*: Σ admitted GPU-seconds / (`run.gpus` * makespan). An engine that never
   over-commits keeps it ≤ 1; it is not clipped, so a value above 1 exposes an engine bug.
 - *goodput*: Σ useful GPU-seconds / Σ admitted GPU-seconds (None when nothing was admitted).
@@ -16,7 +16,7 @@ Definitions (times in seconds, GPU amounts in whole GPUs, `makespan = ended_at -
   preemptions plus time held without progress (stranded gang members).
 - *lost work per preemption*: the same sum over preempted attempts only, divided by the number
   of preemptions, in GPU-seconds (None without preemptions).
-- *wait*: `JobRecord.wait_s` (pending or requeued, over all attempts), over all jobs, finished
+- *wait*: `SimJob.wait_s` (pending or requeued, over all attempts), over all jobs, finished
   or not. *JCT*: `finished_at - submit` over finished jobs.
 - *percentiles*: `numpy.percentile` with its default linear interpolation (p95 of
   [0, 10, 20, 30, 40] is 38).
@@ -40,6 +40,7 @@ Definitions (times in seconds, GPU amounts in whole GPUs, `makespan = ended_at -
   finished counts until `ended_at`). The demand is piecewise constant between submits and
   finishes, so the integral is exact. Owed GPU-hours never exceed `gpus * makespan / 3600` in
   total, nor a queue's own demand integral; delivered may exceed owed (borrowed idle capacity).
+  Both are computed by `warden.engine.accounting`, as the server's `/v1/queues` computes them.
 """
 
 from __future__ import annotations
@@ -54,11 +55,11 @@ import numpy as np
 from numpy.typing import NDArray
 from rich.table import Table
 
-from warden.sim.records import AttemptRecord, SimRun
+from warden.engine import accounting
+from warden.engine.accounting import waterfill  # noqa: F401  (re-exported: its tests import it from here)
+from warden.sim.records import SimAttempt, SimRun
 
 HOUR = 3600.0
-_ROW_CHUNK_CELLS = 2_000_000
-"""Bound on intervals × queues handled at once by the owed computation (memory, not speed)."""
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.intp]
@@ -94,8 +95,8 @@ class _Flat:
 
     @property
     def held(self) -> FloatArray:
-        """Admitted GPU-seconds of each attempt."""
-        return self.gpus * (self.ended - self.admitted)
+        """Admitted (delivered) GPU-seconds of each attempt."""
+        return accounting.held_gpu_seconds(self.gpus, self.admitted, self.ended)
 
     @property
     def wasted(self) -> FloatArray:
@@ -120,7 +121,7 @@ def _flatten(run: SimRun) -> _Flat:
     n = len(jobs)
     queues = sorted({j.queue for j in jobs}, key=natural_key)
     index = {q: i for i, q in enumerate(queues)}
-    attempts: list[AttemptRecord] = [a for j in jobs for a in j.attempts]
+    attempts: list[SimAttempt] = [a for j in jobs for a in j.attempts]
     counts = np.fromiter((len(j.attempts) for j in jobs), dtype=np.intp, count=n)
     jt = _table(_JOB_FIELDS, jobs, 4)
     at = _table(_ATTEMPT_FIELDS, attempts, 9)
@@ -194,93 +195,12 @@ def _frac(x: float | None) -> float | None:
 # ---------------------------------------------------------------------------- owed GPU-hours
 
 
-def queue_weights(run: SimRun, queues: list[str]) -> FloatArray:
-    """The water-filling weight of each queue: its entitlement, or all equal if none has one."""
-    w = np.array([max(float(run.entitlement.get(q, 0.0)), 0.0) for q in queues], dtype=np.float64)
-    if w.size and not (w > 0).any():
-        w[:] = 1.0
-    return w
-
-
-def waterfill(demand: FloatArray, weights: FloatArray, capacity: float) -> FloatArray:
-    """Weighted max-min fair allocation of `capacity` for each row of `demand` (rows × queues).
-
-    Every weight must be positive. Rows whose total demand fits get their demand. Otherwise the
-    level λ solves Σ min(d_q, λ w_q) = capacity: sorting queues by d_q / w_q, the sum at the
-    k-th ratio is (demand of the queues before k) + ratio_k × (weight of queues from k on); the
-    first k where that reaches capacity brackets λ, which is then solved for exactly.
-    """
-    alloc = demand.copy()
-    over = demand.sum(axis=1) > capacity
-    if not over.any():
-        return alloc
-    d = demand[over]
-    ratio = d / weights
-    order = np.argsort(ratio, axis=1, kind="stable")
-    r = np.take_along_axis(ratio, order, axis=1)
-    ds = np.take_along_axis(d, order, axis=1)
-    ws = weights[order]
-    before = np.cumsum(ds, axis=1) - ds
-    from_here = np.cumsum(ws[:, ::-1], axis=1)[:, ::-1]
-    reached = before + r * from_here >= capacity
-    k = np.argmax(reached, axis=1)
-    rows = np.arange(d.shape[0])
-    level = (capacity - before[rows, k]) / from_here[rows, k]
-    alloc[over] = np.minimum(d, level[:, None] * weights)
-    return alloc
-
-
 def owed_gpu_seconds(run: SimRun, flat: _Flat | None = None) -> dict[str, float]:
-    """∫ owed_q(t) dt per queue, in GPU-seconds (see the module docstring for the definition)."""
+    """∫ owed_q(t) dt per queue, in GPU-seconds: `warden.engine.accounting.owed_gpu_seconds`
+    over the run's jobs, the definition the server's owed hours use too."""
     f = _flatten(run) if flat is None else flat
-    owed = {q: 0.0 for q in f.queues}
-    if not f.queues or run.gpus <= 0 or run.ended_at <= run.started_at:
-        return owed
-    weights = queue_weights(run, f.queues)
-    cols = np.flatnonzero(weights > 0)  # weight-0 queues are owed nothing: leave them out
-    col_of = np.full(len(f.queues), -1, dtype=np.intp)
-    col_of[cols] = np.arange(cols.size)
-    keep = col_of[f.job_queue] >= 0
-    start, end = run.started_at, run.ended_at
-    on = np.clip(f.submit[keep], start, end)
-    off = np.clip(np.where(np.isnan(f.finished[keep]), end, f.finished[keep]), start, end)
-    edges = np.unique(np.concatenate(([start, end], on, off)))
-    dt = np.diff(edges)
-    # +gpus on the interval that starts at submit, -gpus on the one that starts at finish
-    rows = np.concatenate((np.searchsorted(edges, on), np.searchsorted(edges, off)))
-    q = np.concatenate((col_of[f.job_queue[keep]],) * 2)
-    g = np.concatenate((f.num_gpus[keep], -f.num_gpus[keep]))
-    totals = _integrate_waterfill(rows, q, g, dt, weights[cols], float(run.gpus))
-    for c, total in zip(cols, totals):
-        owed[f.queues[c]] = float(total)
-    return owed
-
-
-def _integrate_waterfill(rows: IntArray, q: IntArray, g: FloatArray, dt: FloatArray,
-                         weights: FloatArray, capacity: float) -> FloatArray:
-    """Σ over intervals of waterfill(demand) × length, with demand built from per-row deltas.
-
-    Intervals are processed in chunks (carrying the demand across) so memory stays bounded by
-    `_ROW_CHUNK_CELLS` whatever the number of queues.
-    """
-    nq = weights.size
-    n_rows = dt.size
-    order = np.argsort(rows, kind="stable")
-    rows, q, g = rows[order], q[order], g[order]
-    chunk = max(1, _ROW_CHUNK_CELLS // max(nq, 1))
-    carry = np.zeros(nq)
-    total = np.zeros(nq)
-    for a in range(0, n_rows, chunk):
-        b = min(a + chunk, n_rows)
-        lo, hi = np.searchsorted(rows, [a, b])
-        cells = (rows[lo:hi] - a) * nq + q[lo:hi]
-        delta = np.bincount(cells, weights=g[lo:hi], minlength=(b - a) * nq).reshape(b - a, nq)
-        delta[0] += carry
-        demand = np.cumsum(delta, axis=0, dtype=np.float64)
-        carry = demand[-1].copy()
-        np.maximum(demand, 0.0, out=demand)
-        total += (waterfill(demand, weights, capacity) * dt[a:b, None]).sum(axis=0)
-    return total
+    return accounting.owed_gpu_seconds(f.queues, f.job_queue, f.num_gpus, f.submit, f.finished,
+                                       run.entitlement, run.gpus, run.started_at, run.ended_at)
 
 
 # ---------------------------------------------------------------------------- summary

@@ -67,7 +67,7 @@ class Trace:
 
 
 @dataclass(frozen=True, slots=True)
-class AttemptRecord:
+class SimAttempt:
     """One run of a job, from the moment it took its GPUs to the moment it gave them back.
 
     GPU time is conserved per attempt:
@@ -93,7 +93,7 @@ class AttemptRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class JobRecord:
+class SimJob:
     """What happened to one trace job."""
 
     job_id: str
@@ -107,7 +107,7 @@ class JobRecord:
     """None: the simulation ended before the job finished."""
     wait_s: float
     """Seconds spent waiting (pending or requeued) over all attempts."""
-    attempts: tuple[AttemptRecord, ...] = ()
+    attempts: tuple[SimAttempt, ...] = ()
 
     @property
     def preemptions(self) -> int:
@@ -127,7 +127,7 @@ class SimRun:
     seed: int
     gpus: int
     """GPUs in the cluster."""
-    jobs: tuple[JobRecord, ...]
+    jobs: tuple[SimJob, ...]
     started_at: float
     """Time of the first arrival."""
     ended_at: float

@@ -73,7 +73,7 @@ class JobNotFound(LookupError):
 
 
 @dataclass(frozen=True, slots=True)
-class JobRecord:
+class StoredJob:
     """A row of `jobs`. `id` is the database key; users see `job_id` (its string form)."""
 
     id: int
@@ -107,12 +107,16 @@ class JobRecord:
     finished_at: float | None
     cancel_requested: bool
     version: int
+    held_reason: str | None = None
+    """Why the job is held out of scheduling while it waits (None: it is not held)."""
+    claim: bool = False
+    """It waits for capacity its victims are freeing, held for it (`Job.claim`)."""
 
     @property
     def job_id(self) -> str:
         return str(self.id)
 
-    def to_engine(self, attempt: AttemptRecord | None = None) -> Job:
+    def to_engine(self, attempt: StoredAttempt | None = None) -> Job:
         """The engine's view of this job; `attempt` only counts while it is live (not exited)."""
         live = attempt if attempt is not None and attempt.state in LIVE_ATTEMPT_STATES else None
         return Job(
@@ -121,12 +125,13 @@ class JobRecord:
             placement=cast(Any, self.placement), user=self.user, lease=self.lease_s, grace=self.grace_s,
             expected_duration=self.expected_duration_s, waited=self.waited_s,
             pending_since=self.pending_since, not_before=self.not_before,
-            preempted_at=self.preempted_at, attempt=None if live is None else live.to_engine(),
+            preempted_at=self.preempted_at, claim=self.claim and self.state.waiting,
+            attempt=None if live is None else live.to_engine(),
         )
 
 
 @dataclass(frozen=True, slots=True)
-class AttemptRecord:
+class StoredAttempt:
     """A row of `attempts`: one run of a job, with what executors and the SDK reported."""
 
     job_id: int
@@ -166,8 +171,8 @@ class AttemptRecord:
 class ActiveJob(NamedTuple):
     """A job not in a terminal state, with its live attempt (None while it holds no run)."""
 
-    job: JobRecord
-    attempt: AttemptRecord | None
+    job: StoredJob
+    attempt: StoredAttempt | None
 
     def to_engine(self) -> Job:
         return self.job.to_engine(self.attempt)
@@ -407,7 +412,7 @@ class Store:
                 ids.append(job_id)
         return ids
 
-    def get(self, job_id: int | str) -> JobRecord | None:
+    def get(self, job_id: int | str) -> StoredJob | None:
         key = _job_key(job_id)
         if key is None:
             return None
@@ -421,7 +426,7 @@ class Store:
         state: JobState | str | Iterable[JobState | str] | None = None,
         user: str | None = None,
         limit: int | None = None,
-    ) -> tuple[JobRecord, ...]:
+    ) -> tuple[StoredJob, ...]:
         """Jobs matching every filter given, oldest (lowest id) first."""
         query = select(JOBS).order_by(JOBS.c.id)
         if queue is not None:
@@ -556,7 +561,7 @@ class Store:
         *,
         startup_s: float | None = None,
         sigterm_save_s: float | None = None,
-    ) -> AttemptRecord:
+    ) -> StoredAttempt:
         """Record a new running attempt and make it the job's current one (`jobs.attempt`).
 
         The job's state is the caller's to move (`transition`); the two are separate so an
@@ -618,7 +623,7 @@ class Store:
         with self._write() as conn:
             return _update_attempt(conn, key, number, values)
 
-    def attempt(self, job_id: int | str, number: int) -> AttemptRecord | None:
+    def attempt(self, job_id: int | str, number: int) -> StoredAttempt | None:
         key = _job_key(job_id)
         if key is None:
             return None
@@ -626,7 +631,7 @@ class Store:
             row = conn.execute(_attempt_query(key, number)).first()
         return None if row is None else _attempt(row)
 
-    def attempts(self, job_id: int | str) -> tuple[AttemptRecord, ...]:
+    def attempts(self, job_id: int | str) -> tuple[StoredAttempt, ...]:
         """Every attempt of a job, first first."""
         key = _job_key(job_id)
         if key is None:
@@ -635,13 +640,13 @@ class Store:
         with self._read() as conn:
             return tuple(_attempt(row) for row in conn.execute(query))
 
-    def all_attempts(self) -> tuple[AttemptRecord, ...]:
+    def all_attempts(self) -> tuple[StoredAttempt, ...]:
         """Every attempt of every job (the history owed-vs-delivered accounting reads)."""
         query = select(ATTEMPTS).order_by(ATTEMPTS.c.job_id, ATTEMPTS.c.number)
         with self._read() as conn:
             return tuple(_attempt(row) for row in conn.execute(query))
 
-    def running_attempts(self) -> tuple[AttemptRecord, ...]:
+    def running_attempts(self) -> tuple[StoredAttempt, ...]:
         """Attempts still running or terminating: what executors must re-adopt after a restart."""
         query = (select(ATTEMPTS).where(ATTEMPTS.c.state.in_(sorted(LIVE_ATTEMPT_STATES)))
                  .order_by(ATTEMPTS.c.job_id, ATTEMPTS.c.number))
@@ -940,29 +945,30 @@ def _token_values(token: str, user: str, role: str, queues: Sequence[str]) -> di
     return {"token_hash": hash_token(token), "user": user, "role": role, "queues": _str_list("queues", queues)}
 
 
-def _job(row: Row[Any]) -> JobRecord:
+def _job(row: Row[Any]) -> StoredJob:
     return _job_from(row._mapping)
 
 
-def _job_from(m: Mapping[Any, Any]) -> JobRecord:
-    return JobRecord(**{
-        **{f.name: m[f.name] for f in fields(JobRecord)},
+def _job_from(m: Mapping[Any, Any]) -> StoredJob:
+    return StoredJob(**{
+        **{f.name: m[f.name] for f in fields(StoredJob)},
         "state": JobState(m["state"]),
         "command": tuple(m["command"]),
         "env": dict(m["env"]),
         "preempted_at": tuple(float(t) for t in m["preempted_at"]),
         "cancel_requested": bool(m["cancel_requested"]),
+        "claim": bool(m["claim"]),
     })
 
 
-def _attempt(row: Row[Any]) -> AttemptRecord:
+def _attempt(row: Row[Any]) -> StoredAttempt:
     return _attempt_from(row._mapping)
 
 
-def _attempt_from(m: Mapping[Any, Any]) -> AttemptRecord:
+def _attempt_from(m: Mapping[Any, Any]) -> StoredAttempt:
     exit_codes = m["exit_codes"]
-    return AttemptRecord(**{
-        **{f.name: m[f.name] for f in fields(AttemptRecord)},
+    return StoredAttempt(**{
+        **{f.name: m[f.name] for f in fields(StoredAttempt)},
         "assignment": tuple(ReplicaPlacement(r["node"], tuple(r["gpus"])) for r in m["assignment"]),
         "borrowing": bool(m["borrowing"]),
         "exit_codes": None if exit_codes is None else tuple(exit_codes),

@@ -78,6 +78,12 @@ class JobRow(Base):
     finished_at: Mapped[float | None] = mapped_column(Double)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     version: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
+    held_reason: Mapped[str | None] = mapped_column(Text)
+    """Why the job is held (left out of scheduling while it waits), e.g. quarantined after it
+    made scheduling passes fail; None: not held."""
+    claim: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """The job waits for capacity its victims are freeing, which is held for it (the engine's
+    `Plan.claims` of the last pass)."""
 
 
 class AttemptRow(Base):

@@ -1,0 +1,65 @@
+"""The architecture of DESIGN §1, checked on the source: the engine imports nothing of warden
+outside itself, and the control plane (server, store, executors) never imports the simulator.
+What both shells share lives in the engine (`warden.engine.accounting`). Imports under
+`TYPE_CHECKING` count too: a type-only dependency is still one."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+WARDEN = Path(__file__).resolve().parents[1] / "warden"
+
+
+def imported(path: Path) -> set[str]:
+    """Every module a file of the package imports."""
+    parts = path.relative_to(WARDEN.parent).with_suffix("").parts
+    package = ".".join(parts if path.name == "__init__.py" else parts[:-1])
+    return imports_of(path.read_text(), package, str(path))
+
+
+def imports_of(source: str, package: str, filename: str = "<source>") -> set[str]:
+    """Every module `source` imports, relative imports resolved against `package`."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            out.add(module)
+            out.update(f"{module}.{alias.name}" for alias in node.names)  # `from warden import sim`
+    return out
+
+
+def modules(*packages: str) -> list[Path]:
+    return sorted(p for pkg in packages for p in (WARDEN / pkg).rglob("*.py"))
+
+
+def _is(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+@pytest.mark.parametrize("path", modules("server", "store", "executors"), ids=lambda p: str(p.relative_to(WARDEN)))
+def test_the_control_plane_does_not_import_the_simulator(path: Path) -> None:
+    assert not {m for m in imported(path) if _is(m, "warden.sim")}
+
+
+@pytest.mark.parametrize("path", modules("engine"), ids=lambda p: str(p.relative_to(WARDEN)))
+def test_the_engine_imports_nothing_of_warden_but_itself(path: Path) -> None:
+    outside = {m for m in imported(path) if _is(m, "warden") and not _is(m, "warden.engine")}
+    assert not outside
+
+
+def test_the_checks_see_imports_of_every_form() -> None:
+    """Absolute, `from` and relative imports are all seen (else the checks above prove nothing)."""
+    source = "import warden.sim.metrics\nfrom warden import sim\nfrom ..sim.records import SimRun\n"
+    found = imports_of(source, "warden.server")
+    assert {"warden.sim.metrics", "warden.sim", "warden.sim.records"} <= found
+    assert imports_of("from . import rules\n", "warden.engine") >= {"warden.engine", "warden.engine.rules"}
