@@ -3,6 +3,7 @@ tests. Waits on conditions with timeouts, never on fixed sleeps."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -113,3 +114,15 @@ def started(tmp_path: Path, policy_text: str, **kw: Any) -> Server:
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy_text)
     return Server(tmp_path / "state", policy=policy, **kw).start()
+
+
+def kill_leftovers(tmp_path: Path) -> None:
+    """Job processes outlive the server by design; end the ones this test started."""
+    for status in (tmp_path / "state").glob("jobs/*/attempt-*/**/*"):
+        if status.is_file() and status.suffix == ".json" and "status" in status.name:
+            try:
+                pgid = json.loads(status.read_text()).get("pgid")
+                if pgid:
+                    os.killpg(int(pgid), signal.SIGKILL)
+            except (OSError, ValueError):
+                pass

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
-from serverproc import Server, started, submit, until_state, wait_for
+from serverproc import Server, kill_leftovers, started, submit, until_state, wait_for
 
 POLICY = """\
 min_grace: 3s
@@ -69,13 +69,8 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Ser
     lease = request.param
     s = _server(tmp_path, lease)
     yield s, float(lease.rstrip("s"))
-    with s.client() as c:
-        for j in c.get("/v1/jobs").json():
-            if j["state"] not in ("SUCCEEDED", "FAILED", "CANCELLED"):
-                c.post(f"/v1/jobs/{j['id']}/cancel")
-        wait_for(lambda: all(j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED")
-                             for j in c.get("/v1/jobs").json()), 30, "every job ended")
     s.stop()
+    kill_leftovers(tmp_path)
 
 
 def _events(c: httpx.Client, job_id: str) -> list[dict[str, Any]]:

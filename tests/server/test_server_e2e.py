@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
-from serverproc import Server, started, submit, until_state, wait_for
+from serverproc import Server, kill_leftovers, started, submit, until_state, wait_for
 
 # Short leases and graces so the tests run in seconds; no efficiency floor and no assumed
 # restart overhead (together they would stretch a 1 s lease to a minute).
@@ -72,19 +72,7 @@ def server(tmp_path: Path) -> Iterator[Server]:
     s = started(tmp_path, POLICY)
     yield s
     s.stop()
-    _kill_leftovers(tmp_path)
-
-
-def _kill_leftovers(tmp_path: Path) -> None:
-    """Job processes outlive the server by design; end the ones this test started."""
-    for status in (tmp_path / "state").glob("jobs/*/attempt-*/**/*"):
-        if status.is_file() and status.suffix == ".json" and "status" in status.name:
-            try:
-                pgid = json.loads(status.read_text()).get("pgid")
-                if pgid:
-                    os.killpg(int(pgid), signal.SIGKILL)
-            except (OSError, ValueError):
-                pass
+    kill_leftovers(tmp_path)
 
 
 def state(c: httpx.Client, job_id: str) -> str:
@@ -166,7 +154,7 @@ def test_a_job_inside_its_lease_is_not_preempted(tmp_path: Path, scripts: dict[s
             assert state(c, low) == "RUNNING" and not (tmp_path / "low.sigterm").exists()
     finally:
         s.stop()
-        _kill_leftovers(tmp_path)
+        kill_leftovers(tmp_path)
 
 
 def test_a_gang_is_signalled_at_the_same_instant(server: Server, scripts: dict[str, Path], tmp_path: Path) -> None:
@@ -286,7 +274,7 @@ def test_the_server_killed_mid_run_restarts_and_readopts(tmp_path: Path, scripts
             assert started >= ended  # the 4 GPUs were never given to both
     finally:
         s.stop()
-        _kill_leftovers(tmp_path)
+        kill_leftovers(tmp_path)
 
 
 def test_metrics_are_prometheus_text_without_per_job_labels(server: Server, tmp_path: Path) -> None:
