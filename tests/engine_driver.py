@@ -30,14 +30,15 @@ change to the set of jobs holding resources.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable, Literal
+from typing import Literal
 
+from warden.engine.allocation import Allocation
 from warden.engine.fairshare import accrue, cluster_capacity
 from warden.engine.model import Attempt, Job, JobState, Node, Snapshot, UsageLedger
 from warden.engine.plan import Plan
 from warden.engine.policy import Policy
-from warden.engine.allocation import Allocation
 from warden.engine.scheduler import Engine, schedule
 
 __all__ = ["Driver", "Eviction", "JobSpec", "StepRecord", "run_history"]
@@ -318,7 +319,7 @@ class Driver:
             # Exit strictly after the signal (the pass at `now` is over) and never after kill_at.
             exit_at = min(kill_at, now + max(1.0, frac * pre.grace))
             self.jobs[job.id] = replace(
-                job, state=JobState.PREEMPTING, preempted_at=job.preempted_at + (now,),
+                job, state=JobState.PREEMPTING, preempted_at=(*job.preempted_at, now),
                 attempt=replace(a, sigterm_at=now, kill_at=kill_at))
             self._exit_at[job.id] = len(self.evictions)
             self.evictions.append(Eviction(job.id, a.number, pre.for_job, now, kill_at,

@@ -20,7 +20,8 @@ import json
 import math
 import random
 from collections import defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from engine_driver import Driver
 from hypothesis import note
@@ -458,7 +459,7 @@ def check_preemptions(v: PassView) -> None:
     # (each counted gone once signalled, whichever job it was signalled for), the last one
     # taken saw the side above nominal with every other victim of that side gone.
     for side, victims in reclaims.items():
-        def above(last: Job) -> bool:
+        def above(last: Job, side: str = side, victims: list[Job] = victims) -> bool:
             for r in side_usage.resources:
                 u = side_usage.usage[side][r] - sum(
                     side_usage.demand(w, v.flavor_of(w)).get(r, 0.0) for w in victims if w is not last)
@@ -532,8 +533,8 @@ def check_minimal_victims(v: PassView) -> None:
         in_quota_too = v.snapshot.policy.tier(pre.tier).scope == "quota" and quota.charged(pre) \
             and any(v.jobs[x].queue != pre.queue for x in mine)
 
-        def fits_without(gone: Iterable[str], flavors: Iterable[str],
-                         free: Free = free, quota: QuotaModel = quota) -> bool:
+        def fits_without(gone: Iterable[str], flavors: Iterable[str], free: Free = free,
+                         quota: QuotaModel = quota, pre: Job = pre, in_quota_too: bool = in_quota_too) -> bool:
             f, q = free.copy(), quota.copy()
             for x in gone:
                 job = v.jobs[x]

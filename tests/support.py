@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from warden.engine.model import Attempt, Job, JobState, Node, ReplicaPlacement, Snapshot, UsageLedger
-from warden.engine.policy import Policy, parse_policy
 from warden.engine.plan import Plan
+from warden.engine.policy import Policy, parse_policy
 from warden.engine.scheduler import schedule
-
 
 # DESIGN §3's queue tree.
 DESIGN_QUEUES: dict[str, Any] = {

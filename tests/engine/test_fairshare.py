@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from support import pending, policy, running
 
 from warden.engine.fairshare import accrue, cluster_capacity, dominant_share, fair_order

@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 from engine_driver import Driver, EnginePath, JobSpec, run_history
-from invariants import check_history, check_pass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from invariants import check_history, check_pass
 
 from warden.engine.model import Job, JobState, Node
 from warden.engine.policy import Policy, parse_policy
@@ -268,7 +268,7 @@ def job_specs(draw: st.DrawFn, cluster: tuple[Node, ...], leaves: list[str], hor
             placement=draw(st.sampled_from(["any", "any", "pack", "block"])),
             lease=_maybe(draw, st.sampled_from([0.0, 300.0, 3600.0]), 4, 5),
             grace=_maybe(draw, st.sampled_from([0.0, 130.0, 300.0]), 4, 5),
-            expected_duration=_maybe(draw, st.sampled_from([0.5, 1.0, 1.0, 2.0]).map(lambda f: f * duration)),
+            expected_duration=_maybe(draw, st.sampled_from([0.5, 1.0, 1.0, 2.0]).map(lambda f, d=duration: f * d)),
         )
         out.append(JobSpec(
             job=job,

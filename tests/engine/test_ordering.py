@@ -11,7 +11,6 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-
 from support import admitted, nodes, pending, plan_for, policy, running
 
 from warden.engine.model import Job, JobState, Snapshot, UsageLedger

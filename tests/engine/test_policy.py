@@ -137,9 +137,9 @@ def test_to_dict_is_resolved_and_round_trips() -> None:
 def test_policy_is_frozen() -> None:
     p = default_policy()
     with pytest.raises(ValidationError):
-        setattr(p, "min_grace", 1.0)
+        p.min_grace = 1.0
     with pytest.raises(ValidationError):
-        setattr(p.queues, "weight", 3.0)
+        p.queues.weight = 3.0
 
 
 # ----------------------------------------------------------------------------------- defaults

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from support import DESIGN_QUEUES
 
 from warden.engine.model import Job

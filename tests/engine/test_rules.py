@@ -8,28 +8,38 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from random import Random
 from typing import Any
 
 import pytest
-
 from support import DESIGN_QUEUES, nodes, pending, plan_for, policy, preempted, running
 
 from warden.engine.model import Job
 from warden.engine.policy import Policy, parse_policy
 from warden.engine.quota import QuotaTree
 from warden.engine.rules import (
+    PAIR_READS,
+    PAIR_RULES,
+    RULES,
+    VICTIM_RULES,
     Block,
+    PairRule,
     Preemptor,
     RuleContext,
+    allowed,
     blocks,
     direction,
+    downward_key,
     efficiency,
     efficiency_floor,
     grace_of,
     lease,
     lease_of,
     lost_work,
+    pair_key,
     preemptible,
+    preemptors,
+    protection,
     scope,
     startup_of,
     thrash_budget,
@@ -174,7 +184,6 @@ def test_preemptible_follows_the_policy() -> None:
 def test_tier_lease_protects_until_it_has_run_out() -> None:
     pol = policy()  # tier 3: 45 min
     v = victim("a", 3, started=1_000.0)
-    p = pre(pending("p", "b", 2))
     assert lease(ctx(pol, now=1_000.0 + 2_699.0), v) == Block("lease", 3_700.0)
     assert lease(ctx(pol, now=3_700.0), v) is None
     assert lease(ctx(pol, now=10_000.0), v) is None
@@ -182,7 +191,6 @@ def test_tier_lease_protects_until_it_has_run_out() -> None:
 
 def test_job_lease_overrides_the_tiers() -> None:
     pol = policy()
-    p = pre(pending("p", "b", 2))
     short = victim("a", 3, started=0.0, lease=600.0)
     assert lease(ctx(pol, now=599.0), short) == Block("lease", 600.0)
     assert lease(ctx(pol, now=600.0), short) is None
@@ -411,3 +419,127 @@ def test_team_reclaims_its_nominal_from_a_sibling_that_borrowed_it() -> None:
     assert len(victims) == 1 and next(iter(victims)).startswith("v")
     assert plan.preemptions[0].kind == "reclaim"
     assert plan.explanations["L"].reason.code == "WaitingForGrace"
+
+
+# ------------------------------------------------------------------------ the declarations
+# Every rule declares what it reads, and the pass derives its shortcuts from the declarations:
+# these check each declaration against the rule's own check, on random jobs and quota states.
+
+LEAVES = ("vision", "language", "platform")
+
+
+def _random_policy(rng: Random) -> Policy:
+    tiers = {t: {"scope": rng.choice(["quota", "cluster"]), "preemptible": rng.random() < 0.8,
+                 "charged": rng.random() < 0.8, "lease": rng.choice(["0s", "10m", "1h"])}
+             for t in (1, 2, 3, 4)}
+    return parse_policy({"queues": DESIGN_QUEUES, "tiers": tiers,
+                         "thrash": {"max_preemptions": {"per": "1h", "count": 2}}})
+
+
+def _random_ctx(rng: Random, pol: Policy, now: float | None = None) -> RuleContext:
+    return ctx(pol, now=rng.uniform(0.0, 20_000.0) if now is None else now,
+               usage={leaf: rng.choice([0, 8, 24, 40, 64]) for leaf in LEAVES})
+
+
+def _random_victim(rng: Random, job_id: str = "v") -> Job:
+    started = rng.uniform(0.0, 15_000.0)
+    return running(job_id, rng.choice(LEAVES), rng.randint(1, 4), ("n0", rng.choice([1, 4, 8])),
+                   started=started, startup_s=rng.choice([None, 30.0, 600.0]),
+                   checkpoint_s=rng.choice([0.0, 120.0]),
+                   preempted_at=tuple(sorted(rng.uniform(0.0, 20_000.0) for _ in range(rng.randint(0, 3)))))
+
+
+def _random_preemptor(rng: Random, c: RuleContext) -> Preemptor:
+    job = pending("p", rng.choice(LEAVES), rng.randint(1, 4), gpus=rng.choice([1, 8, 16]))
+    return Preemptor(job, rng.random() < 0.5, (float(job.total_gpus),))
+
+
+def _cases(seed: int, count: int = 300) -> list[tuple[RuleContext, Preemptor, Job]]:
+    rng = Random(seed)
+    out = []
+    for _ in range(count):
+        c = _random_ctx(rng, _random_policy(rng))
+        out.append((c, _random_preemptor(rng, c), _random_victim(rng)))
+    return out
+
+
+def _check(rule: Any, c: RuleContext, p: Preemptor, v: Job) -> Block | None:
+    return rule.check(c, p, v) if isinstance(rule, PairRule) else rule.check(c, v)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_every_rule_blocks_under_its_own_name(seed: int) -> None:
+    for c, p, v in _cases(seed):
+        for rule in RULES:
+            b = _check(rule, c, p, v)
+            assert b is None or b.rule == rule.name
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_pair_rules_read_only_the_fields_of_the_victim_they_declare(seed: int) -> None:
+    rng = Random(seed + 100)
+    for c, p, v in _cases(seed):
+        other = _random_victim(rng, "w")
+        for rule in PAIR_RULES:
+            alike = replace(other, **{f: getattr(v, f) for f in rule.reads})
+            assert rule.check(c, p, alike) == rule.check(c, p, v), (rule.name, v, alike)
+        same_key = replace(other, **{f: getattr(v, f) for f in PAIR_READS})
+        assert pair_key(same_key) == pair_key(v) == tuple(getattr(v, f) for f in PAIR_READS)
+        assert allowed(c, p, same_key) == allowed(c, p, v)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_downward_key_decides_every_lower_tier_victim(seed: int) -> None:
+    """Preemptors with one `downward_key` are allowed the same lower-tier victims, whatever
+    the quota usage (the pass keeps one list per key)."""
+    rng = Random(seed)
+    for _ in range(200):
+        pol = _random_policy(rng)
+        c1, c2 = _random_ctx(rng, pol), _random_ctx(rng, pol)
+        p1, p2 = _random_preemptor(rng, c1), _random_preemptor(rng, c2)
+        p2 = replace(p2, job=replace(p2.job, tier=p1.job.tier))
+        v = _random_victim(rng)
+        if v.tier <= p1.job.tier:
+            continue
+        if downward_key(c1, p1) == downward_key(c2, p2):
+            assert allowed(c1, p1, v) == allowed(c2, p2, v)
+        assert allowed(c1, p1, v) == allowed(c2, p1, v)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_each_rules_tier_test_is_a_necessary_condition(seed: int) -> None:
+    """A rule that lets P take V passes its test on the two tiers alone (`could_preempt`)."""
+    for c, p, v in _cases(seed):
+        for rule in RULES:
+            if _check(rule, c, p, v) is None:
+                assert rule.tiers(c, p.job.tier, v.tier), (rule.name, p, v)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_victim_rules_protection_only_lifts_as_time_passes(seed: int) -> None:
+    """What a victim rule says at one `now` holds at every later one (the pass keeps the answer
+    between passes), and a rule that declares it never lifts blocks for good."""
+    rng = Random(seed)
+    for c, _, v in _cases(seed):
+        later = RuleContext(c.policy, c.quota, c.now + rng.uniform(0.0, 10_000.0))
+        for rule in VICTIM_RULES:
+            b = rule.check(c, v)
+            if b is not None and not rule.lifts:
+                assert b.until == INF
+        was, now = protection(c, v), protection(later, v)
+        if was > later.now:
+            assert now == was
+        else:
+            assert now <= later.now
+
+
+def test_a_borrower_in_quota_only_after_reclaim_searches_both_ways() -> None:
+    """vision borrows 28 of research's nominal; 8 GPUs for language are within nominal only if
+    that is reclaimed: a `scope: quota` job looks for a set that leaves it in-quota and for one
+    in its own queue alone; a `scope: cluster` job, and one already in-quota, look once."""
+    c = ctx(parse_policy({"queues": DESIGN_QUEUES}), usage={"vision": 60})
+    job = pending("p", "language", 3)
+    ways = preemptors(c, job, (8.0,))
+    assert [(w.in_quota, w.reclaims) for w in ways] == [(True, True), (False, False)]
+    assert len(preemptors(c, pending("p", "language", 1), (8.0,))) == 1
+    assert len(preemptors(ctx(parse_policy({"queues": DESIGN_QUEUES})), job, (8.0,))) == 1

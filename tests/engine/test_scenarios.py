@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import pairwise
 
 from support import admitted, nodes, pending, plan_for, policy, preempted, reason, running
 
@@ -219,12 +220,12 @@ def test_thrash_loop_long_job_is_preempted_at_most_budget_times() -> None:
         if "B" in preempted(plan):
             preemptions.append(now)
             # B exits at once, the short job runs 60 s, then B restarts (a new attempt).
-            b = replace(b, preempted_at=b.preempted_at + (now,),
+            b = replace(b, preempted_at=(*b.preempted_at, now),
                         attempt=replace(b.attempt, started_at=now + 60.0, number=b.attempt.number + 1))
     in_window = [t for t in preemptions if t > now - 86_400.0]
     assert 1 <= len(in_window) <= 3
     # Every restart ran at least its lease before the next preemption.
-    assert all(t2 - t1 >= 2_700.0 for t1, t2 in zip(preemptions, preemptions[1:]))
+    assert all(t2 - t1 >= 2_700.0 for t1, t2 in pairwise(preemptions))
 
 
 def test_awaiting_approval_never_starts() -> None:

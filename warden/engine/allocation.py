@@ -8,7 +8,8 @@ function of the snapshot and `now`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from warden.engine.model import Job, Node
 from warden.engine.placement import CapacityIndex, gpu_mask
@@ -26,8 +27,20 @@ needs that does not change with time."""
 
 
 class Allocation:
-    __slots__ = ("nodes", "policy", "index", "quota", "charged_tiers", "jobs", "flavor_of_job", "used",
-                 "victim_facts", "node_gpus", "nodes_of_block", "tiers")
+    __slots__ = (
+        "charged_tiers",
+        "flavor_of_job",
+        "index",
+        "jobs",
+        "node_gpus",
+        "nodes",
+        "nodes_of_block",
+        "policy",
+        "quota",
+        "tiers",
+        "used",
+        "victim_facts",
+    )
 
     def __init__(self, nodes: tuple[Node, ...], policy: Policy) -> None:
         self.nodes = nodes
@@ -42,7 +55,7 @@ class Allocation:
         """GPU indices in use per node, as bit sets (`gpu_mask`)."""
         self.victim_facts: dict[str, VictimFacts] = {}
         """Per running job, what pricing it as a victim needs that does not change with time
-        (`warden.engine.scheduler.Cycle._victim_facts`)."""
+        (`warden.engine.phases.victims.Victims.facts`)."""
         self.node_gpus = {n.name: n.gpus for n in nodes}
         self.nodes_of_block: dict[str, list[str]] = {}
         for n in nodes:

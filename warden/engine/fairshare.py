@@ -10,8 +10,9 @@ what its weight entitles it to is served first, within its department first.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from warden.engine.model import Job, Node, UsageLedger
 
@@ -102,7 +103,7 @@ def fair_order(policy: Policy, usage: Mapping[str, float]) -> dict[str, tuple[in
                         for c in q.children)
         distinct = sorted({ratio for ratio, _, _ in scored})
         for ratio, _, c in scored:
-            walk(c, ranks + (distinct.index(ratio),), ratios + (ratio,))
+            walk(c, (*ranks, distinct.index(ratio)), (*ratios, ratio))
 
     walk(root, (), ())
     depth = max(len(ranks) for ranks, _ in walked.values())

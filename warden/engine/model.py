@@ -6,10 +6,11 @@ simulator); the engine never reads a clock of its own. CPU is in millicores, mem
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal, Mapping
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from warden.engine.policy import Policy

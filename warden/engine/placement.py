@@ -23,11 +23,11 @@ CPU is in millicores and memory in MiB; a node declaring 0 of either does not tr
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from warden.engine.model import Node
 
-__all__ = ["CapacityIndex", "assign_gpu_indices", "gpu_mask", "CONSTRAINTS"]
+__all__ = ["CONSTRAINTS", "CapacityIndex", "assign_gpu_indices", "gpu_mask"]
 
 CONSTRAINTS: tuple[str, ...] = ("pack", "block", "any")
 _FAILED_CACHE_MAX = 4096
@@ -146,7 +146,7 @@ class _Multiset:
 class _Block:
     """The nodes of one flavor inside one topology block."""
 
-    __slots__ = ("pos", "name", "free", "nodes")
+    __slots__ = ("free", "name", "nodes", "pos")
 
     def __init__(self, pos: int, name: str) -> None:
         self.pos = pos
@@ -158,8 +158,20 @@ class _Block:
 class _Flavor:
     """Everything indexed for one GPU flavor."""
 
-    __slots__ = ("name", "free", "capacity", "nodes", "blocks", "block_list", "cpu", "memory",
-                 "cpu_untracked", "memory_untracked", "failed", "failed_at")
+    __slots__ = (
+        "block_list",
+        "blocks",
+        "capacity",
+        "cpu",
+        "cpu_untracked",
+        "failed",
+        "failed_at",
+        "free",
+        "memory",
+        "memory_untracked",
+        "name",
+        "nodes",
+    )
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -178,6 +190,33 @@ class _Flavor:
         # in `failed_at`, so a rollback drops the newer ones from the tail).
         self.failed: dict[tuple[str, int, int, int, int], int] = {}
         self.failed_at: list[tuple[int, tuple[str, int, int, int, int]]] = []
+
+    def may_hold(self, replicas: int, gpus: int, cpu: int, memory: int, constraint: str) -> bool:
+        """False when totals and maxima already rule the gang out: O(1) or O(distinct free
+        counts), never per node. True: a placement may exist."""
+        need = replicas * gpus
+        if self.free < need:
+            return False
+        pack = constraint == "pack"
+        if pack:
+            if self.nodes.largest() < need:
+                return False
+        else:
+            if constraint == "block" and self.blocks.largest() < need:
+                return False
+            if gpus and self.nodes.replica_bound(gpus, replicas) < replicas:
+                return False
+        if cpu and not self.cpu_untracked and self.cpu.largest() < (replicas * cpu if pack else cpu):
+            return False
+        return not (memory and not self.memory_untracked
+                    and self.memory.largest() < (replicas * memory if pack else memory))
+
+    def remember_failure(self, key: tuple[str, int, int, int, int], at: int) -> None:
+        """The shape has no placement as of log position `at` (a full cache is emptied first)."""
+        if len(self.failed) >= _FAILED_CACHE_MAX:
+            self.forget_failures()
+        self.failed[key] = at
+        self.failed_at.append((at, key))
 
     def forget_failures(self, after: int | None = None) -> None:
         """Drop every remembered failure, or those recorded at a log position > `after`."""
@@ -198,8 +237,22 @@ class CapacityIndex:
     """
 
     __slots__ = (
-        "_names", "_pos", "_fg", "_fc", "_fm", "_cg", "_cc", "_cm", "_flavor", "_block",
-        "_flavors", "_flavor_names", "_log", "_base", "_marks", "_next_token",
+        "_base",
+        "_block",
+        "_cc",
+        "_cg",
+        "_cm",
+        "_fc",
+        "_fg",
+        "_flavor",
+        "_flavor_names",
+        "_flavors",
+        "_fm",
+        "_log",
+        "_marks",
+        "_names",
+        "_next_token",
+        "_pos",
     )
 
     def __init__(self, nodes: Sequence[Node]) -> None:
@@ -360,32 +413,10 @@ class CapacityIndex:
         None means no placement of the whole gang exists now under `constraint`; the answer is
         exact (see the module docstring). The index is not changed.
         """
-        if replicas < 1:
-            raise ValueError(f"replicas must be at least 1, got {replicas}")
-        if gpus < 0 or cpu < 0 or memory < 0:
-            raise ValueError("per-replica resources must not be negative")
-        if constraint not in CONSTRAINTS:
-            raise ValueError(f"unknown placement constraint {constraint!r}")
+        if replicas < 1 or gpus < 0 or cpu < 0 or memory < 0 or constraint not in CONSTRAINTS:
+            _invalid_shape(replicas, gpus, cpu, memory, constraint)
         fl = self._flavors.get(flavor)
-        if fl is None:
-            return None
-        need = replicas * gpus
-        # Quick rejects on totals and maxima: O(1) or O(distinct free counts), never per node.
-        if fl.free < need:
-            return None
-        pack = constraint == "pack"
-        if pack:
-            if fl.nodes.largest() < need:
-                return None
-        else:
-            if constraint == "block" and fl.blocks.largest() < need:
-                return None
-            if gpus and fl.nodes.replica_bound(gpus, replicas) < replicas:
-                return None
-        if cpu and not fl.cpu_untracked and fl.cpu.largest() < (replicas * cpu if pack else cpu):
-            return None
-        if memory and not fl.memory_untracked and fl.memory.largest() < (
-                replicas * memory if pack else memory):
+        if fl is None or not fl.may_hold(replicas, gpus, cpu, memory, constraint):
             return None
         key = (constraint, replicas, gpus, cpu, memory)
         if key in fl.failed:
@@ -397,11 +428,7 @@ class CapacityIndex:
         else:
             out = self._fill(fl.nodes, replicas, gpus, cpu, memory)
         if out is None:
-            if len(fl.failed) >= _FAILED_CACHE_MAX:
-                fl.forget_failures()
-            at = self._base + len(self._log)
-            fl.failed[key] = at
-            fl.failed_at.append((at, key))
+            fl.remember_failure(key, self._base + len(self._log))
             return None
         return tuple(out)
 
@@ -616,6 +643,15 @@ class CapacityIndex:
             fl.forget_failures()
         if record and self._marks:
             self._log.append((i, dg, dc, dm))
+
+
+def _invalid_shape(replicas: int, gpus: int, cpu: int, memory: int, constraint: str) -> None:
+    """Raise the ValueError `CapacityIndex.find` gives for a shape no gang can have."""
+    if replicas < 1:
+        raise ValueError(f"replicas must be at least 1, got {replicas}")
+    if gpus < 0 or cpu < 0 or memory < 0:
+        raise ValueError("per-replica resources must not be negative")
+    raise ValueError(f"unknown placement constraint {constraint!r}")
 
 
 def _check_buckets(b: _Buckets, expect: dict[int, int]) -> None:

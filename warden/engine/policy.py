@@ -21,7 +21,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-import yaml
+import yaml  # type: ignore[import-untyped, unused-ignore]  # PyYAML ships without type hints
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -681,7 +681,7 @@ class Policy(_Spec):
 # ------------------------------------------------------------------------------------- loading
 
 
-class _StrictLoader(yaml.SafeLoader):
+class _StrictLoader(yaml.SafeLoader):  # type: ignore[misc, unused-ignore]  # Any, without the hints
     """PyYAML keeps the last of duplicate keys silently; a policy file must not lose settings."""
 
 
@@ -699,7 +699,8 @@ def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -
             raise yaml.constructor.ConstructorError(
                 "while reading a mapping", node.start_mark,
                 f"found duplicate key {key!r}", key_node.start_mark)
-    return loader.construct_mapping(node)
+    mapping: dict[Any, Any] = loader.construct_mapping(node)
+    return mapping
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
@@ -708,7 +709,7 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 
 def _load_yaml(text: str, source: str) -> Any:
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

@@ -20,11 +20,12 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain, islice
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from warden.engine.model import Job
-from warden.engine.rules import Preemptor, allowed_for, downward_key, may_reclaim
+from warden.engine.rules import Preemptor, allowed_for, downward_key, may_reclaim, reclaimable
 
 if TYPE_CHECKING:
     from warden.engine.placement import CapacityIndex
@@ -98,7 +99,8 @@ class CandidatePool:
         jobs already leaving (cost 0) first, is in ascending cost, which lets it bisect."""
         self.free_now = free_now
         """The candidates the rules let go now (`protected_until` 0.0), in victim order."""
-        self._downward: dict[tuple, list[Candidate]] = {}
+        self._downward: dict[tuple[object, ...], list[Candidate]] = {}
+        """Lower-tier victims per `rules.downward_key`: for the pass."""
         self._of_tier: dict[int, list[Candidate]] | None = None
         self._held_on = held_on
 
@@ -181,7 +183,7 @@ class Eligible:
         return bool(self.leaving or self.lower or self.same)
 
 
-def victim_key(order: str, job: Job, cost: float) -> tuple:
+def victim_key(order: str, job: Job, cost: float) -> tuple[float | int | str, ...]:
     """The one comparator: smaller goes first. `cost`: least cost, then lower tier first, then
     the most recently started; `newest` and `smallest` reproduce Kueue's and Slurm's choices."""
     started = job.attempt.started_at if job.attempt is not None else 0.0
@@ -221,35 +223,23 @@ def search(ws: Workspace, p: Preemptor, flavor: str, pool: CandidatePool,
     A preemptor that is in-quota only once others' borrowing is reclaimed (`p.reclaims`) fits
     only when the set also leaves it within nominal on its whole path (DESIGN §4.3: "in-quota
     after admission"), so the set takes as much borrowed capacity as that needs."""
-    job, d = p.job, p.demand
+    job = p.job
     eligible = pool.eligible(ws.ctx, p, leaving)
     if not eligible:
         return []
-    quota = ws.quota
-
-    def satisfied() -> bool:
-        return ws.fits(job, flavor, d) and (not p.reclaims or quota.in_quota(job.queue, d))
-
+    satisfied = _satisfied(ws, p, flavor)
     victims: list[Candidate] = []
     chosen: set[str] = set()
     # Price placement only when placement is what is missing; a job short of quota alone
     # takes victims (jobs already leaving first) under the queue whose limit it breaks.
-    slots = []
     if not ws.placeable(job, flavor):
-        # At most what the pool and the leaving jobs hold on a node can free there.
-        held = pool.held_on()
-        if leaving:
-            held = held.copy()
-            for c in leaving:
-                for node, gpus in c.freed:
-                    held[node] = held.get(node, 0) + gpus
-        slots = _cheapest_slots(ws, job, flavor, eligible, pool.by_cost, pool.ascending, held)
-    for c in slots:
-        if not c.leaving and c.job.tier <= job.tier and not still_borrowing(quota, p, c.job):
-            continue  # reclaim takes back only what is borrowed
-        ws.release(c)
-        victims.append(c)
-        chosen.add(c.job.id)
+        slots = _cheapest_slots(ws, job, flavor, eligible, pool.by_cost, pool.ascending,
+                                _held_on(pool, leaving))
+        for c in slots:
+            if _takeable(ws.ctx, p, c):
+                ws.release(c)
+                victims.append(c)
+                chosen.add(c.job.id)
     if not satisfied() and not _fill(ws, p, flavor, eligible, victims, chosen, satisfied):
         for c in victims:
             ws.retake(c)
@@ -258,6 +248,36 @@ def search(ws: Workspace, p: Preemptor, flavor: str, pool: CandidatePool,
     costliest_first = sorted(victims, key=lambda c: (-c.cost, -c.rank))
     needed = {c.job.id for c in drop_unneeded(ws, costliest_first, satisfied)}
     return [c for c in victims if c.job.id in needed]
+
+
+def _satisfied(ws: Workspace, p: Preemptor, flavor: str) -> Callable[[], bool]:
+    """The search's goal, asked of the state `ws` is in: `p` fits on `flavor` (and, for
+    `p.reclaims`, is in-quota)."""
+    job, d, quota = p.job, p.demand, ws.quota
+
+    def satisfied() -> bool:
+        return ws.fits(job, flavor, d) and (not p.reclaims or quota.in_quota(job.queue, d))
+
+    return satisfied
+
+
+def _held_on(pool: CandidatePool, leaving: Sequence[Candidate]) -> dict[str, int]:
+    """Per node, the most any set of victims can free there: what the pool's candidates and the
+    jobs already leaving hold."""
+    held = pool.held_on()
+    if leaving:
+        held = held.copy()
+        for c in leaving:
+            for node, gpus in c.freed:
+                held[node] = held.get(node, 0) + gpus
+    return held
+
+
+def _takeable(ctx: RuleContext, p: Preemptor, c: Candidate) -> bool:
+    """May the search take the candidate now? Reclaim takes back only what is borrowed: a
+    same-tier victim only while its side still borrows (`rules.reclaimable`, asked again now:
+    every victim taken before it lowered what its side borrows)."""
+    return c.leaving or c.job.tier > p.job.tier or reclaimable(ctx, p, c.job)
 
 
 def _cheapest_slots(ws: Workspace, job: Job, flavor: str, eligible: Iterable[Candidate],
@@ -276,25 +296,99 @@ def _cheapest_slots(ws: Workspace, job: Job, flavor: str, eligible: Iterable[Can
     ascending cost (see `CandidatePool.ascending`). `held`: per node, at least the GPUs the
     candidates of `eligible` hold there (none: unknown).
     """
-    g, want = job.gpus, job.replicas
-    if g <= 0:
+    if job.gpus <= 0:
         return []
-    index = ws.index
-    per_node = job.placement == "pack" or want == 1
-    prices = _Prices(ws, job, flavor)
-    # node → [free GPUs, cost, new victims, candidates taken, its offers, its candidates, most
-    # slots]: the run of victims on the node so far, and (cost, new victims, candidates taken)
-    # at 1, 2, … slots, in `prices.offers` too. A node never offers more slots than what is
-    # free there and what its candidates hold can fill (`held`), so once it offers that many,
-    # later victims on it change nothing and are passed over: on a node where a job that
-    # cannot be taken holds GPUs, a whole-node gang never gets a slot.
-    runs: dict[str, list] = {}
-    offers = prices.offers
+    runs = _Runs(ws, job, flavor, by_cost, held)
+    if by_cost and not runs.per_node:
+        _scan_for_a_gang(runs, flavor, eligible, ascending)
+    elif ascending or not by_cost:
+        _scan_on_flavor(runs, flavor, eligible)
+    else:
+        _scan_one_by_one(runs, flavor, eligible)
+    return runs.victims()
 
-    def take(cands: Iterable[Candidate], bound: float) -> tuple[float, bool]:
+
+_CHUNK = 256
+"""Victims are scanned this many at a time, those on the flavor picked out at C speed."""
+
+
+def _scan_for_a_gang(runs: _Runs, flavor: str, eligible: Iterable[Candidate], ascending: bool) -> None:
+    """A gang of several nodes, victims in cost order: the bound changes only when the best
+    domain is worked out again, after the 256th, 512th, … victim (when it is on the flavor).
+    Inside each run of 256 it is fixed, so the scan stops at the first victim of the run that
+    costs as much (found by bisection when costs only grow)."""
+    items = iter(eligible)
+    bound = math.inf
+    while chunk := list(islice(items, _CHUNK)):
+        if ascending:
+            stop = bisect_left(chunk, bound, key=_cost)
+        else:
+            stop = next((k for k, c in enumerate(chunk) if c.cost >= bound), len(chunk))
+        runs.take([c for c in chunk[:stop] if c.flavor == flavor], bound)
+        if stop < len(chunk) or len(chunk) < _CHUNK:
+            return
+        if chunk[-1].flavor == flavor:
+            best = runs.prices.best()
+            if best is not None:
+                bound = best[3]
+
+
+def _scan_on_flavor(runs: _Runs, flavor: str, eligible: Iterable[Candidate]) -> None:
+    """Only victims on the flavor change anything, and (costs only growing, or no cost order
+    at all) one elsewhere that costs the bound is followed by none on the flavor that costs less."""
+    items = iter(eligible)
+    bound = math.inf
+    while chunk := list(islice(items, _CHUNK)):
+        bound, stopped = runs.take([c for c in chunk if c.flavor == flavor], bound)
+        if stopped:
+            return
+
+
+def _scan_one_by_one(runs: _Runs, flavor: str, eligible: Iterable[Candidate]) -> None:
+    """Victims in cost order, some costs negative: the scan stops at the first victim, on the
+    flavor or not, that costs the bound."""
+    bound = math.inf
+    for c in eligible:
+        if c.cost >= bound:
+            return
+        if c.flavor == flavor:
+            bound, _ = runs.take((c,), bound)
+
+
+Run = list[Any]
+"""One node's run of victims in a search: [free GPUs, cost, new victims, candidates taken, its
+offers, its candidates, most slots] (a list, not an object: the scan updates it per victim)."""
+
+
+class _Runs:
+    """The run of victims on each node of one search so far, and the slots each node offers.
+
+    A node's offers are (cost, new victims, candidates taken) at 1, 2, … slots, in
+    `prices.offers` too. A node never offers more slots than what is free there and what its
+    candidates hold can fill (`held`), so once it offers that many, later victims on it change
+    nothing and are passed over: on a node where a job that cannot be taken holds GPUs, a
+    whole-node gang never gets a slot.
+    """
+
+    __slots__ = ("by_cost", "gpus", "held", "index", "per_node", "prices", "runs", "want")
+
+    def __init__(self, ws: Workspace, job: Job, flavor: str, by_cost: bool, held: dict[str, int] | None) -> None:
+        self.index = ws.index
+        self.gpus = job.gpus
+        self.want = job.replicas
+        self.held = held
+        self.by_cost = by_cost
+        self.per_node = job.placement == "pack" or job.replicas == 1
+        """Each domain is one node: a node's run completes a domain by itself."""
+        self.prices = _Prices(ws, job, flavor)
+        self.runs: dict[str, Run] = {}
+
+    def take(self, cands: Iterable[Candidate], bound: float) -> tuple[float, bool]:
         """Add candidates on the flavor to their nodes' runs, in order, until one costs `bound`
         or more (victims in cost order); the bound, lowered as per-node domains complete, and
         whether the scan stopped."""
+        by_cost, runs, g, want, per_node = self.by_cost, self.runs, self.gpus, self.want, self.per_node
+        held, prices = self.held, self.prices
         for c in cands:
             cost = c.cost
             if by_cost and cost >= bound:
@@ -303,10 +397,12 @@ def _cheapest_slots(ws: Workspace, job: Job, flavor: str, eligible: Iterable[Can
             for node, gpus in c.freed:
                 run = runs.get(node)
                 if run is None:
-                    free = index.free(node)[0]
-                    offers[node] = [(0.0, 0, 0)] * min(want, free // g)
+                    # The node's run before any victim: the slots its free GPUs hold, at no
+                    # cost. (Inline: a search opens thousands of nodes.)
+                    free = self.index.free(node)[0]
+                    offers = prices.offers[node] = [(0.0, 0, 0)] * min(want, free // g)
                     most = want if held is None else min(want, (free + held.get(node, 0)) // g)
-                    run = runs[node] = [free, 0.0, 0, 0, offers[node], [], most]
+                    run = runs[node] = [free, 0.0, 0, 0, offers, [], most]
                     prices.created(node)
                 o = run[4]
                 have = len(o)
@@ -326,51 +422,17 @@ def _cheapest_slots(ws: Workspace, job: Job, flavor: str, eligible: Iterable[Can
                         bound = min(bound, run[1])
         return bound, False
 
-    # Victims are taken 256 at a time, those on the flavor picked out at C speed.
-    items = iter(eligible)
-    bound = math.inf
-    while chunk := list(islice(items, 256)):
-        if by_cost and not per_node:
-            # The bound changes only when the best domain is worked out again, after the
-            # 256th, 512th, … victim (when it is on the flavor): inside each run of 256 it is
-            # fixed, so the scan stops at the first victim of the run that costs as much
-            # (found by bisection when costs only grow).
-            if ascending:
-                stop = bisect_left(chunk, bound, key=_cost)
-            else:
-                stop = next((k for k, c in enumerate(chunk) if c.cost >= bound), len(chunk))
-            take([c for c in chunk[:stop] if c.flavor == flavor], bound)
-            if stop < len(chunk) or len(chunk) < 256:
-                break
-            if chunk[-1].flavor == flavor:
-                best = prices.best()
-                if best is not None:
-                    bound = best[3]
-        elif ascending or not by_cost:
-            # Only victims on the flavor change anything, and (costs only growing) one
-            # elsewhere that costs the bound is followed by none on the flavor that costs less.
-            bound, stopped = take([c for c in chunk if c.flavor == flavor], bound)
-            if stopped:
-                break
-        else:
-            stopped = False
-            for c in chunk:
-                if c.cost >= bound:
-                    stopped = True
-                    break
-                if c.flavor == flavor:
-                    bound, _ = take((c,), bound)
-            if stopped:
-                break
-    best = prices.best()
-    if best is None:
-        return []
-    chosen: dict[str, Candidate] = {}
-    for n, count in best[2].items():
-        run = runs.get(n)
-        for c in (run[5] if run is not None else ())[:count]:
-            chosen.setdefault(c.job.id, c)
-    return list(chosen.values())
+    def victims(self) -> list[Candidate]:
+        """The victims of the cheapest domain (none: no domain has enough slots)."""
+        best = self.prices.best()
+        if best is None:
+            return []
+        chosen: dict[str, Candidate] = {}
+        for n, count in best[2].items():
+            run = self.runs.get(n)
+            for c in (run[5] if run is not None else ())[:count]:
+                chosen.setdefault(c.job.id, c)
+        return list(chosen.values())
 
 
 Price = tuple[float, int, dict[str, int], float]
@@ -387,7 +449,7 @@ class _Prices:
     change during a search, so what each node holds free is read once.
     """
 
-    __slots__ = ("ws", "job", "flavor", "offers", "blocks", "dirty", "by_block", "idle")
+    __slots__ = ("blocks", "by_block", "dirty", "flavor", "idle", "job", "offers", "ws")
 
     def __init__(self, ws: Workspace, job: Job, flavor: str) -> None:
         self.ws = ws
@@ -511,20 +573,9 @@ def _fill(ws: Workspace, p: Preemptor, flavor: str, eligible: Iterable[Candidate
     while it lacks quota. Fit is tested only once enough GPUs have been freed to possibly make
     a difference.
     """
-    job, d = p.job, p.demand
-    index, quota = ws.index, ws.quota
-
-    def short_of_quota() -> int | None:
-        """The queue whose subtree must shrink for the job's quota, or None."""
-        if not d:
-            return None
-        broken = quota.violation(job.queue, d)
-        if broken is not None:
-            return broken[0]
-        return quota.over_nominal_at(job.queue, d) if p.reclaims else None
-
-    gpu_short = job.total_gpus - index.free_gpus(flavor)
-    short = short_of_quota()
+    job, quota = p.job, ws.quota
+    gpu_short = job.total_gpus - ws.index.free_gpus(flavor)
+    short = _short_of_quota(quota, p)
     for c in eligible:
         v = c.job
         if v.id in chosen:
@@ -533,7 +584,7 @@ def _fill(ws: Workspace, p: Preemptor, flavor: str, eligible: Iterable[Candidate
         in_subtree = short is not None and ws.frees_quota_in(c, short)
         if not in_subtree and not (on_flavor and (gpu_short > 0 or short is None)):
             continue
-        if not c.leaving and v.tier <= job.tier and not still_borrowing(quota, p, v):
+        if not _takeable(ws.ctx, p, c):
             continue
         ws.release(c)
         victims.append(c)
@@ -542,7 +593,7 @@ def _fill(ws: Workspace, p: Preemptor, flavor: str, eligible: Iterable[Candidate
             gpu_short -= sum(gpus for _, gpus in c.freed)
         if gpu_short > 0:
             continue
-        short = short_of_quota()
+        short = _short_of_quota(quota, p)
         if short is not None:
             continue
         if satisfied():
@@ -550,10 +601,16 @@ def _fill(ws: Workspace, p: Preemptor, flavor: str, eligible: Iterable[Candidate
     return False
 
 
-def still_borrowing(quota: QuotaTree, p: Preemptor, v: Job) -> bool:
-    """Reclaim takes a victim only while its side is still above nominal."""
-    _, _, v_side = quota.lowest_common_ancestor(p.job.queue, v.queue)
-    return v_side >= 0 and quota.over_nominal(v_side)
+def _short_of_quota(quota: QuotaTree, p: Preemptor) -> int | None:
+    """The queue whose subtree must shrink for the job's quota (the limit it breaks, or for
+    `p.reclaims` the nominal), or None."""
+    job, d = p.job, p.demand
+    if not d:
+        return None
+    broken = quota.violation(job.queue, d)
+    if broken is not None:
+        return broken[0]
+    return quota.over_nominal_at(job.queue, d) if p.reclaims else None
 
 
 def drop_unneeded(ws: Workspace, released: Sequence[Candidate], satisfied: Callable[[], bool]) -> list[Candidate]:

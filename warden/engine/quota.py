@@ -15,8 +15,9 @@ never counted. Usage is mutable with undo, so a pass can try admissions and pree
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from warden.engine.reasons import BorrowingLimit, QuotaExceeded, Reason
 
@@ -39,9 +40,25 @@ class QuotaVerdict:
 class QuotaTree:
     """The compiled queue tree with live usage per queue and resource."""
 
-    __slots__ = ("resources", "names", "index", "parent", "children", "nominal", "limit", "kept",
-                 "usage", "held", "child_held", "child_excess", "leaving", "paths", "depth", "_demands",
-                 "_log")
+    __slots__ = (
+        "_demands",
+        "_log",
+        "child_excess",
+        "child_held",
+        "children",
+        "depth",
+        "held",
+        "index",
+        "kept",
+        "leaving",
+        "limit",
+        "names",
+        "nominal",
+        "parent",
+        "paths",
+        "resources",
+        "usage",
+    )
 
     def __init__(self, policy: Policy) -> None:
         self.resources: tuple[str, ...] = tuple(policy.governed_resources())

@@ -1,18 +1,38 @@
-"""Who may preempt whom (DESIGN §4.3), one small rule each, and what a victim would cost (§4.4).
+"""Who may preempt whom (DESIGN §4.3), one named rule each, and what a victim would cost (§4.4).
 
-A rule either lets a victim V be taken or returns a `Block` saying until when V is protected
-(`until=inf` when time will not help). *Victim rules* look at V alone (preemptible, lease,
-thrash budget, efficiency floor), so a pass evaluates them once per running job; *pair rules*
-also look at the preemptor P (direction, scope). The preemption search takes only victims no
-rule blocks; the reservation forecast also counts victims whose blocks all lift at a known
-time, which is how a job learns it is `WaitingForLease`.
+A pending job P may evict a running job V only if every rule of `RULES` lets it. A rule's
+check either lets V be taken (None) or returns a `Block` saying until when V is protected
+(`until=inf` when time will not help). Each rule is an object that declares what it reads, and
+everything the pass needs to ask the rules cheaply is derived from those declarations:
+
+- a *victim rule* (`VictimRule`: preemptible, lease, thrash budget, efficiency floor) reads V
+  alone and says whether its protection ever lifts (`lifts`). A pass asks the victim rules once
+  per running job (`protection`: when V may go) and keeps the answer between passes;
+- a *pair rule* (`PairRule`: direction, scope) reads P and V, and declares which fields of V it
+  reads (`reads`): victims alike in those share an answer, so a search asks the pair rules once
+  per (tier, queue) rather than once per victim (`allowed_for`, `pair_key`). It also declares
+  what it reads of P when V is of a strictly lower tier (`downward`): preemptors with the same
+  `downward_key` share one list of lower-tier victims for the whole pass;
+- every rule gives a necessary condition on the two tiers alone (`tiers`), from which the
+  pass's cheap test "could this P take any running job at all?" follows (`could_preempt`).
+
+The preemption search takes only victims no rule blocks; the reservation forecast also counts
+victims whose blocks all lift at a known time, which is how a job learns it is
+`WaitingForLease`. The last rule of §4.3, *gang*, is not a filter: a victim is one `Job`,
+evicted whole (`Preemption` names the job, and every replica is signalled at once).
+
+To add a rule: write its check next to the others, wrap it in a `VictimRule` or `PairRule` with
+its declarations, and add it to `VICTIM_RULES` or `PAIR_RULES`. `tests/engine/test_rules.py`
+checks every declaration against its check on random jobs (a pair rule that reads a field of V
+it does not declare would make victims share answers they must not).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from warden.engine.model import Job
 
@@ -26,6 +46,7 @@ INF = math.inf
 @dataclass(frozen=True, slots=True)
 class Block:
     rule: str
+    """The name of the rule that blocks (`VictimRule.name`, `PairRule.name`)."""
     until: float = INF
 
 
@@ -41,10 +62,12 @@ class Preemptor:
     """In-quota only by that count: the victims must leave it in-quota (`preemption.search`)."""
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class RuleContext:
     policy: Policy
     quota: QuotaTree
+    """The pass's quota usage: the pair rules read it (reclaim), so their answers hold only
+    while it is unchanged."""
     now: float
 
 
@@ -101,12 +124,58 @@ def victim_cost(policy: Policy, job: Job, now: float) -> tuple[float, float]:
 
 
 def cost_at(job: Job, since: float | None, restart: float, now: float) -> tuple[float, float]:
-    """`victim_cost` from its parts that do not change with time (a pass keeps them per job)."""
+    """`victim_cost` from its parts that do not change with time (a pass keeps them per job).
+
+    The pass prices thousands of victims with this arithmetic written out inline
+    (`warden.engine.phases.victims`); `tests/engine/test_victims.py` checks the two agree."""
     lost = 0.0 if since is None else job.total_gpus * max(0.0, now - since)
     return lost + restart, lost
 
 
 # -- the rules --------------------------------------------------------------------------------
+
+VictimCheck = Callable[[RuleContext, Job], "Block | None"]
+PairCheck = Callable[[RuleContext, Preemptor, Job], "Block | None"]
+TierTest = Callable[[RuleContext, int, int], bool]
+"""(context, P's tier, V's tier) → could the rule let some job of P's tier take some job of V's
+tier? A necessary condition: False only where it never could."""
+
+
+def _any_tiers(ctx: RuleContext, p_tier: int, v_tier: int) -> bool:
+    """A rule that does not look at tiers alone never rules a pair of tiers out."""
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class VictimRule:
+    """A rule that reads V alone: asked once per running job, its answer kept per job.
+
+    A check that blocks says until when (`Block.until`); the answer computed at one `now` must
+    hold at every later one (protection only lifts as time passes), which is what lets a pass
+    keep it between passes.
+    """
+
+    name: str
+    check: VictimCheck
+    lifts: bool
+    """Can its protection lift with time (a finite `Block.until`)? False: a block from it is
+    for good (`until` inf), so a job it blocks is nobody's victim, now or in any forecast."""
+    tiers: TierTest = _any_tiers
+
+
+@dataclass(frozen=True, slots=True)
+class PairRule:
+    """A rule that reads P and V (and the quota usage)."""
+
+    name: str
+    check: PairCheck
+    reads: tuple[str, ...]
+    """The fields of V the check reads: two victims equal in them get the same answer."""
+    downward: Callable[[RuleContext, Preemptor], tuple[object, ...]]
+    """What the check reads of P when V is of a strictly lower tier (beyond P's tier); it must
+    not read the quota usage then, so one list of lower-tier victims serves the whole pass."""
+    tiers: TierTest = _any_tiers
+
 
 def direction(ctx: RuleContext, p: Preemptor, v: Job) -> Block | None:
     """Downward (strictly lower tier), or reclaim of capacity borrowed from P's side."""
@@ -118,7 +187,11 @@ def direction(ctx: RuleContext, p: Preemptor, v: Job) -> Block | None:
 
 
 def reclaimable(ctx: RuleContext, p: Preemptor, v: Job) -> bool:
-    """V's side of the common ancestor is above nominal while P's side would stay within it."""
+    """V's side of the common ancestor is above nominal while P's side would stay within it.
+
+    Part of `direction`, and asked again by the search before it takes each same-tier victim:
+    reclaim takes back only what is borrowed, and every victim taken lowers what still is.
+    """
     q = ctx.quota
     if not may_reclaim(ctx, p) or v.queue == p.job.queue:
         return False
@@ -129,8 +202,25 @@ def reclaimable(ctx: RuleContext, p: Preemptor, v: Job) -> bool:
 
 
 def may_reclaim(ctx: RuleContext, p: Preemptor) -> bool:
-    """Can P reclaim at all? Only an in-quota job under a governed tree can."""
+    """Can P reclaim at all? Only an in-quota job under a governed tree can (without it,
+    `direction` allows no victim of P's own tier)."""
     return p.in_quota and ctx.quota.governed()
+
+
+def kind_of(p: Job, v: Job) -> str:
+    """How `direction` let P take V: "downward" or "reclaim" (a `Preemption`'s kind)."""
+    return "downward" if v.tier > p.tier else "reclaim"
+
+
+def _direction_downward(ctx: RuleContext, p: Preemptor) -> tuple[object, ...]:
+    return ()  # a strictly lower tier is always allowed
+
+
+def _direction_tiers(ctx: RuleContext, p_tier: int, v_tier: int) -> bool:
+    """Downward, or the same tier where that tier is charged to a governed tree (reclaim)."""
+    if v_tier != p_tier:
+        return v_tier > p_tier
+    return ctx.quota.governed() and ctx.policy.tier(v_tier).charged
 
 
 def scope(ctx: RuleContext, p: Preemptor, v: Job) -> Block | None:
@@ -140,8 +230,38 @@ def scope(ctx: RuleContext, p: Preemptor, v: Job) -> Block | None:
     return Block("scope")
 
 
+def _scope_downward(ctx: RuleContext, p: Preemptor) -> tuple[object, ...]:
+    free = p.in_quota or ctx.policy.tier(p.job.tier).scope == "cluster"
+    return (free, None if free else p.job.queue)
+
+
+def preemptor(ctx: RuleContext, job: Job, demand: tuple[float, ...]) -> Preemptor:
+    """P as the rules see it: in-quota counting what it could reclaim (uncharged: always)."""
+    return Preemptor(job, ctx.quota.in_quota(job.queue, demand, reclaim=True) if demand else True, demand)
+
+
+def preemptors(ctx: RuleContext, job: Job, demand: tuple[float, ...]) -> tuple[Preemptor, ...]:
+    """P once per way the scope rule lets it look for victims: each is searched on its own and
+    the cheapest set wins (the first on a tie).
+
+    A `scope: quota` job that is in-quota only once others' borrowing is reclaimed counts as
+    in-quota only if it is so *after admission*: either its victims leave it in-quota (they may
+    then be anywhere: `Preemptor.reclaims`), or it stays a borrower, whose victims must be in its
+    own queue (DESIGN §4.3). Any other job is in-quota or not, and searched once.
+    """
+    p = preemptor(ctx, job, demand)
+    if p.in_quota and demand and ctx.policy.tier(job.tier).scope == "quota" \
+            and not ctx.quota.in_quota(job.queue, demand):
+        return Preemptor(job, True, demand, reclaims=True), Preemptor(job, False, demand)
+    return (p,)
+
+
 def preemptible(ctx: RuleContext, v: Job) -> Block | None:
     return None if ctx.policy.tier(v.tier).preemptible else Block("preemptible")
+
+
+def _preemptible_tiers(ctx: RuleContext, p_tier: int, v_tier: int) -> bool:
+    return ctx.policy.tier(v_tier).preemptible
 
 
 def lease(ctx: RuleContext, v: Job) -> Block | None:
@@ -174,17 +294,47 @@ def efficiency_floor(ctx: RuleContext, v: Job) -> Block | None:
     return Block("efficiency", until) if ctx.now < until - 1e-6 else None
 
 
-VictimRule = Callable[[RuleContext, Job], "Block | None"]
-PairRule = Callable[[RuleContext, Preemptor, Job], "Block | None"]
-VICTIM_RULES: Sequence[VictimRule] = (preemptible, lease, thrash_budget, efficiency_floor)
-PAIR_RULES: Sequence[PairRule] = (direction, scope)
+PREEMPTIBLE = VictimRule("preemptible", preemptible, lifts=False, tiers=_preemptible_tiers)
+LEASE = VictimRule("lease", lease, lifts=True)
+THRASH_BUDGET = VictimRule("thrash_budget", thrash_budget, lifts=True)
+EFFICIENCY_FLOOR = VictimRule("efficiency", efficiency_floor, lifts=True)
+DIRECTION = PairRule("direction", direction, reads=("tier", "queue"), downward=_direction_downward,
+                     tiers=_direction_tiers)
+SCOPE = PairRule("scope", scope, reads=("queue",), downward=_scope_downward)
 
+VICTIM_RULES: tuple[VictimRule, ...] = (PREEMPTIBLE, LEASE, THRASH_BUDGET, EFFICIENCY_FLOOR)
+PAIR_RULES: tuple[PairRule, ...] = (DIRECTION, SCOPE)
+RULES: tuple[VictimRule | PairRule, ...] = (*VICTIM_RULES, *PAIR_RULES)
+
+PAIR_READS: tuple[str, ...] = tuple(dict.fromkeys(f for rule in PAIR_RULES for f in rule.reads))
+"""Every field of V a pair rule reads, in rule order."""
+
+
+def pair_key(v: Job) -> tuple[int, str]:
+    """V's values of `PAIR_READS`: victims with the same key get the same answer from `allowed`
+    (while the quota usage stays as it is).
+
+    Written out rather than built from `PAIR_READS` (`operator.attrgetter`): the pass computes
+    it for every victim it filters, and attribute reads compiled into the caller cost a small
+    fraction of a generic getter's. The hot loops that do (`allowed_for`,
+    `phases.victims.Victims._price`, `phases.reserve.Reserve._freeing`) inline it; the check
+    below keeps all of them reading what the rules declare.
+    """
+    return v.tier, v.queue
+
+
+if PAIR_READS != ("tier", "queue"):
+    raise ImportError(f"the pair rules read {PAIR_READS} of a victim: make `pair_key` and the "
+                      "loops that inline it read exactly those fields")
+
+
+# -- what the pass asks, derived from the rules -----------------------------------------------
 
 def protection(ctx: RuleContext, v: Job) -> float:
     """When the victim rules let V go: 0.0 now, a time, or inf (never)."""
     until = 0.0
     for rule in VICTIM_RULES:
-        b = rule(ctx, v)
+        b = rule.check(ctx, v)
         if b is not None:
             if b.until == INF:
                 return INF
@@ -194,24 +344,22 @@ def protection(ctx: RuleContext, v: Job) -> float:
 
 def allowed(ctx: RuleContext, p: Preemptor, v: Job) -> bool:
     """Do the pair rules let P take V (leaving time aside)?"""
-    for rule in PAIR_RULES:
-        if rule(ctx, p, v) is not None:
+    for rule in PAIR_RULES:  # noqa: SIM110 - a forecast asks per (tier, queue): no generator
+        if rule.check(ctx, p, v) is not None:
             return False
     return True
 
 
 def allowed_for(ctx: RuleContext, p: Preemptor) -> Callable[[Job], bool]:
-    """`allowed(ctx, p, v)` as a function of V alone, answered once per (tier, queue) of V.
+    """`allowed(ctx, p, v)` as a function of V alone, answered once per `pair_key` of V.
 
-    The pair rules read nothing of V but its tier and queue (and the quota state, which the
-    caller keeps unchanged while it uses the function), so victims of one tier in one queue
-    share the answer: a pass over thousands of victims asks the rules a few dozen times.
-    Keep it in step with `direction` and `scope`.
+    The caller keeps the quota usage unchanged while it uses the function: a pass over
+    thousands of victims asks the rules a few dozen times.
     """
     seen: dict[tuple[int, str], bool] = {}
 
     def ok(v: Job) -> bool:
-        key = (v.tier, v.queue)
+        key = (v.tier, v.queue)  # `pair_key`, inlined
         answer = seen.get(key)
         if answer is None:
             answer = seen[key] = allowed(ctx, p, v)
@@ -220,12 +368,20 @@ def allowed_for(ctx: RuleContext, p: Preemptor) -> Callable[[Job], bool]:
     return ok
 
 
-def downward_key(ctx: RuleContext, p: Preemptor) -> tuple:
+def downward_key(ctx: RuleContext, p: Preemptor) -> tuple[object, ...]:
     """What the pair rules read of P when V is of a strictly lower tier: every victim of a lower
     tier that they allow for one P they allow for any P with the same key (a search may reuse
-    the list). Keep it in step with `direction` and `scope`."""
-    free = p.in_quota or ctx.policy.tier(p.job.tier).scope == "cluster"
-    return (p.job.tier, free, None if free else p.job.queue)
+    the list)."""
+    key: tuple[object, ...] = (p.job.tier,)
+    for rule in PAIR_RULES:
+        key += rule.downward(ctx, p)
+    return key
+
+
+def could_preempt(ctx: RuleContext, p_tier: int, v_tiers: Iterable[int]) -> bool:
+    """A necessary condition, on tiers alone: could some rule-abiding P of tier `p_tier` take a
+    running job of one of `v_tiers`?"""
+    return any(all(rule.tiers(ctx, p_tier, t) for rule in RULES) for t in v_tiers)
 
 
 def blocks(ctx: RuleContext, p: Preemptor, v: Job) -> float:

@@ -1,0 +1,138 @@
+"""Phase 4, preempt: make room for a job that does not fit (DESIGN §4.3, §4.4).
+
+Capacity already on its way out counts first, at no cost, so a need it covers never gets a new
+victim; then eligible running jobs, searched flavor by flavor (`preemption.search`), once per
+way the scope rule lets the job look for victims (`rules.preemptors`). The cheapest set wins;
+every victim the job can do without on any flavor is then given back, the costliest first, so
+the set is minimal overall; and the job claims what its victims will free (`phases.claim`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from warden.engine.model import Job
+from warden.engine.phases.claim import Claim
+from warden.engine.phases.state import PassState
+from warden.engine.phases.victims import Victims
+from warden.engine.preemption import Candidate, search
+from warden.engine.reasons import Reason
+from warden.engine.rules import could_preempt, preemptors
+
+Found = tuple[list[Candidate], bool]
+"""A victim set, and whether it was chosen to leave the job in-quota (`Preemptor.reclaims`)."""
+
+
+class Preempt:
+    __slots__ = ("attempts_left", "claim", "memo", "state", "victims")
+
+    def __init__(self, state: PassState, victims: Victims, claim: Claim) -> None:
+        self.state = state
+        self.memo = state.memo
+        self.victims = victims
+        self.claim = claim
+        self.attempts_left = state.policy.preemption.max_attempts_per_pass
+        """Victim searches this pass may still run (a shape that failed is not searched again)."""
+
+    def attempt(self, job: Job) -> Reason | None:
+        """`WaitingForGrace` once the job's victims are signalled and its placement claimed;
+        None when no set of victims makes room (or the pass has run out of searches)."""
+        key = (job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.cpu, job.memory, job.placement)
+        fail = self.memo.preempt_fail
+        if key in fail or self.attempts_left <= 0:
+            return None
+        if not self._could(job):
+            fail.add(key)
+            return None
+        self.attempts_left -= 1
+        flavors = self.state.flavors(job)
+        found = self._cheapest(job, flavors)
+        placed = self._minimal(job, flavors, found) if found is not None else None
+        if placed is None:
+            fail.add(key)
+            return None
+        flavor, names, needed = placed
+        return self.claim.claim(job, names, self.state.demand(job, flavor), needed)
+
+    def _could(self, job: Job) -> bool:
+        """A cheap necessary condition: something terminating that nobody counts on yet, or a
+        running job of a tier the rules could let the job's tier take (`rules.could_preempt`)."""
+        state, memo = self.state, self.memo
+        if any(t not in state.claimed for t in state.terminating):
+            return True
+        answer = memo.could_preempt.get(job.tier)
+        if answer is None:
+            if memo.victim_tiers is None:
+                leaving: dict[int, int] = {}
+                for t in state.terminating.values():
+                    leaving[t.tier] = leaving.get(t.tier, 0) + 1
+                memo.victim_tiers = tuple(tier for tier, n in state.tiers.items() if n > leaving.get(tier, 0))
+            answer = memo.could_preempt[job.tier] = could_preempt(state.ctx, job.tier, memo.victim_tiers)
+        return answer
+
+    def _cheapest(self, job: Job, flavors: Sequence[str]) -> Found | None:
+        """The cheapest victim set over the flavors (the first flavor on a tie), or None."""
+        best: tuple[float, int, int, list[Candidate], bool] | None = None
+        for i, flavor in enumerate(flavors):
+            chosen, reclaims = self._search(job, flavor)
+            if chosen:
+                found = (*_set_cost(chosen), i, chosen, reclaims)
+                if best is None or found[:3] < best[:3]:
+                    best = found
+        return None if best is None else (best[3], best[4])
+
+    def _search(self, job: Job, flavor: str) -> Found:
+        """The cheapest set that makes room for `job` on `flavor`, searched once per way the
+        scope rule lets the job look for victims (the first way on a tie); ([], False) when
+        none does. The state is left as it was."""
+        state = self.state
+        d = state.demand(job, flavor)
+        leaving = self.victims.leaving()
+        best: Found = ([], False)
+        for p in preemptors(state.ctx, job, d):
+            mark = state.mark()
+            chosen = search(state, p, flavor, self.victims.pool(), leaving)
+            state.rollback(mark)
+            # A later way wins only where the earlier set is not as cheap (nor a NaN cost).
+            if chosen and (not best[0] or not _set_cost(best[0]) <= _set_cost(chosen)):
+                best = (chosen, p.reclaims)
+        return best
+
+    def _minimal(self, job: Job, flavors: Sequence[str], found: Found
+                 ) -> tuple[str, tuple[str, ...], list[Candidate]] | None:
+        """Give back every victim the job can do without on any flavor, the costliest first;
+        the first flavor it then fits on, its placement there, and the victims it needs (in
+        victim order). The state is left as it was.
+
+        The search and this fit test read the same state, so they agree; were they ever not to
+        (None), the job waits with the reason its placement gives, and the pass goes on.
+        """
+        state = self.state
+        victims, reclaims = found
+
+        def enough(f: str) -> bool:
+            """The search's own test: the job fits (and, for a set chosen to reclaim its way
+            into quota, is in-quota) on flavor f."""
+            d = state.demand(job, f)
+            return state.fits(job, f, d) and (not reclaims or state.quota.in_quota(job.queue, d))
+
+        mark = state.mark()
+        for c in victims:
+            state.release(c)
+        needed = []
+        for c in sorted(victims, key=lambda c: (-c.cost, -c.rank)):
+            state.retake(c)
+            if not any(enough(f) for f in flavors):
+                state.release(c)
+                needed.append(c)
+        flavor = next((f for f in flavors if enough(f)), None)
+        names = state.find(flavor, job) if flavor is not None else None
+        state.rollback(mark)
+        if flavor is None or names is None:
+            return None
+        return flavor, names, sorted(needed, key=lambda c: c.rank)
+
+
+def _set_cost(chosen: Sequence[Candidate]) -> tuple[float, int]:
+    """How victim sets compare (DESIGN §4.4): least cost, then fewest new victims."""
+    return sum(c.cost for c in chosen), sum(not c.leaving for c in chosen)

@@ -1,0 +1,132 @@
+"""Phase 5, reserve: the top blocked jobs hold the capacity that frees first (DESIGN §4.2).
+
+Up to `scheduling.reservations` jobs that neither fit nor can make room look for the earliest
+time they would fit (`Reserve.forecast`) and hold the part of that future placement that is
+free now; a lower job may start in it only if it ends before the reservation is due, or is
+tier 4 (`phases.admit`). Without expected ends nothing can be forecast and nothing is reserved.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from warden.engine.model import Job
+from warden.engine.phases.memo import Release
+from warden.engine.phases.state import PassState
+from warden.engine.phases.victims import Victims
+from warden.engine.plan import Reservation
+from warden.engine.reasons import Fragmented, InsufficientCapacity, Reason, WaitingForLease
+from warden.engine.rules import Preemptor, allowed, preemptor
+
+INF = math.inf
+
+Freeing = tuple[float, str, Job, bool]
+"""(when, job id, job, preempted then): a running job whose capacity a forecast counts on."""
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    """When and where a blocked job would fit first."""
+
+    due: float
+    names: tuple[str, ...]
+    """Its placement then: one node per replica."""
+    waits_for: tuple[Job, ...]
+    """The jobs whose exits it waits for, in the order they free capacity."""
+    lease_victims: tuple[Job, ...]
+    """Those of them it will preempt once their protection lifts."""
+
+
+class Reserve:
+    __slots__ = ("state", "victims")
+
+    def __init__(self, state: PassState, victims: Victims) -> None:
+        self.state = state
+        self.victims = victims
+
+    def attempt(self, job: Job, blocked: Reason) -> Reason | None:
+        """Reserve for the job where capacity frees first, and say why it waits (`blocked`, with
+        the reservation's due time); None when none can be made. (The caller keeps count of
+        `scheduling.reservations`.)"""
+        state = self.state
+        best: Forecast | None = None
+        for flavor in state.flavors(job):
+            found = self.forecast(job, flavor, INF if best is None else best.due)
+            if found is not None and (best is None or found.due < best.due):
+                best = found
+        if best is None:
+            return None
+        state.hold(job, best.names, best.due, backfill=True)
+        state.reservations.append(Reservation(job.id, best.due, tuple(dict.fromkeys(best.names)),
+                                              tuple(j.id for j in best.waits_for)))
+        if best.lease_victims:
+            return WaitingForLease(tuple(v.id for v in best.lease_victims), best.due)
+        if isinstance(blocked, (InsufficientCapacity, Fragmented)):
+            return replace(blocked, reserved_at=best.due)
+        return blocked
+
+    def forecast(self, job: Job, flavor: str, before: float = INF) -> Forecast | None:
+        """Release jobs in the order they will free capacity until the job fits on `flavor`.
+        None when it never fits, or not before `before` (the due time another flavor already
+        has). The state is left as it was."""
+        state = self.state
+        d = state.demand(job, flavor)
+        freeing = self._freeing(preemptor(state.ctx, job, d))
+        mark = state.mark()
+        released: list[tuple[Job, bool]] = []
+        found = None
+        now = state.now
+        for t, _, v, preempt in freeing:
+            if max(t, now) >= before:
+                break  # due no earlier than `before`, as is every later release
+            state.release_job(v, only=flavor)  # the fit is tested on `flavor` alone
+            released.append((v, preempt))
+            if state.fits(job, flavor, d):
+                names = state.find(flavor, job)
+                assert names is not None
+                found = Forecast(max(t, now), names, tuple(v for v, _ in released),
+                                 tuple(v for v, pre in released if pre))
+                break
+        state.rollback(mark)
+        return found
+
+    def _freeing(self, p: Preemptor) -> Iterator[Freeing]:
+        """The jobs whose exits free capacity, soonest first (ties by id), each once.
+
+        A terminating job frees its capacity at its SIGKILL deadline; a running one at its
+        expected end, or — if P may preempt it (pair rules) and its protection lifts before
+        that — when the protection lifts. Both orders are sorted once a pass
+        (`Victims.release_orders`) and merged here, each job taken from the one that applies
+        to it, so a forecast costs what it releases, not a sort of every running job.
+        """
+        state = self.state
+        at_end, at_lift, kinds = self.victims.release_orders()
+        # The pair rules read the quota usage, which the releases change: ask them first.
+        may = {kind: allowed(state.ctx, p, v) for kind, v in kinds.items()}
+        claimed = state.claimed
+        leaving: list[Freeing] = []
+        for gone in state.terminating.values():
+            if gone.id not in claimed:
+                kill_at = gone.attempt.kill_at if gone.attempt is not None else None
+                leaving.append((state.now if kill_at is None else kill_at, gone.id, gone, False))
+        leaving.sort(key=_time_and_id)
+        # `may[rules.pair_key(job)]`, inlined: a forecast may walk thousands of running jobs.
+        ending = (e for e in _drain(at_end)
+                  if e[2].id not in claimed and not (e[3] < e[0] and may[e[2].tier, e[2].queue]))
+        lifting = (e for e in _drain(at_lift) if e[2].id not in claimed and may[e[2].tier, e[2].queue])
+        return heapq.merge(leaving, ((t, i, v, False) for t, i, v, _ in ending),
+                           ((t, i, v, True) for t, i, v, _ in lifting), key=_time_and_id)
+
+
+def _time_and_id(e: Freeing) -> tuple[float, str]:
+    return e[0], e[1]
+
+
+def _drain(heap: list[Release]) -> Iterator[Release]:
+    """A heap's items, smallest first, leaving the heap as it was."""
+    heap = heap.copy()
+    while heap:
+        yield heapq.heappop(heap)
