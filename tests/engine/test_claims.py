@@ -117,3 +117,18 @@ def test_claimants_go_first_and_keep_their_victims_capacity() -> None:
     plan = schedule(Snapshot(cluster, (p3, replace(l1, claim=True)), pol), 100.0)
     assert admitted(plan) == {"l1"}
     assert plan.claims == frozenset() and plan.released_claims == ()
+
+
+def test_a_claimant_goes_before_its_own_tier_but_not_before_higher_ones() -> None:
+    """A claimant could preempt any job of its own or a lower tier admitted into its capacity
+    (a loop), but not a higher-tier one: those keep their place ahead of it."""
+    pol = _policy("0s")
+    cluster = (Node("n0", 2),)
+    t2 = pending("t2", "platform", 2, gpus=2, submit=5.0)
+    t3 = pending("t3", "platform", 3, gpus=2, submit=0.0)
+    l1 = pending("l1", "language", 3, gpus=2, submit=1.0, claim=True)
+    plan = schedule(Snapshot(cluster, (t3, l1, t2), pol), 100.0)
+    assert admitted(plan) == {"t2"}
+    order = sorted(plan.explanations.values(), key=lambda e: e.position)
+    assert [e.job_id for e in order] == ["l1", "t3"]
+    assert plan.explanations["l1"].position == 2  # after t2, before t3

@@ -12,6 +12,8 @@ from enum import Enum
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
+from warden.engine.accounting import wait_time
+
 if TYPE_CHECKING:
     from warden.engine.policy import Policy
 
@@ -125,8 +127,9 @@ class Job:
     """When each earlier preemption of this job began (the thrash guard's budget)."""
     claim: bool = False
     """A waiting job whose preemptions are freeing capacity for it (`Plan.claims` of the last
-    pass): a pass considers such jobs before all others, so what their victims free goes to
-    them and to no other job, borrowing or not. Set by the shell from the previous plan."""
+    pass): a pass considers such a job before every job of its own or a lower tier, so what
+    its victims free goes to it and to no job it could preempt in turn. Set by the shell from
+    the previous plan."""
     attempt: Attempt | None = None
 
     @property
@@ -135,10 +138,7 @@ class Job:
 
     def wait_at(self, now: float) -> float:
         """Seconds this job has spent pending in all attempts, up to `now`."""
-        if not self.state.waiting:
-            return self.waited
-        since = self.submit if self.pending_since is None else self.pending_since
-        return self.waited + max(0.0, now - since)
+        return wait_time(self.waited, self.pending_since, self.submit, now, self.state.waiting)
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from warden.engine.accounting import (
+    assumed_startup,
+    effective_grace,
+    effective_lease,
+    predicted_lost_work,
+    save_fits_grace,
+    unsaved_since,
+)
 from warden.engine.model import Job
 
 if TYPE_CHECKING:
@@ -73,20 +81,17 @@ class RuleContext:
 
 def lease_of(policy: Policy, job: Job) -> float:
     """The job's minimum runtime: its own request, else its tier's, never above max_lease."""
-    lease = policy.tier(job.tier).lease if job.lease is None else job.lease
-    return min(lease, policy.max_lease)
+    return effective_lease(policy, job.tier, job.lease)
 
 
 def grace_of(policy: Policy, job: Job) -> float:
-    grace = policy.tier(job.tier).grace if job.grace is None else job.grace
-    return max(grace, policy.min_grace)
+    """The job's grace: its own request, else its tier's, never below min_grace."""
+    return effective_grace(policy, job.tier, job.grace)
 
 
 def startup_of(policy: Policy, job: Job) -> float:
-    a = job.attempt
-    if a is not None and a.startup_s is not None:
-        return a.startup_s
-    return policy.preemption.restart_overhead
+    """The attempt's measured startup, else the policy's restart overhead."""
+    return assumed_startup(policy, None if job.attempt is None else job.attempt.startup_s)
 
 
 def efficiency(policy: Policy, job: Job, now: float) -> float:
@@ -104,18 +109,18 @@ def at_risk_since(policy: Policy, job: Job) -> float | None:
     """Start of the progress a preemption would throw away: the later of the end of startup
     and the last checkpoint; None when nothing would be lost (a SIGTERM save fits the grace)."""
     a = job.attempt
-    if a is None:
+    if a is None or save_fits_grace(a.sigterm_save_s, grace_of(policy, job)):
         return None
-    if a.sigterm_save_s is not None and a.sigterm_save_s <= grace_of(policy, job):
-        return None
-    since = a.started_at + startup_of(policy, job)
-    return since if a.last_checkpoint_at is None else max(since, a.last_checkpoint_at)
+    return unsaved_since(a.started_at, startup_of(policy, job), a.last_checkpoint_at)
 
 
 def lost_work(policy: Policy, job: Job, now: float) -> float:
-    """GPU-seconds a preemption now would throw away (zero if a SIGTERM save fits the grace)."""
-    since = at_risk_since(policy, job)
-    return 0.0 if since is None else job.total_gpus * max(0.0, now - since)
+    """GPU-seconds a preemption now would throw away (`accounting.predicted_lost_work`)."""
+    a = job.attempt
+    if a is None:
+        return 0.0
+    return predicted_lost_work(job.total_gpus, now, a.started_at, startup_of(policy, job), a.last_checkpoint_at,
+                               a.sigterm_save_s, grace_of(policy, job))
 
 
 def victim_cost(policy: Policy, job: Job, now: float) -> tuple[float, float]:
@@ -124,7 +129,8 @@ def victim_cost(policy: Policy, job: Job, now: float) -> tuple[float, float]:
 
 
 def cost_at(job: Job, since: float | None, restart: float, now: float) -> tuple[float, float]:
-    """`victim_cost` from its parts that do not change with time (a pass keeps them per job).
+    """`victim_cost` from its parts that do not change with time (a pass keeps them per job);
+    its lost work is `accounting.predicted_lost_work`, from `at_risk_since`.
 
     The pass prices thousands of victims with this arithmetic written out inline
     (`warden.engine.phases.victims`); `tests/engine/test_victims.py` checks the two agree."""

@@ -63,7 +63,7 @@ def ranked(snapshot: Snapshot, now: float, waiting: Iterable[Job] | None = None)
         else:
             fr, ratios, max_wait = queues.get(j.queue, unknown)
             since = j.submit if j.pending_since is None else j.pending_since
-            waited = j.waited + (now - since if now > since else 0.0)  # Job.wait_at, inlined
+            waited = j.waited + (now - since if now > since else 0.0)  # accounting.wait_time, inlined: hot loop
             breach = 0 if waited >= max_wait else 1
             neg_waited = -waited
             key = new(SortKey, (j.tier, breach, fr, neg_waited, j.submit, j.id, ratios))
@@ -83,11 +83,14 @@ def ranked(snapshot: Snapshot, now: float, waiting: Iterable[Job] | None = None)
 
 
 def claimants_first(ranking: list[Ranked], claims: dict[str, Job]) -> list[Ranked]:
-    """The ranking, with the jobs that hold a claim first (in rank order among them).
+    """The ranking, with each job that holds a claim moved ahead of every job of its own or a
+    lower tier (claimants among themselves in rank order).
 
-    A claimant's victims are leaving for it: considered first, it takes what they free (or
-    claims it again while they are still in their grace) before any other job could be
-    admitted into it, which would only be preempted again in turn.
+    A claimant's victims are leaving for it: considered before any job it could preempt in
+    turn, it takes what they free (or claims it again while they are still in their grace),
+    so nobody is admitted into that capacity only to be preempted for it again. A job of a
+    higher tier may still take it: the claimant could not preempt that job, so no loop
+    follows, and higher tiers keep going first.
     """
     if not claims:
         return ranking
@@ -95,4 +98,17 @@ def claimants_first(ranking: list[Ranked], claims: dict[str, Job]) -> list[Ranke
     if not first:
         return ranking
     held = {r[2] for r in first}
-    return first + [r for r in ranking if r[2] not in held]
+    out: list[Ranked] = []
+    lowest = min(r[5].tier for r in first)  # the smallest tier among claimants not yet placed
+    for r in ranking:
+        if r[2] in held:
+            continue
+        if first and r[5].tier >= lowest:
+            tier = r[5].tier
+            placed = [c for c in first if c[5].tier <= tier]
+            out.extend(placed)
+            first = [c for c in first if c[5].tier > tier]
+            lowest = min((c[5].tier for c in first), default=0)
+        out.append(r)
+    out.extend(first)
+    return out
