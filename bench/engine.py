@@ -30,7 +30,7 @@ if __package__ in (None, ""):
     # Run as a script from a checkout: make the repository's `warden` importable.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from warden.bench.engine import run_churn_bench, run_engine_bench, synthetic_snapshot  # noqa: E402
+from warden.bench.engine import run_churn_bench, run_engine_bench, synthetic_snapshot
 
 CONFIGS: dict[str, dict[str, int]] = {
     "a": {"nodes": 1000, "gpus_per_node": 8, "pending": 10_000, "running": 5_000, "repeat": 5},
@@ -52,8 +52,7 @@ def _profile(cfg: dict[str, int], seed: int) -> str:
     """cProfile of one pass (after a warm-up), top 15 by cumulative time."""
     from warden.engine.scheduler import schedule
 
-    snapshot, now = synthetic_snapshot(cfg["nodes"], cfg["gpus_per_node"], cfg["pending"],
-                                       cfg["running"], seed)
+    snapshot, now = synthetic_snapshot(cfg["nodes"], cfg["gpus_per_node"], cfg["pending"], cfg["running"], seed)
     schedule(snapshot, now)
     prof = cProfile.Profile()
     prof.enable()
@@ -67,8 +66,7 @@ def _profile(cfg: dict[str, int], seed: int) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="shrink every configuration 10x")
-    parser.add_argument("--repeat", type=int, default=None,
-                        help="timed passes per configuration (default 5, 3 for b)")
+    parser.add_argument("--repeat", type=int, default=None, help="timed passes per configuration (default 5, 3 for b)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", default="a,b,c,d", help="comma-separated subset of a,b,c,d")
     parser.add_argument("--profile", action="store_true", help="cProfile (a) and (b) to stderr")
@@ -85,15 +83,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cfg = configs[name]
         repeat = args.repeat if args.repeat is not None else cfg["repeat"]
         print(f"bench: {name} {cfg} repeat={repeat}", file=sys.stderr, flush=True)
-        return run_engine_bench(cfg["nodes"], cfg["gpus_per_node"], cfg["pending"], cfg["running"],
-                                seed=args.seed, repeat=repeat)
+        return run_engine_bench(
+            cfg["nodes"], cfg["gpus_per_node"], cfg["pending"], cfg["running"], seed=args.seed, repeat=repeat
+        )
 
     for name in ("a", "b"):
         if name in only:
             result[name] = measure(name)
             if args.profile:
-                print(f"--- profile of {name} ---\n{_profile(configs[name], args.seed)}",
-                      file=sys.stderr, flush=True)
+                print(f"--- profile of {name} ---\n{_profile(configs[name], args.seed)}", file=sys.stderr, flush=True)
     if "c" in only:
         one, ten = measure("c_1x"), measure("c_10x")
         result["c"] = {
@@ -102,15 +100,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "pass_ms_1x": one["pass_ms_median"],
             "pass_ms_10x": ten["pass_ms_median"],
             "scaling_ratio": round(ten["pass_ms_median"] / one["pass_ms_median"], 3)
-            if one["pass_ms_median"] > 0 else None,
+            if one["pass_ms_median"] > 0
+            else None,
             "runs": {"1x": one, "10x": ten},
         }
     if "d" in only:
         cfg = configs["d"]
         repeat = args.repeat if args.repeat is not None else cfg["repeat"]
         print(f"bench: d {cfg} repeat={repeat}", file=sys.stderr, flush=True)
-        result["d"] = run_churn_bench(cfg["nodes"], cfg["gpus_per_node"], cfg["pending"], cfg["running"],
-                                      churn=cfg["churn"], seed=args.seed, repeat=repeat)
+        result["d"] = run_churn_bench(
+            cfg["nodes"],
+            cfg["gpus_per_node"],
+            cfg["pending"],
+            cfg["running"],
+            churn=cfg["churn"],
+            seed=args.seed,
+            repeat=repeat,
+        )
     print(json.dumps(result))
     return result
 

@@ -44,7 +44,7 @@ from warden.workload import CheckpointStore, PreemptionGuard, Reporter  # noqa: 
 
 
 class _Sink(http.server.BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         self.send_response(204)
         self.end_headers()
@@ -93,11 +93,22 @@ def sigterm_to_exit(script: str, args: list[str], url: str) -> tuple[float, floa
     until it printed that its checkpoint was saved, and until it exited."""
     with tempfile.TemporaryDirectory() as ckpt:
         env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
-        env.update({"WARDEN_JOB_ID": "bench", "WARDEN_ATTEMPT": "1", "WARDEN_URL": url,
-                    "WARDEN_GRACE_SECONDS": "30", "WARDEN_CHECKPOINT_DIR": ckpt})
-        proc = subprocess.Popen([sys.executable, str(REPO / "examples" / script), *args],
-                                env=env, stdout=subprocess.PIPE, text=True,
-                                start_new_session=True)
+        env.update(
+            {
+                "WARDEN_JOB_ID": "bench",
+                "WARDEN_ATTEMPT": "1",
+                "WARDEN_URL": url,
+                "WARDEN_GRACE_SECONDS": "30",
+                "WARDEN_CHECKPOINT_DIR": ckpt,
+            }
+        )
+        proc = subprocess.Popen(
+            [sys.executable, str(REPO / "examples" / script), *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         assert proc.stdout is not None
         for line in proc.stdout:
             if line.startswith("step 3 "):
@@ -176,8 +187,7 @@ def main() -> None:
     runs = 3 if args.quick else args.runs
     server, url = start_sink()
     try:
-        result: dict[str, Any] = {"runs": runs, "python": platform.python_version(),
-                                  "cpus": os.cpu_count()}
+        result: dict[str, Any] = {"runs": runs, "python": platform.python_version(), "cpus": os.cpu_count()}
         result.update(bench_calls(runs, url))
         result.update(bench_saves(runs))
         result.update(bench_exits(runs, url))

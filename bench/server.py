@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "server"))
 
-from serverproc import ADMIN, Server, wait_for  # noqa: E402
+from serverproc import ADMIN, Server, wait_for
 
 POLICY = """\
 min_grace: 1s
@@ -61,8 +61,9 @@ def submissions(n: int, clients: int, seconds: float) -> dict[str, Any]:
         s = _server(Path(d), 1)
         try:
             with s.client() as c:
-                holder = c.post("/v1/jobs", json={"queue": "team", "tier": 3, "gpus": 1,
-                                                   "command": ["sleep", "600"], "workdir": d}).json()["id"]
+                holder = c.post(
+                    "/v1/jobs", json={"queue": "team", "tier": 3, "gpus": 1, "command": ["sleep", "600"], "workdir": d}
+                ).json()["id"]
                 wait_for(lambda: c.get(f"/v1/jobs/{holder}").json()["state"] == "RUNNING")
             if shutil.which("wrk"):
                 result = _wrk(s, Path(d), clients, seconds)
@@ -79,19 +80,32 @@ def submissions(n: int, clients: int, seconds: float) -> dict[str, Any]:
 def _wrk(s: Server, d: Path, connections: int, seconds: float) -> dict[str, Any]:
     body = json.dumps({"queue": "team", "tier": 3, "gpus": 1, "command": ["true"], "workdir": str(d)})
     script = d / "post.lua"
-    script.write_text(f'wrk.method = "POST"\nwrk.body = {json.dumps(body)}\n'
-                      f'wrk.headers["Content-Type"] = "application/json"\n'
-                      f'wrk.headers["Authorization"] = "Bearer {ADMIN}"\n'
-                      'done = function(summary, latency, requests)\n'
-                      '  io.write(string.format("RESULT %d %d %d %d %d\\n", summary.requests, summary.duration,'
-                      ' summary.errors.status, latency:percentile(50), latency:percentile(95)))\nend\n')
-    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "-s", str(script),
-                          f"{s.url}/v1/jobs"], capture_output=True, text=True, check=True).stdout
+    script.write_text(
+        f'wrk.method = "POST"\nwrk.body = {json.dumps(body)}\n'
+        f'wrk.headers["Content-Type"] = "application/json"\n'
+        f'wrk.headers["Authorization"] = "Bearer {ADMIN}"\n'
+        "done = function(summary, latency, requests)\n"
+        '  io.write(string.format("RESULT %d %d %d %d %d\\n", summary.requests, summary.duration,'
+        " summary.errors.status, latency:percentile(50), latency:percentile(95)))\nend\n"
+    )
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "-s", str(script), f"{s.url}/v1/jobs"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     line = next(x for x in out.splitlines() if x.startswith("RESULT"))
     requests, duration_us, bad, p50_us, p95_us = map(int, line.split()[1:])
-    return {"load_generator": "wrk", "connections": connections, "submissions": requests,
-            "wall_s": round(duration_us / 1e6, 3), "submit_per_s": round(requests / (duration_us / 1e6), 1),
-            "errors": bad, "latency_p50_s": p50_us / 1e6, "latency_p95_s": p95_us / 1e6}
+    return {
+        "load_generator": "wrk",
+        "connections": connections,
+        "submissions": requests,
+        "wall_s": round(duration_us / 1e6, 3),
+        "submit_per_s": round(requests / (duration_us / 1e6), 1),
+        "errors": bad,
+        "latency_p50_s": p50_us / 1e6,
+        "latency_p95_s": p95_us / 1e6,
+    }
 
 
 def _python_clients(s: Server, d: str, n: int, clients: int) -> dict[str, Any]:
@@ -101,8 +115,7 @@ def _python_clients(s: Server, d: str, n: int, clients: int) -> dict[str, Any]:
     def work() -> None:
         with s.client() as c:
             for _ in range(per_client):
-                r = c.post("/v1/jobs", json={"queue": "team", "tier": 3, "gpus": 1,
-                                              "command": ["true"], "workdir": d})
+                r = c.post("/v1/jobs", json={"queue": "team", "tier": 3, "gpus": 1, "command": ["true"], "workdir": d})
                 if r.status_code != 201:
                     errors.append(r.text)
 
@@ -113,9 +126,14 @@ def _python_clients(s: Server, d: str, n: int, clients: int) -> dict[str, Any]:
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    return {"load_generator": "python threads (wrk not installed)", "connections": clients,
-            "submissions": per_client * clients, "wall_s": round(wall, 3),
-            "submit_per_s": round(per_client * clients / wall, 1), "errors": len(errors)}
+    return {
+        "load_generator": "python threads (wrk not installed)",
+        "connections": clients,
+        "submissions": per_client * clients,
+        "wall_s": round(wall, 3),
+        "submit_per_s": round(per_client * clients / wall, 1),
+        "errors": len(errors),
+    }
 
 
 def submit_to_running(runs: int) -> dict[str, Any]:
@@ -128,15 +146,26 @@ def submit_to_running(runs: int) -> dict[str, Any]:
                     mark = Path(d) / f"started-{i}"
                     code = f"import time; open({str(mark)!r}, 'w').write(repr(time.time()))"
                     t0 = time.time()
-                    job = c.post("/v1/jobs", json={"queue": "team", "tier": 3, "gpus": 1, "workdir": d,
-                                                   "command": [sys.executable, "-c", code]}).json()["id"]
-                    wait_for(lambda: mark.exists() and mark.read_text(), 30)
+                    job = c.post(
+                        "/v1/jobs",
+                        json={
+                            "queue": "team",
+                            "tier": 3,
+                            "gpus": 1,
+                            "workdir": d,
+                            "command": [sys.executable, "-c", code],
+                        },
+                    ).json()["id"]
+                    wait_for(lambda mark=mark: mark.exists() and mark.read_text(), 30)
                     out.append(float(mark.read_text()) - t0)
-                    wait_for(lambda: c.get(f"/v1/jobs/{job}").json()["state"] == "SUCCEEDED", 30)
+                    wait_for(lambda job=job: c.get(f"/v1/jobs/{job}").json()["state"] == "SUCCEEDED", 30)
         finally:
             s.stop()
-    return {"runs": runs, "submit_to_running_s": round(statistics.median(out), 4),
-            "submit_to_running_s_all": [round(x, 4) for x in out]}
+    return {
+        "runs": runs,
+        "submit_to_running_s": round(statistics.median(out), 4),
+        "submit_to_running_s_all": [round(x, 4) for x in out],
+    }
 
 
 def sigkill_lateness(runs: int) -> dict[str, Any]:
@@ -149,17 +178,32 @@ def sigkill_lateness(runs: int) -> dict[str, Any]:
                     mark = Path(d) / f"up-{i}"
                     script = Path(d) / f"stubborn-{i}.py"
                     script.write_text(STUBBORN.format(mark=mark))
-                    job = c.post("/v1/jobs", json={"queue": "team", "tier": 3, "gpus": 1, "workdir": d,
-                                                   "command": [sys.executable, str(script)]}).json()["id"]
+                    job = c.post(
+                        "/v1/jobs",
+                        json={
+                            "queue": "team",
+                            "tier": 3,
+                            "gpus": 1,
+                            "workdir": d,
+                            "command": [sys.executable, str(script)],
+                        },
+                    ).json()["id"]
                     wait_for(mark.exists, 30)
                     c.post(f"/v1/jobs/{job}/cancel")
-                    a = wait_for(lambda: (x := c.get(f"/v1/jobs/{job}").json())["state"] == "CANCELLED"
-                                 and x["attempts"][0], 30)
+                    a = wait_for(
+                        lambda job=job: (
+                            (x := c.get(f"/v1/jobs/{job}").json())["state"] == "CANCELLED" and x["attempts"][0]
+                        ),
+                        30,
+                    )
                     out.append(a["ended_at"] - a["kill_at"])
         finally:
             s.stop()
-    return {"runs": runs, "sigkill_lateness_s": round(statistics.median(out), 4),
-            "sigkill_lateness_s_all": [round(x, 4) for x in out]}
+    return {
+        "runs": runs,
+        "sigkill_lateness_s": round(statistics.median(out), 4),
+        "sigkill_lateness_s_all": [round(x, 4) for x in out],
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

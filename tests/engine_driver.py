@@ -118,8 +118,9 @@ def check_warm_engine(engine: Engine, snapshot: Snapshot, plan: Plan, now: float
         assert alloc.index.free(node.name) == built.index.free(node.name), node.name
     for name in ("usage", "held", "child_held", "child_excess", "leaving"):
         ours, theirs = getattr(alloc.quota, name), getattr(built.quota, name)
-        assert all(abs(a - b) < 1e-6 for x, y in zip(ours, theirs) for a, b in zip(x, y)), \
+        assert all(abs(a - b) < 1e-6 for x, y in zip(ours, theirs) for a, b in zip(x, y)), (
             f"quota {name} drifted: {ours} != {theirs}"
+        )
 
 
 @dataclass
@@ -193,8 +194,9 @@ class Driver:
     # -- one step -----------------------------------------------------------------------------
     def step(self, now: float) -> StepRecord:
         # One pass per point in time (DESIGN §8): every event up to `now` is handled in it.
-        assert now > self.now or (not self.log and now == self.now), \
+        assert now > self.now or (not self.log and now == self.now), (
             f"passes at {self.now} and then {now}: time must move forward"
+        )
         nxt = self.next_event()
         assert nxt is None or nxt >= now, f"stepping to {now} would skip an event at {nxt}"
         self._accrue(now)
@@ -222,8 +224,7 @@ class Driver:
             changed += [self.finished[i] for i in self._told if i not in current]
             first = not self._told and not self.log
             self._told = current
-            plan = self._warm.plan(snapshot if first else replace(snapshot, jobs=()), now,
-                                   None if first else changed)
+            plan = self._warm.plan(snapshot if first else replace(snapshot, jobs=()), now, None if first else changed)
         check_warm_engine(self._warm, snapshot, plan, now)
         return plan
 
@@ -247,8 +248,12 @@ class Driver:
                     backoff = self.policy.thrash.requeue_backoff
                     # The whole gang goes at once: the attempt (every replica) is dropped.
                     self.jobs[job_id] = replace(
-                        job, state=JobState.REQUEUED, attempt=None, pending_since=now,
-                        not_before=now + backoff if backoff > 0 else None)
+                        job,
+                        state=JobState.REQUEUED,
+                        attempt=None,
+                        pending_since=now,
+                        not_before=now + backoff if backoff > 0 else None,
+                    )
                     exited.append(job_id)
                 continue
             end = self._completion_at(job)
@@ -302,16 +307,27 @@ class Driver:
             number = self._attempts.get(job.id, 0) + 1
             self._attempts[job.id] = number
             spec = self._spec[job.id]
-            attempt = Attempt(number=number, started_at=now, assignment=adm.placement,
-                              borrowing=adm.borrowing, sigterm_save_s=spec.sigterm_save_s)
-            self.jobs[job.id] = replace(job, state=JobState.RUNNING, attempt=attempt,
-                                        waited=job.wait_at(now), pending_since=None,
-                                        not_before=None)
+            attempt = Attempt(
+                number=number,
+                started_at=now,
+                assignment=adm.placement,
+                borrowing=adm.borrowing,
+                sigterm_save_s=spec.sigterm_save_s,
+            )
+            self.jobs[job.id] = replace(
+                job,
+                state=JobState.RUNNING,
+                attempt=attempt,
+                waited=job.wait_at(now),
+                pending_since=None,
+                not_before=None,
+            )
         for pre in plan.preemptions:
             job = self.jobs[pre.job_id]
             a = job.attempt
-            assert a is not None and job.state.holds_resources and a.sigterm_at is None, \
+            assert a is not None and job.state.holds_resources and a.sigterm_at is None, (
                 f"preempted {pre.job_id} is {job.state} with attempt {a}"
+            )
             spec = self._spec[job.id]
             frac = spec.exit_fracs[len(job.preempted_at) % len(spec.exit_fracs)]
             frac = min(1.0, max(0.0, frac))
@@ -319,11 +335,13 @@ class Driver:
             # Exit strictly after the signal (the pass at `now` is over) and never after kill_at.
             exit_at = min(kill_at, now + max(1.0, frac * pre.grace))
             self.jobs[job.id] = replace(
-                job, state=JobState.PREEMPTING, preempted_at=(*job.preempted_at, now),
-                attempt=replace(a, sigterm_at=now, kill_at=kill_at))
+                job,
+                state=JobState.PREEMPTING,
+                preempted_at=(*job.preempted_at, now),
+                attempt=replace(a, sigterm_at=now, kill_at=kill_at),
+            )
             self._exit_at[job.id] = len(self.evictions)
-            self.evictions.append(Eviction(job.id, a.number, pre.for_job, now, kill_at,
-                                           pre.grace, exit_at))
+            self.evictions.append(Eviction(job.id, a.number, pre.for_job, now, kill_at, pre.grace, exit_at))
         # The shell's side of a claim: exactly the jobs the plan names hold one next pass.
         for job_id, job in self.jobs.items():
             claim = job.state.waiting and job_id in plan.claims
@@ -331,9 +349,15 @@ class Driver:
                 self.jobs[job_id] = replace(job, claim=claim)
 
 
-def run_history(nodes: tuple[Node, ...], policy: Policy, specs: tuple[JobSpec, ...],
-                gaps: tuple[float, ...], on_step: Callable[[Driver, StepRecord], None] | None = None,
-                on_plan: PlanHook | None = None, engine: EnginePath = "fresh") -> Driver:
+def run_history(
+    nodes: tuple[Node, ...],
+    policy: Policy,
+    specs: tuple[JobSpec, ...],
+    gaps: tuple[float, ...],
+    on_step: Callable[[Driver, StepRecord], None] | None = None,
+    on_plan: PlanHook | None = None,
+    engine: EnginePath = "fresh",
+) -> Driver:
     """Drive one history: a step per gap (or earlier, at the next event)."""
     driver = Driver(nodes, policy, specs, on_plan=on_plan, engine=engine)
     for gap in gaps:

@@ -37,7 +37,6 @@ EPS = 1e-9
 INF = math.inf
 
 
-
 # ======================================================================= independent models
 
 
@@ -60,9 +59,14 @@ class QuotaModel:
             for c in q.children:
                 self.parent[c.name] = q.name
         self.leaves = {n for n, q in self.spec.items() if not q.children}
-        self.resources = sorted({r for q in self.spec.values()
-                                 for quota in (q.nominal, q.borrowing_limit or {}, q.lending_limit or {})
-                                 for r in quota})
+        self.resources = sorted(
+            {
+                r
+                for q in self.spec.values()
+                for quota in (q.nominal, q.borrowing_limit or {}, q.lending_limit or {})
+                for r in quota
+            }
+        )
         self.usage: dict[str, dict[str, float]] = {n: defaultdict(float) for n in self.spec}
 
     def copy(self) -> QuotaModel:
@@ -137,8 +141,11 @@ class QuotaModel:
         """Within nominal on every queue below the root."""
         if not self.charged(job):
             return True
-        return all(self.usage[q][r] + a <= self.nominal(q, r) + EPS
-                   for r, a in self.demand(job, flavor).items() for q in self.path(job.queue)[:-1])
+        return all(
+            self.usage[q][r] + a <= self.nominal(q, r) + EPS
+            for r, a in self.demand(job, flavor).items()
+            for q in self.path(job.queue)[:-1]
+        )
 
 
 class Free:
@@ -183,8 +190,7 @@ class Free:
         """Take a best-fit placement of the whole gang (fewest free GPUs first); it must fit."""
         nodes = [n.name for n in self.nodes.values() if n.flavor == flavor]
         if job.placement == "pack":
-            nodes = [min((n for n in nodes if self.replicas_on(n, job) >= job.replicas),
-                         key=lambda n: self.free[n][0])]
+            nodes = [min((n for n in nodes if self.replicas_on(n, job) >= job.replicas), key=lambda n: self.free[n][0])]
         elif job.placement == "block":
             blocks: dict[Any, list[str]] = defaultdict(list)
             for n in nodes:
@@ -234,8 +240,9 @@ class PassView:
         self.nodes = {n.name: n for n in snapshot.nodes}
         self.flavors = tuple(sorted({n.flavor for n in snapshot.nodes}))
         self.holding = [j for j in snapshot.jobs if j.state.holds_resources and j.attempt is not None]
-        self.terminating = {j.id for j in self.holding
-                            if j.attempt.sigterm_at is not None or j.state is JobState.PREEMPTING}  # type: ignore[union-attr]
+        self.terminating = {
+            j.id for j in self.holding if j.attempt.sigterm_at is not None or j.state is JobState.PREEMPTING
+        }  # type: ignore[union-attr]
         self.waiting = [j for j in snapshot.jobs if j.state.waiting]
         self.admitted = {a.job_id: a for a in plan.admissions}
         self.victims_of: dict[str, list[str]] = defaultdict(list)
@@ -282,22 +289,26 @@ def check_plan_shape(v: PassView) -> None:
     for a in plan.admissions:
         job = jobs.get(a.job_id)
         assert job is not None, f"admitted unknown job {a.job_id}"
-        assert job.state.waiting and job.state is not JobState.AWAITING_APPROVAL, \
+        assert job.state.waiting and job.state is not JobState.AWAITING_APPROVAL, (
             f"admitted {job.id} in state {job.state}"
+        )
         assert job.not_before is None or job.not_before <= v.now, f"admitted {job.id} before not_before"
     for p in plan.preemptions:
         victim = jobs.get(p.job_id)
-        assert victim is not None and victim.state.holds_resources and victim.attempt is not None, \
+        assert victim is not None and victim.state.holds_resources and victim.attempt is not None, (
             f"preempted {p.job_id}, which holds no resources"
+        )
         pre = jobs.get(p.for_job)
-        assert pre is not None and pre.state.waiting and pre.state is not JobState.AWAITING_APPROVAL, \
+        assert pre is not None and pre.state.waiting and pre.state is not JobState.AWAITING_APPROVAL, (
             f"{p.job_id} preempted for {p.for_job}, which is not a waiting job"
+        )
         assert p.for_job not in v.admitted, f"{p.for_job} is admitted and preempts {p.job_id} in one pass"
 
     waiting = {j.id for j in v.waiting}
     expected = waiting - set(adm_ids)
     assert set(plan.explanations) == expected, (
-        f"explanations for {sorted(plan.explanations)}, waiting and not admitted: {sorted(expected)}")
+        f"explanations for {sorted(plan.explanations)}, waiting and not admitted: {sorted(expected)}"
+    )
     seen_positions = set()
     signalled = {p.job_id for p in plan.preemptions}
     for jid, e in plan.explanations.items():
@@ -305,14 +316,17 @@ def check_plan_shape(v: PassView) -> None:
         r = e.reason
         assert r.code in REASON_CODES, f"{jid}: unknown reason code {r.code}"
         msg = r.message
-        assert isinstance(msg, str) and msg.strip() and msg.endswith(".") and (msg[0].isupper() or msg[0].isdigit()), \
+        assert isinstance(msg, str) and msg.strip() and msg.endswith(".") and (msg[0].isupper() or msg[0].isdigit()), (
             f"{jid}: reason message is not a sentence: {msg!r}"
+        )
         json.dumps(r.to_dict())
-        assert 1 <= e.position <= len(waiting) and e.position not in seen_positions, \
+        assert 1 <= e.position <= len(waiting) and e.position not in seen_positions, (
             f"{jid}: bad or duplicate position {e.position}"
+        )
         seen_positions.add(e.position)
-        assert (r.code == "AwaitingApproval") == (jobs[jid].state is JobState.AWAITING_APPROVAL), \
+        assert (r.code == "AwaitingApproval") == (jobs[jid].state is JobState.AWAITING_APPROVAL), (
             f"{jid} in state {jobs[jid].state} explained as {r.code}"
+        )
         if r.code == "ThrashBackoff":
             nb = jobs[jid].not_before
             assert nb is not None and nb > v.now
@@ -322,11 +336,13 @@ def check_plan_shape(v: PassView) -> None:
             for x in r.victims:
                 # Its own victims, or evictions in flight: jobs already terminating or signalled
                 # in this pass (an eviction with room for two may serve two waiting jobs).
-                assert x in signalled or x in v.terminating, \
+                assert x in signalled or x in v.terminating, (
                     f"{jid} waits for {x}, which is neither signalled nor terminating"
+                )
     for jid in v.victims_of:
-        assert jid in plan.explanations and plan.explanations[jid].reason.code == "WaitingForGrace", \
+        assert jid in plan.explanations and plan.explanations[jid].reason.code == "WaitingForGrace", (
             f"{jid} preempts {v.victims_of[jid]} but is not explained as WaitingForGrace"
+        )
     v.positions()
 
 
@@ -343,8 +359,9 @@ def check_capacity(v: PassView) -> None:
             u[0] += job.gpus
             u[1] += job.cpu
             u[2] += job.memory
-            assert len(rp.gpus) == job.gpus and len(set(rp.gpus)) == job.gpus, \
+            assert len(rp.gpus) == job.gpus and len(set(rp.gpus)) == job.gpus, (
                 f"{job.id} got GPU indices {rp.gpus} on {rp.node} for {job.gpus} GPUs per replica"
+            )
             for g in rp.gpus:
                 assert 0 <= g < v.nodes[rp.node].gpus, f"{job.id}: GPU index {g} outside {rp.node}"
                 other = indices[rp.node].get(g)
@@ -355,8 +372,9 @@ def check_capacity(v: PassView) -> None:
         charge(job, job.attempt.assignment)  # type: ignore[union-attr]
     for a in v.plan.admissions:
         job = v.jobs[a.job_id]
-        assert len(a.placement) == job.replicas, \
+        assert len(a.placement) == job.replicas, (
             f"{job.id}: {len(a.placement)} replicas placed of {job.replicas} (gang not whole)"
+        )
         node_flavors = {v.nodes[rp.node].flavor for rp in a.placement if rp.node in v.nodes}
         assert node_flavors <= {a.flavor}, f"{job.id} admitted as {a.flavor} on {node_flavors}"
         assert job.flavor in (None, a.flavor), f"{job.id} wants {job.flavor}, got {a.flavor}"
@@ -381,7 +399,7 @@ def _base_quota(v: PassView, terminating: bool, admissions: bool | Iterable[str]
     for job in v.holding:
         if terminating or job.id not in v.terminating:
             q.add(job, v.flavor_of(job))
-    chosen = (set(v.admitted) if admissions is True else set() if admissions is False else set(admissions))
+    chosen = set(v.admitted) if admissions is True else set() if admissions is False else set(admissions)
     for jid in chosen:
         job = v.jobs[jid]
         q.add(job, v.admitted[jid].flavor)
@@ -417,11 +435,13 @@ def check_preemptions(v: PassView) -> None:
         where = f"{p.job_id} (tier {victim.tier}, {victim.queue}) for {p.for_job} (tier {pre.tier}, {pre.queue})"
         # -- 3: lease, preemptible, not terminating, thrash guard
         assert tier.preemptible, f"{where}: tier {victim.tier} is not preemptible"
-        assert a.sigterm_at is None and victim.state is not JobState.PREEMPTING, \
+        assert a.sigterm_at is None and victim.state is not JobState.PREEMPTING, (
             f"{where}: victim is already terminating"
+        )
         ran = now - a.started_at
-        assert now >= a.started_at + lease_of(pol, victim), \
+        assert now >= a.started_at + lease_of(pol, victim), (
             f"{where}: preempted after {ran}s, inside its lease {lease_of(pol, victim)}s"
+        )
         mp = pol.thrash.max_preemptions
         recent = [t for t in victim.preempted_at if t > now - mp.per]
         assert len(recent) < mp.count, f"{where}: preemption budget used up ({recent})"
@@ -431,12 +451,14 @@ def check_preemptions(v: PassView) -> None:
         overhead = startup + a.checkpoint_s
         floor = pol.thrash.min_efficiency
         eta = (ran - overhead) / ran if ran > 0 else (1.0 if overhead == 0 else -INF)
-        assert ran >= overhead / (1.0 - floor) - 1e-6, \
+        assert ran >= overhead / (1.0 - floor) - 1e-6, (
             f"{where}: efficiency {eta:.4f} below {floor} (ran {ran}s, overhead {overhead}s)"
+        )
         # -- 5: the grace period, at least min_grace and the victim's own
         own = victim.grace if victim.grace is not None else tier.grace
-        assert p.grace >= pol.min_grace and p.grace >= own, \
+        assert p.grace >= pol.min_grace and p.grace >= own, (
             f"{where}: grace {p.grace} < max(min_grace {pol.min_grace}, own {own})"
+        )
         assert 0 <= p.lost_work <= p.cost + EPS
         # -- 2: direction and scope
         pre_in_quota = any(lenient.in_quota(pre, f) for f in v.candidate_flavors(pre))
@@ -445,8 +467,7 @@ def check_preemptions(v: PassView) -> None:
         if victim.tier > pre.tier:
             assert p.kind == "downward", f"{where}: kind {p.kind} for a lower-tier victim"
             continue
-        assert p.kind == "reclaim" and victim.tier == pre.tier, \
-            f"{where}: same or higher tier preempted ({p.kind})"
+        assert p.kind == "reclaim" and victim.tier == pre.tier, f"{where}: same or higher tier preempted ({p.kind})"
         assert victim.queue != pre.queue, f"{where}: reclaim inside one queue"
         assert v.quota.charged(victim), f"{where}: reclaim of an uncharged job"
         assert pre_in_quota, f"{where}: reclaim by a preemptor that is not in-quota"
@@ -459,17 +480,21 @@ def check_preemptions(v: PassView) -> None:
     # (each counted gone once signalled, whichever job it was signalled for), the last one
     # taken saw the side above nominal with every other victim of that side gone.
     for side, victims in reclaims.items():
+
         def above(last: Job, side: str = side, victims: list[Job] = victims) -> bool:
             for r in side_usage.resources:
                 u = side_usage.usage[side][r] - sum(
-                    side_usage.demand(w, v.flavor_of(w)).get(r, 0.0) for w in victims if w is not last)
+                    side_usage.demand(w, v.flavor_of(w)).get(r, 0.0) for w in victims if w is not last
+                )
                 if u > side_usage.nominal(side, r) + EPS:
                     return True
             return False
+
         assert any(above(last) for last in victims), (
             f"reclaim of {[w.id for w in victims]} from {side}: usage "
             f"{dict(side_usage.usage[side])} is not above nominal "
-            f"{ {r: side_usage.nominal(side, r) for r in side_usage.resources} } once the other victims are gone")
+            f"{ {r: side_usage.nominal(side, r) for r in side_usage.resources} } once the other victims are gone"
+        )
 
 
 def check_minimal_victims(v: PassView) -> None:
@@ -489,8 +514,10 @@ def check_minimal_victims(v: PassView) -> None:
     pos = v.positions()
     held_by = {r.job_id: r for r in plan.reservations}
     claims = sorted((e.position, jid) for jid, e in plan.explanations.items() if e.reason.code == "WaitingForGrace")
-    holders = sorted([(pos[jid], jid, "claim") for _, jid in claims]
-                     + [(pos[jid], jid, "reservation") for jid in held_by if jid in pos])
+    holders = sorted(
+        [(pos[jid], jid, "claim") for _, jid in claims]
+        + [(pos[jid], jid, "reservation") for jid in held_by if jid in pos]
+    )
     base_free = Free(v.snapshot.nodes)
     for job in v.holding:
         base_free.take_job(job, v.nodes_of(job))
@@ -530,18 +557,28 @@ def check_minimal_victims(v: PassView) -> None:
 
         # A `scope: quota` preemptor taking victims outside its own queue must be in-quota once
         # they are gone (DESIGN §4.3): a victim that only that needs is needed too.
-        in_quota_too = v.snapshot.policy.tier(pre.tier).scope == "quota" and quota.charged(pre) \
+        in_quota_too = (
+            v.snapshot.policy.tier(pre.tier).scope == "quota"
+            and quota.charged(pre)
             and any(v.jobs[x].queue != pre.queue for x in mine)
+        )
 
-        def fits_without(gone: Iterable[str], flavors: Iterable[str], free: Free = free,
-                         quota: QuotaModel = quota, pre: Job = pre, in_quota_too: bool = in_quota_too) -> bool:
+        def fits_without(
+            gone: Iterable[str],
+            flavors: Iterable[str],
+            free: Free = free,
+            quota: QuotaModel = quota,
+            pre: Job = pre,
+            in_quota_too: bool = in_quota_too,
+        ) -> bool:
             f, q = free.copy(), quota.copy()
             for x in gone:
                 job = v.jobs[x]
                 f.give_job(job, v.nodes_of(job))
                 q.add(job, v.flavor_of(job), -1)
-            return any(f.fits(pre, fl) and q.fits(pre, fl) and (not in_quota_too or q.in_quota(pre, fl))
-                       for fl in flavors)
+            return any(
+                f.fits(pre, fl) and q.fits(pre, fl) and (not in_quota_too or q.in_quota(pre, fl)) for fl in flavors
+            )
 
         flavors = v.candidate_flavors(pre)  # minimal over every flavor P may use
         where = f"{pid} (tier {pre.tier}, {pre.queue}, {pre.replicas}x{pre.gpus} {pre.placement})"
@@ -549,15 +586,16 @@ def check_minimal_victims(v: PassView) -> None:
             # Nothing P waits for serves a job ranked before it: each victim must be needed.
             for x in mine:
                 rest = [y for y in mine + relies if y != x]
-                assert not fits_without(rest, flavors), \
+                assert not fits_without(rest, flavors), (
                     f"{where}: victim {x} is not needed, {rest} alone make room (set not minimal)"
+                )
         if mine:
             in_flight = [j.id for j in v.holding if j.id in v.terminating and j.id not in claimed_before]
-            assert not fits_without(in_flight, flavors), \
+            assert not fits_without(in_flight, flavors), (
                 f"{where}: picked victims {mine} although terminating {in_flight} already make room"
+            )
         if exact:
-            assert fits_without(mine + relies, flavors), \
-                f"{where}: does not fit even once {mine + relies} are gone"
+            assert fits_without(mine + relies, flavors), f"{where}: does not fit even once {mine + relies} are gone"
         if mine and not any(k == "reservation" for _, _, k in earlier):
             earlier_claims = [jid for _, jid, _ in earlier]
             for x in mine:
@@ -565,11 +603,13 @@ def check_minimal_victims(v: PassView) -> None:
                 assert not _fits_in_future(v, pre, others, earlier_claims, admitted_free, admitted_quota), (
                     f"{where}: victim {x} is needless: once the evictions in flight and its other "
                     f"victims {others} are done, it fits beside the waiting jobs ranked before it "
-                    f"({earlier_claims})")
+                    f"({earlier_claims})"
+                )
 
 
-def _fits_in_future(v: PassView, pre: Job, also_gone: list[str], earlier: list[str],
-                    free: Free, quota: QuotaModel) -> bool:
+def _fits_in_future(
+    v: PassView, pre: Job, also_gone: list[str], earlier: list[str], free: Free, quota: QuotaModel
+) -> bool:
     """Does P fit once the evictions in flight after this pass are done and `also_gone` have
     exited, beside the higher-ranked jobs that wait for victims?
 
@@ -631,14 +671,16 @@ def check_quota(v: PassView) -> None:
         if not after.charged(job):
             continue
         at = pos[adm.job_id]
-        model = _base_quota(v, terminating=True, admissions=[a.job_id for a in v.plan.admissions if pos[a.job_id] <= at])
+        model = _base_quota(
+            v, terminating=True, admissions=[a.job_id for a in v.plan.admissions if pos[a.job_id] <= at]
+        )
         _charge_claims(v, model, [cid for c_pos, cid in claims if c_pos < at])
         for r in after.demand(job, adm.flavor):
             # The job is already counted: nothing more may be added on its path.
             broken = model.excess(job.queue, r, 0.0)
             assert not broken, (
-                f"{job.id} admitted into {job.queue}: {r} past the limit, counting what lenders "
-                f"keep back, at {broken}")
+                f"{job.id} admitted into {job.queue}: {r} past the limit, counting what lenders keep back, at {broken}"
+            )
 
 
 def _charge_claims(v: PassView, model: QuotaModel, cids: Iterable[str]) -> None:
@@ -658,8 +700,7 @@ def _charge_claims(v: PassView, model: QuotaModel, cids: Iterable[str]) -> None:
         if not model.charged(c):
             continue
         flavors = v.candidate_flavors(c)
-        demand = {r: a for r, a in model.demand(c, flavors[0]).items()
-                  if len(flavors) == 1 or not r.startswith("gpu:")}
+        demand = {r: a for r, a in model.demand(c, flavors[0]).items() if len(flavors) == 1 or not r.startswith("gpu:")}
         for q in model.path(c.queue):
             for r, a in demand.items():
                 want = a
@@ -684,9 +725,9 @@ def check_determinism(v: PassView, rng: random.Random) -> None:
         assert other.admissions == plan.admissions, "shuffling the jobs changed the admissions"
         assert other.preemptions == plan.preemptions, "shuffling the jobs changed the preemptions"
         assert other.reservations == plan.reservations, "shuffling the jobs changed the reservations"
-        assert {k: (e.reason, e.position) for k, e in other.explanations.items()} == \
-            {k: (e.reason, e.position) for k, e in plan.explanations.items()}, \
-            "shuffling the jobs changed the explanations"
+        assert {k: (e.reason, e.position) for k, e in other.explanations.items()} == {
+            k: (e.reason, e.position) for k, e in plan.explanations.items()
+        }, "shuffling the jobs changed the explanations"
 
 
 CHECKS = (check_plan_shape, check_capacity, check_preemptions, check_minimal_victims, check_quota)
@@ -709,13 +750,15 @@ def check_history(driver: Driver) -> None:
     pol = driver.policy
     for ev in driver.evictions:
         assert ev.sigterm_at <= ev.exit_at <= ev.kill_at, f"{ev}: exit outside [SIGTERM, SIGKILL]"
-        assert ev.kill_at - ev.sigterm_at >= pol.min_grace - EPS and ev.kill_at - ev.sigterm_at == ev.grace, \
+        assert ev.kill_at - ev.sigterm_at >= pol.min_grace - EPS and ev.kill_at - ev.sigterm_at == ev.grace, (
             f"{ev}: SIGKILL earlier than the grace period"
+        )
         for rec in driver.log:
             job = next((j for j in rec.snapshot.jobs if j.id == ev.job_id), None)
             if ev.sigterm_at < rec.now < ev.exit_at:
-                assert job is not None and job.state is JobState.PREEMPTING and job.attempt is not None, \
+                assert job is not None and job.state is JobState.PREEMPTING and job.attempt is not None, (
                     f"{ev.job_id} released before its exit at {ev.exit_at} (pass at {rec.now})"
+                )
                 assert job.attempt.number == ev.attempt and job.attempt.kill_at == ev.kill_at
                 assert len(job.attempt.assignment) == job.replicas
             elif rec.now >= ev.exit_at and ev.exited and job is not None and job.attempt is not None:
@@ -724,12 +767,21 @@ def check_history(driver: Driver) -> None:
 
 def describe(snapshot: Snapshot, plan: Plan, now: float) -> str:
     """The failing pass, as Python a reproduction can start from."""
-    lines = [f"now = {now!r}", f"nodes = {snapshot.nodes!r}",
-             f"policy = parse_policy({snapshot.policy.to_dict()!r})", "jobs = ("]
+    lines = [
+        f"now = {now!r}",
+        f"nodes = {snapshot.nodes!r}",
+        f"policy = parse_policy({snapshot.policy.to_dict()!r})",
+        "jobs = (",
+    ]
     lines += [f"    {j!r}," for j in snapshot.jobs]
-    lines += [")", f"ledger = {snapshot.ledger!r}", f"plan.admissions = {plan.admissions!r}",
-              f"plan.preemptions = {plan.preemptions!r}", f"plan.reservations = {plan.reservations!r}",
-              "explanations = {"]
+    lines += [
+        ")",
+        f"ledger = {snapshot.ledger!r}",
+        f"plan.admissions = {plan.admissions!r}",
+        f"plan.preemptions = {plan.preemptions!r}",
+        f"plan.reservations = {plan.reservations!r}",
+        "explanations = {",
+    ]
     lines += [f"    {k!r}: ({e.position}, {e.reason!r})," for k, e in plan.explanations.items()]
     lines.append("}")
     return "\n".join(lines)

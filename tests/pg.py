@@ -27,13 +27,16 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
 PG_ROOT = Path("/usr/lib/postgresql")
 REQUIRE_ENV = "WARDEN_REQUIRE_POSTGRES"
-INSTALL_HINT = ("PostgreSQL server binaries not found under /usr/lib/postgresql/<major>/bin; "
-                "install them with `apt-get install postgresql` to run the PostgreSQL tests")
+INSTALL_HINT = (
+    "PostgreSQL server binaries not found under /usr/lib/postgresql/<major>/bin; "
+    "install them with `apt-get install postgresql` to run the PostgreSQL tests"
+)
 FAST_SETTINGS = "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
 """Throwaway data: skip every flush. Pass `settings=""` to `start_server` for a durable server."""
 READY_TIMEOUT_S = 60.0
@@ -82,12 +85,16 @@ class PostgresServer:
     def url(self, database: str) -> str:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
 
-    def tool(self, name: str, *args: str | Path, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def tool(
+        self, name: str, *args: str | Path, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
         """Run a server tool as the server's owner; on failure raise with its output."""
         argv = [*self.run_as, str(self.bin_dir / name), *map(str, args)]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         if check and done.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}:\n{done.stdout}{done.stderr}{self.log_tail()}")
+            raise RuntimeError(
+                f"{' '.join(argv)} exited {done.returncode}:\n{done.stdout}{done.stderr}{self.log_tail()}"
+            )
         return done
 
     def log_tail(self, lines: int = 30) -> str:
@@ -101,8 +108,9 @@ class PostgresServer:
         """Run one statement outside a transaction (CREATE/DROP DATABASE need that)."""
         import psycopg
 
-        with psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname=database,
-                             autocommit=True, connect_timeout=10) as conn:
+        with psycopg.connect(
+            host="127.0.0.1", port=self.port, user="postgres", dbname=database, autocommit=True, connect_timeout=10
+        ) as conn:
             conn.execute(sql.encode())  # a composed statement of our own, not user input
 
     def create_database(self, name: str) -> str:
@@ -120,8 +128,11 @@ def _server_owner() -> list[str]:
     try:
         pwd.getpwnam("postgres")
     except KeyError:
-        pytest.fail("running as root but there is no `postgres` system user to run the server as; "
-                    "reinstall Debian's postgresql package", pytrace=False)
+        pytest.fail(
+            "running as root but there is no `postgres` system user to run the server as; "
+            "reinstall Debian's postgresql package",
+            pytrace=False,
+        )
     return ["runuser", "-u", "postgres", "--"]
 
 
@@ -135,13 +146,16 @@ def wait_until_ready(server: PostgresServer, timeout: float = READY_TIMEOUT_S) -
     """Poll `pg_isready` until the server accepts connections; fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
-        done = server.tool("pg_isready", "-h", "127.0.0.1", "-p", str(server.port), "-U", "postgres",
-                           "-t", "2", check=False)
+        done = server.tool(
+            "pg_isready", "-h", "127.0.0.1", "-p", str(server.port), "-U", "postgres", "-t", "2", check=False
+        )
         if done.returncode == 0:
             return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"PostgreSQL on port {server.port} not ready after {timeout:.0f}s: "
-                               f"{done.stdout.strip()}{server.log_tail()}")
+            raise TimeoutError(
+                f"PostgreSQL on port {server.port} not ready after {timeout:.0f}s: "
+                f"{done.stdout.strip()}{server.log_tail()}"
+            )
         time.sleep(0.1)
 
 
@@ -154,14 +168,35 @@ def start_server(bin_dir: Path, settings: str = FAST_SETTINGS) -> PostgresServer
     server.socket_dir.mkdir()
     for path in (base, server.socket_dir):
         _give_to_owner(path, run_as)
-    server.tool("initdb", "-D", server.data_dir, "-U", "postgres", "--auth=trust", "--encoding=UTF8",
-                "--no-sync", "--no-instructions")
+    server.tool(
+        "initdb",
+        "-D",
+        server.data_dir,
+        "-U",
+        "postgres",
+        "--auth=trust",
+        "--encoding=UTF8",
+        "--no-sync",
+        "--no-instructions",
+    )
     error = ""
     for _ in range(START_TRIES):
         server.port = free_port()
         options = f"-c listen_addresses=127.0.0.1 -p {server.port} -k {server.socket_dir} {settings}"
-        started = server.tool("pg_ctl", "start", "-D", server.data_dir, "-l", server.log_file, "-w",
-                              "-t", str(int(READY_TIMEOUT_S)), "-o", options, check=False)
+        started = server.tool(
+            "pg_ctl",
+            "start",
+            "-D",
+            server.data_dir,
+            "-l",
+            server.log_file,
+            "-w",
+            "-t",
+            str(int(READY_TIMEOUT_S)),
+            "-o",
+            options,
+            check=False,
+        )
         if started.returncode == 0:
             wait_until_ready(server)
             return server
@@ -195,7 +230,7 @@ class _Shared:
 
     server: PostgresServer | None = None
     users = 0
-    databases: set[str] = set()
+    databases: ClassVar[set[str]] = set()
 
 
 @pytest.fixture(scope="session")

@@ -98,10 +98,16 @@ def test_measured_lost_work_without_a_save_after_sigterm_counts_since_the_last_c
 
 
 @settings(max_examples=200, deadline=None)
-@given(started=st.floats(0, 1e5), startup=st.floats(0, 1e3), ran=st.floats(0, 1e5),
-       ckpt=st.one_of(st.none(), st.floats(0, 1)), gpus=st.integers(1, 64))
+@given(
+    started=st.floats(0, 1e5),
+    startup=st.floats(0, 1e3),
+    ran=st.floats(0, 1e5),
+    ckpt=st.one_of(st.none(), st.floats(0, 1)),
+    gpus=st.integers(1, 64),
+)
 def test_a_job_that_saves_nothing_after_sigterm_loses_what_was_predicted_at_sigterm(
-        started: float, startup: float, ran: float, ckpt: float | None, gpus: int) -> None:
+    started: float, startup: float, ran: float, ckpt: float | None, gpus: int
+) -> None:
     sigterm = started + ran
     last = None if ckpt is None else started + ckpt * ran
     predicted = predicted_lost_work(gpus, sigterm, started, startup, last, None, 120.0)
@@ -117,8 +123,14 @@ def test_held_gpu_seconds_are_gpus_times_the_time_held_for_numbers_and_arrays() 
 
 
 def test_entitlement_is_the_nominal_gpu_share_else_the_weight_share() -> None:
-    quotas = parse_policy({"queues": {"name": "c", "children": [{"name": "a", "nominal": {"gpu": 6}},
-                                                                {"name": "b", "nominal": {"gpu": 2}}]}})
+    quotas = parse_policy(
+        {
+            "queues": {
+                "name": "c",
+                "children": [{"name": "a", "nominal": {"gpu": 6}}, {"name": "b", "nominal": {"gpu": 2}}],
+            }
+        }
+    )
     assert policy_entitlement(quotas) == {"a": 0.75, "b": 0.25}
     weights = parse_policy({"queues": {"name": "c", "children": [{"name": "a", "weight": 3}, {"name": "b"}]}})
     assert policy_entitlement(weights) == {"a": 0.75, "b": 0.25}
@@ -129,8 +141,16 @@ def test_owed_gpu_seconds_water_fill_the_cluster_by_entitlement() -> None:
     (owed 8); hour 3: a wants 7 and b 1 (b is owed its 1, a the other 7)."""
     h = 3600.0
     owed = owed_gpu_seconds(
-        ["a", "b"], job_queue=[0, 1, 0, 1], num_gpus=[8, 8, 7, 1], submit=[0, 0, 2 * h, 2 * h],
-        finished=[h, 2 * h, math.nan, math.nan], entitlement={"a": 0.75, "b": 0.25}, gpus=8, start=0.0, end=3 * h)
+        ["a", "b"],
+        job_queue=[0, 1, 0, 1],
+        num_gpus=[8, 8, 7, 1],
+        submit=[0, 0, 2 * h, 2 * h],
+        finished=[h, 2 * h, math.nan, math.nan],
+        entitlement={"a": 0.75, "b": 0.25},
+        gpus=8,
+        start=0.0,
+        end=3 * h,
+    )
     assert owed["a"] == pytest.approx((6 + 0 + 7) * h)
     assert owed["b"] == pytest.approx((2 + 8 + 1) * h)
 
@@ -149,11 +169,23 @@ def test_a_queue_without_entitlement_is_owed_nothing_and_none_at_all_means_equal
 
 jobs_in_flight = st.builds(
     lambda started, startup, ckpt, save, grace, tier: running(
-        "v", "a", tier, ("n0", 8), started=started, startup_s=startup, sigterm_save_s=save,
-        last_checkpoint_at=None if ckpt is None else started + ckpt, grace=grace),
-    started=st.floats(0, 1e5), startup=st.one_of(st.none(), st.floats(0, 600)),
-    ckpt=st.one_of(st.none(), st.floats(-100, 5000)), save=st.one_of(st.none(), st.floats(0, 600)),
-    grace=st.one_of(st.none(), st.floats(0, 600)), tier=st.sampled_from([2, 3, 4]))
+        "v",
+        "a",
+        tier,
+        ("n0", 8),
+        started=started,
+        startup_s=startup,
+        sigterm_save_s=save,
+        last_checkpoint_at=None if ckpt is None else started + ckpt,
+        grace=grace,
+    ),
+    started=st.floats(0, 1e5),
+    startup=st.one_of(st.none(), st.floats(0, 600)),
+    ckpt=st.one_of(st.none(), st.floats(-100, 5000)),
+    save=st.one_of(st.none(), st.floats(0, 600)),
+    grace=st.one_of(st.none(), st.floats(0, 600)),
+    tier=st.sampled_from([2, 3, 4]),
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -167,15 +199,27 @@ def test_the_engine_prices_a_victim_with_the_shared_definitions(job: Job, later:
     assert rules.lease_of(POL, job) == effective_lease(POL, job.tier, job.lease)
     assert rules.startup_of(POL, job) == assumed_startup(POL, a.startup_s)
     assert rules.lost_work(POL, job, now) == predicted_lost_work(
-        job.total_gpus, now, a.started_at, assumed_startup(POL, a.startup_s), a.last_checkpoint_at,
-        a.sigterm_save_s, grace)
+        job.total_gpus,
+        now,
+        a.started_at,
+        assumed_startup(POL, a.startup_s),
+        a.last_checkpoint_at,
+        a.sigterm_save_s,
+        grace,
+    )
 
 
 @settings(max_examples=200, deadline=None)
-@given(waited=st.floats(0, 1e5), since=st.one_of(st.none(), st.floats(0, 1e5)), submit=st.floats(0, 1e5),
-       now=st.floats(0, 2e5), state=st.sampled_from(list(JobState)))
-def test_the_engine_ages_a_job_by_the_shared_wait(waited: float, since: float | None, submit: float, now: float,
-                                                  state: JobState) -> None:
+@given(
+    waited=st.floats(0, 1e5),
+    since=st.one_of(st.none(), st.floats(0, 1e5)),
+    submit=st.floats(0, 1e5),
+    now=st.floats(0, 2e5),
+    state=st.sampled_from(list(JobState)),
+)
+def test_the_engine_ages_a_job_by_the_shared_wait(
+    waited: float, since: float | None, submit: float, now: float, state: JobState
+) -> None:
     job = Job("j", "a", 3, submit, state, waited=waited, pending_since=since)
     assert job.wait_at(now) == wait_time(waited, since, submit, now, state.waiting)
 
@@ -183,12 +227,21 @@ def test_the_engine_ages_a_job_by_the_shared_wait(waited: float, since: float | 
 @pytest.mark.parametrize("interval", [None, 100.0])
 @pytest.mark.parametrize("resumable", [True, False])
 @pytest.mark.parametrize("save_s", [0.0, 30.0, 200.0])
-def test_the_simulator_books_as_lost_what_the_shared_measurement_gives(interval: float | None, resumable: bool,
-                                                                       save_s: float) -> None:
+def test_the_simulator_books_as_lost_what_the_shared_measurement_gives(
+    interval: float | None, resumable: bool, save_s: float
+) -> None:
     """Over a grid of SIGTERM times (during startup, work, a periodic save), with SIGKILL 120 s
     later: the progress an exit loses (`done - saved`) is `Exit.lost`, the shared measurement."""
-    job = TraceJob("j", 0.0, 1, 1000.0, startup_seconds=50.0, checkpoint_interval=interval,
-                   checkpoint_seconds=save_s, resumable=resumable)
+    job = TraceJob(
+        "j",
+        0.0,
+        1,
+        1000.0,
+        startup_seconds=50.0,
+        checkpoint_interval=interval,
+        checkpoint_seconds=save_s,
+        resumable=resumable,
+    )
     for t in np.arange(0.0, 900.0, 7.5):
         ex = sigterm_exit(job, 0.0, 0.0, float(t), float(t) + 120.0)
         assert ex.lost == pytest.approx(ex.done - ex.saved, abs=1e-9), (t, ex)

@@ -80,8 +80,9 @@ class Client:
     def submit(self, **job: Any) -> dict[str, Any]:
         return self._call("POST", "/v1/jobs", json=job)
 
-    def jobs(self, queue: str | None = None, state: str | None = None, user: str | None = None,
-             all: bool = False) -> list[dict[str, Any]]:
+    def jobs(
+        self, queue: str | None = None, state: str | None = None, user: str | None = None, all: bool = False
+    ) -> list[dict[str, Any]]:
         params: dict[str, Any] = {k: v for k, v in {"queue": queue, "state": state, "user": user}.items() if v}
         if all:
             params["all"] = "true"

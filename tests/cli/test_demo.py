@@ -22,12 +22,17 @@ def test_demo_json_shows_least_cost_victims_and_reasons() -> None:
     # The gang takes a whole rack's worth and no more: its claim does not double-count quota.
     assert {p["id"] for p in plan["preemptions"] if p["for_job"] == "plat-gang"} == {"plat-batch", "vis-scavenge"}
     reasons = {p["id"]: p["reason"]["code"] for p in plan["pending"]}
-    assert reasons == {"plat-serve-2": "WaitingForGrace", "lang-pretrain-big": "AwaitingApproval",
-                       "plat-gang": "WaitingForGrace", "vis-hparam": "QuotaExceeded"}
+    assert reasons == {
+        "plat-serve-2": "WaitingForGrace",
+        "lang-pretrain-big": "AwaitingApproval",
+        "plat-gang": "WaitingForGrace",
+        "vis-hparam": "QuotaExceeded",
+    }
     assert [p["position"] for p in plan["pending"]] == sorted(p["position"] for p in plan["pending"])
 
 
 def test_demo_table_runs_as_a_command() -> None:
-    out = subprocess.run([sys.executable, "-m", "warden.cli.main", "demo"], capture_output=True, text=True,
-                         timeout=60, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "warden.cli.main", "demo"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
     assert "Preemptions" in out and "WaitingForGrace" in out and "AwaitingApproval" in out

@@ -50,11 +50,16 @@ def test_check_valid_file_prints_a_summary() -> None:
     for name in ("production-inference", "pretraining", "experimentation", "opportunistic"):
         assert name in out
     assert "cluster" in out and "language" in out
-    assert "nominal gpu 96" in out                  # the root's resolved quota
-    assert "borrowing gpu 64" in out                # research
-    assert "lending gpu 16" in out                  # platform
-    for key, value in (("min_grace", "2m"), ("max_lease", "8h"), ("half_life", "7d"),
-                       ("min_efficiency", "0.9"), ("max_preemptions", "3 per 1d")):
+    assert "nominal gpu 96" in out  # the root's resolved quota
+    assert "borrowing gpu 64" in out  # research
+    assert "lending gpu 16" in out  # platform
+    for key, value in (
+        ("min_grace", "2m"),
+        ("max_lease", "8h"),
+        ("half_life", "7d"),
+        ("min_efficiency", "0.9"),
+        ("max_preemptions", "3 per 1d"),
+    ):
         line = next(line for line in out.splitlines() if line.startswith(key))
         assert value in line
     assert result.stderr == ""
@@ -67,8 +72,7 @@ def test_check_invalid_file_prints_every_issue_and_exits_2(bad_file: Path) -> No
     assert result.exit_code == 2
     lines = result.stderr.splitlines()
     assert lines == [f"{bad_file}: {issue}" for issue in info.value.issues]
-    paths = {"tiers.3.grace", "tiers.5", "thrash.min_efficiency",
-             "queues.children[0].nominal.tpu"}
+    paths = {"tiers.3.grace", "tiers.5", "thrash.min_efficiency", "queues.children[0].nominal.tpu"}
     assert {i.path for i in info.value.issues} == paths
     assert f"{bad_file}: tiers.3.grace: grace 60s is below min_grace 120s (got '60s')" in lines
     assert result.stdout == ""
@@ -100,12 +104,17 @@ def test_show_json_is_one_object_with_defaults_filled(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     shown = json.loads(result.stdout)
     assert shown["tiers"]["3"] == {
-        "name": "experimentation", "preemptible": True, "lease": "30m", "grace": "2m",
-        "requires_approval": False, "scope": "quota", "charged": True}
+        "name": "experimentation",
+        "preemptible": True,
+        "lease": "30m",
+        "grace": "2m",
+        "requires_approval": False,
+        "scope": "quota",
+        "charged": True,
+    }
     assert shown["tiers"]["1"]["name"] == "production-inference"
     assert shown["min_grace"] == "2m" and shown["max_lease"] == "8h"
-    assert shown["preemption"] == {"restart_overhead": "1m", "max_attempts_per_pass": 16,
-                                   "victim_order": "cost"}
+    assert shown["preemption"] == {"restart_overhead": "1m", "max_attempts_per_pass": 16, "victim_order": "cost"}
     assert shown["queues"]["name"] == "cluster"
     assert [c["name"] for c in shown["queues"]["children"]] == ["default"]
 
@@ -141,10 +150,16 @@ def test_schema_prints_the_json_schema() -> None:
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
-    return subprocess.run([sys.executable, "-m", "warden.cli.main", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+    return subprocess.run(
+        [sys.executable, "-m", "warden.cli.main", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_real_process_checks_the_demo_file(tmp_path: Path, bad_file: Path) -> None:

@@ -21,12 +21,37 @@ from warden.cli.main import app
 from warden.engine.model import Job, JobState, Snapshot
 
 SMALL = (20, 8, 50, 30)
-CLI_ARGS = ["bench", "engine", "--nodes", "20", "--gpus-per-node", "8", "--pending", "50",
-            "--running", "30", "--json", "--repeat", "1"]
+CLI_ARGS = [
+    "bench",
+    "engine",
+    "--nodes",
+    "20",
+    "--gpus-per-node",
+    "8",
+    "--pending",
+    "50",
+    "--running",
+    "30",
+    "--json",
+    "--repeat",
+    "1",
+]
 DOCUMENTED_KEYS = {
-    "nodes", "gpus_per_node", "gpus", "pending", "running_placed", "seed", "repeat",
-    "pass_ms_median", "pass_ms_min", "pass_ms_all", "admissions", "preemptions",
-    "admissions_per_s", "explanations", "python",
+    "nodes",
+    "gpus_per_node",
+    "gpus",
+    "pending",
+    "running_placed",
+    "seed",
+    "repeat",
+    "pass_ms_median",
+    "pass_ms_min",
+    "pass_ms_all",
+    "admissions",
+    "preemptions",
+    "admissions_per_s",
+    "explanations",
+    "python",
 }
 
 
@@ -47,6 +72,7 @@ def large() -> Snapshot:
 
 # -- determinism -------------------------------------------------------------------------------
 
+
 def test_same_seed_gives_equal_snapshots() -> None:
     a, now_a = synthetic_snapshot(*SMALL, seed=7)
     b, now_b = synthetic_snapshot(*SMALL, seed=7)
@@ -62,6 +88,7 @@ def test_different_seed_gives_different_snapshots() -> None:
 
 
 # -- a state the engine could be handed ---------------------------------------------------------
+
 
 @pytest.mark.parametrize("which", ["small", "large"])
 def test_no_overlapping_gpus_and_no_node_over_capacity(which: str, request: pytest.FixtureRequest) -> None:
@@ -170,6 +197,7 @@ def test_bad_sizes_are_refused() -> None:
 
 # -- the measurement -----------------------------------------------------------------------------
 
+
 def test_run_engine_bench_reports_the_documented_keys() -> None:
     out = run_engine_bench(*SMALL, seed=0, repeat=2)
     assert set(out) >= DOCUMENTED_KEYS
@@ -211,7 +239,8 @@ def test_cli_table() -> None:
 
 
 def test_cli_as_a_process() -> None:
-    proc = subprocess.run([sys.executable, "-m", "warden.cli.main", *CLI_ARGS],
-                          capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "warden.cli.main", *CLI_ARGS], capture_output=True, text=True, timeout=300, check=False
+    )
     assert proc.returncode == 0, proc.stderr
     _check_cli_output(proc.stdout)

@@ -27,9 +27,12 @@ QUEUES: dict[str, Any] = {
     "name": "cluster",
     "nominal": {"gpu": 8},
     "children": [
-        {"name": "research", "nominal": {"gpu": 4}, "borrowing_limit": {"gpu": 2},
-         "children": [{"name": "vision", "nominal": {"gpu": 2}},
-                      {"name": "language", "nominal": {"gpu": 2}}]},
+        {
+            "name": "research",
+            "nominal": {"gpu": 4},
+            "borrowing_limit": {"gpu": 2},
+            "children": [{"name": "vision", "nominal": {"gpu": 2}}, {"name": "language", "nominal": {"gpu": 2}}],
+        },
         {"name": "platform", "nominal": {"gpu": 4}, "lending_limit": {"gpu": 2}},
     ],
 }
@@ -37,24 +40,23 @@ QUEUES: dict[str, Any] = {
 
 def _policy(lease: str) -> Policy:
     tiers = {t: {"lease": lease, "grace": "120s"} for t in (2, 3, 4)}
-    return parse_policy({
-        "tiers": tiers,
-        "queues": QUEUES,
-        "preemption": {"restart_overhead": "0s"},
-        "thrash": {"min_efficiency": 0.0, "max_preemptions": {"per": "24h", "count": 100}},
-        # platform has used little: it ranks ahead of research in every pass.
-        "fair_share": {"half_life": "7d"},
-    })
+    return parse_policy(
+        {
+            "tiers": tiers,
+            "queues": QUEUES,
+            "preemption": {"restart_overhead": "0s"},
+            "thrash": {"min_efficiency": 0.0, "max_preemptions": {"per": "24h", "count": 100}},
+            # platform has used little: it ranks ahead of research in every pass.
+            "fair_share": {"half_life": "7d"},
+        }
+    )
 
 
 def _specs(lease_s: float) -> tuple[JobSpec, ...]:
     later = lease_s + 10.0  # the vision jobs' leases have run out when the others arrive
-    vision = [JobSpec(pending(f"v{i}", "vision", 3, gpus=1, submit=float(i)), duration=86_400.0)
-              for i in range(6)]
-    platform = [JobSpec(pending(f"p{i}", "platform", 3, gpus=1, submit=later), duration=86_400.0)
-                for i in (1, 2, 3)]
-    l1 = JobSpec(pending("l1", "language", 3, gpus=2, submit=later + 1.0), duration=86_400.0,
-                 exit_fracs=(0.5,))
+    vision = [JobSpec(pending(f"v{i}", "vision", 3, gpus=1, submit=float(i)), duration=86_400.0) for i in range(6)]
+    platform = [JobSpec(pending(f"p{i}", "platform", 3, gpus=1, submit=later), duration=86_400.0) for i in (1, 2, 3)]
+    l1 = JobSpec(pending("l1", "language", 3, gpus=2, submit=later + 1.0), duration=86_400.0, exit_fracs=(0.5,))
     return (*vision, *platform, l1)
 
 

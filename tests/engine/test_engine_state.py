@@ -37,13 +37,18 @@ def test_warm_engine_matches_fresh_passes_over_changing_snapshots() -> None:
         for i in rng.sample(holding, k=min(5, len(holding))):
             a = jobs[i].attempt
             if a is not None and jobs[i].state.holds_resources:
-                jobs[i] = replace(jobs[i], attempt=replace(a, checkpoint_s=a.checkpoint_s + 10.0,
-                                                           last_checkpoint_at=now))
+                jobs[i] = replace(
+                    jobs[i], attempt=replace(a, checkpoint_s=a.checkpoint_s + 10.0, last_checkpoint_at=now)
+                )
         plan = schedule(replace(snapshot, jobs=tuple(j for j in jobs if not j.state.terminal)), now)
         started = {a.job_id: a for a in plan.admissions}
-        jobs = [replace(j, state=JobState.RUNNING,
-                        attempt=Attempt(1, now, started[j.id].placement)) if j.id in started else j
-                for j in jobs if not j.state.terminal]
+        jobs = [
+            replace(j, state=JobState.RUNNING, attempt=Attempt(1, now, started[j.id].placement))
+            if j.id in started
+            else j
+            for j in jobs
+            if not j.state.terminal
+        ]
         now += 60.0 * (step + 1)
         snapshot = replace(snapshot, jobs=tuple(jobs))
     assert engine.plan(snapshot, now) == schedule(snapshot, now)

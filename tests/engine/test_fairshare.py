@@ -148,8 +148,9 @@ def test_jobs_of_one_queue_add_up() -> None:
     pol = pol_1h()
     two = [running("x", "a", 3, ("n0", 4), started=0.0), running("y", "a", 3, ("n0", 4), started=0.0)]
     one = [running("z", "a", 3, ("n0", 8), started=0.0)]
-    assert (accrue(UsageLedger(0.0), two, CAP, pol, 500.0).usage["a"]
-            == pytest.approx(accrue(UsageLedger(0.0), one, CAP, pol, 500.0).usage["a"]))
+    assert accrue(UsageLedger(0.0), two, CAP, pol, 500.0).usage["a"] == pytest.approx(
+        accrue(UsageLedger(0.0), one, CAP, pol, 500.0).usage["a"]
+    )
 
 
 def test_accrue_to_an_earlier_or_equal_time_is_a_no_op() -> None:
@@ -171,8 +172,9 @@ def order(pol, usage: dict[str, float]) -> list[str]:
 
 
 def two(wa: float = 1, wb: float = 1, na: str = "a", nb: str = "b"):
-    return parse_policy({"queues": {"name": "cluster", "children": [
-        {"name": na, "weight": wa}, {"name": nb, "weight": wb}]}})
+    return parse_policy(
+        {"queues": {"name": "cluster", "children": [{"name": na, "weight": wa}, {"name": nb, "weight": wb}]}}
+    )
 
 
 def test_ranks_are_zero_to_n_minus_one_over_all_leaves() -> None:
@@ -197,8 +199,8 @@ def test_ratio_is_usage_share_over_weight_share() -> None:
 def test_weight_two_may_use_twice_as_much_before_ranking_behind() -> None:
     # "z" has weight 2 and sorts last by name, so only the weights can put it first.
     pol = two(wa=1, wb=2, na="a", nb="z")
-    assert order(pol, {"z": 19.0, "a": 10.0}) == ["z", "a"]   # 19 < 2 × 10
-    assert order(pol, {"z": 21.0, "a": 10.0}) == ["a", "z"]   # 21 > 2 × 10
+    assert order(pol, {"z": 19.0, "a": 10.0}) == ["z", "a"]  # 19 < 2 × 10
+    assert order(pol, {"z": 21.0, "a": 10.0}) == ["a", "z"]  # 21 > 2 × 10
     assert order(two(na="a", nb="z"), {"z": 19.0, "a": 10.0}) == ["a", "z"]  # equal weights
 
 
@@ -207,30 +209,49 @@ def test_equal_ratios_tie_by_name() -> None:
 
 
 def test_zero_usage_everywhere_ties_every_leaf() -> None:
-    pol = parse_policy({"queues": {"name": "cluster", "children": [
-        {"name": "zeta", "children": [{"name": "z1"}]},
-        {"name": "alpha", "children": [{"name": "a2"}, {"name": "a1"}]},
-        {"name": "mid"},
-    ]}})
+    pol = parse_policy(
+        {
+            "queues": {
+                "name": "cluster",
+                "children": [
+                    {"name": "zeta", "children": [{"name": "z1"}]},
+                    {"name": "alpha", "children": [{"name": "a2"}, {"name": "a1"}]},
+                    {"name": "mid"},
+                ],
+            }
+        }
+    )
     ranks = fair_order(pol, {})
     assert {rank for rank, _ in ranks.values()} == {0}
     assert all(ratios == (0.0,) * len(ratios) for _, ratios in ranks.values())
 
 
 def test_ties_are_shared_only_where_every_level_ties() -> None:
-    pol = parse_policy({"queues": {"name": "cluster", "children": [
-        {"name": "zeta", "children": [{"name": "z1"}, {"name": "z2"}]},
-        {"name": "alpha", "children": [{"name": "a1"}, {"name": "a2"}]},
-    ]}})
+    pol = parse_policy(
+        {
+            "queues": {
+                "name": "cluster",
+                "children": [
+                    {"name": "zeta", "children": [{"name": "z1"}, {"name": "z2"}]},
+                    {"name": "alpha", "children": [{"name": "a1"}, {"name": "a2"}]},
+                ],
+            }
+        }
+    )
     # Departments tie (equal usage); inside zeta, z2 used more than z1.
     ranks = fair_order(pol, {"z1": 0.0, "z2": 10.0, "a1": 5.0, "a2": 5.0})
     assert ranks["z1"][0] == ranks["a1"][0] == ranks["a2"][0] < ranks["z2"][0]
 
 
-DEPARTMENTS: dict[str, Any] = {"queues": {"name": "cluster", "children": [
-    {"name": "x", "children": [{"name": "x1"}, {"name": "x2"}]},
-    {"name": "y", "children": [{"name": "y1"}, {"name": "y2"}]},
-]}}
+DEPARTMENTS: dict[str, Any] = {
+    "queues": {
+        "name": "cluster",
+        "children": [
+            {"name": "x", "children": [{"name": "x1"}, {"name": "x2"}]},
+            {"name": "y", "children": [{"name": "y1"}, {"name": "y2"}]},
+        ],
+    }
+}
 
 
 def test_department_with_low_usage_puts_all_its_teams_first() -> None:
@@ -252,10 +273,15 @@ def test_ratios_are_reported_from_the_root_down() -> None:
 
 
 def test_department_weights_apply_at_their_level() -> None:
-    data = {"queues": {"name": "cluster", "children": [
-        {"name": "x", "weight": 3, "children": [{"name": "x1"}]},
-        {"name": "y", "weight": 1, "children": [{"name": "y1"}]},
-    ]}}
+    data = {
+        "queues": {
+            "name": "cluster",
+            "children": [
+                {"name": "x", "weight": 3, "children": [{"name": "x1"}]},
+                {"name": "y", "weight": 1, "children": [{"name": "y1"}]},
+            ],
+        }
+    }
     pol = parse_policy(data)
     assert order(pol, {"x1": 29.0, "y1": 10.0}) == ["x1", "y1"]
     assert order(pol, {"x1": 31.0, "y1": 10.0}) == ["y1", "x1"]
@@ -268,11 +294,25 @@ def test_inner_queue_usage_entries_are_ignored() -> None:
 
 
 def test_order_of_the_design_policy_with_default_weights() -> None:
-    pol = parse_policy({"queues": {"name": "cluster", "children": [
-        {"name": "research", "weight": 2, "nominal": {"gpu": 64},
-         "children": [{"name": "vision", "nominal": {"gpu": 32}}, {"name": "language", "nominal": {"gpu": 32}}]},
-        {"name": "platform", "weight": 1, "nominal": {"gpu": 32}},
-    ]}})
+    pol = parse_policy(
+        {
+            "queues": {
+                "name": "cluster",
+                "children": [
+                    {
+                        "name": "research",
+                        "weight": 2,
+                        "nominal": {"gpu": 64},
+                        "children": [
+                            {"name": "vision", "nominal": {"gpu": 32}},
+                            {"name": "language", "nominal": {"gpu": 32}},
+                        ],
+                    },
+                    {"name": "platform", "weight": 1, "nominal": {"gpu": 32}},
+                ],
+            }
+        }
+    )
     # research (weight 2) may use up to twice what platform (weight 1) used before ranking behind.
     assert order(pol, {"vision": 19.0, "platform": 10.0}) == ["language", "vision", "platform"]
     assert order(pol, {"vision": 21.0, "platform": 10.0}) == ["platform", "language", "vision"]

@@ -65,14 +65,16 @@ def clusters(draw: st.DrawFn) -> tuple[Node, ...]:
     memory = draw(st.sampled_from([0, 0, 0, 65_536, 262_144]))
     out = []
     for i in range(count):
-        out.append(Node(
-            f"n{i}",
-            gpus=draw(st.integers(1, 8)),
-            cpu=cpu,
-            memory=memory,
-            flavor=draw(st.sampled_from(FLAVORS)) if two_flavors else "default",
-            block=draw(st.sampled_from([None, "r0", "r1"])) if blocks else None,
-        ))
+        out.append(
+            Node(
+                f"n{i}",
+                gpus=draw(st.integers(1, 8)),
+                cpu=cpu,
+                memory=memory,
+                flavor=draw(st.sampled_from(FLAVORS)) if two_flavors else "default",
+                block=draw(st.sampled_from([None, "r0", "r1"])) if blocks else None,
+            )
+        )
     return tuple(out)
 
 
@@ -80,8 +82,11 @@ def clusters(draw: st.DrawFn) -> tuple[Node, ...]:
 def queue_trees(draw: st.DrawFn, cluster: tuple[Node, ...]) -> dict[str, Any]:
     """A 2–3 level tree whose quotas pass validation: children's nominal sums fit their
     parent's, lending limits stay within nominal."""
-    total = {"gpu": sum(n.gpus for n in cluster), "cpu": sum(n.cpu for n in cluster),
-             "memory": sum(n.memory for n in cluster)}
+    total = {
+        "gpu": sum(n.gpus for n in cluster),
+        "cpu": sum(n.cpu for n in cluster),
+        "memory": sum(n.memory for n in cluster),
+    }
     for fl in sorted({n.flavor for n in cluster}):
         total[f"gpu:{fl}"] = sum(n.gpus for n in cluster if n.flavor == fl)
     choices = ["none", "gpu", "gpu", "gpu", "gpu-tight"]
@@ -91,7 +96,10 @@ def queue_trees(draw: st.DrawFn, cluster: tuple[Node, ...]) -> dict[str, Any]:
         choices.append("flavor")
     mode = draw(st.sampled_from(choices))
     resources = {
-        "none": [], "gpu": ["gpu"], "gpu-tight": ["gpu"], "gpu+cpu": ["gpu", "cpu"],
+        "none": [],
+        "gpu": ["gpu"],
+        "gpu-tight": ["gpu"],
+        "gpu+cpu": ["gpu", "cpu"],
         "flavor": ["gpu"] + [f"gpu:{f}" for f in FLAVORS],
     }[mode]
     counter = iter(range(100))
@@ -140,8 +148,11 @@ def queue_trees(draw: st.DrawFn, cluster: tuple[Node, ...]) -> dict[str, Any]:
             borrow = {r: amount(r) for r in resources if draw(st.integers(0, 2)) == 0}
             if borrow:
                 q["borrowing_limit"] = borrow
-            lend = {r: amount(r, resolved.get(r, 0)) if resolved.get(r, 0) else 0
-                    for r in resources if draw(st.integers(0, 3)) == 0}
+            lend = {
+                r: amount(r, resolved.get(r, 0)) if resolved.get(r, 0) else 0
+                for r in resources
+                if draw(st.integers(0, 3)) == 0
+            }
             lend = {r: min(v, resolved.get(r, 0)) for r, v in lend.items()}
             if lend:
                 q["lending_limit"] = lend
@@ -183,8 +194,7 @@ def partitioned_trees(draw: st.DrawFn, cluster: tuple[Node, ...]) -> dict[str, A
 
 
 @st.composite
-def policy_data(draw: st.DrawFn, cluster: tuple[Node, ...], pressure: bool,
-                reclaim: bool = False) -> dict[str, Any]:
+def policy_data(draw: st.DrawFn, cluster: tuple[Node, ...], pressure: bool, reclaim: bool = False) -> dict[str, Any]:
     min_grace = draw(st.sampled_from([120, 120, 180]))
     leases = [0, 0, 60, 300] if pressure else [0, 60, 600, 1800, 2700, 7200]
     tiers: dict[int, dict[str, Any]] = {}
@@ -213,8 +223,10 @@ def policy_data(draw: st.DrawFn, cluster: tuple[Node, ...], pressure: bool,
         },
         "thrash": {
             "min_efficiency": draw(st.sampled_from([0.0, 0.0, 0.5] if pressure else [0.0, 0.5, 0.9, 0.95])),
-            "max_preemptions": {"per": draw(st.sampled_from(["1h", "6h", "24h"])),
-                                "count": draw(st.integers(1, 6 if pressure else 4))},
+            "max_preemptions": {
+                "per": draw(st.sampled_from(["1h", "6h", "24h"])),
+                "count": draw(st.integers(1, 6 if pressure else 4)),
+            },
             "requeue_backoff": draw(st.sampled_from([0, 0, 0, 60, 600])),
         },
         "preemption": {
@@ -237,8 +249,14 @@ def _leaves(tree: dict[str, Any]) -> list[str]:
 
 
 @st.composite
-def job_specs(draw: st.DrawFn, cluster: tuple[Node, ...], leaves: list[str], horizon: int,
-              pressure: bool, tiers: list[int] | None = None) -> tuple[JobSpec, ...]:
+def job_specs(
+    draw: st.DrawFn,
+    cluster: tuple[Node, ...],
+    leaves: list[str],
+    horizon: int,
+    pressure: bool,
+    tiers: list[int] | None = None,
+) -> tuple[JobSpec, ...]:
     biggest = max(n.gpus for n in cluster)
     flavors = sorted({n.flavor for n in cluster})
     tracked_cpu = any(n.cpu for n in cluster)
@@ -270,22 +288,25 @@ def job_specs(draw: st.DrawFn, cluster: tuple[Node, ...], leaves: list[str], hor
             grace=_maybe(draw, st.sampled_from([0.0, 130.0, 300.0]), 4, 5),
             expected_duration=_maybe(draw, st.sampled_from([0.5, 1.0, 1.0, 2.0]).map(lambda f, d=duration: f * d)),
         )
-        out.append(JobSpec(
-            job=job,
-            duration=float(duration),
-            approve_after=_maybe(draw, st.integers(0, 3600).map(float), 1, 5) if awaiting else None,
-            startup_s=_maybe(draw, st.integers(0, 600).map(float)),
-            checkpoint_every=_maybe(draw, st.integers(120, 3600).map(float), 3, 5),
-            checkpoint_cost=float(draw(st.integers(0, 120))),
-            sigterm_save_s=_maybe(draw, st.integers(0, 400).map(float), 2, 3),
-            exit_fracs=tuple(draw(st.lists(st.sampled_from([0.0, 0.1, 0.5, 1.0, 1.0]), min_size=1, max_size=3))),
-        ))
+        out.append(
+            JobSpec(
+                job=job,
+                duration=float(duration),
+                approve_after=_maybe(draw, st.integers(0, 3600).map(float), 1, 5) if awaiting else None,
+                startup_s=_maybe(draw, st.integers(0, 600).map(float)),
+                checkpoint_every=_maybe(draw, st.integers(120, 3600).map(float), 3, 5),
+                checkpoint_cost=float(draw(st.integers(0, 120))),
+                sigterm_save_s=_maybe(draw, st.integers(0, 400).map(float), 2, 3),
+                exit_fracs=tuple(draw(st.lists(st.sampled_from([0.0, 0.1, 0.5, 1.0, 1.0]), min_size=1, max_size=3))),
+            )
+        )
     return tuple(out)
 
 
 @st.composite
-def histories(draw: st.DrawFn, min_steps: int, max_steps: int, pressure: bool = False,
-              reclaim: bool = False) -> History:
+def histories(
+    draw: st.DrawFn, min_steps: int, max_steps: int, pressure: bool = False, reclaim: bool = False
+) -> History:
     """`pressure`: short leases, a loose thrash guard, low tiers first (many preemptions);
     `reclaim`: also queues that split the cluster and mostly one tier (many reclaims)."""
     pressure = pressure or reclaim
@@ -303,8 +324,14 @@ def histories(draw: st.DrawFn, min_steps: int, max_steps: int, pressure: bool = 
 
 def play(h: History) -> Driver:
     rng = random.Random(0)
-    driver = run_history(h.nodes, h.policy, h.specs, h.gaps,
-                         on_plan=lambda snap, plan, now: check_pass(snap, plan, now, rng), engine=h.engine)
+    driver = run_history(
+        h.nodes,
+        h.policy,
+        h.specs,
+        h.gaps,
+        on_plan=lambda snap, plan, now: check_pass(snap, plan, now, rng),
+        engine=h.engine,
+    )
     check_history(driver)
     return driver
 
@@ -316,10 +343,22 @@ _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_
 
 def _settings(examples: int, explore_examples: int | None = None) -> settings:
     if EXPLORE and explore_examples is not None:
-        return settings(max_examples=explore_examples, deadline=None, derandomize=False, database=None,
-                        suppress_health_check=_HEALTH, print_blob=True)
-    return settings(max_examples=examples, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=_HEALTH, print_blob=True)
+        return settings(
+            max_examples=explore_examples,
+            deadline=None,
+            derandomize=False,
+            database=None,
+            suppress_health_check=_HEALTH,
+            print_blob=True,
+        )
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=_HEALTH,
+        print_blob=True,
+    )
 
 
 SHORT = 80
@@ -367,9 +406,13 @@ def test_invariants_hold_over_long_histories_with_reclaim(h: History) -> None:
 
 def test_driver_applies_a_preemption_and_its_exit() -> None:
     """The driver itself: signal, grace, exit at the chosen time, requeue, restart."""
-    pol = parse_policy({"queues": {"name": "c", "children": [{"name": "a"}, {"name": "b"}]},
-                        "thrash": {"min_efficiency": 0.0},
-                        "tiers": {3: {"lease": "0s"}}})
+    pol = parse_policy(
+        {
+            "queues": {"name": "c", "children": [{"name": "a"}, {"name": "b"}]},
+            "thrash": {"min_efficiency": 0.0},
+            "tiers": {3: {"lease": "0s"}},
+        }
+    )
     cluster = (Node("n0", 8),)
     low = JobSpec(Job("low", "a", 3, submit=0.0, gpus=8), duration=10_000.0, exit_fracs=(0.5,))
     high = JobSpec(Job("high", "b", 2, submit=100.0, gpus=8), duration=1_000.0)
@@ -401,9 +444,10 @@ def test_victim_set_is_minimal_across_flavors() -> None:
     within that flavor (fixed)."""
     from support import pending, plan_for, preempted, running
 
-    pol = _quota_policy({"name": "root", "children": [
-        {"name": "a", "nominal": {"gpu": 4}, "borrowing_limit": {"gpu": 0}}]},
-        thrash={"min_efficiency": 0.0})
+    pol = _quota_policy(
+        {"name": "root", "children": [{"name": "a", "nominal": {"gpu": 4}, "borrowing_limit": {"gpu": 0}}]},
+        thrash={"min_efficiency": 0.0},
+    )
     cluster = (Node("n0", 4, flavor="a100"), Node("n1", 4, flavor="h100"))
     scav = running("scav", "a", 4, ("n0", 4), started=0.0)  # tier 4: not charged to a's quota
     cheap = running("cheap", "a", 3, ("n1", 2), started=0.0, last_checkpoint_at=9_990.0)
@@ -420,10 +464,19 @@ def test_borrowing_preemptor_may_not_preempt_outside_its_queue() -> None:
     were reclaimed, even though its victims reclaimed none of it (fixed)."""
     from support import nodes, pending, plan_for, preempted, running
 
-    pol = _quota_policy({"name": "root", "children": [
-        {"name": "d", "nominal": {"gpu": 8}, "children": [
-            {"name": "a", "nominal": {"gpu": 8}}, {"name": "b", "nominal": {"gpu": 0}}]},
-        {"name": "e", "nominal": {"gpu": 8}, "children": [{"name": "c", "nominal": {"gpu": 8}}]}]})
+    pol = _quota_policy(
+        {
+            "name": "root",
+            "children": [
+                {
+                    "name": "d",
+                    "nominal": {"gpu": 8},
+                    "children": [{"name": "a", "nominal": {"gpu": 8}}, {"name": "b", "nominal": {"gpu": 0}}],
+                },
+                {"name": "e", "nominal": {"gpu": 8}, "children": [{"name": "c", "nominal": {"gpu": 8}}]},
+            ],
+        }
+    )
     borrower = running("borrower", "b", 3, ("n0", 4), started=0.0)  # b borrows 4 of d's 8
     scav = running("scav", "c", 4, ("n1", 8), started=0.0, sigterm_save_s=10.0)
     p = pending("p", "a", 3, gpus=8, submit=9_000.0)  # d: 4 + 8 > 8, so p would borrow
@@ -439,8 +492,9 @@ def test_in_flight_eviction_with_room_for_two_serves_both() -> None:
     from support import nodes, pending, plan_for, policy, preempted, running
 
     pol = policy(queues={"name": "c", "children": [{"name": "a"}, {"name": "b"}]}, scheduling={"reservations": 0})
-    leaving = running("leaving", "a", 3, ("n0", 8), started=0.0, state=JobState.PREEMPTING,
-                      sigterm_at=9_990.0, kill_at=10_110.0)
+    leaving = running(
+        "leaving", "a", 3, ("n0", 8), started=0.0, state=JobState.PREEMPTING, sigterm_at=9_990.0, kill_at=10_110.0
+    )
     v = running("v", "a", 3, ("n1", 8), started=0.0)
     p1 = pending("p1", "b", 2, gpus=4, submit=9_000.0)
     p2 = pending("p2", "b", 2, gpus=4, submit=9_001.0)
@@ -454,9 +508,17 @@ def test_reclaims_in_one_pass_stop_at_the_lenders_nominal() -> None:
     pass as still there, so two reclaims took a side below its nominal (fixed)."""
     from support import nodes, pending, plan_for, preempted, running
 
-    pol = _quota_policy({"name": "root", "children": [
-        {"name": "x", "nominal": {"gpu": 8}}, {"name": "y", "nominal": {"gpu": 4}},
-        {"name": "z", "nominal": {"gpu": 4}}]}, tiers={4: {"preemptible": False}})
+    pol = _quota_policy(
+        {
+            "name": "root",
+            "children": [
+                {"name": "x", "nominal": {"gpu": 8}},
+                {"name": "y", "nominal": {"gpu": 4}},
+                {"name": "z", "nominal": {"gpu": 4}},
+            ],
+        },
+        tiers={4: {"preemptible": False}},
+    )
     x1 = running("x1", "x", 3, ("n0", 4), started=0.0)
     x2 = running("x2", "x", 3, ("n0", 4), started=0.0, first_gpu=4)
     x3 = running("x3", "x", 3, ("n1", 4), started=0.0)
@@ -473,12 +535,26 @@ def test_terminating_job_covers_a_quota_need() -> None:
     terminating job whose exit frees the quota (fixed)."""
     from support import pending, plan_for, preempted, running
 
-    pol = _quota_policy({"name": "root", "nominal": {"gpu": 16}, "children": [
-        {"name": "a", "nominal": {"gpu": 8}, "borrowing_limit": {"gpu": 0}}, {"name": "b"}]})
+    pol = _quota_policy(
+        {
+            "name": "root",
+            "nominal": {"gpu": 16},
+            "children": [{"name": "a", "nominal": {"gpu": 8}, "borrowing_limit": {"gpu": 0}}, {"name": "b"}],
+        }
+    )
     cluster = (Node("n0", 8), Node("n1", 4), Node("n2", 4))
     keep = running("keep", "b", 1, ("n0", 6), started=0.0)
-    leaving = running("leaving", "a", 3, ("n0", 2), started=0.0, first_gpu=6, state=JobState.PREEMPTING,
-                      sigterm_at=9_990.0, kill_at=10_110.0)
+    leaving = running(
+        "leaving",
+        "a",
+        3,
+        ("n0", 2),
+        started=0.0,
+        first_gpu=6,
+        state=JobState.PREEMPTING,
+        sigterm_at=9_990.0,
+        kill_at=10_110.0,
+    )
     v = running("v", "a", 3, ("n1", 4), started=0.0)
     p = pending("p", "a", 2, gpus=4, submit=9_000.0)
     plan = plan_for(pol, cluster, [keep, leaving, v, p], now=10_000.0)
@@ -494,12 +570,21 @@ def test_terminating_jobs_beat_a_free_new_victim() -> None:
     that already made room (fixed)."""
     from support import nodes, pending, plan_for, policy, preempted, running
 
-    pol = policy(queues={"name": "c", "children": [{"name": "a"}, {"name": "b"}]},
-                 preemption={"victim_order": "newest"})
-    t1 = running("t1", "a", 3, ("n0", 2), started=0.0, state=JobState.PREEMPTING,
-                 sigterm_at=9_990.0, kill_at=10_110.0)
-    t2 = running("t2", "a", 3, ("n0", 2), started=0.0, first_gpu=2, state=JobState.PREEMPTING,
-                 sigterm_at=9_990.0, kill_at=10_110.0)
+    pol = policy(
+        queues={"name": "c", "children": [{"name": "a"}, {"name": "b"}]}, preemption={"victim_order": "newest"}
+    )
+    t1 = running("t1", "a", 3, ("n0", 2), started=0.0, state=JobState.PREEMPTING, sigterm_at=9_990.0, kill_at=10_110.0)
+    t2 = running(
+        "t2",
+        "a",
+        3,
+        ("n0", 2),
+        started=0.0,
+        first_gpu=2,
+        state=JobState.PREEMPTING,
+        sigterm_at=9_990.0,
+        kill_at=10_110.0,
+    )
     v = running("v", "a", 3, ("n1", 4), started=0.0, sigterm_save_s=10.0)  # costs 0 to preempt
     p = pending("p", "b", 2, gpus=4, submit=9_000.0)
     plan = plan_for(pol, nodes(2, gpus=4), [t1, t2, v, p], now=10_000.0)
@@ -510,10 +595,14 @@ def test_terminating_jobs_beat_a_free_new_victim() -> None:
 def test_in_flight_eviction_shares_its_quota() -> None:
     from support import nodes, pending, plan_for, preempted, running
 
-    pol = _quota_policy({"name": "root", "nominal": {"gpu": 8}, "children": [
-        {"name": "a", "nominal": {"gpu": 4}}, {"name": "b", "nominal": {"gpu": 4}}]})
-    x = running("x", "a", 3, ("n0", 4), started=0.0, state=JobState.PREEMPTING,
-                sigterm_at=9_990.0, kill_at=10_110.0)
+    pol = _quota_policy(
+        {
+            "name": "root",
+            "nominal": {"gpu": 8},
+            "children": [{"name": "a", "nominal": {"gpu": 4}}, {"name": "b", "nominal": {"gpu": 4}}],
+        }
+    )
+    x = running("x", "a", 3, ("n0", 4), started=0.0, state=JobState.PREEMPTING, sigterm_at=9_990.0, kill_at=10_110.0)
     v = running("v", "b", 3, ("n0", 4), started=0.0, first_gpu=4)
     p1 = pending("p1", "a", 2, gpus=2, submit=9_000.0)
     p2 = pending("p2", "b", 2, gpus=2, submit=9_001.0)
@@ -529,8 +618,7 @@ def test_terminating_job_beats_a_free_new_victim_for_a_gang_slot() -> None:
     pol = policy(queues={"name": "c", "children": [{"name": "a"}, {"name": "b"}]}, scheduling={"reservations": 0})
     cluster = (Node("n0", 4), Node("n1", 4), Node("n2", 3))
     v = running("v", "a", 3, ("n0", 3), started=0.0, sigterm_save_s=10.0)  # costs 0 to preempt
-    t = running("t", "a", 3, ("n1", 3), started=0.0, state=JobState.PREEMPTING,
-                sigterm_at=9_990.0, kill_at=10_110.0)
+    t = running("t", "a", 3, ("n1", 3), started=0.0, state=JobState.PREEMPTING, sigterm_at=9_990.0, kill_at=10_110.0)
     p = pending("p", "b", 2, gpus=3, replicas=2, submit=9_000.0)
     plan = plan_for(pol, cluster, [v, t, p], now=10_000.0)
     # p needs two 3-GPU slots: n2 is free, and t's exit frees n1 by t=10,110. The engine

@@ -23,7 +23,9 @@ HOUR = 3600.0
 DAY = 24 * HOUR
 
 
-def ranked(pol: Policy, jobs: list[Job], now: float, usage: dict[str, float] | None = None) -> list[tuple[SortKey, Job]]:
+def ranked(
+    pol: Policy, jobs: list[Job], now: float, usage: dict[str, float] | None = None
+) -> list[tuple[SortKey, Job]]:
     return rank(Snapshot(nodes(1), tuple(jobs), pol, UsageLedger(now, usage or {})), now)
 
 
@@ -48,10 +50,13 @@ def test_tier_goes_first() -> None:
 
 def test_only_waiting_jobs_are_ranked() -> None:
     pol = policy()
-    jobs = [pending("p", "a", 3), replace(pending("q", "a", 3), state=JobState.REQUEUED),
-            replace(pending("w", "a", 2), state=JobState.AWAITING_APPROVAL),
-            running("r", "a", 3, ("n0", 8), started=0.0),
-            replace(pending("done", "a", 3), state=JobState.SUCCEEDED)]
+    jobs = [
+        pending("p", "a", 3),
+        replace(pending("q", "a", 3), state=JobState.REQUEUED),
+        replace(pending("w", "a", 2), state=JobState.AWAITING_APPROVAL),
+        running("r", "a", 3, ("n0", 8), started=0.0),
+        replace(pending("done", "a", 3), state=JobState.SUCCEEDED),
+    ]
     assert sorted(ids(pol, jobs, 100.0)) == ["p", "q", "w"]
 
 
@@ -62,7 +67,7 @@ def test_breach_goes_to_the_front_of_its_tier_but_not_ahead_of_a_higher_tier() -
     pol = policy()  # default max_wait 24h
     now = 30 * HOUR
     jobs = [
-        pending("a-fresh", "a", 3, submit=now - HOUR),         # a has used nothing
+        pending("a-fresh", "a", 3, submit=now - HOUR),  # a has used nothing
         pending("b-starved", "b", 3, submit=now - 25 * HOUR),  # b has used a lot, but waited > 24h
         pending("b-tier2", "b", 2, submit=now - 60.0),
         pending("a-tier4-starved", "a", 4, submit=0.0),
@@ -97,10 +102,13 @@ def test_per_queue_max_wait_override() -> None:
 
 def test_max_wait_set_on_a_department_applies_to_its_teams() -> None:
     data: dict[str, Any] = {
-        "queues": {"name": "cluster", "children": [
-            {"name": "research", "children": [{"name": "vision"}, {"name": "language"}]},
-            {"name": "platform"},
-        ]},
+        "queues": {
+            "name": "cluster",
+            "children": [
+                {"name": "research", "children": [{"name": "vision"}, {"name": "language"}]},
+                {"name": "platform"},
+            ],
+        },
         "fair_share": {"aging": {"max_wait": {"research": "1h"}}},
     }
     pol = parse_policy(data)
@@ -115,8 +123,7 @@ def test_breach_counts_the_wait_of_earlier_attempts() -> None:
     pol = policy()
     now = 100 * HOUR
     # Requeued an hour ago, but 23.5 h of waiting carried over from earlier attempts: 24.5 h.
-    requeued = pending("r", "b", 3, submit=0.0, state=JobState.REQUEUED, waited=23.5 * HOUR,
-                       pending_since=now - HOUR)
+    requeued = pending("r", "b", 3, submit=0.0, state=JobState.REQUEUED, waited=23.5 * HOUR, pending_since=now - HOUR)
     fresh = pending("f", "a", 3, submit=now - 10.0)
     assert ids(pol, [fresh, requeued], now, usage={"b": 1e6}) == ["r", "f"]
 
@@ -135,8 +142,10 @@ def test_fair_share_goes_before_aging() -> None:
 
 def test_sort_key_carries_the_fair_share_ratios() -> None:
     pol = policy()
-    keys = {j.id: k for k, j in ranked(pol, [pending("x", "a", 3), pending("y", "b", 3)], 10.0,
-                                       usage={"a": 30.0, "b": 10.0})}
+    keys = {
+        j.id: k
+        for k, j in ranked(pol, [pending("x", "a", 3), pending("y", "b", 3)], 10.0, usage={"a": 30.0, "b": 10.0})
+    }
     # a: (30/40) / (1/2) = 1.5; b: (10/40) / (1/2) = 0.5
     assert keys["x"].fair_share == pytest.approx((1.5,))
     assert keys["y"].fair_share == pytest.approx((0.5,))
@@ -175,8 +184,10 @@ def test_aging_never_overrides_fair_share() -> None:
     # a used more than b: b's fresh job goes before a's old one.
     a_job = pending("a1", "a", 3, submit=0.0)
     b_job = pending("b1", "b", 3, submit=9_000.0)
-    assert [j.id for _, j in rank(Snapshot(nodes(1), (a_job, b_job), pol, UsageLedger(now, {"a": 5.0})), now)] \
-        == ["b1", "a1"]
+    assert [j.id for _, j in rank(Snapshot(nodes(1), (a_job, b_job), pol, UsageLedger(now, {"a": 5.0})), now)] == [
+        "b1",
+        "a1",
+    ]
 
 
 # ---------------------------------------------------------------------------- submit, id
@@ -221,7 +232,13 @@ def test_priority_order_is_tier_then_submit_then_id_ignoring_fair_share_and_age(
         pending("t2-same-a", "a", 2, submit=20.0),
     ]
     assert ids(pol, jobs, now, usage={"b": 1e6}) == [
-        "t1-late", "t2-same-a", "t2-same-b", "t3-early", "t3-starved", "t4-early"]
+        "t1-late",
+        "t2-same-a",
+        "t2-same-b",
+        "t3-early",
+        "t3-starved",
+        "t4-early",
+    ]
     keys = {j.id: k for k, j in ranked(pol, jobs, now)}
     assert keys["t4-early"].tier == 4 and keys["t4-early"].breach == 1
 
@@ -240,7 +257,7 @@ def _hol_jobs() -> list[Job]:
     serve = running("serve", "b", 1, ("n0", 4), started=0.0)  # tier 1: never preempted
     return [
         serve,
-        pending("big", "a", 3, gpus=8, submit=0.0),     # head: 8 GPUs, only 4 free
+        pending("big", "a", 3, gpus=8, submit=0.0),  # head: 8 GPUs, only 4 free
         pending("small", "a", 3, gpus=2, submit=10.0),  # would fit
         pending("scav", "a", 4, gpus=1, submit=5.0),
         pending("appr", "a", 3, gpus=1, submit=20.0, state=JobState.AWAITING_APPROVAL),

@@ -89,9 +89,12 @@ def test_untracked_cpu_and_memory_do_not_limit() -> None:
 
 def test_block_picks_block_with_fewest_free_gpus_that_hosts_the_gang() -> None:
     nodes = [
-        Node("a1", 8, block="A"), Node("a2", 8, block="A"),
-        Node("b1", 8, block="B"), Node("b2", 8, block="B"),
-        Node("c1", 8, block="C"), Node("c2", 8, block="C"),
+        Node("a1", 8, block="A"),
+        Node("a2", 8, block="A"),
+        Node("b1", 8, block="B"),
+        Node("b2", 8, block="B"),
+        Node("c1", 8, block="C"),
+        Node("c2", 8, block="C"),
     ]
     idx = CapacityIndex(nodes)
     idx.take("a1", 8)  # A: 8 free
@@ -103,8 +106,7 @@ def test_block_picks_block_with_fewest_free_gpus_that_hosts_the_gang() -> None:
 
 
 def test_block_skips_a_block_whose_total_is_enough_but_fragmented() -> None:
-    nodes = [Node("a1", 8, block="A"), Node("a2", 8, block="A"),
-             Node("b1", 8, block="B"), Node("b2", 8, block="B")]
+    nodes = [Node("a1", 8, block="A"), Node("a2", 8, block="A"), Node("b1", 8, block="B"), Node("b2", 8, block="B")]
     idx = CapacityIndex(nodes)
     idx.take("a1", 3)
     idx.take("a2", 3)  # A: 10 free as 5 + 5; cannot host 1 x 8
@@ -142,8 +144,12 @@ def test_block_label_equal_to_a_node_name_does_not_merge() -> None:
 
 
 def test_block_respects_cpu() -> None:
-    nodes = [Node("a1", 8, cpu=1000, block="A"), Node("a2", 8, cpu=1000, block="A"),
-             Node("b1", 8, cpu=8000, block="B"), Node("b2", 8, cpu=8000, block="B")]
+    nodes = [
+        Node("a1", 8, cpu=1000, block="A"),
+        Node("a2", 8, cpu=1000, block="A"),
+        Node("b1", 8, cpu=8000, block="B"),
+        Node("b2", 8, cpu=8000, block="B"),
+    ]
     idx = CapacityIndex(nodes)
     idx.take("a1", 1)
     assert idx.find("default", 2, 4, cpu=1000, constraint="block") == ("a1", "a2")
@@ -166,8 +172,9 @@ def test_any_places_each_replica_best_fit_greedily() -> None:
 
 
 def test_any_skips_nodes_short_of_cpu_or_memory() -> None:
-    idx = _idx(Node("a", 4, cpu=1000, memory=100), Node("b", 8, cpu=8000, memory=100),
-               Node("c", 8, cpu=8000, memory=1000))
+    idx = _idx(
+        Node("a", 4, cpu=1000, memory=100), Node("b", 8, cpu=8000, memory=100), Node("c", 8, cpu=8000, memory=1000)
+    )
     assert idx.find("default", 2, 2, cpu=2000) == ("b", "b")
     assert idx.find("default", 5, 2, cpu=2000) == ("b", "b", "b", "b", "c")
     assert idx.find("default", 3, 1, memory=200) == ("c", "c", "c")
@@ -175,8 +182,7 @@ def test_any_skips_nodes_short_of_cpu_or_memory() -> None:
 
 
 def test_flavors_never_mix() -> None:
-    nodes = [Node("h1", 8, flavor="h100"), Node("a1", 8, flavor="a100"),
-             Node("a2", 8, flavor="a100", block="B")]
+    nodes = [Node("h1", 8, flavor="h100"), Node("a1", 8, flavor="a100"), Node("a2", 8, flavor="a100", block="B")]
     idx = CapacityIndex(nodes)
     assert idx.flavors() == ("a100", "h100")
     assert idx.flavor_of("a2") == "a100"
@@ -195,8 +201,9 @@ def test_flavors_never_mix() -> None:
 
 
 def test_cpu_only_replicas_place_on_cpu_and_memory() -> None:
-    idx = _idx(Node("g", 8, cpu=4000, memory=100), Node("c", 0, cpu=16000, memory=1000),
-               Node("h", 8, cpu=4000, memory=100))
+    idx = _idx(
+        Node("g", 8, cpu=4000, memory=100), Node("c", 0, cpu=16000, memory=1000), Node("h", 8, cpu=4000, memory=100)
+    )
     idx.take("h", 4)  # by free GPUs: c (0) < h (4) < g (8)
     assert idx.find("default", 1, 0, cpu=1000) == ("c",)
     assert idx.find("default", 2, 0, cpu=3000) == ("c", "c")
@@ -286,8 +293,7 @@ def test_find_does_not_change_the_index() -> None:
 
 
 def _answers(idx: CapacityIndex) -> list[tuple[str, ...] | None]:
-    return [idx.find("default", r, g, constraint=c)
-            for c in CONSTRAINTS for r in (1, 2, 3) for g in (1, 4, 8)]
+    return [idx.find("default", r, g, constraint=c) for c in CONSTRAINTS for r in (1, 2, 3) for g in (1, 4, 8)]
 
 
 def test_nested_mark_and_rollback_restore_exactly() -> None:
@@ -407,8 +413,7 @@ def test_infeasible_answer_is_revisited_when_capacity_returns() -> None:
 
 
 def test_failure_found_after_a_mark_is_forgotten_on_rollback() -> None:
-    nodes = [Node("a1", 8, block="A"), Node("a2", 8, block="A"), Node("a3", 8, block="A"),
-             Node("b1", 8, block="B")]
+    nodes = [Node("a1", 8, block="A"), Node("a2", 8, block="A"), Node("a3", 8, block="A"), Node("b1", 8, block="B")]
     idx = CapacityIndex(nodes)
     idx.take("a2", 5)
     idx.take("a3", 5)
@@ -425,8 +430,7 @@ def test_failure_found_after_a_mark_is_forgotten_on_rollback() -> None:
 
 
 def test_failure_is_forgotten_when_capacity_is_given_back() -> None:
-    nodes = [Node("a1", 8, block="A"), Node("a2", 8, block="A"), Node("a3", 8, block="A"),
-             Node("b1", 8, block="B")]
+    nodes = [Node("a1", 8, block="A"), Node("a2", 8, block="A"), Node("a3", 8, block="A"), Node("b1", 8, block="B")]
     idx = CapacityIndex(nodes)
     for name, n in (("a1", 4), ("a2", 5), ("a3", 5), ("b1", 4)):
         idx.take(name, n)
@@ -496,8 +500,7 @@ def test_same_calls_same_answers() -> None:
         out: list[object] = []
         for step in range(40):
             c = CONSTRAINTS[step % 3]
-            got = idx.find("default", 1 + step % 3, 1 + step % 8, cpu=500 * (step % 4),
-                           constraint=c)
+            got = idx.find("default", 1 + step % 3, 1 + step % 8, cpu=500 * (step % 4), constraint=c)
             out.append(got)
             if got is not None and step % 2:
                 idx.place(got, 1 + step % 8, cpu=500 * (step % 4))
@@ -526,11 +529,9 @@ class _Model:
         """Can `name` host k replicas of (g, c, m) now? 0 cpu/memory capacity: unlimited."""
         n = self.by_name[name]
         fg, fc, fm = self.free[name]
-        return (k * g <= fg and (n.cpu == 0 or k * c <= fc)
-                and (n.memory == 0 or k * m <= fm))
+        return k * g <= fg and (n.cpu == 0 or k * c <= fc) and (n.memory == 0 or k * m <= fm)
 
-    def valid(self, names: tuple[str, ...], flavor: str, r: int, g: int, c: int, m: int,
-              constraint: str) -> bool:
+    def valid(self, names: tuple[str, ...], flavor: str, r: int, g: int, c: int, m: int, constraint: str) -> bool:
         if len(names) != r or any(self.by_name[x].flavor != flavor for x in names):
             return False
         if constraint == "pack" and len(set(names)) != 1:
@@ -542,11 +543,11 @@ class _Model:
     def feasible(self, flavor: str, r: int, g: int, c: int, m: int, constraint: str) -> bool:
         """Enumerate every multiset of r nodes of the flavor."""
         cands = [n.name for n in self.nodes if n.flavor == flavor]
-        return any(self.valid(combo, flavor, r, g, c, m, constraint)
-                   for combo in combinations_with_replacement(cands, r))
+        return any(
+            self.valid(combo, flavor, r, g, c, m, constraint) for combo in combinations_with_replacement(cands, r)
+        )
 
-    def greedy(self, cands: list[str], r: int, g: int, c: int,
-               m: int) -> tuple[str, ...] | None:
+    def greedy(self, cands: list[str], r: int, g: int, c: int, m: int) -> tuple[str, ...] | None:
         """The spec, literally: each replica on the fitting node with fewest free GPUs."""
         saved = dict(self.free)
         out: list[str] = []
@@ -564,8 +565,7 @@ class _Model:
         finally:
             self.free = saved
 
-    def expected(self, flavor: str, r: int, g: int, c: int, m: int,
-                 constraint: str) -> tuple[str, ...] | None:
+    def expected(self, flavor: str, r: int, g: int, c: int, m: int, constraint: str) -> tuple[str, ...] | None:
         cands = [n.name for n in self.nodes if n.flavor == flavor]
         if constraint == "pack":
             fit = [x for x in cands if self.fits(x, r, g, c, m)]
@@ -578,8 +578,7 @@ class _Model:
         blocks: dict[tuple[bool, str], list[str]] = {}
         for x in cands:
             blocks.setdefault(self.block(x), []).append(x)
-        order = sorted(blocks.values(),
-                       key=lambda xs: (sum(self.free[x][0] for x in xs), self.pos[xs[0]]))
+        order = sorted(blocks.values(), key=lambda xs: (sum(self.free[x][0] for x in xs), self.pos[xs[0]]))
         for xs in order:
             got = self.greedy(xs, r, g, c, m)
             if got is not None:
@@ -595,14 +594,16 @@ def _nodes(draw: st.DrawFn) -> list[Node]:
     count = draw(st.integers(1, 7))
     out = []
     for i in range(count):
-        out.append(Node(
-            name=f"n{i}",
-            gpus=draw(st.sampled_from([0, 1, 2, 4, 8])),
-            cpu=draw(st.sampled_from([0, 2, 4, 8])),
-            memory=draw(st.sampled_from([0, 3, 6])),
-            flavor=draw(st.sampled_from(_FLAVORS)),
-            block=draw(st.sampled_from([None, "r1", "r2"])),
-        ))
+        out.append(
+            Node(
+                name=f"n{i}",
+                gpus=draw(st.sampled_from([0, 1, 2, 4, 8])),
+                cpu=draw(st.sampled_from([0, 2, 4, 8])),
+                memory=draw(st.sampled_from([0, 3, 6])),
+                flavor=draw(st.sampled_from(_FLAVORS)),
+                block=draw(st.sampled_from([None, "r1", "r2"])),
+            )
+        )
     return out
 
 
@@ -643,12 +644,16 @@ class PlacementMachine(RuleBasedStateMachine):
             with pytest.raises(ValueError):
                 self.idx.give(name, g, c, m)
 
-    @rule(flavor=st.sampled_from(_FLAVORS), r=st.integers(1, 4),
-          g=st.sampled_from([0, 1, 1, 2, 2, 3, 4]),
-          c=st.sampled_from([0, 1, 2, 3]), m=st.sampled_from([0, 0, 1, 2]),
-          constraint=st.sampled_from(CONSTRAINTS), keep=st.booleans())
-    def find(self, flavor: str, r: int, g: int, c: int, m: int, constraint: str,
-             keep: bool) -> None:
+    @rule(
+        flavor=st.sampled_from(_FLAVORS),
+        r=st.integers(1, 4),
+        g=st.sampled_from([0, 1, 1, 2, 2, 3, 4]),
+        c=st.sampled_from([0, 1, 2, 3]),
+        m=st.sampled_from([0, 0, 1, 2]),
+        constraint=st.sampled_from(CONSTRAINTS),
+        keep=st.booleans(),
+    )
+    def find(self, flavor: str, r: int, g: int, c: int, m: int, constraint: str, keep: bool) -> None:
         if (flavor, r, g, c, m, constraint) not in self.shapes:
             self.shapes.append((flavor, r, g, c, m, constraint))
         before = dict(self.model.free)
@@ -666,8 +671,7 @@ class PlacementMachine(RuleBasedStateMachine):
             for x in got:
                 n = self.model.by_name[x]
                 fg, fc, fm = self.model.free[x]
-                self.model.free[x] = (fg - g, fc - c if n.cpu else fc,
-                                      fm - m if n.memory else fm)
+                self.model.free[x] = (fg - g, fc - c if n.cpu else fc, fm - m if n.memory else fm)
 
     @precondition(lambda self: bool(self.shapes))
     @rule(data=st.data(), keep=st.booleans())
@@ -686,7 +690,7 @@ class PlacementMachine(RuleBasedStateMachine):
         j = data.draw(st.integers(0, len(self.marks) - 1))
         token, saved = self.marks[j]
         self.idx.rollback(token)
-        del self.marks[j + 1:]  # the mark itself stays open
+        del self.marks[j + 1 :]  # the mark itself stays open
         self.model.free = dict(saved)
 
     @precondition(lambda self: bool(self.marks))
@@ -718,6 +722,8 @@ class PlacementMachine(RuleBasedStateMachine):
 
 TestPlacementMachine = PlacementMachine.TestCase
 TestPlacementMachine.settings = settings(
-    max_examples=300, stateful_step_count=40, deadline=None,
+    max_examples=300,
+    stateful_step_count=40,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

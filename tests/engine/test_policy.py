@@ -73,7 +73,11 @@ def issue_at(err: PolicyError, path: str) -> PolicyIssue:
 def test_design_example_loads_with_its_values() -> None:
     p = parse_policy(EXAMPLE)
     assert [p.tier(t).name for t in (1, 2, 3, 4)] == [
-        "production-inference", "pretraining", "experimentation", "opportunistic"]
+        "production-inference",
+        "pretraining",
+        "experimentation",
+        "opportunistic",
+    ]
     assert p.tier(1).preemptible is False and p.tier(1).scope == "cluster"
     assert p.tier(2).lease == 4 * H and p.tier(2).grace == 300
     assert p.tier(3).lease == 45 * M and p.tier(4).lease == 0 and p.tier(4).charged is False
@@ -108,12 +112,18 @@ def test_example_queue_tree_resolves() -> None:
 
 
 def test_inner_nominal_keeps_its_own_resources_and_sums_the_others() -> None:
-    p = parse_policy({"queues": {
-        "name": "root", "nominal": {"cpu": 64000},
-        "children": [
-            {"name": "a", "nominal": {"gpu": 8, "memory": 1024}},
-            {"name": "b", "nominal": {"gpu": 4, "gpu:a100": 2}},
-        ]}})
+    p = parse_policy(
+        {
+            "queues": {
+                "name": "root",
+                "nominal": {"cpu": 64000},
+                "children": [
+                    {"name": "a", "nominal": {"gpu": 8, "memory": 1024}},
+                    {"name": "b", "nominal": {"gpu": 4, "gpu:a100": 2}},
+                ],
+            }
+        }
+    )
     assert p.queues.nominal == {"cpu": 64000, "gpu": 12, "memory": 1024, "gpu:a100": 2}
     assert p.governed_resources() == ("cpu", "gpu", "gpu:a100", "memory")
 
@@ -127,8 +137,12 @@ def test_to_dict_is_resolved_and_round_trips() -> None:
     assert d["queues"]["nominal"] == {"gpu": 96}
     assert [c["name"] for c in d["queues"]["children"]] == ["research", "platform"]
     assert "parent" not in d["queues"]
-    assert d["scheduling"] == {"order": "governed", "head_of_line_blocking": False,
-                               "reservations": 1, "requeue_timestamp": "submit"}
+    assert d["scheduling"] == {
+        "order": "governed",
+        "head_of_line_blocking": False,
+        "reservations": 1,
+        "requeue_timestamp": "submit",
+    }
     assert parse_policy(d) == p
     assert parse_policy(yaml.safe_dump(d)) == p
     assert parse_policy(json.loads(json.dumps(d))) == p  # JSON keys tiers by "1".."4"
@@ -152,8 +166,9 @@ def test_empty_input_gives_the_defaults(empty: Any) -> None:
 
 def test_default_tiers_are_design_s_four() -> None:
     tiers = default_policy().tiers
-    assert {n: (t.name, t.preemptible, t.lease, t.grace, t.requires_approval, t.scope, t.charged)
-            for n, t in tiers.items()} == {
+    assert {
+        n: (t.name, t.preemptible, t.lease, t.grace, t.requires_approval, t.scope, t.charged) for n, t in tiers.items()
+    } == {
         1: ("production-inference", False, 0.0, 300.0, True, "cluster", True),
         2: ("pretraining", True, 4 * H, 300.0, True, "quota", True),
         3: ("experimentation", True, 45 * M, 120.0, False, "quota", True),
@@ -165,12 +180,18 @@ def test_default_settings() -> None:
     p = default_policy()
     assert (p.min_grace, p.max_lease) == (120, 8 * H)
     assert p.fair_share.half_life == 7 * D and p.max_wait_for("default") == 24 * H
-    assert (p.thrash.min_efficiency, p.thrash.max_preemptions.count,
-            p.thrash.max_preemptions.per, p.thrash.requeue_backoff) == (0.9, 3, 24 * H, 0)
-    assert (p.preemption.restart_overhead, p.preemption.max_attempts_per_pass,
-            p.preemption.victim_order) == (60, 16, "cost")
-    assert (p.scheduling.order, p.scheduling.head_of_line_blocking,
-            p.scheduling.reservations) == ("governed", False, 1)
+    assert (
+        p.thrash.min_efficiency,
+        p.thrash.max_preemptions.count,
+        p.thrash.max_preemptions.per,
+        p.thrash.requeue_backoff,
+    ) == (0.9, 3, 24 * H, 0)
+    assert (p.preemption.restart_overhead, p.preemption.max_attempts_per_pass, p.preemption.victim_order) == (
+        60,
+        16,
+        "cost",
+    )
+    assert (p.scheduling.order, p.scheduling.head_of_line_blocking, p.scheduling.reservations) == ("governed", False, 1)
     assert p.queue_names() == ["cluster", "default"]
     assert [q.name for q in p.leaves()] == ["default"]
     assert p.governed_resources() == ()
@@ -195,39 +216,64 @@ def test_max_wait_per_queue_override_and_inheritance() -> None:
     data = example()
     data["fair_share"]["aging"]["max_wait"] = {"research": "2h", "vision": "30m"}
     p = parse_policy(data)
-    assert p.max_wait_for("vision") == 30 * M      # its own
-    assert p.max_wait_for("language") == 2 * H     # its parent's
-    assert p.max_wait_for("platform") == 24 * H    # the default, kept when not given
+    assert p.max_wait_for("vision") == 30 * M  # its own
+    assert p.max_wait_for("language") == 2 * H  # its parent's
+    assert p.max_wait_for("platform") == 24 * H  # the default, kept when not given
     assert p.max_wait_for("unknown") == 24 * H
 
 
 # ---------------------------------------------------------------------------------- durations
 
 
-@pytest.mark.parametrize(("text", "seconds"), [
-    ("90s", 90), ("45m", 2700), ("8h", 28800), ("7d", 604800), ("1h30m", 5400), ("0s", 0),
-    ("1d12h", 129600), ("1.5h", 5400), (" 2m ", 120), ("300", 300), (90, 90), (2.5, 2.5), (0, 0),
-])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90s", 90),
+        ("45m", 2700),
+        ("8h", 28800),
+        ("7d", 604800),
+        ("1h30m", 5400),
+        ("0s", 0),
+        ("1d12h", 129600),
+        ("1.5h", 5400),
+        (" 2m ", 120),
+        ("300", 300),
+        (90, 90),
+        (2.5, 2.5),
+        (0, 0),
+    ],
+)
 def test_parse_duration(text: str | float, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize(("seconds", "text"), [
-    (300, "5m"), (14400, "4h"), (90, "90s"), (0, "0s"), (120, "2m"), (86400, "1d"),
-    (604800, "7d"), (5400, "90m"), (3601, "1h1s"), (0.5, "0.5s"),
-])
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (300, "5m"),
+        (14400, "4h"),
+        (90, "90s"),
+        (0, "0s"),
+        (120, "2m"),
+        (86400, "1d"),
+        (604800, "7d"),
+        (5400, "90m"),
+        (3601, "1h1s"),
+        (0.5, "0.5s"),
+    ],
+)
 def test_format_duration_is_the_shortest_form(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
 
 
-@given(st.one_of(st.integers(min_value=0, max_value=10**9),
-                 st.floats(min_value=0, max_value=1e9, allow_nan=False)))
+@given(st.one_of(st.integers(min_value=0, max_value=10**9), st.floats(min_value=0, max_value=1e9, allow_nan=False)))
 def test_format_duration_parses_back_exactly(seconds: float) -> None:
     assert parse_duration(format_duration(seconds)) == seconds
 
 
-@pytest.mark.parametrize("bad", ["5x", "", "m", "-5m", "5 m", "1h-30m", -1, -0.5, True, None,
-                                 float("inf"), float("nan"), "inf", [1]])
+@pytest.mark.parametrize(
+    "bad", ["5x", "", "m", "-5m", "5 m", "1h-30m", -1, -0.5, True, None, float("inf"), float("nan"), "inf", [1]]
+)
 def test_bad_durations_are_refused(bad: Any) -> None:
     with pytest.raises(PolicyError) as info:
         parse_duration(bad)
@@ -245,8 +291,7 @@ def test_durations_dump_as_canonical_strings_only_in_json_mode() -> None:
 
 def test_grace_below_min_grace_quotes_the_file() -> None:
     err = refused(EXAMPLE.replace("lease: 45m, grace: 120s", "lease: 45m, grace: 60s"))
-    assert str(err).splitlines() == [
-        "tiers.3.grace: grace 60s is below min_grace 120s (got '60s')"]
+    assert str(err).splitlines() == ["tiers.3.grace: grace 60s is below min_grace 120s (got '60s')"]
 
 
 def test_a_custom_min_grace_applies_to_default_tiers_too() -> None:
@@ -301,32 +346,41 @@ def flat(*queues: Any) -> dict[str, Any]:
 
 
 def test_cycle_in_flat_form() -> None:
-    err = refused(flat({"name": "root"}, {"name": "a", "parent": "b"},
-                       {"name": "b", "parent": "c"}, {"name": "c", "parent": "a"}))
+    err = refused(
+        flat({"name": "root"}, {"name": "a", "parent": "b"}, {"name": "b", "parent": "c"}, {"name": "c", "parent": "a"})
+    )
     i = issue_at(err, "queues[1].parent")
     assert i.value == "b" and i.message == "cycle in parent links: a -> b -> c -> a"
     assert len(err.issues) == 1  # one cycle, reported once
 
 
 def test_unknown_parent_in_flat_form() -> None:
-    i = issue_at(refused(flat({"name": "root"}, {"name": "a", "parent": "nobody"})),
-                 "queues[1].parent")
+    i = issue_at(refused(flat({"name": "root"}, {"name": "a", "parent": "nobody"})), "queues[1].parent")
     assert i.value == "nobody" and i.message == "unknown parent queue"
 
 
-@pytest.mark.parametrize(("queues", "value"), [
-    ([{"name": "a", "parent": "b"}, {"name": "b", "parent": "a"}], "b"),
-    ([{"name": "a"}, {"name": "b"}], ["a", "b"]),
-])
+@pytest.mark.parametrize(
+    ("queues", "value"),
+    [
+        ([{"name": "a", "parent": "b"}, {"name": "b", "parent": "a"}], "b"),
+        ([{"name": "a"}, {"name": "b"}], ["a", "b"]),
+    ],
+)
 def test_flat_form_needs_exactly_one_root(queues: list[dict[str, Any]], value: Any) -> None:
     err = refused(flat(*queues))
     assert value in [i.value for i in err.issues]
 
 
 def test_flat_form_refuses_duplicates_and_children_and_reports_entries_by_index() -> None:
-    err = refused(flat({"name": "root"}, {"name": "a", "parent": "root", "children": []},
-                       {"name": "a", "parent": "root"}, {"name": "b", "parent": "root",
-                                                         "nominal": {"gpu": -2}}, 7))
+    err = refused(
+        flat(
+            {"name": "root"},
+            {"name": "a", "parent": "root", "children": []},
+            {"name": "a", "parent": "root"},
+            {"name": "b", "parent": "root", "nominal": {"gpu": -2}},
+            7,
+        )
+    )
     assert issue_at(err, "queues[1].children").value == []
     assert issue_at(err, "queues[2].name").value == "a"
     assert issue_at(err, "queues[3].nominal.gpu").value == -2
@@ -334,8 +388,7 @@ def test_flat_form_refuses_duplicates_and_children_and_reports_entries_by_index(
 
 
 def test_flat_form_semantic_checks_name_the_entry() -> None:
-    err = refused(flat({"name": "root", "nominal": {"gpu": 4}},
-                       {"name": "a", "parent": "root", "nominal": {"gpu": 8}}))
+    err = refused(flat({"name": "root", "nominal": {"gpu": 4}}, {"name": "a", "parent": "root", "nominal": {"gpu": 8}}))
     assert issue_at(err, "queues[0].nominal.gpu").value == 4
 
 
@@ -359,13 +412,15 @@ def test_a_quota_must_be_an_integer() -> None:
     assert issue_at(err, "queues.borrowing_limit.cpu").value is True
 
 
-@pytest.mark.parametrize(("data", "path", "value", "allowed_has"), [
-    ({"tiers": {3: {"graec": "1m"}}}, "tiers.3.graec", "1m", "grace"),
-    ({"bogus": 1}, "bogus", 1, "min_grace"),
-    ({"queues": {"name": "r", "wieght": 2}}, "queues.wieght", 2, "weight"),
-    ({"thrash": {"max_preemptions": {"every": "1h"}}}, "thrash.max_preemptions.every", "1h",
-     "count"),
-])
+@pytest.mark.parametrize(
+    ("data", "path", "value", "allowed_has"),
+    [
+        ({"tiers": {3: {"graec": "1m"}}}, "tiers.3.graec", "1m", "grace"),
+        ({"bogus": 1}, "bogus", 1, "min_grace"),
+        ({"queues": {"name": "r", "wieght": 2}}, "queues.wieght", 2, "weight"),
+        ({"thrash": {"max_preemptions": {"every": "1h"}}}, "thrash.max_preemptions.every", "1h", "count"),
+    ],
+)
 def test_unknown_field(data: dict[str, Any], path: str, value: Any, allowed_has: str) -> None:
     i = issue_at(refused(data), path)
     assert (i.value, i.message) == (value, "unknown field")
@@ -390,25 +445,26 @@ def test_a_nested_queue_may_not_name_a_parent() -> None:
     assert issue_at(refused(data), "queues.children[1].parent").value == "cluster"
 
 
-@pytest.mark.parametrize(("data", "path", "value"), [
-    ({"fair_share": {"half_life": "0s"}}, "fair_share.half_life", "0s"),
-    ({"fair_share": {"aging": {"max_wait": {"nobody": "1h"}}}},
-     "fair_share.aging.max_wait.nobody", "nobody"),
-    ({"thrash": {"min_efficiency": 1.0}}, "thrash.min_efficiency", 1.0),
-    ({"thrash": {"min_efficiency": -0.1}}, "thrash.min_efficiency", -0.1),
-    ({"thrash": {"max_preemptions": {"count": 0}}}, "thrash.max_preemptions.count", 0),
-    ({"preemption": {"victim_order": "random"}}, "preemption.victim_order", "random"),
-    ({"preemption": {"max_attempts_per_pass": -1}}, "preemption.max_attempts_per_pass", -1),
-    ({"scheduling": {"order": "lifo"}}, "scheduling.order", "lifo"),
-    ({"scheduling": {"reservations": -1}}, "scheduling.reservations", -1),
-    ({"min_grace": "-1m"}, "min_grace", "-1m"),
-    ({"tiers": {1: {"scope": "world"}}}, "tiers.1.scope", "world"),
-    ({"tiers": {2: {"name": ""}}}, "tiers.2.name", ""),
-    ({"queues": {"name": "a b"}}, "queues.name", "a b"),
-    ({"queues": {"name": "r", "children": [{"name": "x", "weight": 0}]}},
-     "queues.children[0].weight", 0),
-    ({"queues": {"name": "r", "children": [{"weight": 2}]}}, "queues.children[0].name", None),
-])
+@pytest.mark.parametrize(
+    ("data", "path", "value"),
+    [
+        ({"fair_share": {"half_life": "0s"}}, "fair_share.half_life", "0s"),
+        ({"fair_share": {"aging": {"max_wait": {"nobody": "1h"}}}}, "fair_share.aging.max_wait.nobody", "nobody"),
+        ({"thrash": {"min_efficiency": 1.0}}, "thrash.min_efficiency", 1.0),
+        ({"thrash": {"min_efficiency": -0.1}}, "thrash.min_efficiency", -0.1),
+        ({"thrash": {"max_preemptions": {"count": 0}}}, "thrash.max_preemptions.count", 0),
+        ({"preemption": {"victim_order": "random"}}, "preemption.victim_order", "random"),
+        ({"preemption": {"max_attempts_per_pass": -1}}, "preemption.max_attempts_per_pass", -1),
+        ({"scheduling": {"order": "lifo"}}, "scheduling.order", "lifo"),
+        ({"scheduling": {"reservations": -1}}, "scheduling.reservations", -1),
+        ({"min_grace": "-1m"}, "min_grace", "-1m"),
+        ({"tiers": {1: {"scope": "world"}}}, "tiers.1.scope", "world"),
+        ({"tiers": {2: {"name": ""}}}, "tiers.2.name", ""),
+        ({"queues": {"name": "a b"}}, "queues.name", "a b"),
+        ({"queues": {"name": "r", "children": [{"name": "x", "weight": 0}]}}, "queues.children[0].weight", 0),
+        ({"queues": {"name": "r", "children": [{"weight": 2}]}}, "queues.children[0].name", None),
+    ],
+)
 def test_other_refusals_name_path_and_value(data: dict[str, Any], path: str, value: Any) -> None:
     i = issue_at(refused(data), path)
     if value is not None:
@@ -417,27 +473,44 @@ def test_other_refusals_name_path_and_value(data: dict[str, Any], path: str, val
 
 def test_several_errors_are_reported_together() -> None:
     data = example()
-    data["min_grace"] = "150s"                                   # tiers 3 and 4 fall below
-    data["tiers"][5] = {"name": "extra"}                         # unknown tier
-    data["tiers"][2]["lease"] = "5x"                             # bad duration
-    data["thrash"]["surprise"] = True                            # unknown field
-    data["queues"]["children"][0]["nominal"]["tpu"] = 1          # unknown resource
+    data["min_grace"] = "150s"  # tiers 3 and 4 fall below
+    data["tiers"][5] = {"name": "extra"}  # unknown tier
+    data["tiers"][2]["lease"] = "5x"  # bad duration
+    data["thrash"]["surprise"] = True  # unknown field
+    data["queues"]["children"][0]["nominal"]["tpu"] = 1  # unknown resource
     err = refused(data)
     paths = [i.path for i in err.issues]
-    assert set(paths) == {"tiers.5", "tiers.2.lease", "tiers.3.grace", "tiers.4.grace",
-                          "thrash.surprise", "queues.children[0].nominal.tpu"}
+    assert set(paths) == {
+        "tiers.5",
+        "tiers.2.lease",
+        "tiers.3.grace",
+        "tiers.4.grace",
+        "thrash.surprise",
+        "queues.children[0].nominal.tpu",
+    }
     assert str(err).splitlines() == [str(i) for i in err.issues]
     assert "tiers.3.grace: grace 120s is below min_grace 150s (got '120s')" in str(err)
 
 
 def test_problems_across_the_queue_tree_are_all_collected() -> None:
-    err = refused({"queues": {"name": "root", "nominal": {"gpu": 10}, "children": [
-        {"name": "a", "nominal": {"gpu": 8}},
-        {"name": "b", "nominal": {"gpu": 4}, "lending_limit": {"gpu": 5}},
-        {"name": "a"},
-    ]}})
+    err = refused(
+        {
+            "queues": {
+                "name": "root",
+                "nominal": {"gpu": 10},
+                "children": [
+                    {"name": "a", "nominal": {"gpu": 8}},
+                    {"name": "b", "nominal": {"gpu": 4}, "lending_limit": {"gpu": 5}},
+                    {"name": "a"},
+                ],
+            }
+        }
+    )
     assert [i.path for i in err.issues] == [
-        "queues.nominal.gpu", "queues.children[1].lending_limit.gpu", "queues.children[2].name"]
+        "queues.nominal.gpu",
+        "queues.children[1].lending_limit.gpu",
+        "queues.children[2].name",
+    ]
 
 
 # ------------------------------------------------------------------------ flat and nested forms
@@ -447,11 +520,9 @@ def test_flat_and_nested_forms_give_equal_trees() -> None:
     data = example()
     data["queues"] = [
         {"name": "cluster"},
-        {"name": "research", "parent": "cluster", "weight": 2, "nominal": {"gpu": 64},
-         "borrowing_limit": {"gpu": 64}},
+        {"name": "research", "parent": "cluster", "weight": 2, "nominal": {"gpu": 64}, "borrowing_limit": {"gpu": 64}},
         {"name": "vision", "parent": "research", "nominal": {"gpu": 32}},
-        {"name": "platform", "parent": "cluster", "weight": 1, "nominal": {"gpu": 32},
-         "lending_limit": {"gpu": 16}},
+        {"name": "platform", "parent": "cluster", "weight": 1, "nominal": {"gpu": 32}, "lending_limit": {"gpu": 16}},
         {"name": "language", "parent": "research", "nominal": {"gpu": 32}},
     ]
     from_flat = parse_policy(data)
@@ -520,12 +591,14 @@ def test_json_schema_validates_the_file_format() -> None:
     as_json = json.loads(json.dumps(example()))  # a JSON file keys tiers by "1".."4"
     assert not list(validator.iter_errors(as_json))
     assert not list(validator.iter_errors({"tiers": {"3": {"lease": "30m"}}}))
-    assert not list(validator.iter_errors({"queues": [{"name": "r"}, {"name": "a",
-                                                                      "parent": "r"}]}))
-    assert not list(validator.iter_errors(json.loads(json.dumps(
-        parse_policy(EXAMPLE).to_dict()))))
+    assert not list(validator.iter_errors({"queues": [{"name": "r"}, {"name": "a", "parent": "r"}]}))
+    assert not list(validator.iter_errors(json.loads(json.dumps(parse_policy(EXAMPLE).to_dict()))))
     bad: dict[str, Any]
-    for bad in ({"tiers": {"5": {}}}, {"min_grace": "5x"}, {"bogus": 1},
-                {"queues": {"name": "r", "nominal": {"tpu": 1}}},
-                {"queues": {"name": "r", "nominal": {"gpu": -1}}}):
+    for bad in (
+        {"tiers": {"5": {}}},
+        {"min_grace": "5x"},
+        {"bogus": 1},
+        {"queues": {"name": "r", "nominal": {"tpu": 1}}},
+        {"queues": {"name": "r", "nominal": {"gpu": -1}}},
+    ):
         assert list(validator.iter_errors(bad)), bad

@@ -25,12 +25,15 @@ def tree(queues: dict[str, Any]) -> QuotaTree:
 
 def two_teams(a: dict[str, Any] | None = None, b: dict[str, Any] | None = None) -> QuotaTree:
     """Root `cluster` with teams a and b of 8 GPUs each, extra settings merged in."""
-    return tree({"name": "cluster", "children": [
-        {"name": "a", "nominal": {"gpu": 8}, **(a or {})},
-        {"name": "b", "nominal": {"gpu": 8}, **(b or {})},
-    ]})
-
-
+    return tree(
+        {
+            "name": "cluster",
+            "children": [
+                {"name": "a", "nominal": {"gpu": 8}, **(a or {})},
+                {"name": "b", "nominal": {"gpu": 8}, **(b or {})},
+            ],
+        }
+    )
 
 
 def gpu(n: float) -> tuple[float, ...]:
@@ -65,10 +68,15 @@ def test_demand_above_nominal_borrows_idle_capacity_of_a_sibling() -> None:
 
 
 def test_in_quota_needs_every_resource_within_nominal() -> None:
-    t = tree({"name": "cluster", "children": [
-        {"name": "a", "nominal": {"gpu": 8, "cpu": 1000}},
-        {"name": "b", "nominal": {"gpu": 8, "cpu": 1000}},
-    ]})
+    t = tree(
+        {
+            "name": "cluster",
+            "children": [
+                {"name": "a", "nominal": {"gpu": 8, "cpu": 1000}},
+                {"name": "b", "nominal": {"gpu": 8, "cpu": 1000}},
+            ],
+        }
+    )
     assert t.resources == ("cpu", "gpu")
     job = Job("j", "a", 3, submit=0.0, gpus=4, cpu=1500)  # GPUs fine, CPU above a's 1000
     d = t.demand(job, "default")
@@ -120,11 +128,23 @@ def test_borrowing_limit_zero_means_quota_exceeded_at_nominal() -> None:
 
 def test_borrowing_limit_on_a_department_caps_all_its_teams_together() -> None:
     # research: nominal 8 + borrowing 4 = 12 for vision and language together; root has 24.
-    t = tree({"name": "cluster", "children": [
-        {"name": "research", "nominal": {"gpu": 8}, "borrowing_limit": {"gpu": 4},
-         "children": [{"name": "vision", "nominal": {"gpu": 4}}, {"name": "language", "nominal": {"gpu": 4}}]},
-        {"name": "platform", "nominal": {"gpu": 16}},
-    ]})
+    t = tree(
+        {
+            "name": "cluster",
+            "children": [
+                {
+                    "name": "research",
+                    "nominal": {"gpu": 8},
+                    "borrowing_limit": {"gpu": 4},
+                    "children": [
+                        {"name": "vision", "nominal": {"gpu": 4}},
+                        {"name": "language", "nominal": {"gpu": 4}},
+                    ],
+                },
+                {"name": "platform", "nominal": {"gpu": 16}},
+            ],
+        }
+    )
     t.add("vision", gpu(10))
     assert t.verdict("language", gpu(2)).fits
     v = t.verdict("language", gpu(3))
@@ -179,8 +199,7 @@ def test_lender_can_always_take_back_what_it_keeps() -> None:
 
 
 def test_unset_lending_limit_lends_everything() -> None:
-    queues = {**DESIGN_QUEUES, "children": [DESIGN_QUEUES["children"][0],
-                                             {"name": "platform", "nominal": {"gpu": 32}}]}
+    queues = {**DESIGN_QUEUES, "children": [DESIGN_QUEUES["children"][0], {"name": "platform", "nominal": {"gpu": 32}}]}
     t = tree(queues)
     assert t.verdict("vision", gpu(96)).fits  # research: 64 + all of platform's 32 (≤ 128)
 
@@ -195,11 +214,19 @@ def test_lending_limit_zero_lends_nothing() -> None:
 def test_team_lending_limit_holds_inside_a_borrowing_department() -> None:
     """vision lends nothing (lending_limit 0): language can use its own 32 plus what platform
     lends (16), i.e. 48 — never vision's 32, which vision must be able to take at any time."""
-    queues = {**DESIGN_QUEUES, "children": [
-        {**DESIGN_QUEUES["children"][0], "children": [
-            {"name": "vision", "nominal": {"gpu": 32}, "lending_limit": {"gpu": 0}},
-            {"name": "language", "nominal": {"gpu": 32}}]},
-        DESIGN_QUEUES["children"][1]]}
+    queues = {
+        **DESIGN_QUEUES,
+        "children": [
+            {
+                **DESIGN_QUEUES["children"][0],
+                "children": [
+                    {"name": "vision", "nominal": {"gpu": 32}, "lending_limit": {"gpu": 0}},
+                    {"name": "language", "nominal": {"gpu": 32}},
+                ],
+            },
+            DESIGN_QUEUES["children"][1],
+        ],
+    }
     t = tree(queues)
     assert t.verdict("language", gpu(48)).fits
     assert not t.verdict("language", gpu(49)).fits
@@ -273,9 +300,15 @@ def test_rollback_undoes_only_what_came_after_the_mark() -> None:
 RESOURCE_QUEUES: dict[str, Any] = {
     "name": "cluster",
     "children": [
-        {"name": "d1", "nominal": {"gpu": 16, "cpu": 8000}, "lending_limit": {"gpu": 4},
-         "children": [{"name": "t1", "nominal": {"gpu": 8, "cpu": 4000}, "lending_limit": {"cpu": 1000}},
-                      {"name": "t2", "nominal": {"gpu": 8, "cpu": 4000}}]},
+        {
+            "name": "d1",
+            "nominal": {"gpu": 16, "cpu": 8000},
+            "lending_limit": {"gpu": 4},
+            "children": [
+                {"name": "t1", "nominal": {"gpu": 8, "cpu": 4000}, "lending_limit": {"cpu": 1000}},
+                {"name": "t2", "nominal": {"gpu": 8, "cpu": 4000}},
+            ],
+        },
         {"name": "t3", "nominal": {"gpu": 8, "memory": 1024}, "lending_limit": {"memory": 0}},
     ],
 }
@@ -284,15 +317,23 @@ LEAVES = ("t1", "t2", "t3")
 
 def _expected_held(t: QuotaTree) -> list[list[float]]:
     """held(q) = max(0, kept − usage, Σ held of the children), recomputed from scratch."""
+
     def held(i: int, r: int) -> float:
         below = sum(held(c, r) for c in t.children[i])
         return max(0.0, t.kept[i][r] - t.usage[i][r], below)
+
     return [[held(i, r) for r in range(len(t.resources))] for i in range(len(t.names))]
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(LEAVES), st.lists(st.integers(0, 12), min_size=3, max_size=3),
-                          st.booleans(), st.booleans()), max_size=30))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(LEAVES), st.lists(st.integers(0, 12), min_size=3, max_size=3), st.booleans(), st.booleans()
+        ),
+        max_size=30,
+    )
+)
 def test_random_add_remove_mark_rollback_restore_usage(ops: list[tuple[str, list[int], bool, bool]]) -> None:
     t = tree(RESOURCE_QUEUES)
     assert t.resources == ("cpu", "gpu", "memory")
@@ -352,10 +393,15 @@ def test_policy_without_quotas_governs_nothing() -> None:
 
 
 def test_cpu_quota_is_checked_when_named() -> None:
-    t = tree({"name": "cluster", "children": [
-        {"name": "a", "nominal": {"gpu": 8, "cpu": 4000}, "borrowing_limit": {"cpu": 0}},
-        {"name": "b", "nominal": {"gpu": 8, "cpu": 4000}},
-    ]})
+    t = tree(
+        {
+            "name": "cluster",
+            "children": [
+                {"name": "a", "nominal": {"gpu": 8, "cpu": 4000}, "borrowing_limit": {"cpu": 0}},
+                {"name": "b", "nominal": {"gpu": 8, "cpu": 4000}},
+            ],
+        }
+    )
     job = Job("j", "a", 3, submit=0.0, replicas=2, gpus=1, cpu=2500)  # 5000 millicores in all
     v = t.verdict("a", t.demand(job, "default"))
     assert not v.fits
@@ -389,10 +435,15 @@ def test_flavored_quota_counts_only_jobs_on_that_flavor() -> None:
 
 
 def test_flavor_only_quota_leaves_other_flavors_ungoverned() -> None:
-    t = tree({"name": "cluster", "children": [
-        {"name": "a", "nominal": {"gpu:h100": 8}, "borrowing_limit": {"gpu:h100": 0}},
-        {"name": "b", "nominal": {"gpu:h100": 8}},
-    ]})
+    t = tree(
+        {
+            "name": "cluster",
+            "children": [
+                {"name": "a", "nominal": {"gpu:h100": 8}, "borrowing_limit": {"gpu:h100": 0}},
+                {"name": "b", "nominal": {"gpu:h100": 8}},
+            ],
+        }
+    )
     assert t.resources == ("gpu:h100",)
     job = Job("j", "a", 3, submit=0.0, gpus=64)
     assert t.demand(job, "a100") == (0.0,)
@@ -421,10 +472,15 @@ def test_lowest_common_ancestor_of_a_leaf_with_itself_has_no_sides() -> None:
 
 
 def test_over_nominal_is_strictly_above_on_any_resource() -> None:
-    t = tree({"name": "cluster", "children": [
-        {"name": "a", "nominal": {"gpu": 8, "cpu": 1000}},
-        {"name": "b", "nominal": {"gpu": 8, "cpu": 1000}},
-    ]})
+    t = tree(
+        {
+            "name": "cluster",
+            "children": [
+                {"name": "a", "nominal": {"gpu": 8, "cpu": 1000}},
+                {"name": "b", "nominal": {"gpu": 8, "cpu": 1000}},
+            ],
+        }
+    )
     a = idx(t, "a")
     assert not t.over_nominal(a)
     t.add("a", (1000.0, 8.0))  # (cpu, gpu): exactly at nominal
@@ -465,11 +521,26 @@ def test_adjust_adds_and_removes_per_queue_usage() -> None:
 def test_rollback_restores_every_derived_value_exactly() -> None:
     """A change deep in the tree moves `held` up to the root; a rollback writes back exactly
     the values it replaced, and `check()` finds every derived value true to its definition."""
-    pol = parse_policy({"queues": {"name": "root", "nominal": {"gpu": 16}, "children": [
-        {"name": "dept", "nominal": {"gpu": 8}, "lending_limit": {"gpu": 2}, "children": [
-            {"name": "a", "nominal": {"gpu": 4}, "lending_limit": {"gpu": 0}},
-            {"name": "b", "nominal": {"gpu": 4}}]},
-        {"name": "other", "nominal": {"gpu": 8}}]}})
+    pol = parse_policy(
+        {
+            "queues": {
+                "name": "root",
+                "nominal": {"gpu": 16},
+                "children": [
+                    {
+                        "name": "dept",
+                        "nominal": {"gpu": 8},
+                        "lending_limit": {"gpu": 2},
+                        "children": [
+                            {"name": "a", "nominal": {"gpu": 4}, "lending_limit": {"gpu": 0}},
+                            {"name": "b", "nominal": {"gpu": 4}},
+                        ],
+                    },
+                    {"name": "other", "nominal": {"gpu": 8}},
+                ],
+            }
+        }
+    )
     t = QuotaTree(pol)
     t.add("b", gpu(3))
     t.forget()

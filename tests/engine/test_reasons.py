@@ -60,8 +60,18 @@ def test_every_reason_class_is_listed_and_sampled() -> None:
 
 
 def test_design_reasons_are_all_present() -> None:
-    design = {"QuotaExceeded", "BorrowingLimit", "InsufficientCapacity", "Fragmented", "WaitingForLease",
-              "WaitingForGrace", "Reserved", "Position", "AwaitingApproval", "ThrashBackoff"}
+    design = {
+        "QuotaExceeded",
+        "BorrowingLimit",
+        "InsufficientCapacity",
+        "Fragmented",
+        "WaitingForLease",
+        "WaitingForGrace",
+        "Reserved",
+        "Position",
+        "AwaitingApproval",
+        "ThrashBackoff",
+    }
     assert design <= set(REASON_CODES)
 
 

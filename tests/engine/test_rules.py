@@ -51,7 +51,6 @@ HOUR = 3600.0
 DAY = 24 * HOUR
 
 
-
 def ctx(pol: Policy, now: float = 0.0, usage: dict[str, float] | None = None) -> RuleContext:
     """A context whose quota tree holds `usage` GPUs per leaf."""
     tree = QuotaTree(pol)
@@ -429,24 +428,40 @@ LEAVES = ("vision", "language", "platform")
 
 
 def _random_policy(rng: Random) -> Policy:
-    tiers = {t: {"scope": rng.choice(["quota", "cluster"]), "preemptible": rng.random() < 0.8,
-                 "charged": rng.random() < 0.8, "lease": rng.choice(["0s", "10m", "1h"])}
-             for t in (1, 2, 3, 4)}
-    return parse_policy({"queues": DESIGN_QUEUES, "tiers": tiers,
-                         "thrash": {"max_preemptions": {"per": "1h", "count": 2}}})
+    tiers = {
+        t: {
+            "scope": rng.choice(["quota", "cluster"]),
+            "preemptible": rng.random() < 0.8,
+            "charged": rng.random() < 0.8,
+            "lease": rng.choice(["0s", "10m", "1h"]),
+        }
+        for t in (1, 2, 3, 4)
+    }
+    return parse_policy(
+        {"queues": DESIGN_QUEUES, "tiers": tiers, "thrash": {"max_preemptions": {"per": "1h", "count": 2}}}
+    )
 
 
 def _random_ctx(rng: Random, pol: Policy, now: float | None = None) -> RuleContext:
-    return ctx(pol, now=rng.uniform(0.0, 20_000.0) if now is None else now,
-               usage={leaf: rng.choice([0, 8, 24, 40, 64]) for leaf in LEAVES})
+    return ctx(
+        pol,
+        now=rng.uniform(0.0, 20_000.0) if now is None else now,
+        usage={leaf: rng.choice([0, 8, 24, 40, 64]) for leaf in LEAVES},
+    )
 
 
 def _random_victim(rng: Random, job_id: str = "v") -> Job:
     started = rng.uniform(0.0, 15_000.0)
-    return running(job_id, rng.choice(LEAVES), rng.randint(1, 4), ("n0", rng.choice([1, 4, 8])),
-                   started=started, startup_s=rng.choice([None, 30.0, 600.0]),
-                   checkpoint_s=rng.choice([0.0, 120.0]),
-                   preempted_at=tuple(sorted(rng.uniform(0.0, 20_000.0) for _ in range(rng.randint(0, 3)))))
+    return running(
+        job_id,
+        rng.choice(LEAVES),
+        rng.randint(1, 4),
+        ("n0", rng.choice([1, 4, 8])),
+        started=started,
+        startup_s=rng.choice([None, 30.0, 600.0]),
+        checkpoint_s=rng.choice([0.0, 120.0]),
+        preempted_at=tuple(sorted(rng.uniform(0.0, 20_000.0) for _ in range(rng.randint(0, 3)))),
+    )
 
 
 def _random_preemptor(rng: Random, c: RuleContext) -> Preemptor:

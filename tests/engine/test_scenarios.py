@@ -28,8 +28,7 @@ def test_tier1_on_full_cluster_preempts_one_victim_then_waits_for_it() -> None:
     assert plan.explanations["p"].reason.victims == ("b1",)
 
     # Next pass: b1 is in its grace period. Nobody else is picked for the same need.
-    b1_term = replace(b1, state=JobState.PREEMPTING,
-                      attempt=replace(b1.attempt, sigterm_at=10_000.0, kill_at=10_120.0))
+    b1_term = replace(b1, state=JobState.PREEMPTING, attempt=replace(b1.attempt, sigterm_at=10_000.0, kill_at=10_120.0))
     plan2 = plan_for(pol, cluster, [a1, b1_term, p], now=10_010.0)
     assert preempted(plan2) == set() and admitted(plan2) == set()
     assert plan2.explanations["p"].reason.victims == ("b1",)
@@ -69,8 +68,7 @@ def test_victim_choice_prefers_least_lost_work_over_newest() -> None:
 def test_sigterm_save_longer_than_grace_counts_as_lost_work() -> None:
     pol = policy()
     cluster = nodes(2)
-    slow_save = running("slow", "a", 3, ("n0", 8), started=0.0, sigterm_save_s=500.0,
-                        last_checkpoint_at=4_000.0)
+    slow_save = running("slow", "a", 3, ("n0", 8), started=0.0, sigterm_save_s=500.0, last_checkpoint_at=4_000.0)
     recent = running("recent", "a", 3, ("n1", 8), started=0.0, last_checkpoint_at=9_000.0)
     p = pending("p", "b", 2, submit=9_000.0)
     plan = plan_for(pol, cluster, [slow_save, recent, p], now=10_000.0)
@@ -181,8 +179,7 @@ def test_thrash_budget_protects_a_job_preempted_too_often() -> None:
     pol = policy()
     cluster = nodes(1)
     now = 100_000.0
-    victim = running("v", "a", 3, ("n0", 8), started=0.0,
-                     preempted_at=(now - 3_000.0, now - 2_000.0, now - 1_000.0))
+    victim = running("v", "a", 3, ("n0", 8), started=0.0, preempted_at=(now - 3_000.0, now - 2_000.0, now - 1_000.0))
     p = pending("p", "b", 2, submit=now - 10)
     plan = plan_for(pol, cluster, [victim, p], now=now)
     assert preempted(plan) == set()
@@ -220,8 +217,11 @@ def test_thrash_loop_long_job_is_preempted_at_most_budget_times() -> None:
         if "B" in preempted(plan):
             preemptions.append(now)
             # B exits at once, the short job runs 60 s, then B restarts (a new attempt).
-            b = replace(b, preempted_at=(*b.preempted_at, now),
-                        attempt=replace(b.attempt, started_at=now + 60.0, number=b.attempt.number + 1))
+            b = replace(
+                b,
+                preempted_at=(*b.preempted_at, now),
+                attempt=replace(b.attempt, started_at=now + 60.0, number=b.attempt.number + 1),
+            )
     in_window = [t for t in preemptions if t > now - 86_400.0]
     assert 1 <= len(in_window) <= 3
     # Every restart ran at least its lease before the next preemption.
@@ -252,4 +252,3 @@ def test_equal_tier_never_preempts_without_reclaim() -> None:
     v = running("v", "a", 3, ("n0", 8), started=0.0)
     p = pending("p", "b", 3, submit=5.0)
     assert preempted(plan_for(pol, nodes(1), [v, p], now=100_000.0)) == set()
-

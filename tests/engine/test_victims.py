@@ -21,9 +21,13 @@ QUEUES = ("vision", "language", "platform")
 
 
 def _policy(order: str) -> Policy:
-    return parse_policy({"queues": DESIGN_QUEUES, "preemption": {"victim_order": order,
-                                                                  "restart_overhead": "90s"},
-                         "tiers": {3: {"lease": "10m"}, 4: {"lease": "0s"}}})
+    return parse_policy(
+        {
+            "queues": DESIGN_QUEUES,
+            "preemption": {"victim_order": order, "restart_overhead": "90s"},
+            "tiers": {3: {"lease": "10m"}, 4: {"lease": "0s"}},
+        }
+    )
 
 
 def _victims(rng: Random, count: int) -> tuple[tuple[Node, ...], list[Job]]:
@@ -47,8 +51,7 @@ def _victims(rng: Random, count: int) -> tuple[tuple[Node, ...], list[Job]]:
         replicas = rng.choice([1, 1, 2, 4])
         gpus = rng.choice([1, 2]) if replicas > 1 else rng.choice([1, 2, 4, 8])
         placement = [(f"n{i}", gpus)] * replicas
-        jobs.append(running(f"v{i}", rng.choice(QUEUES), rng.choice([2, 3, 3, 4]), placement, started,
-                            **facts))
+        jobs.append(running(f"v{i}", rng.choice(QUEUES), rng.choice([2, 3, 3, 4]), placement, started, **facts))
     return cluster, jobs
 
 

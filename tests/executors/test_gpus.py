@@ -28,15 +28,20 @@ def test_fake_gpus() -> None:
 
 
 def test_nvidia_smi_output_is_parsed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    output = ("1, NVIDIA H100 80GB HBM3, 81559, GPU-bbbb\n"
-              "0, NVIDIA H100 80GB HBM3, 81559, GPU-aaaa\n"
-              "2, Odd, Name, [N/A], GPU-cccc\n")
-    bin_dir = fake_nvidia_smi(tmp_path / "bin", f"""
+    output = (
+        "1, NVIDIA H100 80GB HBM3, 81559, GPU-bbbb\n"
+        "0, NVIDIA H100 80GB HBM3, 81559, GPU-aaaa\n"
+        "2, Odd, Name, [N/A], GPU-cccc\n"
+    )
+    bin_dir = fake_nvidia_smi(
+        tmp_path / "bin",
+        f"""
 case "$*" in
   *--query-gpu=index,name,memory.total,uuid*--format=csv,noheader,nounits*) printf '{output}' ;;
   *) exit 2 ;;
 esac
-""")
+""",
+    )
     monkeypatch.setenv("PATH", str(bin_dir))
     assert discover_gpus() == [
         GpuInfo(0, "NVIDIA H100 80GB HBM3", 81559, "GPU-aaaa"),
@@ -51,8 +56,10 @@ def test_no_gpus_when_nvidia_smi_is_missing_or_fails(tmp_path: Path, monkeypatch
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
     assert discover_gpus() == []
-    failing = fake_nvidia_smi(tmp_path / "failing", "echo 'NVIDIA-SMI has failed because it couldn't "
-                                                   "communicate with the NVIDIA driver.'\nexit 9\n")
+    failing = fake_nvidia_smi(
+        tmp_path / "failing",
+        "echo 'NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.'\nexit 9\n",
+    )
     monkeypatch.setenv("PATH", str(failing))
     assert discover_gpus() == []
 
@@ -60,4 +67,5 @@ def test_no_gpus_when_nvidia_smi_is_missing_or_fails(tmp_path: Path, monkeypatch
 def test_parser_skips_lines_that_are_not_gpus() -> None:
     assert parse_nvidia_smi("No devices were found\n\n") == []
     assert parse_nvidia_smi("WARNING: something, a, b, c\n3, A100, 40960, GPU-x\n") == [
-        GpuInfo(3, "A100", 40960, "GPU-x")]
+        GpuInfo(3, "A100", 40960, "GPU-x")
+    ]

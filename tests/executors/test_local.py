@@ -34,7 +34,7 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the local execu
 
 REPO_ROOT = Path(warden.__file__).resolve().parents[1]
 
-PROGRAM = textwrap.dedent('''
+PROGRAM = textwrap.dedent("""
     import json, os, signal, sys, time
 
     mode, where = sys.argv[1], sys.argv[2]
@@ -86,7 +86,7 @@ PROGRAM = textwrap.dedent('''
             while True:
                 time.sleep(1)
         wait_for("daemon")
-''')
+""")
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 15.0, what: str = "condition") -> None:
@@ -116,16 +116,29 @@ class Harness:
         self.executors.append(executor)
         return executor
 
-    def spec(self, job_id: str, mode: str, *args: str, replicas: int = 1, attempt: int = 1,
-             grace_s: float = 5.0, gpus: list[tuple[int, ...]] | None = None,
-             env: dict[str, str] | None = None) -> LaunchSpec:
+    def spec(
+        self,
+        job_id: str,
+        mode: str,
+        *args: str,
+        replicas: int = 1,
+        attempt: int = 1,
+        grace_s: float = 5.0,
+        gpus: list[tuple[int, ...]] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> LaunchSpec:
         gpus = gpus or [()] * replicas
         return LaunchSpec(
-            job_id=job_id, attempt=attempt,
+            job_id=job_id,
+            attempt=attempt,
             command=(sys.executable, str(self.program), mode, str(self.marks(job_id)), *args),
             replicas=tuple(ReplicaLaunch(rank=i, node="local", gpus=gpus[i], local_rank=i) for i in range(replicas)),
-            grace_s=grace_s, workdir=self.workdir, log_dir=self.root / "logs" / job_id / str(attempt),
-            checkpoint_dir=self.root / "ckpt" / job_id, env=env or {})
+            grace_s=grace_s,
+            workdir=self.workdir,
+            log_dir=self.root / "logs" / job_id / str(attempt),
+            checkpoint_dir=self.root / "ckpt" / job_id,
+            env=env or {},
+        )
 
     def marks(self, job_id: str) -> Path:
         path = self.root / "marks" / job_id
@@ -139,11 +152,11 @@ class Harness:
 
     def wait_ready(self, job_id: str, replicas: int = 1) -> None:
         marks = self.marks(job_id)
-        wait_until(lambda: all((marks / f"ready-{r}").exists() for r in range(replicas)),
-                   what=f"{job_id} to be ready")
+        wait_until(lambda: all((marks / f"ready-{r}").exists() for r in range(replicas)), what=f"{job_id} to be ready")
 
-    def wait_exit(self, job_id: str, attempt: int = 1, executor: LocalExecutor | None = None,
-                  timeout: float = 15.0) -> Exit:
+    def wait_exit(
+        self, job_id: str, attempt: int = 1, executor: LocalExecutor | None = None, timeout: float = 15.0
+    ) -> Exit:
         executor = executor or self.executor
 
         def reported() -> bool:
@@ -171,8 +184,10 @@ class Harness:
                 pass
         for handle in self.handles:
             for replica in handle.replicas:
-                wait_until(lambda: replica.exit_path.exists() or not process_alive(replica.shim_pid),
-                           what="the shims to finish")
+                wait_until(
+                    lambda replica=replica: replica.exit_path.exists() or not process_alive(replica.shim_pid),
+                    what="the shims to finish",
+                )
 
 
 @pytest.fixture
@@ -192,12 +207,16 @@ def read_env_dump(path: Path) -> Any:
 
 
 def test_gang_environment_gpus_and_logs_per_replica(h: Harness) -> None:
-    base = {"PATH": os.environ["PATH"], "KEEP": "yes", "CUDA_VISIBLE_DEVICES": "5",
-            "WARDEN_STALE": "1", "RANK": "9"}
+    base = {"PATH": os.environ["PATH"], "KEEP": "yes", "CUDA_VISIBLE_DEVICES": "5", "WARDEN_STALE": "1", "RANK": "9"}
     executor = h.new_executor(base_env=base)
-    spec = h.spec("gang", "env", replicas=2, gpus=[(0, 3), (1,)], grace_s=90,
-                  env={"FOO": "bar", "CUDA_VISIBLE_DEVICES": "7", "WARDEN_JOB_ID": "spoofed",
-                       "WARDEN_SERVER": "http://x"})
+    spec = h.spec(
+        "gang",
+        "env",
+        replicas=2,
+        gpus=[(0, 3), (1,)],
+        grace_s=90,
+        env={"FOO": "bar", "CUDA_VISIBLE_DEVICES": "7", "WARDEN_JOB_ID": "spoofed", "WARDEN_SERVER": "http://x"},
+    )
     handle = h.start(spec, executor)
     exit_ = h.wait_exit("gang", executor=executor)
     assert exit_.exit_codes == (0, 0) and exit_.signalled_at is None and not exit_.killed
@@ -223,8 +242,9 @@ def test_gang_environment_gpus_and_logs_per_replica(h: Harness) -> None:
 
 
 def test_single_replica_has_no_gang_variables_and_sees_no_gpu(h: Harness) -> None:
-    executor = h.new_executor(base_env={"PATH": os.environ["PATH"], "RANK": "3", "MASTER_PORT": "1",
-                                        "CUDA_VISIBLE_DEVICES": "0,1"})
+    executor = h.new_executor(
+        base_env={"PATH": os.environ["PATH"], "RANK": "3", "MASTER_PORT": "1", "CUDA_VISIBLE_DEVICES": "0,1"}
+    )
     handle = h.start(h.spec("solo", "env", grace_s=0.5, env={"WORLD_SIZE": "8"}), executor)
     assert h.wait_exit("solo", executor=executor).exit_codes == (0,)
     env = read_env_dump(log_paths(handle)[0])["env"]
@@ -316,8 +336,8 @@ def test_sigterm_ignored_means_sigkill_at_the_deadline(h: Harness) -> None:
     exit_ = h.wait_exit("deaf")
     assert exit_.exit_codes == (-9,) and exit_.killed
     assert exit_.killed_at is not None and exit_.signalled_at is not None
-    assert deadline <= exit_.killed_at < deadline + 1.0     # never early, barely late
-    assert exit_.killed_at - exit_.signalled_at >= 0.5      # the whole grace (invariant 5)
+    assert deadline <= exit_.killed_at < deadline + 1.0  # never early, barely late
+    assert exit_.killed_at - exit_.signalled_at >= 0.5  # the whole grace (invariant 5)
     assert exit_.ended_at - deadline < 1.0
 
 
@@ -350,11 +370,13 @@ def test_kill_lateness_and_sigterm_skew(h: Harness) -> None:
         if all(mark.exists() for mark in marks):  # a starved CPU may not run a handler in the grace
             seen = [float(mark.read_text()) for mark in marks]
             skew.append(abs(seen[0] - seen[1]))
-    summary = (f"runs={runs} SIGKILL lateness median={statistics.median(late) * 1e3:.2f} ms "
-               f"max={max(late) * 1e3:.2f} ms; last process gone after deadline "
-               f"median={statistics.median(gone) * 1e3:.2f} ms max={max(gone) * 1e3:.2f} ms; "
-               f"SIGTERM skew between ranks ({len(skew)} runs) median={statistics.median(skew or [0]) * 1e3:.2f} ms "
-               f"max={max(skew or [0]) * 1e3:.2f} ms")
+    summary = (
+        f"runs={runs} SIGKILL lateness median={statistics.median(late) * 1e3:.2f} ms "
+        f"max={max(late) * 1e3:.2f} ms; last process gone after deadline "
+        f"median={statistics.median(gone) * 1e3:.2f} ms max={max(gone) * 1e3:.2f} ms; "
+        f"SIGTERM skew between ranks ({len(skew)} runs) median={statistics.median(skew or [0]) * 1e3:.2f} ms "
+        f"max={max(skew or [0]) * 1e3:.2f} ms"
+    )
     print(summary)
     assert min(late) >= 0 and max(late) < 1.0 and max(gone) < 1.0 and max(skew or [0]) < 0.1
 
@@ -434,7 +456,7 @@ def test_adopt_an_attempt_that_ended_while_nobody_watched(h: Harness) -> None:
     assert exit_.exit_codes == (3,) and second.exits() == [] and second.running() == []
 
 
-DRIVER = textwrap.dedent('''
+DRIVER = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
     from warden.executors.base import LaunchSpec, ReplicaLaunch
@@ -461,15 +483,19 @@ DRIVER = textwrap.dedent('''
     print(json.dumps({"waiting": waiting.to_dict(), "stubborn": stubborn.to_dict(),
                       "deadline": deadline}), flush=True)
     time.sleep(600)
-''')
+""")
 
 
 def test_adopt_after_the_server_is_killed_with_sigkill(h: Harness) -> None:
     driver = h.root / "driver.py"
     driver.write_text(DRIVER)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    server = subprocess.Popen([sys.executable, str(driver), str(h.program), str(h.root), str(h.workdir)],
-                              stdout=subprocess.PIPE, env=env, start_new_session=True)
+    server = subprocess.Popen(
+        [sys.executable, str(driver), str(h.program), str(h.root), str(h.workdir)],
+        stdout=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )
     try:
         assert server.stdout is not None
         line = server.stdout.readline()
@@ -510,7 +536,7 @@ def test_a_lost_supervisor_is_survived(h: Harness) -> None:
     assert exit_.exit_codes == (None,) and "supervisor" in (exit_.error or "")
 
 
-REAPER = textwrap.dedent('''
+REAPER = textwrap.dedent("""
     import ctypes, os, sys, time
     from pathlib import Path
     from warden.executors.base import LaunchSpec, ReplicaLaunch
@@ -529,13 +555,14 @@ REAPER = textwrap.dedent('''
         reported += executor.exits()
         time.sleep(0.01)
     print("reaped" if not os.path.exists(f"/proc/{shim}") else "zombie", [e.exit_codes for e in reported])
-''')
+""")
 
 
 def test_shims_reparented_to_the_server_are_reaped(h: Harness) -> None:
     driver = h.root / "reaper.py"
     driver.write_text(REAPER)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, str(driver), str(h.root)], capture_output=True, text=True,
-                            env=env, timeout=60, check=False)
+    result = subprocess.run(
+        [sys.executable, str(driver), str(h.root)], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
     assert result.stdout.strip() == "reaped [(0,)]", result.stderr

@@ -10,9 +10,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
@@ -25,8 +26,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition",
-             interval: float = 0.02) -> Any:
+def wait_for(
+    predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition", interval: float = 0.02
+) -> Any:
     """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -54,8 +56,20 @@ class Server:
 
     def start(self) -> Server:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        args = [sys.executable, "-m", "warden.cli.main", "server", "--port", str(self.port),
-                "--fake-gpus", str(self.gpus), "--state-dir", str(self.state_dir), "--bootstrap-token", ADMIN]
+        args = [
+            sys.executable,
+            "-m",
+            "warden.cli.main",
+            "server",
+            "--port",
+            str(self.port),
+            "--fake-gpus",
+            str(self.gpus),
+            "--state-dir",
+            str(self.state_dir),
+            "--bootstrap-token",
+            ADMIN,
+        ]
         if self.policy is not None:
             args += ["--policy", str(self.policy)]
         if self.db is not None:
@@ -105,8 +119,9 @@ def submit(c: httpx.Client, **body: Any) -> str:
 
 def until_state(c: httpx.Client, job_id: str, *states: str, timeout: float = 20) -> dict[str, Any]:
     """The job, once it is in one of `states`."""
-    return wait_for(lambda: (j := c.get(f"/v1/jobs/{job_id}").json())["state"] in states and j,
-                    timeout, f"job {job_id} in {states}")
+    return wait_for(
+        lambda: (j := c.get(f"/v1/jobs/{job_id}").json())["state"] in states and j, timeout, f"job {job_id} in {states}"
+    )
 
 
 def started(tmp_path: Path, policy_text: str, **kw: Any) -> Server:

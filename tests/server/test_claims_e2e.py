@@ -14,8 +14,9 @@ import sys
 import textwrap
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -78,7 +79,8 @@ def _events(c: httpx.Client, job_id: str) -> list[dict[str, Any]]:
 
 
 def test_reclaimed_gpus_go_to_the_reclaimer_and_nobody_is_preempted_twice(
-        server: tuple[Server, float], trainer: list[str]) -> None:
+    server: tuple[Server, float], trainer: list[str]
+) -> None:
     s, lease = server
     with s.client() as c:
         vision = [submit(c, queue="vision", tier=3, gpus=1, command=trainer, name=f"v{i}") for i in range(6)]
@@ -116,8 +118,10 @@ def test_reclaimed_gpus_go_to_the_reclaimer_and_nobody_is_preempted_twice(
                 if a.get("preempted_for") == l1:
                     for_l1.append(a)
         assert for_l1, "l1 preempted nothing"
-        last_exit = max(a["ended_at"] for a in wait_for(
-            lambda: all(a.get("ended_at") for a in for_l1) and for_l1, 10, "l1's victims' exits"))
+        last_exit = max(
+            a["ended_at"]
+            for a in wait_for(lambda: all(a.get("ended_at") for a in for_l1) and for_l1, 10, "l1's victims' exits")
+        )
         admitted_at = next(e["at"] for e in l1_events if e["to"] == "ADMITTED")
         assert last_exit <= admitted_at <= last_exit + 2.0, (last_exit, admitted_at)
         assert running["claim"] is False

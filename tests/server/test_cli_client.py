@@ -7,8 +7,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
@@ -31,13 +31,16 @@ queues:
 """
 
 
-def warden(server: Server, *args: str, token: str | None = ADMIN, check: bool = False) -> subprocess.CompletedProcess[str]:
+def warden(
+    server: Server, *args: str, token: str | None = ADMIN, check: bool = False
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
     env["WARDEN_URL"] = server.url
     if token:
         env["WARDEN_TOKEN"] = token
-    done = subprocess.run([sys.executable, "-m", "warden.cli.main", *args], capture_output=True, text=True,
-                          env=env, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "warden.cli.main", *args], capture_output=True, text=True, env=env, timeout=60
+    )
     if check:
         assert done.returncode == 0, done.stderr
     return done
@@ -51,8 +54,23 @@ def server(tmp_path: Path) -> Iterator[Server]:
 
 
 def test_submit_queue_describe_logs_and_cancel(server: Server, tmp_path: Path) -> None:
-    out = warden(server, "submit", "--queue", "vision", "--tier", "3", "--gpus", "1", "--name", "hello", "--",
-                 sys.executable, "-c", "print('hello from warden')", check=True).stdout
+    out = warden(
+        server,
+        "submit",
+        "--queue",
+        "vision",
+        "--tier",
+        "3",
+        "--gpus",
+        "1",
+        "--name",
+        "hello",
+        "--",
+        sys.executable,
+        "-c",
+        "print('hello from warden')",
+        check=True,
+    ).stdout
     job = out.split()[-1]
     assert job.isdigit()
     wait_for(lambda: json.loads(warden(server, "describe", job, "--json", check=True).stdout)["state"] == "SUCCEEDED")
@@ -64,7 +82,9 @@ def test_submit_queue_describe_logs_and_cancel(server: Server, tmp_path: Path) -
     big = warden(server, "submit", "-q", "vision", "-t", "3", "--gpus", "4", "--", "sleep", "60", check=True)
     blocked = warden(server, "submit", "-q", "vision", "-t", "3", "--gpus", "2", "--", "true", check=True)
     blocked_id = blocked.stdout.split()[-1]
-    detail = wait_for(lambda: (d := json.loads(warden(server, "describe", blocked_id, "--json").stdout))["reason"] and d)
+    detail = wait_for(
+        lambda: (d := json.loads(warden(server, "describe", blocked_id, "--json").stdout))["reason"] and d
+    )
     assert detail["reason"]["code"] in ("InsufficientCapacity", "QuotaExceeded") and detail["position"] == 1
     text = warden(server, "describe", blocked_id, check=True).stdout
     assert "why pending" in text and detail["reason"]["message"][:30] in text.replace("\n", " ")
@@ -93,14 +113,17 @@ def test_nodes_queues_tokens_audit_and_policy_apply(server: Server, tmp_path: Pa
     assert {"token.create", "approve", "policy.apply"} <= set(actions)
 
 
-@pytest.mark.parametrize("args, words", [
-    (["submit", "-q", "nope", "-t", "3", "--", "true"], ["queue", "nope"]),
-    (["submit", "-q", "vision", "-t", "5", "--", "true"], ["tier", "5"]),
-    (["submit", "-q", "vision", "-t", "3", "--gpus", "64", "--", "true"], ["gpus", "64"]),
-    (["submit", "-q", "vision", "-t", "3", "--grace", "1s", "--", "true"], ["grace"]),
-    (["describe", "999"], ["id", "999"]),
-    (["cancel", "abc"], ["id", "abc"]),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["submit", "-q", "nope", "-t", "3", "--", "true"], ["queue", "nope"]),
+        (["submit", "-q", "vision", "-t", "5", "--", "true"], ["tier", "5"]),
+        (["submit", "-q", "vision", "-t", "3", "--gpus", "64", "--", "true"], ["gpus", "64"]),
+        (["submit", "-q", "vision", "-t", "3", "--grace", "1s", "--", "true"], ["grace"]),
+        (["describe", "999"], ["id", "999"]),
+        (["cancel", "abc"], ["id", "abc"]),
+    ],
+)
 def test_refusals_name_the_field_and_exit_2(server: Server, args: list[str], words: list[str]) -> None:
     done = warden(server, *args)
     assert done.returncode == 2 and done.stdout == ""
@@ -117,7 +140,7 @@ def test_a_wrong_token_and_no_server(server: Server) -> None:
     assert env_done.returncode == 1 and "cannot reach" in env_done.stderr
 
 
-def test_the_server_runs_on_postgresql(tmp_path: Path, fresh_postgres_url: str) -> None:  # noqa: F811
+def test_the_server_runs_on_postgresql(tmp_path: Path, fresh_postgres_url: str) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
     s = Server(tmp_path / "state", policy=policy, db=fresh_postgres_url).start()

@@ -64,16 +64,26 @@ def faulty(monkeypatch: pytest.MonkeyPatch) -> FaultyEngine:
 def client(tmp_path: Path, faulty: FaultyEngine) -> Iterator[TestClient]:
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
-    svc = build_service(Settings(policy=policy, fake_gpus=2, state_dir=tmp_path / "state", bootstrap_token=ADMIN),
-                        say=lambda _: None)
+    svc = build_service(
+        Settings(policy=policy, fake_gpus=2, state_dir=tmp_path / "state", bootstrap_token=ADMIN), say=lambda _: None
+    )
     with TestClient(create_app(svc), headers={"Authorization": f"Bearer {ADMIN}"}) as c:
         yield c
 
 
 def submit(c: TestClient, seconds: float, **body: Any) -> str:
     code = f"import time; time.sleep({seconds})"
-    r = c.post("/v1/jobs", json={"queue": "team", "tier": 3, "gpus": 1, "command": [sys.executable, "-c", code],
-                                 "workdir": str(Path.cwd()), **body})
+    r = c.post(
+        "/v1/jobs",
+        json={
+            "queue": "team",
+            "tier": 3,
+            "gpus": 1,
+            "command": [sys.executable, "-c", code],
+            "workdir": str(Path.cwd()),
+            **body,
+        },
+    )
     assert r.status_code == 201, r.text
     return r.json()["id"]
 
@@ -95,7 +105,8 @@ def metric(c: TestClient, name: str) -> float:
 
 
 def test_the_job_that_makes_passes_fail_is_held_and_the_others_are_scheduled(
-        client: TestClient, faulty: FaultyEngine, caplog: pytest.LogCaptureFixture) -> None:
+    client: TestClient, faulty: FaultyEngine, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.ERROR, logger="warden.reconcile")
     c = client
     first = submit(c, 1.0)
@@ -131,7 +142,7 @@ def test_the_job_that_makes_passes_fail_is_held_and_the_others_are_scheduled(
     done = wait_for(lambda: state(c, culprit, "SUCCEEDED"), what=f"job {culprit} to run once released")
     assert done["held_reason"] is None
     assert any(e["reason"] == "released by admin" for e in done["events"])
-    assert [a["action"] for a in c.get("/v1/audit").json()][0] == "release"
+    assert c.get("/v1/audit").json()[0]["action"] == "release"
     assert metric(c, "warden_jobs_held") == 0
 
 
@@ -158,8 +169,9 @@ def test_a_held_job_can_be_cancelled(client: TestClient) -> None:
     assert metric(c, "warden_jobs_held") == 0
 
 
-def test_a_failure_that_no_single_waiting_job_causes_holds_nobody(client: TestClient, faulty: FaultyEngine,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failure_that_no_single_waiting_job_causes_holds_nobody(
+    client: TestClient, faulty: FaultyEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two jobs that fail the pass only together: the pass keeps failing (and says so), but no
     job is held for it; the failures stop the moment one of them is cancelled."""
     c = client

@@ -21,18 +21,31 @@ POLICY = "queues:\n  name: cluster\n  children:\n    - {name: team}\n"
 def service(tmp_path: Path) -> Service:
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
-    return build_service(Settings(policy=policy, fake_gpus=2, state_dir=tmp_path / "state",
-                                  bootstrap_token="t"), say=lambda _: None)
+    return build_service(
+        Settings(policy=policy, fake_gpus=2, state_dir=tmp_path / "state", bootstrap_token="t"), say=lambda _: None
+    )
 
 
 def submit(svc: Service, command: list[str]) -> int:
-    return svc.store.submit(name="", user="admin", queue="team", tier=3, command=command, actor="admin",
-                            now=svc.now(), gpus=2, workdir=str(Path.cwd()))
+    return svc.store.submit(
+        name="",
+        user="admin",
+        queue="team",
+        tier=3,
+        command=command,
+        actor="admin",
+        now=svc.now(),
+        gpus=2,
+        workdir=str(Path.cwd()),
+    )
 
 
 def finished(svc: Service, job_id: int) -> JobState:
-    return wait_for(lambda: (svc.reconciler.reconcile(), svc.store.get(job_id).state)[1].terminal
-                    and svc.store.get(job_id).state, 20, f"job {job_id} to finish")
+    return wait_for(
+        lambda: (svc.reconciler.reconcile(), svc.store.get(job_id).state)[1].terminal and svc.store.get(job_id).state,
+        20,
+        f"job {job_id} to finish",
+    )
 
 
 def test_admitted_without_an_attempt_is_requeued_and_runs(tmp_path: Path) -> None:
@@ -56,13 +69,23 @@ def test_processes_started_but_the_handle_was_never_stored_are_adopted(tmp_path:
     now = svc.now()
     log_dir = tmp_path / "state" / "jobs" / str(job) / "attempt-1"
     svc.store.transition(job, JobState.ADMITTED, reason="admitted", actor="warden", now=now, attempt=1)
-    svc.store.start_attempt(job, 1, started_at=now, assignment=[ReplicaPlacement(svc.nodes[0].name, (0, 1))],
-                            log_dir=str(log_dir))
+    svc.store.start_attempt(
+        job, 1, started_at=now, assignment=[ReplicaPlacement(svc.nodes[0].name, (0, 1))], log_dir=str(log_dir)
+    )
     # The processes start, then the server dies before it records the handle.
     launcher = LocalExecutor()
-    launcher.start(LaunchSpec(str(job), 1, (sys.executable, "-c", code),
-                              (ReplicaLaunch(0, svc.nodes[0].name, (0, 1)),), 120.0, Path.cwd(), log_dir,
-                              tmp_path / "ckpt"))
+    launcher.start(
+        LaunchSpec(
+            str(job),
+            1,
+            (sys.executable, "-c", code),
+            (ReplicaLaunch(0, svc.nodes[0].name, (0, 1)),),
+            120.0,
+            Path.cwd(),
+            log_dir,
+            tmp_path / "ckpt",
+        )
+    )
     launcher.close()
     svc.executor.close()
     again = service(tmp_path)
@@ -79,16 +102,19 @@ def test_processes_started_but_the_handle_was_never_stored_are_adopted(tmp_path:
     again.executor.close()
 
 
-@pytest.mark.parametrize("reason, expected", [("completed", JobState.SUCCEEDED), ("failed", JobState.FAILED),
-                                              ("preempted", JobState.PENDING)])
+@pytest.mark.parametrize(
+    "reason, expected",
+    [("completed", JobState.SUCCEEDED), ("failed", JobState.FAILED), ("preempted", JobState.PENDING)],
+)
 def test_an_ended_attempt_whose_job_was_not_moved_on(tmp_path: Path, reason: str, expected: JobState) -> None:
     svc = service(tmp_path)
     job = submit(svc, ["true"])
     now = svc.now()
     for state in (JobState.ADMITTED, JobState.STARTING, JobState.RUNNING):
         svc.store.transition(job, state, reason="x", actor="warden", now=now, attempt=1)
-    svc.store.start_attempt(job, 1, started_at=now, assignment=[ReplicaPlacement(svc.nodes[0].name, (0, 1))],
-                            log_dir=str(tmp_path))
+    svc.store.start_attempt(
+        job, 1, started_at=now, assignment=[ReplicaPlacement(svc.nodes[0].name, (0, 1))], log_dir=str(tmp_path)
+    )
     if reason == "preempted":
         svc.store.update_attempt(job, 1, sigterm_at=now, kill_at=now + 120)
     svc.store.end_attempt(job, 1, ended_at=now, exit_codes=[0 if reason != "failed" else 4], reason=reason)

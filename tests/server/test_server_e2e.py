@@ -4,12 +4,11 @@ processes and real signals, SQLite in a temporary state directory."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -86,8 +85,9 @@ def py(script: Path, *args: Any) -> list[str]:
 # ------------------------------------------------------------------------------ running jobs
 
 
-def test_a_job_runs_to_completion_with_its_gpus_environment_and_logs(server: Server, scripts: dict[str, Path],
-                                                                    tmp_path: Path) -> None:
+def test_a_job_runs_to_completion_with_its_gpus_environment_and_logs(
+    server: Server, scripts: dict[str, Path], tmp_path: Path
+) -> None:
     with server.client() as c:
         job = submit(c, queue="vision", tier=3, gpus=2, command=py(scripts["trainer"], tmp_path / "a", 0.2))
         done = until_state(c, job, "SUCCEEDED")
@@ -106,8 +106,9 @@ def test_a_failing_job_records_its_exit_code(server: Server, tmp_path: Path) -> 
         assert until_state(c, job, "FAILED")["exit_code"] == 3
 
 
-def test_a_tier1_job_preempts_a_tier3_job_after_its_lease(server: Server, scripts: dict[str, Path],
-                                                          tmp_path: Path) -> None:
+def test_a_tier1_job_preempts_a_tier3_job_after_its_lease(
+    server: Server, scripts: dict[str, Path], tmp_path: Path
+) -> None:
     with server.client() as c:
         low = submit(c, queue="vision", tier=3, gpus=4, command=py(scripts["trainer"], tmp_path / "low"))
         until_state(c, low, "RUNNING")
@@ -123,15 +124,17 @@ def test_a_tier1_job_preempts_a_tier3_job_after_its_lease(server: Server, script
         wait_for(lambda: (tmp_path / "low.started").read_text().split() == ["1", "2"])
 
 
-def test_a_job_that_ignores_sigterm_is_killed_at_the_deadline(server: Server, scripts: dict[str, Path],
-                                                              tmp_path: Path) -> None:
+def test_a_job_that_ignores_sigterm_is_killed_at_the_deadline(
+    server: Server, scripts: dict[str, Path], tmp_path: Path
+) -> None:
     with server.client() as c:
         low = submit(c, queue="vision", tier=3, gpus=4, command=py(scripts["stubborn"], tmp_path / "low"))
         until_state(c, low, "RUNNING")
         wait_for(lambda: (tmp_path / "low.started").exists())
         high = submit(c, queue="language", tier=1, gpus=1, command=py(scripts["trainer"], tmp_path / "high", 0.1))
-        detail = wait_for(lambda: (j := c.get(f"/v1/jobs/{low}").json())["attempts"][0]["state"] == "exited" and j,
-                          timeout=30)
+        detail = wait_for(
+            lambda: (j := c.get(f"/v1/jobs/{low}").json())["attempts"][0]["state"] == "exited" and j, timeout=30
+        )
         first = detail["attempts"][0]
         assert first["reason"] == "killed" and first["exit_codes"] == [-9]
         assert (tmp_path / "low.sigterm").exists()
@@ -178,8 +181,9 @@ def _token(c: httpx.Client, user: str, queues: list[str], role: str = "user") ->
     return r.json()["token"]
 
 
-def test_tier2_from_a_user_waits_for_an_admins_approval(server: Server, scripts: dict[str, Path],
-                                                        tmp_path: Path) -> None:
+def test_tier2_from_a_user_waits_for_an_admins_approval(
+    server: Server, scripts: dict[str, Path], tmp_path: Path
+) -> None:
     with server.client() as admin:
         alice = _token(admin, "alice", ["vision"])
         with server.client(alice) as c:
@@ -198,8 +202,12 @@ def test_who_may_do_what(server: Server, tmp_path: Path) -> None:
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     with server.client() as admin:
         alice, bob = _token(admin, "alice", ["vision"]), _token(admin, "bob", ["language"])
-        with server.client(alice) as a, server.client(bob) as b, server.client(None) as anon, \
-                server.client("not-a-token") as forged:
+        with (
+            server.client(alice) as a,
+            server.client(bob) as b,
+            server.client(None) as anon,
+            server.client("not-a-token") as forged,
+        ):
             mine = submit(a, queue="vision", tier=4, gpus=0, command=sleeper)
             assert a.post("/v1/jobs", json={"queue": "language", "tier": 3, "command": sleeper}).status_code == 403
             assert b.post(f"/v1/jobs/{mine}/cancel").status_code == 403
@@ -216,17 +224,21 @@ def test_who_may_do_what(server: Server, tmp_path: Path) -> None:
         until_state(admin, theirs, "CANCELLED")
 
 
-@pytest.mark.parametrize("body, field, status", [
-    ({"queue": "nope", "tier": 3}, "queue", 422),
-    ({"queue": "vision", "tier": 0}, "tier", 422),
-    ({"queue": "vision", "tier": 5}, "tier", 422),
-    ({"queue": "vision", "tier": 3, "gpus": 99}, "gpus", 422),
-    ({"queue": "vision", "tier": 3, "grace": "1s"}, "grace", 422),
-    ({"queue": "vision", "tier": 3, "colour": "red"}, "colour", 422),
-    ({"queue": "vision", "tier": 3, "command": []}, "command", 422),
-])
-def test_bad_submissions_are_refused_by_field_and_change_nothing(server: Server, body: dict[str, Any],
-                                                                 field: str, status: int) -> None:
+@pytest.mark.parametrize(
+    "body, field, status",
+    [
+        ({"queue": "nope", "tier": 3}, "queue", 422),
+        ({"queue": "vision", "tier": 0}, "tier", 422),
+        ({"queue": "vision", "tier": 5}, "tier", 422),
+        ({"queue": "vision", "tier": 3, "gpus": 99}, "gpus", 422),
+        ({"queue": "vision", "tier": 3, "grace": "1s"}, "grace", 422),
+        ({"queue": "vision", "tier": 3, "colour": "red"}, "colour", 422),
+        ({"queue": "vision", "tier": 3, "command": []}, "command", 422),
+    ],
+)
+def test_bad_submissions_are_refused_by_field_and_change_nothing(
+    server: Server, body: dict[str, Any], field: str, status: int
+) -> None:
     body = {"command": ["true"], **body}
     with server.client() as c:
         before = c.get("/v1/jobs", params={"all": "true"}).json()
@@ -254,8 +266,10 @@ def test_the_server_killed_mid_run_restarts_and_readopts(tmp_path: Path, scripts
         with s.client() as c:
             # Runs until the test says go: the restart happens while it certainly runs.
             go = tmp_path / "go"
-            code = (f"import os, time; open({str(tmp_path / 'r.started')!r}, 'a').write('1\\n')\n"
-                    f"while not os.path.exists({str(go)!r}): time.sleep(0.05)")
+            code = (
+                f"import os, time; open({str(tmp_path / 'r.started')!r}, 'a').write('1\\n')\n"
+                f"while not os.path.exists({str(go)!r}): time.sleep(0.05)"
+            )
             running = submit(c, queue="vision", tier=3, gpus=4, command=[sys.executable, "-c", code])
             until_state(c, running, "RUNNING")
             # Same queue and tier: it cannot preempt the running job, it must wait for its GPUs.

@@ -13,8 +13,13 @@ from warden.engine.policy import parse_policy
 from warden.server.views import job_detail, job_summary, warnings
 from warden.store.repo import Store, StoredAttempt, StoredJob
 
-POLICY = parse_policy({"min_grace": "120s", "preemption": {"restart_overhead": "30s"},
-                       "queues": {"name": "cluster", "children": [{"name": "team"}]}})
+POLICY = parse_policy(
+    {
+        "min_grace": "120s",
+        "preemption": {"restart_overhead": "30s"},
+        "queues": {"name": "cluster", "children": [{"name": "team"}]},
+    }
+)
 
 
 @pytest.fixture
@@ -26,11 +31,25 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 def running_job(store: Store, *, grace_s: float | None = None, **facts: object) -> tuple[StoredJob, StoredAttempt]:
     """A 2 × 4-GPU job whose first attempt started at t=1000 and reported `facts`."""
-    job_id = store.submit(name="train", user="u", queue="team", tier=3, command=["true"], actor="u", now=900.0,
-                          replicas=2, gpus=4, grace_s=grace_s)
+    job_id = store.submit(
+        name="train",
+        user="u",
+        queue="team",
+        tier=3,
+        command=["true"],
+        actor="u",
+        now=900.0,
+        replicas=2,
+        gpus=4,
+        grace_s=grace_s,
+    )
     store.transition(job_id, JobState.RUNNING, reason="running", actor="warden", now=1000.0, attempt=1)
-    store.start_attempt(job_id, 1, started_at=1000.0,
-                        assignment=[ReplicaPlacement("n0", (0, 1, 2, 3)), ReplicaPlacement("n1", (0, 1, 2, 3))])
+    store.start_attempt(
+        job_id,
+        1,
+        started_at=1000.0,
+        assignment=[ReplicaPlacement("n0", (0, 1, 2, 3)), ReplicaPlacement("n1", (0, 1, 2, 3))],
+    )
     if facts:
         store.update_attempt(job_id, 1, **facts)
     job, attempt = store.get(job_id), store.attempt(job_id, 1)
@@ -71,17 +90,32 @@ def test_the_grace_shown_is_the_one_the_job_gets_never_below_min_grace(store: St
     store.update(job.id, lease_s=7200.0)  # fixed at submission, before max_lease was lowered to 1 h
     longer = store.get(job.id)
     assert longer is not None
-    stricter = parse_policy({"max_lease": "1h", "tiers": {2: {"lease": "1h"}},
-                             "queues": {"name": "cluster", "children": [{"name": "team"}]}})
+    stricter = parse_policy(
+        {
+            "max_lease": "1h",
+            "tiers": {2: {"lease": "1h"}},
+            "queues": {"name": "cluster", "children": [{"name": "team"}]},
+        }
+    )
     assert job_detail(longer, (), [attempt], now=1100.0, policy=stricter)["lease_s"] == 3600.0
 
 
 def test_a_held_job_shows_its_hold_as_the_reason_it_waits(store: Store) -> None:
     job_id = store.submit(name="", user="u", queue="team", tier=3, command=["true"], actor="u", now=10.0)
     reason = "quarantined: scheduling passes failed with ValueError: boom while this job waited"
-    store.transition(job_id, JobState.PENDING, reason=reason, actor="warden", now=20.0, held_reason=reason,
-                     explanation={"reason": {"code": "Held", "message": f"Held: {reason}.", "details": {}},
-                                  "sort_key": None, "position": None})
+    store.transition(
+        job_id,
+        JobState.PENDING,
+        reason=reason,
+        actor="warden",
+        now=20.0,
+        held_reason=reason,
+        explanation={
+            "reason": {"code": "Held", "message": f"Held: {reason}.", "details": {}},
+            "sort_key": None,
+            "position": None,
+        },
+    )
     job = store.get(job_id)
     assert job is not None
     summary = job_summary(job, now=30.0)

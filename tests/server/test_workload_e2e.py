@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -48,14 +49,32 @@ def server(tmp_path: Path) -> Iterator[Server]:
 
 def test_the_cheapest_victim_saves_exits_and_resumes_from_the_saved_step(server: Server) -> None:
     with server.client() as c:
-        trainer = submit(c, queue="vision", tier=3, gpus=2, command=[
-            sys.executable, str(EXAMPLES / "train_plain.py"), "--steps", "1000000", "--step-seconds", "0.02",
-            "--checkpoint-every", "25"])
+        trainer = submit(
+            c,
+            queue="vision",
+            tier=3,
+            gpus=2,
+            command=[
+                sys.executable,
+                str(EXAMPLES / "train_plain.py"),
+                "--steps",
+                "1000000",
+                "--step-seconds",
+                "0.02",
+                "--checkpoint-every",
+                "25",
+            ],
+        )
         until_state(c, trainer, "RUNNING")
         wait_for(lambda: attempt(c, trainer, 1)["checkpoints"] >= 1, 30, "the trainer's first checkpoint")
         # The newest job, which would lose everything it did: a job ignoring SIGTERM.
-        stubborn = submit(c, queue="vision", tier=3, gpus=2, command=[
-            sys.executable, str(EXAMPLES / "ignore_sigterm.py"), "--step-seconds", "0.05"])
+        stubborn = submit(
+            c,
+            queue="vision",
+            tier=3,
+            gpus=2,
+            command=[sys.executable, str(EXAMPLES / "ignore_sigterm.py"), "--step-seconds", "0.05"],
+        )
         until_state(c, stubborn, "RUNNING")
         wait_for(lambda: attempt(c, stubborn, 1)["progress_step"] is not None, 30, "the newest job's progress")
         serve = submit(c, queue="serving", tier=1, gpus=2, command=[sys.executable, "-c", "pass"])
@@ -72,8 +91,9 @@ def test_the_cheapest_victim_saves_exits_and_resumes_from_the_saved_step(server:
         done_steps = [int(s) for s in re.findall(r"^step (\d+) ", log_of(c, trainer, 1), re.M)]
         assert max(done_steps) == saved  # no step was done after the one saved: nothing lost
         until_state(c, trainer, "RUNNING")
-        resumed = wait_for(lambda: re.search(r"resumed from step (\d+)", log_of(c, trainer, 2)), 30,
-                           "the second attempt to resume")
+        resumed = wait_for(
+            lambda: re.search(r"resumed from step (\d+)", log_of(c, trainer, 2)), 30, "the second attempt to resume"
+        )
         assert int(resumed.group(1)) == saved
 
         metrics = httpx.get(f"{server.url}/metrics").text
@@ -95,15 +115,35 @@ def test_the_thrash_guard_keeps_a_long_jobs_efficiency_above_its_floor(tmp_path:
     try:
         with s.client() as c:
             # Importing torch makes a real startup of a second or more.
-            long = submit(c, queue="vision", tier=3, gpus=2, command=[
-                sys.executable, str(EXAMPLES / "train_torch.py"), "--steps", "1000000", "--step-seconds", "0.02",
-                "--checkpoint-every", "200"])
+            long = submit(
+                c,
+                queue="vision",
+                tier=3,
+                gpus=2,
+                command=[
+                    sys.executable,
+                    str(EXAMPLES / "train_torch.py"),
+                    "--steps",
+                    "1000000",
+                    "--step-seconds",
+                    "0.02",
+                    "--checkpoint-every",
+                    "200",
+                ],
+            )
             until_state(c, long, "RUNNING")
             wait_for(lambda: attempt(c, long, 1)["startup_s"] is not None, 60, "the long job's startup report")
             shorts = []
             while len(c.get(f"/v1/jobs/{long}").json()["attempts"]) < 3 and len(shorts) < 40:
-                shorts.append(submit(c, queue="serving", tier=1, gpus=2,
-                                     command=[sys.executable, "-c", "import time; time.sleep(0.5)"]))
+                shorts.append(
+                    submit(
+                        c,
+                        queue="serving",
+                        tier=1,
+                        gpus=2,
+                        command=[sys.executable, "-c", "import time; time.sleep(0.5)"],
+                    )
+                )
                 until_state(c, shorts[-1], "SUCCEEDED", timeout=120)
             attempts = c.get(f"/v1/jobs/{long}").json()["attempts"]
             ended = [a for a in attempts if a["state"] == "exited"]

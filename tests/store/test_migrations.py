@@ -59,8 +59,7 @@ def test_migrate_creates_exactly_the_orm_schema(engine: Engine) -> None:
     for name, table in Base.metadata.tables.items():
         expected = {c.name: (bool(c.nullable), c.primary_key) for c in table.columns}
         assert _columns(engine, name) == expected, name
-        indexes = {ix["name"]: tuple(ix["column_names"]) for ix in inspector.get_indexes(name)
-                   if not ix.get("unique")}
+        indexes = {ix["name"]: tuple(ix["column_names"]) for ix in inspector.get_indexes(name) if not ix.get("unique")}
         assert indexes == {ix.name: tuple(c.name for c in ix.columns) for ix in table.indexes}, name
         foreign = {(tuple(fk["constrained_columns"]), fk["referred_table"]) for fk in inspector.get_foreign_keys(name)}
         assert foreign == {((fk.parent.name,), fk.column.table.name) for fk in table.foreign_keys}, name

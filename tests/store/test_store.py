@@ -47,8 +47,9 @@ def store(db_url: str) -> Iterator[Store]:
 
 
 def submit(store: Store, now: float = T0, **overrides: Any) -> int:
-    fields: dict[str, Any] = dict(name="train", user="ana", queue="vision", tier=3,
-                                  command=["python", "train.py"], actor="ana", now=now)
+    fields: dict[str, Any] = dict(
+        name="train", user="ana", queue="vision", tier=3, command=["python", "train.py"], actor="ana", now=now
+    )
     fields.update(overrides)
     return store.submit(**fields)
 
@@ -62,21 +63,52 @@ def count(store: Store, table: str) -> int:
 
 
 def test_submit_stores_the_request_and_its_first_event(store: Store) -> None:
-    job_id = submit(store, replicas=2, gpus=4, cpu=8000, memory=65536, flavor="h100", placement="pack",
-                    lease_s=600.0, grace_s=180.0, expected_duration_s=3600.0, workdir="/w",
-                    env={"A": "1"}, state=JobState.AWAITING_APPROVAL, tier=2)
+    job_id = submit(
+        store,
+        replicas=2,
+        gpus=4,
+        cpu=8000,
+        memory=65536,
+        flavor="h100",
+        placement="pack",
+        lease_s=600.0,
+        grace_s=180.0,
+        expected_duration_s=3600.0,
+        workdir="/w",
+        env={"A": "1"},
+        state=JobState.AWAITING_APPROVAL,
+        tier=2,
+    )
     job = store.get(job_id)
     assert job is not None
-    assert (job.id, job.job_id, job.state, job.tier, job.replicas, job.gpus, job.cpu, job.memory) == \
-        (job_id, str(job_id), JobState.AWAITING_APPROVAL, 2, 2, 4, 8000, 65536)
-    assert (job.flavor, job.placement, job.lease_s, job.grace_s, job.expected_duration_s) == \
-        ("h100", "pack", 600.0, 180.0, 3600.0)
+    assert (job.id, job.job_id, job.state, job.tier, job.replicas, job.gpus, job.cpu, job.memory) == (
+        job_id,
+        str(job_id),
+        JobState.AWAITING_APPROVAL,
+        2,
+        2,
+        4,
+        8000,
+        65536,
+    )
+    assert (job.flavor, job.placement, job.lease_s, job.grace_s, job.expected_duration_s) == (
+        "h100",
+        "pack",
+        600.0,
+        180.0,
+        3600.0,
+    )
     assert job.command == ("python", "train.py") and job.env == {"A": "1"} and job.workdir == "/w"
     assert (job.submit_at, job.pending_since, job.waited_s, job.preempted_at, job.attempt) == (T0, None, 0.0, (), 0)
     assert (job.explanation, job.cancel_requested, job.version, job.finished_at) == (None, False, 1, None)
     [event] = store.events(job_id)
-    assert (event.from_state, event.to_state, event.reason, event.actor, event.at) == \
-        (None, "AWAITING_APPROVAL", "submitted", "ana", T0)
+    assert (event.from_state, event.to_state, event.reason, event.actor, event.at) == (
+        None,
+        "AWAITING_APPROVAL",
+        "submitted",
+        "ana",
+        T0,
+    )
 
 
 def test_submit_ids_increase_and_submit_times_strictly_increase(store: Store) -> None:
@@ -115,10 +147,18 @@ def test_concurrent_submissions_keep_submit_order_equal_to_id_order(store: Store
     assert count(store, "events") == threads * per_thread
 
 
-@pytest.mark.parametrize("bad", [
-    {"tier": 5}, {"placement": "spread"}, {"replicas": 0}, {"gpus": -1},
-    {"state": JobState.RUNNING}, {"command": "python train.py"}, {"env": {"A": 1}},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"tier": 5},
+        {"placement": "spread"},
+        {"replicas": 0},
+        {"gpus": -1},
+        {"state": JobState.RUNNING},
+        {"command": "python train.py"},
+        {"env": {"A": 1}},
+    ],
+)
 def test_submit_refuses_bad_input_and_changes_nothing(store: Store, bad: dict[str, Any]) -> None:
     name = next(iter(bad))
     with pytest.raises(ValueError, match=name):
@@ -167,26 +207,47 @@ def test_transition_is_a_compare_and_set_with_an_event(store: Store) -> None:
     before = store.get(job_id)
     assert before is not None and before.version == 2
 
-    assert store.transition(job_id, JobState.ADMITTED, reason="admitted", actor="warden", now=T0 + 5,
-                            expect_state=JobState.PENDING, details={"nodes": ["n0"]}, waited_s=5.0)
+    assert store.transition(
+        job_id,
+        JobState.ADMITTED,
+        reason="admitted",
+        actor="warden",
+        now=T0 + 5,
+        expect_state=JobState.PENDING,
+        details={"nodes": ["n0"]},
+        waited_s=5.0,
+    )
     after = store.get(job_id)
     assert after is not None
     assert (after.state, after.version, after.waited_s, after.explanation) == (JobState.ADMITTED, 3, 5.0, None)
 
     # Lost race: the job is no longer PENDING, nothing changes.
-    assert not store.transition(job_id, JobState.CANCELLED, reason="cancel", actor="bo", now=T0 + 6,
-                                expect_state={"PENDING", "AWAITING_APPROVAL"}, exit_code=1)
+    assert not store.transition(
+        job_id,
+        JobState.CANCELLED,
+        reason="cancel",
+        actor="bo",
+        now=T0 + 6,
+        expect_state={"PENDING", "AWAITING_APPROVAL"},
+        exit_code=1,
+    )
     assert store.get(job_id) == after
     events = store.events(job_id)
     assert [(e.from_state, e.to_state, e.reason, e.actor) for e in events] == [
-        (None, "PENDING", "submitted", "ana"), ("PENDING", "ADMITTED", "admitted", "warden")]
+        (None, "PENDING", "submitted", "ana"),
+        ("PENDING", "ADMITTED", "admitted", "warden"),
+    ]
     assert events[1].details == {"nodes": ["n0"]} and events[1].at == T0 + 5
 
     # Terminal: finished_at defaults to now.
     assert store.transition(str(job_id), "SUCCEEDED", reason="exited", actor="warden", now=T0 + 9, exit_code=0)
     done = store.get(job_id)
-    assert done is not None and (done.state, done.finished_at, done.exit_code, done.version) == \
-        (JobState.SUCCEEDED, T0 + 9, 0, 4)
+    assert done is not None and (done.state, done.finished_at, done.exit_code, done.version) == (
+        JobState.SUCCEEDED,
+        T0 + 9,
+        0,
+        4,
+    )
 
 
 def test_transition_refuses_unknown_jobs_and_fields(store: Store) -> None:
@@ -206,9 +267,17 @@ def test_transition_refuses_unknown_jobs_and_fields(store: Store) -> None:
 
 def test_requeue_fields_round_trip(store: Store) -> None:
     job_id = submit(store)
-    assert store.transition(job_id, "REQUEUED", reason="preempted", actor="warden", now=T0 + 100,
-                            preempted_at=[T0 + 50.0, T0 + 90.0], not_before=T0 + 160, pending_since=T0 + 100,
-                            waited_s=12.5)
+    assert store.transition(
+        job_id,
+        "REQUEUED",
+        reason="preempted",
+        actor="warden",
+        now=T0 + 100,
+        preempted_at=[T0 + 50.0, T0 + 90.0],
+        not_before=T0 + 160,
+        pending_since=T0 + 100,
+        waited_s=12.5,
+    )
     job = store.get(job_id)
     assert job is not None
     assert job.preempted_at == (T0 + 50.0, T0 + 90.0)
@@ -233,30 +302,59 @@ def test_update_is_optimistic_on_version(store: Store) -> None:
 
 def test_attempt_lifecycle(store: Store) -> None:
     job_id = submit(store, replicas=2, gpus=2)
-    assignment: list[ReplicaPlacement | dict[str, Any]] = [ReplicaPlacement("n0", (0, 1)), {"node": "n1", "gpus": [2, 3]}]
-    started = store.start_attempt(job_id, 1, T0 + 10, assignment, flavor="h100", borrowing=True,
-                                  handle={"pgid": 4242}, log_dir="/logs/1/1", startup_s=None)
+    assignment: list[ReplicaPlacement | dict[str, Any]] = [
+        ReplicaPlacement("n0", (0, 1)),
+        {"node": "n1", "gpus": [2, 3]},
+    ]
+    started = store.start_attempt(
+        job_id,
+        1,
+        T0 + 10,
+        assignment,
+        flavor="h100",
+        borrowing=True,
+        handle={"pgid": 4242},
+        log_dir="/logs/1/1",
+        startup_s=None,
+    )
     assert started.assignment == (ReplicaPlacement("n0", (0, 1)), ReplicaPlacement("n1", (2, 3)))
-    assert (started.state, started.borrowing, started.handle, started.log_dir, started.checkpoint_s) == \
-        ("running", True, {"pgid": 4242}, "/logs/1/1", 0.0)
+    assert (started.state, started.borrowing, started.handle, started.log_dir, started.checkpoint_s) == (
+        "running",
+        True,
+        {"pgid": 4242},
+        "/logs/1/1",
+        0.0,
+    )
     assert store.get(job_id).attempt == 1  # type: ignore[union-attr]
     assert store.attempt(job_id, 1) == started
     assert store.running_attempts() == (started,)
 
-    assert store.update_attempt(job_id, 1, startup_s=20.0, checkpoint_s=4.0, last_checkpoint_at=T0 + 60,
-                                sigterm_save_s=3.0)
+    assert store.update_attempt(
+        job_id, 1, startup_s=20.0, checkpoint_s=4.0, last_checkpoint_at=T0 + 60, sigterm_save_s=3.0
+    )
     assert store.update_attempt(job_id, 1, state="terminating", sigterm_at=T0 + 100, kill_at=T0 + 220)
     live = store.attempt(job_id, 1)
     assert live is not None
-    assert (live.state, live.startup_s, live.checkpoint_s, live.last_checkpoint_at, live.sigterm_at, live.kill_at) == \
-        ("terminating", 20.0, 4.0, T0 + 60, T0 + 100, T0 + 220)
+    assert (live.state, live.startup_s, live.checkpoint_s, live.last_checkpoint_at, live.sigterm_at, live.kill_at) == (
+        "terminating",
+        20.0,
+        4.0,
+        T0 + 60,
+        T0 + 100,
+        T0 + 220,
+    )
     assert store.running_attempts() == (live,)
 
     assert store.end_attempt(job_id, 1, T0 + 110, [0, 0], "preempted", preempted_for="77")
     ended = store.attempt(job_id, 1)
     assert ended is not None
-    assert (ended.state, ended.ended_at, ended.exit_codes, ended.reason, ended.preempted_for) == \
-        ("exited", T0 + 110, (0, 0), "preempted", "77")
+    assert (ended.state, ended.ended_at, ended.exit_codes, ended.reason, ended.preempted_for) == (
+        "exited",
+        T0 + 110,
+        (0, 0),
+        "preempted",
+        "77",
+    )
     assert store.running_attempts() == ()
 
     second = store.start_attempt(job_id, 2, T0 + 300, [ReplicaPlacement("n2", (0,))])
@@ -306,13 +404,27 @@ def test_active_jobs_carry_their_live_attempt_and_convert_to_engine_jobs(store: 
     engine_job = by_id[running].to_engine()
     assert isinstance(engine_job, Job)
     assert engine_job == Job(
-        id=str(running), queue="vision", tier=3, submit=store.get(running).submit_at,  # type: ignore[union-attr]
-        state=JobState.RUNNING, replicas=1, gpus=2, flavor="h100", placement="pack", user="ana",
-        attempt=Attempt(number=1, started_at=T0 + 5, assignment=(ReplicaPlacement("n0", (0, 1)),),
-                        borrowing=True, startup_s=3.0))
+        id=str(running),
+        queue="vision",
+        tier=3,
+        submit=store.get(running).submit_at,  # type: ignore[union-attr]
+        state=JobState.RUNNING,
+        replicas=1,
+        gpus=2,
+        flavor="h100",
+        placement="pack",
+        user="ana",
+        attempt=Attempt(
+            number=1, started_at=T0 + 5, assignment=(ReplicaPlacement("n0", (0, 1)),), borrowing=True, startup_s=3.0
+        ),
+    )
     pending_job = by_id[pending].to_engine()
-    assert (pending_job.lease, pending_job.grace, pending_job.expected_duration, pending_job.attempt) == \
-        (60.0, 120.0, 900.0, None)
+    assert (pending_job.lease, pending_job.grace, pending_job.expected_duration, pending_job.attempt) == (
+        60.0,
+        120.0,
+        900.0,
+        None,
+    )
     assert by_id[requeued].to_engine().preempted_at == (T0 + 6,)
 
 
@@ -321,9 +433,13 @@ def test_active_jobs_carry_their_live_attempt_and_convert_to_engine_jobs(store: 
 
 def test_set_explanations_updates_many_jobs_in_one_executemany(store: Store) -> None:
     ids = [submit(store) for _ in range(5)]
-    explanation = {"reason": "QuotaExceeded", "message": "queue vision is at its quota",
-                   "details": {"queue": "vision", "resource": "gpu", "requested": 4, "available": 0},
-                   "sort_key": [3, False, 0.25, 0.0, T0, 1], "position": 1}
+    explanation = {
+        "reason": "QuotaExceeded",
+        "message": "queue vision is at its quota",
+        "details": {"queue": "vision", "resource": "gpu", "requested": 4, "available": 0},
+        "sort_key": [3, False, 0.25, 0.0, T0, 1],
+        "position": 1,
+    }
     statements: list[tuple[str, bool]] = []
 
     def record(conn: Any, cursor: Any, statement: str, params: Any, context: Any, executemany: bool) -> None:
@@ -331,8 +447,13 @@ def test_set_explanations_updates_many_jobs_in_one_executemany(store: Store) -> 
 
     event.listen(store.engine, "before_cursor_execute", record)
     try:
-        store.set_explanations({**{i: {**explanation, "position": n} for n, i in enumerate(ids[:4])},
-                                str(ids[4]): None, 999_999: {"reason": "ghost"}})
+        store.set_explanations(
+            {
+                **{i: {**explanation, "position": n} for n, i in enumerate(ids[:4])},
+                str(ids[4]): None,
+                999_999: {"reason": "ghost"},
+            }
+        )
     finally:
         event.remove(store.engine, "before_cursor_execute", record)
     updates = [(s, many) for s, many in statements if s.lstrip().upper().startswith("UPDATE")]
@@ -369,8 +490,14 @@ def test_tokens_store_only_a_hash(store: Store, db_url: str) -> None:
     assert len(token) >= 40
     info = store.token_for(token)
     assert info is not None
-    assert (info.user, info.role, info.queues, info.created_by, info.created_at, info.revoked_at) == \
-        ("ana", "user", ("vision", "language"), "root", T0, None)
+    assert (info.user, info.role, info.queues, info.created_by, info.created_at, info.revoked_at) == (
+        "ana",
+        "user",
+        ("vision", "language"),
+        "root",
+        T0,
+        None,
+    )
     assert info.may_submit_to("vision") and not info.may_submit_to("platform") and not info.is_admin
     assert store.token_for(token + "x") is None and store.token_for("") is None
 
@@ -411,17 +538,21 @@ def test_audit_log_is_append_only_in_the_database(store: Store, db_url: str) -> 
     second = store.audit("root", "token.create", "user/ana", None, now=T0 + 1)
     entries = store.audit_log()
     assert [e.id for e in entries] == [second, first]  # newest first
-    assert (entries[1].actor, entries[1].action, entries[1].target, entries[1].details, entries[1].at) == \
-        ("root", "approve", "job/1", {"tier": 1}, T0)
+    assert (entries[1].actor, entries[1].action, entries[1].target, entries[1].details, entries[1].at) == (
+        "root",
+        "approve",
+        "job/1",
+        {"tier": 1},
+        T0,
+    )
     assert store.audit_log(limit=1) == entries[:1]
 
     refusals = ["UPDATE audit SET actor = 'mallory'", "DELETE FROM audit"]
     if db_url.startswith("postgresql"):
         refusals.append("TRUNCATE audit")
     for statement in refusals:
-        with pytest.raises(DBAPIError, match="append-only"):
-            with store.engine.begin() as conn:
-                conn.execute(text(statement))
+        with pytest.raises(DBAPIError, match="append-only"), store.engine.begin() as conn:
+            conn.execute(text(statement))
     assert store.audit_log() == entries
 
 
@@ -453,8 +584,10 @@ def test_ledger_round_trip(store: Store) -> None:
 
 def test_nodes_are_replaced_whole(store: Store) -> None:
     assert store.nodes() == ()
-    first = [NodeRecord("n1", 8, 64000, 512000, "h100", "rack1", ("NVIDIA H100",) * 8, T0),
-             NodeRecord.from_engine(Node("n0", 4, flavor="a100"), updated_at=T0)]
+    first = [
+        NodeRecord("n1", 8, 64000, 512000, "h100", "rack1", ("NVIDIA H100",) * 8, T0),
+        NodeRecord.from_engine(Node("n0", 4, flavor="a100"), updated_at=T0),
+    ]
     store.replace_nodes(first)
     assert store.nodes() == (first[1], first[0])  # by name
     assert store.nodes()[1].to_engine() == Node("n1", 8, cpu=64000, memory=512000, flavor="h100", block="rack1")
@@ -471,10 +604,16 @@ def test_sqlite_connection_settings(tmp_path: Path) -> None:
     engine = connect(f"sqlite:///{tmp_path / 'w.db'}")
     try:
         with engine.connect() as conn:
+
             def pragma(name: str) -> Any:
                 return conn.exec_driver_sql(f"PRAGMA {name}").scalar()
-            assert (pragma("journal_mode"), pragma("synchronous"), pragma("foreign_keys"), pragma("busy_timeout")) == \
-                ("wal", 2, 1, 5000)  # synchronous 2 = FULL
+
+            assert (pragma("journal_mode"), pragma("synchronous"), pragma("foreign_keys"), pragma("busy_timeout")) == (
+                "wal",
+                2,
+                1,
+                5000,
+            )  # synchronous 2 = FULL
     finally:
         engine.dispose()
 
@@ -482,10 +621,13 @@ def test_sqlite_connection_settings(tmp_path: Path) -> None:
 def test_sqlite_enforces_foreign_keys(tmp_path: Path) -> None:
     store = Store.open(f"sqlite:///{tmp_path / 'w.db'}")
     try:
-        with pytest.raises(IntegrityError):
-            with store.engine.begin() as conn:
-                conn.execute(text("INSERT INTO events (job_id, at, to_state, reason, actor, details) "
-                                  "VALUES (42, 0, 'PENDING', 'x', 'y', '{}')"))
+        with pytest.raises(IntegrityError), store.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO events (job_id, at, to_state, reason, actor, details) "
+                    "VALUES (42, 0, 'PENDING', 'x', 'y', '{}')"
+                )
+            )
     finally:
         store.close()
 
@@ -504,8 +646,9 @@ def test_a_submission_survives_sigkill_the_instant_after_it_returned(tmp_path: P
     url = f"sqlite:///{tmp_path / 'warden.db'}"
     read_end, write_end = os.pipe()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    child = subprocess.Popen([sys.executable, "-c", CHILD, url, str(write_end)], pass_fds=(write_end,), env=env,
-                             stdin=subprocess.DEVNULL)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, url, str(write_end)], pass_fds=(write_end,), env=env, stdin=subprocess.DEVNULL
+    )
     os.close(write_end)
     try:
         ready, _, _ = select_module.select([read_end], [], [], 60)
@@ -553,7 +696,7 @@ def test_postgresql_urls_use_psycopg_3() -> None:
         connect("mysql://u@h/db")
 
 
-def test_postgresql_store_reached_through_a_plain_postgresql_url(fresh_postgres_url: str) -> None:  # noqa: F811
+def test_postgresql_store_reached_through_a_plain_postgresql_url(fresh_postgres_url: str) -> None:
     plain = fresh_postgres_url.replace("postgresql+psycopg://", "postgresql://")
     store = Store.open(plain)
     try:

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-
 TOKEN = "report-token-123"
 
 
@@ -38,14 +37,13 @@ class ReportSink:
         sink = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
                 if sink.delay:
                     time.sleep(sink.delay)
                 with sink._cond:
-                    sink.reports.append(Received(self.path, self.headers.get("Authorization"),
-                                                 body, time.time()))
+                    sink.reports.append(Received(self.path, self.headers.get("Authorization"), body, time.time()))
                     sink._cond.notify_all()
                 self.send_response(sink.status)
                 self.send_header("Content-Length", "0")
@@ -72,8 +70,7 @@ class ReportSink:
         with self._cond:
             return [r.body for r in self.reports if r.body.get("kind") == kind]
 
-    def wait_for(self, predicate: Callable[[list[Received]], bool], timeout: float = 30.0
-                 ) -> list[Received]:
+    def wait_for(self, predicate: Callable[[list[Received]], bool], timeout: float = 30.0) -> list[Received]:
         """Blocks until `predicate(reports)` holds; fails the test after `timeout`."""
         deadline = time.monotonic() + timeout
         with self._cond:
@@ -97,8 +94,7 @@ def sink() -> Iterator[ReportSink]:
 
 
 def env_for(sink: ReportSink, job: str = "j42", attempt: int = 3) -> dict[str, str]:
-    return {"WARDEN_URL": sink.url, "WARDEN_JOB_ID": job, "WARDEN_ATTEMPT": str(attempt),
-            "WARDEN_REPORT_TOKEN": TOKEN}
+    return {"WARDEN_URL": sink.url, "WARDEN_JOB_ID": job, "WARDEN_ATTEMPT": str(attempt), "WARDEN_REPORT_TOKEN": TOKEN}
 
 
 def free_port() -> int:

@@ -34,6 +34,7 @@ def names(directory: Path) -> list[str]:
 
 # -- formats -------------------------------------------------------------------------------------
 
+
 def test_bytes_roundtrip_with_sidecar(tmp_path: Path) -> None:
     store = store_at(tmp_path / "ck")
     path = store.save(5, b"\x00hello\xff")
@@ -75,8 +76,7 @@ def test_torch_state_dicts_roundtrip(tmp_path: Path) -> None:
     model(torch.ones(1, 4)).sum().backward()
     opt.step()
     store = store_at(tmp_path)
-    path = store.save_torch(9, {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                                "step": 9})
+    path = store.save_torch(9, {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 9})
     assert path.suffix == ".pt"
     # A standard torch file: loadable without warden.
     assert torch.load(path, weights_only=True)["step"] == 9
@@ -100,17 +100,18 @@ def test_torch_objects_weights_only_refuses_are_an_error_not_a_skip(tmp_path: Pa
 
 
 def test_the_sdk_imports_without_torch() -> None:
-    code = ("import sys; import warden.workload as w; "
-            "assert 'torch' not in sys.modules, 'torch imported'; "
-            "assert 'urllib.request' not in sys.modules")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
-                   env={**os.environ, "PYTHONPATH": str(REPO)})
+    code = (
+        "import sys; import warden.workload as w; "
+        "assert 'torch' not in sys.modules, 'torch imported'; "
+        "assert 'urllib.request' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 # -- the write protocol --------------------------------------------------------------------------
 
-def test_write_order_is_temp_fsync_sidecar_rename_fsync_dir(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+
+def test_write_order_is_temp_fsync_sidecar_rename_fsync_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     log: list[str] = []
     real_fsync, real_replace = os.fsync, os.replace
 
@@ -151,6 +152,7 @@ def test_a_failing_write_leaves_no_files(tmp_path: Path) -> None:
 
 # -- retention -----------------------------------------------------------------------------------
 
+
 def test_only_the_newest_keep_survive(tmp_path: Path) -> None:
     store = store_at(tmp_path, keep=3)
     for step in range(10):
@@ -188,9 +190,11 @@ def test_default_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
 # -- verification --------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("damage", ["flip", "truncate", "extend", "sidecar", "no-sidecar"])
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(
-        tmp_path: Path, damage: str, capfd: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, damage: str, capfd: pytest.CaptureFixture[str]
+) -> None:
     store = store_at(tmp_path)
     store.save(1, b"a" * 1000)
     newest = store.save(2, b"b" * 1000)
@@ -223,6 +227,7 @@ def test_nothing_verifiable_means_none(tmp_path: Path) -> None:
 
 
 # -- temp files ----------------------------------------------------------------------------------
+
 
 def dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -263,6 +268,7 @@ def test_orphan_sidecars_of_dead_writers_are_removed(tmp_path: Path) -> None:
 
 # -- reports -------------------------------------------------------------------------------------
 
+
 def test_saves_report_start_and_finish(tmp_path: Path) -> None:
     sink = ReportSink()
     try:
@@ -297,6 +303,7 @@ def test_on_sigterm_follows_the_installed_guard(tmp_path: Path) -> None:
 
 
 # -- concurrency ---------------------------------------------------------------------------------
+
 
 def test_readers_never_see_a_partial_checkpoint_while_a_thread_saves(tmp_path: Path) -> None:
     store = store_at(tmp_path, keep=2)

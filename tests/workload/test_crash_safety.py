@@ -41,7 +41,9 @@ def content(step):
     return blob
 '''
 
-WRITER = CONTENT + '''
+WRITER = (
+    CONTENT
+    + """
 import sys
 from warden.workload.checkpoint import CheckpointStore
 from warden.workload.report import Reporter
@@ -55,7 +57,8 @@ while True:
     store.save(step, data)
     print("saved", step, flush=True)
     step += 1
-'''
+"""
+)
 
 namespace: dict[str, Any] = {}
 exec(CONTENT, namespace)
@@ -72,8 +75,9 @@ def torture(directory: Path, kills: int, max_delay: float, seed: int) -> dict[st
     stats = {"kills": 0, "none": 0, "newer_than_reported": 0}
     for life in range(kills):
         # -S: no site-packages (the SDK is standard library only), so each life starts fast.
-        proc = subprocess.Popen([sys.executable, "-S", "-c", WRITER, str(directory)], env=env,
-                                stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-S", "-c", WRITER, str(directory)], env=env, stdout=subprocess.PIPE, text=True
+        )
         assert proc.stdout is not None
         ready = proc.stdout.readline()
         assert ready.startswith("ready"), (ready, proc.wait())
@@ -83,8 +87,10 @@ def torture(directory: Path, kills: int, max_delay: float, seed: int) -> dict[st
         if life % 2:
             # Aim at the middle of a large save: wait until one begins, then kill within the
             # next few tens of milliseconds (writing 1.5-8 MB and fsyncing takes about that).
-            while not re.fullmatch(r"begin \d+\n", line := proc.stdout.readline()) or \
-                    SIZES[int(line.split()[1]) % len(SIZES)] < 1_000_000:
+            while (
+                not re.fullmatch(r"begin \d+\n", line := proc.stdout.readline())
+                or SIZES[int(line.split()[1]) % len(SIZES)] < 1_000_000
+            ):
                 assert line, f"the writer died by itself: {proc.wait()}\n{seen}"
                 seen += line
             seen += line
@@ -103,7 +109,8 @@ def torture(directory: Path, kills: int, max_delay: float, seed: int) -> dict[st
 
         got = reader.load_latest()
         context = f"life {life} (seed {seed}): last returned save {last_returned}, got " + (
-            "None" if got is None else f"step {got[0]}")
+            "None" if got is None else f"step {got[0]}"
+        )
         if got is None:
             assert last_returned < 0, context
             stats["none"] += 1
@@ -121,8 +128,7 @@ def torture(directory: Path, kills: int, max_delay: float, seed: int) -> dict[st
             last_returned = step
     leftovers = [n for n in os.listdir(directory) if n.endswith(".tmp")]
     assert leftovers == [], leftovers  # every dead writer's temp files were cleaned up
-    orphans = [n for n in os.listdir(directory)
-               if n.endswith(".meta") and not (directory / n[:-5]).exists()]
+    orphans = [n for n in os.listdir(directory) if n.endswith(".meta") and not (directory / n[:-5]).exists()]
     assert orphans == [], orphans
     assert len(reader.checkpoints()) <= 3 + 1
     stats["last_step"] = last_returned

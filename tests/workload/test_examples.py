@@ -25,8 +25,7 @@ from warden.workload import CheckpointStore, Reporter
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 GRACE = 15.0
-_SCRUB = ("CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
-          "LOCAL_RANK")
+_SCRUB = ("CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 
 class Proc:
@@ -36,9 +35,9 @@ class Proc:
     def __init__(self, argv: list[str], env: dict[str, str], cwd: Path) -> None:
         self.lines: list[str] = []
         self._cond = threading.Condition()
-        self.popen = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True,
-                                      start_new_session=True)
+        self.popen = subprocess.Popen(
+            argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -104,17 +103,23 @@ def procs() -> Iterator[list[Proc]]:
 def job_env(sink: ReportSink | None, ckpt: Path, attempt: int, **extra: str) -> dict[str, str]:
     """The environment docs/executors.md describes, with the report variables of the SDK."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_") and k not in _SCRUB}
-    env.update({"WARDEN_JOB_ID": "j7", "WARDEN_ATTEMPT": str(attempt),
-                "WARDEN_GRACE_SECONDS": str(GRACE), "WARDEN_CHECKPOINT_DIR": str(ckpt),
-                "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"})
+    env.update(
+        {
+            "WARDEN_JOB_ID": "j7",
+            "WARDEN_ATTEMPT": str(attempt),
+            "WARDEN_GRACE_SECONDS": str(GRACE),
+            "WARDEN_CHECKPOINT_DIR": str(ckpt),
+            "CUDA_VISIBLE_DEVICES": "",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     if sink is not None:
         env.update({"WARDEN_URL": sink.url, "WARDEN_REPORT_TOKEN": TOKEN})
     env.update(extra)
     return env
 
 
-def start(procs: list[Proc], script: str, args: list[str], env: dict[str, str], cwd: Path
-          ) -> Proc:
+def start(procs: list[Proc], script: str, args: list[str], env: dict[str, str], cwd: Path) -> Proc:
     p = Proc([sys.executable, str(EXAMPLES / script), *args], env, cwd)
     procs.append(p)
     return p
@@ -160,8 +165,8 @@ def preempt(p: Proc, sink: ReportSink, step_line: str) -> tuple[int, float]:
 
 # -- train_plain.py ------------------------------------------------------------------------------
 
-def test_train_plain_preempted_saves_and_resumes_exactly(tmp_path: Path, sink: ReportSink,
-                                                         procs: list[Proc]) -> None:
+
+def test_train_plain_preempted_saves_and_resumes_exactly(tmp_path: Path, sink: ReportSink, procs: list[Proc]) -> None:
     ckpt = tmp_path / "ckpt"
     args = ["--steps", "100000", "--step-seconds", "0.02", "--checkpoint-every", "0"]
     first = start(procs, "train_plain.py", args, job_env(sink, ckpt, 1), tmp_path)
@@ -195,8 +200,8 @@ def test_train_plain_alone_without_warden(tmp_path: Path, procs: list[Proc]) -> 
 
 # -- train_torch.py ------------------------------------------------------------------------------
 
-def test_train_torch_preempted_saves_and_resumes_exactly(tmp_path: Path, sink: ReportSink,
-                                                         procs: list[Proc]) -> None:
+
+def test_train_torch_preempted_saves_and_resumes_exactly(tmp_path: Path, sink: ReportSink, procs: list[Proc]) -> None:
     torch = pytest.importorskip("torch")
     ckpt = tmp_path / "ckpt"
     args = ["--steps", "100000", "--step-seconds", "0.01", "--checkpoint-every", "0"]
@@ -223,23 +228,39 @@ def test_train_torch_preempted_saves_and_resumes_exactly(tmp_path: Path, sink: R
 
 # -- gang_torchrun.py ----------------------------------------------------------------------------
 
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def start_gang(procs: list[Proc], args: list[str], sink: ReportSink | None, ckpt: Path,
-               attempt: int, cwd: Path) -> list[Proc]:
+def start_gang(
+    procs: list[Proc], args: list[str], sink: ReportSink | None, ckpt: Path, attempt: int, cwd: Path
+) -> list[Proc]:
     port = str(free_port())
-    return [start(procs, "gang_torchrun.py", args,
-                  job_env(sink, ckpt, attempt, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                          RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank)), cwd)
-            for rank in (0, 1)]
+    return [
+        start(
+            procs,
+            "gang_torchrun.py",
+            args,
+            job_env(
+                sink,
+                ckpt,
+                attempt,
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=port,
+                RANK=str(rank),
+                WORLD_SIZE="2",
+                LOCAL_RANK=str(rank),
+            ),
+            cwd,
+        )
+        for rank in (0, 1)
+    ]
 
 
-def test_gang_stops_at_one_step_and_resumes_from_rank_zero(tmp_path: Path, sink: ReportSink,
-                                                            procs: list[Proc]) -> None:
+def test_gang_stops_at_one_step_and_resumes_from_rank_zero(tmp_path: Path, sink: ReportSink, procs: list[Proc]) -> None:
     pytest.importorskip("torch")
     ckpt = tmp_path / "ckpt"
     args = ["--steps", "100000", "--step-seconds", "0.01", "--checkpoint-every", "0"]
@@ -279,10 +300,9 @@ def test_gang_stops_at_one_step_and_resumes_from_rank_zero(tmp_path: Path, sink:
 
 # -- ignore_sigterm.py ---------------------------------------------------------------------------
 
-def test_ignore_sigterm_keeps_running_until_sigkill(tmp_path: Path, sink: ReportSink,
-                                                    procs: list[Proc]) -> None:
-    p = start(procs, "ignore_sigterm.py", ["--step-seconds", "0.02"],
-              job_env(sink, tmp_path / "ckpt", 1), tmp_path)
+
+def test_ignore_sigterm_keeps_running_until_sigkill(tmp_path: Path, sink: ReportSink, procs: list[Proc]) -> None:
+    p = start(procs, "ignore_sigterm.py", ["--step-seconds", "0.02"], job_env(sink, tmp_path / "ckpt", 1), tmp_path)
     sink.wait_kind("progress")
     p.wait_line(r"^step 2$")
     p.signal(signal.SIGTERM)

@@ -95,7 +95,7 @@ def test_install_outside_the_main_thread_is_a_clear_error() -> None:
     def run() -> None:
         try:
             PreemptionGuard(env={}).install()
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             errors.append(e)
 
     t = threading.Thread(target=run)
@@ -143,11 +143,14 @@ def test_request_stop_without_a_signal(restore_sigterm: None) -> None:
         assert guard.should_stop() and guard.wait(0) and guard.deadline is None
 
 
-@pytest.mark.parametrize(("env", "rank", "writer"), [
-    ({}, 0, True),
-    ({"RANK": "0", "WORLD_SIZE": "2"}, 0, True),
-    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}, 1, False),
-])
+@pytest.mark.parametrize(
+    ("env", "rank", "writer"),
+    [
+        ({}, 0, True),
+        ({"RANK": "0", "WORLD_SIZE": "2"}, 0, True),
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}, 1, False),
+    ],
+)
 def test_only_rank_zero_is_the_writer(env: dict[str, str], rank: int, writer: bool) -> None:
     guard = PreemptionGuard(env=env)
     assert (guard.rank, guard.is_writer) == (rank, writer)
@@ -198,10 +201,8 @@ def test_a_loop_finishes_its_step_flushes_and_exits_zero(tmp_path: Path) -> None
     try:
         script = tmp_path / "loop.py"
         script.write_text(textwrap.dedent(LOOP))
-        env = {**os.environ, **env_for(sink), "WARDEN_GRACE_SECONDS": "20",
-               "PYTHONPATH": str(REPO)}
-        proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
-                                text=True)
+        env = {**os.environ, **env_for(sink), "WARDEN_GRACE_SECONDS": "20", "PYTHONPATH": str(REPO)}
+        proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
         assert proc.stdout is not None
         assert proc.stdout.readline().startswith("finished step 1")
         sink.wait_kind("progress")
@@ -220,8 +221,10 @@ def test_exit_flushes_pending_reports(tmp_path: Path) -> None:
     sink = ReportSink()
     sink.delay = 0.5  # slower than the process needs to reach exit()
     try:
-        code = ("from warden.workload import install, default_reporter\n"
-                "g = install(); default_reporter().progress(7); g.exit(0)\n")
+        code = (
+            "from warden.workload import install, default_reporter\n"
+            "g = install(); default_reporter().progress(7); g.exit(0)\n"
+        )
         env = {**os.environ, **env_for(sink), "PYTHONPATH": str(REPO)}
         proc = subprocess.run([sys.executable, "-c", code], env=env, timeout=20)
         assert proc.returncode == 0

@@ -12,6 +12,7 @@ from reportsink import TOKEN, ReportSink, env_for, free_port, sink  # noqa: F401
 
 from warden.workload.report import PROCESS_STARTED_AT, Reporter, process_started_at
 
+
 @pytest.mark.parametrize("env", [{}, {"WARDEN_JOB_ID": "j1"}, {"WARDEN_URL": "http://x"}])
 def test_outside_warden_every_method_is_a_noop(env: dict[str, str]) -> None:
     r = Reporter.from_env(env)
@@ -43,6 +44,7 @@ def test_only_rank_zero_reports(sink: ReportSink) -> None:
 
 # -- the protocol --------------------------------------------------------------------------------
 
+
 def test_startup_is_posted_with_token_attempt_and_time(sink: ReportSink) -> None:
     r = Reporter.from_env(env_for(sink, job="team/j 42"), started_at=time.time() - 2.0)
     before = time.time()
@@ -69,8 +71,14 @@ def test_checkpoint_reports_are_synchronous_and_complete(sink: ReportSink) -> No
     assert sink.kinds() == ["checkpoint_started"]
     r.checkpoint_finished(1.5, 1234, on_sigterm=True)
     body = sink.of("checkpoint_finished")[0]
-    assert body == {"attempt": 3, "kind": "checkpoint_finished", "at": body["at"],
-                    "duration_s": 1.5, "size_bytes": 1234, "on_sigterm": True}
+    assert body == {
+        "attempt": 3,
+        "kind": "checkpoint_finished",
+        "at": body["at"],
+        "duration_s": 1.5,
+        "size_bytes": 1234,
+        "on_sigterm": True,
+    }
     assert isinstance(body["at"], float)
     # The step the checkpoint holds, when the caller knows it (CheckpointStore always does).
     r.checkpoint_started(step=40)
@@ -84,8 +92,9 @@ def test_progress_is_rate_limited_and_sent_in_the_background(sink: ReportSink) -
     for step in range(1, 1001):
         r.progress(step, samples=step * 32)
     assert r.flush(5)
-    assert sink.of("progress") == [{"attempt": 3, "kind": "progress", "at": pytest.approx(
-        time.time(), abs=5), "step": 1, "samples": 32}]
+    assert sink.of("progress") == [
+        {"attempt": 3, "kind": "progress", "at": pytest.approx(time.time(), abs=5), "step": 1, "samples": 32}
+    ]
     time.sleep(0.6)  # the interval passes: the next call goes out again
     r.progress(2000)
     assert r.flush(5)
@@ -118,10 +127,11 @@ def test_flush_gives_up_after_its_timeout(sink: ReportSink) -> None:
 
 # -- failures ------------------------------------------------------------------------------------
 
-def test_unreachable_server_is_logged_once_and_never_raises(capfd: pytest.CaptureFixture[str]
-                                                            ) -> None:
-    r = Reporter.from_env({"WARDEN_URL": f"http://127.0.0.1:{free_port()}",
-                           "WARDEN_JOB_ID": "j1", "WARDEN_REPORT_TOKEN": TOKEN})
+
+def test_unreachable_server_is_logged_once_and_never_raises(capfd: pytest.CaptureFixture[str]) -> None:
+    r = Reporter.from_env(
+        {"WARDEN_URL": f"http://127.0.0.1:{free_port()}", "WARDEN_JOB_ID": "j1", "WARDEN_REPORT_TOKEN": TOKEN}
+    )
     r.startup_finished()
     r.checkpoint_started()
     r.checkpoint_finished(1.0, 1, False)
@@ -134,8 +144,9 @@ def test_unreachable_server_is_logged_once_and_never_raises(capfd: pytest.Captur
 
 
 @pytest.mark.parametrize("status", [401, 404, 500, 503])
-def test_error_status_is_a_failure_not_an_exception(sink: ReportSink, status: int,
-                                                    capfd: pytest.CaptureFixture[str]) -> None:
+def test_error_status_is_a_failure_not_an_exception(
+    sink: ReportSink, status: int, capfd: pytest.CaptureFixture[str]
+) -> None:
     sink.status = status
     r = Reporter.from_env(env_for(sink))
     r.checkpoint_finished(1.0, 1, True)
@@ -159,8 +170,7 @@ def test_a_bad_url_never_raises() -> None:
     assert r.failed == 1
 
 
-def test_reports_ignore_http_proxy_settings(sink: ReportSink, monkeypatch: pytest.MonkeyPatch
-                                            ) -> None:
+def test_reports_ignore_http_proxy_settings(sink: ReportSink, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{free_port()}")
     r = Reporter.from_env(env_for(sink))
@@ -170,6 +180,7 @@ def test_reports_ignore_http_proxy_settings(sink: ReportSink, monkeypatch: pytes
 
 def test_reporting_from_many_threads(sink: ReportSink) -> None:
     r = Reporter.from_env(env_for(sink), min_interval=3600)
+
     def hammer() -> None:
         for i in range(1000):
             r.progress(i)

@@ -64,6 +64,7 @@ _GANG_REPLICAS = (2, 8)
 
 # -- the queue tree ------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class _Queue:
     """What the generator needs to know of a queue to keep running jobs within its limits."""
@@ -127,6 +128,7 @@ def synthetic_policy(total_gpus: int, rng: Random) -> tuple[dict[str, Any], dict
 
 
 # -- nodes and their free GPUs -------------------------------------------------------------------
+
 
 def synthetic_nodes(count: int, gpus_per_node: int) -> tuple[Node, ...]:
     """`count` identical nodes in blocks of 32; the first 3/4 "h100", the rest "a100" (≥ 200 nodes)."""
@@ -218,6 +220,7 @@ class _Packer:
 
 # -- jobs ----------------------------------------------------------------------------------------
 
+
 def _weighted(rng: Random, table: tuple[tuple[Any, float], ...]) -> Any:
     x = rng.random() * sum(w for _, w in table)
     for value, w in table:
@@ -239,7 +242,7 @@ class _Usage:
 
     def __init__(self, queues: dict[str, _Queue]) -> None:
         self.queues = queues
-        self.used: dict[str, int] = {q: 0 for q in queues}
+        self.used: dict[str, int] = dict.fromkeys(queues, 0)
 
     def path(self, leaf: str) -> list[_Queue]:
         out, q = [], self.queues.get(leaf)
@@ -278,8 +281,15 @@ def _running_mix(capacity: int, running: int, g: int) -> tuple[float, tuple[tupl
     return min(1.0, max(0.05, (target - 1) / (mean - 1))), sizes
 
 
-def _running_jobs(rng: Random, nodes: tuple[Node, ...], g: int, running: int,
-                  queues: dict[str, _Queue], leaves: list[str], leaf_weights: list[float]) -> list[Job]:
+def _running_jobs(
+    rng: Random,
+    nodes: tuple[Node, ...],
+    g: int,
+    running: int,
+    queues: dict[str, _Queue],
+    leaves: list[str],
+    leaf_weights: list[float],
+) -> list[Job]:
     packer = _Packer(nodes, rng)
     usage = _Usage(queues)
     alpha, sizes = _running_mix(packer.free_total, running, g)
@@ -362,40 +372,43 @@ def _running_jobs(rng: Random, nodes: tuple[Node, ...], g: int, running: int,
             number, preempted_at = 2, (started - rng.uniform(10 * MINUTE, 2 * HOUR),)
         cpu, memory = _resources(rng, gpus, g)
         n = len(jobs)
-        jobs.append(Job(
-            id=f"run-{n:06d}",
-            queue=leaf,
-            tier=tier,
-            submit=(preempted_at[0] if preempted_at else started) - rng.uniform(0.0, 2 * HOUR),
-            state=state,
-            replicas=replicas,
-            gpus=gpus,
-            cpu=cpu,
-            memory=memory,
-            flavor=nodes[first_node].flavor if two_flavors and rng.random() < 0.5 else None,
-            placement="block" if replicas > 1 else "any",
-            user=f"{leaf}-u{rng.randint(0, 4)}",
-            grace=grace,
-            expected_duration=age + rng.uniform(10 * MINUTE, 2 * DAY) if rng.random() < 0.4 else None,
-            preempted_at=preempted_at,
-            attempt=Attempt(
-                number=number,
-                started_at=started,
-                assignment=assignment,
-                borrowing=borrowing,
-                startup_s=startup,
-                checkpoint_s=ckpt_s,
-                last_checkpoint_at=last_ckpt,
-                sigterm_save_s=sigterm_save,
-                sigterm_at=sigterm_at,
-                kill_at=kill_at,
-            ),
-        ))
+        jobs.append(
+            Job(
+                id=f"run-{n:06d}",
+                queue=leaf,
+                tier=tier,
+                submit=(preempted_at[0] if preempted_at else started) - rng.uniform(0.0, 2 * HOUR),
+                state=state,
+                replicas=replicas,
+                gpus=gpus,
+                cpu=cpu,
+                memory=memory,
+                flavor=nodes[first_node].flavor if two_flavors and rng.random() < 0.5 else None,
+                placement="block" if replicas > 1 else "any",
+                user=f"{leaf}-u{rng.randint(0, 4)}",
+                grace=grace,
+                expected_duration=age + rng.uniform(10 * MINUTE, 2 * DAY) if rng.random() < 0.4 else None,
+                preempted_at=preempted_at,
+                attempt=Attempt(
+                    number=number,
+                    started_at=started,
+                    assignment=assignment,
+                    borrowing=borrowing,
+                    startup_s=startup,
+                    checkpoint_s=ckpt_s,
+                    last_checkpoint_at=last_ckpt,
+                    sigterm_save_s=sigterm_save,
+                    sigterm_at=sigterm_at,
+                    kill_at=kill_at,
+                ),
+            )
+        )
     return jobs
 
 
-def _pending_jobs(rng: Random, count: int, g: int, flavors: list[str], leaves: list[str],
-                  leaf_weights: list[float]) -> list[Job]:
+def _pending_jobs(
+    rng: Random, count: int, g: int, flavors: list[str], leaves: list[str], leaf_weights: list[float]
+) -> list[Job]:
     jobs: list[Job] = []
     for n in range(count):
         tier = _weighted(rng, ((1, 0.03), (2, 0.10), (3, 0.67), (4, 0.20)))
@@ -403,9 +416,12 @@ def _pending_jobs(rng: Random, count: int, g: int, flavors: list[str], leaves: l
         shape = _weighted(rng, (("single", 0.85), ("gang", 0.10), ("pack", 0.05)))
         placement: PlacementConstraint = "any"
         if shape == "single":
-            replicas, gpus = 1, _weighted(rng, tuple((s, w) for s, w in
-                                                     ((1, 0.35), (2, 0.2), (4, 0.2), (8, 0.25)) if s <= g)
-                                          or ((g, 1.0),))
+            replicas, gpus = (
+                1,
+                _weighted(
+                    rng, tuple((s, w) for s, w in ((1, 0.35), (2, 0.2), (4, 0.2), (8, 0.25)) if s <= g) or ((g, 1.0),)
+                ),
+            )
             if rng.random() < 0.05:
                 placement = "pack"
         elif shape == "gang":
@@ -431,30 +447,33 @@ def _pending_jobs(rng: Random, count: int, g: int, flavors: list[str], leaves: l
         flavor: str | None = None
         if len(flavors) > 1:
             flavor = _weighted(rng, ((flavors[0], 0.2), (flavors[1], 0.1), (None, 0.7)))
-        jobs.append(Job(
-            id=f"pend-{n:06d}",
-            queue=leaf,
-            tier=tier,
-            submit=submit,
-            state=state,
-            replicas=replicas,
-            gpus=gpus,
-            cpu=cpu,
-            memory=memory,
-            flavor=flavor,
-            placement=placement,
-            user=f"{leaf}-u{rng.randint(0, 4)}",
-            expected_duration=rng.uniform(10 * MINUTE, 2 * DAY) if rng.random() < 0.4 else None,
-            waited=waited,
-            pending_since=pending_since,
-            not_before=not_before,
-            preempted_at=preempted_at,
-        ))
+        jobs.append(
+            Job(
+                id=f"pend-{n:06d}",
+                queue=leaf,
+                tier=tier,
+                submit=submit,
+                state=state,
+                replicas=replicas,
+                gpus=gpus,
+                cpu=cpu,
+                memory=memory,
+                flavor=flavor,
+                placement=placement,
+                user=f"{leaf}-u{rng.randint(0, 4)}",
+                expected_duration=rng.uniform(10 * MINUTE, 2 * DAY) if rng.random() < 0.4 else None,
+                waited=waited,
+                pending_since=pending_since,
+                not_before=not_before,
+                preempted_at=preempted_at,
+            )
+        )
     return jobs
 
 
-def synthetic_snapshot(nodes: int, gpus_per_node: int, pending: int, running: int,
-                       seed: int = 0) -> tuple[Snapshot, float]:
+def synthetic_snapshot(
+    nodes: int, gpus_per_node: int, pending: int, running: int, seed: int = 0
+) -> tuple[Snapshot, float]:
     """A busy cluster and its queue, and the `now` to schedule it at; a function of the arguments.
 
     `running` is an upper bound: jobs are placed until that many run or no GPU is left.
@@ -484,8 +503,10 @@ def synthetic_snapshot(nodes: int, gpus_per_node: int, pending: int, running: in
 
 # -- the measurement -----------------------------------------------------------------------------
 
-def run_engine_bench(nodes: int, gpus_per_node: int, pending: int, running: int, seed: int = 0,
-                     repeat: int = 5) -> dict[str, Any]:
+
+def run_engine_bench(
+    nodes: int, gpus_per_node: int, pending: int, running: int, seed: int = 0, repeat: int = 5
+) -> dict[str, Any]:
     """Median (and min, all) wall time of one scheduling pass, after one warm-up pass.
 
     `pass_ms_*` time `Engine.plan` on an engine that already holds the running jobs'
@@ -543,8 +564,16 @@ def run_engine_bench(nodes: int, gpus_per_node: int, pending: int, running: int,
     }
 
 
-def run_churn_bench(nodes: int, gpus_per_node: int, pending: int, running: int, churn: int = 50,
-                    seed: int = 0, repeat: int = 5, step_s: float = 10.0) -> dict[str, Any]:
+def run_churn_bench(
+    nodes: int,
+    gpus_per_node: int,
+    pending: int,
+    running: int,
+    churn: int = 50,
+    seed: int = 0,
+    repeat: int = 5,
+    step_s: float = 10.0,
+) -> dict[str, Any]:
     """A deep queue that cannot all fit, pass after pass, the way a shell drives it.
 
     Between passes `churn` running jobs complete, `churn` new jobs arrive, and the previous
@@ -568,8 +597,7 @@ def run_churn_bench(nodes: int, gpus_per_node: int, pending: int, running: int, 
     plan = engine.plan(snapshot, now)
     leaves = sorted({j.queue for j in snapshot.jobs})
     flavors = sorted({n.flavor for n in snapshot.nodes})
-    fresh_jobs = _pending_jobs(rng, churn * (repeat + 1), gpus_per_node, flavors, leaves,
-                               [1.0] * len(leaves))
+    fresh_jobs = _pending_jobs(rng, churn * (repeat + 1), gpus_per_node, flavors, leaves, [1.0] * len(leaves))
     warm: list[float] = []
     changed_counts: list[int] = []
     exact = True
@@ -577,22 +605,33 @@ def run_churn_bench(nodes: int, gpus_per_node: int, pending: int, running: int, 
         now += step_s
         changed: list[Job] = []
         for adm in plan.admissions:
-            job = replace(jobs[adm.job_id], state=JobState.RUNNING, pending_since=None,
-                          attempt=Attempt(1, now, adm.placement, borrowing=adm.borrowing))
+            job = replace(
+                jobs[adm.job_id],
+                state=JobState.RUNNING,
+                pending_since=None,
+                attempt=Attempt(1, now, adm.placement, borrowing=adm.borrowing),
+            )
             jobs[job.id] = job
             changed.append(job)
         for pre in plan.preemptions:
             v = jobs[pre.job_id]
             assert v.attempt is not None
-            job = replace(v, state=JobState.PREEMPTING,
-                          attempt=replace(v.attempt, sigterm_at=now, kill_at=now + pre.grace))
+            job = replace(
+                v, state=JobState.PREEMPTING, attempt=replace(v.attempt, sigterm_at=now, kill_at=now + pre.grace)
+            )
             jobs[job.id] = job
             changed.append(job)
-        done = rng.sample(sorted(i for i, j in jobs.items() if j.state is JobState.RUNNING
-                                 and j.attempt is not None and j.attempt.sigterm_at is None), k=churn)
+        done = rng.sample(
+            sorted(
+                i
+                for i, j in jobs.items()
+                if j.state is JobState.RUNNING and j.attempt is not None and j.attempt.sigterm_at is None
+            ),
+            k=churn,
+        )
         for job_id in done:
             changed.append(replace(jobs.pop(job_id), state=JobState.SUCCEEDED))
-        for j in fresh_jobs[step * churn:(step + 1) * churn]:
+        for j in fresh_jobs[step * churn : (step + 1) * churn]:
             job = replace(j, id=f"new-{step:03d}-{j.id}", submit=now, pending_since=now)
             jobs[job.id] = job
             changed.append(job)

@@ -25,8 +25,9 @@ def engine(
     nodes: int = typer.Option(100, "--nodes", min=1, help="Nodes in the synthetic cluster."),
     gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, help="GPUs per node."),
     pending: int = typer.Option(1000, "--pending", min=0, help="Waiting jobs."),
-    running: int = typer.Option(500, "--running", min=0,
-                                help="Running jobs (at most; placement stops when the cluster is full)."),
+    running: int = typer.Option(
+        500, "--running", min=0, help="Running jobs (at most; placement stops when the cluster is full)."
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed of the synthetic cluster (same seed, same input)."),
     repeat: int = typer.Option(5, "--repeat", min=1, help="Timed passes after one warm-up pass."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),

@@ -3,30 +3,51 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from warden.demo import NOW, demo_snapshot
+from warden.engine.plan import Plan
 from warden.engine.scheduler import schedule
 
 app = typer.Typer(help="Show the engine's decisions on a bundled busy cluster.")
 
 
-def plan_to_dict(plan) -> dict:  # type: ignore[no-untyped-def]
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
     """The plan as JSON-ready data, with DESIGN's names."""
     return {
         "now": plan.now,
-        "admissions": [{"id": a.job_id, "flavor": a.flavor, "borrowing": a.borrowing,
-                        "placement": [{"node": p.node, "gpus": list(p.gpus)} for p in a.placement]}
-                       for a in plan.admissions],
-        "preemptions": [{"id": p.job_id, "for_job": p.for_job, "kind": p.kind, "grace_s": p.grace,
-                         "cost_gpu_s": p.cost, "lost_work_gpu_s": p.lost_work} for p in plan.preemptions],
-        "reservations": [{"id": r.job_id, "due": r.due, "nodes": list(r.nodes), "waits_for": list(r.waits_for)}
-                         for r in plan.reservations],
-        "pending": [{"id": e.job_id, "position": e.position, "reason": e.reason.to_dict(),
-                     "sort_key": e.sort_key.to_dict()} for e in plan.explanations.values()],
+        "admissions": [
+            {
+                "id": a.job_id,
+                "flavor": a.flavor,
+                "borrowing": a.borrowing,
+                "placement": [{"node": p.node, "gpus": list(p.gpus)} for p in a.placement],
+            }
+            for a in plan.admissions
+        ],
+        "preemptions": [
+            {
+                "id": p.job_id,
+                "for_job": p.for_job,
+                "kind": p.kind,
+                "grace_s": p.grace,
+                "cost_gpu_s": p.cost,
+                "lost_work_gpu_s": p.lost_work,
+            }
+            for p in plan.preemptions
+        ],
+        "reservations": [
+            {"id": r.job_id, "due": r.due, "nodes": list(r.nodes), "waits_for": list(r.waits_for)}
+            for r in plan.reservations
+        ],
+        "pending": [
+            {"id": e.job_id, "position": e.position, "reason": e.reason.to_dict(), "sort_key": e.sort_key.to_dict()}
+            for e in plan.explanations.values()
+        ],
     }
 
 
@@ -40,17 +61,27 @@ def demo(json_out: bool = typer.Option(False, "--json", help="Print the plan as 
         return
     console = Console()
     jobs = {j.id: j for j in snapshot.jobs}
-    console.print(f"[bold]warden demo[/bold]: {len(snapshot.nodes)} nodes, "
-                  f"{sum(n.gpus for n in snapshot.nodes)} GPUs, "
-                  f"{sum(1 for j in snapshot.jobs if j.state.holds_resources)} running jobs, "
-                  f"{sum(1 for j in snapshot.jobs if j.state.waiting)} waiting; one scheduling pass.\n")
+    console.print(
+        f"[bold]warden demo[/bold]: {len(snapshot.nodes)} nodes, "
+        f"{sum(n.gpus for n in snapshot.nodes)} GPUs, "
+        f"{sum(1 for j in snapshot.jobs if j.state.holds_resources)} running jobs, "
+        f"{sum(1 for j in snapshot.jobs if j.state.waiting)} waiting; one scheduling pass.\n"
+    )
     t = Table(title="Preemptions (victims chosen by the work they would lose)")
     for col in ("victim", "tier", "queue", "for job", "kind", "grace", "lost work (GPU-min)", "cost (GPU-min)"):
         t.add_column(col)
     for p in plan.preemptions:
         v = jobs[p.job_id]
-        t.add_row(p.job_id, str(v.tier), v.queue, p.for_job, p.kind, f"{p.grace:.0f}s",
-                  f"{p.lost_work / 60:.0f}", f"{p.cost / 60:.0f}")
+        t.add_row(
+            p.job_id,
+            str(v.tier),
+            v.queue,
+            p.for_job,
+            p.kind,
+            f"{p.grace:.0f}s",
+            f"{p.lost_work / 60:.0f}",
+            f"{p.cost / 60:.0f}",
+        )
     console.print(t)
     if plan.admissions:
         a = Table(title="Admissions")

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Annotated, Any, Iterator, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -25,8 +26,13 @@ from warden.engine.policy import format_duration
 EXIT_REFUSED = 2
 EXIT_UNREACHABLE = 1
 
-UrlOpt = Annotated[Optional[str], typer.Option("--url", help="Server URL (default $WARDEN_URL or http://127.0.0.1:8765).", show_default=False)]
-TokenOpt = Annotated[Optional[str], typer.Option("--token", help="Bearer token (default $WARDEN_TOKEN).", show_default=False)]
+UrlOpt = Annotated[
+    str | None,
+    typer.Option("--url", help="Server URL (default $WARDEN_URL or http://127.0.0.1:8765).", show_default=False),
+]
+TokenOpt = Annotated[
+    str | None, typer.Option("--token", help="Bearer token (default $WARDEN_TOKEN).", show_default=False)
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 _err = Console(stderr=True)
@@ -71,28 +77,56 @@ def register(app: typer.Typer) -> None:
 
     @app.command("submit", context_settings={"allow_interspersed_args": False})
     def submit(
-        command: Annotated[list[str], typer.Argument(help="The command and its arguments (after --).", show_default=False)],
+        command: Annotated[
+            list[str], typer.Argument(help="The command and its arguments (after --).", show_default=False)
+        ],
         queue: Annotated[str, typer.Option("--queue", "-q", help="Leaf queue (team).", show_default=False)],
-        tier: Annotated[int, typer.Option("--tier", "-t", help="1 production inference, 2 pre-training, 3 experimentation, 4 opportunistic.", show_default=False)],
+        tier: Annotated[
+            int,
+            typer.Option(
+                "--tier",
+                "-t",
+                help="1 production inference, 2 pre-training, 3 experimentation, 4 opportunistic.",
+                show_default=False,
+            ),
+        ],
         gpus: Annotated[int, typer.Option("--gpus", help="GPUs per replica.")] = 1,
         replicas: Annotated[int, typer.Option("--replicas", help="Replicas of the gang.")] = 1,
         placement: Annotated[str, typer.Option("--placement", help="pack, block or any.")] = "any",
-        lease: Annotated[Optional[str], typer.Option("--lease", help="Minimum runtime, e.g. 30m.", show_default=False)] = None,
-        grace: Annotated[Optional[str], typer.Option("--grace", help="Grace after SIGTERM, e.g. 300s.", show_default=False)] = None,
-        time_limit: Annotated[Optional[str], typer.Option("--time-limit", help="Runtime estimate, e.g. 2h.", show_default=False)] = None,
+        lease: Annotated[
+            str | None, typer.Option("--lease", help="Minimum runtime, e.g. 30m.", show_default=False)
+        ] = None,
+        grace: Annotated[
+            str | None, typer.Option("--grace", help="Grace after SIGTERM, e.g. 300s.", show_default=False)
+        ] = None,
+        time_limit: Annotated[
+            str | None, typer.Option("--time-limit", help="Runtime estimate, e.g. 2h.", show_default=False)
+        ] = None,
         name: Annotated[str, typer.Option("--name", help="A name to show.")] = "",
         cpu: Annotated[int, typer.Option("--cpu", help="Millicores per replica.")] = 0,
         memory: Annotated[int, typer.Option("--memory", help="MiB per replica.")] = 0,
-        flavor: Annotated[Optional[str], typer.Option("--flavor", help="GPU flavor.", show_default=False)] = None,
+        flavor: Annotated[str | None, typer.Option("--flavor", help="GPU flavor.", show_default=False)] = None,
         env: Annotated[list[str], typer.Option("--env", "-e", help="KEY=VALUE for the job (repeatable).")] = [],
-        url: UrlOpt = None, token: TokenOpt = None, json_out: JsonOpt = False,
+        url: UrlOpt = None,
+        token: TokenOpt = None,
+        json_out: JsonOpt = False,
     ) -> None:
         """Submit a job; prints its id as the last word."""
         import os
 
-        body: dict[str, Any] = {"queue": queue, "tier": tier, "command": list(command), "gpus": gpus,
-                                "replicas": replicas, "placement": placement, "name": name, "cpu": cpu,
-                                "memory": memory, "workdir": os.getcwd(), "env": _parse_env(env)}
+        body: dict[str, Any] = {
+            "queue": queue,
+            "tier": tier,
+            "command": list(command),
+            "gpus": gpus,
+            "replicas": replicas,
+            "placement": placement,
+            "name": name,
+            "cpu": cpu,
+            "memory": memory,
+            "workdir": os.getcwd(),
+            "env": _parse_env(env),
+        }
         for key, value in (("lease", lease), ("grace", grace), ("time_limit", time_limit), ("flavor", flavor)):
             if value is not None:
                 body[key] = value
@@ -104,11 +138,17 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"Submitted job ({out['state']}) {out['id']}")
 
     @app.command("queue")
-    def queue_cmd(queue: Annotated[Optional[str], typer.Option("--queue", "-q", show_default=False)] = None,
-                  state: Annotated[Optional[str], typer.Option("--state", help="Comma-separated states.", show_default=False)] = None,
-                  user: Annotated[Optional[str], typer.Option("--user", "-u", show_default=False)] = None,
-                  all_jobs: Annotated[bool, typer.Option("--all", "-a", help="Include finished jobs.")] = False,
-                  url: UrlOpt = None, token: TokenOpt = None, json_out: JsonOpt = False) -> None:
+    def queue_cmd(
+        queue: Annotated[str | None, typer.Option("--queue", "-q", show_default=False)] = None,
+        state: Annotated[
+            str | None, typer.Option("--state", help="Comma-separated states.", show_default=False)
+        ] = None,
+        user: Annotated[str | None, typer.Option("--user", "-u", show_default=False)] = None,
+        all_jobs: Annotated[bool, typer.Option("--all", "-a", help="Include finished jobs.")] = False,
+        url: UrlOpt = None,
+        token: TokenOpt = None,
+        json_out: JsonOpt = False,
+    ) -> None:
         """List jobs like squeue: id, name, queue, tier, state, GPUs, wait, position, reason."""
         with client(url, token) as c:
             rows = c.jobs(queue=queue, state=state, user=user, all=all_jobs)
@@ -118,13 +158,27 @@ def register(app: typer.Typer) -> None:
         t = Table("ID", "NAME", "USER", "QUEUE", "TIER", "STATE", "GPUS", "WAIT", "POS", "REASON")
         for r in rows:
             reason = r.get("reason") or {}
-            t.add_row(r["id"], r["name"], r["user"], r["queue"], str(r["tier"]), r["state"], str(r["gpus"]),
-                      _age(r["wait_s"]), str(r["position"] or ""), reason.get("code", ""))
+            t.add_row(
+                r["id"],
+                r["name"],
+                r["user"],
+                r["queue"],
+                str(r["tier"]),
+                r["state"],
+                str(r["gpus"]),
+                _age(r["wait_s"]),
+                str(r["position"] or ""),
+                reason.get("code", ""),
+            )
         Console().print(t)
 
     @app.command("describe")
-    def describe(job_id: Annotated[str, typer.Argument(help="Job id.")], url: UrlOpt = None,
-                 token: TokenOpt = None, json_out: JsonOpt = False) -> None:
+    def describe(
+        job_id: Annotated[str, typer.Argument(help="Job id.")],
+        url: UrlOpt = None,
+        token: TokenOpt = None,
+        json_out: JsonOpt = False,
+    ) -> None:
         """Why a job waits (one sentence), its sort key, attempts and events."""
         with client(url, token) as c:
             j = c.job(job_id)
@@ -132,10 +186,14 @@ def register(app: typer.Typer) -> None:
             _dump(j)
             return
         con = Console()
-        con.print(f"[bold]job {j['id']}[/bold] {j['name']}  user {j['user']}  queue {j['queue']}  tier {j['tier']}  "
-                  f"[bold]{j['state']}[/bold]")
-        con.print(f"  {j['gpus']} GPU(s) as {j['replicas']} × {j['gpus_per_replica']}, placement {j['placement']}; "
-                  f"lease {_age(j['lease_s'])}, grace {_age(j['grace_s'])}; command: {' '.join(j['command'])}")
+        con.print(
+            f"[bold]job {j['id']}[/bold] {j['name']}  user {j['user']}  queue {j['queue']}  tier {j['tier']}  "
+            f"[bold]{j['state']}[/bold]"
+        )
+        con.print(
+            f"  {j['gpus']} GPU(s) as {j['replicas']} × {j['gpus_per_replica']}, placement {j['placement']}; "
+            f"lease {_age(j['lease_s'])}, grace {_age(j['grace_s'])}; command: {' '.join(j['command'])}"
+        )
         reason = j.get("reason")
         if reason:
             where = f", position {j['position']}" if j.get("position") is not None else ""
@@ -148,8 +206,15 @@ def register(app: typer.Typer) -> None:
             t = Table("ATTEMPT", "STATE", "STARTED", "ENDED", "PLACEMENT", "EXIT", "REASON", title="attempts")
             for a in j["attempts"]:
                 where = "; ".join(f"{p['node']}:{','.join(map(str, p['gpus']))}" for p in a["placement"])
-                t.add_row(str(a["number"]), a["state"], _clock(a["started_at"]), _clock(a["ended_at"]), where,
-                          ",".join(map(str, a["exit_codes"] or [])), a["reason"] or "")
+                t.add_row(
+                    str(a["number"]),
+                    a["state"],
+                    _clock(a["started_at"]),
+                    _clock(a["ended_at"]),
+                    where,
+                    ",".join(map(str, a["exit_codes"] or [])),
+                    a["reason"] or "",
+                )
             con.print(t)
         t = Table("TIME", "FROM", "TO", "ACTOR", "REASON", title="events")
         for e in j["events"]:
@@ -157,35 +222,50 @@ def register(app: typer.Typer) -> None:
         con.print(t)
 
     @app.command("cancel")
-    def cancel(job_id: Annotated[str, typer.Argument(help="Job id.")], url: UrlOpt = None, token: TokenOpt = None,
-               json_out: JsonOpt = False) -> None:
+    def cancel(
+        job_id: Annotated[str, typer.Argument(help="Job id.")],
+        url: UrlOpt = None,
+        token: TokenOpt = None,
+        json_out: JsonOpt = False,
+    ) -> None:
         """Cancel a job: a running one gets SIGTERM, its grace, then SIGKILL."""
         with client(url, token) as c:
             out = c.cancel(job_id)
         _dump(out) if json_out else typer.echo(f"job {out['id']}: {out['state']} (cancel requested)")
 
     @app.command("approve")
-    def approve(job_id: Annotated[str, typer.Argument(help="Job id.")], url: UrlOpt = None, token: TokenOpt = None,
-                json_out: JsonOpt = False) -> None:
+    def approve(
+        job_id: Annotated[str, typer.Argument(help="Job id.")],
+        url: UrlOpt = None,
+        token: TokenOpt = None,
+        json_out: JsonOpt = False,
+    ) -> None:
         """Approve a tier-1/2 job that awaits an admin (admins only)."""
         with client(url, token) as c:
             out = c.approve(job_id)
         _dump(out) if json_out else typer.echo(f"job {out['id']}: {out['state']}")
 
     @app.command("release")
-    def release(job_id: Annotated[str, typer.Argument(help="Job id.")], url: UrlOpt = None, token: TokenOpt = None,
-                json_out: JsonOpt = False) -> None:
+    def release(
+        job_id: Annotated[str, typer.Argument(help="Job id.")],
+        url: UrlOpt = None,
+        token: TokenOpt = None,
+        json_out: JsonOpt = False,
+    ) -> None:
         """Let a held job be scheduled again, like Slurm's `scontrol release` (admins only)."""
         with client(url, token) as c:
             out = c.release(job_id)
         _dump(out) if json_out else typer.echo(f"job {out['id']}: {out['state']} (released)")
 
     @app.command("logs")
-    def logs(job_id: Annotated[str, typer.Argument(help="Job id.")],
-             attempt: Annotated[Optional[int], typer.Option("--attempt", show_default=False)] = None,
-             rank: Annotated[int, typer.Option("--rank")] = 0,
-             follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the attempt ends.")] = False,
-             url: UrlOpt = None, token: TokenOpt = None) -> None:
+    def logs(
+        job_id: Annotated[str, typer.Argument(help="Job id.")],
+        attempt: Annotated[int | None, typer.Option("--attempt", show_default=False)] = None,
+        rank: Annotated[int, typer.Option("--rank")] = 0,
+        follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the attempt ends.")] = False,
+        url: UrlOpt = None,
+        token: TokenOpt = None,
+    ) -> None:
         """Print a job's output (stdout and stderr of one replica of one attempt)."""
         offset = 0
         with client(url, token) as c:
@@ -210,8 +290,9 @@ def register(app: typer.Typer) -> None:
             return
         t = Table("NODE", "FLAVOR", "GPUS", "USED", "FREE", "JOBS")
         for n in rows:
-            t.add_row(n["name"], n["flavor"], str(n["gpus"]), str(n["gpus_used"]), str(n["gpus_free"]),
-                      ",".join(n["jobs"]))
+            t.add_row(
+                n["name"], n["flavor"], str(n["gpus"]), str(n["gpus_used"]), str(n["gpus_free"]), ",".join(n["jobs"])
+            )
         Console().print(t)
 
     @app.command("queues")
@@ -222,31 +303,55 @@ def register(app: typer.Typer) -> None:
         if json_out:
             _dump(rows)
             return
-        t = Table("QUEUE", "PARENT", "WEIGHT", "NOMINAL", "IN USE", "PENDING", "FAIR-SHARE USE", "OWED GPU-h",
-                  "DELIVERED GPU-h")
+        t = Table(
+            "QUEUE",
+            "PARENT",
+            "WEIGHT",
+            "NOMINAL",
+            "IN USE",
+            "PENDING",
+            "FAIR-SHARE USE",
+            "OWED GPU-h",
+            "DELIVERED GPU-h",
+        )
         for q in rows:
-            t.add_row(q["name"], q["parent"] or "", f"{q['weight']:g}",
-                      ", ".join(f"{k} {v:g}" for k, v in q["nominal"].items()), str(q["gpus_in_use"]),
-                      str(q["pending_jobs"]), f"{q['fair_share_usage']:.3g}", f"{q['owed_gpu_hours']:.2f}",
-                      f"{q['delivered_gpu_hours']:.2f}")
+            t.add_row(
+                q["name"],
+                q["parent"] or "",
+                f"{q['weight']:g}",
+                ", ".join(f"{k} {v:g}" for k, v in q["nominal"].items()),
+                str(q["gpus_in_use"]),
+                str(q["pending_jobs"]),
+                f"{q['fair_share_usage']:.3g}",
+                f"{q['owed_gpu_hours']:.2f}",
+                f"{q['delivered_gpu_hours']:.2f}",
+            )
         Console().print(t)
 
     token_app = typer.Typer(help="Bearer tokens (admins only).", no_args_is_help=True)
     app.add_typer(token_app, name="token")
 
     @token_app.command("create")
-    def token_create(user: Annotated[str, typer.Option("--user", help="Who the token stands for.", show_default=False)],
-                     role: Annotated[str, typer.Option("--role", help="user or admin.")] = "user",
-                     queues: Annotated[str, typer.Option("--queues", help="Comma-separated leaf queues, or *.")] = "*",
-                     url: UrlOpt = None, token: TokenOpt = None, json_out: JsonOpt = False) -> None:
+    def token_create(
+        user: Annotated[str, typer.Option("--user", help="Who the token stands for.", show_default=False)],
+        role: Annotated[str, typer.Option("--role", help="user or admin.")] = "user",
+        queues: Annotated[str, typer.Option("--queues", help="Comma-separated leaf queues, or *.")] = "*",
+        url: UrlOpt = None,
+        token: TokenOpt = None,
+        json_out: JsonOpt = False,
+    ) -> None:
         """Create a token; prints it (it is shown only once)."""
         with client(url, token) as c:
             out = c.create_token(user, role, [q.strip() for q in queues.split(",") if q.strip()])
         _dump(out) if json_out else typer.echo(out["token"])
 
     @app.command("audit")
-    def audit(limit: Annotated[int, typer.Option("--limit")] = 100, url: UrlOpt = None, token: TokenOpt = None,
-              json_out: JsonOpt = False) -> None:
+    def audit(
+        limit: Annotated[int, typer.Option("--limit")] = 100,
+        url: UrlOpt = None,
+        token: TokenOpt = None,
+        json_out: JsonOpt = False,
+    ) -> None:
         """The append-only log of privileged actions (admins only)."""
         with client(url, token) as c:
             rows = c.audit(limit)

@@ -24,10 +24,9 @@ def _register() -> None:
     app.add_typer(policy_cli.app, name="policy")
     app.add_typer(bench_cli.app, name="bench")
     app.add_typer(sim_cli.app, name="sim")
+    from warden.cli import check as check_cli
     from warden.cli import jobs as jobs_cli
     from warden.cli import server as server_cli
-
-    from warden.cli import check as check_cli
 
     server_cli.register(app)
     jobs_cli.register(app)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 import yaml
@@ -75,15 +75,20 @@ def _summary(file: Path, policy: Policy) -> Group:
         return "yes" if flag else "no"
 
     # Borderless so that all eight columns fit an 80-column terminal without truncation.
-    tiers = Table(title="tiers", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
-                  padding=0)
-    for column in ("tier", "name", "preemptible", "lease", "grace", "approval", "scope",
-                   "charged"):
+    tiers = Table(title="tiers", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, padding=0)
+    for column in ("tier", "name", "preemptible", "lease", "grace", "approval", "scope", "charged"):
         tiers.add_column(column, no_wrap=True)
     for number, tier in policy.tiers.items():
-        tiers.add_row(str(number), tier.name, yes(tier.preemptible), format_duration(tier.lease),
-                      format_duration(tier.grace), yes(tier.requires_approval), tier.scope,
-                      yes(tier.charged))
+        tiers.add_row(
+            str(number),
+            tier.name,
+            yes(tier.preemptible),
+            format_duration(tier.lease),
+            format_duration(tier.grace),
+            yes(tier.requires_approval),
+            tier.scope,
+            yes(tier.charged),
+        )
 
     thrash = policy.thrash
     settings = Table.grid(padding=(0, 2))
@@ -95,13 +100,17 @@ def _summary(file: Path, policy: Policy) -> Group:
         ("half_life", format_duration(policy.fair_share.half_life)),
         ("max_wait", format_duration(policy.fair_share.aging.max_wait["default"])),
         ("min_efficiency", f"{thrash.min_efficiency:g}"),
-        ("max_preemptions", f"{thrash.max_preemptions.count} per "
-                            f"{format_duration(thrash.max_preemptions.per)}"),
+        ("max_preemptions", f"{thrash.max_preemptions.count} per {format_duration(thrash.max_preemptions.per)}"),
     ):
         settings.add_row(key, value)
 
-    return Group(Text(f"{file}: valid policy", style="green"), tiers,
-                 Text("queues", style="italic"), _queue_tree(policy.queues), settings)
+    return Group(
+        Text(f"{file}: valid policy", style="green"),
+        tiers,
+        Text("queues", style="italic"),
+        _queue_tree(policy.queues),
+        settings,
+    )
 
 
 @app.command()
@@ -114,8 +123,7 @@ def check(file: PolicyFile) -> None:
 @app.command()
 def show(
     file: PolicyFile,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="One JSON object instead of YAML.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object instead of YAML.")] = False,
 ) -> None:
     """Print FILE fully resolved: every default filled in, inner quotas summed."""
     resolved = _load(file).to_dict()
@@ -134,8 +142,12 @@ def schema() -> None:
 @app.command()
 def apply(
     file: PolicyFile,
-    url: Annotated[Optional[str], typer.Option("--url", help="Server URL (default $WARDEN_URL).", show_default=False)] = None,
-    token: Annotated[Optional[str], typer.Option("--token", help="Admin token (default $WARDEN_TOKEN).", show_default=False)] = None,
+    url: Annotated[
+        str | None, typer.Option("--url", help="Server URL (default $WARDEN_URL).", show_default=False)
+    ] = None,
+    token: Annotated[
+        str | None, typer.Option("--token", help="Admin token (default $WARDEN_TOKEN).", show_default=False)
+    ] = None,
 ) -> None:
     """Validate FILE here, then make it the server's policy (admins only; versioned; jobs keep
     their tier and lease)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -13,13 +13,43 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("server")
     def server(
-        db: Annotated[Optional[str], typer.Option("--db", help="Database URL (default: SQLite in the state directory; postgresql://… for PostgreSQL).", show_default=False)] = None,
-        policy: Annotated[Optional[Path], typer.Option("--policy", help="Policy YAML applied at start (a new version when it changed).", show_default=False)] = None,
+        db: Annotated[
+            str | None,
+            typer.Option(
+                "--db",
+                help="Database URL (default: SQLite in the state directory; postgresql://… for PostgreSQL).",
+                show_default=False,
+            ),
+        ] = None,
+        policy: Annotated[
+            Path | None,
+            typer.Option(
+                "--policy", help="Policy YAML applied at start (a new version when it changed).", show_default=False
+            ),
+        ] = None,
         host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
         port: Annotated[int, typer.Option("--port")] = 8765,
-        fake_gpus: Annotated[Optional[int], typer.Option("--fake-gpus", help="Pretend this machine has N GPUs (no GPU needed).", show_default=False)] = None,
-        state_dir: Annotated[Optional[Path], typer.Option("--state-dir", help="Logs, checkpoints and the default database (default $WARDEN_STATE_DIR or ~/.local/state/warden).", show_default=False)] = None,
-        bootstrap_token: Annotated[Optional[str], typer.Option("--bootstrap-token", envvar="WARDEN_BOOTSTRAP_TOKEN", help="Make this an admin token at start.", show_default=False)] = None,
+        fake_gpus: Annotated[
+            int | None,
+            typer.Option("--fake-gpus", help="Pretend this machine has N GPUs (no GPU needed).", show_default=False),
+        ] = None,
+        state_dir: Annotated[
+            Path | None,
+            typer.Option(
+                "--state-dir",
+                help="Logs, checkpoints and the default database (default $WARDEN_STATE_DIR or ~/.local/state/warden).",
+                show_default=False,
+            ),
+        ] = None,
+        bootstrap_token: Annotated[
+            str | None,
+            typer.Option(
+                "--bootstrap-token",
+                envvar="WARDEN_BOOTSTRAP_TOKEN",
+                help="Make this an admin token at start.",
+                show_default=False,
+            ),
+        ] = None,
     ) -> None:
         """Run the warden server on this machine."""
         from warden.engine.policy import PolicyError
@@ -31,9 +61,18 @@ def register(app: typer.Typer) -> None:
         if state_dir is not None:
             os.environ["WARDEN_STATE_DIR"] = str(state_dir)
         try:
-            serve(Settings(db=db, policy=policy, host=host, port=port, fake_gpus=fake_gpus,
-                           state_dir=state_dir, bootstrap_token=bootstrap_token),
-                  say=lambda line: typer.echo(line, err=True))
+            serve(
+                Settings(
+                    db=db,
+                    policy=policy,
+                    host=host,
+                    port=port,
+                    fake_gpus=fake_gpus,
+                    state_dir=state_dir,
+                    bootstrap_token=bootstrap_token,
+                ),
+                say=lambda line: typer.echo(line, err=True),
+            )
         except PolicyError as err:
             for issue in err.issues:
                 typer.echo(f"{policy}: {issue}", err=True)

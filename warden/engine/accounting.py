@@ -31,9 +31,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
-    from numpy.typing import ArrayLike, NDArray
-
     import numpy as np
+    from numpy.typing import ArrayLike, NDArray
 
     from warden.engine.policy import Policy
 
@@ -45,6 +44,7 @@ _ROW_CHUNK_CELLS = 2_000_000
 
 
 # -- the policy's numbers for one job ---------------------------------------------------------
+
 
 def effective_grace(policy: Policy, tier: int, requested: float | None) -> float:
     """Seconds between SIGTERM and SIGKILL: the job's request, else its tier's, never below
@@ -67,8 +67,8 @@ def assumed_startup(policy: Policy, reported: float | None) -> float:
 
 # -- waiting ----------------------------------------------------------------------------------
 
-def wait_time(waited: float, pending_since: float | None, submit: float, now: float,
-              waiting: bool = True) -> float:
+
+def wait_time(waited: float, pending_since: float | None, submit: float, now: float, waiting: bool = True) -> float:
     """Seconds a job has spent waiting over all its attempts, up to `now`.
 
     `waited` is what earlier attempts waited (aging carries over a requeue); a job that waits
@@ -81,6 +81,7 @@ def wait_time(waited: float, pending_since: float | None, submit: float, now: fl
 
 
 # -- lost work --------------------------------------------------------------------------------
+
 
 def unsaved_since(started_at: float, startup_s: float, last_checkpoint_at: float | None) -> float:
     """Start of the progress no checkpoint covers: the later of the end of startup and the end
@@ -95,17 +96,29 @@ def save_fits_grace(sigterm_save_s: float | None, grace: float) -> bool:
     return sigterm_save_s is not None and sigterm_save_s <= grace
 
 
-def predicted_lost_work(gpus: int, now: float, started_at: float, startup_s: float,
-                        last_checkpoint_at: float | None, sigterm_save_s: float | None,
-                        grace: float) -> float:
+def predicted_lost_work(
+    gpus: int,
+    now: float,
+    started_at: float,
+    startup_s: float,
+    last_checkpoint_at: float | None,
+    sigterm_save_s: float | None,
+    grace: float,
+) -> float:
     """GPU-seconds a preemption at `now` would throw away (DESIGN §4.4)."""
     if save_fits_grace(sigterm_save_s, grace):
         return 0.0
     return gpus * max(0.0, now - unsaved_since(started_at, startup_s, last_checkpoint_at))
 
 
-def measured_lost_work(gpus: int, stopped_at: float, started_at: float, startup_s: float,
-                       last_checkpoint_at: float | None, ended_at: float | None = None) -> float:
+def measured_lost_work(
+    gpus: int,
+    stopped_at: float,
+    started_at: float,
+    startup_s: float,
+    last_checkpoint_at: float | None,
+    ended_at: float | None = None,
+) -> float:
     """GPU-seconds a preemption threw away, once the job has exited at `ended_at`.
 
     `stopped_at` is when the job stopped making progress: its SIGTERM, or the start of a save
@@ -123,6 +136,7 @@ def measured_lost_work(gpus: int, stopped_at: float, started_at: float, startup_
 
 
 # -- owed versus delivered GPU-hours (DESIGN §7) ----------------------------------------------
+
 
 def held_gpu_seconds(gpus: _Amount, admitted_at: _Amount, ended_at: _Amount) -> _Amount:
     """What an attempt was delivered: its GPUs for as long as it held them (its grace included);
@@ -181,9 +195,17 @@ def waterfill(demand: NDArray[np.float64], weights: NDArray[np.float64], capacit
     return alloc
 
 
-def owed_gpu_seconds(queues: Sequence[str], job_queue: ArrayLike, num_gpus: ArrayLike, submit: ArrayLike,
-                     finished: ArrayLike, entitlement: Mapping[str, float], gpus: float,
-                     start: float, end: float) -> dict[str, float]:
+def owed_gpu_seconds(
+    queues: Sequence[str],
+    job_queue: ArrayLike,
+    num_gpus: ArrayLike,
+    submit: ArrayLike,
+    finished: ArrayLike,
+    entitlement: Mapping[str, float],
+    gpus: float,
+    start: float,
+    end: float,
+) -> dict[str, float]:
     """∫ owed_q(t) dt over [start, end] per queue, in GPU-seconds.
 
     Jobs come as columns: `job_queue[i]` indexes `queues`, `finished[i]` is NaN for a job that
@@ -196,7 +218,7 @@ def owed_gpu_seconds(queues: Sequence[str], job_queue: ArrayLike, num_gpus: Arra
     """
     import numpy as np
 
-    owed = {q: 0.0 for q in queues}
+    owed = dict.fromkeys(queues, 0.0)
     if not queues or gpus <= 0 or end <= start:
         return owed
     jq = np.asarray(job_queue, dtype=np.intp)
@@ -222,9 +244,14 @@ def owed_gpu_seconds(queues: Sequence[str], job_queue: ArrayLike, num_gpus: Arra
     return owed
 
 
-def _integrate_waterfill(rows: NDArray[np.intp], q: NDArray[np.intp], g: NDArray[np.float64],
-                         dt: NDArray[np.float64], weights: NDArray[np.float64],
-                         capacity: float) -> NDArray[np.float64]:
+def _integrate_waterfill(
+    rows: NDArray[np.intp],
+    q: NDArray[np.intp],
+    g: NDArray[np.float64],
+    dt: NDArray[np.float64],
+    weights: NDArray[np.float64],
+    capacity: float,
+) -> NDArray[np.float64]:
     """Σ over intervals of waterfill(demand) × length, with demand built from per-row deltas.
 
     Intervals are processed in chunks (carrying the demand across) so memory stays bounded by

@@ -19,8 +19,7 @@ if TYPE_CHECKING:
     from warden.engine.policy import Policy
 
 
-VictimFacts = tuple[Job, float, float, "float | None", float, tuple[tuple[str, int], ...], int, int, float, str,
-                    float]
+VictimFacts = tuple[Job, float, float, "float | None", float, tuple[tuple[str, int], ...], int, int, float, str, float]
 """(the job as seen, seen at, protected until, progress at risk since, restart cost, GPUs freed
 per node, GPUs, −tier, −started, flavor, expected end): what pricing a running job as a victim
 needs that does not change with time."""
@@ -143,6 +142,13 @@ class Allocation:
 
 def _same_footprint(a: Job, b: Job) -> bool:
     """Do two versions of a job hold the same resources in the same queue and tier?"""
-    return (a.queue == b.queue and a.tier == b.tier and a.gpus == b.gpus and a.cpu == b.cpu
-            and a.memory == b.memory and a.attempt is not None and b.attempt is not None
-            and a.attempt.assignment == b.attempt.assignment)
+    return (
+        a.queue == b.queue
+        and a.tier == b.tier
+        and a.gpus == b.gpus
+        and a.cpu == b.cpu
+        and a.memory == b.memory
+        and a.attempt is not None
+        and b.attempt is not None
+        and a.attempt.assignment == b.attempt.assignment
+    )

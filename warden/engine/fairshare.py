@@ -40,8 +40,9 @@ def dominant_share(job: Job, capacity: tuple[int, int, int]) -> float:
     return best
 
 
-def accrue(ledger: UsageLedger, jobs: Iterable[Job], capacity: tuple[int, int, int],
-           policy: Policy, until: float) -> UsageLedger:
+def accrue(
+    ledger: UsageLedger, jobs: Iterable[Job], capacity: tuple[int, int, int], policy: Policy, until: float
+) -> UsageLedger:
     """Advance the ledger to `until`, assuming the jobs that hold resources held them throughout.
 
     Shells call it before every change to the set of running jobs, so the assumption holds.
@@ -54,8 +55,7 @@ def accrue(ledger: UsageLedger, jobs: Iterable[Job], capacity: tuple[int, int, i
     return accrue_rates(ledger, rates, policy.fair_share.half_life, until)
 
 
-def accrue_rates(ledger: UsageLedger, rates: Mapping[str, float], half_life: float,
-                 until: float) -> UsageLedger:
+def accrue_rates(ledger: UsageLedger, rates: Mapping[str, float], half_life: float, until: float) -> UsageLedger:
     """Advance the ledger to `until` with each queue's summed dominant share held constant.
 
     A shell that keeps those sums itself (the simulator) pays per queue, not per job.
@@ -99,8 +99,9 @@ def fair_order(policy: Policy, usage: Mapping[str, float]) -> dict[str, tuple[in
             return
         used = sum(subtree[c.name] for c in q.children)
         weight = sum(c.weight for c in q.children)
-        scored = sorted(((subtree[c.name] / used if used > 0 else 0.0) / (c.weight / weight), c.name, c)
-                        for c in q.children)
+        scored = sorted(
+            ((subtree[c.name] / used if used > 0 else 0.0) / (c.weight / weight), c.name, c) for c in q.children
+        )
         distinct = sorted({ratio for ratio, _, _ in scored})
         for ratio, _, c in scored:
             walk(c, (*ranks, distinct.index(ratio)), (*ratios, ratio))

@@ -208,8 +208,9 @@ class _Flavor:
                 return False
         if cpu and not self.cpu_untracked and self.cpu.largest() < (replicas * cpu if pack else cpu):
             return False
-        return not (memory and not self.memory_untracked
-                    and self.memory.largest() < (replicas * memory if pack else memory))
+        return not (
+            memory and not self.memory_untracked and self.memory.largest() < (replicas * memory if pack else memory)
+        )
 
     def remember_failure(self, key: tuple[str, int, int, int, int], at: int) -> None:
         """The shape has no placement as of log position `at` (a full cache is emptied first)."""
@@ -396,8 +397,7 @@ class CapacityIndex:
             assert fl.cpu.values == sorted(set(cpu)) and fl.memory.values == sorted(set(mem))
             assert fl.cpu_untracked == any(not self._cc[i] for i in members)
             assert fl.memory_untracked == any(not self._cm[i] for i in members)
-            assert sorted(fl.failed.items(), key=lambda kv: kv[1]) == [
-                (k, at) for at, k in fl.failed_at]
+            assert sorted(fl.failed.items(), key=lambda kv: kv[1]) == [(k, at) for at, k in fl.failed_at]
             at = self._base + len(self._log)
             assert all(p <= at for p, _ in fl.failed_at)
             assert [p for p, _ in fl.failed_at] == sorted(p for p, _ in fl.failed_at)
@@ -406,8 +406,9 @@ class CapacityIndex:
 
     # ----------------------------------------------------------------- finding
 
-    def find(self, flavor: str, replicas: int, gpus: int, cpu: int = 0, memory: int = 0,
-             constraint: str = "any") -> tuple[str, ...] | None:
+    def find(
+        self, flavor: str, replicas: int, gpus: int, cpu: int = 0, memory: int = 0, constraint: str = "any"
+    ) -> tuple[str, ...] | None:
         """One node name per replica (repeated when replicas share a node), or None.
 
         None means no placement of the whole gang exists now under `constraint`; the answer is
@@ -432,8 +433,7 @@ class CapacityIndex:
             return None
         return tuple(out)
 
-    def _find_pack(self, fl: _Flavor, replicas: int, gpus: int, cpu: int,
-                   memory: int) -> list[str] | None:
+    def _find_pack(self, fl: _Flavor, replicas: int, gpus: int, cpu: int, memory: int) -> list[str] | None:
         """Best fit: the node with the fewest free GPUs that holds the whole gang."""
         counts, by_count = fl.nodes.counts, fl.nodes.by_count
         start = bisect_left(counts, replicas * gpus)
@@ -452,8 +452,7 @@ class CapacityIndex:
                 return [self._names[i]] * replicas
         return None
 
-    def _find_block(self, fl: _Flavor, replicas: int, gpus: int, cpu: int,
-                    memory: int) -> list[str] | None:
+    def _find_block(self, fl: _Flavor, replicas: int, gpus: int, cpu: int, memory: int) -> list[str] | None:
         """The block with the fewest free GPUs that hosts the gang; best fit inside it.
 
         Blocks are visited in (free, block order) from the first with enough free GPUs; each is
@@ -472,8 +471,7 @@ class CapacityIndex:
                     return out
         return None
 
-    def _fill(self, nodes: _Buckets, replicas: int, gpus: int, cpu: int,
-              memory: int) -> list[str] | None:
+    def _fill(self, nodes: _Buckets, replicas: int, gpus: int, cpu: int, memory: int) -> list[str] | None:
         """Greedy best fit over `nodes`: each replica on the fitting node with fewest free GPUs.
 
         Placing a replica on the best node leaves that node the best one for as long as it
@@ -520,8 +518,8 @@ class CapacityIndex:
         dm = memory if self._cm[i] else 0
         if gpus > self._fg[i] or dc > self._fc[i] or dm > self._fm[i]:
             raise ValueError(
-                f"node {node!r} has {self.free(node)} (gpus, cpu, memory) free; "
-                f"cannot take ({gpus}, {cpu}, {memory})")
+                f"node {node!r} has {self.free(node)} (gpus, cpu, memory) free; cannot take ({gpus}, {cpu}, {memory})"
+            )
         self._apply(i, -gpus, -dc, -dm)
 
     def give(self, node: str, gpus: int, cpu: int = 0, memory: int = 0) -> None:
@@ -531,11 +529,11 @@ class CapacityIndex:
             raise ValueError("give amounts must not be negative")
         dc = cpu if self._cc[i] else 0
         dm = memory if self._cm[i] else 0
-        if (self._fg[i] + gpus > self._cg[i] or self._fc[i] + dc > self._cc[i]
-                or self._fm[i] + dm > self._cm[i]):
+        if self._fg[i] + gpus > self._cg[i] or self._fc[i] + dc > self._cc[i] or self._fm[i] + dm > self._cm[i]:
             raise ValueError(
                 f"node {node!r} has {self.free(node)} (gpus, cpu, memory) free of "
-                f"{self.capacity(node)}; cannot give back ({gpus}, {cpu}, {memory})")
+                f"{self.capacity(node)}; cannot give back ({gpus}, {cpu}, {memory})"
+            )
         self._apply(i, gpus, dc, dm)
 
     def place(self, names: Sequence[str], gpus: int, cpu: int = 0, memory: int = 0) -> None:
@@ -550,11 +548,15 @@ class CapacityIndex:
             per_node[name] = per_node.get(name, 0) + 1
         for name, n in per_node.items():
             i = self._pos[name]
-            if (n * gpus > self._fg[i] or (self._cc[i] and n * cpu > self._fc[i])
-                    or (self._cm[i] and n * memory > self._fm[i])):
+            if (
+                n * gpus > self._fg[i]
+                or (self._cc[i] and n * cpu > self._fc[i])
+                or (self._cm[i] and n * memory > self._fm[i])
+            ):
                 raise ValueError(
                     f"node {name!r} has {self.free(name)} (gpus, cpu, memory) free; cannot "
-                    f"place {n} replica(s) of ({gpus}, {cpu}, {memory})")
+                    f"place {n} replica(s) of ({gpus}, {cpu}, {memory})"
+                )
         for name, n in per_node.items():
             self.take(name, n * gpus, n * cpu, n * memory)
 
@@ -578,7 +580,7 @@ class CapacityIndex:
         """
         j = self._mark_at(token)
         run = self._marks[j]
-        del self._marks[j + 1:]
+        del self._marks[j + 1 :]
         run[1] = token
         at = run[2]
         log = self._log
@@ -599,7 +601,7 @@ class CapacityIndex:
         """
         j = self._mark_at(token)
         run = self._marks[j]
-        del self._marks[j + 1:]
+        del self._marks[j + 1 :]
         if token == run[0]:
             del self._marks[j]
         else:

@@ -150,11 +150,9 @@ def _issues_from(err: ValidationError, model: type[BaseModel]) -> list[PolicyIss
         elif e["type"] == "missing":
             issues.append(PolicyIssue(where, MISSING, "required field is missing"))
         elif e["type"] == "extra_forbidden":
-            issues.append(PolicyIssue(where, e["input"], "unknown field",
-                                      _fields_at(model, e["loc"])))
+            issues.append(PolicyIssue(where, e["input"], "unknown field", _fields_at(model, e["loc"])))
         elif e["type"] == "literal_error":
-            issues.append(PolicyIssue(where, e["input"], "not an allowed value",
-                                      e["ctx"]["expected"]))
+            issues.append(PolicyIssue(where, e["input"], "not an allowed value", e["ctx"]["expected"]))
         else:
             issues.append(PolicyIssue(where, e["input"], e["msg"]))
     return issues
@@ -280,8 +278,7 @@ class TierSpec(_Spec):
 
 
 _DEFAULT_TIERS: dict[int, TierSpec] = {
-    1: TierSpec(name="production-inference", preemptible=False, grace=300.0,
-                requires_approval=True, scope="cluster"),
+    1: TierSpec(name="production-inference", preemptible=False, grace=300.0, requires_approval=True, scope="cluster"),
     2: TierSpec(name="pretraining", lease=4 * 3600.0, grace=300.0, requires_approval=True),
     3: TierSpec(name="experimentation", lease=45 * 60.0, grace=120.0),
     4: TierSpec(name="opportunistic", lease=0.0, grace=120.0, charged=False),
@@ -298,8 +295,9 @@ def _check_queue_name(name: str) -> str:
     return name
 
 
-QueueName = Annotated[str, AfterValidator(_check_queue_name),
-                      WithJsonSchema({"type": "string", "pattern": _QUEUE_NAME_PATTERN})]
+QueueName = Annotated[
+    str, AfterValidator(_check_queue_name), WithJsonSchema({"type": "string", "pattern": _QUEUE_NAME_PATTERN})
+]
 
 
 class QueueSpec(_Spec):
@@ -318,8 +316,9 @@ class QueueSpec(_Spec):
     @model_validator(mode="after")
     def _resolve(self) -> Self:
         if self.parent is not None:
-            raise PolicyError([PolicyIssue("parent", self.parent,
-                                           "parent is only used in the flat list form of queues")])
+            raise PolicyError(
+                [PolicyIssue("parent", self.parent, "parent is only used in the flat list form of queues")]
+            )
         sums: dict[str, int] = defaultdict(int)
         for child in self.children:
             for resource, amount in child.nominal.items():
@@ -346,25 +345,37 @@ def _tree_issues(root: QueueSpec, locate: Callable[[str, QueueSpec], str]) -> li
     for path, queue in _walk(root):
         where = locate(path, queue)
         if queue.name in first_seen:
-            issues.append(PolicyIssue(_join(where, "name"), queue.name,
-                                      f"duplicate queue name (also at "
-                                      f"{_join('queues', first_seen[queue.name])})"))
+            issues.append(
+                PolicyIssue(
+                    _join(where, "name"),
+                    queue.name,
+                    f"duplicate queue name (also at {_join('queues', first_seen[queue.name])})",
+                )
+            )
             continue
         first_seen[queue.name] = where
         for resource in sorted({r for child in queue.children for r in child.nominal}):
             total = sum(child.nominal.get(resource, 0) for child in queue.children)
             if total > queue.nominal[resource]:
                 names = ", ".join(c.name for c in queue.children if resource in c.nominal)
-                issues.append(PolicyIssue(
-                    _join(where, f"nominal.{resource}"), queue.nominal[resource],
-                    f"the children's nominal {resource} ({names}) sums to {total}, "
-                    f"above {queue.name}'s own {queue.nominal[resource]}"))
+                issues.append(
+                    PolicyIssue(
+                        _join(where, f"nominal.{resource}"),
+                        queue.nominal[resource],
+                        f"the children's nominal {resource} ({names}) sums to {total}, "
+                        f"above {queue.name}'s own {queue.nominal[resource]}",
+                    )
+                )
         for resource, lend in sorted((queue.lending_limit or {}).items()):
             nominal = queue.nominal.get(resource, 0)
             if lend > nominal:
-                issues.append(PolicyIssue(
-                    _join(where, f"lending_limit.{resource}"), lend,
-                    f"lending_limit is above the nominal {resource} {nominal}"))
+                issues.append(
+                    PolicyIssue(
+                        _join(where, f"lending_limit.{resource}"),
+                        lend,
+                        f"lending_limit is above the nominal {resource} {nominal}",
+                    )
+                )
     return issues
 
 
@@ -403,7 +414,8 @@ class Thrash(_Spec):
 
 class PreemptionSpec(_Spec):
     restart_overhead: Duration = Field(
-        default=60.0, description="Startup time assumed for a job that has not reported one.")
+        default=60.0, description="Startup time assumed for a job that has not reported one."
+    )
     max_attempts_per_pass: int = Field(default=16, ge=0)
     victim_order: Literal["cost", "newest", "smallest"] = "cost"
 
@@ -437,19 +449,18 @@ def _tree_from_flat(entries: list[Any] | tuple[Any, ...]) -> QueueSpec:
             issues.append(PolicyIssue(f"[{i}]", entry, "expected a queue mapping"))
             continue
         if "children" in entry:
-            issues.append(PolicyIssue(f"[{i}].children", entry["children"],
-                                      "the flat form links queues by parent, not children"))
+            issues.append(
+                PolicyIssue(f"[{i}].children", entry["children"], "the flat form links queues by parent, not children")
+            )
         fields = {k: v for k, v in entry.items() if k not in ("parent", "children")}
         try:
             QueueSpec.model_validate(fields)
         except ValidationError as err:
-            issues += [replace(x, path=_join(f"[{i}]", x.path))
-                       for x in _issues_from(err, QueueSpec)]
+            issues += [replace(x, path=_join(f"[{i}]", x.path)) for x in _issues_from(err, QueueSpec)]
             continue
         name = fields["name"]
         if name in index:
-            issues.append(PolicyIssue(f"[{i}].name", name,
-                                      f"duplicate queue name (also at queues[{index[name]}])"))
+            issues.append(PolicyIssue(f"[{i}].name", name, f"duplicate queue name (also at queues[{index[name]}])"))
             continue
         index[name], own[name] = i, fields
 
@@ -467,8 +478,7 @@ def _tree_from_flat(entries: list[Any] | tuple[Any, ...]) -> QueueSpec:
     if not roots and not issues:
         issues.append(PolicyIssue("", MISSING, "no root queue: exactly one queue has no parent"))
     if len(roots) > 1:
-        issues.append(PolicyIssue("", roots,
-                                  "several root queues: exactly one queue may have no parent"))
+        issues.append(PolicyIssue("", roots, "several root queues: exactly one queue may have no parent"))
     if issues:
         raise PolicyError(issues)
 
@@ -497,11 +507,12 @@ def _cycles(parent_of: dict[str, str], index: dict[str, int]) -> list[PolicyIssu
             chain.append(node)
             node = parent_of.get(node)
         if node is not None and node in chain:
-            cycle = chain[chain.index(node):]
+            cycle = chain[chain.index(node) :]
             first = min(cycle, key=index.__getitem__)
-            loop = cycle[cycle.index(first):] + cycle[:cycle.index(first)] + [first]
-            issues.append(PolicyIssue(f"[{index[first]}].parent", parent_of[first],
-                                      "cycle in parent links: " + " -> ".join(loop)))
+            loop = cycle[cycle.index(first) :] + cycle[: cycle.index(first)] + [first]
+            issues.append(
+                PolicyIssue(f"[{index[first]}].parent", parent_of[first], "cycle in parent links: " + " -> ".join(loop))
+            )
         done.update(chain)
     return issues
 
@@ -530,8 +541,7 @@ class Policy(_Spec):
     # even when other sections fail; `to_dict` puts tiers first again, as files write them.
     min_grace: Duration = 120.0
     max_lease: Duration = 8 * 3600.0
-    tiers: dict[int, TierSpec] = Field(default_factory=lambda: dict(_DEFAULT_TIERS),
-                                       validate_default=True)
+    tiers: dict[int, TierSpec] = Field(default_factory=lambda: dict(_DEFAULT_TIERS), validate_default=True)
     fair_share: FairShare = FairShare()
     thrash: Thrash = Thrash()
     preemption: PreemptionSpec = PreemptionSpec()
@@ -571,8 +581,7 @@ class Policy(_Spec):
                 merged[tier] = TierSpec.model_validate(spec)
             except ValidationError as err:
                 failed.add(tier)
-                issues += [replace(i, path=_join(str(tier), i.path))
-                           for i in _issues_from(err, TierSpec)]
+                issues += [replace(i, path=_join(str(tier), i.path)) for i in _issues_from(err, TierSpec)]
         # Durations are quoted as the file wrote them ("60s", not "1m") where it wrote them.
         raw = (info.context or {}).get("raw", {})
         raw_tiers = {_tier_number(k): v for k, v in value.items() if isinstance(v, Mapping)}
@@ -582,15 +591,17 @@ class Policy(_Spec):
             written = raw_tiers.get(number, {})
             for field, limit, exceeds, relation in (
                 ("grace", "min_grace", tier_spec.grace < info.data.get("min_grace", 0.0), "below"),
-                ("lease", "max_lease", tier_spec.lease > info.data.get("max_lease", math.inf),
-                 "above"),
+                ("lease", "max_lease", tier_spec.lease > info.data.get("max_lease", math.inf), "above"),
             ):
                 if exceeds:
                     shown = _as_written(written, field, getattr(tier_spec, field))
-                    issues.append(PolicyIssue(
-                        f"{number}.{field}", shown,
-                        f"{field} {shown} is {relation} {limit} "
-                        f"{_as_written(raw, limit, info.data[limit])}"))
+                    issues.append(
+                        PolicyIssue(
+                            f"{number}.{field}",
+                            shown,
+                            f"{field} {shown} is {relation} {limit} {_as_written(raw, limit, info.data[limit])}",
+                        )
+                    )
         if issues:
             raise PolicyError(issues)
         return merged
@@ -613,9 +624,11 @@ class Policy(_Spec):
         for _, queue in _walk(self.queues):
             parents.update({child.name: queue.name for child in queue.children})
         max_wait = self.fair_share.aging.max_wait
-        if issues := [PolicyIssue(f"fair_share.aging.max_wait.{key}", key, "unknown queue",
-                                  "default or a queue name")
-                      for key in max_wait if key != "default" and key not in parents]:
+        if issues := [
+            PolicyIssue(f"fair_share.aging.max_wait.{key}", key, "unknown queue", "default or a queue name")
+            for key in max_wait
+            if key != "default" and key not in parents
+        ]:
             raise PolicyError(issues)
 
         by_name = {q.name: q for _, q in _walk(self.queues)}
@@ -632,12 +645,16 @@ class Policy(_Spec):
             name: next((max_wait[a] for a in reversed(path) if a in max_wait), max_wait["default"])
             for name, path in paths.items()
         }
-        self._resources = tuple(sorted({
-            resource
-            for q in by_name.values()
-            for quota in (q.nominal, q.borrowing_limit or {}, q.lending_limit or {})
-            for resource in quota
-        }))
+        self._resources = tuple(
+            sorted(
+                {
+                    resource
+                    for q in by_name.values()
+                    for quota in (q.nominal, q.borrowing_limit or {}, q.lending_limit or {})
+                    for resource in quota
+                }
+            )
+        )
         return self
 
     def tier(self, tier: int) -> TierSpec:
@@ -697,14 +714,13 @@ def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -
             continue
         if duplicate:
             raise yaml.constructor.ConstructorError(
-                "while reading a mapping", node.start_mark,
-                f"found duplicate key {key!r}", key_node.start_mark)
+                "while reading a mapping", node.start_mark, f"found duplicate key {key!r}", key_node.start_mark
+            )
     mapping: dict[Any, Any] = loader.construct_mapping(node)
     return mapping
 
 
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-                              _mapping_without_duplicates)
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
 
 
 def _load_yaml(text: str, source: str) -> Any:
@@ -725,9 +741,9 @@ def parse_policy(data: Mapping[str, Any] | str | None, source: str = "<policy>")
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
-        raise PolicyError([PolicyIssue(
-            "<file>", MISSING,
-            f"a policy is a mapping of settings, not a {type(data).__name__}")], source)
+        raise PolicyError(
+            [PolicyIssue("<file>", MISSING, f"a policy is a mapping of settings, not a {type(data).__name__}")], source
+        )
     try:
         return Policy.model_validate(data, context={"raw": data})
     except ValidationError as err:
@@ -743,8 +759,7 @@ def load_policy(path: str | os.PathLike[str]) -> Policy:
         raise PolicyError([PolicyIssue("<file>", source, "no such file")], source) from None
     except (OSError, UnicodeDecodeError) as err:
         reason = getattr(err, "strerror", None) or str(err)
-        raise PolicyError([PolicyIssue("<file>", source, f"cannot read: {reason}")],
-                          source) from None
+        raise PolicyError([PolicyIssue("<file>", source, f"cannot read: {reason}")], source) from None
     return parse_policy(text, source)
 
 
@@ -755,8 +770,7 @@ def default_policy() -> Policy:
 def policy_json_schema() -> dict[str, Any]:
     """JSON Schema of the file format: pydantic's, widened where the file is looser than the
     resolved model (tiers are partial and keyed "1".."4"; queues may be a flat list)."""
-    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema",
-              **Policy.model_json_schema()}
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **Policy.model_json_schema()}
     schema["$defs"]["TierSpec"].pop("required", None)
     schema["properties"]["tiers"] = {
         "type": "object",
@@ -767,7 +781,7 @@ def policy_json_schema() -> dict[str, Any]:
     queue = {"$ref": "#/$defs/QueueSpec"}
     schema["properties"]["queues"] = {
         "description": "The queue tree: the root queue with nested children, or a flat list "
-                       "of queues linked by `parent` (exactly one without a parent).",
+        "of queues linked by `parent` (exactly one without a parent).",
         "anyOf": [queue, {"type": "array", "minItems": 1, "items": queue}],
     }
     return schema

@@ -61,8 +61,7 @@ class Candidate(NamedTuple):
     """When a leaving job's capacity is certain to be free (its SIGKILL deadline)."""
 
 
-def freed_gpus(job: Job, parts: Iterable[tuple[str, int, int, int]] | None = None
-               ) -> tuple[tuple[str, int], ...]:
+def freed_gpus(job: Job, parts: Iterable[tuple[str, int, int, int]] | None = None) -> tuple[tuple[str, int], ...]:
     """GPUs a job's exit frees per node (of `parts` only, when given), nodes in first-seen order."""
     out: dict[str, int] = {}
     if parts is not None:
@@ -90,8 +89,13 @@ class CandidatePool:
     as capacity on its way out instead), so searches need not filter their lists.
     """
 
-    def __init__(self, free_now: list[Candidate], held_on: dict[str, int] | None = None,
-                 by_cost: bool = True, ascending: bool = False) -> None:
+    def __init__(
+        self,
+        free_now: list[Candidate],
+        held_on: dict[str, int] | None = None,
+        by_cost: bool = True,
+        ascending: bool = False,
+    ) -> None:
         self.by_cost = by_cost
         """True when victim order is ascending cost (the search may stop early)."""
         self.ascending = ascending
@@ -214,8 +218,7 @@ class Workspace(Protocol):
     def block_nodes(self, block: str) -> Sequence[str]: ...
 
 
-def search(ws: Workspace, p: Preemptor, flavor: str, pool: CandidatePool,
-           leaving: list[Candidate]) -> list[Candidate]:
+def search(ws: Workspace, p: Preemptor, flavor: str, pool: CandidatePool, leaving: list[Candidate]) -> list[Candidate]:
     """What makes `p` fit on `flavor`, released in `ws`: jobs already `leaving` (terminating, at
     no cost, so a need they cover never gets a new victim) and new victims from `pool` (which
     holds no job claimed earlier in this pass); [] (nothing released) if no eligible set does.
@@ -233,8 +236,7 @@ def search(ws: Workspace, p: Preemptor, flavor: str, pool: CandidatePool,
     # Price placement only when placement is what is missing; a job short of quota alone
     # takes victims (jobs already leaving first) under the queue whose limit it breaks.
     if not ws.placeable(job, flavor):
-        slots = _cheapest_slots(ws, job, flavor, eligible, pool.by_cost, pool.ascending,
-                                _held_on(pool, leaving))
+        slots = _cheapest_slots(ws, job, flavor, eligible, pool.by_cost, pool.ascending, _held_on(pool, leaving))
         for c in slots:
             if _takeable(ws.ctx, p, c):
                 ws.release(c)
@@ -280,9 +282,15 @@ def _takeable(ctx: RuleContext, p: Preemptor, c: Candidate) -> bool:
     return c.leaving or c.job.tier > p.job.tier or reclaimable(ctx, p, c.job)
 
 
-def _cheapest_slots(ws: Workspace, job: Job, flavor: str, eligible: Iterable[Candidate],
-                    by_cost: bool, ascending: bool = False, held: dict[str, int] | None = None
-                    ) -> list[Candidate]:
+def _cheapest_slots(
+    ws: Workspace,
+    job: Job,
+    flavor: str,
+    eligible: Iterable[Candidate],
+    by_cost: bool,
+    ascending: bool = False,
+    held: dict[str, int] | None = None,
+) -> list[Candidate]:
     """Price the gang's replicas node by node and take the cheapest domain.
 
     A node offers replica slots: those its free GPUs hold now (free), then one more each time
@@ -564,8 +572,15 @@ def _node_price(n: str, o: list[tuple[float, int, int]], want: int) -> Price:
     return total, o[want - 1][1], {n: o[want - 1][2]}, total
 
 
-def _fill(ws: Workspace, p: Preemptor, flavor: str, eligible: Iterable[Candidate],
-          victims: list[Candidate], chosen: set[str], satisfied: Callable[[], bool]) -> bool:
+def _fill(
+    ws: Workspace,
+    p: Preemptor,
+    flavor: str,
+    eligible: Iterable[Candidate],
+    victims: list[Candidate],
+    chosen: set[str],
+    satisfied: Callable[[], bool],
+) -> bool:
     """Add victims in victim order until `satisfied()`; True when it is.
 
     Only victims that can help are taken: ones on the job's flavor while it lacks GPUs or a

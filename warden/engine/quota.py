@@ -105,7 +105,8 @@ class QuotaTree:
                 if self.parent[i] >= 0:
                     self.child_held[self.parent[i]][r] += self.held[i][r]
         self.paths: dict[str, tuple[int, ...]] = {
-            name: self.paths_to_root(i) for i, name in enumerate(self.names) if not self.children[i]}
+            name: self.paths_to_root(i) for i, name in enumerate(self.names) if not self.children[i]
+        }
         self.depth: list[int] = [len(self.paths_to_root(i)) for i in range(n)]
         self.leaving: list[list[float]] = [[0.0] * nr for _ in range(n)]
         self._demands: dict[tuple[int, int, int, int, str], tuple[float, ...]] = {}
@@ -188,8 +189,9 @@ class QuotaTree:
         """A leaf's demand as per-queue usage along its path, leaf first."""
         return [(q, d) for q in self.paths[leaf]]
 
-    def transfer(self, leaf: str, d: tuple[float, ...],
-                 leaving: list[list[tuple[int, tuple[float, ...]]]]) -> list[list[tuple[int, tuple[float, ...]]]]:
+    def transfer(
+        self, leaf: str, d: tuple[float, ...], leaving: list[list[tuple[int, tuple[float, ...]]]]
+    ) -> list[list[tuple[int, tuple[float, ...]]]]:
         """Charge a job that will start once `leaving` usage (per queue) is gone, without
         counting twice; return what of each leaving entry this job does not take over.
 
@@ -251,7 +253,13 @@ class QuotaTree:
     def _carry_held(self, q: int, r: int) -> None:
         """Recompute held(q) for resource r and carry any change to the ancestors."""
         log, held, child_held, kept, usage, parent = (
-            self._log, self.held, self.child_held, self.kept, self.usage, self.parent)
+            self._log,
+            self.held,
+            self.child_held,
+            self.kept,
+            self.usage,
+            self.parent,
+        )
         while q >= 0:
             h = held[q]
             new = max(0.0, kept[q][r] - usage[q][r], child_held[q][r])
@@ -285,10 +293,12 @@ class QuotaTree:
             for r in range(nr):
                 name = f"{self.names[i]}/{self.resources[r]}"
                 assert abs(held[i][r] - self.held[i][r]) < 1e-6, f"held {name}: {self.held[i][r]} != {held[i][r]}"
-                assert abs(child_held[i][r] - self.child_held[i][r]) < 1e-6, \
+                assert abs(child_held[i][r] - self.child_held[i][r]) < 1e-6, (
                     f"child_held {name}: {self.child_held[i][r]} != {child_held[i][r]}"
-                assert abs(child_excess[i][r] - self.child_excess[i][r]) < 1e-6, \
+                )
+                assert abs(child_excess[i][r] - self.child_excess[i][r]) < 1e-6, (
                     f"child_excess {name}: {self.child_excess[i][r]} != {child_excess[i][r]}"
+                )
 
     # -- checks -------------------------------------------------------------------------------
     def violation(self, leaf: str, d: tuple[float, ...]) -> tuple[int, int, float, float] | None:

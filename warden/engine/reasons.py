@@ -46,8 +46,10 @@ class QuotaExceeded(Reason):
 
     @property
     def message(self) -> str:
-        return (f"Queue {self.queue} has {self.available} {self.resource} left within its quota "
-                f"and the job needs {self.requested}.")
+        return (
+            f"Queue {self.queue} has {self.available} {self.resource} left within its quota "
+            f"and the job needs {self.requested}."
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +64,10 @@ class BorrowingLimit(Reason):
 
     @property
     def message(self) -> str:
-        return (f"Queue {self.queue} can borrow only {self.available} more {self.resource} "
-                f"and the job needs {self.requested}.")
+        return (
+            f"Queue {self.queue} can borrow only {self.available} more {self.resource} "
+            f"and the job needs {self.requested}."
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +102,10 @@ class Fragmented(Reason):
     @property
     def message(self) -> str:
         tail = "" if self.reserved_at is None else f"; capacity is reserved for it from {_fmt_t(self.reserved_at)}"
-        return (f"{self.free} GPUs are free but scattered: no `{self.placement}` placement holds the "
-                f"gang's {self.requested} (the largest has {self.largest}){tail}.")
+        return (
+            f"{self.free} GPUs are free but scattered: no `{self.placement}` placement holds the "
+            f"gang's {self.requested} (the largest has {self.largest}){tail}."
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,8 +118,10 @@ class WaitingForLease(Reason):
 
     @property
     def message(self) -> str:
-        return (f"The job will preempt {', '.join(self.victims)} when their minimum-runtime lease "
-                f"ends at {_fmt_t(self.earliest_at)}.")
+        return (
+            f"The job will preempt {', '.join(self.victims)} when their minimum-runtime lease "
+            f"ends at {_fmt_t(self.earliest_at)}."
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,8 +134,7 @@ class WaitingForGrace(Reason):
 
     @property
     def message(self) -> str:
-        return (f"Waiting for {', '.join(self.victims)} to exit after SIGTERM "
-                f"(at the latest by {_fmt_t(self.eta)}).")
+        return f"Waiting for {', '.join(self.victims)} to exit after SIGTERM (at the latest by {_fmt_t(self.eta)})."
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,8 +147,10 @@ class Reserved(Reason):
 
     @property
     def message(self) -> str:
-        return (f"The free capacity is reserved for job {self.for_job} (due {_fmt_t(self.due)}) "
-                "and this job would not end before then.")
+        return (
+            f"The free capacity is reserved for job {self.for_job} (due {_fmt_t(self.due)}) "
+            "and this job would not end before then."
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +202,18 @@ class UnknownQueue(Reason):
 
 
 REASON_CODES: tuple[str, ...] = tuple(
-    c.code for c in (QuotaExceeded, BorrowingLimit, InsufficientCapacity, Fragmented, WaitingForLease,
-                     WaitingForGrace, Reserved, Position, AwaitingApproval, ThrashBackoff, UnknownQueue)
+    c.code
+    for c in (
+        QuotaExceeded,
+        BorrowingLimit,
+        InsufficientCapacity,
+        Fragmented,
+        WaitingForLease,
+        WaitingForGrace,
+        Reserved,
+        Position,
+        AwaitingApproval,
+        ThrashBackoff,
+        UnknownQueue,
+    )
 )

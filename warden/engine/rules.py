@@ -119,8 +119,15 @@ def lost_work(policy: Policy, job: Job, now: float) -> float:
     a = job.attempt
     if a is None:
         return 0.0
-    return predicted_lost_work(job.total_gpus, now, a.started_at, startup_of(policy, job), a.last_checkpoint_at,
-                               a.sigterm_save_s, grace_of(policy, job))
+    return predicted_lost_work(
+        job.total_gpus,
+        now,
+        a.started_at,
+        startup_of(policy, job),
+        a.last_checkpoint_at,
+        a.sigterm_save_s,
+        grace_of(policy, job),
+    )
 
 
 def victim_cost(policy: Policy, job: Job, now: float) -> tuple[float, float]:
@@ -256,8 +263,12 @@ def preemptors(ctx: RuleContext, job: Job, demand: tuple[float, ...]) -> tuple[P
     own queue (DESIGN §4.3). Any other job is in-quota or not, and searched once.
     """
     p = preemptor(ctx, job, demand)
-    if p.in_quota and demand and ctx.policy.tier(job.tier).scope == "quota" \
-            and not ctx.quota.in_quota(job.queue, demand):
+    if (
+        p.in_quota
+        and demand
+        and ctx.policy.tier(job.tier).scope == "quota"
+        and not ctx.quota.in_quota(job.queue, demand)
+    ):
         return Preemptor(job, True, demand, reclaims=True), Preemptor(job, False, demand)
     return (p,)
 
@@ -304,8 +315,9 @@ PREEMPTIBLE = VictimRule("preemptible", preemptible, lifts=False, tiers=_preempt
 LEASE = VictimRule("lease", lease, lifts=True)
 THRASH_BUDGET = VictimRule("thrash_budget", thrash_budget, lifts=True)
 EFFICIENCY_FLOOR = VictimRule("efficiency", efficiency_floor, lifts=True)
-DIRECTION = PairRule("direction", direction, reads=("tier", "queue"), downward=_direction_downward,
-                     tiers=_direction_tiers)
+DIRECTION = PairRule(
+    "direction", direction, reads=("tier", "queue"), downward=_direction_downward, tiers=_direction_tiers
+)
 SCOPE = PairRule("scope", scope, reads=("queue",), downward=_scope_downward)
 
 VICTIM_RULES: tuple[VictimRule, ...] = (PREEMPTIBLE, LEASE, THRASH_BUDGET, EFFICIENCY_FLOOR)
@@ -330,11 +342,14 @@ def pair_key(v: Job) -> tuple[int, str]:
 
 
 if PAIR_READS != ("tier", "queue"):
-    raise ImportError(f"the pair rules read {PAIR_READS} of a victim: make `pair_key` and the "
-                      "loops that inline it read exactly those fields")
+    raise ImportError(
+        f"the pair rules read {PAIR_READS} of a victim: make `pair_key` and the "
+        "loops that inline it read exactly those fields"
+    )
 
 
 # -- what the pass asks, derived from the rules -----------------------------------------------
+
 
 def protection(ctx: RuleContext, v: Job) -> float:
     """When the victim rules let V go: 0.0 now, a time, or inf (never)."""

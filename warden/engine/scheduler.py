@@ -91,7 +91,11 @@ class Engine:
 
 _PENDING, _REQUEUED, _AWAITING = JobState.PENDING, JobState.REQUEUED, JobState.AWAITING_APPROVAL
 _RUNNING, _PREEMPTING, _ADMITTED, _STARTING = (
-    JobState.RUNNING, JobState.PREEMPTING, JobState.ADMITTED, JobState.STARTING)
+    JobState.RUNNING,
+    JobState.PREEMPTING,
+    JobState.ADMITTED,
+    JobState.STARTING,
+)
 
 
 def _classify(jobs: Iterable[Job]) -> tuple[dict[str, Job], dict[str, Job], list[Job]]:
@@ -119,8 +123,11 @@ def _classify(jobs: Iterable[Job]) -> tuple[dict[str, Job], dict[str, Job], list
 
 def _terminating(job: Job) -> bool:
     """Does the job hold resources it is about to give back (signalled, or in its grace)?"""
-    return job.state.holds_resources and job.attempt is not None and (
-        job.attempt.sigterm_at is not None or job.state is JobState.PREEMPTING)
+    return (
+        job.state.holds_resources
+        and job.attempt is not None
+        and (job.attempt.sigterm_at is not None or job.state is JobState.PREEMPTING)
+    )
 
 
 def _put(table: dict[str, Job], job: Job, member: bool) -> None:
@@ -140,8 +147,15 @@ class Cycle:
     """One pass, phase by phase (`warden.engine.phases`). Built from a snapshot and the
     engine's allocation, consumed by `run()`."""
 
-    def __init__(self, snapshot: Snapshot, now: float, alloc: Allocation, waiting: Iterable[Job],
-                 terminating: dict[str, Job], claims: dict[str, Job] | None = None) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        now: float,
+        alloc: Allocation,
+        waiting: Iterable[Job],
+        terminating: dict[str, Job],
+        claims: dict[str, Job] | None = None,
+    ) -> None:
         self.waiting = waiting
         self.state = state = PassState(snapshot, now, alloc, terminating, claims or {})
         victims = Victims(state)
@@ -157,8 +171,7 @@ class Cycle:
         like it, or decided (`decide`) — and explained; the plan."""
         state = self.state
         state.count_leaving()  # 1. snapshot
-        ranking = order.claimants_first(order.ranked(state.snapshot, state.now, self.waiting),
-                                        state.claims)  # 2. order
+        ranking = order.claimants_first(order.ranked(state.snapshot, state.now, self.waiting), state.claims)  # 2. order
         explanations = self.explain.walk(ranking, self.decide)  # 3–6, job by job
         return self.explain.plan(explanations)
 

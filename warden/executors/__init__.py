@@ -13,19 +13,40 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from warden.executors.base import (Executor, Exit, Handle, LaunchSpec, ReplicaHandle, ReplicaLaunch,
-                                       UnknownAttempt)
+    from warden.executors.base import Executor, Exit, Handle, LaunchSpec, ReplicaHandle, ReplicaLaunch, UnknownAttempt
     from warden.executors.gpus import GpuInfo, discover_gpus
     from warden.executors.local import LaunchError, LocalExecutor, job_environment, log_paths
 
 _WHERE = {
-    "Executor": "base", "Exit": "base", "Handle": "base", "LaunchSpec": "base", "ReplicaHandle": "base",
-    "ReplicaLaunch": "base", "UnknownAttempt": "base", "GpuInfo": "gpus", "discover_gpus": "gpus",
-    "LaunchError": "local", "LocalExecutor": "local", "job_environment": "local", "log_paths": "local",
+    "Executor": "base",
+    "Exit": "base",
+    "Handle": "base",
+    "LaunchSpec": "base",
+    "ReplicaHandle": "base",
+    "ReplicaLaunch": "base",
+    "UnknownAttempt": "base",
+    "GpuInfo": "gpus",
+    "discover_gpus": "gpus",
+    "LaunchError": "local",
+    "LocalExecutor": "local",
+    "job_environment": "local",
+    "log_paths": "local",
 }
-__all__ = ["Executor", "Exit", "GpuInfo", "Handle", "LaunchError", "LaunchSpec", "LocalExecutor",
-           "ReplicaHandle", "ReplicaLaunch", "UnknownAttempt", "discover_gpus", "job_environment",
-           "log_paths"]
+__all__ = [
+    "Executor",
+    "Exit",
+    "GpuInfo",
+    "Handle",
+    "LaunchError",
+    "LaunchSpec",
+    "LocalExecutor",
+    "ReplicaHandle",
+    "ReplicaLaunch",
+    "UnknownAttempt",
+    "discover_gpus",
+    "job_environment",
+    "log_paths",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -29,8 +29,8 @@ class UnknownAttempt(KeyError):
 class ReplicaLaunch:
     """One replica of a gang: where it runs and which GPUs it sees."""
 
-    rank: int              # 0..world_size-1
-    node: str              # node name from the engine's placement
+    rank: int  # 0..world_size-1
+    node: str  # node name from the engine's placement
     gpus: tuple[int, ...]  # GPU indices on that node -> CUDA_VISIBLE_DEVICES="0,3"
     local_rank: int = 0
 
@@ -42,14 +42,14 @@ class LaunchSpec:
 
     job_id: str
     attempt: int
-    command: tuple[str, ...]          # argv, run without a shell
+    command: tuple[str, ...]  # argv, run without a shell
     replicas: tuple[ReplicaLaunch, ...]
-    grace_s: float                    # WARDEN_GRACE_SECONDS
-    workdir: Path                     # cwd of every replica (must exist)
-    log_dir: Path                     # per-attempt logs: one stdout+stderr file per replica
-    checkpoint_dir: Path              # WARDEN_CHECKPOINT_DIR (created if missing)
+    grace_s: float  # WARDEN_GRACE_SECONDS
+    workdir: Path  # cwd of every replica (must exist)
+    log_dir: Path  # per-attempt logs: one stdout+stderr file per replica
+    checkpoint_dir: Path  # WARDEN_CHECKPOINT_DIR (created if missing)
     env: Mapping[str, str] = field(default_factory=lambda: _EMPTY_ENV)  # extra environment from the submission
-    master_port: int | None = None    # for gangs; a free port is picked if None
+    master_port: int | None = None  # for gangs; a free port is picked if None
 
     @property
     def world_size(self) -> int:
@@ -70,17 +70,26 @@ class ReplicaHandle:
     log_path: Path
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "shim_pid": self.shim_pid, "pgid": self.pgid,
-                "status_path": str(self.status_path), "exit_path": str(self.exit_path),
-                "log_path": str(self.log_path)}
+        return {
+            "rank": self.rank,
+            "shim_pid": self.shim_pid,
+            "pgid": self.pgid,
+            "status_path": str(self.status_path),
+            "exit_path": str(self.exit_path),
+            "log_path": str(self.log_path),
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ReplicaHandle:
         pgid = data.get("pgid")
-        return cls(rank=int(data["rank"]), shim_pid=int(data["shim_pid"]),
-                   pgid=None if pgid is None else int(pgid),
-                   status_path=Path(data["status_path"]), exit_path=Path(data["exit_path"]),
-                   log_path=Path(data["log_path"]))
+        return cls(
+            rank=int(data["rank"]),
+            shim_pid=int(data["shim_pid"]),
+            pgid=None if pgid is None else int(pgid),
+            status_path=Path(data["status_path"]),
+            exit_path=Path(data["exit_path"]),
+            log_path=Path(data["log_path"]),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,16 +106,22 @@ class Handle:
     control_path: Path | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "attempt": self.attempt,
-                "replicas": [r.to_dict() for r in self.replicas],
-                "control_path": None if self.control_path is None else str(self.control_path)}
+        return {
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "replicas": [r.to_dict() for r in self.replicas],
+            "control_path": None if self.control_path is None else str(self.control_path),
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Handle:
         control = data.get("control_path")
-        return cls(job_id=str(data["job_id"]), attempt=int(data["attempt"]),
-                   replicas=tuple(ReplicaHandle.from_dict(r) for r in data["replicas"]),
-                   control_path=None if control is None else Path(control))
+        return cls(
+            job_id=str(data["job_id"]),
+            attempt=int(data["attempt"]),
+            replicas=tuple(ReplicaHandle.from_dict(r) for r in data["replicas"]),
+            control_path=None if control is None else Path(control),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,12 +130,12 @@ class Exit:
 
     job_id: str
     attempt: int
-    exit_codes: tuple[int | None, ...]   # per replica, subprocess convention (-9 = SIGKILL); None = unknown
-    ended_at: float                      # wall clock when the last process of the attempt was gone
-    signalled_at: float | None           # when warden sent SIGTERM (None if never)
-    killed: bool                         # warden sent SIGKILL (at the grace deadline, or by kill())
-    killed_at: float | None = None       # wall clock when that SIGKILL was sent
-    error: str | None = None             # why a replica has no exit status (not started, supervisor lost)
+    exit_codes: tuple[int | None, ...]  # per replica, subprocess convention (-9 = SIGKILL); None = unknown
+    ended_at: float  # wall clock when the last process of the attempt was gone
+    signalled_at: float | None  # when warden sent SIGTERM (None if never)
+    killed: bool  # warden sent SIGKILL (at the grace deadline, or by kill())
+    killed_at: float | None = None  # wall clock when that SIGKILL was sent
+    error: str | None = None  # why a replica has no exit status (not started, supervisor lost)
 
     @property
     def succeeded(self) -> bool:

@@ -17,7 +17,7 @@ QUERY = ("--query-gpu=index,name,memory.total,uuid", "--format=csv,noheader,noun
 
 @dataclass(frozen=True, slots=True)
 class GpuInfo:
-    index: int       # what CUDA_VISIBLE_DEVICES names
+    index: int  # what CUDA_VISIBLE_DEVICES names
     name: str
     memory_mib: int  # 0 when the driver does not say
     uuid: str
@@ -34,8 +34,7 @@ def discover_gpus(fake: int | None = None, *, timeout_s: float = 10.0) -> list[G
     if binary is None:
         return []
     try:
-        result = subprocess.run([binary, *QUERY], capture_output=True, text=True,
-                                timeout=timeout_s, check=False)
+        result = subprocess.run([binary, *QUERY], capture_output=True, text=True, timeout=timeout_s, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return []
     return parse_nvidia_smi(result.stdout) if result.returncode == 0 else []

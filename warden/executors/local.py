@@ -39,8 +39,9 @@ Key = tuple[str, int]
 
 #: Inherited variables that would mislead a job: GPU visibility and the gang rendezvous are
 #: warden's to set, and `WARDEN_*` belongs to the contract (DESIGN §6).
-INHERITED_DROPPED = frozenset({"CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "RANK",
-                               "WORLD_SIZE", "LOCAL_RANK"})
+INHERITED_DROPPED = frozenset(
+    {"CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"}
+)
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -49,26 +50,35 @@ class LaunchError(OSError):
     left running. An OSError, like the failures of `subprocess` it stands for."""
 
 
-def job_environment(spec: LaunchSpec, replica: ReplicaLaunch, *, master_port: int | None,
-                    log_path: Path, base: Mapping[str, str]) -> dict[str, str]:
+def job_environment(
+    spec: LaunchSpec, replica: ReplicaLaunch, *, master_port: int | None, log_path: Path, base: Mapping[str, str]
+) -> dict[str, str]:
     """The environment of one replica: `base` (the server's) without GPU, rendezvous and
     WARDEN_* variables, then the submission's `env`, then warden's contract variables, which
     nothing overrides (a job must not widen its own CUDA_VISIBLE_DEVICES)."""
     env = {k: v for k, v in base.items() if k not in INHERITED_DROPPED and not k.startswith("WARDEN_")}
     env.update(spec.env)
-    env.update({
-        "WARDEN_JOB_ID": spec.job_id,
-        "WARDEN_ATTEMPT": str(spec.attempt),
-        "WARDEN_GRACE_SECONDS": _seconds(spec.grace_s),
-        "WARDEN_CHECKPOINT_DIR": str(spec.checkpoint_dir),
-        "WARDEN_LOG_FILE": str(log_path),
-        "WARDEN_NODE": replica.node,
-        "CUDA_VISIBLE_DEVICES": ",".join(str(gpu) for gpu in replica.gpus),
-    })
+    env.update(
+        {
+            "WARDEN_JOB_ID": spec.job_id,
+            "WARDEN_ATTEMPT": str(spec.attempt),
+            "WARDEN_GRACE_SECONDS": _seconds(spec.grace_s),
+            "WARDEN_CHECKPOINT_DIR": str(spec.checkpoint_dir),
+            "WARDEN_LOG_FILE": str(log_path),
+            "WARDEN_NODE": replica.node,
+            "CUDA_VISIBLE_DEVICES": ",".join(str(gpu) for gpu in replica.gpus),
+        }
+    )
     if spec.world_size > 1:
-        env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
-                    "RANK": str(replica.rank), "WORLD_SIZE": str(spec.world_size),
-                    "LOCAL_RANK": str(replica.local_rank)})
+        env.update(
+            {
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(master_port),
+                "RANK": str(replica.rank),
+                "WORLD_SIZE": str(spec.world_size),
+                "LOCAL_RANK": str(replica.local_rank),
+            }
+        )
     else:
         for name in INHERITED_DROPPED - {"CUDA_VISIBLE_DEVICES"}:
             env.pop(name, None)  # the submission's env may not fake a gang either
@@ -98,8 +108,8 @@ class _Tracked:
     handle: Handle
     shim_ticks: tuple[int | None, ...]
     signalled_at: float | None = None
-    kill_at: float | None = None        # wall clock deadline, as returned by terminate()
-    kill_mono: float | None = None      # the same deadline on the monotonic clock
+    kill_at: float | None = None  # wall clock deadline, as returned by terminate()
+    kill_mono: float | None = None  # the same deadline on the monotonic clock
     killed_at: float | None = None
 
 
@@ -163,8 +173,9 @@ class LocalExecutor:
     `python` runs the shim; `start_timeout_s` bounds how long `start` waits for every shim
     to report its job running."""
 
-    def __init__(self, *, base_env: Mapping[str, str] | None = None, python: str = sys.executable,
-                 start_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, *, base_env: Mapping[str, str] | None = None, python: str = sys.executable, start_timeout_s: float = 30.0
+    ) -> None:
         self._base_env = base_env
         self._python = python
         self._start_timeout_s = start_timeout_s
@@ -217,8 +228,16 @@ class LocalExecutor:
             for stale in (status, exit_path):
                 stale.unlink(missing_ok=True)
             env = job_environment(spec, replica, master_port=port, log_path=log, base=base)
-            launches.append({"argv": list(spec.command), "cwd": str(spec.workdir), "env": env,
-                             "log": str(log), "status": str(status), "exit": str(exit_path)})
+            launches.append(
+                {
+                    "argv": list(spec.command),
+                    "cwd": str(spec.workdir),
+                    "env": env,
+                    "log": str(log),
+                    "status": str(status),
+                    "exit": str(exit_path),
+                }
+            )
         shims = [self._spawn_shim(launch) for launch in launches]
         failures = self._await_shims(shims, launches)
         handles = []
@@ -226,9 +245,16 @@ class LocalExecutor:
             record = read_json(status)
             if record is None:
                 continue
-            handles.append(ReplicaHandle(rank=replica.rank, shim_pid=int(record["shim_pid"]),
-                                         pgid=record.get("pgid"), status_path=status,
-                                         exit_path=exit_path, log_path=log))
+            handles.append(
+                ReplicaHandle(
+                    rank=replica.rank,
+                    shim_pid=int(record["shim_pid"]),
+                    pgid=record.get("pgid"),
+                    status_path=status,
+                    exit_path=exit_path,
+                    log_path=log,
+                )
+            )
         if failures:
             _signal_groups([h.pgid for h in handles], signal.SIGKILL)
             raise LaunchError(f"job {spec.job_id!r} attempt {spec.attempt}: " + "; ".join(failures))
@@ -239,9 +265,15 @@ class LocalExecutor:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         with open(str(launch["log"]), "ab") as log:
             return subprocess.Popen(
-                [self._python, "-m", "warden.executors.shim"], stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL, stderr=log, cwd="/", env=env,
-                start_new_session=True, close_fds=True)
+                [self._python, "-m", "warden.executors.shim"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                cwd="/",
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
 
     def _await_shims(self, shims: list[subprocess.Popen[bytes]], launches: list[dict[str, Any]]) -> list[str]:
         """Hand each shim its launch description, then wait until each has reported its job
@@ -263,8 +295,7 @@ class LocalExecutor:
                 shim.wait()
                 code = None
             if code != 0:
-                failures.append(f"shim for {launch['log']} failed "
-                                f"({'timed out' if code is None else f'exit {code}'})")
+                failures.append(f"shim for {launch['log']} failed ({'timed out' if code is None else f'exit {code}'})")
         return failures
 
     # -- signals ---------------------------------------------------------------------------
@@ -331,8 +362,11 @@ class LocalExecutor:
             return
         with self._control_lock:
             with self._lock:
-                record = {"signalled_at": tracked.signalled_at, "kill_at": tracked.kill_at,
-                          "killed_at": tracked.killed_at}
+                record = {
+                    "signalled_at": tracked.signalled_at,
+                    "kill_at": tracked.kill_at,
+                    "killed_at": tracked.killed_at,
+                }
             write_json_atomic(tracked.handle.control_path, record)
 
     # -- exits -----------------------------------------------------------------------------
@@ -382,8 +416,10 @@ class LocalExecutor:
         gang policy: a gang with a failed replica is not ended by the executor by itself."""
         with self._lock:
             tracked = self._get((job_id, attempt))
-        return tuple(None if record is None else record.get("exit_code")
-                     for record in (read_json(r.exit_path) for r in tracked.handle.replicas))
+        return tuple(
+            None if record is None else record.get("exit_code")
+            for record in (read_json(r.exit_path) for r in tracked.handle.replicas)
+        )
 
     # -- restart ---------------------------------------------------------------------------
 
@@ -397,9 +433,13 @@ class LocalExecutor:
         with self._lock:
             tracked = self._tracked.get(key)
             if tracked is None:
-                tracked = _Tracked(handle, tuple(_shim_ticks(r) for r in handle.replicas),
-                                   signalled_at=control.get("signalled_at"),
-                                   kill_at=control.get("kill_at"), killed_at=control.get("killed_at"))
+                tracked = _Tracked(
+                    handle,
+                    tuple(_shim_ticks(r) for r in handle.replicas),
+                    signalled_at=control.get("signalled_at"),
+                    kill_at=control.get("kill_at"),
+                    killed_at=control.get("killed_at"),
+                )
                 self._tracked[key] = tracked
             deadline = kill_at if kill_at is not None else tracked.kill_at
             if deadline is not None and tracked.killed_at is None:
@@ -416,8 +456,16 @@ class LocalExecutor:
             record = read_json(status)
             if record is None or "shim_pid" not in record:
                 continue
-            handles.append(ReplicaHandle(rank=rank, shim_pid=int(record["shim_pid"]), pgid=record.get("pgid"),
-                                         status_path=status, exit_path=exit_path, log_path=log))
+            handles.append(
+                ReplicaHandle(
+                    rank=rank,
+                    shim_pid=int(record["shim_pid"]),
+                    pgid=record.get("pgid"),
+                    status_path=status,
+                    exit_path=exit_path,
+                    log_path=log,
+                )
+            )
         if not handles:
             return None
         return Handle(job_id, attempt, tuple(handles), control_path=Path(log_dir) / "control.json")
@@ -467,8 +515,7 @@ def _validate(spec: LaunchSpec) -> None:
 
 
 def _replica_paths(log_dir: Path, rank: int) -> tuple[Path, Path, Path]:
-    return (log_dir / f"rank-{rank}.log", log_dir / f"rank-{rank}.status.json",
-            log_dir / f"rank-{rank}.exit.json")
+    return (log_dir / f"rank-{rank}.log", log_dir / f"rank-{rank}.status.json", log_dir / f"rank-{rank}.exit.json")
 
 
 def _shim_ticks(replica: ReplicaHandle) -> int | None:
@@ -508,20 +555,27 @@ def _replica_exit(replica: ReplicaHandle, shim_ticks: int | None) -> dict[str, A
         return record
     if replica.pgid is not None and group_alive(replica.pgid):
         return None
-    record = {"exit_code": None, "ended_at": time.time(),
-              "error": f"supervisor (pid {replica.shim_pid}) is gone without an exit record"}
+    record = {
+        "exit_code": None,
+        "ended_at": time.time(),
+        "error": f"supervisor (pid {replica.shim_pid}) is gone without an exit record",
+    }
     write_json_atomic(replica.exit_path, record)
     return record
 
 
 def _exit(tracked: _Tracked, records: list[dict[str, Any]]) -> Exit:
-    errors = [f"rank {r.rank}: {rec['error']}" for r, rec in zip(tracked.handle.replicas, records)
-              if rec.get("error")]
-    return Exit(job_id=tracked.handle.job_id, attempt=tracked.handle.attempt,
-                exit_codes=tuple(_optional_int(rec.get("exit_code")) for rec in records),
-                ended_at=max(float(rec["ended_at"]) for rec in records),
-                signalled_at=tracked.signalled_at, killed=tracked.killed_at is not None,
-                killed_at=tracked.killed_at, error="; ".join(errors) or None)
+    errors = [f"rank {r.rank}: {rec['error']}" for r, rec in zip(tracked.handle.replicas, records) if rec.get("error")]
+    return Exit(
+        job_id=tracked.handle.job_id,
+        attempt=tracked.handle.attempt,
+        exit_codes=tuple(_optional_int(rec.get("exit_code")) for rec in records),
+        ended_at=max(float(rec["ended_at"]) for rec in records),
+        signalled_at=tracked.signalled_at,
+        killed=tracked.killed_at is not None,
+        killed_at=tracked.killed_at,
+        error="; ".join(errors) or None,
+    )
 
 
 def _optional_int(value: Any) -> int | None:

@@ -76,7 +76,7 @@ def _proc_stat(pid: int) -> list[str] | None:
             text = handle.read()
     except OSError:
         return None
-    return text[text.rfind(")") + 2:].split()
+    return text[text.rfind(")") + 2 :].split()
 
 
 def start_ticks(pid: int) -> int | None:
@@ -206,9 +206,16 @@ def wait_for_group(leader: int) -> tuple[int, float, int]:
 
 def _start_job(launch: dict[str, Any], log_fd: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        launch["argv"], cwd=launch["cwd"], env=launch["env"],
-        stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
-        start_new_session=True, close_fds=True, preexec_fn=_reset_signals_in_child)
+        launch["argv"],
+        cwd=launch["cwd"],
+        env=launch["env"],
+        stdin=subprocess.DEVNULL,
+        stdout=log_fd,
+        stderr=log_fd,
+        start_new_session=True,
+        close_fds=True,
+        preexec_fn=_reset_signals_in_child,
+    )
 
 
 def supervise(launch: dict[str, Any], ready_fd: int | None = None) -> int:
@@ -229,18 +236,18 @@ def supervise(launch: dict[str, Any], ready_fd: int | None = None) -> int:
         now = time.time()
         write_json_atomic(status_path, {**me, "pid": None, "pgid": None, "started_at": now, "error": error})
         _signal_ready(ready_fd)
-        write_json_atomic(exit_path, {"exit_code": code, "ended_at": now, "error": error,
-                                      "escaped_killed": 0})
+        write_json_atomic(exit_path, {"exit_code": code, "ended_at": now, "error": error, "escaped_killed": 0})
         return 0
     finally:
         os.close(log_fd)
-    write_json_atomic(status_path, {**me, "pid": proc.pid, "pgid": proc.pid, "started_at": time.time(),
-                                    "job_start_ticks": start_ticks(proc.pid)})
+    write_json_atomic(
+        status_path,
+        {**me, "pid": proc.pid, "pgid": proc.pid, "started_at": time.time(), "job_start_ticks": start_ticks(proc.pid)},
+    )
     _signal_ready(ready_fd)
     code, ended_at, escaped = wait_for_group(proc.pid)
     proc.returncode = code  # reaped by wait_for_group; keeps Popen from waiting again
-    write_json_atomic(exit_path, {"exit_code": code, "ended_at": ended_at, "error": None,
-                                  "escaped_killed": escaped})
+    write_json_atomic(exit_path, {"exit_code": code, "ended_at": ended_at, "error": None, "escaped_killed": escaped})
     return 0
 
 

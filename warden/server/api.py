@@ -139,16 +139,22 @@ def build_router(service: "Service") -> APIRouter:
         return {"id": str(job.id), "state": job.state.value}
 
     @r.get("/jobs")
-    def list_jobs(who: Caller, queue: str | None = None, state: list[str] | None = Query(default=None),
-                  user: str | None = None, all: bool = False) -> list[dict[str, Any]]:
+    def list_jobs(
+        who: Caller,
+        queue: str | None = None,
+        state: list[str] | None = Query(default=None),
+        user: str | None = None,
+        all: bool = False,
+    ) -> list[dict[str, Any]]:
         states = _states(state, include_finished=all)
         return [job_summary(j, service.now()) for j in service.store.list(queue=queue, state=states, user=user)]
 
     @r.get("/jobs/{job_id}")
     def get_job(job_id: str, who: Caller) -> dict[str, Any]:
         job = service.job(job_id)
-        return job_detail(job, service.store.events(job.id), service.store.attempts(job.id), service.now(),
-                          service.policy)
+        return job_detail(
+            job, service.store.events(job.id), service.store.attempts(job.id), service.now(), service.policy
+        )
 
     @r.post("/jobs/{job_id}/cancel", status_code=202)
     def cancel(job_id: str, who: Caller) -> dict[str, Any]:
@@ -166,13 +172,15 @@ def build_router(service: "Service") -> APIRouter:
         return {"id": str(job.id), "state": job.state.value}
 
     @r.post("/jobs/{job_id}/reports", status_code=202)
-    def report(job_id: str, req: ReportRequest, authorization: Annotated[str | None, Header()] = None
-               ) -> dict[str, Any]:
+    def report(
+        job_id: str, req: ReportRequest, authorization: Annotated[str | None, Header()] = None
+    ) -> dict[str, Any]:
         return service.report(job_id, authorization, req)
 
     @r.get("/jobs/{job_id}/logs")
-    def logs(job_id: str, who: Caller, attempt: int | None = None, rank: int = 0,
-             offset: int = Query(default=0, ge=0)) -> dict[str, Any]:
+    def logs(
+        job_id: str, who: Caller, attempt: int | None = None, rank: int = 0, offset: int = Query(default=0, ge=0)
+    ) -> dict[str, Any]:
         return service.logs(job_id, attempt, rank, offset)
 
     @r.get("/nodes")
@@ -203,8 +211,10 @@ def build_router(service: "Service") -> APIRouter:
     @r.get("/audit")
     def audit(who: Caller, limit: int = Query(default=100, ge=1, le=10000)) -> list[dict[str, Any]]:
         service.require_admin(who, "read the audit log")
-        return [{"id": a.id, "at": a.at, "actor": a.actor, "action": a.action, "target": a.target,
-                 "details": a.details} for a in service.store.audit_log(limit=limit)]
+        return [
+            {"id": a.id, "at": a.at, "actor": a.actor, "action": a.action, "target": a.target, "details": a.details}
+            for a in service.store.audit_log(limit=limit)
+        ]
 
     return r
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator, Callable
 
 import yaml
 from fastapi import FastAPI
@@ -20,7 +20,8 @@ from warden.executors.gpus import discover_gpus
 from warden.executors.local import LocalExecutor
 from warden.server.api import build_router, install_error_handlers, metrics_route
 from warden.server.service import Service
-from warden.store.db import connect, default_url, migrate, state_dir as default_state_dir
+from warden.store.db import connect, default_url, migrate
+from warden.store.db import state_dir as default_state_dir
 from warden.store.repo import NodeRecord, Store
 
 log = logging.getLogger("warden.server")
@@ -122,8 +123,12 @@ def create_app(service: Service) -> FastAPI:
         finally:
             service.stop()
 
-    app = FastAPI(title="warden", version="0.1.0", lifespan=lifespan,
-                  description="A scheduler for shared GPU clusters that governs preemption.")
+    app = FastAPI(
+        title="warden",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="A scheduler for shared GPU clusters that governs preemption.",
+    )
     install_error_handlers(app)
     app.include_router(build_router(service))
     metrics_route(app, service)
@@ -135,6 +140,8 @@ def serve(settings: Settings, say: Callable[[str], None] = print) -> None:
 
     service = build_service(settings, say)
     gpus = sum(n.gpus for n in service.nodes)
-    say(f"warden serving on http://{settings.host}:{settings.port} — {gpus} GPU(s), policy with "
-        f"{len(service.policy.leaves())} leaf queue(s), state in {service.state_dir}")
+    say(
+        f"warden serving on http://{settings.host}:{settings.port} — {gpus} GPU(s), policy with "
+        f"{len(service.policy.leaves())} leaf queue(s), state in {service.state_dir}"
+    )
     uvicorn.run(create_app(service), host=settings.host, port=settings.port, log_level="warning")

@@ -8,8 +8,9 @@ from typing import Any
 class ApiError(Exception):
     """A 4xx naming the field and the value that caused it; nothing was changed."""
 
-    def __init__(self, status: int, field: str, value: Any, message: str,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, status: int, field: str, value: Any, message: str, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(f"{field}: {message} (got {value!r})")
         self.status = status
         self.field = field

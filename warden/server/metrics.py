@@ -20,7 +20,8 @@ queue, tier, state or kind only, so the number of series stays bounded by the po
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -41,20 +42,28 @@ class ServerMetrics:
         self.service = service
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.wait = Histogram("warden_queue_wait_seconds", "Queue wait of jobs at admission, all attempts.",
-                              ["queue", "tier"], buckets=WAIT_BUCKETS, registry=r)
-        self.preemptions = Counter("warden_preemptions", "Preemptions ordered.", ["queue", "tier", "kind"],
-                                   registry=r)
-        self.lost = Counter("warden_lost_work_gpu_seconds", "Work lost by preemptions, in GPU-seconds.",
-                            ["queue"], registry=r)
+        self.wait = Histogram(
+            "warden_queue_wait_seconds",
+            "Queue wait of jobs at admission, all attempts.",
+            ["queue", "tier"],
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
+        self.preemptions = Counter("warden_preemptions", "Preemptions ordered.", ["queue", "tier", "kind"], registry=r)
+        self.lost = Counter(
+            "warden_lost_work_gpu_seconds", "Work lost by preemptions, in GPU-seconds.", ["queue"], registry=r
+        )
         self.admitted = Counter("warden_gpu_seconds_admitted", "GPU-seconds held by admitted jobs.", registry=r)
         self.available = Counter("warden_gpu_seconds_available", "GPU-seconds the cluster offered.", registry=r)
-        self.delivered = Counter("warden_gpu_seconds_delivered", "GPU-seconds held by each queue's jobs.",
-                                 ["queue"], registry=r)
-        self.passes = Histogram("warden_scheduling_pass_seconds", "Duration of one reconcile pass.",
-                                buckets=PASS_BUCKETS, registry=r)
-        self.pass_failures = Counter("warden_scheduling_pass_failures",
-                                     "Scheduling passes whose engine call raised.", registry=r)
+        self.delivered = Counter(
+            "warden_gpu_seconds_delivered", "GPU-seconds held by each queue's jobs.", ["queue"], registry=r
+        )
+        self.passes = Histogram(
+            "warden_scheduling_pass_seconds", "Duration of one reconcile pass.", buckets=PASS_BUCKETS, registry=r
+        )
+        self.pass_failures = Counter(
+            "warden_scheduling_pass_failures", "Scheduling passes whose engine call raised.", registry=r
+        )
         r.register(_Gauges(service))
 
     # -- fed by the reconcile loop ----------------------------------------------------------
@@ -119,10 +128,12 @@ class _Gauges:
         held.add_metric([], sum(1 for j in jobs if j.held_reason is not None and j.state.waiting))
         yield held
         policy = s.policy
-        longest = GaugeMetricFamily("warden_queue_max_wait_seconds", "Longest current wait in each queue.",
-                                    labels=["queue"])
-        breaches = GaugeMetricFamily("warden_starvation_breaches",
-                                     "Waiting jobs past their queue's max_wait.", labels=["queue"])
+        longest = GaugeMetricFamily(
+            "warden_queue_max_wait_seconds", "Longest current wait in each queue.", labels=["queue"]
+        )
+        breaches = GaugeMetricFamily(
+            "warden_starvation_breaches", "Waiting jobs past their queue's max_wait.", labels=["queue"]
+        )
         worst: dict[str, float] = {q.name: 0.0 for q in policy.leaves()}
         over: dict[str, int] = {q.name: 0 for q in policy.leaves()}
         for j in jobs:

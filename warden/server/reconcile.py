@@ -32,9 +32,10 @@ import logging
 import threading
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from warden.engine.accounting import assumed_startup, effective_grace, measured_lost_work, wait_time
 from warden.engine.fairshare import accrue, cluster_capacity
@@ -96,9 +97,16 @@ class PassStats:
 class Reconciler:
     """Owns the engine and the executor; every change of a job's state goes through it."""
 
-    def __init__(self, store: Store, executor: Executor, nodes: tuple[Node, ...], policy: Policy,
-                 state_dir: Path, clock: Callable[[], float] = time.time,
-                 report_env: Callable[[str, int], dict[str, str]] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        executor: Executor,
+        nodes: tuple[Node, ...],
+        policy: Policy,
+        state_dir: Path,
+        clock: Callable[[], float] = time.time,
+        report_env: Callable[[str, int], dict[str, str]] | None = None,
+    ) -> None:
         self.store = store
         self.executor = executor
         self.nodes = nodes
@@ -173,17 +181,23 @@ class Reconciler:
                     recovered = self.executor.recover(job.job_id, attempt.number, Path(attempt.log_dir), job.replicas)
                     if recovered is None:  # stopped before any process started
                         self.store.end_attempt(job.id, attempt.number, ended_at=now, exit_codes=[], reason="failed")
-                        self.store.transition(job.id, JobState.PENDING, reason="requeued: the server stopped "
-                                              "before the job's processes started", actor="warden", now=now,
-                                              pending_since=now)
+                        self.store.transition(
+                            job.id,
+                            JobState.PENDING,
+                            reason="requeued: the server stopped before the job's processes started",
+                            actor="warden",
+                            now=now,
+                            pending_since=now,
+                        )
                         continue
                     handle = recovered.to_dict()
                     self.store.update_attempt(job.id, attempt.number, handle=handle)
                 self.executor.adopt(Handle.from_dict(handle), attempt.kill_at)
                 for state in (JobState.STARTING, JobState.RUNNING):
                     if job.state in (JobState.ADMITTED, JobState.STARTING) and job.state is not state:
-                        self.store.transition(job.id, state, reason="processes started (recovered)",
-                                              actor="warden", now=now)
+                        self.store.transition(
+                            job.id, state, reason="processes started (recovered)", actor="warden", now=now
+                        )
                         job = self.store.get(job.id) or job
         self.poke()
 
@@ -192,23 +206,42 @@ class Reconciler:
         written) but the job's own transition was lost. Finish it from the attempt's record."""
         last = self.store.attempt(job.id, job.attempt) if job.attempt else None
         if last is None:  # the attempt was numbered but never written: undo the number too
-            self.store.transition(job.id, JobState.PENDING, reason="requeued: the server stopped before "
-                                  "the job started", actor="warden", now=now, pending_since=now,
-                                  attempt=max(0, job.attempt - 1))
+            self.store.transition(
+                job.id,
+                JobState.PENDING,
+                reason="requeued: the server stopped before the job started",
+                actor="warden",
+                now=now,
+                pending_since=now,
+                attempt=max(0, job.attempt - 1),
+            )
             return
         if last.reason in ("preempted", "killed") and not job.cancel_requested:
-            self.store.transition(job.id, JobState.REQUEUED, reason=f"{last.reason} (recovered)", actor="warden",
-                                  now=now, preempted_at=[*job.preempted_at, last.sigterm_at or now])
-            self.store.transition(job.id, JobState.PENDING, reason="requeued", actor="warden", now=now,
-                                  pending_since=now)
+            self.store.transition(
+                job.id,
+                JobState.REQUEUED,
+                reason=f"{last.reason} (recovered)",
+                actor="warden",
+                now=now,
+                preempted_at=[*job.preempted_at, last.sigterm_at or now],
+            )
+            self.store.transition(
+                job.id, JobState.PENDING, reason="requeued", actor="warden", now=now, pending_since=now
+            )
             return
         codes = list(last.exit_codes or ())
         if job.cancel_requested:
             to = JobState.CANCELLED
         else:
             to = JobState.SUCCEEDED if last.reason == "completed" else JobState.FAILED
-        self.store.transition(job.id, to, reason=f"{last.reason} (recovered): exit {_codes(codes)}",
-                              actor="warden", now=now, exit_code=next((c for c in codes if c != 0), 0))
+        self.store.transition(
+            job.id,
+            to,
+            reason=f"{last.reason} (recovered): exit {_codes(codes)}",
+            actor="warden",
+            now=now,
+            exit_code=next((c for c in codes if c != 0), 0),
+        )
 
     # -- one pass ---------------------------------------------------------------------------
     def reconcile(self) -> Plan | None:
@@ -257,14 +290,20 @@ class Reconciler:
             if not repeated:
                 return None
             waiting = frozenset(j.id for j in snapshot.jobs if j.state.waiting)
-            if self._unattributed is not None and failure.same_as(self._unattributed[0]) \
-                    and self._unattributed[1] == waiting:
+            if (
+                self._unattributed is not None
+                and failure.same_as(self._unattributed[0])
+                and self._unattributed[1] == waiting
+            ):
                 return None
             culprit = self._culprit(snapshot, now, failure)
             if culprit is None:
                 self._unattributed = (failure, waiting)
-                log.error("no single waiting job makes the scheduling pass fail with %s: nobody is held, "
-                          "and the pass is retried", failure)
+                log.error(
+                    "no single waiting job makes the scheduling pass fail with %s: nobody is held, "
+                    "and the pass is retried",
+                    failure,
+                )
                 return None
             self._hold(culprit, failure, now)
             rest = replace(snapshot, jobs=tuple(j for j in snapshot.jobs if j.id != culprit.id))
@@ -286,9 +325,13 @@ class Reconciler:
         if self.metrics is not None:
             self.metrics.pass_failed()
         waiting = [j.id for j in snapshot.jobs if j.state.waiting]
-        log.error("scheduling pass failed with %s; it was scheduling %d waiting job(s): %s",
-                  failure, len(waiting), _ids(waiting),
-                  exc_info=None if failure.same_as(self._last_failure) else err)
+        log.error(
+            "scheduling pass failed with %s; it was scheduling %d waiting job(s): %s",
+            failure,
+            len(waiting),
+            _ids(waiting),
+            exc_info=None if failure.same_as(self._last_failure) else err,
+        )
         return failure
 
     def _culprit(self, snapshot: Snapshot, now: float, failure: PassFailure) -> Job | None:
@@ -322,13 +365,29 @@ class Reconciler:
         """Quarantine a job: it stays in its waiting state, out of every snapshot, with the
         reason as its event and its explanation, until an admin releases it."""
         reason = f"quarantined: scheduling passes failed with {failure} while this job waited"
-        message = (f"Held: {reason}. An admin may release it (warden release {job.id}) once the cause "
-                   "is fixed, or it can be cancelled.")
-        explanation = {"reason": {"code": HELD, "message": message,
-                                  "details": {"by": "warden", "error": str(failure), "where": failure.where}},
-                       "sort_key": None, "position": None}
-        held = self.store.transition(int(job.id), job.state, reason=reason, actor="warden", now=now,
-                                     expect_state={job.state}, held_reason=reason, explanation=explanation)
+        message = (
+            f"Held: {reason}. An admin may release it (warden release {job.id}) once the cause "
+            "is fixed, or it can be cancelled."
+        )
+        explanation = {
+            "reason": {
+                "code": HELD,
+                "message": message,
+                "details": {"by": "warden", "error": str(failure), "where": failure.where},
+            },
+            "sort_key": None,
+            "position": None,
+        }
+        held = self.store.transition(
+            int(job.id),
+            job.state,
+            reason=reason,
+            actor="warden",
+            now=now,
+            expect_state={job.state},
+            held_reason=reason,
+            explanation=explanation,
+        )
         self._explained.pop(job.id, None)
         if held:
             log.error("job %s held: %s", job.id, reason)
@@ -349,8 +408,9 @@ class Reconciler:
         """The engine's input: every unfinished job but the held ones."""
         engine_jobs = tuple(a.to_engine() for a in active if a.job.held_reason is None or not a.job.state.waiting)
         capacity = cluster_capacity(self.nodes)
-        self.ledger = accrue(self.ledger, (j for j in engine_jobs if j.state.holds_resources),
-                             capacity, self.policy, now)
+        self.ledger = accrue(
+            self.ledger, (j for j in engine_jobs if j.state.holds_resources), capacity, self.policy, now
+        )
         return Snapshot(self.nodes, engine_jobs, self.policy, self.ledger)
 
     # -- exits ------------------------------------------------------------------------------
@@ -367,9 +427,14 @@ class Reconciler:
         clean = all(c == 0 for c in codes)
         first_bad = next((c for c in codes if c != 0), None)
         if attempt.sigterm_at is not None:
-            lost = measured_lost_work(job.gpus * job.replicas, attempt.sigterm_at, attempt.started_at,
-                                      assumed_startup(self.policy, attempt.startup_s),
-                                      attempt.last_checkpoint_at, ex.ended_at)
+            lost = measured_lost_work(
+                job.gpus * job.replicas,
+                attempt.sigterm_at,
+                attempt.started_at,
+                assumed_startup(self.policy, attempt.startup_s),
+                attempt.last_checkpoint_at,
+                ex.ended_at,
+            )
             self.store.update_attempt(job.id, ex.attempt, lost_work_gpu_s=lost)
             if self.metrics is not None and not job.cancel_requested:
                 self.metrics.lost_work(job.queue, lost)
@@ -382,31 +447,53 @@ class Reconciler:
         else:
             reason, to = "failed", JobState.FAILED
         # An exit status nobody could read (the supervisor was lost) is recorded as -1.
-        self.store.end_attempt(job.id, ex.attempt, ended_at=ex.ended_at,
-                               exit_codes=[-1 if c is None else c for c in codes], reason=reason)
+        self.store.end_attempt(
+            job.id, ex.attempt, ended_at=ex.ended_at, exit_codes=[-1 if c is None else c for c in codes], reason=reason
+        )
         self.stats.finished += 1
         actor = "warden"
         if to is JobState.REQUEUED:
             detail = f"exited {_codes(codes)} after SIGTERM" + (" and SIGKILL at the deadline" if ex.killed else "")
-            self.store.transition(job.id, JobState.REQUEUED, reason=detail, actor=actor, now=now,
-                                  preempted_at=[*job.preempted_at, attempt.sigterm_at])
+            self.store.transition(
+                job.id,
+                JobState.REQUEUED,
+                reason=detail,
+                actor=actor,
+                now=now,
+                preempted_at=[*job.preempted_at, attempt.sigterm_at],
+            )
             backoff = self.policy.thrash.requeue_backoff
-            self.store.transition(job.id, JobState.PENDING, reason="requeued", actor=actor, now=now,
-                                  pending_since=now, not_before=now + backoff if backoff > 0 else None)
+            self.store.transition(
+                job.id,
+                JobState.PENDING,
+                reason="requeued",
+                actor=actor,
+                now=now,
+                pending_since=now,
+                not_before=now + backoff if backoff > 0 else None,
+            )
         else:
             code = first_bad if first_bad is not None else 0
-            self.store.transition(job.id, to, reason=f"{reason}: exit {_codes(codes)}", actor=actor,
-                                  now=now, exit_code=code)
+            self.store.transition(
+                job.id, to, reason=f"{reason}: exit {_codes(codes)}", actor=actor, now=now, exit_code=code
+            )
 
     # -- preempt ----------------------------------------------------------------------------
-    def _preempt(self, job: StoredJob, attempt: StoredAttempt, grace: float, for_job: str, kind: str,
-                 lost: float, now: float) -> None:
+    def _preempt(
+        self, job: StoredJob, attempt: StoredAttempt, grace: float, for_job: str, kind: str, lost: float, now: float
+    ) -> None:
         kill_at = self.executor.terminate(str(job.id), attempt.number, grace)
-        self.store.update_attempt(job.id, attempt.number, state="terminating", sigterm_at=now, kill_at=kill_at,
-                                  preempted_for=for_job)
-        self.store.transition(job.id, JobState.PREEMPTING, now=now, actor="warden",
-                              reason=f"preempted for job {for_job} ({kind}); grace {grace:.0f}s, "
-                                     f"SIGKILL at {kill_at:.3f}; expected lost work {lost:.0f} GPU-s")
+        self.store.update_attempt(
+            job.id, attempt.number, state="terminating", sigterm_at=now, kill_at=kill_at, preempted_for=for_job
+        )
+        self.store.transition(
+            job.id,
+            JobState.PREEMPTING,
+            now=now,
+            actor="warden",
+            reason=f"preempted for job {for_job} ({kind}); grace {grace:.0f}s, "
+            f"SIGKILL at {kill_at:.3f}; expected lost work {lost:.0f} GPU-s",
+        )
         if self.metrics is not None:
             self.metrics.preemption(job.queue, job.tier, kind)
 
@@ -418,48 +505,75 @@ class Reconciler:
             if state.terminal:
                 return
             if state in WAITING:
-                self.store.transition(job.id, JobState.CANCELLED, reason="cancelled", actor=actor, now=now,
-                                      expect_state={state}, cancel_requested=True, held_reason=None)
+                self.store.transition(
+                    job.id,
+                    JobState.CANCELLED,
+                    reason="cancelled",
+                    actor=actor,
+                    now=now,
+                    expect_state={state},
+                    cancel_requested=True,
+                    held_reason=None,
+                )
                 return
             self.store.update(job.id, cancel_requested=True)
             attempt = self.store.attempt(job.id, job.attempt)
             if attempt is not None and attempt.ended_at is None and attempt.sigterm_at is None:
                 grace = effective_grace(self.policy, job.tier, job.grace_s)
                 kill_at = self.executor.terminate(str(job.id), attempt.number, grace)
-                self.store.update_attempt(job.id, attempt.number, state="terminating", sigterm_at=now,
-                                          kill_at=kill_at)
+                self.store.update_attempt(job.id, attempt.number, state="terminating", sigterm_at=now, kill_at=kill_at)
         self.poke()
 
     # -- admit ------------------------------------------------------------------------------
-    def _admit(self, job: StoredJob, placement: tuple[ReplicaPlacement, ...], flavor: str, borrowing: bool,
-               now: float) -> None:
+    def _admit(
+        self, job: StoredJob, placement: tuple[ReplicaPlacement, ...], flavor: str, borrowing: bool, now: float
+    ) -> None:
         number = job.attempt + 1
         attempt_dir = self.state_dir / "jobs" / str(job.id) / f"attempt-{number}"
         waited = wait_time(job.waited_s, job.pending_since, job.submit_at, now)
-        if not self.store.transition(job.id, JobState.ADMITTED, reason=_placed(placement, borrowing),
-                                     actor="warden", now=now, expect_state={JobState.PENDING,
-                                                                            JobState.REQUEUED},
-                                     attempt=number, waited_s=waited, pending_since=None, claim=False):
+        if not self.store.transition(
+            job.id,
+            JobState.ADMITTED,
+            reason=_placed(placement, borrowing),
+            actor="warden",
+            now=now,
+            expect_state={JobState.PENDING, JobState.REQUEUED},
+            attempt=number,
+            waited_s=waited,
+            pending_since=None,
+            claim=False,
+        ):
             return  # cancelled meanwhile
         # The attempt row holds the GPUs in the database before any process exists.
-        self.store.start_attempt(job.id, number, started_at=now, assignment=placement, flavor=flavor,
-                                 borrowing=borrowing, handle=None, log_dir=str(attempt_dir))
+        self.store.start_attempt(
+            job.id,
+            number,
+            started_at=now,
+            assignment=placement,
+            flavor=flavor,
+            borrowing=borrowing,
+            handle=None,
+            log_dir=str(attempt_dir),
+        )
         self._explained.pop(str(job.id), None)
         if self.metrics is not None:
             self.metrics.admission(job.queue, job.tier, waited)
         spec = LaunchSpec(
-            job_id=str(job.id), attempt=number, command=tuple(job.command),
+            job_id=str(job.id),
+            attempt=number,
+            command=tuple(job.command),
             replicas=_replicas(placement),
             grace_s=effective_grace(self.policy, job.tier, job.grace_s),
-            workdir=Path(job.workdir), log_dir=attempt_dir,
+            workdir=Path(job.workdir),
+            log_dir=attempt_dir,
             checkpoint_dir=self.state_dir / "jobs" / str(job.id) / "checkpoints",
-            env={**(job.env or {}), **(self.report_env(str(job.id), number) if self.report_env else {})})
+            env={**(job.env or {}), **(self.report_env(str(job.id), number) if self.report_env else {})},
+        )
         try:
             handle = self.executor.start(spec)
         except OSError as err:
             self.store.end_attempt(job.id, number, ended_at=now, exit_codes=[], reason="failed")
-            self.store.transition(job.id, JobState.FAILED, reason=f"could not start: {err}",
-                                  actor="warden", now=now)
+            self.store.transition(job.id, JobState.FAILED, reason=f"could not start: {err}", actor="warden", now=now)
             return
         self.store.update_attempt(job.id, number, handle=handle.to_dict())
         self.store.transition(job.id, JobState.STARTING, reason="processes started", actor="warden", now=now)
@@ -484,8 +598,9 @@ class Reconciler:
                 reason = "claim released: its victims' capacity is no longer needed"
             else:
                 reason = "claim ended"
-            self.store.transition(job.id, job.state, reason=reason, actor="warden", now=now,
-                                  expect_state={job.state}, claim=want)
+            self.store.transition(
+                job.id, job.state, reason=reason, actor="warden", now=now, expect_state={job.state}, claim=want
+            )
 
     # -- explain ----------------------------------------------------------------------------
     def _explain(self, plan: Plan) -> None:
@@ -497,8 +612,7 @@ class Reconciler:
             seen = (e.reason, e.position, k.tier, k.breach, k.fair_rank, k.fair_share)
             if self._explained.get(job_id) != seen:
                 self._explained[job_id] = seen
-                changed[int(job_id)] = {"reason": e.reason.to_dict(), "sort_key": k.to_dict(),
-                                        "position": e.position}
+                changed[int(job_id)] = {"reason": e.reason.to_dict(), "sort_key": k.to_dict(), "position": e.position}
         if changed:
             self.store.set_explanations(changed)
 

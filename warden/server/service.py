@@ -10,15 +10,16 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import yaml
 
 from warden.engine.model import JobState, Node
 from warden.engine.policy import Policy, PolicyError, parse_policy
 from warden.executors.base import Executor
-from warden.server.auth import Principal, bearer, forbidden, CHALLENGE
+from warden.server.auth import CHALLENGE, Principal, bearer, forbidden
 from warden.server.errors import ApiError
 from warden.server.metrics import ServerMetrics
 from warden.server.reconcile import Reconciler
@@ -36,8 +37,16 @@ class Submitted(NamedTuple):
 
 
 class Service:
-    def __init__(self, store: Store, executor: Executor, nodes: tuple[Node, ...], policy: Policy,
-                 state_dir: Path, clock: Callable[[], float] = time.time, url: str = "") -> None:
+    def __init__(
+        self,
+        store: Store,
+        executor: Executor,
+        nodes: tuple[Node, ...],
+        policy: Policy,
+        state_dir: Path,
+        clock: Callable[[], float] = time.time,
+        url: str = "",
+    ) -> None:
         self.store = store
         self.executor = executor
         self.nodes = nodes
@@ -65,8 +74,9 @@ class Service:
         """Recover what a stopped server left (re-adopting running jobs), then run the
         reconcile loop in a thread."""
         self.reconciler.recover()
-        self._thread = threading.Thread(target=self.reconciler.run, args=(self._stop,), name="warden-reconcile",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self.reconciler.run, args=(self._stop,), name="warden-reconcile", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:
@@ -127,14 +137,29 @@ class Service:
             raise ApiError(422, "workdir", workdir, "is not a directory on the server's machine")
         state = JobState.AWAITING_APPROVAL if policy.needs_approval(req.tier, who.is_admin) else JobState.PENDING
         job_id = self.store.submit(
-            name=req.name, user=who.user, queue=req.queue, tier=req.tier, state=state,
-            replicas=req.replicas, gpus=req.gpus, cpu=req.cpu, memory=req.memory, flavor=req.flavor,
+            name=req.name,
+            user=who.user,
+            queue=req.queue,
+            tier=req.tier,
+            state=state,
+            replicas=req.replicas,
+            gpus=req.gpus,
+            cpu=req.cpu,
+            memory=req.memory,
+            flavor=req.flavor,
             # The lease is fixed at submission: a later policy keeps this job's lease (and its tier).
-            placement=req.placement, lease_s=req.lease if req.lease is not None else tier.lease,
-            grace_s=req.grace, expected_duration_s=req.time_limit,
-            command=list(req.command), workdir=workdir, env=dict(req.env), actor=who.user, now=self.now(),
+            placement=req.placement,
+            lease_s=req.lease if req.lease is not None else tier.lease,
+            grace_s=req.grace,
+            expected_duration_s=req.time_limit,
+            command=list(req.command),
+            workdir=workdir,
+            env=dict(req.env),
+            actor=who.user,
+            now=self.now(),
             reason=f"submitted to {req.queue} at tier {req.tier} ({tier.name})"
-                   + ("; waits for an admin's approval" if state is JobState.AWAITING_APPROVAL else ""))
+            + ("; waits for an admin's approval" if state is JobState.AWAITING_APPROVAL else ""),
+        )
         self.reconciler.poke()
         return Submitted(job_id, state)
 
@@ -146,8 +171,7 @@ class Service:
             raise ApiError(422, "flavor", req.flavor, f"no node has this GPU flavor; allowed: {', '.join(flavors)}")
         total = sum(n.gpus for n in nodes)
         if req.gpus * req.replicas > total:
-            raise ApiError(422, "gpus", req.gpus * req.replicas,
-                           f"more GPUs than the cluster has ({total})")
+            raise ApiError(422, "gpus", req.gpus * req.replicas, f"more GPUs than the cluster has ({total})")
         if req.gpus > max((n.gpus for n in nodes), default=0):
             raise ApiError(422, "gpus", req.gpus, "more GPUs per replica than any node has")
 
@@ -168,9 +192,16 @@ class Service:
         if job.state is not JobState.AWAITING_APPROVAL:
             raise ApiError(409, "id", job_id, f"the job does not await approval ({job.state.value})")
         now = self.now()
-        if not self.store.transition(job.id, JobState.PENDING, reason=f"approved by {who.user}",
-                                     actor=who.user, now=now, expect_state={JobState.AWAITING_APPROVAL},
-                                     approved_by=who.user, approved_at=now):
+        if not self.store.transition(
+            job.id,
+            JobState.PENDING,
+            reason=f"approved by {who.user}",
+            actor=who.user,
+            now=now,
+            expect_state={JobState.AWAITING_APPROVAL},
+            approved_by=who.user,
+            approved_at=now,
+        ):
             raise ApiError(409, "id", job_id, "the job changed state meanwhile")
         self.store.audit(who.user, "approve", f"job/{job_id}", {"tier": job.tier, "queue": job.queue}, now)
         self.reconciler.poke()
@@ -185,8 +216,16 @@ class Service:
         if job.held_reason is None or not job.state.waiting:
             raise ApiError(409, "id", job_id, f"the job is not held ({job.state.value})")
         now = self.now()
-        if not self.store.transition(job.id, job.state, reason=f"released by {who.user}", actor=who.user, now=now,
-                                     expect_state={job.state}, held_reason=None, explanation=None):
+        if not self.store.transition(
+            job.id,
+            job.state,
+            reason=f"released by {who.user}",
+            actor=who.user,
+            now=now,
+            expect_state={job.state},
+            held_reason=None,
+            explanation=None,
+        ):
             raise ApiError(409, "id", job_id, "the job changed state meanwhile")
         self.store.audit(who.user, "release", f"job/{job_id}", {"held_reason": job.held_reason}, now)
         self.reconciler.poke()
@@ -214,8 +253,14 @@ class Service:
             with path.open("rb") as f:
                 f.seek(offset)
                 text = f.read(1 << 20)
-        return {"id": job_id, "attempt": number, "rank": rank, "text": text.decode("utf-8", "replace"),
-                "offset": offset + len(text), "eof": row.state == "exited" and len(text) < (1 << 20)}
+        return {
+            "id": job_id,
+            "attempt": number,
+            "rank": rank,
+            "text": text.decode("utf-8", "replace"),
+            "offset": offset + len(text),
+            "eof": row.state == "exited" and len(text) < (1 << 20),
+        }
 
     # -- reports from the workload SDK ------------------------------------------------------
     def report_token(self, job_id: str, attempt: int) -> str:
@@ -249,8 +294,12 @@ class Service:
             duration = req.duration_s or 0.0
             # A job that saves through the SDK saves the same state on SIGTERM: its latest save
             # time is the best estimate of what a preemption's save will take.
-            fields.update(checkpoint_s=attempt.checkpoint_s + duration, last_checkpoint_at=at,
-                          checkpoints=attempt.checkpoints + 1, sigterm_save_s=duration)
+            fields.update(
+                checkpoint_s=attempt.checkpoint_s + duration,
+                last_checkpoint_at=at,
+                checkpoints=attempt.checkpoints + 1,
+                sigterm_save_s=duration,
+            )
             if req.step is not None:
                 fields["progress_step"] = max(req.step, attempt.progress_step or 0)
         if fields:
@@ -272,8 +321,9 @@ class Service:
         leaves = {q.name for q in policy.leaves()}
         orphaned = sorted({a.job.queue for a in self.store.active()} - leaves)
         if orphaned:
-            raise ApiError(422, "queues", orphaned[0],
-                           "unfinished jobs use this queue, which the new policy does not have")
+            raise ApiError(
+                422, "queues", orphaned[0], "unfinished jobs use this queue, which the new policy does not have"
+            )
         now = self.now()
         version = self.store.apply_policy(source, policy.to_dict(), who.user, now)
         self.store.audit(who.user, "policy.apply", f"policy/{version}", {}, now)

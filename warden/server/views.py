@@ -8,7 +8,8 @@ simulator compute.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from warden.engine import accounting
 from warden.engine.model import Node, UsageLedger
@@ -25,31 +26,56 @@ def job_summary(job: StoredJob, now: float) -> dict[str, Any]:
     e = job.explanation or {}
     reason = e.get("reason") if job.state.waiting else None
     return {
-        "id": str(job.id), "name": job.name, "user": job.user, "queue": job.queue, "tier": job.tier,
-        "state": job.state.value, "replicas": job.replicas, "gpus": job.gpus * job.replicas,
-        "gpus_per_replica": job.gpus, "submit_at": job.submit_at, "wait_s": round(wait_s(job, now), 3),
-        "position": e.get("position") if reason else None, "reason": reason, "attempt": job.attempt,
-        "exit_code": job.exit_code, "finished_at": job.finished_at, "held_reason": job.held_reason,
+        "id": str(job.id),
+        "name": job.name,
+        "user": job.user,
+        "queue": job.queue,
+        "tier": job.tier,
+        "state": job.state.value,
+        "replicas": job.replicas,
+        "gpus": job.gpus * job.replicas,
+        "gpus_per_replica": job.gpus,
+        "submit_at": job.submit_at,
+        "wait_s": round(wait_s(job, now), 3),
+        "position": e.get("position") if reason else None,
+        "reason": reason,
+        "attempt": job.attempt,
+        "exit_code": job.exit_code,
+        "finished_at": job.finished_at,
+        "held_reason": job.held_reason,
         "claim": job.claim,
     }
 
 
-def job_detail(job: StoredJob, events: Iterable[EventRecord], attempts: Sequence[StoredAttempt], now: float,
-               policy: Policy) -> dict[str, Any]:
+def job_detail(
+    job: StoredJob, events: Iterable[EventRecord], attempts: Sequence[StoredAttempt], now: float, policy: Policy
+) -> dict[str, Any]:
     out = job_summary(job, now)
     e = job.explanation or {}
-    out.update({
-        "command": list(job.command), "workdir": job.workdir, "placement": job.placement,
-        "flavor": job.flavor, "cpu": job.cpu, "memory": job.memory,
-        "lease_s": accounting.effective_lease(policy, job.tier, job.lease_s),
-        "grace_s": accounting.effective_grace(policy, job.tier, job.grace_s),
-        "time_limit_s": job.expected_duration_s, "approved_by": job.approved_by,
-        "sort_key": ({**e["sort_key"], "waited_s": round(wait_s(job, now), 3)}
-                     if job.state.waiting and e.get("sort_key") else None),
-        "events": [{"at": ev.at, "from": ev.from_state, "to": ev.to_state, "reason": ev.reason,
-                    "actor": ev.actor} for ev in events],
-        "attempts": [attempt_view(a) for a in attempts],
-    })
+    out.update(
+        {
+            "command": list(job.command),
+            "workdir": job.workdir,
+            "placement": job.placement,
+            "flavor": job.flavor,
+            "cpu": job.cpu,
+            "memory": job.memory,
+            "lease_s": accounting.effective_lease(policy, job.tier, job.lease_s),
+            "grace_s": accounting.effective_grace(policy, job.tier, job.grace_s),
+            "time_limit_s": job.expected_duration_s,
+            "approved_by": job.approved_by,
+            "sort_key": (
+                {**e["sort_key"], "waited_s": round(wait_s(job, now), 3)}
+                if job.state.waiting and e.get("sort_key")
+                else None
+            ),
+            "events": [
+                {"at": ev.at, "from": ev.from_state, "to": ev.to_state, "reason": ev.reason, "actor": ev.actor}
+                for ev in events
+            ],
+            "attempts": [attempt_view(a) for a in attempts],
+        }
+    )
     out["warnings"] = warnings(job, attempts, now, policy)
     return out
 
@@ -65,21 +91,45 @@ def warnings(job: StoredJob, attempts: Iterable[StoredAttempt], now: float, poli
     grace = accounting.effective_grace(policy, job.tier, job.grace_s)
     if a.sigterm_save_s is None or accounting.save_fits_grace(a.sigterm_save_s, grace):
         return []
-    lost = accounting.predicted_lost_work(job.gpus * job.replicas, now, a.started_at,
-                                          accounting.assumed_startup(policy, a.startup_s),
-                                          a.last_checkpoint_at, a.sigterm_save_s, grace)
-    return [f"its measured checkpoint save takes {a.sigterm_save_s:.0f} s, longer than its grace of "
-            f"{grace:.0f} s: a preemption now would lose {lost / 60:.1f} GPU-minutes"]
+    lost = accounting.predicted_lost_work(
+        job.gpus * job.replicas,
+        now,
+        a.started_at,
+        accounting.assumed_startup(policy, a.startup_s),
+        a.last_checkpoint_at,
+        a.sigterm_save_s,
+        grace,
+    )
+    return [
+        f"its measured checkpoint save takes {a.sigterm_save_s:.0f} s, longer than its grace of "
+        f"{grace:.0f} s: a preemption now would lose {lost / 60:.1f} GPU-minutes"
+    ]
 
 
 def attempt_view(a: StoredAttempt) -> dict[str, Any]:
-    return {"number": a.number, "state": a.state, "started_at": a.started_at, "ended_at": a.ended_at,
-            "placement": [{"node": p.node, "gpus": list(p.gpus)} for p in a.assignment], "borrowing": a.borrowing, "exit_codes": a.exit_codes,
-            "sigterm_at": a.sigterm_at, "kill_at": a.kill_at, "reason": a.reason,
-            "preempted_for": a.preempted_for, "startup_s": a.startup_s, "checkpoint_s": a.checkpoint_s,
-            "last_checkpoint_at": a.last_checkpoint_at, "sigterm_save_s": a.sigterm_save_s,
-            "log_dir": a.log_dir, "progress_step": a.progress_step, "progress_samples": a.progress_samples,
-            "progress_at": a.progress_at, "checkpoints": a.checkpoints, "lost_work_gpu_s": a.lost_work_gpu_s}
+    return {
+        "number": a.number,
+        "state": a.state,
+        "started_at": a.started_at,
+        "ended_at": a.ended_at,
+        "placement": [{"node": p.node, "gpus": list(p.gpus)} for p in a.assignment],
+        "borrowing": a.borrowing,
+        "exit_codes": a.exit_codes,
+        "sigterm_at": a.sigterm_at,
+        "kill_at": a.kill_at,
+        "reason": a.reason,
+        "preempted_for": a.preempted_for,
+        "startup_s": a.startup_s,
+        "checkpoint_s": a.checkpoint_s,
+        "last_checkpoint_at": a.last_checkpoint_at,
+        "sigterm_save_s": a.sigterm_save_s,
+        "log_dir": a.log_dir,
+        "progress_step": a.progress_step,
+        "progress_samples": a.progress_samples,
+        "progress_at": a.progress_at,
+        "checkpoints": a.checkpoints,
+        "lost_work_gpu_s": a.lost_work_gpu_s,
+    }
 
 
 def node_views(nodes: Iterable[Node], attempts: Iterable[StoredAttempt]) -> list[dict[str, Any]]:
@@ -89,14 +139,26 @@ def node_views(nodes: Iterable[Node], attempts: Iterable[StoredAttempt]) -> list
         for part in a.assignment:
             used.setdefault(part.node, []).extend(part.gpus)
             on.setdefault(part.node, []).append(str(a.job_id))
-    return [{"name": n.name, "gpus": n.gpus, "gpus_used": len(used.get(n.name, [])),
-             "gpus_free": n.gpus - len(used.get(n.name, [])), "gpu_indices_used": sorted(used.get(n.name, [])),
-             "flavor": n.flavor, "block": n.block, "cpu": n.cpu, "memory": n.memory,
-             "jobs": sorted(set(on.get(n.name, [])), key=int)} for n in nodes]
+    return [
+        {
+            "name": n.name,
+            "gpus": n.gpus,
+            "gpus_used": len(used.get(n.name, [])),
+            "gpus_free": n.gpus - len(used.get(n.name, [])),
+            "gpu_indices_used": sorted(used.get(n.name, [])),
+            "flavor": n.flavor,
+            "block": n.block,
+            "cpu": n.cpu,
+            "memory": n.memory,
+            "jobs": sorted(set(on.get(n.name, [])), key=int),
+        }
+        for n in nodes
+    ]
 
 
-def queue_views(policy: Policy, store: Store, ledger: UsageLedger, nodes: tuple[Node, ...],
-                now: float) -> list[dict[str, Any]]:
+def queue_views(
+    policy: Policy, store: Store, ledger: UsageLedger, nodes: tuple[Node, ...], now: float
+) -> list[dict[str, Any]]:
     """Every queue of the tree with its quota, what its jobs hold now, its fair-share usage,
     and owed vs delivered GPU-hours since the first submission (DESIGN §7)."""
     held: dict[str, int] = {}
@@ -113,21 +175,28 @@ def queue_views(policy: Policy, store: Store, ledger: UsageLedger, nodes: tuple[
         spec = policy.find_queue(name)
         assert spec is not None
         leaves = [leaf for leaf in policy.leaves() if name in policy.path_to(leaf.name)]
-        rows.append({
-            "name": name, "parent": policy.parent_of(name), "leaf": not spec.children, "weight": spec.weight,
-            "nominal": dict(spec.nominal), "borrowing_limit": spec.borrowing_limit,
-            "lending_limit": spec.lending_limit,
-            "gpus_in_use": sum(held.get(q.name, 0) for q in leaves),
-            "pending_jobs": sum(pending.get(q.name, 0) for q in leaves),
-            "fair_share_usage": round(sum(ledger.usage.get(q.name, 0.0) for q in leaves), 6),
-            "owed_gpu_hours": round(sum(owed.get(q.name, 0.0) for q in leaves) / 3600, 6),
-            "delivered_gpu_hours": round(sum(delivered.get(q.name, 0.0) for q in leaves) / 3600, 6),
-        })
+        rows.append(
+            {
+                "name": name,
+                "parent": policy.parent_of(name),
+                "leaf": not spec.children,
+                "weight": spec.weight,
+                "nominal": dict(spec.nominal),
+                "borrowing_limit": spec.borrowing_limit,
+                "lending_limit": spec.lending_limit,
+                "gpus_in_use": sum(held.get(q.name, 0) for q in leaves),
+                "pending_jobs": sum(pending.get(q.name, 0) for q in leaves),
+                "fair_share_usage": round(sum(ledger.usage.get(q.name, 0.0) for q in leaves), 6),
+                "owed_gpu_hours": round(sum(owed.get(q.name, 0.0) for q in leaves) / 3600, 6),
+                "delivered_gpu_hours": round(sum(delivered.get(q.name, 0.0) for q in leaves) / 3600, 6),
+            }
+        )
     return rows
 
 
-def _owed_delivered(policy: Policy, store: Store, nodes: tuple[Node, ...], now: float
-                    ) -> tuple[dict[str, float], dict[str, float]]:
+def _owed_delivered(
+    policy: Policy, store: Store, nodes: tuple[Node, ...], now: float
+) -> tuple[dict[str, float], dict[str, float]]:
     """Owed and delivered GPU-seconds per leaf queue over the server's whole history, from the
     first submission to now: the accounting the simulator reports."""
     jobs = store.list()
@@ -137,15 +206,25 @@ def _owed_delivered(policy: Policy, store: Store, nodes: tuple[Node, ...], now: 
     index = {q: i for i, q in enumerate(queues)}
     start = min(j.submit_at for j in jobs)
     owed = accounting.owed_gpu_seconds(
-        queues, [index[j.queue] for j in jobs], [j.gpus * j.replicas for j in jobs], [j.submit_at for j in jobs],
+        queues,
+        [index[j.queue] for j in jobs],
+        [j.gpus * j.replicas for j in jobs],
+        [j.submit_at for j in jobs],
         [math.nan if j.finished_at is None else j.finished_at for j in jobs],
-        accounting.policy_entitlement(policy), sum(n.gpus for n in nodes), start, max(now, start))
+        accounting.policy_entitlement(policy),
+        sum(n.gpus for n in nodes),
+        start,
+        max(now, start),
+    )
     queue_of = {j.id: j.queue for j in jobs}
     delivered: dict[str, float] = {}
     for a in store.all_attempts():
         q = queue_of.get(a.job_id)
         if q is not None:
-            held = accounting.held_gpu_seconds(float(sum(len(p.gpus) for p in a.assignment)), a.started_at,
-                                               a.ended_at if a.ended_at is not None else now)
+            held = accounting.held_gpu_seconds(
+                float(sum(len(p.gpus) for p in a.assignment)),
+                a.started_at,
+                a.ended_at if a.ended_at is not None else now,
+            )
             delivered[q] = delivered.get(q, 0.0) + held
     return owed, delivered

@@ -73,8 +73,10 @@ def connect(url: str | URL | None = None, *, sqlite_synchronous: SqliteSync = "F
         engine_kw.setdefault("pool_pre_ping", True)
         engine = create_engine(parsed, **engine_kw)
     else:
-        raise ValueError(f"database url: unsupported backend {backend!r} in {parsed.render_as_string()!r}; "
-                         "use sqlite:///PATH or postgresql://USER@HOST/DB")
+        raise ValueError(
+            f"database url: unsupported backend {backend!r} in {parsed.render_as_string()!r}; "
+            "use sqlite:///PATH or postgresql://USER@HOST/DB"
+        )
     return engine
 
 

@@ -12,13 +12,12 @@ SELECT ... FOR UPDATE where a compare-and-set needs it, and submissions take an 
 
 from __future__ import annotations
 
-import contextlib
-import threading
-
 import builtins
+import contextlib
 import hashlib
 import math
 import secrets
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
@@ -120,12 +119,26 @@ class StoredJob:
         """The engine's view of this job; `attempt` only counts while it is live (not exited)."""
         live = attempt if attempt is not None and attempt.state in LIVE_ATTEMPT_STATES else None
         return Job(
-            id=self.job_id, queue=self.queue, tier=self.tier, submit=self.submit_at, state=self.state,
-            replicas=self.replicas, gpus=self.gpus, cpu=self.cpu, memory=self.memory, flavor=self.flavor,
-            placement=cast(Any, self.placement), user=self.user, lease=self.lease_s, grace=self.grace_s,
-            expected_duration=self.expected_duration_s, waited=self.waited_s,
-            pending_since=self.pending_since, not_before=self.not_before,
-            preempted_at=self.preempted_at, claim=self.claim and self.state.waiting,
+            id=self.job_id,
+            queue=self.queue,
+            tier=self.tier,
+            submit=self.submit_at,
+            state=self.state,
+            replicas=self.replicas,
+            gpus=self.gpus,
+            cpu=self.cpu,
+            memory=self.memory,
+            flavor=self.flavor,
+            placement=cast(Any, self.placement),
+            user=self.user,
+            lease=self.lease_s,
+            grace=self.grace_s,
+            expected_duration=self.expected_duration_s,
+            waited=self.waited_s,
+            pending_since=self.pending_since,
+            not_before=self.not_before,
+            preempted_at=self.preempted_at,
+            claim=self.claim and self.state.waiting,
             attempt=None if live is None else live.to_engine(),
         )
 
@@ -161,10 +174,16 @@ class StoredAttempt:
 
     def to_engine(self) -> Attempt:
         return Attempt(
-            number=self.number, started_at=self.started_at, assignment=self.assignment,
-            borrowing=self.borrowing, startup_s=self.startup_s, checkpoint_s=self.checkpoint_s,
-            last_checkpoint_at=self.last_checkpoint_at, sigterm_save_s=self.sigterm_save_s,
-            sigterm_at=self.sigterm_at, kill_at=self.kill_at,
+            number=self.number,
+            started_at=self.started_at,
+            assignment=self.assignment,
+            borrowing=self.borrowing,
+            startup_s=self.startup_s,
+            checkpoint_s=self.checkpoint_s,
+            last_checkpoint_at=self.last_checkpoint_at,
+            sigterm_save_s=self.sigterm_save_s,
+            sigterm_at=self.sigterm_at,
+            kill_at=self.kill_at,
         )
 
 
@@ -264,8 +283,7 @@ class NodeRecord:
 
     @classmethod
     def from_engine(cls, node: Node, *, updated_at: float, gpu_names: Sequence[str] = ()) -> NodeRecord:
-        return cls(node.name, node.gpus, node.cpu, node.memory, node.flavor, node.block,
-                   tuple(gpu_names), updated_at)
+        return cls(node.name, node.gpus, node.cpu, node.memory, node.flavor, node.block, tuple(gpu_names), updated_at)
 
     def to_engine(self) -> Node:
         return Node(self.name, self.gpus, cpu=self.cpu, memory=self.memory, flavor=self.flavor, block=self.block)
@@ -325,7 +343,8 @@ class Store:
         self._writer = writer(engine)
         self._submissions = GroupCommit(self._insert_jobs)
         self._write_lock: threading.Lock | contextlib.nullcontext[None] = (
-            threading.Lock() if engine.dialect.name == "sqlite" else contextlib.nullcontext())
+            threading.Lock() if engine.dialect.name == "sqlite" else contextlib.nullcontext()
+        )
 
     @classmethod
     def open(cls, url: str | None = None, *, upgrade: bool = True) -> Store:
@@ -389,17 +408,37 @@ class Store:
         initial = _submit_state(state)
         _check_request(tier=tier, replicas=replicas, gpus=gpus, cpu=cpu, memory=memory, placement=placement)
         values: dict[str, Any] = dict(
-            name=name, user=user, queue=queue, tier=tier, state=initial, replicas=replicas, gpus=gpus,
-            cpu=cpu, memory=memory, flavor=flavor, placement=placement, lease_s=lease_s, grace_s=grace_s,
-            expected_duration_s=expected_duration_s, command=_str_list("command", command),
-            workdir=workdir, env=_str_dict("env", env or {}), pending_since=None, waited_s=0.0,
-            not_before=not_before, preempted_at=[], attempt=0, explanation=None,
-            cancel_requested=False, version=1,
+            name=name,
+            user=user,
+            queue=queue,
+            tier=tier,
+            state=initial,
+            replicas=replicas,
+            gpus=gpus,
+            cpu=cpu,
+            memory=memory,
+            flavor=flavor,
+            placement=placement,
+            lease_s=lease_s,
+            grace_s=grace_s,
+            expected_duration_s=expected_duration_s,
+            command=_str_list("command", command),
+            workdir=workdir,
+            env=_str_dict("env", env or {}),
+            pending_since=None,
+            waited_s=0.0,
+            not_before=not_before,
+            preempted_at=[],
+            attempt=0,
+            explanation=None,
+            cancel_requested=False,
+            version=1,
         )
         return self._submissions.run((values, now, reason, actor, details))
 
-    def _insert_jobs(self, batch: Sequence[tuple[dict[str, Any], float, str, str, Mapping[str, Any] | None]]
-                     ) -> list[int]:
+    def _insert_jobs(
+        self, batch: Sequence[tuple[dict[str, Any], float, str, str, Mapping[str, Any] | None]]
+    ) -> list[int]:
         """One transaction for every submission that arrived while the previous one committed."""
         ids = []
         with self._write() as conn:
@@ -453,11 +492,18 @@ class Store:
     def active(self) -> tuple[ActiveJob, ...]:
         """Every job not in a terminal state, with its live attempt, in id order: one query, one
         consistent snapshot, what a restarted server hands the engine."""
-        live = (ATTEMPTS.c.job_id == JOBS.c.id) & (ATTEMPTS.c.number == JOBS.c.attempt) \
+        live = (
+            (ATTEMPTS.c.job_id == JOBS.c.id)
+            & (ATTEMPTS.c.number == JOBS.c.attempt)
             & ATTEMPTS.c.state.in_(sorted(LIVE_ATTEMPT_STATES))
+        )
         attempt_cols = [c.label(f"a__{c.name}") for c in ATTEMPTS.c]
-        query = (select(*JOBS.c, *attempt_cols).select_from(JOBS.outerjoin(ATTEMPTS, live))
-                 .where(JOBS.c.state.not_in(sorted(TERMINAL_STATES))).order_by(JOBS.c.id))
+        query = (
+            select(*JOBS.c, *attempt_cols)
+            .select_from(JOBS.outerjoin(ATTEMPTS, live))
+            .where(JOBS.c.state.not_in(sorted(TERMINAL_STATES)))
+            .order_by(JOBS.c.id)
+        )
         out = []
         with self._read() as conn:
             for row in conn.execute(query):
@@ -504,8 +550,9 @@ class Store:
                 raise JobNotFound(job_id)
             if expected is not None and current not in expected:
                 return False
-            conn.execute(update(JOBS).where(JOBS.c.id == key)
-                         .values(state=target, version=JOBS.c.version + 1, **values))
+            conn.execute(
+                update(JOBS).where(JOBS.c.id == key).values(state=target, version=JOBS.c.version + 1, **values)
+            )
             _add_event(conn, key, now, current, target, reason, actor, details)
         return True
 
@@ -540,9 +587,11 @@ class Store:
                 params.append({"b_id": key, "b_explanation": None if explanation is None else dict(explanation)})
         if not params:
             return
-        query = (update(JOBS).where(JOBS.c.id == bindparam("b_id"))
-                 .values(explanation=bindparam("b_explanation", type_=JSON(none_as_null=True)),
-                         version=JOBS.c.version + 1))
+        query = (
+            update(JOBS)
+            .where(JOBS.c.id == bindparam("b_id"))
+            .values(explanation=bindparam("b_explanation", type_=JSON(none_as_null=True)), version=JOBS.c.version + 1)
+        )
         with self._write() as conn:
             conn.execute(query, params)
 
@@ -570,14 +619,23 @@ class Store:
         """
         key = _require_key(job_id)
         values: dict[str, Any] = dict(
-            job_id=key, number=number, state="running", started_at=started_at,
-            assignment=_assignment_json(assignment), flavor=flavor, borrowing=borrowing,
-            startup_s=startup_s, checkpoint_s=0.0, sigterm_save_s=sigterm_save_s,
-            handle=None if handle is None else dict(handle), log_dir=log_dir,
+            job_id=key,
+            number=number,
+            state="running",
+            started_at=started_at,
+            assignment=_assignment_json(assignment),
+            flavor=flavor,
+            borrowing=borrowing,
+            startup_s=startup_s,
+            checkpoint_s=0.0,
+            sigterm_save_s=sigterm_save_s,
+            handle=None if handle is None else dict(handle),
+            log_dir=log_dir,
         )
         with self._write() as conn:
-            bumped = conn.execute(update(JOBS).where(JOBS.c.id == key)
-                                  .values(attempt=number, version=JOBS.c.version + 1)).rowcount
+            bumped = conn.execute(
+                update(JOBS).where(JOBS.c.id == key).values(attempt=number, version=JOBS.c.version + 1)
+            ).rowcount
             if not bumped:
                 raise JobNotFound(job_id)
             conn.execute(insert(ATTEMPTS), values)
@@ -616,8 +674,7 @@ class Store:
         key = _job_key(job_id)
         if key is None:
             return False
-        values = {"state": "exited", "ended_at": ended_at, "exit_codes": [int(c) for c in exit_codes],
-                  "reason": reason}
+        values = {"state": "exited", "ended_at": ended_at, "exit_codes": [int(c) for c in exit_codes], "reason": reason}
         if preempted_for is not None:
             values["preempted_for"] = str(preempted_for)
         with self._write() as conn:
@@ -648,8 +705,11 @@ class Store:
 
     def running_attempts(self) -> tuple[StoredAttempt, ...]:
         """Attempts still running or terminating: what executors must re-adopt after a restart."""
-        query = (select(ATTEMPTS).where(ATTEMPTS.c.state.in_(sorted(LIVE_ATTEMPT_STATES)))
-                 .order_by(ATTEMPTS.c.job_id, ATTEMPTS.c.number))
+        query = (
+            select(ATTEMPTS)
+            .where(ATTEMPTS.c.state.in_(sorted(LIVE_ATTEMPT_STATES)))
+            .order_by(ATTEMPTS.c.job_id, ATTEMPTS.c.number)
+        )
         with self._read() as conn:
             return tuple(_attempt(row) for row in conn.execute(query))
 
@@ -663,8 +723,9 @@ class Store:
             conn.execute(insert(TOKENS), {**values, "created_at": now, "created_by": created_by})
         return token
 
-    def ensure_token(self, token: str, user: str, role: str, queues: Sequence[str], now: float,
-                     created_by: str = "warden") -> TokenInfo:
+    def ensure_token(
+        self, token: str, user: str, role: str, queues: Sequence[str], now: float, created_by: str = "warden"
+    ) -> TokenInfo:
         """Make an operator-given (bootstrap) token exist with this user, role and queues.
 
         Idempotent: a second call updates the grant to what the operator gives now. A token
@@ -680,8 +741,11 @@ class Store:
             if conn.execute(select(TOKENS.c.id).where(by_hash)).first() is None:
                 conn.execute(insert(TOKENS), {**values, "created_at": now, "created_by": created_by})
             else:
-                conn.execute(update(TOKENS).where(by_hash)
-                             .values(user=values["user"], role=values["role"], queues=values["queues"]))
+                conn.execute(
+                    update(TOKENS)
+                    .where(by_hash)
+                    .values(user=values["user"], role=values["role"], queues=values["queues"])
+                )
             row = conn.execute(select(TOKENS).where(by_hash)).one()
         return _token(row)
 
@@ -694,8 +758,7 @@ class Store:
 
     def revoke_token(self, token_id: int, now: float) -> bool:
         """Revoke by id (as `list_tokens` shows). False when unknown or already revoked."""
-        query = (update(TOKENS).where(TOKENS.c.id == token_id, TOKENS.c.revoked_at.is_(None))
-                 .values(revoked_at=now))
+        query = update(TOKENS).where(TOKENS.c.id == token_id, TOKENS.c.revoked_at.is_(None)).values(revoked_at=now)
         with self._write() as conn:
             return bool(conn.execute(query).rowcount)
 
@@ -710,8 +773,10 @@ class Store:
         """Append to the audit trail; return the entry's id. The database refuses any change
         to an entry once written."""
         with self._write() as conn:
-            result = conn.execute(insert(AUDIT), {"at": now, "actor": actor, "action": action, "target": target,
-                                                  "details": dict(details or {})})
+            result = conn.execute(
+                insert(AUDIT),
+                {"at": now, "actor": actor, "action": action, "target": target, "details": dict(details or {})},
+            )
             return _new_id(result)
 
     def audit_log(self, limit: int | None = None) -> tuple[AuditEntry, ...]:
@@ -727,14 +792,19 @@ class Store:
     def apply_policy(self, source_text: str, resolved: Mapping[str, Any], actor: str, now: float) -> int:
         """Record a new policy version (the text as given and its resolved form); return it."""
         with self._write() as conn:
-            result = conn.execute(insert(POLICIES), {"applied_at": now, "applied_by": actor, "source": source_text,
-                                                     "resolved": dict(resolved)})
+            result = conn.execute(
+                insert(POLICIES),
+                {"applied_at": now, "applied_by": actor, "source": source_text, "resolved": dict(resolved)},
+            )
             return _new_id(result)
 
     def current_policy(self) -> CurrentPolicy | None:
         """The newest policy as `(version, source, resolved)`, or None before any was applied."""
-        query = select(POLICIES.c.version, POLICIES.c.source, POLICIES.c.resolved) \
-            .order_by(POLICIES.c.version.desc()).limit(1)
+        query = (
+            select(POLICIES.c.version, POLICIES.c.source, POLICIES.c.resolved)
+            .order_by(POLICIES.c.version.desc())
+            .limit(1)
+        )
         with self._read() as conn:
             row = conn.execute(query).first()
         return None if row is None else CurrentPolicy(int(row.version), row.source, dict(row.resolved))
@@ -769,9 +839,19 @@ class Store:
 
     def replace_nodes(self, nodes: Iterable[NodeRecord]) -> None:
         """Replace the recorded cluster with `nodes` (as discovered at the server's start)."""
-        params = [{"name": n.name, "gpus": n.gpus, "cpu": n.cpu, "memory": n.memory, "flavor": n.flavor,
-                   "block": n.block, "gpu_names": builtins.list(n.gpu_names), "updated_at": n.updated_at}
-                  for n in nodes]
+        params = [
+            {
+                "name": n.name,
+                "gpus": n.gpus,
+                "cpu": n.cpu,
+                "memory": n.memory,
+                "flavor": n.flavor,
+                "block": n.block,
+                "gpu_names": builtins.list(n.gpu_names),
+                "updated_at": n.updated_at,
+            }
+            for n in nodes
+        ]
         with self._write() as conn:
             conn.execute(delete(NODES))
             if params:
@@ -781,8 +861,10 @@ class Store:
         """The recorded nodes, by name."""
         with self._read() as conn:
             rows = conn.execute(select(NODES).order_by(NODES.c.name)).all()
-        return tuple(NodeRecord(r.name, r.gpus, r.cpu, r.memory, r.flavor, r.block, tuple(r.gpu_names),
-                                r.updated_at) for r in rows)
+        return tuple(
+            NodeRecord(r.name, r.gpus, r.cpu, r.memory, r.flavor, r.block, tuple(r.gpu_names), r.updated_at)
+            for r in rows
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -817,10 +899,28 @@ def _next_submit_at(now: float, newest: float | None) -> float:
     return max(float(now), floor)
 
 
-def _add_event(conn: Connection, job_id: int, at: float, from_state: str | None, to_state: str,
-               reason: str, actor: str, details: Mapping[str, Any] | None) -> None:
-    conn.execute(insert(EVENTS), {"job_id": job_id, "at": at, "from_state": from_state, "to_state": to_state,
-                                  "reason": reason, "actor": actor, "details": dict(details or {})})
+def _add_event(
+    conn: Connection,
+    job_id: int,
+    at: float,
+    from_state: str | None,
+    to_state: str,
+    reason: str,
+    actor: str,
+    details: Mapping[str, Any] | None,
+) -> None:
+    conn.execute(
+        insert(EVENTS),
+        {
+            "job_id": job_id,
+            "at": at,
+            "from_state": from_state,
+            "to_state": to_state,
+            "reason": reason,
+            "actor": actor,
+            "details": dict(details or {}),
+        },
+    )
 
 
 def _update_attempt(conn: Connection, job_id: int, number: int, values: Mapping[str, Any]) -> bool:
@@ -950,15 +1050,17 @@ def _job(row: Row[Any]) -> StoredJob:
 
 
 def _job_from(m: Mapping[Any, Any]) -> StoredJob:
-    return StoredJob(**{
-        **{f.name: m[f.name] for f in fields(StoredJob)},
-        "state": JobState(m["state"]),
-        "command": tuple(m["command"]),
-        "env": dict(m["env"]),
-        "preempted_at": tuple(float(t) for t in m["preempted_at"]),
-        "cancel_requested": bool(m["cancel_requested"]),
-        "claim": bool(m["claim"]),
-    })
+    return StoredJob(
+        **{
+            **{f.name: m[f.name] for f in fields(StoredJob)},
+            "state": JobState(m["state"]),
+            "command": tuple(m["command"]),
+            "env": dict(m["env"]),
+            "preempted_at": tuple(float(t) for t in m["preempted_at"]),
+            "cancel_requested": bool(m["cancel_requested"]),
+            "claim": bool(m["claim"]),
+        }
+    )
 
 
 def _attempt(row: Row[Any]) -> StoredAttempt:
@@ -967,18 +1069,21 @@ def _attempt(row: Row[Any]) -> StoredAttempt:
 
 def _attempt_from(m: Mapping[Any, Any]) -> StoredAttempt:
     exit_codes = m["exit_codes"]
-    return StoredAttempt(**{
-        **{f.name: m[f.name] for f in fields(StoredAttempt)},
-        "assignment": tuple(ReplicaPlacement(r["node"], tuple(r["gpus"])) for r in m["assignment"]),
-        "borrowing": bool(m["borrowing"]),
-        "exit_codes": None if exit_codes is None else tuple(exit_codes),
-    })
+    return StoredAttempt(
+        **{
+            **{f.name: m[f.name] for f in fields(StoredAttempt)},
+            "assignment": tuple(ReplicaPlacement(r["node"], tuple(r["gpus"])) for r in m["assignment"]),
+            "borrowing": bool(m["borrowing"]),
+            "exit_codes": None if exit_codes is None else tuple(exit_codes),
+        }
+    )
 
 
 def _token(row: Row[Any]) -> TokenInfo:
     m = row._mapping
-    return TokenInfo(m["id"], m["user"], m["role"], tuple(m["queues"]), m["created_at"], m["created_by"],
-                     m["revoked_at"])
+    return TokenInfo(
+        m["id"], m["user"], m["role"], tuple(m["queues"]), m["created_at"], m["created_by"], m["revoked_at"]
+    )
 
 
 def _record(cls: Any, row: Row[Any]) -> Any:

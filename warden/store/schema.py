@@ -200,4 +200,3 @@ class NodeRow(Base):
     block: Mapped[str | None] = mapped_column(String(255))
     gpu_names: Mapped[list[str]] = mapped_column(JSON)
     updated_at: Mapped[float] = mapped_column(Double)
-

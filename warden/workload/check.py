@@ -19,10 +19,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,14 @@ class Verdict:
         return bool(self.checks) and all(c.ok for c in self.checks)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "checks": [c.__dict__ for c in self.checks], "save_s": self.save_s,
-                "exit_after_sigterm_s": self.exit_after_sigterm_s, "saved_step": self.saved_step,
-                "resumed_step": self.resumed_step}
+        return {
+            "ok": self.ok,
+            "checks": [c.__dict__ for c in self.checks],
+            "save_s": self.save_s,
+            "exit_after_sigterm_s": self.exit_after_sigterm_s,
+            "saved_step": self.saved_step,
+            "resumed_step": self.resumed_step,
+        }
 
 
 class _Reports:
@@ -59,7 +65,7 @@ class _Reports:
         reports = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
+            def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length)
                 if self.headers.get("Authorization") != f"Bearer {token}":
@@ -90,8 +96,9 @@ class _Reports:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def wait(self, match: Callable[[dict[str, Any]], bool], timeout: float,
-             alive: Callable[[], bool]) -> dict[str, Any] | None:
+    def wait(
+        self, match: Callable[[dict[str, Any]], bool], timeout: float, alive: Callable[[], bool]
+    ) -> dict[str, Any] | None:
         """The first report that matches, waiting up to `timeout` while the process lives."""
         deadline = time.monotonic() + timeout
         with self.cond:
@@ -109,9 +116,14 @@ class _Reports:
         self.server.server_close()
 
 
-def check_workload(command: Sequence[str], grace: float = 120.0, timeout: float = 300.0,
-                   checkpoint_dir: Path | None = None, workdir: Path | None = None,
-                   say: Callable[[str], None] = lambda _: None) -> Verdict:
+def check_workload(
+    command: Sequence[str],
+    grace: float = 120.0,
+    timeout: float = 300.0,
+    checkpoint_dir: Path | None = None,
+    workdir: Path | None = None,
+    say: Callable[[str], None] = lambda _: None,
+) -> Verdict:
     """Run the two-run check; every process it starts is gone when it returns."""
     verdict = Verdict()
     token = secrets.token_hex(16)
@@ -122,8 +134,9 @@ def check_workload(command: Sequence[str], grace: float = 120.0, timeout: float 
         first = _run(command, 1, grace, ckpt, workdir, reports, token)
         try:
             say("run 1: waiting for its first progress report")
-            progress = reports.wait(lambda r: r.get("attempt") == 1 and r.get("kind") == "progress", timeout,
-                                    lambda: first.poll() is None)
+            progress = reports.wait(
+                lambda r: r.get("attempt") == 1 and r.get("kind") == "progress", timeout, lambda: first.poll() is None
+            )
             if progress is None:
                 verdict.checks.append(Check("reports progress", False, _no_report(first, timeout)))
                 return verdict
@@ -136,45 +149,76 @@ def check_workload(command: Sequence[str], grace: float = 120.0, timeout: float 
             if code is None:
                 os.killpg(first.pid, signal.SIGKILL)
                 first.wait()
-                verdict.checks.append(Check("exits within the grace", False,
-                                            f"still running {grace:g} s after SIGTERM: SIGKILL would lose its work"))
+                verdict.checks.append(
+                    Check(
+                        "exits within the grace",
+                        False,
+                        f"still running {grace:g} s after SIGTERM: SIGKILL would lose its work",
+                    )
+                )
             else:
                 verdict.exit_after_sigterm_s = round(exited - sigterm_at, 3)
-                verdict.checks.append(Check("exits within the grace", code == 0,
-                                            f"exit {code} after {exited - sigterm_at:.2f} s (grace {grace:g} s)"
-                                            + ("" if code == 0 else "; must exit 0 to be requeued")))
-            saved = [r for r in reports.items if r.get("attempt") == 1 and r.get("kind") == "checkpoint_finished"
-                     and r.get("_received", 0) >= sigterm_at]
+                verdict.checks.append(
+                    Check(
+                        "exits within the grace",
+                        code == 0,
+                        f"exit {code} after {exited - sigterm_at:.2f} s (grace {grace:g} s)"
+                        + ("" if code == 0 else "; must exit 0 to be requeued"),
+                    )
+                )
+            saved = [
+                r
+                for r in reports.items
+                if r.get("attempt") == 1
+                and r.get("kind") == "checkpoint_finished"
+                and r.get("_received", 0) >= sigterm_at
+            ]
             if saved:
                 verdict.save_s = saved[-1].get("duration_s")
                 verdict.saved_step = saved[-1].get("step")
-                verdict.checks.append(Check("saves a checkpoint on SIGTERM", True,
-                                            f"save took {verdict.save_s:.3f} s" if verdict.save_s is not None
-                                            else "saved"))
+                verdict.checks.append(
+                    Check(
+                        "saves a checkpoint on SIGTERM",
+                        True,
+                        f"save took {verdict.save_s:.3f} s" if verdict.save_s is not None else "saved",
+                    )
+                )
             else:
                 files = [p for p in ckpt.iterdir() if p.is_file() and p.stat().st_mtime >= sigterm_at - 1]
-                verdict.checks.append(Check("saves a checkpoint on SIGTERM", bool(files),
-                                            f"new file {files[-1].name} (not reported)" if files
-                                            else "no checkpoint after SIGTERM"))
+                verdict.checks.append(
+                    Check(
+                        "saves a checkpoint on SIGTERM",
+                        bool(files),
+                        f"new file {files[-1].name} (not reported)" if files else "no checkpoint after SIGTERM",
+                    )
+                )
         finally:
             _reap(first)
         if not verdict.ok:
             return verdict
-        before = max((r.get("step") or 0 for r in reports.items if r.get("attempt") == 1
-                      and r.get("kind") == "progress"), default=0)
+        before = max(
+            (r.get("step") or 0 for r in reports.items if r.get("attempt") == 1 and r.get("kind") == "progress"),
+            default=0,
+        )
         floor = verdict.saved_step if verdict.saved_step is not None else before
         second = _run(command, 2, grace, ckpt, workdir, reports, token)
         try:
             say("run 2: waiting for it to resume")
-            resumed = reports.wait(lambda r: r.get("attempt") == 2 and r.get("kind") == "progress", timeout,
-                                   lambda: second.poll() is None)
+            resumed = reports.wait(
+                lambda r: r.get("attempt") == 2 and r.get("kind") == "progress", timeout, lambda: second.poll() is None
+            )
             if resumed is None:
                 verdict.checks.append(Check("resumes from the checkpoint", False, _no_report(second, timeout)))
             else:
                 step = int(resumed.get("step") or 0)
                 verdict.resumed_step = step
-                verdict.checks.append(Check("resumes from the checkpoint", step >= max(floor, 1),
-                                            f"first step {step}, saved at step {floor}"))
+                verdict.checks.append(
+                    Check(
+                        "resumes from the checkpoint",
+                        step >= max(floor, 1),
+                        f"first step {step}, saved at step {floor}",
+                    )
+                )
         finally:
             if second.poll() is None:
                 os.killpg(second.pid, signal.SIGKILL)
@@ -188,12 +232,21 @@ def check_workload(command: Sequence[str], grace: float = 120.0, timeout: float 
             shutil.rmtree(ckpt, ignore_errors=True)
 
 
-def _run(command: Sequence[str], attempt: int, grace: float, ckpt: Path, workdir: Path | None,
-         reports: _Reports, token: str) -> subprocess.Popen[bytes]:
+def _run(
+    command: Sequence[str], attempt: int, grace: float, ckpt: Path, workdir: Path | None, reports: _Reports, token: str
+) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
-    env.update({"WARDEN_JOB_ID": "check", "WARDEN_ATTEMPT": str(attempt), "WARDEN_GRACE_SECONDS": f"{grace:g}",
-                "WARDEN_CHECKPOINT_DIR": str(ckpt), "WARDEN_URL": reports.url, "WARDEN_REPORT_TOKEN": token,
-                "WARDEN_PROGRESS_INTERVAL": "0"})
+    env.update(
+        {
+            "WARDEN_JOB_ID": "check",
+            "WARDEN_ATTEMPT": str(attempt),
+            "WARDEN_GRACE_SECONDS": f"{grace:g}",
+            "WARDEN_CHECKPOINT_DIR": str(ckpt),
+            "WARDEN_URL": reports.url,
+            "WARDEN_REPORT_TOKEN": token,
+            "WARDEN_PROGRESS_INTERVAL": "0",
+        }
+    )
     # The workload's own output goes to stderr: stdout stays the verdict (a table or JSON).
     return subprocess.Popen(list(command), env=env, cwd=workdir, start_new_session=True, stdout=sys.stderr)
 

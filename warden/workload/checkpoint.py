@@ -103,8 +103,9 @@ class CheckpointStore:
 
     # -- saving --------------------------------------------------------------------------------
 
-    def save(self, step: int, data: bytes | bytearray | memoryview | Mapping[str, Any], *,
-             on_sigterm: bool | None = None) -> Path:
+    def save(
+        self, step: int, data: bytes | bytearray | memoryview | Mapping[str, Any], *, on_sigterm: bool | None = None
+    ) -> Path:
         """Saves bytes (``.bin``) or a JSON-able mapping (``.json``) as checkpoint ``step``;
         returns its path once it is durable. See ``_save`` for ``on_sigterm`` and retention."""
         started = time.monotonic()
@@ -115,12 +116,15 @@ class CheckpointStore:
             try:
                 text = json.dumps(dict(data))
             except (TypeError, ValueError) as e:
-                raise TypeError(f"checkpoint data is not JSON-able ({e}); save tensors and "
-                                f"state dicts with save_torch()") from e
+                raise TypeError(
+                    f"checkpoint data is not JSON-able ({e}); save tensors and state dicts with save_torch()"
+                ) from e
             payload = text.encode()
             return self._save(step, "json", lambda f: f.write(payload), on_sigterm, started)
-        raise TypeError(f"save() takes bytes or a JSON-able mapping, not {type(data).__name__}; "
-                        f"use save_torch() for PyTorch objects")
+        raise TypeError(
+            f"save() takes bytes or a JSON-able mapping, not {type(data).__name__}; "
+            f"use save_torch() for PyTorch objects"
+        )
 
     def save_torch(self, step: int, obj: Any, *, on_sigterm: bool | None = None) -> Path:
         """Saves a PyTorch object (state dicts, tensors, numbers) with ``torch.save`` as
@@ -128,11 +132,11 @@ class CheckpointStore:
         accepts: ``load`` refuses to unpickle anything else."""
         import torch
 
-        return self._save(step, "pt", lambda f: torch.save(obj, f), on_sigterm,
-                          time.monotonic())
+        return self._save(step, "pt", lambda f: torch.save(obj, f), on_sigterm, time.monotonic())
 
-    def _save(self, step: int, fmt: str, write: Callable[[BinaryIO], object],
-              on_sigterm: bool | None, started: float) -> Path:
+    def _save(
+        self, step: int, fmt: str, write: Callable[[BinaryIO], object], on_sigterm: bool | None, started: float
+    ) -> Path:
         """The atomic save, its reports and retention. The reported duration runs from
         ``started`` (before serialization) to the directory fsync, without the reports.
 
@@ -161,17 +165,21 @@ class CheckpointStore:
         reporter.checkpoint_finished(duration, size, on_sigterm, step)
         return path
 
-    def _commit(self, path: Path, fmt: str, step: int,
-                write: Callable[[BinaryIO], object]) -> int:
+    def _commit(self, path: Path, fmt: str, step: int, write: Callable[[BinaryIO], object]) -> int:
         """Temp file, fsync, sidecar, rename, fsync dir. Returns the data's size."""
         data_tmp, size, digest = self._write_temp(path.name, write)
         try:
-            meta = {"version": _META_VERSION, "step": step, "format": fmt, "size": size,
-                    "sha256": digest, "created_at": time.time(),
-                    "writer": f"{_WRITER_HOST}:{os.getpid()}"}
+            meta = {
+                "version": _META_VERSION,
+                "step": step,
+                "format": fmt,
+                "size": size,
+                "sha256": digest,
+                "created_at": time.time(),
+                "writer": f"{_WRITER_HOST}:{os.getpid()}",
+            }
             meta_bytes = json.dumps(meta).encode()
-            meta_tmp, _, _ = self._write_temp(path.name + _META_SUFFIX,
-                                              lambda f: f.write(meta_bytes))
+            meta_tmp, _, _ = self._write_temp(path.name + _META_SUFFIX, lambda f: f.write(meta_bytes))
             os.replace(meta_tmp, path.with_name(path.name + _META_SUFFIX))
             _fsync_dir(self.directory)  # the sidecar's name is durable before the data's
             os.replace(data_tmp, path)
@@ -181,13 +189,11 @@ class CheckpointStore:
         _fsync_dir(self.directory)
         return size
 
-    def _write_temp(self, final_name: str, write: Callable[[BinaryIO], object]
-                    ) -> tuple[Path, int, str]:
+    def _write_temp(self, final_name: str, write: Callable[[BinaryIO], object]) -> tuple[Path, int, str]:
         """Writes a new hidden temp file next to ``final_name``, fsynced; (path, size, sha256).
         The name carries the writer (host, pid namespace, pid) so that others can tell an
         abandoned file from one being written."""
-        tmp = self.directory / (f".{final_name}.{_WRITER_HOST}.{os.getpid()}."
-                                f"{os.urandom(4).hex()}{_TMP_SUFFIX}")
+        tmp = self.directory / (f".{final_name}.{_WRITER_HOST}.{os.getpid()}.{os.urandom(4).hex()}{_TMP_SUFFIX}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             with os.fdopen(fd, "wb") as f:
@@ -207,7 +213,7 @@ class CheckpointStore:
         older = [i for i in infos if i.step < keep_step]
         doomed = [i for i in infos if i.step > keep_step]
         if self.keep is not None:
-            doomed += older[:max(0, len(older) - (self.keep - 1))]
+            doomed += older[: max(0, len(older) - (self.keep - 1))]
         for info in doomed:
             _unlink(info.path)
             _unlink(info.meta_path)
@@ -245,8 +251,7 @@ class CheckpointStore:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise CorruptCheckpoint(f"{info.meta_path}: unreadable sidecar ({e})") from e
         if info.path.stat().st_size != expected_size:
-            raise CorruptCheckpoint(f"{info.path}: {info.path.stat().st_size} bytes, "
-                                    f"sidecar says {expected_size}")
+            raise CorruptCheckpoint(f"{info.path}: {info.path.stat().st_size} bytes, sidecar says {expected_size}")
         raw = info.path.read_bytes()
         if len(raw) != expected_size or hashlib.sha256(raw).hexdigest() != expected_sha:
             raise CorruptCheckpoint(f"{info.path}: SHA-256 does not match its sidecar")
@@ -293,12 +298,12 @@ class CheckpointStore:
             path = self.directory / name
             writer: str | None
             if name.startswith(".") and name.endswith(_TMP_SUFFIX):
-                parts = name[:-len(_TMP_SUFFIX)].rsplit(".", 3)
+                parts = name[: -len(_TMP_SUFFIX)].rsplit(".", 3)
                 if len(parts) != 4 or not parts[0].startswith(f".{self.prefix}-"):
                     continue
                 writer = f"{parts[1]}:{parts[2]}"
-            elif name.endswith(_META_SUFFIX) and name[:-len(_META_SUFFIX)] not in names:
-                if not self._name.fullmatch(name[:-len(_META_SUFFIX)]):
+            elif name.endswith(_META_SUFFIX) and name[: -len(_META_SUFFIX)] not in names:
+                if not self._name.fullmatch(name[: -len(_META_SUFFIX)]):
                     continue
                 writer = _meta_writer(path)
             else:
@@ -323,6 +328,7 @@ class CheckpointStore:
 
 
 # -- helpers -----------------------------------------------------------------------------------
+
 
 class _HashingWriter:
     """A write-only file wrapper that hashes and counts what passes through: the checksum costs
@@ -361,8 +367,10 @@ def _parse(info: CheckpointInfo, raw: bytes, map_location: Any) -> Any:
         # The bytes are the ones written (verified above), so this is no torn file: most likely
         # an object that weights_only refuses to unpickle. Raise rather than skip it: skipping
         # would silently resume from an older checkpoint, or from scratch.
-        raise RuntimeError(f"{info.path} is intact but torch.load(weights_only=True) refuses "
-                           f"it; save only state dicts, tensors and plain values ({e})") from e
+        raise RuntimeError(
+            f"{info.path} is intact but torch.load(weights_only=True) refuses "
+            f"it; save only state dicts, tensors and plain values ({e})"
+        ) from e
 
 
 def _meta_writer(path: Path) -> str | None:
@@ -396,7 +404,7 @@ def _pid_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
-        return stat[stat.rindex(b")") + 2:][:1] != b"Z"
+        return stat[stat.rindex(b")") + 2 :][:1] != b"Z"
     except (OSError, ValueError):
         return True
 

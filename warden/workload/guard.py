@@ -27,9 +27,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import FrameType, TracebackType
-from typing import Any, Callable, NoReturn, Self
+from typing import Any, NoReturn, Self
 
 from warden.workload.report import Reporter, default_reporter
 
@@ -66,8 +66,7 @@ class PreemptionGuard:
         ``chain`` also calls the handler installed before (say, a framework's), after the flag
         is up. ``reporter`` is flushed by ``exit()`` (default: the process-wide one)."""
         env = os.environ if env is None else env
-        self.grace_s: float | None = grace_s if grace_s is not None else _float(
-            env.get("WARDEN_GRACE_SECONDS"))
+        self.grace_s: float | None = grace_s if grace_s is not None else _float(env.get("WARDEN_GRACE_SECONDS"))
         self.rank: int = _int(env.get("RANK"), 0)
         self.world_size: int = _int(env.get("WORLD_SIZE"), 1)
         self.local_rank: int = _int(env.get("LOCAL_RANK"), 0)
@@ -102,7 +101,8 @@ class PreemptionGuard:
             raise RuntimeError(
                 "PreemptionGuard.install() must run in the main thread: Python delivers signals "
                 "to handlers in the main thread only. Install the guard there and hand it to "
-                "other threads, which may poll guard.should_stop() or block in guard.wait().")
+                "other threads, which may poll guard.should_stop() or block in guard.wait()."
+            )
         if self.installed:
             return self
         for signum in self.signals:
@@ -123,8 +123,9 @@ class PreemptionGuard:
     def __enter__(self) -> Self:
         return self.install()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.uninstall()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -219,7 +220,7 @@ class PreemptionGuard:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except Exception:  # noqa: BLE001 - a closed stream must not turn exit 0 into 1
+            except Exception:
                 pass
         sys.exit(code)
 

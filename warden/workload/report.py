@@ -69,7 +69,7 @@ def _started_after_boot(pid: str) -> float:
     with open(f"/proc/{pid}/stat", "rb") as f:
         stat = f.read().decode("ascii", "replace")
     # The command name (field 2) may hold spaces and parentheses: count from the last ')'.
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     return int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
@@ -150,8 +150,9 @@ class Reporter:
                 kwargs["min_interval"] = max(0.0, float(interval))
             except ValueError:
                 pass
-        return cls(url, env.get("WARDEN_JOB_ID"), env.get("WARDEN_REPORT_TOKEN"),
-                   _int(env.get("WARDEN_ATTEMPT"), 1), **kwargs)
+        return cls(
+            url, env.get("WARDEN_JOB_ID"), env.get("WARDEN_REPORT_TOKEN"), _int(env.get("WARDEN_ATTEMPT"), 1), **kwargs
+        )
 
     # -- the reports ---------------------------------------------------------------------------
 
@@ -183,8 +184,7 @@ class Reporter:
             self._next_progress_at = now + self.min_interval
             self._pending = body
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="warden-reporter",
-                                                daemon=True)
+                self._thread = threading.Thread(target=self._run, name="warden-reporter", daemon=True)
                 self._thread.start()
             self._wake.notify_all()  # flush() may wait on the same condition
 
@@ -193,16 +193,26 @@ class Reporter:
         if self.enabled:
             self._send(_with_step({"kind": "checkpoint_started", "at": time.time()}, step))
 
-    def checkpoint_finished(self, duration_s: float, size_bytes: int, on_sigterm: bool,
-                            step: int | None = None) -> None:
+    def checkpoint_finished(
+        self, duration_s: float, size_bytes: int, on_sigterm: bool, step: int | None = None
+    ) -> None:
         """Reports (synchronously) a completed checkpoint: how long the save took, its size,
         whether it was the save on SIGTERM (the engine compares that duration with the grace
         period: a job whose SIGTERM save fits loses nothing when preempted), and the step it
         holds, if given (what the next attempt will resume from)."""
         if self.enabled:
-            self._send(_with_step({"kind": "checkpoint_finished", "at": time.time(),
-                                   "duration_s": float(duration_s), "size_bytes": int(size_bytes),
-                                   "on_sigterm": bool(on_sigterm)}, step))
+            self._send(
+                _with_step(
+                    {
+                        "kind": "checkpoint_finished",
+                        "at": time.time(),
+                        "duration_s": float(duration_s),
+                        "size_bytes": int(size_bytes),
+                        "on_sigterm": bool(on_sigterm),
+                    },
+                    step,
+                )
+            )
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Waits until the background thread has sent what it holds (or ``timeout`` passed).
@@ -243,15 +253,14 @@ class Reporter:
         assert body["kind"] in _KINDS and self._opener is not None
         payload = json.dumps({"attempt": self.attempt, **body}).encode()
         try:
-            request = Request(self._endpoint, data=payload, headers=self._headers,
-                              method="POST")
+            request = Request(self._endpoint, data=payload, headers=self._headers, method="POST")
             with self._opener.open(request, timeout=self.timeout) as response:
                 response.read()
                 status = int(response.status)
                 ok, error = 200 <= status < 300, f"HTTP {status}"
         except HTTPError as e:  # non-2xx answers (after redirects)
             ok, error = False, f"HTTP {e.code} {e.reason}"
-        except Exception as e:  # noqa: BLE001 - URLError, timeouts, resets, a bad URL: all alike
+        except Exception as e:
             ok, error = False, f"{type(e).__name__}: {e}"
         with self._lock:
             if ok:
@@ -269,10 +278,13 @@ class Reporter:
                 return
             self._failed_logged = True
         try:
-            print(f"warden.workload: could not send the {kind} report to {self._endpoint}: "
-                  f"{error}; training continues, further report failures are not logged",
-                  file=sys.stderr, flush=True)
-        except Exception:  # noqa: BLE001 - a closed stderr must not matter either
+            print(
+                f"warden.workload: could not send the {kind} report to {self._endpoint}: "
+                f"{error}; training continues, further report failures are not logged",
+                file=sys.stderr,
+                flush=True,
+            )
+        except Exception:
             pass
 
 

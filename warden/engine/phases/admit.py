@@ -78,8 +78,11 @@ class Admit:
         pkey = (flavor, *shape)
         memo = self.memo
         seen = memo.capacity_seen.get(pkey)
-        failed = seen[1] if seen is not None and seen[0] == memo.capacity_version \
+        failed = (
+            seen[1]
+            if seen is not None and seen[0] == memo.capacity_version
             else self._capacity_reason(job, flavor, pkey)
+        )
         if self.state.holds:
             if self.state.reserved:
                 names = self.backfill(job, flavor)
@@ -149,8 +152,9 @@ class Admit:
             memo.backfill_fail[key] = memo.hold_version
         return names
 
-    def _share(self, job: Job, flavor: str, usable: list[Hold], here: list[Part], elsewhere: list[Part]
-               ) -> tuple[str, ...] | None:
+    def _share(
+        self, job: Job, flavor: str, usable: list[Hold], here: list[Part], elsewhere: list[Part]
+    ) -> tuple[str, ...] | None:
         """Place the job in free capacity plus the usable holds' parts (`here` on the flavor,
         `elsewhere` not); each reservation keeps what is left of its part. None: no room."""
         state, memo, index = self.state, self.memo, self.index

@@ -31,8 +31,7 @@ class Claim:
         self.state = state
         self.victims = victims
 
-    def claim(self, job: Job, names: Sequence[str], d: tuple[float, ...], chosen: list[Candidate]
-              ) -> WaitingForGrace:
+    def claim(self, job: Job, names: Sequence[str], d: tuple[float, ...], chosen: list[Candidate]) -> WaitingForGrace:
         """Signal the new victims of `chosen`, hold `names` for the job (its demand `d`), and
         hand on what the jobs it waits for leave over."""
         etas = self._signal(job, chosen)
@@ -61,8 +60,7 @@ class Claim:
             etas[v.id] = state.now + grace
         return etas
 
-    def _promise(self, job: Job, names: Sequence[str], hold: Hold, chosen: list[Candidate]
-                 ) -> dict[str, list[Part]]:
+    def _promise(self, job: Job, names: Sequence[str], hold: Hold, chosen: list[Candidate]) -> dict[str, list[Part]]:
         """The rest of the placement comes out of the leaving jobs' capacity: promised to this
         job, never shown free (a `Reserved` check releases only what a hold took from free).
         Each leaving job's footprint, all of which is free for now."""

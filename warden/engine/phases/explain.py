@@ -89,8 +89,11 @@ class Explain:
                     job_cpu, job_memory = job.cpu, job.memory
                     for cpu, memory, version, known in fronts:
                         if version == -1:
-                            if (job_cpu == cpu and job_memory == memory) if governed \
-                                    else (job_cpu >= cpu and job_memory >= memory):
+                            if (
+                                (job_cpu == cpu and job_memory == memory)
+                                if governed
+                                else (job_cpu >= cpu and job_memory >= memory)
+                            ):
                                 reason = known
                                 break
                         elif version == memo.hold_version and job_cpu == cpu and job_memory == memory:
@@ -123,8 +126,11 @@ class Explain:
 
         Not remembered: an admission, a reason that names victims (their state is the job's
         own) and one that names a reservation's due time (the job's own reservation)."""
-        if reason is not None and not isinstance(reason, (WaitingForGrace, WaitingForLease)) \
-                and getattr(reason, "reserved_at", None) is None:
+        if (
+            reason is not None
+            and not isinstance(reason, (WaitingForGrace, WaitingForLease))
+            and getattr(reason, "reserved_at", None) is None
+        ):
             entry = (job.cpu, job.memory, self.memo.hold_version if isinstance(reason, Reserved) else -1, reason)
             if fronts is None:
                 self.memo.outcomes[key] = [entry]

@@ -98,8 +98,9 @@ class Preempt:
                 best = (chosen, p.reclaims)
         return best
 
-    def _minimal(self, job: Job, flavors: Sequence[str], found: Found
-                 ) -> tuple[str, tuple[str, ...], list[Candidate]] | None:
+    def _minimal(
+        self, job: Job, flavors: Sequence[str], found: Found
+    ) -> tuple[str, tuple[str, ...], list[Candidate]] | None:
         """Give back every victim the job can do without on any flavor, the costliest first;
         the first flavor it then fits on, its placement there, and the victims it needs (in
         victim order). The state is left as it was.

@@ -60,8 +60,9 @@ class Reserve:
         if best is None:
             return None
         state.hold(job, best.names, best.due, backfill=True)
-        state.reservations.append(Reservation(job.id, best.due, tuple(dict.fromkeys(best.names)),
-                                              tuple(j.id for j in best.waits_for)))
+        state.reservations.append(
+            Reservation(job.id, best.due, tuple(dict.fromkeys(best.names)), tuple(j.id for j in best.waits_for))
+        )
         if best.lease_victims:
             return WaitingForLease(tuple(v.id for v in best.lease_victims), best.due)
         if isinstance(blocked, (InsufficientCapacity, Fragmented)):
@@ -87,8 +88,9 @@ class Reserve:
             if state.fits(job, flavor, d):
                 names = state.find(flavor, job)
                 assert names is not None
-                found = Forecast(max(t, now), names, tuple(v for v, _ in released),
-                                 tuple(v for v, pre in released if pre))
+                found = Forecast(
+                    max(t, now), names, tuple(v for v, _ in released), tuple(v for v, pre in released if pre)
+                )
                 break
         state.rollback(mark)
         return found
@@ -114,11 +116,16 @@ class Reserve:
                 leaving.append((state.now if kill_at is None else kill_at, gone.id, gone, False))
         leaving.sort(key=_time_and_id)
         # `may[rules.pair_key(job)]`, inlined: a forecast may walk thousands of running jobs.
-        ending = (e for e in _drain(at_end)
-                  if e[2].id not in claimed and not (e[3] < e[0] and may[e[2].tier, e[2].queue]))
+        ending = (
+            e for e in _drain(at_end) if e[2].id not in claimed and not (e[3] < e[0] and may[e[2].tier, e[2].queue])
+        )
         lifting = (e for e in _drain(at_lift) if e[2].id not in claimed and may[e[2].tier, e[2].queue])
-        return heapq.merge(leaving, ((t, i, v, False) for t, i, v, _ in ending),
-                           ((t, i, v, True) for t, i, v, _ in lifting), key=_time_and_id)
+        return heapq.merge(
+            leaving,
+            ((t, i, v, False) for t, i, v, _ in ending),
+            ((t, i, v, True) for t, i, v, _ in lifting),
+            key=_time_and_id,
+        )
 
 
 def _time_and_id(e: Freeing) -> tuple[float, str]:

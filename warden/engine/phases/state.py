@@ -69,8 +69,9 @@ class PassState:
         "victim_facts",
     )
 
-    def __init__(self, snapshot: Snapshot, now: float, alloc: Allocation, terminating: dict[str, Job],
-                 claims: dict[str, Job]) -> None:
+    def __init__(
+        self, snapshot: Snapshot, now: float, alloc: Allocation, terminating: dict[str, Job], claims: dict[str, Job]
+    ) -> None:
         self.snapshot = snapshot
         self.now = now
         self.policy = snapshot.policy

@@ -38,8 +38,9 @@ class Victims:
         if memo.candidates is None:
             rows, held_on, nonnegative, releases = self._price()
             by_cost = self.state.policy.preemption.victim_order == "cost"
-            memo.candidates = CandidatePool(_in_victim_order(rows, by_cost), held_on, by_cost=by_cost,
-                                            ascending=by_cost and nonnegative)
+            memo.candidates = CandidatePool(
+                _in_victim_order(rows, by_cost), held_on, by_cost=by_cost, ascending=by_cost and nonnegative
+            )
             memo.releases = releases
         return memo.candidates
 
@@ -117,9 +118,19 @@ class Victims:
         if facts is None or facts[0] is not v or facts[1] > state.now:
             started = v.attempt.started_at if v.attempt is not None else 0.0
             end = started + v.expected_duration if v.expected_duration is not None else INF
-            facts = (v, state.now, protection(state.ctx, v), at_risk_since(state.policy, v),
-                     startup_of(state.policy, v) * v.total_gpus, freed_gpus(v), v.total_gpus,
-                     -v.tier, -started, state.flavor_of_job[v.id], end)
+            facts = (
+                v,
+                state.now,
+                protection(state.ctx, v),
+                at_risk_since(state.policy, v),
+                startup_of(state.policy, v) * v.total_gpus,
+                freed_gpus(v),
+                v.total_gpus,
+                -v.tier,
+                -started,
+                state.flavor_of_job[v.id],
+                end,
+            )
             state.victim_facts[v.id] = facts
         return facts
 
@@ -138,9 +149,21 @@ class Victims:
             for job_id, (t, parts, eta) in state.rests.items():
                 rows.append((eta, job_id, t, parts))
             rows.sort(key=lambda r: (r[0], r[1]))
-            memo.leaving = [Candidate(t, 0.0, 0.0, 0.0, state.flavor_of_job[t.id], i - len(rows),
-                                      freed_gpus(t, parts), leaving=True, parts=parts, eta=eta)
-                            for i, (eta, _, t, parts) in enumerate(rows)]
+            memo.leaving = [
+                Candidate(
+                    t,
+                    0.0,
+                    0.0,
+                    0.0,
+                    state.flavor_of_job[t.id],
+                    i - len(rows),
+                    freed_gpus(t, parts),
+                    leaving=True,
+                    parts=parts,
+                    eta=eta,
+                )
+                for i, (eta, _, t, parts) in enumerate(rows)
+            ]
         return memo.leaving
 
     def claimed(self, c: Candidate) -> None:
@@ -174,8 +197,12 @@ def _in_victim_order(rows: list[tuple[Any, ...]], by_cost: bool) -> list[Candida
     new = tuple.__new__  # Candidate's own constructor is a Python function; this is C
     if by_cost:
         rows.sort()
-        return [new(Candidate, (v, cost, lost, 0.0, flavor, rank, freed, False, None, 0.0))
-                for rank, (cost, _, _, _, v, lost, freed, flavor) in enumerate(rows)]
+        return [
+            new(Candidate, (v, cost, lost, 0.0, flavor, rank, freed, False, None, 0.0))
+            for rank, (cost, _, _, _, v, lost, freed, flavor) in enumerate(rows)
+        ]
     rows.sort(key=itemgetter(0))
-    return [new(Candidate, (v, cost, lost, 0.0, flavor, rank, freed, False, None, 0.0))
-            for rank, (_, v, cost, lost, freed, flavor) in enumerate(rows)]
+    return [
+        new(Candidate, (v, cost, lost, 0.0, flavor, rank, freed, False, None, 0.0))
+        for rank, (_, v, cost, lost, freed, flavor) in enumerate(rows)
+    ]

@@ -11,7 +11,7 @@ Create Date: 2025-01-01
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
