@@ -515,9 +515,11 @@ def run_engine_bench(
     garbage from the previous one is not billed to it.
     """
     from warden.engine.scheduler import Engine, schedule
+    from warden.runtime import tune_collector
 
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
+    tune_collector()  # as the server and the simulator run passes
     t0 = time.perf_counter()
     snapshot, now = synthetic_snapshot(nodes, gpus_per_node, pending, running, seed)
     build_s = time.perf_counter() - t0
@@ -587,9 +589,11 @@ def run_churn_bench(
 
     from warden.engine.model import Attempt
     from warden.engine.scheduler import Engine, schedule
+    from warden.runtime import tune_collector
 
     if repeat < 1 or churn < 0:
         raise ValueError(f"repeat must be at least 1 and churn at least 0, got {repeat} and {churn}")
+    tune_collector()  # as the server and the simulator run passes
     rng = Random(seed + 1)
     snapshot, now = synthetic_snapshot(nodes, gpus_per_node, pending, running, seed)
     jobs = {j.id: j for j in snapshot.jobs}

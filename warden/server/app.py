@@ -18,6 +18,7 @@ from warden.engine.model import Node
 from warden.engine.policy import Policy, default_policy, load_policy, parse_policy
 from warden.executors.gpus import discover_gpus
 from warden.executors.local import LocalExecutor
+from warden.runtime import tune_collector
 from warden.server.api import build_router, install_error_handlers, metrics_route
 from warden.server.service import Service
 from warden.store.db import connect, default_url, migrate
@@ -138,6 +139,7 @@ def create_app(service: Service) -> FastAPI:
 def serve(settings: Settings, say: Callable[[str], None] = print) -> None:
     import uvicorn
 
+    tune_collector()
     service = build_service(settings, say)
     gpus = sum(n.gpus for n in service.nodes)
     say(
