@@ -24,7 +24,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from warden.sim.experiment import prepare, run_policy  # noqa: E402
+from warden.sim.experiment import prepare, run_policy
 
 DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 CASES = {
@@ -46,11 +46,20 @@ def measure(traces: Path, name: str, repeat: int) -> dict[str, Any]:
     wall = statistics.median(walls)
     jobs = summary["jobs"]
     return {
-        "trace": file, "policy": policy, "gpus": 2816, "jobs": jobs, "repeat": repeat,
-        "wall_s_median": round(wall, 3), "wall_s_all": [round(w, 3) for w in walls],
-        "jobs_per_s": round(jobs / wall, 1), "load_s": round(load_s, 3), "passes": summary["passes"],
-        "avg_jct_s": summary["avg_jct_s"], "avg_wait_s": summary["avg_wait_s"],
-        "utilization": summary["utilization"], "preemptions": summary["preemptions"],
+        "trace": file,
+        "policy": policy,
+        "gpus": 2816,
+        "jobs": jobs,
+        "repeat": repeat,
+        "wall_s_median": round(wall, 3),
+        "wall_s_all": [round(w, 3) for w in walls],
+        "jobs_per_s": round(jobs / wall, 1),
+        "load_s": round(load_s, 3),
+        "passes": summary["passes"],
+        "avg_jct_s": summary["avg_jct_s"],
+        "avg_wait_s": summary["avg_wait_s"],
+        "utilization": summary["utilization"],
+        "preemptions": summary["preemptions"],
     }
 
 

@@ -245,3 +245,13 @@ def test_the_simulator_books_as_lost_what_the_shared_measurement_gives(
     for t in np.arange(0.0, 900.0, 7.5):
         ex = sigterm_exit(job, 0.0, 0.0, float(t), float(t) + 120.0)
         assert ex.lost == pytest.approx(ex.done - ex.saved, abs=1e-9), (t, ex)
+
+
+def test_owed_hours_of_a_run_in_which_no_job_started() -> None:
+    """No admitted job leaves the waterfill with nothing to sum: it still answers in floats."""
+    from warden.sim.metrics import summarize
+    from warden.sim.records import SimJob, SimRun
+
+    never = SimJob("j0", "a", 3, "", 10.0, 1, 5.0, None, 0.0, ())
+    summary = summarize(SimRun("governed", "x", 0, 1, (never,), 0.0, 10.0))
+    assert isinstance(summary, dict)

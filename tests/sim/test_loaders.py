@@ -17,8 +17,9 @@ from warden.sim.records import TraceJob
 NATIVE_HEADER = "job_id,submit,num_gpus,duration"
 PHILLY_HEADER = "timestamp,duration,num_gpus,gpu_time,cluster"
 RFOLD_HEADER = "#job id,arrival time (sec),topology,shape,size,duration (sec)"
-PAI_HEADER = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
-              "creation_time,deletion_time,scheduled_time")
+PAI_HEADER = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"
+)
 
 
 def write(tmp_path: Path, text: str, name: str = "trace.csv") -> Path:
@@ -33,15 +34,18 @@ def native(tmp_path: Path, *rows: str, header: str = NATIVE_HEADER) -> Path:
 
 # --- detection -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("header", "row", "expected"), [
-    (NATIVE_HEADER, "a,0,1,10", "native"),
-    ("duration,num_gpus,submit,job_id,queue", "10,1,0,a,q", "native"),
-    (PHILLY_HEADER, "2017-10-09 07:01:55,66.0,1,66.0,11cb48", "philly"),
-    (RFOLD_HEADER, "0,0.0,CLOS,1,1,3613033.0", "philly-rfold"),
-    (PAI_HEADER, "p0,12000,16384,1,1000,,LS,Running,0,100,0", "pai2023"),
-])
-def test_auto_detects_each_format_from_its_header(tmp_path: Path, header: str, row: str,
-                                                  expected: str) -> None:
+
+@pytest.mark.parametrize(
+    ("header", "row", "expected"),
+    [
+        (NATIVE_HEADER, "a,0,1,10", "native"),
+        ("duration,num_gpus,submit,job_id,queue", "10,1,0,a,q", "native"),
+        (PHILLY_HEADER, "2017-10-09 07:01:55,66.0,1,66.0,11cb48", "philly"),
+        (RFOLD_HEADER, "0,0.0,CLOS,1,1,3613033.0", "philly-rfold"),
+        (PAI_HEADER, "p0,12000,16384,1,1000,,LS,Running,0,100,0", "pai2023"),
+    ],
+)
+def test_auto_detects_each_format_from_its_header(tmp_path: Path, header: str, row: str, expected: str) -> None:
     path = write(tmp_path, f"{header}\n{row}\n")
     assert detect_format(path) == expected
     trace = load_trace(path)
@@ -73,6 +77,7 @@ def test_an_empty_file_and_a_missing_file_are_trace_errors(tmp_path: Path) -> No
 
 # --- native schema -------------------------------------------------------------------------------
 
+
 def test_native_required_columns_only_take_defaults_and_enrichment(tmp_path: Path) -> None:
     trace = load_trace(native(tmp_path, "a,0,16,7200"))
     (job,) = trace.jobs
@@ -86,19 +91,37 @@ def test_native_required_columns_only_take_defaults_and_enrichment(tmp_path: Pat
     assert rules.RULE_TIER in trace.rules and rules.RULE_REPLICAS not in trace.rules
 
 
-FULL_HEADER = ("job_id,submit,num_gpus,duration,queue,tier,user,replicas,gpus_per_replica,lease,"
-               "checkpoint_interval,checkpoint_seconds,startup_seconds,resumable,cpu,memory,flavor")
+FULL_HEADER = (
+    "job_id,submit,num_gpus,duration,queue,tier,user,replicas,gpus_per_replica,lease,"
+    "checkpoint_interval,checkpoint_seconds,startup_seconds,resumable,cpu,memory,flavor"
+)
 
 
 def test_native_optional_columns_are_kept_as_given(tmp_path: Path) -> None:
-    path = native(tmp_path, "a,5,16,600,vision,1,ann,2,8,3600,900,42,77,yes,4000,8192,H100",
-                  header=FULL_HEADER)
+    path = native(tmp_path, "a,5,16,600,vision,1,ann,2,8,3600,900,42,77,yes,4000,8192,H100", header=FULL_HEADER)
     trace = load_trace(path, seed=3)
-    assert trace.jobs == (TraceJob("a", 0.0, 16, 600.0, queue="vision", tier=1, user="ann",
-                                   replicas=2, gpus_per_replica=8, lease=3600.0,
-                                   checkpoint_interval=900.0, checkpoint_seconds=42.0,
-                                   startup_seconds=77.0, resumable=True, cpu=4000, memory=8192,
-                                   flavor="H100", seq=0),)
+    assert trace.jobs == (
+        TraceJob(
+            "a",
+            0.0,
+            16,
+            600.0,
+            queue="vision",
+            tier=1,
+            user="ann",
+            replicas=2,
+            gpus_per_replica=8,
+            lease=3600.0,
+            checkpoint_interval=900.0,
+            checkpoint_seconds=42.0,
+            startup_seconds=77.0,
+            resumable=True,
+            cpu=4000,
+            memory=8192,
+            flavor="H100",
+            seq=0,
+        ),
+    )
     assert trace.rules == ()
 
 
@@ -108,13 +131,17 @@ def test_native_empty_cells_take_the_column_defaults(tmp_path: Path) -> None:
     assert job == TraceJob("a", 0.0, 4, 600.0, replicas=1, gpus_per_replica=4)
 
 
-@pytest.mark.parametrize(("cells", "replicas", "per"), [
-    ("8,2,", 2, 4),
-    ("8,,2", 4, 2),
-    ("8,,", 1, 8),
-])
+@pytest.mark.parametrize(
+    ("cells", "replicas", "per"),
+    [
+        ("8,2,", 2, 4),
+        ("8,,2", 4, 2),
+        ("8,,", 1, 8),
+    ],
+)
 def test_native_replicas_and_gpus_per_replica_complete_each_other(
-        tmp_path: Path, cells: str, replicas: int, per: int) -> None:
+    tmp_path: Path, cells: str, replicas: int, per: int
+) -> None:
     path = native(tmp_path, f"a,0,{cells},60", header="job_id,submit,num_gpus,replicas,gpus_per_replica,duration")
     (job,) = load_trace(path).jobs
     assert (job.replicas, job.gpus_per_replica) == (replicas, per)
@@ -164,7 +191,8 @@ MALFORMED = [
 
 @pytest.mark.parametrize(("extra", "bad", "column", "problem"), MALFORMED)
 def test_a_malformed_native_row_names_file_line_column_and_value(
-        tmp_path: Path, extra: str, bad: str, column: str, problem: str) -> None:
+    tmp_path: Path, extra: str, bad: str, column: str, problem: str
+) -> None:
     fill = "," * extra.count(",")
     path = native(tmp_path, f"a,0,1,60{fill}", "", bad, f"c,2,1,60{fill}", header=NATIVE_HEADER + extra)
     with pytest.raises(TraceError) as caught:
@@ -176,7 +204,8 @@ def test_a_malformed_native_row_names_file_line_column_and_value(
 
 @pytest.mark.parametrize(("extra", "bad", "column", "problem"), MALFORMED)
 def test_skip_invalid_counts_the_row_under_its_column(
-        tmp_path: Path, extra: str, bad: str, column: str, problem: str) -> None:
+    tmp_path: Path, extra: str, bad: str, column: str, problem: str
+) -> None:
     fill = "," * extra.count(",")
     path = native(tmp_path, f"a,0,1,60{fill}", bad, f"c,2,1,60{fill}", header=NATIVE_HEADER + extra)
     trace = load_trace(path, skip_invalid=True)
@@ -213,23 +242,29 @@ def test_a_repeated_native_column_is_an_error(tmp_path: Path) -> None:
 
 # --- Parquet -------------------------------------------------------------------------------------
 
+
 def test_parquet_round_trip_matches_csv(tmp_path: Path) -> None:
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
-    table = pa.table({
-        "job_id": ["a", "b", "c"],
-        "submit": [10.0, 5.5, 10.0],
-        "num_gpus": [16, 1, 4],
-        "duration": [20000.0, 60.0, 3600.0],
-        "tier": [2, None, 3],
-        "resumable": [True, False, None],
-        "replicas": [2, 1, None],
-        "queue": ["vision", None, "nlp"],
-    })
+    table = pa.table(
+        {
+            "job_id": ["a", "b", "c"],
+            "submit": [10.0, 5.5, 10.0],
+            "num_gpus": [16, 1, 4],
+            "duration": [20000.0, 60.0, 3600.0],
+            "tier": [2, None, 3],
+            "resumable": [True, False, None],
+            "replicas": [2, 1, None],
+            "queue": ["vision", None, "nlp"],
+        }
+    )
     pq.write_table(table, tmp_path / "t.parquet")
-    csv_path = write(tmp_path, "job_id,submit,num_gpus,duration,tier,resumable,replicas,queue\n"
-                               "a,10.0,16,20000.0,2,true,2,vision\nb,5.5,1,60.0,,false,1,\n"
-                               "c,10.0,4,3600.0,3,,,nlp\n")
+    csv_path = write(
+        tmp_path,
+        "job_id,submit,num_gpus,duration,tier,resumable,replicas,queue\n"
+        "a,10.0,16,20000.0,2,true,2,vision\nb,5.5,1,60.0,,false,1,\n"
+        "c,10.0,4,3600.0,3,,,nlp\n",
+    )
     from_parquet = load_trace(tmp_path / "t.parquet", seed=7)
     assert from_parquet.format == "native"
     assert from_parquet.jobs == load_trace(csv_path, seed=7).jobs
@@ -240,14 +275,15 @@ def test_parquet_round_trip_matches_csv(tmp_path: Path) -> None:
 def test_parquet_errors_name_the_row(tmp_path: Path) -> None:
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
-    pq.write_table(pa.table({"job_id": ["a", "b"], "submit": [0.0, 1.0], "num_gpus": [1, 0],
-                             "duration": [1.0, 1.0]}), tmp_path / "t.parquet")
+    pq.write_table(
+        pa.table({"job_id": ["a", "b"], "submit": [0.0, 1.0], "num_gpus": [1, 0], "duration": [1.0, 1.0]}),
+        tmp_path / "t.parquet",
+    )
     with pytest.raises(TraceError, match=r"t\.parquet row 2: num_gpus: '0' is below 1"):
         load_trace(tmp_path / "t.parquet")
 
 
-def test_parquet_without_pyarrow_says_how_to_install_it(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_parquet_without_pyarrow_says_how_to_install_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "t.parquet").write_bytes(b"PAR1")
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
@@ -257,11 +293,16 @@ def test_parquet_without_pyarrow_says_how_to_install_it(tmp_path: Path,
 
 # --- order, rebasing, limit ----------------------------------------------------------------------
 
+
 def test_jobs_are_sorted_by_submit_then_file_order_and_rebased(tmp_path: Path) -> None:
     path = native(tmp_path, "late,300,1,60", "tie1,150,1,60", "first,100,1,60", "tie2,150,1,60")
     trace = load_trace(path)
     assert [(j.job_id, j.submit, j.seq) for j in trace.jobs] == [
-        ("first", 0.0, 0), ("tie1", 50.0, 1), ("tie2", 50.0, 2), ("late", 200.0, 3)]
+        ("first", 0.0, 0),
+        ("tie1", 50.0, 1),
+        ("tie2", 50.0, 2),
+        ("late", 200.0, 3),
+    ]
 
 
 def test_limit_keeps_the_first_jobs_by_submit_with_the_same_draws(tmp_path: Path) -> None:
@@ -275,11 +316,21 @@ def test_limit_keeps_the_first_jobs_by_submit_with_the_same_draws(tmp_path: Path
 
 # --- enrichment ----------------------------------------------------------------------------------
 
+
 def mixed_jobs(count: int = 200) -> list[TraceJob]:
     """Short and long jobs of every size, so that every seeded draw matters somewhere."""
     sizes = (1, 2, 4, 8, 16, 24, 12)
-    return [TraceJob(str(i), float(i), sizes[i % len(sizes)], float(300 + (i * 7919) % 40000),
-                     gpus_per_replica=sizes[i % len(sizes)], seq=i) for i in range(count)]
+    return [
+        TraceJob(
+            str(i),
+            float(i),
+            sizes[i % len(sizes)],
+            float(300 + (i * 7919) % 40000),
+            gpus_per_replica=sizes[i % len(sizes)],
+            seq=i,
+        )
+        for i in range(count)
+    ]
 
 
 def test_enrichment_is_deterministic_for_a_seed_and_varies_with_it() -> None:
@@ -301,12 +352,15 @@ def test_loading_is_deterministic_for_a_seed(tmp_path: Path) -> None:
 
 def test_enrichment_never_overwrites_given_native_columns(tmp_path: Path) -> None:
     header = NATIVE_HEADER + ",tier,startup_seconds,resumable,checkpoint_interval,checkpoint_seconds,queue"
-    path = native(tmp_path, *(f"j{i},{i},{8 * (1 + i % 2)},{100 + 9000 * i},1,5,false,,0,q" for i in range(30)),
-                  header=header)
+    path = native(
+        tmp_path, *(f"j{i},{i},{8 * (1 + i % 2)},{100 + 9000 * i},1,5,false,,0,q" for i in range(30)), header=header
+    )
     for seed in range(4):
         trace = load_trace(path, seed=seed)
-        assert {(j.tier, j.startup_seconds, j.resumable, j.checkpoint_interval, j.checkpoint_seconds, j.queue)
-                for j in trace.jobs} == {(1, 5.0, False, None, 0.0, "q")}
+        assert {
+            (j.tier, j.startup_seconds, j.resumable, j.checkpoint_interval, j.checkpoint_seconds, j.queue)
+            for j in trace.jobs
+        } == {(1, 5.0, False, None, 0.0, "q")}
         assert trace.rules == ()
 
 
@@ -319,15 +373,18 @@ def test_enrichment_of_jobs_leaves_given_fields_alone() -> None:
     assert rules.RULE_QUEUE not in applied
 
 
-@pytest.mark.parametrize(("gpus", "duration", "draw", "tier"), [
-    (8, 4 * 3600, 0.0, 2),       # pre-training: large and long, whatever the draw
-    (64, 10 * 3600, 0.99, 2),
-    (8, 4 * 3600 - 1, 0.5, 3),   # large but not long enough
-    (4, 10 * 3600, 0.0, 3),      # long but small
-    (1, 3599, 0.19, 4),          # under one GPU-hour: the draw decides
-    (1, 3599, 0.2, 3),
-    (2, 1800, 0.0, 3),           # exactly one GPU-hour is not under it
-])
+@pytest.mark.parametrize(
+    ("gpus", "duration", "draw", "tier"),
+    [
+        (8, 4 * 3600, 0.0, 2),  # pre-training: large and long, whatever the draw
+        (64, 10 * 3600, 0.99, 2),
+        (8, 4 * 3600 - 1, 0.5, 3),  # large but not long enough
+        (4, 10 * 3600, 0.0, 3),  # long but small
+        (1, 3599, 0.19, 4),  # under one GPU-hour: the draw decides
+        (1, 3599, 0.2, 3),
+        (2, 1800, 0.0, 3),  # exactly one GPU-hour is not under it
+    ],
+)
 def test_tier_rule(gpus: int, duration: float, draw: float, tier: int) -> None:
     assert rules.tier_for(gpus, duration, draw) == tier
 
@@ -337,17 +394,23 @@ def test_startup_rule(gpus: int, seconds: float) -> None:
     assert rules.startup_for(gpus) == seconds
 
 
-@pytest.mark.parametrize(("gpus", "expected"), [(1, (1, 1)), (8, (1, 8)), (12, (1, 12)), (16, (2, 8)),
-                                                (24, (3, 8)), (128, (16, 8))])
+@pytest.mark.parametrize(
+    ("gpus", "expected"), [(1, (1, 1)), (8, (1, 8)), (12, (1, 12)), (16, (2, 8)), (24, (3, 8)), (128, (16, 8))]
+)
 def test_replica_rule(gpus: int, expected: tuple[int, int]) -> None:
     assert rules.replicas_for(gpus) == expected
 
 
 def test_checkpoint_rule() -> None:
-    short, long_, huge = enrich([TraceJob("s", 0.0, 4, 1799.0, gpus_per_replica=4),
-                                 TraceJob("l", 1.0, 4, 1800.0, gpus_per_replica=4, seq=1),
-                                 TraceJob("h", 2.0, 64, 9e5, gpus_per_replica=64, seq=2)],
-                                seed=0, format="philly-rfold")[0]
+    short, long_, huge = enrich(
+        [
+            TraceJob("s", 0.0, 4, 1799.0, gpus_per_replica=4),
+            TraceJob("l", 1.0, 4, 1800.0, gpus_per_replica=4, seq=1),
+            TraceJob("h", 2.0, 64, 9e5, gpus_per_replica=64, seq=2),
+        ],
+        seed=0,
+        format="philly-rfold",
+    )[0]
     assert (short.resumable, short.checkpoint_interval, short.checkpoint_seconds) == (False, None, 0.0)
     assert long_.resumable and long_.checkpoint_interval in (1800.0, 3600.0, 7200.0)
     assert long_.checkpoint_seconds == 30.0
@@ -374,7 +437,10 @@ def test_philly_maps_cluster_to_queue_and_rebases_utc_times(tmp_path: Path) -> N
     write(tmp_path, "vc,node num\nvcA,4\nvcB,2\nvcC,1\n", name="philly_vc_nodes.csv")
     trace = load_trace(path)
     assert [(j.job_id, j.submit, j.queue, j.num_gpus) for j in trace.jobs] == [
-        ("1", 0.0, "vcB", 2), ("2", 0.0, "vcZ", 16), ("0", 48 * 60 + 52.0, "vcA", 1)]
+        ("1", 0.0, "vcB", 2),
+        ("2", 0.0, "vcZ", 16),
+        ("0", 48 * 60 + 52.0, "vcA", 1),
+    ]
     assert trace.queues == {"vcA": 32.0, "vcB": 16.0, "vcC": 8.0, "vcZ": 0.0}
     assert any("(vcZ) get quota 0" in rule for rule in trace.rules)
     big = trace.jobs[1]
@@ -404,12 +470,17 @@ def test_philly_bad_timestamp_names_the_line(tmp_path: Path) -> None:
 
 # --- Philly (RFold) ------------------------------------------------------------------------------
 
+
 def test_rfold_rejects_zero_durations_always_and_says_so(tmp_path: Path) -> None:
-    path = write(tmp_path, RFOLD_HEADER + "\n0,5.0,CLOS,1,1,100.0\n1,6.0,CLOS,1,1,0.0\n"
-                 "2,7.0,CLOS,2+2,4,50.0\n3,7.0,CLOS,1,1,0.0\n")
+    path = write(
+        tmp_path,
+        RFOLD_HEADER + "\n0,5.0,CLOS,1,1,100.0\n1,6.0,CLOS,1,1,0.0\n2,7.0,CLOS,2+2,4,50.0\n3,7.0,CLOS,1,1,0.0\n",
+    )
     trace = load_trace(path)
     assert [(j.job_id, j.submit, j.num_gpus, j.queue) for j in trace.jobs] == [
-        ("0", 0.0, 1, "default"), ("2", 2.0, 4, "default")]
+        ("0", 0.0, 1, "default"),
+        ("2", 2.0, 4, "default"),
+    ]
     assert (trace.skipped, trace.skipped_reasons) == (2, {"duration": 2})
     assert any("rows with duration 0 are rejected, always (2 in this file" in r for r in trace.rules)
 
@@ -438,8 +509,8 @@ def test_pai_maps_qos_times_fractions_and_resources(tmp_path: Path) -> None:
     trace = load_trace(path)
     by_id = {j.job_id: j for j in trace.jobs}
     assert {k: j.tier for k, j in by_id.items()} == {"p0": 1, "p1": 4, "p2": 2, "p3": 3}
-    assert by_id["p1"].duration == 480.0           # deletion - scheduled
-    assert by_id["p3"].duration == 860.0           # not scheduled: deletion - creation
+    assert by_id["p1"].duration == 480.0  # deletion - scheduled
+    assert by_id["p3"].duration == 860.0  # not scheduled: deletion - creation
     assert by_id["p1"].num_gpus == 1 and by_id["p1"].flavor == "V100M16|V100M32"
     assert by_id["p0"].flavor is None
     assert (by_id["p2"].num_gpus, by_id["p2"].replicas, by_id["p2"].gpus_per_replica) == (8, 1, 8)
@@ -462,6 +533,7 @@ def test_pai_without_times_names_the_missing_columns(tmp_path: Path) -> None:
 
 
 # --- the real traces -----------------------------------------------------------------------------
+
 
 def traces_dir() -> Path:
     env = os.environ.get("WARDEN_TRACES")
@@ -515,11 +587,15 @@ def test_real_pai_multigpu50_lacks_times() -> None:
 
 
 def test_without_enrichment_jobs_keep_the_bare_defaults(tmp_path: Path) -> None:
-    path = write(tmp_path, "#job id,arrival time (sec),topology,shape,size,duration (sec)\n"
-                           "0,0.0,CLOS,1,16,7200.0\n1,5.0,CLOS,1,1,60.0\n")
+    path = write(
+        tmp_path,
+        "#job id,arrival time (sec),topology,shape,size,duration (sec)\n0,0.0,CLOS,1,16,7200.0\n1,5.0,CLOS,1,1,60.0\n",
+    )
     bare = load_trace(path, enrich=False)
     assert len(bare.rules) < len(load_trace(path).rules) and bare.format == "philly-rfold"
-    assert [(j.tier, j.startup_seconds, j.checkpoint_interval, j.replicas, j.gpus_per_replica)
-            for j in bare.jobs] == [(3, 0.0, None, 1, 16), (3, 0.0, None, 1, 1)]
+    assert [(j.tier, j.startup_seconds, j.checkpoint_interval, j.replicas, j.gpus_per_replica) for j in bare.jobs] == [
+        (3, 0.0, None, 1, 16),
+        (3, 0.0, None, 1, 1),
+    ]
     enriched = load_trace(path)
     assert enriched.rules and enriched.jobs[0].replicas == 2 and enriched.jobs[0].startup_seconds > 0

@@ -22,43 +22,89 @@ from warden.sim.metrics import (
     format_duration,
     format_gpu_hours,
     format_percent,
+    format_preemption_spread,
     format_table,
+    preemption_spread,
     summarize,
     timeseries,
     wait_cdf,
     waterfill,
 )
-from warden.sim.records import AttemptRecord, JobRecord, SimRun
+from warden.sim.records import SimAttempt, SimJob, SimRun
 
 H = 3600.0
 
 
-def attempt(number: int, admitted: float, ended: float, gpus: int, *, startup: float = 0.0,
-            checkpoint: float = 0.0, lost: float = 0.0, idle: float = 0.0, preempted: bool = False) -> AttemptRecord:
+def attempt(
+    number: int,
+    admitted: float,
+    ended: float,
+    gpus: int,
+    *,
+    startup: float = 0.0,
+    checkpoint: float = 0.0,
+    lost: float = 0.0,
+    idle: float = 0.0,
+    preempted: bool = False,
+) -> SimAttempt:
     """An attempt whose useful time is whatever the other parts leave (GPU time is conserved)."""
     useful = ended - admitted - startup - checkpoint - lost - idle
     assert useful >= 0
-    return AttemptRecord(number, admitted, ended, gpus, startup, checkpoint, useful, lost, idle, preempted,
-                         sigterm_at=ended if preempted else None)
+    return SimAttempt(
+        number,
+        admitted,
+        ended,
+        gpus,
+        startup,
+        checkpoint,
+        useful,
+        lost,
+        idle,
+        preempted,
+        sigterm_at=ended if preempted else None,
+    )
 
 
-def job(job_id: str, submit: float, gpus: int, attempts: tuple[AttemptRecord, ...], *, finished: float | None,
-        wait: float, queue: str = "default", tier: int = 3) -> JobRecord:
-    return JobRecord(job_id, queue, tier, "", submit, gpus, sum(a.useful_s for a in attempts), finished, wait,
-                     attempts)
+def job(
+    job_id: str,
+    submit: float,
+    gpus: int,
+    attempts: tuple[SimAttempt, ...],
+    *,
+    finished: float | None,
+    wait: float,
+    queue: str = "default",
+    tier: int = 3,
+) -> SimJob:
+    return SimJob(job_id, queue, tier, "", submit, gpus, sum(a.useful_s for a in attempts), finished, wait, attempts)
 
 
-def simrun(jobs: list[JobRecord], gpus: int, ended: float, *, started: float = 0.0, **kw: Any) -> SimRun:
-    return SimRun(policy=kw.pop("policy", "governed"), trace="hand.csv", seed=7, gpus=gpus, jobs=tuple(jobs),
-                  started_at=started, ended_at=ended, **kw)
+def simrun(jobs: list[SimJob], gpus: int, ended: float, *, started: float = 0.0, **kw: Any) -> SimRun:
+    return SimRun(
+        policy=kw.pop("policy", "governed"),
+        trace="hand.csv",
+        seed=7,
+        gpus=gpus,
+        jobs=tuple(jobs),
+        started_at=started,
+        ended_at=ended,
+        **kw,
+    )
 
 
 def preempted_run(**kw: Any) -> SimRun:
     """Two jobs on 4 GPUs; j1 (2 GPUs) is preempted at 300 s losing 100 s, requeued for 100 s."""
-    j1 = job("j1", 0, 2, (
-        attempt(1, 0, 300, 2, startup=20, checkpoint=10, lost=100, preempted=True),  # useful 170
-        attempt(2, 400, 700, 2, startup=20),  # useful 280
-    ), finished=700, wait=100)
+    j1 = job(
+        "j1",
+        0,
+        2,
+        (
+            attempt(1, 0, 300, 2, startup=20, checkpoint=10, lost=100, preempted=True),  # useful 170
+            attempt(2, 400, 700, 2, startup=20),  # useful 280
+        ),
+        finished=700,
+        wait=100,
+    )
     j2 = job("j2", 0, 2, (attempt(1, 0, 600, 2),), finished=600, wait=0, tier=1)
     return simrun([j1, j2], gpus=4, ended=700, wall_s=0.5, passes=9, **kw)
 
@@ -106,8 +152,10 @@ def test_preempted_run_every_metric_by_hand() -> None:
     # η: j1 900/1200 = 0.75, j2 1.0 → p5 = 0.75 + 0.05×0.25, p50 = 0.875
     assert s["eta_p5"] == pytest.approx(0.7625)
     assert s["eta_p50"] == pytest.approx(0.875)
-    assert s["per_tier"] == {"1": {"jobs": 1, "p50_wait_s": 0.0, "p95_wait_s": 0.0},
-                             "3": {"jobs": 1, "p50_wait_s": 100.0, "p95_wait_s": 100.0}}
+    assert s["per_tier"] == {
+        "1": {"jobs": 1, "p50_wait_s": 0.0, "p95_wait_s": 0.0},
+        "3": {"jobs": 1, "p50_wait_s": 100.0, "p95_wait_s": 100.0},
+    }
     assert (s["wall_s"], s["passes"], s["jobs_per_wall_s"]) == (0.5, 9, 4.0)
 
 
@@ -124,9 +172,11 @@ def test_utilization_of_a_full_cluster_is_one_and_never_more() -> None:
 
 
 def test_starvation_breaches_count_waits_at_or_over_the_queue_limit() -> None:
-    jobs = [job("a", 0, 1, (attempt(1, 100, 200, 1),), finished=200, wait=100, queue="a"),
-            job("b", 0, 1, (attempt(1, 99, 200, 1),), finished=200, wait=99, queue="a"),
-            job("c", 0, 1, (attempt(1, 500, 600, 1),), finished=600, wait=500, queue="free")]
+    jobs = [
+        job("a", 0, 1, (attempt(1, 100, 200, 1),), finished=200, wait=100, queue="a"),
+        job("b", 0, 1, (attempt(1, 99, 200, 1),), finished=200, wait=99, queue="a"),
+        job("c", 0, 1, (attempt(1, 500, 600, 1),), finished=600, wait=500, queue="free"),
+    ]
     s = summarize(simrun(jobs, gpus=4, ended=600, max_wait={"a": 100.0}))
     assert s["starvation_breaches"] == 1  # "a" exactly at its limit; "free" has no limit
     assert s["max_wait_least_served_queue_s"] == 500
@@ -222,8 +272,10 @@ def test_no_entitlement_at_all_means_equal_weights() -> None:
 
 
 def test_unfinished_job_demands_until_the_run_ends() -> None:
-    jobs = [job("a", 0, 4, (attempt(1, 0, 100, 4),), finished=100, wait=0, queue="a"),
-            job("b", 50, 4, (), finished=None, wait=150, queue="b")]
+    jobs = [
+        job("a", 0, 4, (attempt(1, 0, 100, 4),), finished=100, wait=0, queue="a"),
+        job("b", 50, 4, (), finished=None, wait=150, queue="b"),
+    ]
     q = summarize(simrun(jobs, gpus=4, ended=200, entitlement={"a": 0.5, "b": 0.5}))["per_queue"]
     # [0,50): a 4; [50,100): 2/2; [100,200): b 4
     assert q["a"]["owed_gpu_hours"] == pytest.approx((4 * 50 + 2 * 50) / H, abs=1e-6)
@@ -274,10 +326,18 @@ def test_wait_cdf_per_tier_and_downsampled() -> None:
 # ---------------------------------------------------------------------------- human table
 
 
-@pytest.mark.parametrize(("seconds", "text"), [
-    (None, "—"), (0, "0.0s"), (4.25, "4.2s"), (42, "42s"), (425, "7m05s"), (3 * H + 12 * 60, "3h12m"),
-    (2 * 86400 + 4 * H + 59, "2d04h"),
-])
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (None, "—"),
+        (0, "0.0s"),
+        (4.25, "4.2s"),
+        (42, "42s"),
+        (425, "7m05s"),
+        (3 * H + 12 * 60, "3h12m"),
+        (2 * 86400 + 4 * H + 59, "2d04h"),
+    ],
+)
 def test_format_duration(seconds: float | None, text: str) -> None:
     assert format_duration(seconds) == text
 
@@ -304,6 +364,67 @@ def test_format_table_has_one_row_per_summary_in_human_units() -> None:
     assert "85.7%" in text and "87.5%" in text and "76.2%" in text  # util, goodput, η p5
 
 
+# ---------------------------------------------------------------------------- preemption spread
+
+
+def churned_run(times: int) -> SimRun:
+    """j1 preempted `times` times, j2 once, j3 never; j4 was never admitted (it does not count)."""
+    j1 = job(
+        "j1",
+        0,
+        1,
+        tuple(attempt(k + 1, 10 * k, 10 * k + 5, 1, preempted=k < times) for k in range(times + 1)),
+        finished=10 * times + 5,
+        wait=0,
+    )
+    j2 = job("j2", 0, 1, (attempt(1, 0, 5, 1, preempted=True), attempt(2, 5, 9, 1)), finished=9, wait=0)
+    j3 = job("j3", 0, 1, (attempt(1, 0, 4, 1),), finished=4, wait=0)
+    j4 = job("j4", 0, 1, (), finished=None, wait=100)
+    return simrun([j1, j2, j3, j4], gpus=4, ended=10 * times + 5)
+
+
+def test_preemptions_per_admitted_job_by_hand() -> None:
+    out = preemption_spread(churned_run(3), limit=10)
+    # Admitted jobs j1, j2, j3 with 3, 1, 0 preemptions: mean 4/3, p95 between 1 and 3 (2.8).
+    assert out["preemptions_per_job"] == {
+        "mean": 1.3333,
+        "p95": 2.8,
+        "max": 3,
+        "worst_job": "j1",
+        "admitted_jobs": 3,
+        "limit": 10,
+        "over_limit": 0,
+    }
+    assert out["preemption_warning"] is None
+    assert format_preemption_spread(out["preemptions_per_job"]) == "1.33 / 2.8 / 3"
+
+
+def test_a_job_preempted_more_than_the_limit_is_flagged_by_name() -> None:
+    out = preemption_spread(churned_run(12), limit=10)
+    assert out["preemptions_per_job"]["max"] == 12 and out["preemptions_per_job"]["over_limit"] == 1
+    assert out["preemption_warning"].startswith("job j1 was preempted 12 times, more than the limit of 10")
+    assert format_preemption_spread(out["preemptions_per_job"]).endswith("12!")
+    # The limit is the caller's: exactly at it is not over it.
+    assert preemption_spread(churned_run(12), limit=12)["preemption_warning"] is None
+    two = preemption_spread(churned_run(12), limit=0)
+    assert two["preemptions_per_job"]["over_limit"] == 2 and "1 other job(s)" in two["preemption_warning"]
+
+
+def test_no_admitted_job_gives_no_spread_and_no_warning() -> None:
+    out = preemption_spread(simrun([job("j", 0, 1, (), finished=None, wait=5)], gpus=1, ended=5))
+    assert out["preemptions_per_job"]["max"] is None and out["preemptions_per_job"]["mean"] is None
+    assert out["preemption_warning"] is None and format_preemption_spread(out["preemptions_per_job"]) == "—"
+    assert_plain_json(out)
+
+
+def test_the_table_shows_preemptions_per_job() -> None:
+    rows = [{**summarize(churned_run(12)), **preemption_spread(churned_run(12))}]
+    console = Console(record=True, width=300)
+    console.print(format_table(rows))
+    text = console.export_text()
+    assert "preempt/job" in text and "4.33 / 10.9 / 12!" in text
+
+
 # ---------------------------------------------------------------------------- properties
 
 
@@ -317,11 +438,21 @@ def valid_runs(draw: st.DrawFn) -> SimRun:
     gpus = draw(st.integers(1, 8))
     queues = ["a", "b", "c"]
     lanes = [0.0] * gpus
-    jobs: list[JobRecord] = []
-    specs = draw(st.lists(st.tuples(
-        st.integers(0, 2000), st.sampled_from(queues), st.integers(1, 4), st.integers(1, gpus),
-        st.lists(st.tuples(st.integers(1, 500), st.integers(0, 200), st.booleans()), min_size=0, max_size=3),
-        st.booleans()), min_size=1, max_size=12))
+    jobs: list[SimJob] = []
+    specs = draw(
+        st.lists(
+            st.tuples(
+                st.integers(0, 2000),
+                st.sampled_from(queues),
+                st.integers(1, 4),
+                st.integers(1, gpus),
+                st.lists(st.tuples(st.integers(1, 500), st.integers(0, 200), st.booleans()), min_size=0, max_size=3),
+                st.booleans(),
+            ),
+            min_size=1,
+            max_size=12,
+        )
+    )
     specs.sort(key=lambda s: s[0])
     for i, (submit, queue, tier, g, runs, stop_early) in enumerate(specs):
         attempts = []
@@ -357,8 +488,10 @@ def slow_owed(run: SimRun) -> dict[str, float]:
     times = sorted({run.started_at, run.ended_at} | {j.submit for j in run.jobs} | set(end_of.values()))
     owed = dict.fromkeys(queues, 0.0)
     for t0, t1 in zip(times, times[1:]):
-        demand = {q: float(sum(j.num_gpus for j in run.jobs if j.queue == q and j.submit <= t0 < end_of[j.job_id]))
-                  for q in queues}
+        demand = {
+            q: float(sum(j.num_gpus for j in run.jobs if j.queue == q and j.submit <= t0 < end_of[j.job_id]))
+            for q in queues
+        }
         alloc = dict.fromkeys(queues, 0.0)
         left = float(run.gpus)
         active = {q for q in queues if demand[q] > 0 and w[q] > 0}
@@ -384,8 +517,14 @@ def test_bounds_hold_for_any_valid_run(run: SimRun) -> None:
     owed = {q: v["owed_gpu_hours"] for q, v in s["per_queue"].items()}
     assert sum(owed.values()) <= capacity_h + 1e-5
     for q, value in owed.items():
-        demand_h = sum(j.num_gpus * ((run.ended_at if j.finished_at is None else j.finished_at) - j.submit)
-                       for j in run.jobs if j.queue == q) / H
+        demand_h = (
+            sum(
+                j.num_gpus * ((run.ended_at if j.finished_at is None else j.finished_at) - j.submit)
+                for j in run.jobs
+                if j.queue == q
+            )
+            / H
+        )
         assert 0 <= value <= demand_h + 1e-5
     reference = slow_owed(run)
     assert owed == pytest.approx(reference, abs=1e-5)

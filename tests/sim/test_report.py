@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from warden.sim.metrics import summarize
-from warden.sim.records import AttemptRecord, JobRecord, SimRun
+from warden.sim.metrics import preemption_spread, summarize
+from warden.sim.records import SimAttempt, SimJob, SimRun
 from warden.sim.report import PLOT_SECTIONS, run_labels, write_report
 
 H = 3600.0
@@ -65,25 +65,47 @@ class Page(HTMLParser):
             self.cells[-1] += data
 
 
-def attempt(number: int, admitted: float, ended: float, gpus: int, lost: float = 0.0,
-            preempted: bool = False) -> AttemptRecord:
-    return AttemptRecord(number, admitted, ended, gpus, 0.0, 0.0, ended - admitted - lost, lost, 0.0, preempted)
+def attempt(
+    number: int, admitted: float, ended: float, gpus: int, lost: float = 0.0, preempted: bool = False
+) -> SimAttempt:
+    return SimAttempt(number, admitted, ended, gpus, 0.0, 0.0, ended - admitted - lost, lost, 0.0, preempted)
 
 
 def two_runs() -> list[SimRun]:
     """The same small trace under two policies: one preempts and requeues, the other queues."""
+
     def run(policy: str, preempting: bool) -> SimRun:
         if preempting:
-            b = JobRecord("b", "team<b>", 1, "", 600, 8, 3000, 3600, 0,
-                          (attempt(1, 600, 3600, 8),))
-            a = JobRecord("a", "team-a", 3, "", 0, 8, 3600, 6600, 3000,
-                          (attempt(1, 0, 600, 8, lost=300, preempted=True), attempt(2, 3600, 6600, 8)))
+            b = SimJob("b", "team<b>", 1, "", 600, 8, 3000, 3600, 0, (attempt(1, 600, 3600, 8),))
+            a = SimJob(
+                "a",
+                "team-a",
+                3,
+                "",
+                0,
+                8,
+                3600,
+                6600,
+                3000,
+                (attempt(1, 0, 600, 8, lost=300, preempted=True), attempt(2, 3600, 6600, 8)),
+            )
         else:
-            a = JobRecord("a", "team-a", 3, "", 0, 8, 3600, 3600, 0, (attempt(1, 0, 3600, 8),))
-            b = JobRecord("b", "team<b>", 1, "", 600, 8, 3000, 6600, 3000, (attempt(1, 3600, 6600, 8),))
-        return SimRun(policy, "philly<&>.csv", 42, 8, (a, b), 0.0, 6600.0,
-                      entitlement={"team-a": 0.5, "team<b>": 0.5}, max_wait={"team-a": 600.0}, wall_s=0.01,
-                      passes=5)
+            a = SimJob("a", "team-a", 3, "", 0, 8, 3600, 3600, 0, (attempt(1, 0, 3600, 8),))
+            b = SimJob("b", "team<b>", 1, "", 600, 8, 3000, 6600, 3000, (attempt(1, 3600, 6600, 8),))
+        return SimRun(
+            policy,
+            "philly<&>.csv",
+            42,
+            8,
+            (a, b),
+            0.0,
+            6600.0,
+            entitlement={"team-a": 0.5, "team<b>": 0.5},
+            max_wait={"team-a": 600.0},
+            wall_s=0.01,
+            passes=5,
+        )
+
     return [run("governed", True), run(NASTY, False)]
 
 
@@ -122,7 +144,7 @@ def test_report_has_every_section_and_one_embedded_svg_per_plot(report: tuple[Pa
     for _, src in page.images:
         prefix = "data:image/svg+xml;base64,"
         assert src.startswith(prefix)
-        svg = base64.b64decode(src[len(prefix):]).decode("utf-8")
+        svg = base64.b64decode(src[len(prefix) :]).decode("utf-8")
         assert "<svg" in svg and "</svg>" in svg
     assert page.inline_svgs == 0
 
@@ -138,7 +160,7 @@ def test_report_is_self_contained(report: tuple[Path, list, list]) -> None:
 
 
 def test_report_escapes_names_and_shows_the_run(report: tuple[Path, list, list]) -> None:
-    path, runs, _ = report
+    path, _runs, _ = report
     source, page = read_page(path)
     assert "<script>" not in source  # the policy name arrived as text
     assert "fifo&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;$y$" in source
@@ -157,6 +179,19 @@ def test_report_summary_table_has_one_row_per_run_in_human_units(report: tuple[P
     # governed: a waited 3000 s after its preemption; makespan 6600 s
     assert "1h50m" in page.cells
     assert summaries[0]["preemptions"] == 1 and summaries[1]["preemptions"] == 0
+
+
+def test_report_shows_the_preemption_warning_of_a_run(tmp_path: Path) -> None:
+    runs = two_runs()
+    summaries = [{**summarize(r), **preemption_spread(r, limit=0)} for r in runs]
+    path = write_report(tmp_path, runs, summaries)
+    source, page = read_page(path)
+    assert summaries[0]["preemption_warning"] and summaries[1]["preemption_warning"] is None
+    assert 'class="warning"' in source and source.count('class="warning"') == 1
+    assert "job a was preempted 1 times" in " ".join(page.text)
+    assert "0.5 / 0.95 / 1!" in page.cells  # a preempted once, b never: over the limit of 0
+    loaded = json.loads((tmp_path / "summary.json").read_text(encoding="utf-8"))
+    assert loaded[0]["preemptions_per_job"]["worst_job"] == "a"
 
 
 def test_single_run_summary_json_is_one_object(tmp_path: Path) -> None:

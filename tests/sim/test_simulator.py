@@ -25,8 +25,7 @@ TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
 
 def tj(i: int, submit: float, gpus: int, duration: float, **kw: Any) -> TraceJob:
     replicas = kw.pop("replicas", 1)
-    return TraceJob(str(i), submit, gpus, duration, replicas=replicas, gpus_per_replica=gpus // replicas,
-                    seq=i, **kw)
+    return TraceJob(str(i), submit, gpus, duration, replicas=replicas, gpus_per_replica=gpus // replicas, seq=i, **kw)
 
 
 def trace(jobs: list[TraceJob]) -> Trace:
@@ -34,8 +33,9 @@ def trace(jobs: list[TraceJob]) -> Trace:
     return Trace(tuple(replace(j, seq=k) for k, j in enumerate(jobs)), "test", "native")
 
 
-def run(jobs: list[TraceJob], preset: str, gpus: int, nodes: tuple[Node, ...] | None = None,
-        check: bool = False) -> SimRun:
+def run(
+    jobs: list[TraceJob], preset: str, gpus: int, nodes: tuple[Node, ...] | None = None, check: bool = False
+) -> SimRun:
     t = trace(jobs)
     queues = sorted({j.queue for j in t.jobs})
     sp = build_preset(preset, entitlements({}, queues, gpus), gpus)
@@ -58,8 +58,7 @@ def reference_fifo(jobs: list[TraceJob], gpus: int, strict: bool) -> dict[str, f
     order = sorted(jobs, key=lambda j: (j.submit, j.seq))
     free, i, queue, running, done = gpus, 0, [], [], {}
     while i < len(order) or running:
-        now = min(order[i].submit if i < len(order) else float("inf"),
-                  running[0][0] if running else float("inf"))
+        now = min(order[i].submit if i < len(order) else float("inf"), running[0][0] if running else float("inf"))
         while running and running[0][0] == now:
             _, g = heapq.heappop(running)
             free += g
@@ -86,8 +85,7 @@ def avg_jct(r: SimRun) -> float:
     return sum(jcts) / len(jcts)  # type: ignore[arg-type]
 
 
-fifo_jobs = st.lists(
-    st.tuples(st.integers(0, 400), st.integers(1, 8), st.integers(1, 300)), min_size=1, max_size=60)
+fifo_jobs = st.lists(st.tuples(st.integers(0, 400), st.integers(1, 8), st.integers(1, 300)), min_size=1, max_size=60)
 
 
 @pytest.mark.parametrize("preset", ["fifo_strict", "fifo_backfill"])
@@ -116,8 +114,10 @@ def test_fifo_average_jct_on_a_philly_slice_matches_the_textbook(preset: str) ->
         pytest.skip(f"the Philly traces are not at {TRACES} (../shared/traces)")
     from warden.sim.loaders import load_trace
 
-    jobs = [replace(j, num_gpus=min(j.num_gpus, 64), gpus_per_replica=min(j.num_gpus, 64))
-            for j in load_trace(path, limit=3000, enrich=False).jobs]
+    jobs = [
+        replace(j, num_gpus=min(j.num_gpus, 64), gpus_per_replica=min(j.num_gpus, 64))
+        for j in load_trace(path, limit=3000, enrich=False).jobs
+    ]
     assert all(j.startup_seconds == 0.0 and j.checkpoint_interval is None for j in jobs)
     r = run(jobs, preset, 64)
     expected = reference_fifo(jobs, 64, strict=preset == "fifo_strict")
@@ -153,23 +153,45 @@ def conserved(r: SimRun, gpus: int) -> None:
 
 
 tiered_jobs = st.lists(
-    st.tuples(st.integers(0, 2000), st.sampled_from([1, 2, 4, 8]), st.integers(30, 4000),
-              st.integers(1, 4), st.booleans(), st.sampled_from([None, 300.0, 900.0]),
-              st.sampled_from([0.0, 20.0, 200.0]), st.sampled_from(["a", "b"])),
-    min_size=1, max_size=30)
+    st.tuples(
+        st.integers(0, 2000),
+        st.sampled_from([1, 2, 4, 8]),
+        st.integers(30, 4000),
+        st.integers(1, 4),
+        st.booleans(),
+        st.sampled_from([None, 300.0, 900.0]),
+        st.sampled_from([0.0, 20.0, 200.0]),
+        st.sampled_from(["a", "b"]),
+    ),
+    min_size=1,
+    max_size=30,
+)
 
 
 def _tiered(rows: list) -> list[TraceJob]:
     out = []
     for i, (s, g, d, tier, resumable, interval, save, queue) in enumerate(rows):
         replicas = 2 if g == 8 and i % 2 else 1
-        out.append(tj(i, float(s), g, float(d), tier=tier, queue=queue, resumable=resumable,
-                      checkpoint_interval=interval, checkpoint_seconds=save, startup_seconds=15.0,
-                      replicas=replicas, lease=0.0))
+        out.append(
+            tj(
+                i,
+                float(s),
+                g,
+                float(d),
+                tier=tier,
+                queue=queue,
+                resumable=resumable,
+                checkpoint_interval=interval,
+                checkpoint_seconds=save,
+                startup_seconds=15.0,
+                replicas=replicas,
+                lease=0.0,
+            )
+        )
     return out
 
 
-@pytest.mark.parametrize("preset", [p for p in PRESETS])
+@pytest.mark.parametrize("preset", list(PRESETS))
 @settings(max_examples=25, deadline=None)
 @given(rows=tiered_jobs)
 def test_every_preset_conserves_gpu_time_and_keeps_the_engines_invariants(preset: str, rows: list) -> None:
@@ -244,8 +266,12 @@ def test_kueue_admits_one_workload_per_queue_per_cycle() -> None:
     jobs = [tj(i, 0.0, 1, 100.0, queue="a") for i in range(3)] + [tj(3, 0.0, 1, 100.0, queue="b")]
     starts = {j.job_id: j.attempts[0].admitted_at for j in run(jobs, "kueue", 8).jobs}
     assert starts == {"0": 0.0, "1": 1.0, "2": 2.0, "3": 0.0}
-    assert {j.job_id: j.attempts[0].admitted_at for j in run(jobs, "fifo_backfill", 8).jobs} == \
-        {"0": 0.0, "1": 0.0, "2": 0.0, "3": 0.0}
+    assert {j.job_id: j.attempts[0].admitted_at for j in run(jobs, "fifo_backfill", 8).jobs} == {
+        "0": 0.0,
+        "1": 0.0,
+        "2": 0.0,
+        "3": 0.0,
+    }
 
 
 def test_k8s_evicts_one_pod_and_strands_the_rest_of_the_gang() -> None:
@@ -282,8 +308,21 @@ def test_gangs_on_a_cluster_file_take_whole_nodes() -> None:
 
 
 def test_same_trace_same_seed_same_run() -> None:
-    jobs = _tiered([(s * 37 % 900, [1, 2, 4, 8][s % 4], 100 + s * 13 % 3000, s % 4 + 1, s % 3 > 0,
-                     [None, 300.0][s % 2], [0.0, 200.0][s % 2], "ab"[s % 2]) for s in range(40)])
+    jobs = _tiered(
+        [
+            (
+                s * 37 % 900,
+                [1, 2, 4, 8][s % 4],
+                100 + s * 13 % 3000,
+                s % 4 + 1,
+                s % 3 > 0,
+                [None, 300.0][s % 2],
+                [0.0, 200.0][s % 2],
+                "ab"[s % 2],
+            )
+            for s in range(40)
+        ]
+    )
     a, b = run(jobs, "governed", 8), run(jobs, "governed", 8)
     assert a.jobs == b.jobs and a.passes == b.passes
 
@@ -293,10 +332,60 @@ def test_presets_are_policies_with_their_documented_settings() -> None:
     assert gov.scheduling.order == "governed" and gov.find_queue("a").nominal == {"gpu": 4.0}
     slurm: SimPolicy = build_preset("slurm", {"a": 4}, 8)
     assert slurm.policy.preemption.victim_order == "smallest" and slurm.behaviour.grace_poll == 30.0
-    assert slurm.policy.thrash.requeue_backoff == 120.0 and not slurm.policy.governed_resources()
+    assert slurm.policy.thrash.requeue_backoff == 121.0 and not slurm.policy.governed_resources()
+    assert slurm.behaviour.requeue_restarts_age
     kueue = build_preset("kueue", {"a": 4}, 8)
     assert kueue.policy.preemption.victim_order == "newest" and kueue.behaviour.admissions_per_queue == 1
     assert all(t.lease == 0.0 for t in kueue.policy.tiers.values())
     assert build_preset("k8s", {"a": 4}, 8).behaviour.pods
     strict = build_preset("fifo_strict", {"a": 4}, 8).policy
     assert strict.scheduling.head_of_line_blocking and not any(t.preemptible for t in strict.tiers.values())
+
+
+def test_a_preempted_job_keeps_its_place_in_kueue() -> None:
+    # 0 runs from 0; 1 waits from 500; tier-1 job 2 preempts 0 at 1000 and runs 100 s. Kueue
+    # orders the requeued 0 by its creation (0 s, before 1); ordered by its requeue time, it
+    # would go after 1.
+    jobs = [
+        tj(0, 0.0, 8, 5000.0, tier=3, resumable=False),
+        tj(1, 500.0, 8, 300.0, tier=3),
+        tj(2, 1000.0, 8, 100.0, tier=1),
+    ]
+    kueue = build_preset("kueue", entitlements({}, ["default"], 8), 8)
+    assert kueue.policy.scheduling.requeue_timestamp == "submit"
+    scheduling = kueue.policy.scheduling.model_copy(update={"requeue_timestamp": "eviction"})
+    by_eviction = SimPolicy("kueue", kueue.policy.model_copy(update={"scheduling": scheduling}), kueue.behaviour)
+    from warden.sim.simulator import Simulation
+
+    for sp, first in ((kueue, "0"), (by_eviction, "1")):
+        r = {j.job_id: j for j in Simulation(trace(jobs), pool(8), sp).run().jobs}
+        assert r["0"].preemptions == 1
+        after = {jid: j.attempts[-1].admitted_at for jid, j in r.items() if jid != "2"}
+        assert min(after, key=after.__getitem__) == first, (sp.policy.scheduling, after)
+
+
+def test_slurm_holds_a_requeued_job_and_restarts_its_age() -> None:
+    # 0 holds the pool until 500 while 1 waits; 1 runs from 500 and is preempted at 1000 by a
+    # tier-1 job; it exits at once (no SIGTERM handling). Slurm resets a requeued job's submit
+    # time (its age starts again) and holds it 121 s; governed keeps the 500 s it waited.
+    jobs = [
+        tj(0, 0.0, 8, 500.0, tier=3),
+        tj(1, 0.0, 8, 5000.0, tier=3, resumable=False),
+        tj(2, 1000.0, 8, 10.0, tier=1),
+    ]
+    seen: dict[str, float] = {}
+    for preset in ("slurm", "governed"):
+        t = trace([replace(j, lease=0.0) for j in jobs])
+        sp = build_preset(preset, entitlements({}, ["default"], 8), 8)
+
+        def note(snap: Any, plan: Any, now: float, preset: str = preset) -> None:
+            for j in snap.jobs:
+                if j.id == "1" and j.state.waiting and j.preempted_at:
+                    seen[preset] = j.waited
+
+        from warden.sim.simulator import Simulation
+
+        r = {j.job_id: j for j in Simulation(t, pool(8), sp, on_pass=note).run().jobs}
+        if preset == "slurm":
+            assert r["1"].attempts[1].admitted_at == 1000.0 + 121.0  # the 10 s job ended long before
+    assert seen == {"slurm": 0.0, "governed": 500.0}

@@ -2,16 +2,19 @@
 policies (DESIGN §8) and report the metrics of §7.
 
 Bad input — a malformed trace row, an unknown policy, a cluster file that does not validate —
-prints one message naming the field and the value and exits 2. Progress bars go to stderr,
-so `--json` output on stdout stays one JSON document.
+prints one message naming the field and the value and exits 2. A run the simulator's loop
+guard stops (a policy that preempts and readmits without end) prints its message, naming the
+jobs, and exits 3. Progress bars and warnings go to stderr, so `--json` output on stdout stays
+one JSON document.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, Callable, Iterator, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -21,25 +24,45 @@ from warden.engine.policy import PolicyError
 from warden.sim.cluster import ClusterError
 from warden.sim.experiment import Outcome, Setup, prepare, run_policy, sensitivity
 from warden.sim.loaders import FORMATS, TraceError
-from warden.sim.metrics import format_table
+from warden.sim.metrics import DEFAULT_MAX_PREEMPTIONS_PER_JOB, format_table
 from warden.sim.presets import PRESETS
 from warden.sim.report import write_report
+from warden.sim.simulator import SimulationLoopError
 
-app = typer.Typer(help="Replay a trace through the engine and compare policies side by side.",
-                  no_args_is_help=True)
+app = typer.Typer(help="Replay a trace through the engine and compare policies side by side.", no_args_is_help=True)
 
 EXIT_INVALID = 2
+EXIT_LOOP = 3
 
 TraceOpt = Annotated[Path, typer.Option("--trace", help="Trace file (CSV or Parquet).", show_default=False)]
 FormatOpt = Annotated[str, typer.Option("--format", help=f"auto, {', '.join(FORMATS)}.")]
-GpusOpt = Annotated[Optional[int], typer.Option("--gpus", help="One pool of N GPUs (no topology).", show_default=False)]
-ClusterOpt = Annotated[Optional[Path], typer.Option("--cluster", help="Cluster YAML (node groups, flavors, blocks).", show_default=False)]
+GpusOpt = Annotated[int | None, typer.Option("--gpus", help="One pool of N GPUs (no topology).", show_default=False)]
+ClusterOpt = Annotated[
+    Path | None, typer.Option("--cluster", help="Cluster YAML (node groups, flavors, blocks).", show_default=False)
+]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the rules that fill what the trace lacks.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-ReportOpt = Annotated[Optional[Path], typer.Option("--report", help="Write an HTML report (and its JSON) into DIR.", show_default=False)]
-SkipOpt = Annotated[bool, typer.Option("--skip-invalid", help="Skip malformed trace rows and count them, instead of stopping at the first.")]
-LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="Only the first N jobs by submit time.", show_default=False)]
-EnrichOpt = Annotated[bool, typer.Option("--enrich/--no-enrich", help="Fill what the trace lacks (tiers, startup, checkpoints, gangs) by the documented seeded rules; --no-enrich replays the bare jobs, as textbook simulators do.")]
+ReportOpt = Annotated[
+    Path | None, typer.Option("--report", help="Write an HTML report (and its JSON) into DIR.", show_default=False)
+]
+SkipOpt = Annotated[
+    bool,
+    typer.Option("--skip-invalid", help="Skip malformed trace rows and count them, instead of stopping at the first."),
+]
+LimitOpt = Annotated[
+    int | None, typer.Option("--limit", help="Only the first N jobs by submit time.", show_default=False)
+]
+MaxPreemptOpt = Annotated[
+    int,
+    typer.Option("--max-preemptions-per-job", min=1, help="Warn when any one job is preempted more often than this."),
+]
+EnrichOpt = Annotated[
+    bool,
+    typer.Option(
+        "--enrich/--no-enrich",
+        help="Fill what the trace lacks (tiers, startup, checkpoints, gangs) by the documented seeded rules; --no-enrich replays the bare jobs, as textbook simulators do.",
+    ),
+]
 
 _err = Console(stderr=True)
 
@@ -62,23 +85,46 @@ def _refusals() -> Iterator[None]:
         raise _fail(str(err)) from None
 
 
-def _setup(trace: Path, format: str, gpus: int | None, cluster: Path | None, seed: int,
-           skip_invalid: bool, limit: int | None, enrich: bool) -> Setup:
+def _setup(
+    trace: Path,
+    format: str,
+    gpus: int | None,
+    cluster: Path | None,
+    seed: int,
+    skip_invalid: bool,
+    limit: int | None,
+    enrich: bool,
+) -> Setup:
     if format != "auto" and format not in FORMATS:
         raise _fail(f"--format: {format!r} is not a trace format; allowed: auto, {', '.join(FORMATS)}")
     if limit is not None and limit < 1:
         raise _fail(f"--limit: {limit!r} must be at least 1")
     with _refusals():
-        return prepare(trace, format=format, gpus=gpus, cluster=cluster, seed=seed,
-                       skip_invalid=skip_invalid, limit=limit, enrich=enrich)
+        return prepare(
+            trace,
+            format=format,
+            gpus=gpus,
+            cluster=cluster,
+            seed=seed,
+            skip_invalid=skip_invalid,
+            limit=limit,
+            enrich=enrich,
+        )
 
 
 @contextmanager
 def _progress(label: str, quiet: bool) -> Iterator[Callable[[int, int], None]]:
     """A progress bar on stderr for runs that take more than a moment."""
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("jobs"), TimeElapsedColumn(), console=_err, transient=True,
-                  disable=quiet) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("jobs"),
+        TimeElapsedColumn(),
+        console=_err,
+        transient=True,
+        disable=quiet,
+    ) as bar:
         task = bar.add_task(label, total=None)
 
         def update(done: int, total: int) -> None:
@@ -87,16 +133,35 @@ def _progress(label: str, quiet: bool) -> Iterator[Callable[[int, int], None]]:
         yield update
 
 
-def _run_all(setup: Setup, policies: list[str], quiet: bool) -> list[Outcome]:
+def _run_all(
+    setup: Setup, policies: list[str], quiet: bool, max_preemptions: int = DEFAULT_MAX_PREEMPTIONS_PER_JOB
+) -> list[Outcome]:
     outcomes = []
     for name in policies:
         with _refusals(), _progress(name, quiet) as update:
-            outcomes.append(run_policy(setup, name, update))
+            try:
+                outcomes.append(run_policy(setup, name, update, max_preemptions))
+            except SimulationLoopError as err:
+                _err.print(
+                    f"[bold red]error:[/] {name}: the simulation stopped: {err}",
+                    highlight=False,
+                    markup=True,
+                    soft_wrap=True,
+                )
+                raise typer.Exit(EXIT_LOOP) from None
     return outcomes
 
 
 def _emit(outcomes: list[Outcome], as_json: bool, report: Path | None, many: bool) -> None:
     summaries = [o.summary for o in outcomes]
+    for s in summaries:
+        if s.get("preemption_warning"):
+            _err.print(
+                f"[bold yellow]warning:[/] {s['policy']}: {s['preemption_warning']}",
+                highlight=False,
+                markup=True,
+                soft_wrap=True,
+            )
     if report is not None:
         path = write_report(report, [o.run for o in outcomes], summaries)
         _err.print(f"report written to {path}")
@@ -113,21 +178,44 @@ def _emit(outcomes: list[Outcome], as_json: bool, report: Path | None, many: boo
 
 
 @app.command("run")
-def run_cmd(trace: TraceOpt, policy: Annotated[str, typer.Option("--policy", help=f"A preset ({', '.join(PRESETS)}) or a policy YAML.")] = "governed",
-            format: FormatOpt = "auto", gpus: GpusOpt = None, cluster: ClusterOpt = None,
-            seed: SeedOpt = 0, json_out: JsonOpt = False, report: ReportOpt = None,
-            skip_invalid: SkipOpt = False, limit: LimitOpt = None, enrich: EnrichOpt = True) -> None:
+def run_cmd(
+    trace: TraceOpt,
+    policy: Annotated[
+        str, typer.Option("--policy", help=f"A preset ({', '.join(PRESETS)}) or a policy YAML.")
+    ] = "governed",
+    format: FormatOpt = "auto",
+    gpus: GpusOpt = None,
+    cluster: ClusterOpt = None,
+    seed: SeedOpt = 0,
+    json_out: JsonOpt = False,
+    report: ReportOpt = None,
+    skip_invalid: SkipOpt = False,
+    limit: LimitOpt = None,
+    enrich: EnrichOpt = True,
+    max_preemptions: MaxPreemptOpt = DEFAULT_MAX_PREEMPTIONS_PER_JOB,
+) -> None:
     """Simulate one policy on a trace and print its metrics."""
     setup = _setup(trace, format, gpus, cluster, seed, skip_invalid, limit, enrich)
-    _emit(_run_all(setup, [policy], json_out), json_out, report, many=False)
+    _emit(_run_all(setup, [policy], json_out, max_preemptions), json_out, report, many=False)
 
 
 @app.command("compare")
-def compare_cmd(trace: TraceOpt,
-                policies: Annotated[str, typer.Option("--policies", help="Comma-separated presets or policy files.")] = "governed,fifo_backfill,slurm,kueue",
-                format: FormatOpt = "auto", gpus: GpusOpt = None, cluster: ClusterOpt = None,
-                seed: SeedOpt = 0, json_out: JsonOpt = False, report: ReportOpt = None,
-                skip_invalid: SkipOpt = False, limit: LimitOpt = None, enrich: EnrichOpt = True) -> None:
+def compare_cmd(
+    trace: TraceOpt,
+    policies: Annotated[
+        str, typer.Option("--policies", help="Comma-separated presets or policy files.")
+    ] = "governed,fifo_backfill,slurm,kueue",
+    format: FormatOpt = "auto",
+    gpus: GpusOpt = None,
+    cluster: ClusterOpt = None,
+    seed: SeedOpt = 0,
+    json_out: JsonOpt = False,
+    report: ReportOpt = None,
+    skip_invalid: SkipOpt = False,
+    limit: LimitOpt = None,
+    enrich: EnrichOpt = True,
+    max_preemptions: MaxPreemptOpt = DEFAULT_MAX_PREEMPTIONS_PER_JOB,
+) -> None:
     """Simulate several policies on the same trace and seed: one row a policy."""
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names:
@@ -136,22 +224,50 @@ def compare_cmd(trace: TraceOpt,
     if dupes:
         raise _fail(f"--policies: {', '.join(dupes)} named twice")
     setup = _setup(trace, format, gpus, cluster, seed, skip_invalid, limit, enrich)
-    _emit(_run_all(setup, names, json_out), json_out, report, many=True)
+    _emit(_run_all(setup, names, json_out, max_preemptions), json_out, report, many=True)
 
 
 @app.command("sensitivity")
-def sensitivity_cmd(trace: TraceOpt,
-                    param: Annotated[str, typer.Option("--param", help="Dotted path of a numeric policy setting, e.g. fair_share.half_life or tiers.3.lease.", show_default=False)],
-                    delta: Annotated[str, typer.Option("--delta", help="How far to move it: an amount (seconds or 5m) or a percentage (10%).", show_default=False)],
-                    policy: Annotated[str, typer.Option("--policy", help="A preset or a policy YAML.")] = "governed",
-                    format: FormatOpt = "auto", gpus: GpusOpt = None, cluster: ClusterOpt = None,
-                    seed: SeedOpt = 0, json_out: JsonOpt = False, skip_invalid: SkipOpt = False,
-                    limit: LimitOpt = None, enrich: EnrichOpt = True) -> None:
+def sensitivity_cmd(
+    trace: TraceOpt,
+    param: Annotated[
+        str,
+        typer.Option(
+            "--param",
+            help="Dotted path of a numeric policy setting, e.g. fair_share.half_life or tiers.3.lease.",
+            show_default=False,
+        ),
+    ],
+    delta: Annotated[
+        str,
+        typer.Option(
+            "--delta", help="How far to move it: an amount (seconds or 5m) or a percentage (10%).", show_default=False
+        ),
+    ],
+    policy: Annotated[str, typer.Option("--policy", help="A preset or a policy YAML.")] = "governed",
+    format: FormatOpt = "auto",
+    gpus: GpusOpt = None,
+    cluster: ClusterOpt = None,
+    seed: SeedOpt = 0,
+    json_out: JsonOpt = False,
+    skip_invalid: SkipOpt = False,
+    limit: LimitOpt = None,
+    enrich: EnrichOpt = True,
+) -> None:
     """How much the admission order (Kendall tau distance) and the metrics change when one
     policy parameter moves a little."""
     setup = _setup(trace, format, gpus, cluster, seed, skip_invalid, limit, enrich)
     with _refusals(), _progress(f"{policy} ±{param}", json_out) as update:
-        result = sensitivity(setup, policy, param, delta, update)
+        try:
+            result = sensitivity(setup, policy, param, delta, update)
+        except SimulationLoopError as err:
+            _err.print(
+                f"[bold red]error:[/] {policy}: the simulation stopped: {err}",
+                highlight=False,
+                markup=True,
+                soft_wrap=True,
+            )
+            raise typer.Exit(EXIT_LOOP) from None
     if json_out:
         typer.echo(json.dumps(result, indent=2, allow_nan=False))
         return
@@ -162,10 +278,13 @@ def _print_sensitivity(result: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = Console()
-    console.print(f"{result['policy']}: {result['param']} {result['value']} → {result['moved_value']} "
-                  f"({result['jobs']} jobs)")
-    console.print(f"admission order moved: Kendall tau distance {result['kendall_tau_distance']:.4f} "
-                  "(0 = same order, 1 = reversed)")
+    console.print(
+        f"{result['policy']}: {result['param']} {result['value']} → {result['moved_value']} ({result['jobs']} jobs)"
+    )
+    console.print(
+        f"admission order moved: Kendall tau distance {result['kendall_tau_distance']:.4f} "
+        "(0 = same order, 1 = reversed)"
+    )
     table = Table("metric", "as written", "moved")
     for key, value in result["base"].items():
         table.add_row(key, _cell(value), _cell(result["moved"][key]))

@@ -270,7 +270,7 @@ def _integrate_waterfill(
         b = min(a + chunk, n_rows)
         lo, hi = np.searchsorted(rows, [a, b])
         cells = (rows[lo:hi] - a) * nq + q[lo:hi]
-        delta = np.bincount(cells, weights=g[lo:hi], minlength=(b - a) * nq).reshape(b - a, nq)
+        delta = np.bincount(cells, weights=g[lo:hi], minlength=(b - a) * nq).astype(np.float64).reshape(b - a, nq)
         delta[0] += carry
         demand = np.cumsum(delta, axis=0, dtype=np.float64)
         carry = demand[-1].copy()

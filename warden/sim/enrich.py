@@ -21,9 +21,9 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Collection
-from typing import Any
 from dataclasses import fields
 from operator import attrgetter
+from typing import Any
 
 from warden.sim.records import TraceJob
 
@@ -110,14 +110,12 @@ def tier_for(num_gpus: int, duration: float, draw: float) -> int:
 
 def startup_for(num_gpus: int) -> float:
     """Startup grows with the log of the job's size: rendezvous and loading fan out as a tree."""
-    return min(STARTUP_BASE_SECONDS + STARTUP_PER_DOUBLING_SECONDS * math.log2(num_gpus),
-               STARTUP_CAP_SECONDS)
+    return min(STARTUP_BASE_SECONDS + STARTUP_PER_DOUBLING_SECONDS * math.log2(num_gpus), STARTUP_CAP_SECONDS)
 
 
 def checkpoint_seconds_for(num_gpus: int) -> float:
     """A checkpoint's cost grows with the state to save (proportional to GPUs), up to a cap."""
-    return min(CHECKPOINT_BASE_SECONDS + CHECKPOINT_PER_GPU_SECONDS * num_gpus,
-               CHECKPOINT_CAP_SECONDS)
+    return min(CHECKPOINT_BASE_SECONDS + CHECKPOINT_PER_GPU_SECONDS * num_gpus, CHECKPOINT_CAP_SECONDS)
 
 
 def replicas_for(num_gpus: int) -> tuple[int, int]:
@@ -143,8 +141,9 @@ def active_rules(format: str, given: Collection[str]) -> list[str]:
     return rules
 
 
-def enrich(jobs: list[TraceJob], *, seed: int, format: str,
-           given: Collection[str] | None = None) -> tuple[list[TraceJob], list[str]]:
+def enrich(
+    jobs: list[TraceJob], *, seed: int, format: str, given: Collection[str] | None = None
+) -> tuple[list[TraceJob], list[str]]:
     """Fill every field the trace did not give, by the module's rules; return the jobs and rules.
 
     `jobs` must be in `seq` order (as a loader returns them). `given` names the TraceJob fields
@@ -156,8 +155,7 @@ def enrich(jobs: list[TraceJob], *, seed: int, format: str,
     return [TraceJob(*row) for row in rows], rules
 
 
-def fill_fields(rows: list[list[Any]], *, seed: int, format: str,
-                given: Collection[str] | None = None) -> list[str]:
+def fill_fields(rows: list[list[Any]], *, seed: int, format: str, given: Collection[str] | None = None) -> list[str]:
     """`enrich` on jobs held as lists of field values in `FIELDS` order, changed in place.
 
     Loaders call this before they build their TraceJobs, so that each job of a 100k-job trace
@@ -176,10 +174,21 @@ def fill_fields(rows: list[list[Any]], *, seed: int, format: str,
     fill_interval = "checkpoint_interval" not in have
     fill_ckpt_seconds = "checkpoint_seconds" not in have
     fill_replicas = format != "native" and not any(f in have for f in REPLICA_FIELDS)
-    i_gpus, i_duration, i_queue, i_tier, i_startup, i_resumable, i_interval, i_ckpt, i_replicas, \
-        i_per = (FIELD_INDEX[n] for n in ("num_gpus", "duration", "queue", "tier", "startup_seconds",
-                                          "resumable", "checkpoint_interval", "checkpoint_seconds",
-                                          "replicas", "gpus_per_replica"))
+    i_gpus, i_duration, i_queue, i_tier, i_startup, i_resumable, i_interval, i_ckpt, i_replicas, i_per = (
+        FIELD_INDEX[n]
+        for n in (
+            "num_gpus",
+            "duration",
+            "queue",
+            "tier",
+            "startup_seconds",
+            "resumable",
+            "checkpoint_interval",
+            "checkpoint_seconds",
+            "replicas",
+            "gpus_per_replica",
+        )
+    )
     intervals = CHECKPOINT_INTERVALS
     startup: dict[int, float] = {}
     for row in rows:

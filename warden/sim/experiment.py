@@ -4,16 +4,18 @@ on them, and measure how much a policy's decisions move when one parameter moves
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from warden.engine.accounting import policy_entitlement
 from warden.engine.model import Node
 from warden.engine.policy import PolicyError, PolicyIssue, parse_duration, parse_policy
 from warden.sim.cluster import load_cluster, pool, total_gpus
 from warden.sim.loaders import load_trace
-from warden.sim.metrics import summarize
-from warden.sim.presets import PRESETS, SimPolicy, entitlements, policy_entitlement, resolve_policy
+from warden.sim.metrics import DEFAULT_MAX_PREEMPTIONS_PER_JOB, preemption_spread, summarize
+from warden.sim.presets import PRESETS, SimPolicy, entitlements, resolve_policy
 from warden.sim.records import SimRun, Trace
 from warden.sim.simulator import simulate
 
@@ -32,9 +34,17 @@ class Setup:
         return total_gpus(self.nodes)
 
 
-def prepare(trace: str | Path, *, format: str = "auto", gpus: int | None = None,
-            cluster: str | Path | None = None, seed: int = 0, skip_invalid: bool = False,
-            limit: int | None = None, enrich: bool = True) -> Setup:
+def prepare(
+    trace: str | Path,
+    *,
+    format: str = "auto",
+    gpus: int | None = None,
+    cluster: str | Path | None = None,
+    seed: int = 0,
+    skip_invalid: bool = False,
+    limit: int | None = None,
+    enrich: bool = True,
+) -> Setup:
     """Load the trace and build the cluster (`gpus` or a cluster file, exactly one)."""
     if (gpus is None) == (cluster is None):
         raise ValueError("give exactly one of --gpus N or --cluster FILE")
@@ -50,13 +60,19 @@ class Outcome:
     summary: dict[str, Any]
 
 
-def run_policy(setup: Setup, policy: str | SimPolicy,
-               on_progress: Callable[[int, int], None] | None = None) -> Outcome:
-    """Simulate one policy (a preset name, a policy file, or a resolved policy)."""
+def run_policy(
+    setup: Setup,
+    policy: str | SimPolicy,
+    on_progress: Callable[[int, int], None] | None = None,
+    max_preemptions_per_job: int = DEFAULT_MAX_PREEMPTIONS_PER_JOB,
+) -> Outcome:
+    """Simulate one policy (a preset name, a policy file, or a resolved policy); the summary
+    warns when a job is preempted more than `max_preemptions_per_job` times."""
     sp = policy if isinstance(policy, SimPolicy) else resolve_policy(policy, setup.nominal, setup.gpus)
     share = policy_entitlement(sp.policy) if sp.name not in PRESETS else _shares(setup.nominal)
     run, skipped = simulate(setup.trace, setup.nodes, sp, share, on_progress)
     summary = summarize(run)
+    summary.update(preemption_spread(run, max_preemptions_per_job))
     summary["skipped"] = {**setup.trace.skipped_reasons, **skipped}
     summary["trace_format"] = setup.trace.format
     summary["rules"] = list(setup.trace.rules)
@@ -100,8 +116,10 @@ def nudge(sp: SimPolicy, path: str, delta: str) -> SimPolicy:
         else:
             new = old + (float(d) if _plain_number(d) else parse_duration(d))
     except (ValueError, TypeError):
-        raise PolicyError([PolicyIssue("delta", delta, "is not an amount", "a number, a duration like 5m, or a percentage like 10%")]) from None
-    node[last] = int(round(new)) if isinstance(old, int) else new
+        raise PolicyError(
+            [PolicyIssue("delta", delta, "is not an amount", "a number, a duration like 5m, or a percentage like 10%")]
+        ) from None
+    node[last] = round(new) if isinstance(old, int) else new
     return SimPolicy(sp.name, parse_policy(data, f"{sp.name} with {path} {delta}"), sp.behaviour)
 
 
@@ -136,8 +154,7 @@ def _child(node: Any, key: str, path: str) -> Any:
 
 def admission_order(run: SimRun) -> list[str]:
     """Job ids by the time each was first admitted (never admitted: last), ties in trace order."""
-    first = [(j.attempts[0].admitted_at if j.attempts else float("inf"), i, j.job_id)
-             for i, j in enumerate(run.jobs)]
+    first = [(j.attempts[0].admitted_at if j.attempts else float("inf"), i, j.job_id) for i, j in enumerate(run.jobs)]
     first.sort()
     return [job_id for _, _, job_id in first]
 
@@ -164,8 +181,8 @@ def _inversions(seq: list[int]) -> int:
     while width < n:
         merged: list[int] = []
         for lo in range(0, n, 2 * width):
-            left = items[lo:lo + width]
-            right = items[lo + width:lo + 2 * width]
+            left = items[lo : lo + width]
+            right = items[lo + width : lo + 2 * width]
             i = j = 0
             while i < len(left) and j < len(right):
                 if left[i] <= right[j]:
@@ -182,15 +199,24 @@ def _inversions(seq: list[int]) -> int:
     return count
 
 
-def sensitivity(setup: Setup, policy: str, path: str, delta: str,
-                on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+def sensitivity(
+    setup: Setup, policy: str, path: str, delta: str, on_progress: Callable[[int, int], None] | None = None
+) -> dict[str, Any]:
     """Run the policy as written and nudged; how far the admission order and metrics moved."""
     base_policy = resolve_policy(policy, setup.nominal, setup.gpus)
     moved_policy = nudge(base_policy, path, delta)
     base = run_policy(setup, base_policy, on_progress)
     moved = run_policy(setup, moved_policy, on_progress)
-    keys = ("avg_jct_s", "avg_wait_s", "p95_wait_s", "utilization", "goodput", "preemptions",
-            "lost_gpu_hours", "max_wait_least_served_queue_s")
+    keys = (
+        "avg_jct_s",
+        "avg_wait_s",
+        "p95_wait_s",
+        "utilization",
+        "goodput",
+        "preemptions",
+        "lost_gpu_hours",
+        "max_wait_least_served_queue_s",
+    )
     return {
         "policy": base_policy.name,
         "param": path,

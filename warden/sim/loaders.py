@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import MISSING, dataclass, field, fields
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -36,9 +36,21 @@ FORMATS = ("native", "philly", "philly-rfold", "pai2023")
 """The formats `load_trace` reads; `auto` picks one of them from the header or suffix."""
 
 NATIVE_REQUIRED = ("job_id", "submit", "num_gpus", "duration")
-NATIVE_OPTIONAL = ("queue", "tier", "user", "replicas", "gpus_per_replica", "lease",
-                   "checkpoint_interval", "checkpoint_seconds", "startup_seconds", "resumable",
-                   "cpu", "memory", "flavor")
+NATIVE_OPTIONAL = (
+    "queue",
+    "tier",
+    "user",
+    "replicas",
+    "gpus_per_replica",
+    "lease",
+    "checkpoint_interval",
+    "checkpoint_seconds",
+    "startup_seconds",
+    "resumable",
+    "cpu",
+    "memory",
+    "flavor",
+)
 PHILLY_HEADER = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
 PHILLY_REQUIRED = ("timestamp", "duration", "num_gpus", "cluster")
 RFOLD_HEADER = ("#job id", "arrival time (sec)", "topology", "shape", "size", "duration (sec)")
@@ -62,8 +74,15 @@ _TIERS = range(1, 5)
 class TraceError(ValueError):
     """A trace that cannot be loaded as asked: the message names file, line, column and value."""
 
-    def __init__(self, message: str, *, source: str = "", line: int | None = None,
-                 column: str | None = None, value: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        source: str = "",
+        line: int | None = None,
+        column: str | None = None,
+        value: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.source = source
         self.line = line
@@ -94,6 +113,7 @@ _MISSING = "missing value"
 
 
 # --- cell conversions: fast when the value is good, and only then ------------------------------
+
 
 def _whole(text: str, column: str, minimum: int = 0) -> int:
     """A whole number >= minimum; "8.0" is accepted (pandas writes ints that way next to NaN)."""
@@ -160,14 +180,14 @@ def _wall_clock(text: str, column: str) -> float:
     try:
         stamp = datetime.fromisoformat(text)
     except ValueError:
-        raise _BadValue(column, text, _MISSING if not text
-                        else "is not a date-time (YYYY-MM-DD HH:MM:SS)") from None
+        raise _BadValue(column, text, _MISSING if not text else "is not a date-time (YYYY-MM-DD HH:MM:SS)") from None
     if stamp.tzinfo is not None:
-        stamp = stamp.astimezone(timezone.utc).replace(tzinfo=None)
+        stamp = stamp.astimezone(UTC).replace(tzinfo=None)
     return (stamp - _EPOCH).total_seconds()
 
 
 # --- rows in, rows out -------------------------------------------------------------------------
+
 
 @dataclass
 class _Rows:
@@ -194,8 +214,13 @@ class _Context:
     def reject(self, out: _Rows, where: int, bad: _BadValue) -> None:
         """Count a bad row under its column, or stop at it."""
         if not self.skip_invalid:
-            raise TraceError(f"{self.source} {self.unit} {where}: {bad.describe()}",
-                             source=self.source, line=where, column=bad.column, value=bad.value)
+            raise TraceError(
+                f"{self.source} {self.unit} {where}: {bad.describe()}",
+                source=self.source,
+                line=where,
+                column=bad.column,
+                value=bad.value,
+            )
         out.skipped[bad.column] += 1
 
     def error(self, message: str, column: str | None = None) -> TraceError:
@@ -230,8 +255,10 @@ def _index(header: list[str], required: Iterable[str], ctx: _Context) -> dict[st
     where = {name: i for i, name in enumerate(header)}
     missing = [name for name in required if name not in where]
     if missing:
-        raise ctx.error("missing required column" + ("s " if len(missing) > 1 else " ")
-                        + ", ".join(repr(m) for m in missing), column=missing[0])
+        raise ctx.error(
+            "missing required column" + ("s " if len(missing) > 1 else " ") + ", ".join(repr(m) for m in missing),
+            column=missing[0],
+        )
     return where
 
 
@@ -263,17 +290,20 @@ def _native_columns(header: list[str], ctx: _Context) -> dict[str, int]:
         for name in unknown:
             close = difflib.get_close_matches(name, sorted(known), n=1)
             hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise ctx.error(f"unknown column{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
-                        f"native columns are {', '.join(NATIVE_REQUIRED + NATIVE_OPTIONAL)}",
-                        column=unknown[0])
+        raise ctx.error(
+            f"unknown column{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
+            f"native columns are {', '.join(NATIVE_REQUIRED + NATIVE_OPTIONAL)}",
+            column=unknown[0],
+        )
     repeated = [name for name, n in Counter(header).items() if n > 1]
     if repeated:
         raise ctx.error(f"column {repeated[0]!r} appears more than once", column=repeated[0])
     return _index(header, NATIVE_REQUIRED, ctx)
 
 
-def _native_row(cells: list[str], idx: tuple[int, int, int, int],
-                optional: list[tuple[int, str, Callable[[str, str], Any]]]) -> dict[str, Any]:
+def _native_row(
+    cells: list[str], idx: tuple[int, int, int, int], optional: list[tuple[int, str, Callable[[str, str], Any]]]
+) -> dict[str, Any]:
     """One native row as TraceJob fields; an empty optional cell takes the field's default."""
     i_id, i_submit, i_gpus, i_dur = idx
     num_gpus = _whole(cells[i_gpus], "num_gpus", 1)
@@ -291,8 +321,7 @@ def _native_row(cells: list[str], idx: tuple[int, int, int, int],
     per: int | None = row.get("gpus_per_replica")
     if replicas is not None and per is not None:
         if replicas * per != num_gpus:
-            raise _BadValue("replicas", str(replicas),
-                            f"x gpus_per_replica {per} is not num_gpus {num_gpus}")
+            raise _BadValue("replicas", str(replicas), f"x gpus_per_replica {per} is not num_gpus {num_gpus}")
     elif replicas is not None:
         if num_gpus % replicas:
             raise _BadValue("replicas", str(replicas), f"does not divide num_gpus {num_gpus}")
@@ -330,6 +359,7 @@ def _parse_native(header: list[str], rows: Numbered, ctx: _Context) -> _Rows:
 
 # --- Philly (Pollux) ---------------------------------------------------------------------------
 
+
 def _read_vc_file(path: Path) -> dict[str, float]:
     """VC -> nominal GPUs (nodes x 8) from HeliosArtifact's `vc,node num` table."""
     ctx = _Context(str(path), skip_invalid=False)
@@ -347,8 +377,7 @@ def _read_vc_file(path: Path) -> dict[str, float]:
     return quotas
 
 
-def _parse_philly(header: list[str], rows: Numbered, ctx: _Context,
-                  vc_file: Path | None) -> _Rows:
+def _parse_philly(header: list[str], rows: Numbered, ctx: _Context, vc_file: Path | None) -> _Rows:
     where = _index(header, PHILLY_REQUIRED, ctx)
     i_ts, i_dur, i_gpus, i_vc = (where[c] for c in ("timestamp", "duration", "num_gpus", "cluster"))
     width = len(header)
@@ -357,17 +386,18 @@ def _parse_philly(header: list[str], rows: Numbered, ctx: _Context,
     for index, (line, cells) in enumerate(rows):
         try:
             _check_width(cells, width)
-            append({
-                "job_id": str(index),
-                "submit": _wall_clock(cells[i_ts], "timestamp"),
-                "num_gpus": _whole(cells[i_gpus], "num_gpus", 1),
-                "duration": _number(cells[i_dur], "duration"),
-                "queue": _required_text(cells[i_vc], "cluster"),
-            })
+            append(
+                {
+                    "job_id": str(index),
+                    "submit": _wall_clock(cells[i_ts], "timestamp"),
+                    "num_gpus": _whole(cells[i_gpus], "num_gpus", 1),
+                    "duration": _number(cells[i_dur], "duration"),
+                    "queue": _required_text(cells[i_vc], "cluster"),
+                }
+            )
         except _BadValue as bad:
             ctx.reject(out, line, bad)
-    out.rules.append("job_id: Pollux's Philly trace has no job ids; a job's id is its 0-based "
-                     "data row in the file.")
+    out.rules.append("job_id: Pollux's Philly trace has no job ids; a job's id is its 0-based data row in the file.")
     out.rules.append("queue: a job's Philly virtual cluster (`cluster`) is its queue.")
     if vc_file is not None:
         quotas = _read_vc_file(vc_file)
@@ -375,11 +405,15 @@ def _parse_philly(header: list[str], rows: Numbered, ctx: _Context,
         out.queues = dict(quotas)
         for name in seen:
             out.queues[name] = 0.0
-        sentence = (f"queues: nominal quota of each VC = {GPUS_PER_PHILLY_NODE} GPUs x its nodes in "
-                    f"{vc_file.name} ({len(quotas)} VCs)")
+        sentence = (
+            f"queues: nominal quota of each VC = {GPUS_PER_PHILLY_NODE} GPUs x its nodes in "
+            f"{vc_file.name} ({len(quotas)} VCs)"
+        )
         if seen:
-            sentence += (f"; {len(seen)} VC{'s' if len(seen) > 1 else ''} of the trace not in that "
-                         f"file ({', '.join(seen)}) get quota 0")
+            sentence += (
+                f"; {len(seen)} VC{'s' if len(seen) > 1 else ''} of the trace not in that "
+                f"file ({', '.join(seen)}) get quota 0"
+            )
         out.rules.append(sentence + ".")
     else:
         out.rules.append(f"queues: no {VC_FILE_NAME} next to the trace, so no nominal quotas.")
@@ -387,6 +421,7 @@ def _parse_philly(header: list[str], rows: Numbered, ctx: _Context,
 
 
 # --- Philly (RFold) ----------------------------------------------------------------------------
+
 
 def _parse_rfold(header: list[str], rows: Numbered, ctx: _Context) -> _Rows:
     where = _index(header, RFOLD_REQUIRED, ctx)
@@ -411,16 +446,18 @@ def _parse_rfold(header: list[str], rows: Numbered, ctx: _Context) -> _Rows:
             zero += 1
             continue
         first_line[job_id] = line
-        out.rows.append({"job_id": job_id, "submit": submit, "num_gpus": num_gpus,
-                         "duration": duration})
+        out.rows.append({"job_id": job_id, "submit": submit, "num_gpus": num_gpus, "duration": duration})
     if zero:
         out.skipped["duration"] += zero
-    out.rules.append(f"duration: rows with duration 0 are rejected, always ({zero} in this file, "
-                     f"counted in skipped under 'duration'): a job that needs no time is no job.")
+    out.rules.append(
+        f"duration: rows with duration 0 are rejected, always ({zero} in this file, "
+        f"counted in skipped under 'duration'): a job that needs no time is no job."
+    )
     return out
 
 
 # --- Alibaba PAI 2023 --------------------------------------------------------------------------
+
 
 def _qos_tier(text: str, column: str) -> int:
     tier = PAI_QOS_TIERS.get(text.lower())
@@ -435,7 +472,8 @@ def _parse_pai(header: list[str], rows: Numbered, ctx: _Context) -> _Rows:
     col = where.get
     i_name, i_gpu, i_create, i_delete = (where[c] for c in PAI_REQUIRED)
     i_milli, i_cpu, i_mem, i_spec, i_qos, i_sched = (
-        col(c) for c in ("gpu_milli", "cpu_milli", "memory_mib", "gpu_spec", "qos", "scheduled_time"))
+        col(c) for c in ("gpu_milli", "cpu_milli", "memory_mib", "gpu_spec", "qos", "scheduled_time")
+    )
     given = FORMAT_GIVES["pai2023"] if i_qos is not None else FORMAT_GIVES["pai2023"] - {"tier"}
     out = _Rows(given=given)
     first_line: dict[str, int] = {}
@@ -484,26 +522,33 @@ def _parse_pai(header: list[str], rows: Numbered, ctx: _Context) -> _Rows:
         row["_fractional"] = milli < PAI_WHOLE_GPU_MILLI
         out.rows.append(row)
     out.skipped.update(always)
-    out.rules.append("duration: deletion_time - scheduled_time for a pod that was scheduled, "
-                     "else deletion_time - creation_time; submit is creation_time.")
-    out.rules.append(f"skipped, always: pods with num_gpu 0 are CPU-only ({always['num_gpu']}); "
-                     f"pods with no deletion_time ({always['deletion_time']}) or a duration <= 0 "
-                     f"({always['duration']}) never ran.")
+    out.rules.append(
+        "duration: deletion_time - scheduled_time for a pod that was scheduled, "
+        "else deletion_time - creation_time; submit is creation_time."
+    )
+    out.rules.append(
+        f"skipped, always: pods with num_gpu 0 are CPU-only ({always['num_gpu']}); "
+        f"pods with no deletion_time ({always['deletion_time']}) or a duration <= 0 "
+        f"({always['duration']}) never ran."
+    )
     if i_qos is not None:
-        out.rules.append("tier from qos: LS -> 1, Guaranteed -> 2, Burstable -> 3, BE -> 4 "
-                         "(an empty qos: tier 3).")
-    out.rules.append("each pod is one replica; gpu_spec (when set) is its flavor; cpu_milli and "
-                     "memory_mib are its cpu and memory.")
+        out.rules.append("tier from qos: LS -> 1, Guaranteed -> 2, Burstable -> 3, BE -> 4 (an empty qos: tier 3).")
+    out.rules.append(
+        "each pod is one replica; gpu_spec (when set) is its flavor; cpu_milli and memory_mib are its cpu and memory."
+    )
     return out
 
 
 def _fraction_rule(count: int) -> str:
-    return (f"fractional GPUs: {count} pod{'s' if count != 1 else ''} asked for a share of one GPU "
-            f"(gpu_milli < {PAI_WHOLE_GPU_MILLI}) and {'were' if count != 1 else 'was'} rounded up "
-            f"to one whole GPU, since warden allocates whole GPUs.")
+    return (
+        f"fractional GPUs: {count} pod{'s' if count != 1 else ''} asked for a share of one GPU "
+        f"(gpu_milli < {PAI_WHOLE_GPU_MILLI}) and {'were' if count != 1 else 'was'} rounded up "
+        f"to one whole GPU, since warden allocates whole GPUs."
+    )
 
 
 # --- detection, reading, finishing -------------------------------------------------------------
+
 
 def detect_format(path: str | Path) -> str:
     """The format of `path`, told from its suffix (`.parquet`: native) or its header line."""
@@ -518,16 +563,20 @@ def detect_format(path: str | Path) -> str:
 def _format_of(header: list[str], source: str) -> str:
     if set(NATIVE_REQUIRED) <= set(header):
         return "native"
-    if tuple(header[:len(PHILLY_HEADER)]) == PHILLY_HEADER:
+    if tuple(header[: len(PHILLY_HEADER)]) == PHILLY_HEADER:
         return "philly"
-    if tuple(header[:len(RFOLD_HEADER)]) == RFOLD_HEADER:
+    if tuple(header[: len(RFOLD_HEADER)]) == RFOLD_HEADER:
         return "philly-rfold"
-    if tuple(header[:len(PAI_HEADER_PREFIX)]) == PAI_HEADER_PREFIX:
+    if tuple(header[: len(PAI_HEADER_PREFIX)]) == PAI_HEADER_PREFIX:
         return "pai2023"
     shown = ",".join(header)[:120]
-    raise TraceError(f"{source}: cannot tell the trace format from the header {shown!r}; "
-                     f"a native trace needs the columns {','.join(NATIVE_REQUIRED)} "
-                     f"(or pass format= one of {', '.join(FORMATS)})", source=source, line=1)
+    raise TraceError(
+        f"{source}: cannot tell the trace format from the header {shown!r}; "
+        f"a native trace needs the columns {','.join(NATIVE_REQUIRED)} "
+        f"(or pass format= one of {', '.join(FORMATS)})",
+        source=source,
+        line=1,
+    )
 
 
 def _parquet_rows(path: Path, ctx: _Context) -> tuple[list[str], Iterator[tuple[int, list[str]]]]:
@@ -556,9 +605,16 @@ def _cell(value: object) -> str:
     return str(value).strip()
 
 
-def load_trace(path: str | Path, format: str = "auto", *, seed: int = 0,
-               skip_invalid: bool = False, limit: int | None = None,
-               vc_file: str | Path | None = None, enrich: bool = True) -> Trace:
+def load_trace(
+    path: str | Path,
+    format: str = "auto",
+    *,
+    seed: int = 0,
+    skip_invalid: bool = False,
+    limit: int | None = None,
+    vc_file: str | Path | None = None,
+    enrich: bool = True,
+) -> Trace:
     """Load a trace file into jobs sorted by (submit, file order), rebased to start at 0.0.
 
     `format`: auto, native, philly, philly-rfold or pai2023. `seed` drives the enrichment
@@ -570,8 +626,9 @@ def load_trace(path: str | Path, format: str = "auto", *, seed: int = 0,
     that textbook simulators replay.
     """
     with _gc_paused():
-        return _load(Path(path), format, seed=seed, skip_invalid=skip_invalid, limit=limit,
-                     vc_file=vc_file, enrich=enrich)
+        return _load(
+            Path(path), format, seed=seed, skip_invalid=skip_invalid, limit=limit, vc_file=vc_file, enrich=enrich
+        )
 
 
 @contextmanager
@@ -591,20 +648,28 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _load(path: Path, format: str, *, seed: int, skip_invalid: bool, limit: int | None,
-          vc_file: str | Path | None, enrich: bool) -> Trace:
+def _load(
+    path: Path,
+    format: str,
+    *,
+    seed: int,
+    skip_invalid: bool,
+    limit: int | None,
+    vc_file: str | Path | None,
+    enrich: bool,
+) -> Trace:
     source = str(path)
     if format != "auto" and format not in FORMATS:
-        raise TraceError(f"{source}: unknown format {format!r}; expected auto or one of "
-                         f"{', '.join(FORMATS)}", source=source)
+        raise TraceError(
+            f"{source}: unknown format {format!r}; expected auto or one of {', '.join(FORMATS)}", source=source
+        )
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, not {limit}")
     if not path.is_file():
         raise TraceError(f"{source}: no such file", source=source)
     if path.suffix.lower() == ".parquet":
         if format not in ("auto", "native"):
-            raise TraceError(f"{source}: only native traces are read from Parquet, not {format}",
-                             source=source)
+            raise TraceError(f"{source}: only native traces are read from Parquet, not {format}", source=source)
         ctx = _Context(source, skip_invalid, unit="row")
         header, rows = _parquet_rows(path, ctx)
         return _finish(_parse_native(header, rows, ctx), "native", source, seed, limit, enrich)
@@ -639,8 +704,7 @@ def _vc_file_for(trace: Path, vc_file: str | Path | None) -> Path | None:
     return beside if beside.is_file() else None
 
 
-def _finish(parsed: _Rows, format: str, source: str, seed: int, limit: int | None,
-            enrich: bool = True) -> Trace:
+def _finish(parsed: _Rows, format: str, source: str, seed: int, limit: int | None, enrich: bool = True) -> Trace:
     """Sort (stable: ties keep file order), cut to `limit`, rebase, number, enrich, build."""
     rows = parsed.rows
     rows.sort(key=itemgetter("submit"))
@@ -649,7 +713,7 @@ def _finish(parsed: _Rows, format: str, source: str, seed: int, limit: int | Non
     base = rows[0]["submit"] if rows else 0.0
     fractional = 0
     defaults = [_DEFAULTS[name] for name in FIELDS]
-    i_submit, i_seq, i_per, i_gpus = (FIELD_INDEX[n] for n in ("submit", "seq", "gpus_per_replica", "num_gpus"))
+    i_submit, i_seq, i_per = (FIELD_INDEX[n] for n in ("submit", "seq", "gpus_per_replica"))
     values: list[list[Any]] = []
     for seq, row in enumerate(rows):
         if row.pop("_fractional", False):
@@ -665,13 +729,19 @@ def _finish(parsed: _Rows, format: str, source: str, seed: int, limit: int | Non
     loader_rules = parsed.rules
     if format == "pai2023":
         loader_rules = [*loader_rules, _fraction_rule(fractional)]
-    return Trace(jobs=tuple(TraceJob(*job) for job in values), source=source, format=format,
-                 queues=parsed.queues, skipped=sum(parsed.skipped.values()),
-                 skipped_reasons=dict(parsed.skipped), rules=tuple(loader_rules + rules), seed=seed)
+    return Trace(
+        jobs=tuple(TraceJob(*job) for job in values),
+        source=source,
+        format=format,
+        queues=parsed.queues,
+        skipped=sum(parsed.skipped.values()),
+        skipped_reasons=dict(parsed.skipped),
+        rules=tuple(loader_rules + rules),
+        seed=seed,
+    )
 
 
-_DEFAULTS: dict[str, Any] = {f.name: None if f.default is MISSING else f.default
-                             for f in fields(TraceJob)}
+_DEFAULTS: dict[str, Any] = {f.name: None if f.default is MISSING else f.default for f in fields(TraceJob)}
 """TraceJob's defaults by field (every field but the four required ones has one)."""
 
 

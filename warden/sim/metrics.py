@@ -47,9 +47,10 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -104,8 +105,9 @@ class _Flat:
         return self.gpus * (self.lost + self.idle)
 
 
-_ATTEMPT_FIELDS = attrgetter("gpus", "admitted_at", "ended_at", "startup_s", "checkpoint_s", "useful_s",
-                             "lost_s", "idle_s", "preempted")
+_ATTEMPT_FIELDS = attrgetter(
+    "gpus", "admitted_at", "ended_at", "startup_s", "checkpoint_s", "useful_s", "lost_s", "idle_s", "preempted"
+)
 _JOB_FIELDS = attrgetter("submit", "num_gpus", "wait_s", "tier")
 
 
@@ -128,8 +130,9 @@ def _flatten(run: SimRun) -> _Flat:
     return _Flat(
         queues=queues,
         submit=jt[:, 0],
-        finished=np.fromiter((math.nan if j.finished_at is None else j.finished_at for j in jobs),
-                             dtype=np.float64, count=n),
+        finished=np.fromiter(
+            (math.nan if j.finished_at is None else j.finished_at for j in jobs), dtype=np.float64, count=n
+        ),
         num_gpus=jt[:, 1],
         wait=jt[:, 2],
         tier=jt[:, 3].astype(np.intp),
@@ -199,8 +202,9 @@ def owed_gpu_seconds(run: SimRun, flat: _Flat | None = None) -> dict[str, float]
     """∫ owed_q(t) dt per queue, in GPU-seconds: `warden.engine.accounting.owed_gpu_seconds`
     over the run's jobs, the definition the server's owed hours use too."""
     f = _flatten(run) if flat is None else flat
-    return accounting.owed_gpu_seconds(f.queues, f.job_queue, f.num_gpus, f.submit, f.finished,
-                                       run.entitlement, run.gpus, run.started_at, run.ended_at)
+    return accounting.owed_gpu_seconds(
+        f.queues, f.job_queue, f.num_gpus, f.submit, f.finished, run.entitlement, run.gpus, run.started_at, run.ended_at
+    )
 
 
 # ---------------------------------------------------------------------------- summary
@@ -301,6 +305,58 @@ def _per_tier(f: _Flat) -> dict[str, dict[str, Any]]:
     return {str(int(t)): _wait_stats(f.wait[f.tier == t]) for t in np.unique(f.tier)}
 
 
+# ---------------------------------------------------------------------------- preemption spread
+
+DEFAULT_MAX_PREEMPTIONS_PER_JOB = 10
+"""A job preempted more often than this is flagged: past it, evictions pile onto one job (it is
+readmitted and evicted again and again) instead of spreading with contention."""
+
+
+def preemption_spread(run: SimRun, limit: int = DEFAULT_MAX_PREEMPTIONS_PER_JOB) -> dict[str, Any]:
+    """Preemptions per admitted job, and a warning when one job took more than `limit`.
+
+    A total count hides whether evictions are spread over many jobs or pile onto a few caught
+    in a cycle. Over the jobs admitted at least once: `preemptions_per_job` holds the mean, p95
+    and max of each job's preempted attempts (for a gang scheduled pod by pod, every evicted
+    pod), the job with the most (first in trace order on a tie), the number of admitted jobs,
+    `limit` and how many jobs exceed it; `preemption_warning` is one sentence naming the worst
+    job when any job exceeds `limit`, else None."""
+    counts = [(j.preemptions, j.job_id) for j in run.jobs if j.attempts]
+    values = np.array([c for c, _ in counts], dtype=np.float64)
+    worst_count, worst_job = max(counts, key=lambda c: c[0]) if counts else (0, None)
+    over = int((values > limit).sum())
+    spread = {
+        "mean": _num(_mean(values), 4),
+        "p95": _num(_pct(values, 95), 4),
+        "max": int(worst_count) if counts else None,
+        "worst_job": worst_job if worst_count > 0 else None,
+        "admitted_jobs": len(counts),
+        "limit": limit,
+        "over_limit": over,
+    }
+    warning = None
+    if over:
+        others = f"; {over - 1} other job(s) also exceed it" if over > 1 else ""
+        warning = (
+            f"job {worst_job} was preempted {worst_count} times, more than the limit of "
+            f"{limit} per job (--max-preemptions-per-job){others}: it is readmitted and "
+            "evicted again and again"
+        )
+    return {"preemptions_per_job": spread, "preemption_warning": warning}
+
+
+def format_preemption_spread(spread: dict[str, Any] | None) -> str:
+    """`preemptions_per_job` as "mean / p95 / max", with a "!" when some job exceeds the limit."""
+    if not spread or spread.get("max") is None:
+        return "—"
+
+    def short(x: float) -> str:
+        return f"{float(x):.2f}".rstrip("0").rstrip(".")
+
+    flag = "!" if spread.get("over_limit") else ""
+    return f"{short(spread['mean'])} / {short(spread['p95'])} / {spread['max']}{flag}"
+
+
 # ---------------------------------------------------------------------------- time series
 
 
@@ -315,8 +371,14 @@ def timeseries(run: SimRun, points: int = 500) -> dict[str, Any]:
     """
     f = _flatten(run)
     start, end = run.started_at, run.ended_at
-    out: dict[str, Any] = {"edges_s": [], "bin_s": None, "utilization": [], "preemptions": [],
-                           "lost_gpu_hours": [], "wait_cdf": _wait_cdf(f)}
+    out: dict[str, Any] = {
+        "edges_s": [],
+        "bin_s": None,
+        "utilization": [],
+        "preemptions": [],
+        "lost_gpu_hours": [],
+        "wait_cdf": _wait_cdf(f),
+    }
     if end <= start or points < 1:
         return out
     edges = np.linspace(start, end, points + 1)
@@ -326,10 +388,13 @@ def timeseries(run: SimRun, points: int = 500) -> dict[str, Any]:
     ended_in = np.clip(f.ended, start, end)
     pre, _ = np.histogram(ended_in[f.preempted], bins=edges)
     lost, _ = np.histogram(ended_in, bins=edges, weights=f.wasted / HOUR)
-    out.update(edges_s=[round(float(e), 3) for e in edges], bin_s=round(width, 3),
-               utilization=[round(float(u), 6) for u in util],
-               preemptions=[int(p) for p in pre],
-               lost_gpu_hours=[round(float(x), 6) for x in lost])
+    out.update(
+        edges_s=[round(float(e), 3) for e in edges],
+        bin_s=round(width, 3),
+        utilization=[round(float(u), 6) for u in util],
+        preemptions=[int(p) for p in pre],
+        lost_gpu_hours=[round(float(x), 6) for x in lost],
+    )
     return out
 
 
@@ -379,7 +444,7 @@ def format_duration(seconds: float | None) -> str:
     s = float(seconds)
     if s < 10:
         return f"{s:.1f}s"
-    total = int(round(s))
+    total = round(s)
     days, rem = divmod(total, 86400)
     hours, rem = divmod(rem, 3600)
     minutes, secs = divmod(rem, 60)
@@ -418,6 +483,7 @@ TABLE_COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("util", "utilization", format_percent),
     ("goodput", "goodput", format_percent),
     ("preempt", "preemptions", _format_plain),
+    ("preempt/job mean/p95/max", "preemptions_per_job", format_preemption_spread),
     ("lost GPU-h", "lost_gpu_hours", format_gpu_hours),
     ("worst queue max wait", "max_wait_least_served_queue_s", format_duration),
     ("breaches", "starvation_breaches", _format_plain),

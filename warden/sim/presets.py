@@ -10,10 +10,12 @@ docs/simulator.md; the facts they rest on in the peers' own documentation.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
+from warden.engine.accounting import policy_entitlement  # noqa: F401  (re-exported for warden.sim.experiment)
 from warden.engine.policy import Policy, PolicyError, PolicyIssue, load_policy, parse_policy
 
 
@@ -33,6 +35,9 @@ class Behaviour:
     """Schedule every replica of a gang as its own pod (Kubernetes without a queueing layer):
     a gang makes progress only while all its pods run; evicting one pod interrupts the job and
     strands the others, which hold their GPUs idle until the evicted pod runs again."""
+    requeue_restarts_age: bool = False
+    """A requeued job's earlier waiting no longer counts towards its age (Slurm resets the
+    submit time of a requeued job, so its age factor starts again from zero)."""
 
 
 @dataclass(frozen=True)
@@ -49,8 +54,17 @@ _NO_GUARD = {"min_efficiency": 0.0, "max_preemptions": {"per": "24h", "count": 1
 
 def _tiers(preemptible: Callable[[int], bool], grace: str, lease: str = "0s") -> dict[int, dict[str, Any]]:
     names = {1: "production-inference", 2: "pretraining", 3: "experimentation", 4: "opportunistic"}
-    return {t: {"name": names[t], "preemptible": preemptible(t), "grace": grace, "lease": lease,
-                "requires_approval": False, "scope": "cluster"} for t in names}
+    return {
+        t: {
+            "name": names[t],
+            "preemptible": preemptible(t),
+            "grace": grace,
+            "lease": lease,
+            "requires_approval": False,
+            "scope": "cluster",
+        }
+        for t in names
+    }
 
 
 def entitlements(queues: Mapping[str, float], names: Iterable[str], gpus: int) -> dict[str, int]:
@@ -91,36 +105,69 @@ def build_preset(name: str, nominal: Mapping[str, int], gpus: int) -> SimPolicy:
     data: dict[str, Any]
     behaviour = Behaviour()
     if name == "governed":
-        data = {"queues": queues_governed,
-                "tiers": {1: {"requires_approval": False}, 2: {"requires_approval": False}}}
+        data = {"queues": queues_governed, "tiers": {1: {"requires_approval": False}, 2: {"requires_approval": False}}}
     elif name == "fifo_strict":
-        data = {"tiers": never, "queues": queues_free, "thrash": _NO_GUARD,
-                "scheduling": {**fifo, "head_of_line_blocking": True}}
+        data = {
+            "tiers": never,
+            "queues": queues_free,
+            "thrash": _NO_GUARD,
+            "scheduling": {**fifo, "head_of_line_blocking": True},
+        }
     elif name == "fifo_backfill":
-        data = {"tiers": never, "queues": queues_free, "thrash": _NO_GUARD,
-                "scheduling": {**fifo, "head_of_line_blocking": False}}
+        data = {
+            "tiers": never,
+            "queues": queues_free,
+            "thrash": _NO_GUARD,
+            "scheduling": {**fifo, "head_of_line_blocking": False},
+        }
     elif name == "slurm":
-        data = {"tiers": _tiers(lambda t: t > 1, "120s"), "queues": queues_free,
-                "thrash": {**_NO_GUARD, "requeue_backoff": "120s"},
-                "preemption": {"victim_order": "smallest"},
-                "scheduling": {"order": "governed", "reservations": 1}}
-        behaviour = Behaviour(grace_poll=30.0)
+        # PreemptType=preempt/partition_prio, PreemptMode=REQUEUE, PreemptExemptTime unset (its
+        # default, -1: no minimum runtime, hence lease 0 s). A requeued job may start again
+        # `requeue_delay` (default: cred_expire, 120 s) + 1 s after it was requeued, and its
+        # submit time is reset (slurmctld job_mgr.c, slurm.conf AuthInfo cred_expire).
+        data = {
+            "tiers": _tiers(lambda t: t > 1, "120s"),
+            "queues": queues_free,
+            "thrash": {**_NO_GUARD, "requeue_backoff": "121s"},
+            "preemption": {"victim_order": "smallest"},
+            "scheduling": {"order": "governed", "reservations": 1},
+        }
+        behaviour = Behaviour(grace_poll=30.0, requeue_restarts_age=True)
     elif name == "kueue":
         tiers = _tiers(lambda t: t > 1, "30s")
         for spec in tiers.values():
             spec["scope"] = "quota"
-        data = {"min_grace": "30s", "tiers": tiers, "queues": queues_governed, "thrash": _NO_GUARD,
-                "preemption": {"victim_order": "newest"},
-                "scheduling": {"order": "priority", "reservations": 0}}
+        # A preempted workload keeps its creation timestamp in Kueue's queues: requeuingStrategy
+        # .timestamp (Eviction by default) orders by eviction time only the workloads evicted by
+        # a waitForPodsReady timeout, and only those get its backoff (workload.go
+        # GetQueueOrderTimestamp; kubernetes-sigs/kueue#599).
+        data = {
+            "min_grace": "30s",
+            "tiers": tiers,
+            "queues": queues_governed,
+            "thrash": _NO_GUARD,
+            "preemption": {"victim_order": "newest"},
+            "scheduling": {"order": "priority", "reservations": 0, "requeue_timestamp": "submit"},
+        }
         behaviour = Behaviour(admissions_per_queue=1, cycle_s=1.0)
     elif name == "k8s":
-        data = {"min_grace": "30s", "tiers": _tiers(lambda t: t > 1, "30s"), "queues": queues_free,
-                "thrash": _NO_GUARD, "preemption": {"victim_order": "newest"},
-                "scheduling": {"order": "priority", "reservations": 0}}
+        # The default scheduler queues a preempted pod's replacement anew (PrioritySort: priority,
+        # then the time it was queued). Ordered so, pod by pod, two gangs of one tier each keep
+        # part of the pool and wait for ever, where real pods would time out their rendezvous;
+        # the preset keeps the job's submit time, which keeps a gang's pods together.
+        data = {
+            "min_grace": "30s",
+            "tiers": _tiers(lambda t: t > 1, "30s"),
+            "queues": queues_free,
+            "thrash": _NO_GUARD,
+            "preemption": {"victim_order": "newest"},
+            "scheduling": {"order": "priority", "reservations": 0, "requeue_timestamp": "submit"},
+        }
         behaviour = Behaviour(pods=True)
     else:
-        raise _refused("policy", name, "is neither a preset nor a policy file",
-                                 ", ".join(PRESETS) + ", or a path to a policy YAML")
+        raise _refused(
+            "policy", name, "is neither a preset nor a policy file", ", ".join(PRESETS) + ", or a path to a policy YAML"
+        )
     return SimPolicy(name, parse_policy(data, f"<preset {name}>"), behaviour)
 
 
@@ -134,26 +181,19 @@ def resolve_policy(name_or_file: str, nominal: Mapping[str, int], gpus: int) -> 
         return build_preset(name_or_file, nominal, gpus)
     path = Path(name_or_file)
     if not path.exists():
-        raise _refused("policy", name_or_file, "is neither a preset nor an existing file",
-                                 ", ".join(PRESETS) + ", or a path to a policy YAML")
+        raise _refused(
+            "policy",
+            name_or_file,
+            "is neither a preset nor an existing file",
+            ", ".join(PRESETS) + ", or a path to a policy YAML",
+        )
     policy = load_policy(path)
     leaves = {q.name for q in policy.leaves()}
     missing = sorted(set(nominal) - leaves)
     if missing:
-        raise _refused("queues", ", ".join(missing),
-                                 f"trace queues are not leaf queues of {path}",
-                                 ", ".join(sorted(leaves)))
+        raise _refused(
+            "queues", ", ".join(missing), f"trace queues are not leaf queues of {path}", ", ".join(sorted(leaves))
+        )
     # The sim approves every job at once: nothing waits for a person.
     tiers = {t: spec.model_copy(update={"requires_approval": False}) for t, spec in policy.tiers.items()}
     return SimPolicy(path.stem, policy.model_copy(update={"tiers": tiers}))
-
-
-def policy_entitlement(policy: Policy) -> dict[str, float]:
-    """Each leaf queue's share of the cluster it is owed: its nominal GPUs, or its weight when
-    no leaf has a GPU quota (normalised to sum 1)."""
-    leaves = policy.leaves()
-    raw = {q.name: float(q.nominal.get("gpu", 0.0)) for q in leaves}
-    if not any(raw.values()):
-        raw = {q.name: q.weight for q in leaves}
-    total = sum(raw.values())
-    return {q: v / total for q, v in raw.items()} if total > 0 else {}

@@ -20,8 +20,9 @@ import io
 import json
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import matplotlib
 from matplotlib.axes import Axes
@@ -66,6 +67,7 @@ th{background:#f5f5f5}td:first-child,th:first-child{text-align:left}
 dl{display:grid;grid-template-columns:max-content auto;gap:.2rem 1rem}dt{font-weight:600}dd{margin:0}
 figure{margin:1rem 0}figure img{max-width:100%;height:auto}figcaption{font-size:.85rem;color:#555}
 .note{background:#f8f8f2;border-left:3px solid #bbb;padding:.5rem 1rem;font-size:.9rem}
+.warning{background:#fff4e0;border-left:3px solid #e69500;padding:.5rem 1rem;font-size:.9rem}
 """
 
 
@@ -87,8 +89,7 @@ def write_report(directory: Path, runs: list[SimRun], summaries: list[dict[str, 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     document = summaries[0] if len(summaries) == 1 else summaries
-    (directory / "summary.json").write_text(json.dumps(document, indent=2, allow_nan=False) + "\n",
-                                            encoding="utf-8")
+    (directory / "summary.json").write_text(json.dumps(document, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     path = directory / "index.html"
     path.write_text(render_html(runs, summaries), encoding="utf-8")
     return path
@@ -116,9 +117,12 @@ def render_html(runs: Sequence[SimRun], summaries: Sequence[dict[str, Any]]) -> 
         if section_id == "queues":
             body.append(_queue_table_section(labels, summaries))
     title = "warden simulation — " + ", ".join(dict.fromkeys(r.trace for r in runs))
-    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<title>{_e(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
-            + "\n".join(body) + "\n</body>\n</html>\n")
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>{_e(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
+        + "\n".join(body)
+        + "\n</body>\n</html>\n"
+    )
 
 
 def run_labels(runs: Sequence[SimRun]) -> list[str]:
@@ -191,36 +195,60 @@ def _summary_section(labels: Sequence[str], summaries: Sequence[dict[str, Any]])
         cells = table_cells(s)
         cells[0] = label
         rows.append(cells)
-    return f'<section id="summary"><h2>Summary</h2>{_table(headers, rows)}</section>'
+    warnings = "".join(
+        f'<p class="warning">{_e(label)}: {_e(s["preemption_warning"])}</p>'
+        for label, s in zip(labels, summaries)
+        if s.get("preemption_warning")
+    )
+    return f'<section id="summary"><h2>Summary</h2>{_table(headers, rows)}{warnings}</section>'
 
 
 def _queue_table_section(labels: Sequence[str], summaries: Sequence[dict[str, Any]]) -> str:
-    headers = ["policy", "queue", "jobs", "p50 wait", "p95 wait", "max wait", "owed GPU-h", "delivered GPU-h",
-               "delivered / owed"]
+    headers = [
+        "policy",
+        "queue",
+        "jobs",
+        "p50 wait",
+        "p95 wait",
+        "max wait",
+        "owed GPU-h",
+        "delivered GPU-h",
+        "delivered / owed",
+    ]
     rows = []
     for label, s in zip(labels, summaries):
         for queue, q in s.get("per_queue", {}).items():
-            rows.append([label, queue, str(q["jobs"]), format_duration(q["p50_wait_s"]),
-                         format_duration(q["p95_wait_s"]), format_duration(q["max_wait_s"]),
-                         format_gpu_hours(q["owed_gpu_hours"]), format_gpu_hours(q["delivered_gpu_hours"]),
-                         format_percent(q["delivered_over_owed"])])
+            rows.append(
+                [
+                    label,
+                    queue,
+                    str(q["jobs"]),
+                    format_duration(q["p50_wait_s"]),
+                    format_duration(q["p95_wait_s"]),
+                    format_duration(q["max_wait_s"]),
+                    format_gpu_hours(q["owed_gpu_hours"]),
+                    format_gpu_hours(q["delivered_gpu_hours"]),
+                    format_percent(q["delivered_over_owed"]),
+                ]
+            )
     return f'<section id="queue-table"><h2>Per queue</h2>{_table(headers, rows)}</section>'
 
 
 def _plot_section(section_id: str, heading: str, image: str) -> str:
-    return (f'<section id="{_e(section_id)}"><h2>{_e(heading)}</h2><figure>'
-            f'<img alt="{_e(heading)}" src="{image}"><figcaption>{_e(_CAPTIONS[section_id])}</figcaption>'
-            "</figure></section>")
+    return (
+        f'<section id="{_e(section_id)}"><h2>{_e(heading)}</h2><figure>'
+        f'<img alt="{_e(heading)}" src="{image}"><figcaption>{_e(_CAPTIONS[section_id])}</figcaption>'
+        "</figure></section>"
+    )
 
 
 _CAPTIONS = {
     "waits": "Fraction of each tier's jobs that waited at most x (all jobs, finished or not); "
-             "further left and higher is better. The x axis is linear below one minute, logarithmic above.",
-    "utilization": "Busy GPUs / cluster GPUs, averaged exactly over each bin, against hours since the "
-                   "first arrival.",
+    "further left and higher is better. The x axis is linear below one minute, logarithmic above.",
+    "utilization": "Busy GPUs / cluster GPUs, averaged exactly over each bin, against hours since the first arrival.",
     "queues": "Hatched: owed (entitled share of the cluster while the queue had work); solid: delivered.",
     "preemptions": "Preemptions per hour and GPU-hours of work lost per hour, counted when the "
-                   "preempted attempt handed its GPUs back.",
+    "preempted attempt handed its GPUs back.",
 }
 
 
@@ -285,8 +313,7 @@ def _wait_cdf_figure(labels: Sequence[str], series: Sequence[dict[str, Any]]) ->
             continue
         cdf = series[i]["wait_cdf"]
         for tier in sorted(cdf, key=int):
-            ax.step(cdf[tier]["wait_s"], cdf[tier]["fraction"], where="post", color=colours[tier],
-                    label=f"tier {tier}")
+            ax.step(cdf[tier]["wait_s"], cdf[tier]["fraction"], where="post", color=colours[tier], label=f"tier {tier}")
         if not cdf:
             _no_data(ax)
         else:
@@ -348,8 +375,12 @@ def _queue_figure(labels: Sequence[str], summaries: Sequence[dict[str, Any]]) ->
         delivered = [per_queue.get(q, {}).get("delivered_gpu_hours") or 0.0 for q in queues]
         ax.bar([v - 0.2 for v in x], owed, width=0.4, label="owed", color="none", edgecolor="C0", hatch="///")
         ax.bar([v + 0.2 for v in x], delivered, width=0.4, label="delivered", color="C0")
-        ax.set_xticks(x, [_mpl(q) for q in queues], rotation=45 if len(queues) > 6 else 0, ha="right"
-                      if len(queues) > 6 else "center")
+        ax.set_xticks(
+            x,
+            [_mpl(q) for q in queues],
+            rotation=45 if len(queues) > 6 else 0,
+            ha="right" if len(queues) > 6 else "center",
+        )
         ax.set_title(_mpl(labels[i]))
         ax.set_ylabel("GPU-hours")
         ax.grid(axis="y", alpha=0.3)
@@ -373,8 +404,7 @@ def _preemption_figure(labels: Sequence[str], series: Sequence[dict[str, Any]]) 
         _step(bottom, s["edges_s"], [x / bin_h for x in s["lost_gpu_hours"]], label)
         drawn = True
     if drawn:
-        fig.legend(*top.get_legend_handles_labels(), loc="outside upper center", ncols=min(len(labels), 6),
-                   fontsize=8)
+        fig.legend(*top.get_legend_handles_labels(), loc="outside upper center", ncols=min(len(labels), 6), fontsize=8)
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)

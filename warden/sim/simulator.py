@@ -10,7 +10,7 @@ moment, exits first again.
 
 Jobs are made of pods: one pod holding the whole gang, or, for a policy that schedules pod by
 pod (the `k8s` preset), one pod per replica. A job makes progress only while all its pods
-run; that stretch is a *segment*. Each pod's time holding GPUs is one `AttemptRecord`, split
+run; that stretch is a *segment*. Each pod's time holding GPUs is one `SimAttempt`, split
 into startup, checkpoint, useful, lost and idle time (idle: holding GPUs while the rest of
 the gang is missing).
 """
@@ -20,16 +20,26 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 from warden.engine.fairshare import accrue_rates, dominant_share
 from warden.engine.model import Attempt, Job, JobState, Node, Snapshot, UsageLedger
 from warden.engine.plan import Plan
 from warden.engine.scheduler import Engine
+from warden.runtime import tune_collector
 from warden.sim.presets import SimPolicy
-from warden.sim.records import AttemptRecord, JobRecord, SimRun, Trace, TraceJob
+from warden.sim.records import SimAttempt, SimJob, SimRun, Trace, TraceJob
 from warden.sim.workload import checkpoint_times, finish_time, progress_at, sigterm_exit
+
+
+class SimulationLoopError(RuntimeError):
+    """The event loop stopped making progress: passes repeat at one moment, or never end.
+
+    A scheduler that admits a job into capacity another job's preemption freed, then preempts
+    it again, can cycle forever on a virtual clock; this error ends such a run with the jobs
+    involved instead of hanging."""
+
 
 # Event kinds, in the order they are handled at one moment (arrivals come between 0 and 2).
 _DONE, _EXIT, _CKPT, _WAKE = 0, 0, 0, 2
@@ -75,7 +85,9 @@ class _Gang:
     segment_end: float = 0.0
     """When the last interrupted segment ended (the save on SIGTERM written, or SIGKILL)."""
     finished_at: float | None = None
-    records: list[AttemptRecord] = field(default_factory=list)
+    records: list[SimAttempt] = field(default_factory=list)
+    preemptions: int = 0
+    """SIGTERMs its pods received (a loop guard names the jobs preempted most)."""
 
 
 @dataclass
@@ -92,17 +104,29 @@ class Simulation:
     """Trace jobs the cluster can never run, by reason."""
     on_pass: Callable[[Snapshot, Plan, float], None] | None = None
     """Shown every pass with a snapshot that stays as it was (for invariant checks)."""
+    max_passes_per_instant: int = 64
+    """Passes at one simulated moment beyond this many plus the pods preempted at that moment
+    raise `SimulationLoopError`. Another pass at the same moment runs only because the previous
+    one's victims exited at once, so a run that needs more passes than it has distinct victims
+    is evicting the same jobs again as fast as it admits them."""
+    max_passes: int | None = None
+    """More passes than this in the whole run raise `SimulationLoopError` (None: no bound); a
+    cycle of preemptions that spans simulated time never ends otherwise."""
 
     def __post_init__(self) -> None:
         self.engine = Engine()
         self.pol = self.policy.policy
         self.behaviour = self.policy.behaviour
-        self.capacity = (sum(n.gpus for n in self.nodes), sum(n.cpu for n in self.nodes),
-                         sum(n.memory for n in self.nodes))
+        self.capacity = (
+            sum(n.gpus for n in self.nodes),
+            sum(n.cpu for n in self.nodes),
+            sum(n.memory for n in self.nodes),
+        )
         self.fair = self.pol.scheduling.order == "governed"
         # Checkpoint times matter to the engine only where it prices victims by lost work.
         self.report_checkpoints = self.pol.preemption.victim_order == "cost" and any(
-            t.preemptible for t in self.pol.tiers.values())
+            t.preemptible for t in self.pol.tiers.values()
+        )
         self.charged = {t: spec.charged for t, spec in self.pol.tiers.items()}
         self.grace_poll = self.behaviour.grace_poll
         self.backoff = self.pol.thrash.requeue_backoff
@@ -116,11 +140,19 @@ class Simulation:
         self.seq = 0
         self.wakes: set[float] = set()
         self.passes = 0
+        self.claimed: set[str] = set()
+        """Waiting pods whose `claim` is set: what the last plan's `claims` named."""
+        self.instant = -math.inf
+        self.instant_passes = 0
+        self.instant_starts: dict[str, int] = {}
+        self.instant_signals: dict[str, list[str]] = {}
+        """Per engine id, at the moment of `instant`: admissions, and the preemptors of each SIGTERM."""
         self.width = len(str(len(self.trace.jobs)))
         """Engine ids are zero-padded trace positions: their string order is the trace's order."""
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> SimRun:
+        tune_collector()
         wall = time.perf_counter()
         gangs = self._admissible()
         arrivals = [g.spec.submit for g in gangs]
@@ -156,27 +188,40 @@ class Simulation:
         records = tuple(self._record(g) for g in gangs)
         started = gangs[0].spec.submit if gangs else 0.0
         return SimRun(
-            policy=self.policy.name, trace=self.trace.source, seed=self.trace.seed,
-            gpus=self.capacity[0], jobs=records, started_at=started, ended_at=max(now, started),
+            policy=self.policy.name,
+            trace=self.trace.source,
+            seed=self.trace.seed,
+            gpus=self.capacity[0],
+            jobs=records,
+            started_at=started,
+            ended_at=max(now, started),
             entitlement=dict(self.entitlement),
-            max_wait={q.name: self.pol.max_wait_for(q.name) for q in self.pol.leaves()
-                      if math.isfinite(self.pol.max_wait_for(q.name))},
-            wall_s=time.perf_counter() - wall, passes=self.passes)
+            max_wait={
+                q.name: self.pol.max_wait_for(q.name)
+                for q in self.pol.leaves()
+                if math.isfinite(self.pol.max_wait_for(q.name))
+            },
+            wall_s=time.perf_counter() - wall,
+            passes=self.passes,
+        )
 
     def _admissible(self) -> list[_Gang]:
-        """The trace's jobs this cluster can run at all; the rest are counted in `skipped`."""
-        total = self.capacity[0]
-        largest: dict[str | None, int] = {None: max((n.gpus for n in self.nodes), default=0)}
-        flavor_gpus: dict[str | None, int] = {None: total}
+        """The trace's jobs this cluster can run at all; the rest are counted in `skipped`.
+
+        A gang runs on one GPU flavor, so a job that names none still needs one flavor with
+        GPUs enough for all of it and a node large enough for one replica."""
+        largest: dict[str, int] = {}
+        flavor_gpus: dict[str, int] = {}
         for node in self.nodes:
             largest[node.flavor] = max(largest.get(node.flavor, 0), node.gpus)
             flavor_gpus[node.flavor] = flavor_gpus.get(node.flavor, 0) + node.gpus
         queues = {q.name for q in self.pol.leaves()}
         gangs = []
         for spec in self.trace.jobs:
-            if spec.flavor not in flavor_gpus:
+            flavors = list(flavor_gpus) if spec.flavor is None else [spec.flavor]
+            if spec.flavor is not None and spec.flavor not in flavor_gpus:
                 self._skip("flavor")
-            elif spec.num_gpus > flavor_gpus[spec.flavor] or spec.gpus_per_replica > largest[spec.flavor]:
+            elif not any(spec.num_gpus <= flavor_gpus[f] and spec.gpus_per_replica <= largest[f] for f in flavors):
                 self._skip("larger_than_cluster")
             elif spec.queue not in queues:
                 self._skip("queue")
@@ -211,10 +256,22 @@ class Simulation:
         base = f"{spec.seq:0{self.width}d}"
         shapes = [(f"{base}/{r}", 1) for r in range(spec.replicas)] if split else [(base, spec.replicas)]
         for eid, replicas in shapes:
-            job = Job(eid, spec.queue, spec.tier, spec.submit, JobState.PENDING, replicas=replicas,
-                      gpus=spec.gpus_per_replica, cpu=spec.cpu, memory=spec.memory, flavor=spec.flavor,
-                      user=spec.user, lease=spec.lease,
-                      expected_duration=finish_time(spec, 0.0, 0.0), pending_since=now)
+            job = Job(
+                eid,
+                spec.queue,
+                spec.tier,
+                spec.submit,
+                JobState.PENDING,
+                replicas=replicas,
+                gpus=spec.gpus_per_replica,
+                cpu=spec.cpu,
+                memory=spec.memory,
+                flavor=spec.flavor,
+                user=spec.user,
+                lease=spec.lease,
+                expected_duration=finish_time(spec, 0.0, 0.0),
+                pending_since=now,
+            )
             pod = _Pod(eid, gang, job)
             gang.pods.append(pod)
             self.pods[eid] = pod
@@ -225,6 +282,7 @@ class Simulation:
 
     # -- a pass -----------------------------------------------------------------------------
     def _pass(self, now: float) -> None:
+        self._count_pass(now)
         if self.fair:
             self.ledger = accrue_rates(self.ledger, self.rates, self.pol.fair_share.half_life, now)
         snapshot = Snapshot(self.nodes, self.live.values(), self.pol, self.ledger)  # type: ignore[arg-type]
@@ -237,25 +295,111 @@ class Simulation:
         self._apply(plan, now)
 
     def _apply(self, plan: Plan, now: float) -> None:
+        signals = self.instant_signals
         for p in plan.preemptions:
+            signals.setdefault(p.job_id, []).append(p.for_job)
             self._signal(self.pods[p.job_id], now, p.grace)
         limit = self.behaviour.admissions_per_queue
         per_queue: dict[str, int] = {}
-        held_back = False
+        held_back: list[str] = []
+        starts = self.instant_starts
         for a in plan.admissions:
             pod = self.pods[a.job_id]
             if limit is not None:
                 q = pod.job.queue
                 if per_queue.get(q, 0) >= limit:
-                    held_back = True
+                    held_back.append(a.job_id)
                     continue
                 per_queue[q] = per_queue.get(q, 0) + 1
             self._start(pod, now, a.placement, a.borrowing)
+            starts[a.job_id] = starts.get(a.job_id, 0) + 1
+        claims_moved = self._claims(plan, held_back)
+        progress = bool(plan.preemptions) or len(held_back) < len(plan.admissions) or claims_moved
         if held_back:
-            self._wake(now + self.behaviour.cycle_s)
+            self._wake_for(now + self.behaviour.cycle_s, now, progress, held_back)
         for r in plan.reservations:
             if r.due is not None and r.due > now:
                 self._wake(r.due)
+
+    def _claims(self, plan: Plan, held_back: list[str]) -> bool:
+        """Mark `Job.claim` on exactly the waiting jobs the plan names (`Plan.claims`), so what
+        their victims free stays theirs in the next pass; True when any mark changed.
+
+        An admission the shell held back (Kueue's one per queue per cycle) keeps the claim the
+        job came with: the plan gave it the capacity, the shell only postpones the start."""
+        keep = set(plan.claims) | {eid for eid in held_back if self.pods[eid].job.claim}
+        moved = False
+        for eid in self.claimed | keep:
+            pod = self.pods[eid]
+            want = eid in keep and pod.job.state.waiting
+            if pod.job.claim != want:
+                self._update(pod, replace(pod.job, claim=want))
+                moved = True
+        self.claimed = {eid for eid in keep if self.pods[eid].job.claim}
+        return moved
+
+    def _wake_for(self, t: float, now: float, progress: bool, jobs: list[str]) -> None:
+        """A pass the plan asks for at `t`. One at this very moment repeats the pass; unless the
+        plan changed something, the repeat would see the same snapshot and ask again forever."""
+        if t <= now:
+            if not progress:
+                raise SimulationLoopError(
+                    f"the pass at t={now:g}s changed nothing (no admission, no preemption, no "
+                    f"claim) yet asked for another pass at the same moment, for {self._names(jobs)}"
+                )
+            t = now
+        self._wake(t)
+
+    # -- loop guards ------------------------------------------------------------------------
+    def _count_pass(self, now: float) -> None:
+        """Refuse to run a pass past either bound, naming the jobs that keep the loop going."""
+        if now != self.instant:
+            self.instant, self.instant_passes = now, 0
+            self.instant_starts, self.instant_signals = {}, {}
+        self.instant_passes += 1
+        if self.instant_passes > self.max_passes_per_instant + len(self.instant_signals):
+            raise SimulationLoopError(
+                f"{self.instant_passes} scheduling passes at t={now:g}s, more than "
+                f"max_passes_per_instant={self.max_passes_per_instant} plus the "
+                f"{len(self.instant_signals)} job(s) preempted at that moment: {self._churn()}"
+            )
+        if self.max_passes is not None and self.passes >= self.max_passes:
+            worst = sorted(
+                (g for g in {p.gang for p in self.pods.values()} if g.preemptions),
+                key=lambda g: (-g.preemptions, g.spec.seq),
+            )[:5]
+            most = ", ".join(f"{g.spec.job_id} ({g.preemptions})" for g in worst) or "none"
+            raise SimulationLoopError(
+                f"more than max_passes={self.max_passes} scheduling passes by t={now:g}s; "
+                f"jobs preempted most (SIGTERMs): {most}"
+            )
+
+    def _churn(self) -> str:
+        """The jobs signalled at the current moment, most often first, with their preemptors."""
+        signalled = sorted(self.instant_signals.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+        parts = []
+        for eid, by in signalled[:5]:
+            parts.append(
+                f"job {self._names([eid])} preempted {len(by)} time(s) (for "
+                f"{self._names(sorted(set(by)))}) and admitted {self.instant_starts.get(eid, 0)} "
+                "time(s) at this moment"
+            )
+        if not parts:
+            return "no job was preempted at this moment"
+        return "; ".join(parts)
+
+    def _names(self, eids: list[str], most: int = 5) -> str:
+        """Engine ids as the trace's job ids (a pod of a split gang keeps its replica number)."""
+        names = []
+        for eid in eids[:most]:
+            pod = self.pods.get(eid)
+            if pod is None:
+                names.append(eid)
+            else:
+                _, _, replica = eid.partition("/")
+                names.append(pod.gang.spec.job_id + (f"/{replica}" if replica else ""))
+        more = f" and {len(eids) - most} more" if len(eids) > most else ""
+        return ", ".join(names) + more
 
     # -- starting ---------------------------------------------------------------------------
     def _start(self, pod: _Pod, now: float, placement: tuple, borrowing: bool) -> None:
@@ -269,12 +413,28 @@ class Simulation:
         pod.startup = pod.checkpoint = pod.useful = pod.lost = 0.0
         pod.preempted = False
         job = pod.job
-        attempt = Attempt(pod.attempt_no, now, placement, borrowing, startup_s=spec.startup_seconds,
-                          sigterm_save_s=spec.checkpoint_seconds if spec.resumable else None)
+        attempt = Attempt(
+            pod.attempt_no,
+            now,
+            placement,
+            borrowing,
+            startup_s=spec.startup_seconds,
+            sigterm_save_s=spec.checkpoint_seconds if spec.resumable else None,
+        )
         waited = job.waited + (now - job.pending_since if job.pending_since is not None else 0.0)
-        self._update(pod, replace(job, state=JobState.RUNNING, attempt=attempt, waited=waited,
-                                  pending_since=None, not_before=None,
-                                  expected_duration=finish_time(spec, 0.0, gang.saved)))
+        self._update(
+            pod,
+            replace(
+                job,
+                state=JobState.RUNNING,
+                attempt=attempt,
+                waited=waited,
+                pending_since=None,
+                not_before=None,
+                claim=False,
+                expected_duration=finish_time(spec, 0.0, gang.saved),
+            ),
+        )
         self.waiting -= 1
         gang.waiting -= 1
         if gang.waiting == 0:
@@ -303,8 +463,13 @@ class Simulation:
         for pod in gang.pods:
             a = pod.job.attempt
             if a is not None:
-                self._update(pod, replace(pod.job, attempt=replace(
-                    a, checkpoint_s=pod.checkpoint + p.checkpoint_s, last_checkpoint_at=now)))
+                self._update(
+                    pod,
+                    replace(
+                        pod.job,
+                        attempt=replace(a, checkpoint_s=pod.checkpoint + p.checkpoint_s, last_checkpoint_at=now),
+                    ),
+                )
 
     # -- ending -----------------------------------------------------------------------------
     def _segment_part(self, gang: _Gang, until: float, saved: float, done: float, checkpoint_s: float) -> None:
@@ -343,10 +508,12 @@ class Simulation:
             kill_at = math.ceil(kill_at / self.grace_poll) * self.grace_poll
         a = pod.job.attempt
         assert a is not None
-        self._update(pod, replace(pod.job, state=JobState.PREEMPTING,
-                                  attempt=replace(a, sigterm_at=now, kill_at=kill_at)))
+        self._update(
+            pod, replace(pod.job, state=JobState.PREEMPTING, attempt=replace(a, sigterm_at=now, kill_at=kill_at))
+        )
         pod.sigterm_at = now
         pod.preempted = True
+        gang.preemptions += 1
         exit_at = now
         if gang.segment_at is not None and not gang.interrupted:
             ex = sigterm_exit(gang.spec, gang.segment_at, gang.saved, now, kill_at)
@@ -366,8 +533,19 @@ class Simulation:
         self._release(pod, now)
         job = pod.job
         not_before = now + self.backoff if self.backoff > 0 else None
-        self._update(pod, replace(job, state=JobState.PENDING, attempt=None, pending_since=now,
-                                  not_before=not_before, preempted_at=job.preempted_at + (pod.sigterm_at,)))
+        waited = 0.0 if self.behaviour.requeue_restarts_age else job.waited
+        self._update(
+            pod,
+            replace(
+                job,
+                state=JobState.PENDING,
+                attempt=None,
+                pending_since=now,
+                not_before=not_before,
+                waited=waited,
+                preempted_at=(*job.preempted_at, pod.sigterm_at),
+            ),
+        )
         gang = pod.gang
         if gang.waiting == 0:
             gang.wait_since = now
@@ -383,26 +561,51 @@ class Simulation:
         job = pod.job
         held = now - pod.admitted_at
         idle = held - pod.startup - pod.checkpoint - pod.useful - pod.lost
-        gang.records.append(AttemptRecord(
-            number=pod.attempt_no, admitted_at=pod.admitted_at, ended_at=now, gpus=job.total_gpus,
-            startup_s=pod.startup, checkpoint_s=pod.checkpoint, useful_s=pod.useful, lost_s=pod.lost,
-            idle_s=idle if idle > 1e-6 else 0.0, preempted=pod.preempted, sigterm_at=pod.sigterm_at,
-            borrowing=pod.borrowing))
+        gang.records.append(
+            SimAttempt(
+                number=pod.attempt_no,
+                admitted_at=pod.admitted_at,
+                ended_at=now,
+                gpus=job.total_gpus,
+                startup_s=pod.startup,
+                checkpoint_s=pod.checkpoint,
+                useful_s=pod.useful,
+                lost_s=pod.lost,
+                idle_s=idle if idle > 1e-6 else 0.0,
+                preempted=pod.preempted,
+                sigterm_at=pod.sigterm_at,
+                borrowing=pod.borrowing,
+            )
+        )
         gang.running -= 1
         if self.fair and self.charged[job.tier]:
             rate = self.rates[job.queue] - dominant_share(job, self.capacity)
             self.rates[job.queue] = rate if gang.running or rate > 1e-12 else 0.0
 
-    def _record(self, gang: _Gang) -> JobRecord:
+    def _record(self, gang: _Gang) -> SimJob:
         s = gang.spec
         wait = gang.wait_s
-        return JobRecord(s.job_id, s.queue, s.tier, s.user, s.submit, s.num_gpus, s.duration,
-                         gang.finished_at, wait, tuple(sorted(gang.records, key=lambda r: (r.admitted_at, r.number))))
+        return SimJob(
+            s.job_id,
+            s.queue,
+            s.tier,
+            s.user,
+            s.submit,
+            s.num_gpus,
+            s.duration,
+            gang.finished_at,
+            wait,
+            tuple(sorted(gang.records, key=lambda r: (r.admitted_at, r.number))),
+        )
 
 
-def simulate(trace: Trace, nodes: tuple[Node, ...], policy: SimPolicy,
-             entitlement: dict[str, float] | None = None,
-             on_progress: Callable[[int, int], None] | None = None) -> tuple[SimRun, dict[str, int]]:
+def simulate(
+    trace: Trace,
+    nodes: tuple[Node, ...],
+    policy: SimPolicy,
+    entitlement: dict[str, float] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> tuple[SimRun, dict[str, int]]:
     """Replay the trace; returns the run and the trace jobs skipped as impossible, by reason."""
     sim = Simulation(trace, nodes, policy, dict(entitlement or {}), on_progress)
     return sim.run(), dict(sim.skipped)

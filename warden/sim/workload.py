@@ -13,7 +13,8 @@ seconds; a periodic save in progress is abandoned, its time spent is still check
 and exits when it is written: if that is no later than the SIGKILL deadline nothing is lost,
 else it is killed at the deadline and loses the progress since its last complete save. A job
 that is not resumable does not handle SIGTERM and exits at once, losing all its progress.
-Signalled during startup, a job has made no progress and exits at once.
+Signalled during startup, a job has made no progress and exits at once. What an exit lost is
+`warden.engine.accounting.measured_lost_work`, the definition the server measures with.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from warden.engine.accounting import measured_lost_work
 from warden.sim.records import TraceJob
 
 
@@ -36,6 +38,8 @@ class Progress:
     """Time this attempt has spent writing checkpoints so far."""
     last_save_end: float | None
     """When the newest complete periodic save of this attempt ended (None: none yet)."""
+    saving_since: float | None = None
+    """When the periodic save under way at this moment began (None: the job is not saving)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +55,8 @@ class Exit:
     checkpoint_s: float
     """All checkpoint time of the attempt, the SIGTERM save included."""
     killed: bool
+    lost: float = 0.0
+    """Seconds of progress the preemption threw away (`done - saved`)."""
 
 
 def interval_of(job: TraceJob) -> float | None:
@@ -103,15 +109,19 @@ def progress_at(job: TraceJob, admitted_at: float, saved: float, t: float) -> Pr
         done = min(base + within, job.duration)
         return Progress(done, done if done >= job.duration else base, k * c, last)
     # In the middle of save k+1: its work is done but not durable yet.
-    return Progress(base + i, base, k * c + (within - i), last)
+    return Progress(base + i, base, k * c + (within - i), last, t0 + k * cycle + i)
 
 
 def sigterm_exit(job: TraceJob, admitted_at: float, saved: float, t: float, kill_at: float) -> Exit:
     """What a SIGTERM at `t` with SIGKILL at `kill_at` does to the attempt."""
     p = progress_at(job, admitted_at, saved, t)
+    # The job stopped working when it was signalled, or when a save under way then began.
+    stopped = t if p.saving_since is None else p.saving_since
     if t <= admitted_at + job.startup_seconds or not job.resumable:
-        return Exit(t, p.saved if job.resumable else 0.0, p.done, p.checkpoint_s, False)
+        lost = measured_lost_work(1, stopped, admitted_at, job.startup_seconds, None, t)
+        return Exit(t, p.saved if job.resumable else 0.0, p.done, p.checkpoint_s, False, lost)
     written = t + job.checkpoint_seconds
     if written <= kill_at:
-        return Exit(written, p.done, p.done, p.checkpoint_s + job.checkpoint_seconds, False)
-    return Exit(kill_at, p.saved, p.done, p.checkpoint_s + (kill_at - t), True)
+        return Exit(written, p.done, p.done, p.checkpoint_s + job.checkpoint_seconds, False, 0.0)
+    lost = measured_lost_work(1, stopped, admitted_at, job.startup_seconds, p.last_save_end, kill_at)
+    return Exit(kill_at, p.saved, p.done, p.checkpoint_s + (kill_at - t), True, lost)
