@@ -427,7 +427,8 @@ class SchedulingSpec(_Spec):
     capacity that frees first (0: none). `requeue_timestamp` is the time a requeued (preempted)
     job is ordered by in the `priority` and `fifo` orders: `submit` keeps its submit time,
     `eviction` uses the time it was last requeued, so it goes behind jobs submitted before that
-    (Kueue's `requeuingStrategy.timestamp: Eviction`, its default)."""
+    (as Kueue's `requeuingStrategy.timestamp: Eviction` orders workloads its PodsReady timeout
+    evicted; a preempted workload keeps its creation time there, which is `submit`)."""
 
     order: Literal["governed", "priority", "fifo"] = "governed"
     head_of_line_blocking: bool = False
