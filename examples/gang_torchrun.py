@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                 path = store.save_torch(step, state())
                 print(f"rank {rank}: SIGTERM: saved step {step} to {path.name}", flush=True)
             print(f"rank {rank}: stopping after step {step}", flush=True)
+            dist.barrier()  # tear the group down together: a rank leaving alone aborts gloo
             dist.destroy_process_group()
             guard.exit()
         if guard.is_writer and args.checkpoint_every and step % args.checkpoint_every == 0:
@@ -128,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     if guard.is_writer and store.latest_step() != step:
         store.save_torch(step, state())
     print(f"rank {rank} finished at step {step} digest {digest(model)}", flush=True)
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 
