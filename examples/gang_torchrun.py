@@ -27,7 +27,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from warden.workload import CheckpointStore, default_reporter, install  # noqa: E402
+from warden.workload import CheckpointStore, default_reporter, install
 
 guard = install()  # before the slow imports: a SIGTERM during startup is kept, not fatal
 
@@ -40,8 +40,7 @@ FEATURES, HIDDEN, BATCH = 16, 32, 32
 
 def make_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(),
-                                torch.nn.Linear(HIDDEN, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 1))
     return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
@@ -64,8 +63,10 @@ def resume(store: CheckpointStore, model: torch.nn.Module, opt: torch.optim.Opti
     if chosen is None:
         info = next((i for i in store.checkpoints() if i.step == step), None)
         if info is None:
-            raise SystemExit(f"rank {guard.rank}: checkpoint {step} chosen by rank 0 is not in "
-                             f"{store.directory} (is the directory shared by all ranks?)")
+            raise SystemExit(
+                f"rank {guard.rank}: checkpoint {step} chosen by rank 0 is not in "
+                f"{store.directory} (is the directory shared by all ranks?)"
+            )
         saved = store.load(info)
     else:
         saved = chosen[1]

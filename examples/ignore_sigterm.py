@@ -22,20 +22,20 @@ from types import FrameType
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from warden.workload import CheckpointStore, default_reporter  # noqa: E402
+from warden.workload import CheckpointStore, default_reporter
 
 
 def ignore(signum: int, frame: FrameType | None) -> None:
-    print("got SIGTERM; ignoring it (warden will SIGKILL at the end of the grace period)",
-          flush=True)
+    print("got SIGTERM; ignoring it (warden will SIGKILL at the end of the grace period)", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--step-seconds", type=float, default=0.1)
-    parser.add_argument("--checkpoint-every", type=int, default=0,
-                        help="periodic checkpoint interval in steps (0: never)")
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=0, help="periodic checkpoint interval in steps (0: never)"
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, ignore)
 

@@ -25,7 +25,7 @@ if __package__ in (None, ""):
     # Run as a script from a checkout: make the repository's `warden` importable.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from warden.workload import CheckpointStore, default_reporter, install  # noqa: E402
+from warden.workload import CheckpointStore, default_reporter, install
 
 
 def train_step(value: float, step: int) -> float:
@@ -36,13 +36,18 @@ def train_step(value: float, step: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1000, help="total steps to train")
-    parser.add_argument("--step-seconds", type=float, default=0.05,
-                        help="time one step takes (the work is simulated by sleeping)")
-    parser.add_argument("--checkpoint-every", type=int, default=100,
-                        help="periodic checkpoint interval in steps (0: only on SIGTERM/end)")
+    parser.add_argument(
+        "--step-seconds", type=float, default=0.05, help="time one step takes (the work is simulated by sleeping)"
+    )
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=100,
+        help="periodic checkpoint interval in steps (0: only on SIGTERM/end)",
+    )
     args = parser.parse_args(argv)
 
-    guard = install()                # before anything slow: a SIGTERM during startup counts too
+    guard = install()  # before anything slow: a SIGTERM during startup counts too
     store = CheckpointStore()
     reporter = default_reporter()
 
@@ -53,20 +58,22 @@ def main(argv: list[str] | None = None) -> int:
     reporter.startup_finished()
 
     while step < args.steps:
-        time.sleep(args.step_seconds)          # the work of one step
+        time.sleep(args.step_seconds)  # the work of one step
         value = train_step(value, step)
         step += 1
         reporter.progress(step)
         print(f"step {step} value {value:.6f}", flush=True)
         if guard.should_stop():
             path = store.save(step, {"step": step, "value": value})
-            print(f"SIGTERM: saved step {step} to {path.name} "
-                  f"({guard.remaining():.1f}s of grace left); exiting", flush=True)
-            guard.exit()                       # exit 0 after SIGTERM: warden requeues the job
+            print(
+                f"SIGTERM: saved step {step} to {path.name} ({guard.remaining():.1f}s of grace left); exiting",
+                flush=True,
+            )
+            guard.exit()  # exit 0 after SIGTERM: warden requeues the job
         if args.checkpoint_every and step % args.checkpoint_every == 0 and step < args.steps:
             store.save(step, {"step": step, "value": value})
 
-    if latest is None or latest[0] != step:   # nothing new to save when resumed at the end
+    if latest is None or latest[0] != step:  # nothing new to save when resumed at the end
         store.save(step, {"step": step, "value": value})
     print(f"finished at step {step} value {value:.6f}", flush=True)
     return 0

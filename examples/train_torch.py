@@ -28,7 +28,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from warden.workload import CheckpointStore, default_reporter, install  # noqa: E402
+from warden.workload import CheckpointStore, default_reporter, install
 
 # Install the guard before the slow `import torch` (a second or more): a SIGTERM that arrives
 # during startup is then remembered, not fatal.
@@ -41,8 +41,7 @@ FEATURES, HIDDEN, BATCH = 16, 32, 64
 
 def make_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(),
-                                torch.nn.Linear(HIDDEN, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 1))
     return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
@@ -77,8 +76,9 @@ def state(model: torch.nn.Module, opt: torch.optim.Optimizer, step: int) -> dict
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--step-seconds", type=float, default=0.0,
-                        help="extra time per step, to stretch the run (simulated work)")
+    parser.add_argument(
+        "--step-seconds", type=float, default=0.0, help="extra time per step, to stretch the run (simulated work)"
+    )
     parser.add_argument("--checkpoint-every", type=int, default=200)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # a tiny model: one thread is fastest and deterministic
@@ -105,8 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"step {step} loss {loss:.5f}", flush=True)
         if guard.should_stop():
             path = store.save_torch(step, state(model, opt, step))
-            print(f"SIGTERM: saved step {step} to {path.name} "
-                  f"({guard.remaining():.1f}s of grace left); exiting", flush=True)
+            print(
+                f"SIGTERM: saved step {step} to {path.name} ({guard.remaining():.1f}s of grace left); exiting",
+                flush=True,
+            )
             guard.exit()
         if args.checkpoint_every and step % args.checkpoint_every == 0 and step < args.steps:
             store.save_torch(step, state(model, opt, step))
