@@ -102,6 +102,8 @@ EnginePath = Literal["fresh", "warm", "changed"]
 def check_warm_engine(engine: Engine, snapshot: Snapshot, plan: Plan, now: float) -> None:
     """The warm engine's plan is a fresh pass's, and what it keeps between passes equals a
     fresh build from the snapshot, with every derived quota value true to its definition."""
+    waiting_for_victims = {i for i, e in plan.explanations.items() if e.reason.code == "WaitingForGrace"}
+    assert plan.claims == waiting_for_victims, f"claims {sorted(plan.claims)} != {sorted(waiting_for_victims)}"
     fresh = schedule(snapshot, now)
     assert plan == fresh, f"warm plan differs from a fresh pass at t={now}:\n{plan}\n{fresh}"
     alloc = engine._alloc

@@ -34,6 +34,7 @@ class Claim:
     def claim(self, job: Job, names: Sequence[str], d: tuple[float, ...], chosen: list[Candidate]) -> WaitingForGrace:
         """Signal the new victims of `chosen`, hold `names` for the job (its demand `d`), and
         hand on what the jobs it waits for leave over."""
+        self.state.claimants.add(job.id)
         etas = self._signal(job, chosen)
         due = max(etas.values(), default=self.state.now)
         hold = self.state.hold(job, names, due, backfill=False)

@@ -164,7 +164,7 @@ class Explain:
         """The pass's plan. A job waiting for its victims holds a claim into the next pass; a
         claimant that waits for nothing any more lets its claim go."""
         state = self.state
-        claims = frozenset(i for i, e in explanations.items() if isinstance(e.reason, WaitingForGrace))
+        claims = frozenset(state.claimants)
         return Plan(
             now=state.now,
             admissions=tuple(state.admissions),

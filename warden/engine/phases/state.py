@@ -42,6 +42,7 @@ class PassState:
     __slots__ = (
         "admissions",
         "charged_tiers",
+        "claimants",
         "claimed",
         "claims",
         "cpu_memory_governed",
@@ -91,6 +92,8 @@ class PassState:
         """Jobs holding resources they are about to give back (signalled, or in their grace)."""
         self.claims = claims
         """The waiting jobs that come into the pass holding a claim (`Job.claim`)."""
+        self.claimants: set[str] = set()
+        """The jobs that claimed their victims in this pass (`Plan.claims`)."""
         self.cpu_memory_governed = any(r in ("cpu", "memory") for r in self.quota.resources)
         self.memo = Memo()
         self.holds: list[Hold] = []
