@@ -356,6 +356,8 @@ class QuotaTree:
         With `reclaim`, usage that other branches hold beyond their own nominal does not count:
         it is what the job could take back.
         """
+        if not reclaim:
+            return self.over_nominal_at(leaf, d) is None
         path = self.paths[leaf][:-1]
         usage, nominal = self.usage, self.nominal
         for r, amount in enumerate(d):
@@ -363,7 +365,7 @@ class QuotaTree:
                 continue
             excess = 0.0
             for i, q in enumerate(path):
-                if reclaim and i:
+                if i:
                     below = path[i - 1]
                     excess += self.child_excess[q][r] - max(0.0, usage[below][r] - nominal[below][r])
                 if usage[q][r] + amount - excess > nominal[q][r] + 1e-9:
@@ -372,7 +374,7 @@ class QuotaTree:
 
     def over_nominal_at(self, leaf: str, d: tuple[float, ...]) -> int | None:
         """The first queue below the root the demand would take above its nominal, or None
-        (`in_quota` without reclaim, naming where it breaks)."""
+        (None: the demand is in-quota)."""
         usage, nominal = self.usage, self.nominal
         for q in self.paths[leaf][:-1]:
             for r, amount in enumerate(d):
