@@ -73,7 +73,11 @@ class Proc:
         os.killpg(self.popen.pid, signum)
 
     def wait(self, timeout: float) -> int:
-        rc = self.popen.wait(timeout)
+        """The exit status; fails with the output so far if the process outlives `timeout`."""
+        try:
+            rc = self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running after {timeout} s; output:\n{self.output()}") from None
         self._reader.join(10)
         return rc
 

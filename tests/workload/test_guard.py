@@ -164,6 +164,46 @@ def test_should_stop_without_a_process_group_is_local(restore_sigterm: None) -> 
         assert guard.should_stop_all() is True
 
 
+AGREE = """\
+import datetime, sys
+import torch.distributed as dist
+from warden.workload import install
+guard = install()
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+reduce = dist.all_reduce
+def late_sigterm(*args, **kwargs):
+    # A stop request landing on rank 0 just after the collective returned, before its result is read.
+    work = reduce(*args, **kwargs)
+    if dist.get_rank() == 0 and not guard.should_stop():
+        guard.request_stop()
+    return work
+dist.all_reduce = late_sigterm
+print(dist.get_rank(), guard.should_stop_all(), guard.should_stop_all(), flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_should_stop_all_returns_what_the_ranks_agreed(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    ranks = []
+    for rank in (0, 1):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank), WORLD_SIZE="2", PYTHONPATH=str(REPO))
+        ranks.append(
+            subprocess.Popen([sys.executable, "-c", AGREE], env=env, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+        )
+    outputs = sorted(p.communicate(timeout=120)[0].strip() for p in ranks)
+    # The first call agreed on "go on" on both ranks; rank 0's late request is agreed on at the next.
+    assert outputs == ["0 False True", "1 False True"]
+    assert [p.returncode for p in ranks] == [0, 0]
+
+
 def test_should_stop_costs_well_under_a_microsecond(restore_sigterm: None) -> None:
     with PreemptionGuard(env={}) as guard:
         check = guard.should_stop

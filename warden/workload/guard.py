@@ -202,9 +202,12 @@ class PreemptionGuard:
         device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
         flag = torch.tensor([1 if self._stop else 0], dtype=torch.int32, device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-        if int(flag.item()):
+        # The agreed value, not ``self._stop``: a SIGTERM landing after the all_reduce would make
+        # this rank stop a step before the others, which then wait for it in their next collective.
+        agreed = bool(int(flag.item()))
+        if agreed:
             self.request_stop()
-        return self._stop
+        return agreed
 
     # -- leaving -------------------------------------------------------------------------------
 
