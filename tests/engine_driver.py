@@ -34,11 +34,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from warden.engine.accounting import expected_end
 from warden.engine.allocation import Allocation
 from warden.engine.fairshare import accrue, cluster_capacity
 from warden.engine.model import Attempt, Job, JobState, Node, Snapshot, UsageLedger
 from warden.engine.plan import Plan
 from warden.engine.policy import Policy
+from warden.engine.rules import RuleContext, protection
 from warden.engine.scheduler import Engine, schedule
 
 __all__ = ["Driver", "Eviction", "JobSpec", "StepRecord", "run_history"]
@@ -112,6 +114,8 @@ def check_warm_engine(engine: Engine, snapshot: Snapshot, plan: Plan, now: float
     built.sync(j for j in snapshot.jobs if j.state.holds_resources and j.attempt is not None)
     alloc.index.check()
     alloc.quota.check()
+    ctx = RuleContext(snapshot.policy, built.quota, now)
+    alloc.releases.check(alloc.jobs, now, lambda v: (protection(ctx, v), expected_end(v)))
     assert alloc.jobs == built.jobs
     assert alloc.flavor_of_job == built.flavor_of_job
     assert {n: u for n, u in alloc.used.items() if u} == {n: u for n, u in built.used.items() if u}

@@ -21,12 +21,13 @@ times:
 Both count from the same point, so a job that reports nothing new after SIGTERM is measured
 to lose exactly what was predicted at SIGTERM.
 
-It imports nothing of warden but the policy's type (for annotations), and numpy only inside
+It imports nothing of warden but the policy's and the job's types (for annotations), and numpy only inside
 the owed computation, so the engine may use it without growing its imports.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import ArrayLike, NDArray
 
+    from warden.engine.model import Job
     from warden.engine.policy import Policy
 
 _Amount = TypeVar("_Amount", float, "NDArray[np.float64]")
@@ -66,6 +68,15 @@ def assumed_startup(policy: Policy, reported: float | None) -> float:
 
 
 # -- waiting ----------------------------------------------------------------------------------
+
+
+def expected_end(job: Job) -> float:
+    """When a running job is expected to end (its attempt's start plus its runtime estimate);
+    inf when nothing says."""
+    if job.expected_duration is None:
+        return math.inf
+    started = job.attempt.started_at if job.attempt is not None else 0.0
+    return started + job.expected_duration
 
 
 def wait_time(waited: float, pending_since: float | None, submit: float, now: float, waiting: bool = True) -> float:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from warden.engine.model import Job, Node
 from warden.engine.placement import CapacityIndex, gpu_mask
 from warden.engine.quota import QuotaTree
+from warden.engine.releases import ReleaseIndex
 
 if TYPE_CHECKING:
     from warden.engine.policy import Policy
@@ -36,6 +37,7 @@ class Allocation:
         "nodes_of_block",
         "policy",
         "quota",
+        "releases",
         "tiers",
         "used",
         "victim_facts",
@@ -61,6 +63,8 @@ class Allocation:
             self.nodes_of_block.setdefault(self.index.block_of(n.name), []).append(n.name)
         self.tiers: dict[int, int] = {}
         """How many holding jobs each tier has: who could be a victim, without a scan."""
+        self.releases = ReleaseIndex()
+        """The holding jobs in the order their capacity frees (`warden.engine.releases`)."""
 
     def matches(self, nodes: tuple[Node, ...], policy: Policy) -> bool:
         return (nodes is self.nodes or nodes == self.nodes) and (policy is self.policy or policy == self.policy)
@@ -83,6 +87,7 @@ class Allocation:
                 continue
             if old is not None and _same_footprint(old, job):
                 self.jobs[job.id] = job
+                self.releases.add(job)  # its protection or expected end may have moved
                 continue
             if old is not None:
                 self._remove(old)
@@ -104,6 +109,7 @@ class Allocation:
                 continue
             if holds and old is not None and _same_footprint(old, job):
                 self.jobs[job.id] = job
+                self.releases.add(job)  # its protection or expected end may have moved
                 continue
             if old is not None:
                 self._remove(old)
@@ -124,6 +130,7 @@ class Allocation:
         if self.charged(job):
             self.quota.add(job.queue, self.quota.demand(job, flavor))
         self.jobs[job.id] = job
+        self.releases.add(job)
         self.tiers[job.tier] = self.tiers.get(job.tier, 0) + 1
 
     def _remove(self, job: Job) -> None:
@@ -137,6 +144,7 @@ class Allocation:
         del self.flavor_of_job[job.id]
         del self.jobs[job.id]
         self.victim_facts.pop(job.id, None)
+        self.releases.forget(job.id)
         self.tiers[job.tier] -= 1
 
 

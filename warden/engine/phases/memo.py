@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from warden.engine.model import Job
 from warden.engine.reasons import Reason
 
 if TYPE_CHECKING:
@@ -38,11 +37,6 @@ Outcome = tuple[int, int, int, Reason]
 """(CPU, memory, hold version or −1, reason): why a job asking that much failed."""
 HeldParts = tuple[list[Part], list[Part], int, dict[str, list[int]]]
 """Held parts on a flavor, elsewhere, the GPUs of the first, and the first summed per node."""
-Release = tuple[float, str, Job, float]
-"""(when it frees, job id, job, protected until): a running job in a release order."""
-ReleaseOrders = tuple[list[Release], list[Release], dict[tuple[int, str], Job]]
-"""Running jobs by expected end, by when they may be preempted (heaps), and one job of each
-`rules.pair_key` (all the pair rules read of a victim)."""
 
 
 @dataclass(slots=True)
@@ -90,10 +84,10 @@ class Memo:
     candidates: CandidatePool | None = None
     """The running jobs the rules let go now, priced: once a pass (a claim drops its victims
     from it)."""
-    releases: ReleaseOrders | None = None
-    """What `Victims.release_orders` is made of, listed by the walk that prices the candidates:
-    once a pass."""
-    releases_heaped: bool = False
-    """`releases` were made heaps (at the first forecast): once a pass."""
+    releases_fresh: bool = False
+    """`Allocation.releases` was refreshed to `now` (`Victims.releases`): once a pass."""
+    overdue: list[tuple[float, str]] | None = None
+    """(expected end, id) of the jobs the rules let go that should have ended before `now`
+    (`Victims.overdue`): once a pass."""
     leaving: list[Candidate] | None = None
     """Capacity already on its way out (`Victims.leaving`): until the next claim."""

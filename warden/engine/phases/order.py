@@ -48,7 +48,8 @@ def ranked(snapshot: Snapshot, now: float, waiting: Iterable[Job] | None = None)
     fair = {} if fifo else fair_order(policy, snapshot.ledger.usage)
     default_wait = policy.fair_share.aging.max_wait.get("default", INF)
     # queue → (fair rank, ratios, max wait); a queue the policy does not know ranks last.
-    queues = {q: (fr, ratios, policy.max_wait_for(q)) for q, (fr, ratios) in fair.items()}
+    max_waits = policy.max_waits()
+    queues = {q: (fr, ratios, max_waits.get(q, default_wait)) for q, (fr, ratios) in fair.items()}
     unknown = (len(fair), (), default_wait)
     for n, j in enumerate(snapshot.jobs if waiting is None else waiting):
         state = j.state

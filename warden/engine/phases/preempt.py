@@ -90,6 +90,8 @@ class Preempt:
         leaving = self.victims.leaving()
         best: Found = ([], False)
         for p in preemptors(state.ctx, job, d):
+            if not leaving and not self.victims.any_eligible(p):
+                continue  # `search` would find no eligible victim: leave the candidates unpriced
             mark = state.mark()
             chosen = search(state, p, flavor, self.victims.pool(), leaving)
             state.rollback(mark)

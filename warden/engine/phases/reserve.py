@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from warden.engine.model import Job
-from warden.engine.phases.memo import Release
 from warden.engine.phases.state import PassState
 from warden.engine.phases.victims import Victims
 from warden.engine.plan import Reservation
@@ -100,40 +99,61 @@ class Reserve:
 
         A terminating job frees its capacity at its SIGKILL deadline; a running one at its
         expected end, or — if P may preempt it (pair rules) and its protection lifts before
-        that — when the protection lifts. Both orders are sorted once a pass
-        (`Victims.release_orders`) and merged here, each job taken from the one that applies
-        to it, so a forecast costs what it releases, not a sort of every running job.
+        that — when the protection lifts (`now` for a job the rules let go already, its end if
+        that is earlier). The running jobs come in those orders from `Allocation.releases`,
+        kept sorted between passes, and are merged here, each job taken from the order that
+        applies to it: a forecast costs what it releases, not a walk over every running job.
         """
         state = self.state
-        at_end, at_lift, kinds = self.victims.release_orders()
+        index = self.victims.releases()
         # The pair rules read the quota usage, which the releases change: ask them first.
-        may = {kind: allowed(state.ctx, p, v) for kind, v in kinds.items()}
-        claimed = state.claimed
+        may = {kind: allowed(state.ctx, p, v) for kind, v in index.kind_jobs().items()}
+        claimed, terminating, now = state.claimed, state.terminating, state.now
+        jobs, facts = index.jobs, index.facts
         leaving: list[Freeing] = []
-        for gone in state.terminating.values():
+        for gone in terminating.values():
             if gone.id not in claimed:
                 kill_at = gone.attempt.kill_at if gone.attempt is not None else None
-                leaving.append((state.now if kill_at is None else kill_at, gone.id, gone, False))
+                leaving.append((now if kill_at is None else kill_at, gone.id, gone, False))
         leaving.sort(key=_time_and_id)
-        # `may[rules.pair_key(job)]`, inlined: a forecast may walk thousands of running jobs.
-        ending = (
-            e for e in _drain(at_end) if e[2].id not in claimed and not (e[3] < e[0] and may[e[2].tier, e[2].queue])
+
+        def ending() -> Iterator[Freeing]:
+            for end, i in index.ending:
+                if i in terminating or i in claimed:
+                    continue
+                protected = facts[i][0]
+                v = jobs[i]
+                # Taken from the lifting orders instead: its protection lifts before it ends.
+                if (0.0 if protected <= now else protected) < end and may[v.tier, v.queue]:
+                    continue
+                yield end, i, v, False
+
+        def free(i: str) -> bool:
+            return i not in terminating and i not in claimed
+
+        # Only the kinds P may take. Jobs the rules let go count from 0.0: lifted "before" any
+        # end after it; one that should have ended already frees at its end, the others now.
+        kinds = [kind for kind, ok in may.items() if ok]
+        overdue = (
+            (end, i, jobs[i], True)
+            for end, i in self.victims.overdue()
+            if end > 0.0 and may[jobs[i].tier, jobs[i].queue] and free(i)
         )
-        lifting = (e for e in _drain(at_lift) if e[2].id not in claimed and may[e[2].tier, e[2].queue])
-        return heapq.merge(
-            leaving,
-            ((t, i, v, False) for t, i, v, _ in ending),
-            ((t, i, v, True) for t, i, v, _ in lifting),
-            key=_time_and_id,
-        )
+        lifted = [
+            ((now, i, jobs[i], True) for i in index.lifted.get(kind, ()) if _after(facts[i][1], now) and free(i))
+            for kind in kinds
+        ]
+        lifting = [
+            ((t, i, jobs[i], True) for t, i in index.protected_of.get(kind, ()) if t < facts[i][1] and free(i))
+            for kind in kinds
+        ]
+        return heapq.merge(leaving, ending(), overdue, *lifted, *lifting, key=_time_and_id)
+
+
+def _after(end: float, now: float) -> bool:
+    """Does a job the rules let go end no earlier than `now` (and after 0.0)?"""
+    return end >= now and end > 0.0
 
 
 def _time_and_id(e: Freeing) -> tuple[float, str]:
     return e[0], e[1]
-
-
-def _drain(heap: list[Release]) -> Iterator[Release]:
-    """A heap's items, smallest first, leaving the heap as it was."""
-    heap = heap.copy()
-    while heap:
-        yield heapq.heappop(heap)

@@ -59,6 +59,7 @@ class PassState:
         "policy",
         "preemptions",
         "quota",
+        "releases",
         "reservations",
         "reserved",
         "rest_quota",
@@ -86,6 +87,7 @@ class PassState:
         self.node_gpus = alloc.node_gpus
         self.nodes_of_block = alloc.nodes_of_block
         self.victim_facts = alloc.victim_facts
+        self.releases = alloc.releases
         self.holding = alloc.jobs
         self.tiers = alloc.tiers
         self.terminating = terminating

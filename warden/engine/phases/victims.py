@@ -3,23 +3,26 @@ out, and the order in which capacity frees (read by the preempt and reserve phas
 
 Everything about a victim but its cost at `now` is kept between passes (`Victims.facts`,
 `Allocation.victim_facts`), so a pass prices each running job with a few float operations and
-sorts only the jobs the victim rules let go now. Where the policy makes reservations, the same
-walk lists what the forecast needs of every running job.
+sorts only the jobs the victim rules let go now; and it prices them only once a search has
+something to take (`any_eligible`, read off `Allocation.releases`, which also gives the
+forecast its order of releases without a walk over every running job).
 """
 
 from __future__ import annotations
 
-import heapq
 import math
+from bisect import bisect_left
 from operator import itemgetter
 from typing import Any
 
+from warden.engine.accounting import expected_end
 from warden.engine.allocation import VictimFacts
 from warden.engine.model import Job
-from warden.engine.phases.memo import Part, Release, ReleaseOrders
+from warden.engine.phases.memo import Part
 from warden.engine.phases.state import PassState
 from warden.engine.preemption import Candidate, CandidatePool, freed_gpus, victim_key
-from warden.engine.rules import at_risk_since, protection, startup_of
+from warden.engine.releases import ReleaseIndex
+from warden.engine.rules import Preemptor, allowed_for, at_risk_since, may_reclaim, protection, startup_of
 
 INF = math.inf
 
@@ -36,56 +39,39 @@ class Victims:
         order, priced at `now`: once a pass."""
         memo = self.memo
         if memo.candidates is None:
-            rows, held_on, nonnegative, releases = self._price()
+            rows, held_on, nonnegative = self._price()
             by_cost = self.state.policy.preemption.victim_order == "cost"
             memo.candidates = CandidatePool(
                 _in_victim_order(rows, by_cost), held_on, by_cost=by_cost, ascending=by_cost and nonnegative
             )
-            memo.releases = releases
         return memo.candidates
 
-    def _price(self) -> tuple[list[tuple[Any, ...]], dict[str, int], bool, ReleaseOrders]:
-        """One walk over the running jobs not signalled before this pass: a row per job the
-        victim rules let go now (its victim key, or the key's fields, first), the GPUs those
-        hold per node, whether every cost is nonnegative, and — where the policy makes
-        reservations — the lists `release_orders` is made of.
+    def _price(self) -> tuple[list[tuple[Any, ...]], dict[str, int], bool]:
+        """One walk over the running jobs not signalled: a row per job the victim rules let go
+        now (its victim key, or the key's fields, first), the GPUs those hold per node, and
+        whether every cost is nonnegative.
 
-        This loop runs once per running job and pass, so it does all of that in one walk, and
-        inlines the cost (`rules.cost_at`: same arithmetic, same floats; tests/engine/
-        test_victims.py compares the two).
+        This loop runs once per running job and pass, so it inlines the cost (`rules.cost_at`:
+        same arithmetic, same floats; tests/engine/test_victims.py compares the two).
         """
         state = self.state
-        releases = state.policy.scheduling.reservations > 0
-        at_end: list[Release] = []
-        at_lift: list[Release] = []
-        kinds: dict[tuple[int, str], Job] = {}
         order = state.policy.preemption.victim_order
         by_cost = order == "cost"
         now = state.now
         known = state.victim_facts
         terminating = state.terminating
+        claimed = state.claimed
         rows: list[tuple[Any, ...]] = []
         held_on: dict[str, int] = {}
         nonnegative = True
         for v in state.holding.values():
-            if v.id in terminating:
+            if v.id in terminating or (claimed and v.id in claimed):
                 continue
             facts = known.get(v.id)
             if facts is None or facts[0] is not v or facts[1] > now:
                 facts = self.facts(v)
-            _, _, protected, since, restart, freed, gpus, neg_tier, neg_started, flavor, end = facts
+            _, _, protected, since, restart, freed, gpus, neg_tier, neg_started, flavor, _ = facts
             if protected <= now:
-                protected = 0.0
-            if releases:
-                kind = (v.tier, v.queue)  # `rules.pair_key`, inlined
-                if kind not in kinds:
-                    kinds[kind] = v
-                if end < INF:
-                    at_end.append((end, v.id, v, protected))
-                if protected < end:
-                    lifts = now if now > protected else protected  # max(protected, now)
-                    at_lift.append((lifts if lifts < end else end, v.id, v, protected))  # min(end, lifts)
-            if protected == 0.0:
                 if since is None:
                     lost = 0.0
                 else:
@@ -102,7 +88,42 @@ class Victims:
                     rows.append((victim_key(order, v, cost), v, cost, lost, freed, flavor))
                 for node, g in freed:
                     held_on[node] = held_on.get(node, 0) + g
-        return rows, held_on, nonnegative, (at_end, at_lift, kinds)
+        return rows, held_on, nonnegative
+
+    def releases(self) -> ReleaseIndex:
+        """`Allocation.releases`, brought up to `now`: once a pass."""
+        state, memo = self.state, self.memo
+        if not memo.releases_fresh:
+            state.releases.refresh(state.now, self._protected_and_end)
+            memo.releases_fresh = True
+        return state.releases
+
+    def _protected_and_end(self, v: Job) -> tuple[float, float]:
+        facts = self.facts(v)
+        return facts[2], facts[10]
+
+    def any_eligible(self, p: Preemptor) -> bool:
+        """Could a search for `p` take any running job now (`CandidatePool.eligible` without
+        its jobs already leaving)? A job the rules let go, not signalled, of a lower tier or —
+        where `p` may reclaim — of its own, that the pair rules let `p` take. Asked before the
+        candidates are priced: most searches of a deep queue have nothing to take."""
+        state = self.state
+        index = self.releases()
+        ok = allowed_for(state.ctx, p)
+        tier = p.job.tier
+        reclaim: bool | None = None
+        terminating, claimed = state.terminating, state.claimed
+        for (t, _), ids in index.lifted.items():
+            if not ids or t < tier:
+                continue
+            if t == tier:
+                if reclaim is None:
+                    reclaim = may_reclaim(state.ctx, p)
+                if not reclaim:
+                    continue
+            if ok(index.jobs[next(iter(ids))]) and any(i not in terminating and i not in claimed for i in ids):
+                return True
+        return False
 
     def facts(self, v: Job) -> VictimFacts:
         """What pricing a running job as a victim needs that does not change with time, kept
@@ -117,7 +138,7 @@ class Victims:
         facts = state.victim_facts.get(v.id)
         if facts is None or facts[0] is not v or facts[1] > state.now:
             started = v.attempt.started_at if v.attempt is not None else 0.0
-            end = started + v.expected_duration if v.expected_duration is not None else INF
+            end = expected_end(v)
             facts = (
                 v,
                 state.now,
@@ -169,27 +190,19 @@ class Victims:
     def claimed(self, c: Candidate) -> None:
         """A claimant counts on the candidate from now on: a new victim is no search's
         candidate any more, and what is leaving has changed."""
-        if not c.leaving:
-            self.pool().drop(c)
+        if not c.leaving and self.memo.candidates is not None:
+            self.memo.candidates.drop(c)
         self.memo.leaving = None
 
-    def release_orders(self) -> ReleaseOrders:
-        """The running jobs not signalled before this pass, in the order they end (those with an
-        expected end), and those whose protection lifts before their end, in the order they
-        may be preempted: heaps of (time, id, job, protected until), smallest time and id first;
-        and one job of each `rules.pair_key` among them. Once a pass (listed by `pool`, in the
-        same walk over the running jobs). Heaps, not sorted lists: a forecast stops after the
-        first few hundred."""
+    def overdue(self) -> list[tuple[float, str]]:
+        """(expected end, id) of the jobs the rules let go whose expected end is before `now`,
+        sorted: a forecast counts them free at their end, not at `now`. Once a pass."""
         memo = self.memo
-        if not memo.releases_heaped:
-            self.pool()
-            assert memo.releases is not None
-            at_end, at_lift, _ = memo.releases
-            heapq.heapify(at_end)  # ids are unique: tuples never compare past them
-            heapq.heapify(at_lift)
-            memo.releases_heaped = True
-        assert memo.releases is not None
-        return memo.releases
+        if memo.overdue is None:
+            index, now = self.releases(), self.state.now
+            ending = index.ending
+            memo.overdue = [(end, i) for end, i in ending[: bisect_left(ending, (now, ""))] if index.is_lifted(i)]
+        return memo.overdue
 
 
 def _in_victim_order(rows: list[tuple[Any, ...]], by_cost: bool) -> list[Candidate]:
