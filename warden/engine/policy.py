@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from pathlib import Path
+from types import MappingProxyType
 from typing import Annotated, Any, Literal, Self
 
 import yaml  # type: ignore[import-untyped, unused-ignore]  # PyYAML ships without type hints
@@ -41,6 +42,7 @@ __all__ = [
     "Aging",
     "Duration",
     "FairShare",
+    "Limits",
     "MaxPreemptions",
     "Policy",
     "PolicyError",
@@ -436,6 +438,30 @@ class SchedulingSpec(_Spec):
     requeue_timestamp: Literal["submit", "eviction"] = "submit"
 
 
+_INT32_MAX = 2**31 - 1
+"""The largest count a database Integer column holds on every backend."""
+
+
+class Limits(_Spec):
+    """What one API request may ask for (docs/control-plane.md, "Limits"): refusing a huge
+    request up front keeps every scheduling pass and listing fast, and every number the
+    database and the kill timer can hold."""
+
+    max_body_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20, description="Bytes of one request body.")
+    max_name_chars: int = Field(default=255, ge=1, le=255, description="Characters of a job's name.")
+    max_command_args: int = Field(default=4096, ge=1, le=1 << 20, description="Words of a job's command.")
+    max_command_bytes: int = Field(
+        default=256 << 10, ge=1, le=64 << 20, description="UTF-8 bytes of a job's command, all words together."
+    )
+    max_env_vars: int = Field(default=1024, ge=0, le=1 << 20, description="Variables of a job's env.")
+    max_env_bytes: int = Field(
+        default=256 << 10, ge=0, le=64 << 20, description="UTF-8 bytes of a job's env, names and values together."
+    )
+    max_path_chars: int = Field(default=4096, ge=1, le=1 << 16, description="Characters of a job's workdir.")
+    max_replicas: int = Field(default=1024, ge=1, le=_INT32_MAX, description="Replicas of one job.")
+    max_time_limit: Duration = Field(default=365 * 86400.0, description="The longest runtime estimate of a job.")
+
+
 # ------------------------------------------------------------------------- flat form of queues
 
 
@@ -542,11 +568,15 @@ class Policy(_Spec):
     # even when other sections fail; `to_dict` puts tiers first again, as files write them.
     min_grace: Duration = 120.0
     max_lease: Duration = 8 * 3600.0
+    max_grace: Duration = Field(
+        default=3600.0, description="The longest grace a tier or job may have: SIGKILL always comes, and soon."
+    )
     tiers: dict[int, TierSpec] = Field(default_factory=lambda: dict(_DEFAULT_TIERS), validate_default=True)
     fair_share: FairShare = FairShare()
     thrash: Thrash = Thrash()
     preemption: PreemptionSpec = PreemptionSpec()
     scheduling: SchedulingSpec = SchedulingSpec()
+    limits: Limits = Limits()
     queues: QueueSpec = Field(default_factory=_default_queues)
 
     _queues_by_name: dict[str, QueueSpec] = PrivateAttr(default_factory=dict)
@@ -593,6 +623,7 @@ class Policy(_Spec):
             for field, limit, exceeds, relation in (
                 ("grace", "min_grace", tier_spec.grace < info.data.get("min_grace", 0.0), "below"),
                 ("lease", "max_lease", tier_spec.lease > info.data.get("max_lease", math.inf), "above"),
+                ("grace", "max_grace", tier_spec.grace > info.data.get("max_grace", math.inf), "above"),
             ):
                 if exceeds:
                     shown = _as_written(written, field, getattr(tier_spec, field))
@@ -618,6 +649,14 @@ class Policy(_Spec):
         if issues := _tree_issues(root, lambda path, _: path):
             raise PolicyError(issues)
         return root
+
+    @field_validator("max_grace")
+    @classmethod
+    def _grace_range(cls, max_grace: float, info: ValidationInfo) -> float:
+        min_grace = info.data.get("min_grace")
+        if min_grace is not None and max_grace < min_grace:
+            raise _refuse(format_duration(max_grace), f"max_grace is below min_grace {format_duration(min_grace)}")
+        return max_grace
 
     @model_validator(mode="after")
     def _check_and_index(self) -> Self:
@@ -668,6 +707,11 @@ class Policy(_Spec):
     def max_wait_for(self, queue_name: str) -> float:
         """Seconds a job in this queue may wait before it is starving."""
         return self._max_wait.get(queue_name, self.fair_share.aging.max_wait["default"])
+
+    def max_waits(self) -> Mapping[str, float]:
+        """`max_wait_for` of every queue of the tree, as one read-only table (a pass reads it
+        once rather than asking queue by queue)."""
+        return MappingProxyType(self._max_wait)
 
     def queue_names(self) -> list[str]:
         """All queue names, root first, depth first in file order."""
