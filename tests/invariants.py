@@ -147,6 +147,26 @@ class QuotaModel:
             for q in self.path(job.queue)[:-1]
         )
 
+    def entitled(self, job: Job, flavor: str) -> bool:
+        """Within nominal on every queue below the root once the other branches on its path give
+        back what they use beyond their own nominal: what its queue is entitled to (DESIGN §4.3
+        reclaim: V borrows capacity P's queue is entitled to)."""
+        if not self.charged(job):
+            return True
+        path = self.path(job.queue)[:-1]
+        for r, a in self.demand(job, flavor).items():
+            others = 0.0
+            for i, q in enumerate(path):
+                if i:
+                    others += sum(
+                        max(0.0, self.usage[c.name][r] - self.nominal(c.name, r))
+                        for c in self.spec[q].children
+                        if c.name != path[i - 1]
+                    )
+                if self.usage[q][r] + a - others > self.nominal(q, r) + EPS:
+                    return False
+        return True
+
 
 class Free:
     """Free (gpus, cpu, memory) per node; untracked cpu/memory (declared 0) are ignored."""
@@ -470,7 +490,11 @@ def check_preemptions(v: PassView) -> None:
         assert p.kind == "reclaim" and victim.tier == pre.tier, f"{where}: same or higher tier preempted ({p.kind})"
         assert victim.queue != pre.queue, f"{where}: reclaim inside one queue"
         assert v.quota.charged(victim), f"{where}: reclaim of an uncharged job"
-        assert pre_in_quota, f"{where}: reclaim by a preemptor that is not in-quota"
+        # Reclaim takes back what P's queue is entitled to: P is in-quota once the other branches
+        # on its path give back their borrowing (`scope: quota` asked for more, above).
+        assert any(lenient.entitled(pre, f) for f in v.candidate_flavors(pre)), (
+            f"{where}: reclaim by a preemptor its queue's nominal does not entitle"
+        )
         pa, pb = v.quota.path(pre.queue), v.quota.path(victim.queue)
         common = next(q for q in pb if q in pa)
         side = pb[pb.index(common) - 1]
@@ -600,7 +624,9 @@ def check_minimal_victims(v: PassView) -> None:
             earlier_claims = [jid for _, jid, _ in earlier]
             for x in mine:
                 others = [y for y in mine if y != x]
-                assert not _fits_in_future(v, pre, others, earlier_claims, admitted_free, admitted_quota), (
+                assert not _fits_in_future(
+                    v, pre, others, earlier_claims, admitted_free, admitted_quota, in_quota_too
+                ), (
                     f"{where}: victim {x} is needless: once the evictions in flight and its other "
                     f"victims {others} are done, it fits beside the waiting jobs ranked before it "
                     f"({earlier_claims})"
@@ -608,10 +634,18 @@ def check_minimal_victims(v: PassView) -> None:
 
 
 def _fits_in_future(
-    v: PassView, pre: Job, also_gone: list[str], earlier: list[str], free: Free, quota: QuotaModel
+    v: PassView,
+    pre: Job,
+    also_gone: list[str],
+    earlier: list[str],
+    free: Free,
+    quota: QuotaModel,
+    in_quota_too: bool = False,
 ) -> bool:
     """Does P fit once the evictions in flight after this pass are done and `also_gone` have
-    exited, beside the higher-ranked jobs that wait for victims?
+    exited, beside the higher-ranked jobs that wait for victims? With `in_quota_too` (P takes
+    victims of other queues under `scope: quota`, so it must be in-quota after admission), it
+    must be in-quota there too.
 
     Replays the pass's claims the way the engine makes them: each higher-ranked waiting job,
     in rank order, gets the jobs it waits for released and takes a best-fit placement; then
@@ -640,7 +674,10 @@ def _fits_in_future(
         q.add(c, flavor)
     for x in [j.id for j in v.holding if j.id in v.terminating] + also_gone:
         release(x)
-    return any(f.fits(pre, fl) and q.fits(pre, fl) for fl in v.candidate_flavors(pre))
+    return any(
+        f.fits(pre, fl) and q.fits(pre, fl) and (not in_quota_too or q.in_quota(pre, fl))
+        for fl in v.candidate_flavors(pre)
+    )
 
 
 def check_quota(v: PassView) -> None:
