@@ -13,14 +13,27 @@
 - `sigkill_lateness_s`: a job that ignores SIGTERM is cancelled; from its SIGKILL deadline to
   the moment its last process was gone (the attempt's `ended_at`). Target ≤ 0.2 s.
 
+- `backlog`: the same with 8 connections while 2,000 jobs already wait (`submit_per_s`,
+  `latency_p50_s`, `latency_p99_s`; targets ≥ 500/s, p99 < 100 ms), and `warden queue
+  --json` there: the whole command (`queue_json_s`), its start-up alone against an
+  unreachable server (`cli_startup_s`) and the API call alone (`list_api_s`). Target
+  `queue_json_s` ≤ 0.5 s.
+- `cancel_races`: a head-of-queue job cancelled at a random moment around its admission
+  (1,500 jobs wait behind it in a queue that cannot run): every cancel answered 202 must end
+  the job CANCELLED; `lost` counts those that did not within 10 s.
+- `kill9`: submissions from 4 clients while the server is killed with SIGKILL, `--kill9-runs`
+  times, each followed by a restart: `accepted` (answered 201), `lost` (accepted but not
+  stored), `duplicated` (one request stored twice), `in_doubt` (no answer: stored or not).
+
 Each runs against a real server process (SQLite, fake GPUs) in a temporary directory.
-Medians over the runs; the whole list is in `*_all`.
+Medians over the runs; the whole list is in `*_all`. `--only` picks sections.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import shutil
 import statistics
 import subprocess
@@ -33,6 +46,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "server"))
 
+import httpx
 from serverproc import ADMIN, Server, wait_for
 
 POLICY = """\
@@ -85,8 +99,8 @@ def _wrk(s: Server, d: Path, connections: int, seconds: float) -> dict[str, Any]
         f'wrk.headers["Content-Type"] = "application/json"\n'
         f'wrk.headers["Authorization"] = "Bearer {ADMIN}"\n'
         "done = function(summary, latency, requests)\n"
-        '  io.write(string.format("RESULT %d %d %d %d %d\\n", summary.requests, summary.duration,'
-        " summary.errors.status, latency:percentile(50), latency:percentile(95)))\nend\n"
+        '  io.write(string.format("RESULT %d %d %d %d %d %d\\n", summary.requests, summary.duration,'
+        " summary.errors.status, latency:percentile(50), latency:percentile(95), latency:percentile(99)))\nend\n"
     )
     out = subprocess.run(
         ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "-s", str(script), f"{s.url}/v1/jobs"],
@@ -95,7 +109,7 @@ def _wrk(s: Server, d: Path, connections: int, seconds: float) -> dict[str, Any]
         check=True,
     ).stdout
     line = next(x for x in out.splitlines() if x.startswith("RESULT"))
-    requests, duration_us, bad, p50_us, p95_us = map(int, line.split()[1:])
+    requests, duration_us, bad, p50_us, p95_us, p99_us = map(int, line.split()[1:])
     return {
         "load_generator": "wrk",
         "connections": connections,
@@ -105,6 +119,7 @@ def _wrk(s: Server, d: Path, connections: int, seconds: float) -> dict[str, Any]
         "errors": bad,
         "latency_p50_s": p50_us / 1e6,
         "latency_p95_s": p95_us / 1e6,
+        "latency_p99_s": p99_us / 1e6,
     }
 
 
@@ -206,6 +221,164 @@ def sigkill_lateness(runs: int) -> dict[str, Any]:
     }
 
 
+RACE_POLICY = """\
+min_grace: 1s
+thrash: {min_efficiency: 0}
+preemption: {restart_overhead: 0s}
+tiers:
+  3: {name: experimentation, lease: 0s, grace: 1s}
+queues:
+  name: cluster
+  children:
+    - {name: team}
+    - {name: parked, nominal: {gpu: 0}, borrowing_limit: {gpu: 0}}
+"""
+
+
+def _job(d: str, command: list[str], queue: str = "team", **extra: Any) -> dict[str, Any]:
+    return {"queue": queue, "tier": 3, "gpus": 1, "command": command, "workdir": d, **extra}
+
+
+def _fill(s: Server, body: dict[str, Any], count: int, clients: int = 8) -> None:
+    """`count` submissions of `body` from `clients` threads."""
+
+    def work(n: int) -> None:
+        with s.client() as c:
+            for _ in range(n):
+                assert c.post("/v1/jobs", json=body).status_code == 201
+
+    threads = [threading.Thread(target=work, args=(count // clients + (i < count % clients),)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _timed(argv: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(argv, capture_output=True, check=False)
+    return time.perf_counter() - t0
+
+
+def backlog(pending: int, clients: int, seconds: float, runs: int) -> dict[str, Any]:
+    """Submissions and `warden queue --json` while `pending` jobs wait behind a running one."""
+    with tempfile.TemporaryDirectory() as d:
+        s = _server(Path(d), 1)
+        try:
+            with s.client() as c:
+                holder = c.post("/v1/jobs", json=_job(d, ["sleep", "600"])).json()["id"]
+                wait_for(lambda: c.get(f"/v1/jobs/{holder}").json()["state"] == "RUNNING")
+                _fill(s, _job(d, ["true"]), pending)
+                cli = [sys.executable, "-m", "warden.cli.main", "queue", "--json", "--token", ADMIN]
+                queue = [_timed([*cli, "--url", s.url]) for _ in range(runs)]
+                startup = [_timed([*cli, "--url", "http://127.0.0.1:9"]) for _ in range(runs)]
+                api = []
+                for _ in range(runs):
+                    t0 = time.perf_counter()
+                    listed = len(c.get("/v1/jobs").json())
+                    api.append(time.perf_counter() - t0)
+                result: dict[str, Any] = {
+                    "pending": listed - 1,
+                    "queue_json_s": round(statistics.median(queue), 3),
+                    "queue_json_s_all": [round(x, 3) for x in queue],
+                    "cli_startup_s": round(statistics.median(startup), 3),
+                    "list_api_s": round(statistics.median(api), 3),
+                }
+            if shutil.which("wrk"):
+                result.update(_wrk(s, Path(d), clients, seconds))
+            else:
+                result.update(_python_clients(s, d, int(seconds * 300), clients))
+            with s.client() as c:
+                c.post(f"/v1/jobs/{holder}/cancel")
+            return result
+        finally:
+            s.stop()
+
+
+def cancel_races(trials: int, backlog_jobs: int) -> dict[str, Any]:
+    """The head of the queue cancelled at a random moment around its admission (the job
+    ahead of it ends after 0.1 s), with `backlog_jobs` waiting in a queue that cannot run."""
+    rng = random.Random(0)
+    answered = lost = 0
+    admitted = 0
+    with tempfile.TemporaryDirectory() as d:
+        policy = Path(d) / "policy.yaml"
+        policy.write_text(RACE_POLICY)
+        s = Server(Path(d) / "state", policy=policy, gpus=1).start()
+        try:
+            _fill(s, _job(d, ["true"], queue="parked"), backlog_jobs)
+            with s.client() as c:
+                for _ in range(trials):
+                    ahead = c.post("/v1/jobs", json=_job(d, ["sleep", "0.1"])).json()["id"]
+                    head = c.post("/v1/jobs", json=_job(d, ["sleep", "600"])).json()["id"]
+                    time.sleep(rng.uniform(0.0, 0.4))
+                    if c.post(f"/v1/jobs/{head}/cancel").status_code != 202:
+                        continue
+                    answered += 1
+                    try:
+                        job = wait_for(
+                            lambda head=head: (j := c.get(f"/v1/jobs/{head}").json())["state"] == "CANCELLED" and j, 10
+                        )
+                        admitted += job["attempt"] > 0
+                    except AssertionError:
+                        lost += 1
+                        c.post(f"/v1/jobs/{head}/cancel")
+                    c.post(f"/v1/jobs/{ahead}/cancel")  # not measured: only its GPU matters
+        finally:
+            s.stop()
+    return {"trials": trials, "backlog": backlog_jobs, "answered": answered, "admitted_first": admitted, "lost": lost}
+
+
+def kill9(runs: int, clients: int) -> dict[str, Any]:
+    """Submissions under load while the server is killed with SIGKILL and started again."""
+    accepted: dict[str, str] = {}  # request name -> id
+    in_doubt: set[str] = set()
+    with tempfile.TemporaryDirectory() as d:
+        s = _server(Path(d), 1)
+        try:
+            for run in range(runs):
+                stop = threading.Event()
+
+                def work(client: int, run: int = run, stop: threading.Event = stop) -> None:
+                    with s.client() as c:
+                        n = 0
+                        while not stop.is_set():
+                            name = f"r{run}-c{client}-{n}"
+                            n += 1
+                            try:
+                                r = c.post("/v1/jobs", json=_job(d, ["true"], queue="team", name=name))
+                            except httpx.TransportError:
+                                in_doubt.add(name)
+                                return
+                            if r.status_code == 201:
+                                accepted[name] = r.json()["id"]
+
+                threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
+                for t in threads:
+                    t.start()
+                time.sleep(random.uniform(0.3, 1.0))
+                s.kill9()
+                stop.set()
+                for t in threads:
+                    t.join()
+                s.start()
+            with s.client() as c:
+                stored: dict[str, list[str]] = {}
+                for j in c.get("/v1/jobs", params={"all": "true"}).json():
+                    stored.setdefault(j["name"], []).append(j["id"])
+        finally:
+            s.stop()
+    lost = [n for n, i in accepted.items() if i not in stored.get(n, [])]
+    return {
+        "runs": runs,
+        "accepted": len(accepted),
+        "lost": len(lost),
+        "duplicated": sum(len(ids) - 1 for ids in stored.values() if len(ids) > 1),
+        "in_doubt": len(in_doubt),
+        "in_doubt_stored": sum(1 for n in in_doubt if n in stored),
+    }
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--submissions", type=int, default=2000)
@@ -213,13 +386,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--latency-runs", type=int, default=20)
     p.add_argument("--kill-runs", type=int, default=10)
+    p.add_argument("--pending", type=int, default=2000)
+    p.add_argument("--backlog-clients", type=int, default=8)
+    p.add_argument("--queue-runs", type=int, default=5)
+    p.add_argument("--race-trials", type=int, default=100)
+    p.add_argument("--kill9-runs", type=int, default=20)
+    p.add_argument("--only", default="submit,latency,sigkill,backlog,cancel_races,kill9")
     args = p.parse_args(argv)
-    result = {
-        "submit": submissions(args.submissions, args.clients, args.seconds),
-        "latency": submit_to_running(args.latency_runs),
-        "sigkill": sigkill_lateness(args.kill_runs),
-        "python": sys.version.split()[0],
+    sections = {
+        "submit": lambda: submissions(args.submissions, args.clients, args.seconds),
+        "latency": lambda: submit_to_running(args.latency_runs),
+        "sigkill": lambda: sigkill_lateness(args.kill_runs),
+        "backlog": lambda: backlog(args.pending, args.backlog_clients, args.seconds, args.queue_runs),
+        "cancel_races": lambda: cancel_races(args.race_trials, 1500),
+        "kill9": lambda: kill9(args.kill9_runs, 4),
     }
+    result: dict[str, Any] = {}
+    for name in args.only.split(","):
+        try:
+            result[name] = sections[name]()
+        except Exception as err:  # one failed section must not hide the others' figures
+            result[name] = {"error": repr(err)}
+    result["python"] = sys.version.split()[0]
     print(json.dumps(result, indent=2))
     return result
 

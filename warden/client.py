@@ -9,12 +9,15 @@ override both.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 DEFAULT_URL = "http://127.0.0.1:8765"
+SUBMIT_BACKOFF_S = 0.5
+"""The first pause before a submission is sent again; it doubles on each retry."""
 
 
 class ApiRefused(Exception):
@@ -77,8 +80,19 @@ class Client:
             raise ApiRefused(r.status_code, body)
         return body
 
-    def submit(self, **job: Any) -> dict[str, Any]:
-        return self._call("POST", "/v1/jobs", json=job)
+    def submit(self, *, idempotency_key: str | None = None, retries: int = 0, **job: Any) -> dict[str, Any]:
+        """Submit a job. With an `idempotency_key`, a submission whose answer was lost (the
+        server unreachable, a timeout) is sent again up to `retries` times with the same key:
+        the server then answers with the job the first one created, never a second job."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        for attempt in range(retries + 1):
+            try:
+                return self._call("POST", "/v1/jobs", json=job, headers=headers)
+            except Unreachable:
+                if not idempotency_key or attempt == retries:
+                    raise
+                time.sleep(SUBMIT_BACKOFF_S * 2**attempt)
+        raise AssertionError("unreachable")
 
     def jobs(
         self, queue: str | None = None, state: str | None = None, user: str | None = None, all: bool = False

@@ -143,6 +143,7 @@ class Harness:
     def marks(self, job_id: str) -> Path:
         path = self.root / "marks" / job_id
         path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o777)  # written by the job, which runs as a uid of its own under root
         return path
 
     def start(self, spec: LaunchSpec, executor: LocalExecutor | None = None) -> Handle:
@@ -467,6 +468,7 @@ DRIVER = textwrap.dedent("""
     def spec(job_id, mode, *args):
         marks = root / "marks" / job_id
         marks.mkdir(parents=True, exist_ok=True)
+        marks.chmod(0o777)
         return LaunchSpec(job_id, 1, (sys.executable, program, mode, str(marks), *args),
                           (ReplicaLaunch(0, "local", (0,)),), 30.0, Path(workdir),
                           root / "logs" / job_id, root / "ckpt" / job_id)

@@ -19,6 +19,11 @@ import httpx
 
 ADMIN = "admin-secret-token"
 
+#: Who jobs run as when the tests run as root: every warden user's jobs as `nobody`, one
+#: unprivileged account, so that files a job writes for the test stay writable by its next
+#: attempt. tests/server/test_privilege.py checks the default, a uid per attempt.
+AS_NOBODY = ("--run-as", "user", "--user-map", "*=nobody")
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -49,6 +54,9 @@ class Server:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     log: Path | None = None
+    run_as: tuple[str, ...] = AS_NOBODY
+    args: tuple[str, ...] = ()  # more options for `warden server`
+    bootstrap: bool = True  # pass ADMIN in $WARDEN_BOOTSTRAP_TOKEN
 
     @property
     def url(self) -> str:
@@ -67,8 +75,8 @@ class Server:
             str(self.gpus),
             "--state-dir",
             str(self.state_dir),
-            "--bootstrap-token",
-            ADMIN,
+            *(self.run_as if os.geteuid() == 0 else ()),
+            *self.args,
         ]
         if self.policy is not None:
             args += ["--policy", str(self.policy)]
@@ -76,6 +84,8 @@ class Server:
             args += ["--db", self.db]
         self.log = self.state_dir / f"server-{self.port}-{time.monotonic_ns()}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
+        if self.bootstrap:
+            env["WARDEN_BOOTSTRAP_TOKEN"] = ADMIN  # a secret: never on the command line
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
         wait_for(self._healthy, 30, f"the server on {self.url} (log {self.log})")

@@ -219,7 +219,7 @@ def test_who_may_do_what(server: Server, tmp_path: Path) -> None:
             assert a.post(f"/v1/jobs/{mine}/cancel").status_code == 202
             theirs = submit(b, queue="language", tier=4, gpus=0, command=sleeper)
         assert admin.post(f"/v1/jobs/{theirs}/cancel").status_code == 202
-        assert admin.put("/v1/policy", json={"source": POLICY}).json()["version"] >= 2
+        assert admin.put("/v1/policy", json={"source": POLICY + "# v2\n"}).json()["version"] >= 2
         until_state(admin, mine, "CANCELLED")
         until_state(admin, theirs, "CANCELLED")
 

@@ -9,8 +9,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from warden.engine.policy import PolicyError, parse_duration
-
 
 def register(app: typer.Typer) -> None:
     @app.command("check-workload", context_settings={"allow_interspersed_args": False})
@@ -24,6 +22,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run CMD, wait for progress, send SIGTERM; check it saves, exits 0 within the grace,
         and resumes from that checkpoint on a second run. Exit 0 only if it does all of it."""
+        from warden.engine.policy import PolicyError, parse_duration
         from warden.workload.check import check_workload
 
         values = {}

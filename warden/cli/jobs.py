@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -21,9 +22,10 @@ from rich.console import Console
 from rich.table import Table
 
 from warden.client import ApiRefused, Client, Unreachable
-from warden.engine.policy import format_duration
 
 EXIT_REFUSED = 2
+SUBMIT_RETRIES = 2
+"""How often `submit` sends a submission again (with its Idempotency-Key) when no answer came."""
 EXIT_UNREACHABLE = 1
 
 UrlOpt = Annotated[
@@ -58,6 +60,8 @@ def _dump(data: Any) -> None:
 
 
 def _age(seconds: float | None) -> str:
+    from warden.engine.policy import format_duration  # pydantic and yaml: only where a duration is shown
+
     return "" if seconds is None else format_duration(round(seconds))
 
 
@@ -131,7 +135,8 @@ def register(app: typer.Typer) -> None:
             if value is not None:
                 body[key] = value
         with client(url, token) as c:
-            out = c.submit(**body)
+            # One key for this submission: should an answer be lost, the retry returns the same job.
+            out = c.submit(idempotency_key=uuid.uuid4().hex, retries=SUBMIT_RETRIES, **body)
         if json_out:
             _dump(out)
         else:

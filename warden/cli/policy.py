@@ -156,4 +156,7 @@ def apply(
     _load(file)
     with client(url, token) as c:
         out = c.apply_policy(file.read_text())
-    typer.echo(f"policy version {out['version']} applied")
+    if out.get("changed", True):
+        typer.echo(f"policy version {out['version']} applied")
+    else:
+        typer.echo(f"policy version {out['version']} unchanged: the server already has this policy")

@@ -50,6 +50,7 @@ class LaunchSpec:
     checkpoint_dir: Path  # WARDEN_CHECKPOINT_DIR (created if missing)
     env: Mapping[str, str] = field(default_factory=lambda: _EMPTY_ENV)  # extra environment from the submission
     master_port: int | None = None  # for gangs; a free port is picked if None
+    user: str | None = None  # the submitting warden user: whose Unix account runs it, where mapped
 
     @property
     def world_size(self) -> int:
@@ -60,7 +61,8 @@ class LaunchSpec:
 class ReplicaHandle:
     """Where to find one running replica again: its supervisor (the shim), the job's process
     group, and the files the shim writes. `pgid` is None when the command could not be started
-    (the exit file then says why)."""
+    (the exit file then says why). `uid` is the uid the job runs as (None: the server's), so a
+    restarted server knows which job uids are held."""
 
     rank: int
     shim_pid: int
@@ -68,6 +70,7 @@ class ReplicaHandle:
     status_path: Path
     exit_path: Path
     log_path: Path
+    uid: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -77,11 +80,12 @@ class ReplicaHandle:
             "status_path": str(self.status_path),
             "exit_path": str(self.exit_path),
             "log_path": str(self.log_path),
+            "uid": self.uid,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ReplicaHandle:
-        pgid = data.get("pgid")
+        pgid, uid = data.get("pgid"), data.get("uid")
         return cls(
             rank=int(data["rank"]),
             shim_pid=int(data["shim_pid"]),
@@ -89,6 +93,7 @@ class ReplicaHandle:
             status_path=Path(data["status_path"]),
             exit_path=Path(data["exit_path"]),
             log_path=Path(data["log_path"]),
+            uid=None if uid is None else int(uid),
         )
 
 

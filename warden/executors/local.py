@@ -12,7 +12,9 @@ Files per attempt, all under `LaunchSpec.log_dir`:
 `rank-N.log` (the replica's stdout and stderr), `rank-N.status.json` (written by the shim once
 the job runs), `rank-N.exit.json` (written by the shim once the group is gone) and
 `control.json` (written here on terminate/kill, so that an adopter re-arms the SIGKILL timer).
-See docs/executors.md.
+The job runs as the identity `Identities` picks (a uid of its own when the server is root); its
+checkpoint directory and `home/` are its own while it runs, everything else stays the server's.
+See docs/executors.md and docs/security.md.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
+import logging
+import math
 import os
+import pwd
 import signal
 import socket
 import subprocess
@@ -33,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from warden.executors.base import Exit, Handle, LaunchSpec, ReplicaHandle, ReplicaLaunch, UnknownAttempt
+from warden.executors.identity import Identities, Identity
 from warden.executors.shim import group_alive, process_alive, read_json, start_ticks, write_json_atomic
 
 Key = tuple[str, int]
@@ -42,6 +48,15 @@ Key = tuple[str, int]
 INHERITED_DROPPED = frozenset(
     {"CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"}
 )
+#: What a job inherits of the server's own environment (when no `base_env` is given): where
+#: programs and libraries are, the locale and the NCCL/CUDA setup of the machine. Nothing else:
+#: the server's environment may hold its secrets (WARDEN_BOOTSTRAP_TOKEN, PGPASSWORD, ...).
+INHERITED_NAMES = frozenset(
+    {"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "CUDA_HOME"}
+)
+INHERITED_PREFIXES = ("LC_", "NCCL_")
+#: Of the server's environment, what the shim (which runs as the server) may see.
+_SHIM_SECRETS = ("WARDEN_", "PGPASSWORD")
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -50,13 +65,35 @@ class LaunchError(OSError):
     left running. An OSError, like the failures of `subprocess` it stands for."""
 
 
+def inherited_environment(server_env: Mapping[str, str]) -> dict[str, str]:
+    """The part of the server's environment a job gets by default (INHERITED_NAMES)."""
+    return {k: v for k, v in server_env.items() if k in INHERITED_NAMES or k.startswith(INHERITED_PREFIXES)}
+
+
+def identity_environment(identity: Identity | None, home: Path) -> dict[str, str]:
+    """HOME, USER and LOGNAME of the identity the job runs as (none for the server's own). A
+    dynamic uid has no account: its HOME is the attempt's private `home`, and USER names the uid
+    (libraries that ask for the user name would fail without one)."""
+    if identity is None:
+        return {}
+    name = identity.name or f"warden-{identity.uid}"
+    return {"HOME": identity.home or str(home), "USER": name, "LOGNAME": name}
+
+
 def job_environment(
-    spec: LaunchSpec, replica: ReplicaLaunch, *, master_port: int | None, log_path: Path, base: Mapping[str, str]
+    spec: LaunchSpec,
+    replica: ReplicaLaunch,
+    *,
+    master_port: int | None,
+    log_path: Path,
+    base: Mapping[str, str],
+    identity: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The environment of one replica: `base` (the server's) without GPU, rendezvous and
-    WARDEN_* variables, then the submission's `env`, then warden's contract variables, which
-    nothing overrides (a job must not widen its own CUDA_VISIBLE_DEVICES)."""
+    """The environment of one replica: `base` without GPU, rendezvous and WARDEN_* variables,
+    then `identity` (HOME, USER), then the submission's `env`, then warden's contract
+    variables, which nothing overrides (a job must not widen its own CUDA_VISIBLE_DEVICES)."""
     env = {k: v for k, v in base.items() if k not in INHERITED_DROPPED and not k.startswith("WARDEN_")}
+    env.update(identity or {})
     env.update(spec.env)
     env.update(
         {
@@ -111,13 +148,21 @@ class _Tracked:
     kill_at: float | None = None  # wall clock deadline, as returned by terminate()
     kill_mono: float | None = None  # the same deadline on the monotonic clock
     killed_at: float | None = None
+    private_dirs: tuple[Path, ...] = ()  # the job's own while it runs; the server's again after
+
+
+log = logging.getLogger("warden.executors.local")
 
 
 class _KillTimer:
     """One thread and a heap of monotonic deadlines: SIGKILL comes when the deadline is due,
     not at the next tick of some polling loop (Slurm's 30 s poll is what warden improves on).
     The thread waits on a condition variable with the exact remaining time and re-checks the
-    clock, so it never fires early."""
+    clock, so it never fires early.
+
+    No deadline and no failed SIGKILL stops it: a wait is cut to `threading.TIMEOUT_MAX` (a
+    longer one raises) and taken again, a deadline that is not a number fires at once, and an
+    error of one firing is logged and the thread goes on with the next deadline."""
 
     def __init__(self, fire: Callable[[list[Key]], None]) -> None:
         self._fire = fire
@@ -128,11 +173,16 @@ class _KillTimer:
         self._closed = False
 
     def arm(self, deadline_mono: float, key: Key) -> None:
+        if isinstance(deadline_mono, bool) or not isinstance(deadline_mono, int | float) or math.isnan(deadline_mono):
+            log.warning(
+                "SIGKILL deadline %r of attempt %s of job %s is no time: due now", deadline_mono, key[1], key[0]
+            )
+            deadline_mono = time.monotonic()
         with self._cond:
             if self._closed:
                 return
-            heapq.heappush(self._heap, (deadline_mono, next(self._order), key))
-            if self._thread is None:
+            heapq.heappush(self._heap, (float(deadline_mono), next(self._order), key))
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="warden-kill-timer", daemon=True)
                 self._thread.start()
             self._cond.notify()
@@ -144,6 +194,10 @@ class _KillTimer:
             thread = self._thread
         if thread is not None:
             thread.join()
+
+    def alive(self) -> bool:
+        """Whether the thread runs (it starts with the first deadline)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def _next_due(self) -> list[Key]:
         """Block until at least one deadline is due; return every due key (empty when closed)."""
@@ -158,25 +212,54 @@ class _KillTimer:
                     while self._heap and self._heap[0][0] <= now:
                         due.append(heapq.heappop(self._heap)[2])
                     return due
-                self._cond.wait(self._heap[0][0] - now)
+                self._cond.wait(min(self._heap[0][0] - now, threading.TIMEOUT_MAX))
             return []
 
     def _run(self) -> None:
         while due := self._next_due():
-            self._fire(due)
+            try:
+                self._fire(due)
+            except Exception:
+                log.exception("SIGKILL of %d attempt(s) failed; trying each on its own", len(due))
+                self._fire_each(due)
+
+    def _fire_each(self, due: list[Key]) -> None:
+        for key in due:
+            try:
+                self._fire([key])
+            except Exception:
+                log.exception("SIGKILL of attempt %s of job %s failed", key[1], key[0])
+
+
+def _adopted_deadline(given: Any) -> float | None:
+    """A SIGKILL deadline read back at adoption (the database or control.json): a finite
+    time, or now when the record is damaged (an attempt in its grace is never left unkilled)."""
+    if given is None:
+        return None
+    if isinstance(given, int | float) and not isinstance(given, bool) and math.isfinite(given):
+        return float(given)
+    log.warning("recorded SIGKILL deadline %r is no time: SIGKILL now", given)
+    return time.time()
 
 
 class LocalExecutor:
     """Runs attempts as process groups on this machine (Linux). Thread-safe.
 
-    `base_env` is the environment jobs inherit (default: this process's, read at each start);
-    `python` runs the shim; `start_timeout_s` bounds how long `start` waits for every shim
-    to report its job running."""
+    `base_env` is the environment jobs inherit (default: INHERITED_NAMES of this process's,
+    read at each start); `identities` picks the Unix identity of each attempt (default: a uid of
+    its own when this process is root, else this process's); `python` runs the shim;
+    `start_timeout_s` bounds how long `start` waits for every shim to report its job running."""
 
     def __init__(
-        self, *, base_env: Mapping[str, str] | None = None, python: str = sys.executable, start_timeout_s: float = 30.0
+        self,
+        *,
+        base_env: Mapping[str, str] | None = None,
+        identities: Identities | None = None,
+        python: str = sys.executable,
+        start_timeout_s: float = 30.0,
     ) -> None:
         self._base_env = base_env
+        self.identities = identities if identities is not None else Identities.default()
         self._python = python
         self._start_timeout_s = start_timeout_s
         self._lock = threading.Lock()
@@ -205,8 +288,16 @@ class LocalExecutor:
                 raise ValueError(f"attempt {spec.attempt} of job {spec.job_id!r} is already running here")
             self._starting.add(key)
         try:
-            handle = self._launch(spec)
-            tracked = _Tracked(handle, tuple(_shim_ticks(r) for r in handle.replicas))
+            identity = self.identities.acquire(key, spec.user)
+            try:
+                others = {uid for held, uid in self.identities.pool.held().items() if held != key}
+                private = _prepare_dirs(spec, identity, others)
+                handle = self._launch(spec, identity)
+            except BaseException:
+                _reclaim_dirs(_private_dirs(spec, identity))
+                self.identities.release(key)  # a process of it still dying keeps the uid busy
+                raise
+            tracked = _Tracked(handle, tuple(_shim_ticks(r) for r in handle.replicas), private_dirs=private)
             with self._lock:
                 self._tracked[key] = tracked
             return handle
@@ -214,11 +305,11 @@ class LocalExecutor:
             with self._lock:
                 self._starting.discard(key)
 
-    def _launch(self, spec: LaunchSpec) -> Handle:
-        spec.log_dir.mkdir(parents=True, exist_ok=True)
-        spec.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    def _launch(self, spec: LaunchSpec, identity: Identity | None) -> Handle:
         port = (spec.master_port or free_port()) if spec.world_size > 1 else None
-        base = dict(os.environ if self._base_env is None else self._base_env)
+        base = inherited_environment(os.environ) if self._base_env is None else dict(self._base_env)
+        who = identity_environment(identity, spec.log_dir / "home")
+        private = [str(p) for p in _private_dirs(spec, identity)]
         ordered = sorted(spec.replicas, key=lambda r: r.rank)
         replicas = [_replica_paths(spec.log_dir, r.rank) for r in ordered]
         launches: list[dict[str, Any]] = []
@@ -227,7 +318,7 @@ class LocalExecutor:
         for replica, (log, status, exit_path) in zip(ordered, replicas):
             for stale in (status, exit_path):
                 stale.unlink(missing_ok=True)
-            env = job_environment(spec, replica, master_port=port, log_path=log, base=base)
+            env = job_environment(spec, replica, master_port=port, log_path=log, base=base, identity=who)
             launches.append(
                 {
                     "argv": list(spec.command),
@@ -236,6 +327,8 @@ class LocalExecutor:
                     "log": str(log),
                     "status": str(status),
                     "exit": str(exit_path),
+                    "identity": _identity_record(identity),
+                    "private_dirs": private,
                 }
             )
         shims = [self._spawn_shim(launch) for launch in launches]
@@ -253,6 +346,7 @@ class LocalExecutor:
                     status_path=status,
                     exit_path=exit_path,
                     log_path=log,
+                    uid=record.get("uid"),
                 )
             )
         if failures:
@@ -261,9 +355,10 @@ class LocalExecutor:
         return Handle(spec.job_id, spec.attempt, tuple(handles), control_path=control)
 
     def _spawn_shim(self, launch: dict[str, Any]) -> subprocess.Popen[bytes]:
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_SHIM_SECRETS)}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-        with open(str(launch["log"]), "ab") as log:
+        fd = os.open(str(launch["log"]), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with open(fd, "ab") as log:
             return subprocess.Popen(
                 [self._python, "-m", "warden.executors.shim"],
                 stdin=subprocess.PIPE,
@@ -390,6 +485,8 @@ class LocalExecutor:
             for key, records in done:
                 if key in self._tracked:
                     tracked = self._tracked.pop(key)
+                    _reclaim_dirs(tracked.private_dirs)
+                    self.identities.release(key)
                     reported.append(_exit(tracked, records))
                     self._unreaped.update(zip((r.shim_pid for r in tracked.handle.replicas), tracked.shim_ticks))
             self._reap_shims()
@@ -430,18 +527,22 @@ class LocalExecutor:
         key = (handle.job_id, handle.attempt)
         control = read_json(handle.control_path) if handle.control_path is not None else None
         control = control or {}
+        status = [read_json(r.status_path) or {} for r in handle.replicas]
         with self._lock:
             tracked = self._tracked.get(key)
             if tracked is None:
                 tracked = _Tracked(
                     handle,
-                    tuple(_shim_ticks(r) for r in handle.replicas),
+                    tuple(record.get("shim_start_ticks") for record in status),
                     signalled_at=control.get("signalled_at"),
                     kill_at=control.get("kill_at"),
                     killed_at=control.get("killed_at"),
+                    private_dirs=tuple(Path(p) for p in (status[0].get("private_dirs") if status else None) or ()),
                 )
                 self._tracked[key] = tracked
-            deadline = kill_at if kill_at is not None else tracked.kill_at
+                for replica, record in zip(handle.replicas, status):
+                    self.identities.claim(key, replica.uid if replica.uid is not None else record.get("uid"))
+            deadline = _adopted_deadline(kill_at if kill_at is not None else tracked.kill_at)
             if deadline is not None and tracked.killed_at is None:
                 tracked.kill_at = deadline
                 tracked.kill_mono = time.monotonic() + (deadline - time.time())
@@ -464,6 +565,7 @@ class LocalExecutor:
                     status_path=status,
                     exit_path=exit_path,
                     log_path=log,
+                    uid=record.get("uid"),
                 )
             )
         if not handles:
@@ -512,6 +614,109 @@ def _validate(spec: LaunchSpec) -> None:
         raise ValueError(f"job {spec.job_id!r}: replica ranks must be 0..{len(ranks) - 1}, got {ranks}")
     if spec.grace_s < 0:
         raise ValueError(f"job {spec.job_id!r}: grace_s must be >= 0, got {spec.grace_s!r}")
+
+
+def _identity_record(identity: Identity | None) -> dict[str, Any] | None:
+    if identity is None:
+        return None
+    return {"uid": identity.uid, "gid": identity.gid, "groups": list(identity.groups)}
+
+
+def _private_dirs(spec: LaunchSpec, identity: Identity | None) -> tuple[Path, ...]:
+    """The directories a job with a dynamic uid owns only while it runs: its checkpoints and
+    its HOME. Given back to the server at exit, so the next attempt that gets the same uid
+    cannot reach them."""
+    if identity is None or not identity.dynamic:
+        return ()
+    return (spec.checkpoint_dir, spec.log_dir / "home")
+
+
+def _prepare_dirs(spec: LaunchSpec, identity: Identity | None, others: set[int]) -> tuple[Path, ...]:
+    """Create the attempt's directories. Under another identity, the log directory stays the
+    server's (0711: the job reaches its `home` through it, but cannot list it, nor replace the
+    status and exit files the server trusts), and the checkpoint directory and `home` become
+    the job's own (0700). `others` are the uids other attempts hold now. Returns the
+    directories to give back to the server at exit."""
+    _mkdirs(spec.log_dir)
+    _mkdirs(spec.checkpoint_dir)
+    if identity is None:
+        return ()
+    os.chmod(spec.log_dir, 0o711)
+    owned = [spec.checkpoint_dir]
+    if identity.dynamic:
+        home = spec.log_dir / "home"
+        home.mkdir(exist_ok=True)
+        owned.append(home)
+    for path in owned:
+        _give(path, identity, others)
+    return _private_dirs(spec, identity)
+
+
+def _mkdirs(path: Path) -> None:
+    """`mkdir -p`, the directories it creates 0711 (not the umask's 0700): a job that runs as
+    another uid must be able to pass through them to its own directories."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode=0o711)
+        except FileExistsError:
+            continue
+        os.chmod(directory, 0o711)
+
+
+def _give(directory: Path, identity: Identity, others: set[int]) -> None:
+    """Make `directory` the job's: the directory itself, and whatever in it a previous attempt
+    of the job left under its own job uid (a checkpoint persists across attempts, each with a
+    uid of its own). Symbolic links are never followed, and files of any other owner are left
+    alone (accounts, and the uids other attempts run as now), so a link or hard link planted
+    there cannot hand the job someone else's file."""
+    os.chown(directory, identity.uid, identity.gid, follow_symlinks=False)
+    os.chmod(directory, 0o700)
+    pool = _job_uid_owners(directory) - others
+    for root, dirs, files in os.walk(directory):
+        for name in (*dirs, *files):
+            path = os.path.join(root, name)
+            try:
+                owner = os.lstat(path).st_uid
+                if owner != identity.uid and owner in pool:
+                    os.chown(path, identity.uid, identity.gid, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+
+
+def _job_uid_owners(directory: Path) -> set[int]:
+    """The owners in `directory` that are uids of no account: earlier job uids, which a new
+    attempt of the same job may take over."""
+    owners: set[int] = set()
+    for root, dirs, files in os.walk(directory):
+        for name in (*dirs, *files):
+            try:
+                owners.add(os.lstat(os.path.join(root, name)).st_uid)
+            except FileNotFoundError:
+                continue
+    return {uid for uid in owners if uid != 0 and not _has_account(uid)}
+
+
+def _has_account(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
+
+
+def _reclaim_dirs(dirs: Iterable[Path]) -> None:
+    """The attempt is over: its private directories become the server's again (0700), so that
+    nobody (a later job with the same uid included) can reach what is inside."""
+    for directory in dirs:
+        try:
+            os.chown(directory, os.geteuid(), os.getegid(), follow_symlinks=False)
+            os.chmod(directory, 0o700)  # its parent is the server's: the job cannot swap it for a link
+        except FileNotFoundError:
+            continue
 
 
 def _replica_paths(log_dir: Path, rank: int) -> tuple[Path, Path, Path]:

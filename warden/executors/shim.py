@@ -13,7 +13,9 @@ signals, and records everything in two small JSON files written atomically:
   (subprocess convention, -9 = killed by SIGKILL) and the time the last process was gone.
 
 Protocol (used by `warden.executors.local`): the launch description comes as JSON on stdin
-(so the job's environment, which may hold secrets, is never written to disk). The first process
+(so the job's environment is never on a command line or in a file of the executor's). The
+job runs as the launch's `identity` (uid, gid, groups) when there is one: only the job drops
+its privileges, the shim keeps the server's to signal it and write the exit file. The first process
 forks the real shim and exits with 0 once the status file exists (1 if the shim died first), so
 the executor learns about success without polling and never has a zombie to reap.
 
@@ -204,6 +206,21 @@ def wait_for_group(leader: int) -> tuple[int, float, int]:
     return leader_code, time.time(), escaped
 
 
+JOB_UMASK = 0o022
+"""The job's umask: the usual default, not the server's 077 (the job's own directories are
+private anyway; files it shares on purpose, in a place it may write to, stay readable)."""
+
+
+def _identity_kwargs(launch: dict[str, Any]) -> dict[str, Any]:
+    """The uid, gid and supplementary groups the job runs as (`identity` in the launch), set
+    in the child between fork and exec; nothing when the job runs as the shim's own uid. The
+    shim itself stays privileged: it must signal the job and write the exit file."""
+    identity = launch.get("identity")
+    if not identity:
+        return {}
+    return {"user": int(identity["uid"]), "group": int(identity["gid"]), "extra_groups": list(identity["groups"])}
+
+
 def _start_job(launch: dict[str, Any], log_fd: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         launch["argv"],
@@ -215,6 +232,8 @@ def _start_job(launch: dict[str, Any], log_fd: int) -> subprocess.Popen[bytes]:
         start_new_session=True,
         close_fds=True,
         preexec_fn=_reset_signals_in_child,
+        umask=JOB_UMASK,
+        **_identity_kwargs(launch),
     )
 
 
@@ -225,8 +244,15 @@ def supervise(launch: dict[str, Any], ready_fd: int | None = None) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
     for sig in _SUPERVISOR_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
-    me = {"shim_pid": os.getpid(), "shim_start_ticks": start_ticks(os.getpid()), "subreaper": subreaper}
-    log_fd = os.open(launch["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    uid = (launch.get("identity") or {}).get("uid", os.geteuid())
+    me = {
+        "shim_pid": os.getpid(),
+        "shim_start_ticks": start_ticks(os.getpid()),
+        "subreaper": subreaper,
+        "uid": uid,
+        "private_dirs": launch.get("private_dirs", []),
+    }
+    log_fd = os.open(launch["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         proc = _start_job(launch, log_fd)
     except OSError as exc:

@@ -9,45 +9,78 @@ Bad input gets a 4xx and a JSON body naming the field and the value
 # No `from __future__ import annotations`: FastAPI reads these signatures at run time.
 
 import json
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from warden.engine.model import JobState
 from warden.engine.policy import Duration
-from warden.server.auth import Principal
-from warden.server.errors import ApiError
+from warden.server.auth import Principal, bearer
+from warden.server.errors import ApiError, ErrorBody, error_body, safe_value, shorten
 from warden.server.views import job_detail, job_summary, node_views, queue_views
 
 if TYPE_CHECKING:
     from warden.server.service import Service
 
 API_VERSION = "v1"
+INT32_MAX = 2**31 - 1
+"""The largest count the database holds in an Integer column on every backend."""
+INT64_MAX = 2**63 - 1
+NAME_CHARS = 255
+"""Names, queues, flavors and users are String(255) columns."""
+SECONDS_MAX = 1e9
+"""About 30 years: the longest duration a report may state."""
+
+log = logging.getLogger("warden.server")
 
 
-class SubmitRequest(BaseModel):
-    """A job: a command run as `replicas` × (`gpus`, `cpu`, `memory`), admitted and evicted whole."""
+def clean_text(text: str) -> str:
+    """Text the database, the JSON encoder and `exec` all accept: no NUL, no lone surrogate."""
+    if "\x00" in text:
+        raise ValueError("contains a NUL character")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("contains a lone surrogate, which is not Unicode text") from None
+    return text
 
-    model_config = ConfigDict(extra="forbid")
 
-    queue: str = Field(min_length=1)
-    tier: int = Field(ge=1, le=4)
-    command: list[str] = Field(min_length=1)
-    name: str = ""
-    gpus: int = Field(default=1, ge=0, description="GPUs per replica")
-    replicas: int = Field(default=1, ge=1)
-    cpu: int = Field(default=0, ge=0, description="millicores per replica")
-    memory: int = Field(default=0, ge=0, description="MiB per replica")
-    flavor: str | None = None
+Text = Annotated[str, AfterValidator(clean_text)]
+Name = Annotated[Text, Field(max_length=NAME_CHARS)]
+Count = Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class SubmitRequest(_Request):
+    """A job: a command run as `replicas` × (`gpus`, `cpu`, `memory`), admitted and evicted whole.
+    The policy's `limits` bound its sizes; the cluster's largest node bounds each replica."""
+
+    queue: Name = Field(min_length=1)
+    tier: int = Field(strict=True, ge=1, le=4)
+    command: list[Text] = Field(min_length=1)
+    name: Name = ""
+    gpus: Count = Field(default=1, description="GPUs per replica")
+    replicas: Count = Field(default=1, ge=1)
+    cpu: Count = Field(default=0, description="millicores per replica")
+    memory: Count = Field(default=0, description="MiB per replica")
+    flavor: Name | None = None
     placement: Literal["pack", "block", "any"] = "any"
     lease: Duration | None = Field(default=None, description="minimum runtime, e.g. 30m")
-    grace: Duration | None = Field(default=None, description="grace period after SIGTERM, e.g. 300s")
+    grace: Duration | None = Field(
+        default=None, description="grace period after SIGTERM, e.g. 300s; between the policy's min_grace and max_grace"
+    )
     time_limit: Duration | None = Field(default=None, description="runtime estimate, used for reservations")
-    workdir: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
+    workdir: Text | None = None
+    env: dict[Text, Text] = Field(default_factory=dict)
 
     @field_validator("command")
     @classmethod
@@ -56,39 +89,60 @@ class SubmitRequest(BaseModel):
             raise ValueError("the program (first word) is empty")
         return v
 
+    @field_validator("env")
+    @classmethod
+    def _variable_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not key or "=" in key:
+                raise ValueError(f"{shorten(key, 60)!r} is not a variable name (non-empty, without '=')")
+        return v
 
-class ReportRequest(BaseModel):
+
+class ReportRequest(_Request):
     """What the workload SDK tells the server about the attempt it runs in."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    attempt: int = Field(ge=1)
+    attempt: int = Field(strict=True, ge=1, le=INT32_MAX)
     kind: Literal["startup", "progress", "checkpoint_started", "checkpoint_finished"]
-    at: float | None = None
-    startup_s: float | None = Field(default=None, ge=0)
-    step: int | None = Field(default=None, ge=0)
-    samples: int | None = Field(default=None, ge=0)
-    duration_s: float | None = Field(default=None, ge=0)
-    size_bytes: int | None = Field(default=None, ge=0)
+    at: float | None = Field(default=None, ge=0, le=1e11)
+    startup_s: float | None = Field(default=None, ge=0, le=SECONDS_MAX)
+    step: Count | None = None
+    samples: Count | None = None
+    duration_s: float | None = Field(default=None, ge=0, le=SECONDS_MAX)
+    size_bytes: int | None = Field(default=None, strict=True, ge=0, le=INT64_MAX)
     on_sigterm: bool | None = None
 
 
-class TokenRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    user: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.@-]+$")
+class TokenRequest(_Request):
+    user: str = Field(min_length=1, max_length=NAME_CHARS, pattern=r"^[A-Za-z0-9_.@-]+$")
     role: Literal["user", "admin"] = "user"
-    queues: list[str] = Field(default_factory=lambda: ["*"])
+    queues: list[Name] = Field(default_factory=lambda: ["*"], max_length=10_000)
 
 
-class PolicyRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class PolicyRequest(_Request):
+    source: Text = Field(description="the policy YAML, as written; not empty")
 
-    source: str = Field(description="the policy YAML, as written")
+
+# -- refusals -----------------------------------------------------------------------------------
+
+_ANSWERS = {
+    400: "malformed request: the body is not JSON, not UTF-8, or nested too deeply",
+    401: "no token, or an unknown or revoked one",
+    403: "the token's role or queues do not allow this",
+    404: "no such job or attempt",
+    409: "the job is in the wrong state, or an Idempotency-Key was used for another request",
+    413: "the request body is larger than the policy's limits.max_body_bytes",
+    422: "a field, parameter or header is invalid or above a limit",
+}
+
+
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI `responses` of a route: each refusal it may give, all in the one error shape."""
+    return {s: {"model": ErrorBody, "description": _ANSWERS[s]} for s in sorted({400, 413, 422, *statuses})}
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """One error shape for every refusal: the field, the value, the message."""
+    """One error shape for every refusal: the field, the value, the message; FastAPI's and
+    Starlette's own refusals (validation, malformed bodies, unknown routes) included."""
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, err: ApiError) -> JSONResponse:
@@ -96,28 +150,123 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, err: RequestValidationError) -> JSONResponse:
-        errors = []
-        for e in err.errors():
-            loc = [str(p) for p in e.get("loc", ()) if p not in ("body", "query", "path")]
-            value = e.get("input")
-            if e.get("type") == "extra_forbidden":
-                message = "is not a field of this request"
-            elif e.get("type") == "json_invalid":
-                message = "malformed JSON: " + str(e.get("ctx", {}).get("error", e.get("msg")))
-                value = None
-            else:
-                message = e.get("msg", "invalid")
-            errors.append({"field": ".".join(loc) or "body", "value": _jsonable(value), "message": message})
-        status = 400 if any(x["message"].startswith("malformed JSON") for x in errors) else 422
-        return JSONResponse({"error": errors[0], "errors": errors}, status_code=status)
+        found = [_validation_detail(e) for e in err.errors()]
+        status = 400 if any(e.get("type") == "json_invalid" for e in err.errors()) else 422
+        return JSONResponse(error_body(found or [_detail("body", None, "invalid request")]), status_code=status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(
+            error_body([_http_detail(request, err)]), status_code=err.status_code, headers=getattr(err, "headers", None)
+        )
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, err: Exception) -> JSONResponse:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=err)
+        detail = _detail("request", None, f"internal error ({type(err).__name__}); the server log has the details")
+        return JSONResponse(error_body([detail]), status_code=500)
 
 
-def _jsonable(value: Any) -> Any:
-    try:
-        json.dumps(value)
-        return value
-    except (TypeError, ValueError):
-        return repr(value)
+def _detail(field: str, value: Any, message: str) -> dict[str, Any]:
+    return {"field": shorten(field), "value": safe_value(value), "message": message}
+
+
+def _validation_detail(e: Any) -> dict[str, Any]:
+    loc = [str(p) for p in e.get("loc", ()) if p not in ("body", "query", "path", "header", "[key]")]
+    kind = e.get("type")
+    if kind == "json_invalid":
+        return _detail("body", None, "malformed JSON: " + str(e.get("ctx", {}).get("error", e.get("msg"))))
+    if kind == "extra_forbidden":
+        return _detail(".".join(loc) or "body", e.get("input"), "is not a field of this request")
+    message = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+    return _detail(".".join(loc) or "body", e.get("input"), message)
+
+
+def _http_detail(request: Request, err: StarletteHTTPException) -> dict[str, Any]:
+    if err.status_code == 404:
+        return _detail("path", request.url.path, "no such endpoint; the API is under /v1 (see /openapi.json)")
+    if err.status_code == 405:
+        return _detail("method", request.method, f"is not allowed on {shorten(request.url.path)}")
+    if err.status_code == 400:
+        cause = err.__cause__
+        if isinstance(cause, UnicodeDecodeError):
+            return _detail("body", None, "malformed JSON: not valid UTF-8")
+        if isinstance(cause, RecursionError):
+            return _detail("body", None, "malformed JSON: nested too deeply")
+        return _detail("body", None, f"malformed request body: {err.detail}")
+    return _detail("request", None, str(err.detail))
+
+
+class BodyLimit:
+    """Refuses a request body larger than `limit()` bytes with a 413 before anything reads it
+    (a declared Content-Length, or the bytes as they arrive)."""
+
+    def __init__(self, app: Any, limit: Callable[[], int]) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    ) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit()
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            await _too_large(send, limit, int(declared) if declared.isdigit() else None)
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > limit:
+                await _too_large(send, limit, None)
+                return
+            if not message.get("more_body", False):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay() -> MutableMapping[str, Any]:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+async def _too_large(send: Callable[[MutableMapping[str, Any]], Awaitable[None]], limit: int, size: int | None) -> None:
+    detail = _detail(
+        "body", size, f"the request body is larger than the limit of {limit} bytes (limits.max_body_bytes)"
+    )
+    payload = json.dumps(error_body([detail])).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    await send({"type": "http.response.start", "status": 413, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def install_request_limits(app: FastAPI, service: "Service") -> None:
+    """Bound every request body by the policy in force (`limits.max_body_bytes`)."""
+    app.add_middleware(BodyLimit, limit=lambda: service.policy.limits.max_body_bytes)
+
+
+JobId = Annotated[str, Path(description="a job id: ASCII digits, at most 2^63 - 1")]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        pattern=r"^[!-~]{1,255}$",
+        description="makes a retried submission return the first job instead of creating another",
+    ),
+]
 
 
 def build_router(service: "Service") -> APIRouter:
@@ -129,86 +278,115 @@ def build_router(service: "Service") -> APIRouter:
 
     Caller = Annotated[Principal, Depends(principal)]
 
-    @r.get("/health")
-    def health() -> dict[str, Any]:
-        return {"ok": True, "passes": service.reconciler.stats.passes}
+    def report_bearer(authorization: Annotated[str | None, Header()] = None) -> str:
+        """A report's token is checked against the job in the handler; its presence first."""
+        bearer(authorization)
+        return authorization or ""
 
-    @r.post("/jobs", status_code=201)
-    def submit(req: SubmitRequest, who: Caller) -> dict[str, Any]:
-        job = service.submit(req, who)
+    @r.get("/health", responses={503: {"description": "a helper thread died: scheduling is stopped"}})
+    def health(response: Response) -> dict[str, Any]:
+        dead = service.dead_threads()
+        if dead:
+            response.status_code = 503
+        return {
+            "ok": not dead,
+            "passes": service.reconciler.stats.passes,
+            "scheduling": "stopped" if dead else "running",
+            "dead_threads": dead,
+        }
+
+    @r.post(
+        "/jobs",
+        status_code=201,
+        responses={
+            200: {"description": "a replay: the job first submitted with this Idempotency-Key"},
+            **errors(401, 403, 409),
+        },
+    )
+    def submit(
+        req: SubmitRequest, who: Caller, response: Response, idempotency_key: IdempotencyKey = None
+    ) -> dict[str, Any]:
+        job = service.submit(req, who, idempotency_key)
+        if job.replayed:
+            response.status_code = 200
+            response.headers["Idempotent-Replayed"] = "true"
         return {"id": str(job.id), "state": job.state.value}
 
-    @r.get("/jobs")
+    @r.get("/jobs", responses=errors(401))
     def list_jobs(
         who: Caller,
-        queue: str | None = None,
-        state: list[str] | None = Query(default=None),
-        user: str | None = None,
+        queue: Annotated[Name | None, Query()] = None,
+        state: Annotated[list[Name] | None, Query(max_length=64)] = None,
+        user: Annotated[Name | None, Query()] = None,
         all: bool = False,
     ) -> list[dict[str, Any]]:
         states = _states(state, include_finished=all)
         return [job_summary(j, service.now()) for j in service.store.list(queue=queue, state=states, user=user)]
 
-    @r.get("/jobs/{job_id}")
-    def get_job(job_id: str, who: Caller) -> dict[str, Any]:
+    @r.get("/jobs/{job_id}", responses=errors(401, 404))
+    def get_job(job_id: JobId, who: Caller) -> dict[str, Any]:
         job = service.job(job_id)
         return job_detail(
             job, service.store.events(job.id), service.store.attempts(job.id), service.now(), service.policy
         )
 
-    @r.post("/jobs/{job_id}/cancel", status_code=202)
-    def cancel(job_id: str, who: Caller) -> dict[str, Any]:
+    @r.post("/jobs/{job_id}/cancel", status_code=202, responses=errors(401, 403, 404, 409))
+    def cancel(job_id: JobId, who: Caller) -> dict[str, Any]:
         job = service.cancel(job_id, who)
         return {"id": str(job.id), "state": job.state.value}
 
-    @r.post("/jobs/{job_id}/approve")
-    def approve(job_id: str, who: Caller) -> dict[str, Any]:
+    @r.post("/jobs/{job_id}/approve", responses=errors(401, 403, 404, 409))
+    def approve(job_id: JobId, who: Caller) -> dict[str, Any]:
         job = service.approve(job_id, who)
         return {"id": str(job.id), "state": job.state.value}
 
-    @r.post("/jobs/{job_id}/release")
-    def release(job_id: str, who: Caller) -> dict[str, Any]:
+    @r.post("/jobs/{job_id}/release", responses=errors(401, 403, 404, 409))
+    def release(job_id: JobId, who: Caller) -> dict[str, Any]:
         job = service.release(job_id, who)
         return {"id": str(job.id), "state": job.state.value}
 
-    @r.post("/jobs/{job_id}/reports", status_code=202)
+    @r.post("/jobs/{job_id}/reports", status_code=202, responses=errors(401, 403, 404, 409))
     def report(
-        job_id: str, req: ReportRequest, authorization: Annotated[str | None, Header()] = None
+        job_id: JobId, req: ReportRequest, authorization: Annotated[str, Depends(report_bearer)]
     ) -> dict[str, Any]:
         return service.report(job_id, authorization, req)
 
-    @r.get("/jobs/{job_id}/logs")
+    @r.get("/jobs/{job_id}/logs", responses=errors(401, 404))
     def logs(
-        job_id: str, who: Caller, attempt: int | None = None, rank: int = 0, offset: int = Query(default=0, ge=0)
+        job_id: JobId,
+        who: Caller,
+        attempt: Annotated[int | None, Query(ge=1, le=INT32_MAX)] = None,
+        rank: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
+        offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
     ) -> dict[str, Any]:
         return service.logs(job_id, attempt, rank, offset)
 
-    @r.get("/nodes")
+    @r.get("/nodes", responses=errors(401))
     def nodes(who: Caller) -> list[dict[str, Any]]:
         return node_views(service.nodes, service.store.running_attempts())
 
-    @r.get("/queues")
+    @r.get("/queues", responses=errors(401))
     def queues(who: Caller) -> list[dict[str, Any]]:
         return queue_views(service.policy, service.store, service.reconciler.ledger, service.nodes, service.now())
 
-    @r.get("/policy")
+    @r.get("/policy", responses=errors(401))
     def get_policy(who: Caller) -> dict[str, Any]:
         current = service.store.current_policy()
         if current is None:
             return {"version": 0, "source": "", "policy": service.policy.to_dict()}
         return {"version": current.version, "source": current.source, "policy": current.resolved}
 
-    @r.put("/policy")
+    @r.put("/policy", responses=errors(401, 403))
     def put_policy(req: PolicyRequest, who: Caller) -> dict[str, Any]:
-        version = service.apply_policy(req.source, who)
-        return {"version": version}
+        version, changed = service.apply_policy(req.source, who)
+        return {"version": version, "changed": changed}
 
-    @r.post("/tokens", status_code=201)
+    @r.post("/tokens", status_code=201, responses=errors(401, 403))
     def create_token(req: TokenRequest, who: Caller) -> dict[str, Any]:
         token = service.create_token(req, who)
         return {"user": req.user, "role": req.role, "queues": req.queues, "token": token}
 
-    @r.get("/audit")
+    @r.get("/audit", responses=errors(401, 403))
     def audit(who: Caller, limit: int = Query(default=100, ge=1, le=10000)) -> list[dict[str, Any]]:
         service.require_admin(who, "read the audit log")
         return [

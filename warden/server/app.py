@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from fastapi import FastAPI
@@ -17,11 +18,12 @@ from fastapi import FastAPI
 from warden.engine.model import Node
 from warden.engine.policy import Policy, default_policy, load_policy, parse_policy
 from warden.executors.gpus import discover_gpus
+from warden.executors.identity import DEFAULT_JOB_UIDS, Identities
 from warden.executors.local import LocalExecutor
 from warden.runtime import tune_collector
-from warden.server.api import build_router, install_error_handlers, metrics_route
+from warden.server.api import build_router, install_error_handlers, install_request_limits, metrics_route
 from warden.server.service import Service
-from warden.store.db import connect, default_url, migrate
+from warden.store.db import connect, default_url, migrate, secure_sqlite_files
 from warden.store.db import state_dir as default_state_dir
 from warden.store.repo import NodeRecord, Store
 
@@ -37,6 +39,9 @@ class Settings:
     fake_gpus: int | None = None
     state_dir: Path | None = None
     bootstrap_token: str | None = None
+    run_as: Literal["dynamic", "user"] = "dynamic"  # who jobs run as when the server is root
+    job_uids: range = DEFAULT_JOB_UIDS
+    user_map: tuple[tuple[str, str], ...] = ()  # (warden user or "*", Unix account), for run_as="user"
 
 
 DEFAULT_FAKE_GPUS = 4
@@ -78,6 +83,54 @@ def _policy(store: Store, path: Path | None, now: float) -> Policy:
     return policy
 
 
+def job_identities(settings: Settings, say: Callable[[str], None]) -> Identities:
+    """Who jobs run as. Only root can run them as anyone else; a server that is not root says
+    loudly that its jobs can do whatever it can (docs/security.md)."""
+    if os.geteuid() != 0:
+        message = (
+            f"WARNING: the server is not root, so jobs run as its own uid {os.geteuid()}: they can read its "
+            "database, tokens and report secret and signal it (see docs/security.md)"
+        )
+        if log.hasHandlers():  # into the server's log too, where one is configured
+            log.warning(message)
+        say(message)
+        return Identities.fixed()
+    identities = Identities(settings.run_as, settings.job_uids, dict(settings.user_map))
+    say(identities.describe())
+    return identities
+
+
+def secure_state_dir(state: Path, jobs_switch_uid: bool) -> None:
+    """The state directory is the server's alone: 0700, or 0711 when jobs run as other uids
+    (they must pass through it to their own checkpoint directory, never list or read it).
+    Files an older install left readable (secrets, logs) are made 0600, directories 0711."""
+    os.chmod(state, 0o711 if jobs_switch_uid else 0o700)
+    jobs = state / "jobs"
+    jobs.mkdir(exist_ok=True)
+    os.chmod(jobs, 0o711)
+    for name in ("admin-token", "report-secret"):
+        _chmod(state / name, 0o600)
+    for job in jobs.iterdir():
+        if not job.is_dir() or job.is_symlink():
+            continue
+        _chmod(job, 0o711)
+        for attempt in job.glob("attempt-*"):
+            _chmod(attempt, 0o711)
+            for path in attempt.iterdir():
+                if path.is_file() and not path.is_symlink():
+                    _chmod(path, 0o600)
+        checkpoints = job / "checkpoints"
+        if checkpoints.is_dir() and checkpoints.stat().st_uid == os.geteuid():
+            _chmod(checkpoints, 0o700)
+
+
+def _chmod(path: Path, mode: int) -> None:
+    try:
+        os.chmod(path, mode)
+    except FileNotFoundError:
+        pass
+
+
 def _tokens(store: Store, bootstrap: str | None, state: Path, now: float, say: Callable[[str], None]) -> None:
     if bootstrap:
         store.ensure_token(bootstrap, "admin", "admin", ["*"], now)
@@ -98,16 +151,21 @@ def build_service(settings: Settings, say: Callable[[str], None] = print) -> Ser
 
     state = settings.state_dir or default_state_dir()
     state.mkdir(parents=True, exist_ok=True)
+    identities = job_identities(settings, say)
+    secure_state_dir(state, identities.switching)
     engine = connect(settings.db or default_url(state))
     migrate(engine)
+    secure_sqlite_files(engine)
     store = Store(engine)
     now = time.time()
     nodes = local_node(settings.fake_gpus, say)
     store.replace_nodes(NodeRecord.from_engine(n, updated_at=now) for n in nodes)
     policy = _policy(store, settings.policy, now)
     _tokens(store, settings.bootstrap_token, state, now, say)
-    executor = LocalExecutor()
-    return Service(store, executor, nodes, policy, state, url=f"http://{_reachable(settings.host)}:{settings.port}")
+    executor = LocalExecutor(identities=identities)
+    service = Service(store, executor, nodes, policy, state, url=f"http://{_reachable(settings.host)}:{settings.port}")
+    _chmod(state / "report-secret", 0o600)
+    return service
 
 
 def _reachable(host: str) -> str:
@@ -131,6 +189,7 @@ def create_app(service: Service) -> FastAPI:
         description="A scheduler for shared GPU clusters that governs preemption.",
     )
     install_error_handlers(app)
+    install_request_limits(app, service)
     app.include_router(build_router(service))
     metrics_route(app, service)
     return app
@@ -140,6 +199,7 @@ def serve(settings: Settings, say: Callable[[str], None] = print) -> None:
     import uvicorn
 
     tune_collector()
+    os.umask(0o077)  # whatever the server creates is its own: database, secrets, logs
     service = build_service(settings, say)
     gpus = sum(n.gpus for n in service.nodes)
     say(

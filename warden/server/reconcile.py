@@ -35,7 +35,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from warden.engine.accounting import assumed_startup, effective_grace, measured_lost_work, wait_time
 from warden.engine.fairshare import accrue, cluster_capacity
@@ -43,7 +43,7 @@ from warden.engine.model import Job, JobState, Node, ReplicaPlacement, Snapshot
 from warden.engine.plan import Plan
 from warden.engine.policy import Policy
 from warden.engine.scheduler import Engine
-from warden.executors.base import Executor, Exit, Handle, LaunchSpec, ReplicaLaunch
+from warden.executors.base import Executor, Exit, Handle, LaunchSpec, ReplicaLaunch, UnknownAttempt
 from warden.store.repo import ActiveJob, Store, StoredAttempt, StoredJob
 
 if TYPE_CHECKING:
@@ -56,6 +56,8 @@ HELD = "Held"
 """The reason code a held job shows instead of the engine's explanation."""
 LOGGED_IDS = 20
 """How many job ids a failure's log line names before it counts the rest."""
+CAS_TRIES = 3
+"""How often an exit is re-read and decided again when its compare-and-set lost."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +132,10 @@ class Reconciler:
         self._unattributed: tuple[PassFailure, frozenset[str]] | None = None
         """A failure no single waiting job caused, and the waiting jobs then: not searched
         again until they change."""
+        self.phase_hook: Callable[[str], None] | None = None
+        """Called inside a pass, under its lock, between a phase's reads and its writes
+        ("exit": an exit's job was read; "planned": the snapshot was planned): the seam race
+        tests use to interleave a user action there."""
 
     # -- the loop ---------------------------------------------------------------------------
     def poke(self) -> None:
@@ -251,10 +257,11 @@ class Reconciler:
             t0 = time.perf_counter()
             now = self.clock()
             self._collect_exits(now)
-            active = self.store.active()
+            active = self._cancel_marked(self.store.active(), now)
             snapshot = self._snapshot(active, now)
             self._account(snapshot, now)
             plan = self._plan(snapshot, now)
+            self._phase("planned")
             if plan is not None:
                 by_id = {a.job.job_id: a for a in active}
                 for p in plan.preemptions:
@@ -419,13 +426,10 @@ class Reconciler:
             self._ended(ex, now)
 
     def _ended(self, ex: Exit, now: float) -> None:
-        job = self.store.get(int(ex.job_id))
         attempt = self.store.attempt(int(ex.job_id), ex.attempt)
+        job = self.store.get(int(ex.job_id))
         if job is None or attempt is None or attempt.ended_at is not None:
             return
-        codes = list(ex.exit_codes)
-        clean = all(c == 0 for c in codes)
-        first_bad = next((c for c in codes if c != 0), None)
         if attempt.sigterm_at is not None:
             lost = measured_lost_work(
                 job.gpus * job.replicas,
@@ -438,11 +442,27 @@ class Reconciler:
             self.store.update_attempt(job.id, ex.attempt, lost_work_gpu_s=lost)
             if self.metrics is not None and not job.cancel_requested:
                 self.metrics.lost_work(job.queue, lost)
+        for _ in range(CAS_TRIES):
+            self._phase("exit")
+            if self._end(job, attempt, ex, now):
+                break
+            job = self.store.get(job.id) or job
+        else:
+            log.error("job %s: its exit could not be recorded (it kept changing); the next restart finishes it", job.id)
+        self.stats.finished += 1
+
+    def _end(self, job: StoredJob, attempt: StoredAttempt, ex: Exit, now: float) -> bool:
+        """End the attempt and move the job as `job` (just read) says: CANCELLED once a cancel
+        marked it, REQUEUED after SIGTERM, else by the exit codes. The move is a
+        compare-and-set on the state and cancel mark read, so a cancel landing in between
+        makes it fail (False) rather than requeue a cancelled job."""
+        codes = list(ex.exit_codes)
+        first_bad = next((c for c in codes if c != 0), None)
         if job.cancel_requested:
             reason, to = "cancelled", JobState.CANCELLED
         elif attempt.sigterm_at is not None:
             reason, to = ("killed" if ex.killed else "preempted"), JobState.REQUEUED
-        elif clean:
+        elif all(c == 0 for c in codes):
             reason, to = "completed", JobState.SUCCEEDED
         else:
             reason, to = "failed", JobState.FAILED
@@ -450,79 +470,136 @@ class Reconciler:
         self.store.end_attempt(
             job.id, ex.attempt, ended_at=ex.ended_at, exit_codes=[-1 if c is None else c for c in codes], reason=reason
         )
-        self.stats.finished += 1
-        actor = "warden"
-        if to is JobState.REQUEUED:
-            detail = f"exited {_codes(codes)} after SIGTERM" + (" and SIGKILL at the deadline" if ex.killed else "")
-            self.store.transition(
-                job.id,
-                JobState.REQUEUED,
-                reason=detail,
-                actor=actor,
-                now=now,
-                preempted_at=[*job.preempted_at, attempt.sigterm_at],
-            )
-            backoff = self.policy.thrash.requeue_backoff
-            self.store.transition(
-                job.id,
-                JobState.PENDING,
-                reason="requeued",
-                actor=actor,
-                now=now,
-                pending_since=now,
-                not_before=now + backoff if backoff > 0 else None,
-            )
-        else:
+        read: dict[str, Any] = {"expect_state": {job.state}, "expect_cancel_requested": job.cancel_requested}
+        if to is not JobState.REQUEUED:
             code = first_bad if first_bad is not None else 0
-            self.store.transition(
-                job.id, to, reason=f"{reason}: exit {_codes(codes)}", actor=actor, now=now, exit_code=code
+            return self.store.transition(
+                job.id, to, reason=f"{reason}: exit {_codes(codes)}", actor="warden", now=now, exit_code=code, **read
             )
+        detail = f"exited {_codes(codes)} after SIGTERM" + (" and SIGKILL at the deadline" if ex.killed else "")
+        if not self.store.transition(
+            job.id,
+            JobState.REQUEUED,
+            reason=detail,
+            actor="warden",
+            now=now,
+            preempted_at=[*job.preempted_at, attempt.sigterm_at],
+            **read,
+        ):
+            return False
+        backoff = self.policy.thrash.requeue_backoff
+        # A cancel between the two moves finds the job REQUEUED (waiting) and ends it: then
+        # this one does nothing.
+        self.store.transition(
+            job.id,
+            JobState.PENDING,
+            reason="requeued",
+            actor="warden",
+            now=now,
+            expect_state={JobState.REQUEUED},
+            expect_cancel_requested=False,
+            pending_since=now,
+            not_before=now + backoff if backoff > 0 else None,
+        )
+        return True
 
     # -- preempt ----------------------------------------------------------------------------
     def _preempt(
         self, job: StoredJob, attempt: StoredAttempt, grace: float, for_job: str, kind: str, lost: float, now: float
     ) -> None:
+        """SIGTERM a victim the plan chose from the snapshot, unless it changed since (a cancel
+        marked it: it is terminating already, and must end CANCELLED)."""
+        current = self.store.get(job.id)
+        if current is None or current.state is not job.state or current.cancel_requested:
+            return
         kill_at = self.executor.terminate(str(job.id), attempt.number, grace)
         self.store.update_attempt(
             job.id, attempt.number, state="terminating", sigterm_at=now, kill_at=kill_at, preempted_for=for_job
         )
-        self.store.transition(
+        if not self.store.transition(
             job.id,
             JobState.PREEMPTING,
             now=now,
             actor="warden",
             reason=f"preempted for job {for_job} ({kind}); grace {grace:.0f}s, "
             f"SIGKILL at {kill_at:.3f}; expected lost work {lost:.0f} GPU-s",
-        )
+            expect_state={job.state},
+            expect_cancel_requested=False,
+        ):
+            return  # cancelled meanwhile: its exit ends it CANCELLED
         if self.metrics is not None:
             self.metrics.preemption(job.queue, job.tier, kind)
 
-    def cancel(self, job: StoredJob, actor: str) -> None:
-        """Cancel through the same path as a preemption: SIGTERM, grace, SIGKILL, then CANCELLED."""
+    def cancel(self, job: StoredJob, actor: str) -> str | None:
+        """Cancel `job` as the caller read it under `lock` (which it holds, so no pass runs in
+        between): a waiting job ends CANCELLED now; one holding resources is marked, so that
+        its exit ends it CANCELLED (never requeued), and gets SIGTERM, grace, SIGKILL unless
+        it is terminating already. Each write is a compare-and-set on what was read. Returns
+        what was done, or None when a write found the job changed: read it again and retry."""
         with self.lock:
-            now = self.clock()
-            state = job.state
-            if state.terminal:
-                return
-            if state in WAITING:
-                self.store.transition(
-                    job.id,
-                    JobState.CANCELLED,
-                    reason="cancelled",
-                    actor=actor,
-                    now=now,
-                    expect_state={state},
-                    cancel_requested=True,
-                    held_reason=None,
-                )
-                return
-            self.store.update(job.id, cancel_requested=True)
-            attempt = self.store.attempt(job.id, job.attempt)
-            if attempt is not None and attempt.ended_at is None and attempt.sigterm_at is None:
-                grace = effective_grace(self.policy, job.tier, job.grace_s)
-                kill_at = self.executor.terminate(str(job.id), attempt.number, grace)
-                self.store.update_attempt(job.id, attempt.number, state="terminating", sigterm_at=now, kill_at=kill_at)
-        self.poke()
+            try:
+                if job.state.terminal:
+                    return None
+                if job.state in WAITING:
+                    return self._cancel_waiting(job, actor, self.clock())
+                if job.cancel_requested:
+                    return "nothing: a cancel is already under way"
+                return self._cancel_holding(job, actor, self.clock())
+            finally:
+                self.poke()
+
+    def _cancel_waiting(self, job: StoredJob, actor: str, now: float) -> str | None:
+        done = self.store.transition(
+            job.id,
+            JobState.CANCELLED,
+            reason=f"cancelled by {actor}",
+            actor=actor,
+            now=now,
+            expect_state={job.state},
+            cancel_requested=True,
+            held_reason=None,
+        )
+        return f"cancelled while {job.state.value}, before it started" if done else None
+
+    def _cancel_holding(self, job: StoredJob, actor: str, now: float) -> str | None:
+        if not self.store.transition(
+            job.id,
+            job.state,
+            reason=f"cancel requested by {actor}",
+            actor=actor,
+            now=now,
+            expect_state={job.state},
+            expect_cancel_requested=False,
+            cancel_requested=True,
+        ):
+            return None
+        attempt = self.store.attempt(job.id, job.attempt)
+        if attempt is None or attempt.ended_at is not None:
+            return f"marked cancelled while {job.state.value} (its attempt has no processes)"
+        if attempt.sigterm_at is not None:
+            return (
+                f"marked cancelled while {job.state.value}: already terminating (SIGKILL at "
+                f"{attempt.kill_at or 0:.3f}); it ends CANCELLED when its processes exit"
+            )
+        grace = effective_grace(self.policy, job.tier, job.grace_s)
+        try:
+            kill_at = self.executor.terminate(str(job.id), attempt.number, grace)
+        except UnknownAttempt:  # not started or not adopted yet: its exit or recovery ends it
+            return f"marked cancelled while {job.state.value}; its processes are not tracked yet"
+        self.store.update_attempt(job.id, attempt.number, state="terminating", sigterm_at=now, kill_at=kill_at)
+        return f"SIGTERM sent while {job.state.value}; SIGKILL at {kill_at:.3f} (grace {grace:g}s)"
+
+    def _cancel_marked(self, active: tuple[ActiveJob, ...], now: float) -> tuple[ActiveJob, ...]:
+        """Waiting jobs a cancel marked (an older server could requeue them) end CANCELLED
+        here instead of being scheduled."""
+        marked = {a.job.id: a.job for a in active if a.job.cancel_requested and a.job.state in WAITING}
+        for job in marked.values():
+            self._cancel_waiting(job, "warden", now)
+        return tuple(a for a in active if a.job.id not in marked) if marked else active
+
+    def _phase(self, name: str) -> None:
+        if self.phase_hook is not None:
+            self.phase_hook(name)
 
     # -- admit ------------------------------------------------------------------------------
     def _admit(
@@ -537,7 +614,8 @@ class Reconciler:
             reason=_placed(placement, borrowing),
             actor="warden",
             now=now,
-            expect_state={JobState.PENDING, JobState.REQUEUED},
+            expect_state={job.state},
+            expect_cancel_requested=False,
             attempt=number,
             waited_s=waited,
             pending_since=None,
@@ -568,16 +646,27 @@ class Reconciler:
             log_dir=attempt_dir,
             checkpoint_dir=self.state_dir / "jobs" / str(job.id) / "checkpoints",
             env={**(job.env or {}), **(self.report_env(str(job.id), number) if self.report_env else {})},
+            user=job.user,
         )
         try:
             handle = self.executor.start(spec)
         except OSError as err:
             self.store.end_attempt(job.id, number, ended_at=now, exit_codes=[], reason="failed")
-            self.store.transition(job.id, JobState.FAILED, reason=f"could not start: {err}", actor="warden", now=now)
+            self.store.transition(
+                job.id,
+                JobState.FAILED,
+                reason=f"could not start: {err}",
+                actor="warden",
+                now=now,
+                expect_state={JobState.ADMITTED},
+            )
             return
         self.store.update_attempt(job.id, number, handle=handle.to_dict())
-        self.store.transition(job.id, JobState.STARTING, reason="processes started", actor="warden", now=now)
-        self.store.transition(job.id, JobState.RUNNING, reason="running", actor="warden", now=now)
+        for was, state, reason in (
+            (JobState.ADMITTED, JobState.STARTING, "processes started"),
+            (JobState.STARTING, JobState.RUNNING, "running"),
+        ):
+            self.store.transition(job.id, state, reason=reason, actor="warden", now=now, expect_state={was})
 
     # -- claims -----------------------------------------------------------------------------
     def _claims(self, plan: Plan, by_id: dict[str, ActiveJob], now: float) -> None:

@@ -6,34 +6,52 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
+import logging
 import os
+import re
 import secrets
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import yaml
+from prometheus_client import Counter
 
 from warden.engine.model import JobState, Node
-from warden.engine.policy import Policy, PolicyError, parse_policy
+from warden.engine.policy import Limits, Policy, PolicyError, parse_policy
 from warden.executors.base import Executor
 from warden.server.auth import CHALLENGE, Principal, bearer, forbidden
-from warden.server.errors import ApiError
+from warden.server.errors import ApiError, shorten
 from warden.server.metrics import ServerMetrics
 from warden.server.reconcile import Reconciler
-from warden.store.repo import Store, StoredJob
+from warden.store.repo import DuplicateSubmission, EarlierSubmission, Store, StoredJob
 
 if TYPE_CHECKING:
     from warden.server.api import ReportRequest, SubmitRequest, TokenRequest
 
 TOKEN_CACHE_S = 1.0
+THREAD_PREFIX = "warden-"
+"""The name prefix of the server's helper threads, watched by `Service._watch_threads`."""
+log = logging.getLogger("warden.server")
+ACTION_TRIES = 3
+"""How often a user action re-reads a job whose compare-and-set lost before it answers 409."""
+
+T = TypeVar("T")
 
 
 class Submitted(NamedTuple):
     id: int
     state: JobState
+    replayed: bool = False
+    """The job was submitted earlier with the same Idempotency-Key: this is its first answer."""
+
+
+JOB_ID_RE = re.compile(r"[0-9]{1,19}")
+"""A job id: ASCII digits (str.isdigit also takes '¹' and '٣'), within int64 (checked too)."""
+INT64_MAX = 2**63 - 1
 
 
 class Service:
@@ -61,6 +79,14 @@ class Service:
         self._stop = threading.Event()
         self._tokens: dict[str, tuple[Principal, float]] = {}
         self._thread: threading.Thread | None = None
+        self._dead: dict[str, str] = {}
+        self._unwatch: Callable[[], None] = lambda: None
+        """Helper threads that died, and of what: scheduling stopped then (`dead_threads`)."""
+        self._thread_deaths = Counter(
+            "warden_server_thread_deaths",
+            "Server helper threads (reconcile loop, kill timer) that died; scheduling stops.",
+            registry=self.metrics.registry,
+        )
 
     @property
     def policy(self) -> Policy:
@@ -74,12 +100,42 @@ class Service:
         """Recover what a stopped server left (re-adopting running jobs), then run the
         reconcile loop in a thread."""
         self.reconciler.recover()
+        self._watch_threads()
         self._thread = threading.Thread(
             target=self.reconciler.run, args=(self._stop,), name="warden-reconcile", daemon=True
         )
         self._thread.start()
 
+    def _watch_threads(self) -> None:
+        """A server thread (`warden-*`: the reconcile loop, the kill timer) that dies of an
+        exception stops scheduling, loudly: preempting without a working SIGKILL, or running
+        without passes, must not go on unnoticed."""
+        previous = threading.excepthook
+
+        def hook(args: threading.ExceptHookArgs) -> None:
+            if args.thread is not None and args.thread.name.startswith(THREAD_PREFIX):
+                self._thread_died(args.thread.name, args.exc_value)
+            previous(args)
+
+        threading.excepthook = hook
+        self._unwatch = lambda: setattr(threading, "excepthook", previous) if threading.excepthook is hook else None
+
+    def _thread_died(self, name: str, err: BaseException | None) -> None:
+        self._dead[name] = f"{type(err).__name__}: {err}" if err is not None else "exited"
+        self._thread_deaths.inc()
+        log.critical("server thread %s died (%s): scheduling is stopped; restart the server", name, self._dead[name])
+        self._stop.set()
+        self.reconciler.poke()
+
+    def dead_threads(self) -> list[str]:
+        """Each helper thread that died, with its cause; empty while the server is healthy."""
+        dead = dict(self._dead)
+        if self._thread is not None and not self._thread.is_alive() and not self._stop.is_set():
+            dead.setdefault(self._thread.name, "exited")
+        return [f"{name}: {cause}" for name, cause in sorted(dead.items())]
+
     def stop(self) -> None:
+        self._unwatch()
         self._stop.set()
         self.reconciler.poke()
         if self._thread is not None:
@@ -111,57 +167,79 @@ class Service:
             raise forbidden(who, what)
 
     def job(self, job_id: str) -> StoredJob:
-        if not job_id.isdigit():
-            raise ApiError(404, "id", job_id, "no such job")
+        if not JOB_ID_RE.fullmatch(job_id) or int(job_id) > INT64_MAX:
+            raise ApiError(404, "id", job_id, "no such job: a job id is ASCII digits, at most 2^63 - 1")
         job = self.store.get(int(job_id))
         if job is None:
             raise ApiError(404, "id", job_id, "no such job")
         return job
 
     # -- submit -----------------------------------------------------------------------------
-    def submit(self, req: SubmitRequest, who: Principal) -> Submitted:
+    def submit(self, req: SubmitRequest, who: Principal, idempotency_key: str | None = None) -> Submitted:
+        """Validate and store a job. With an `idempotency_key`, a retry of the same request by
+        the same user returns the job the first one created (`replayed`), and another request
+        with that key is refused (409)."""
+        digest = _request_digest(req) if idempotency_key is not None else None
+        if idempotency_key is not None:
+            earlier = self.store.find_submission(who.user, idempotency_key)
+            if earlier is not None:
+                return self._replay(idempotency_key, earlier, digest)
         policy = self.policy
         leaves = [q.name for q in policy.leaves()]
         if req.queue not in leaves:
             raise ApiError(422, "queue", req.queue, f"is not a leaf queue; allowed: {', '.join(leaves)}")
         if not who.may_submit_to(req.queue):
             raise forbidden(who, f"submit to queue {req.queue!r}")
+        _check_limits(req, policy.limits)
         self._check_shape(req)
         tier = policy.tier(req.tier)
-        if req.grace is not None and req.grace < policy.min_grace:
-            raise ApiError(422, "grace", req.grace, f"is below the policy's minimum grace of {policy.min_grace:g} s")
-        if req.lease is not None and req.lease > policy.max_lease:
-            raise ApiError(422, "lease", req.lease, f"is above the policy's maximum lease of {policy.max_lease:g} s")
+        _check_durations(req, policy)
         workdir = req.workdir or os.getcwd()
-        if not Path(workdir).is_dir():
+        if not _is_dir(workdir):
             raise ApiError(422, "workdir", workdir, "is not a directory on the server's machine")
         state = JobState.AWAITING_APPROVAL if policy.needs_approval(req.tier, who.is_admin) else JobState.PENDING
-        job_id = self.store.submit(
-            name=req.name,
-            user=who.user,
-            queue=req.queue,
-            tier=req.tier,
-            state=state,
-            replicas=req.replicas,
-            gpus=req.gpus,
-            cpu=req.cpu,
-            memory=req.memory,
-            flavor=req.flavor,
-            # The lease is fixed at submission: a later policy keeps this job's lease (and its tier).
-            placement=req.placement,
-            lease_s=req.lease if req.lease is not None else tier.lease,
-            grace_s=req.grace,
-            expected_duration_s=req.time_limit,
-            command=list(req.command),
-            workdir=workdir,
-            env=dict(req.env),
-            actor=who.user,
-            now=self.now(),
-            reason=f"submitted to {req.queue} at tier {req.tier} ({tier.name})"
-            + ("; waits for an admin's approval" if state is JobState.AWAITING_APPROVAL else ""),
-        )
+        try:
+            job_id = self.store.submit(
+                name=req.name,
+                user=who.user,
+                queue=req.queue,
+                tier=req.tier,
+                state=state,
+                replicas=req.replicas,
+                gpus=req.gpus,
+                cpu=req.cpu,
+                memory=req.memory,
+                flavor=req.flavor,
+                # The lease is fixed at submission: a later policy keeps this job's lease (and its tier).
+                placement=req.placement,
+                lease_s=req.lease if req.lease is not None else tier.lease,
+                grace_s=req.grace,
+                expected_duration_s=req.time_limit,
+                command=list(req.command),
+                workdir=workdir,
+                env=dict(req.env),
+                actor=who.user,
+                now=self.now(),
+                reason=f"submitted to {req.queue} at tier {req.tier} ({tier.name})"
+                + ("; waits for an admin's approval" if state is JobState.AWAITING_APPROVAL else ""),
+                idempotency_key=idempotency_key,
+                request_digest=digest,
+            )
+        except DuplicateSubmission as dup:  # a concurrent retry with the same key got there first
+            assert idempotency_key is not None
+            return self._replay(idempotency_key, dup.earlier, digest)
         self.reconciler.poke()
         return Submitted(job_id, state)
+
+    def _replay(self, key: str, earlier: EarlierSubmission, digest: str | None) -> Submitted:
+        if earlier.request_digest != digest:
+            raise ApiError(
+                409,
+                "Idempotency-Key",
+                key,
+                f"was used for a different request (job {earlier.job_id}); use a new key for a new job",
+            )
+        return Submitted(earlier.job_id, JobState(earlier.first_state), replayed=True)
 
     def _check_shape(self, req: SubmitRequest) -> None:
         """A job the cluster could never hold is refused now, not left pending forever."""
@@ -171,38 +249,70 @@ class Service:
             raise ApiError(422, "flavor", req.flavor, f"no node has this GPU flavor; allowed: {', '.join(flavors)}")
         total = sum(n.gpus for n in nodes)
         if req.gpus * req.replicas > total:
-            raise ApiError(422, "gpus", req.gpus * req.replicas, f"more GPUs than the cluster has ({total})")
-        if req.gpus > max((n.gpus for n in nodes), default=0):
-            raise ApiError(422, "gpus", req.gpus, "more GPUs per replica than any node has")
+            raise ApiError(
+                422, "gpus", req.gpus * req.replicas, f"replicas × gpus is more GPUs than the cluster has ({total})"
+            )
+        largest = max((n.gpus for n in nodes), default=0)
+        if req.gpus > largest:
+            raise ApiError(
+                422, "gpus", req.gpus, f"more GPUs per replica than any node has (the largest has {largest})"
+            )
+        for field, asked, unit in (("cpu", req.cpu, "millicores"), ("memory", req.memory, "MiB")):
+            sizes = [getattr(n, field) for n in nodes]
+            if asked and sizes and all(sizes) and asked > max(sizes):
+                raise ApiError(
+                    422, field, asked, f"more {unit} per replica than any node has (the largest has {max(sizes)})"
+                )
 
     # -- cancel, approve, release -----------------------------------------------------------
+    # A user action is linearised with the reconcile loop: it reads the job and writes under
+    # the lock every pass holds, so no pass runs in between, and each write is a
+    # compare-and-set on what it read. A 202 for a cancel therefore means the job ends
+    # CANCELLED, and the audit entry says what was done.
+    def _act(self, job_id: str, act: Callable[[StoredJob], T | None]) -> tuple[StoredJob, T]:
+        """`act` on the job as it is now, under the reconcile lock. `act` returns None when a
+        compare-and-set lost (a writer outside the lock got there first): the job is read
+        again and `act` retried, up to `ACTION_TRIES` times, then 409."""
+        with self.reconciler.lock:
+            for _ in range(ACTION_TRIES):
+                job = self.job(job_id)
+                done = act(job)
+                if done is not None:
+                    return job, done
+        raise ApiError(409, "id", job_id, "the job kept changing state meanwhile; try again")
+
     def cancel(self, job_id: str, who: Principal) -> StoredJob:
-        job = self.job(job_id)
-        if job.user != who.user and not who.is_admin:
-            raise forbidden(who, f"cancel job {job_id} of user {job.user!r}")
-        if job.state.terminal:
-            raise ApiError(409, "id", job_id, f"the job already ended ({job.state.value})")
-        self.reconciler.cancel(job, who.user)
-        self.store.audit(who.user, "cancel", f"job/{job_id}", {"state": job.state.value}, self.now())
+        def act(job: StoredJob) -> str | None:
+            if job.user != who.user and not who.is_admin:
+                raise forbidden(who, f"cancel job {job_id} of user {job.user!r}")
+            if job.state.terminal:
+                raise ApiError(409, "id", job_id, f"the job already ended ({job.state.value})")
+            return self.reconciler.cancel(job, who.user)
+
+        job, done = self._act(job_id, act)
+        self.store.audit(who.user, "cancel", f"job/{job_id}", {"state": job.state.value, "done": done}, self.now())
         return self._reread(job)
 
     def approve(self, job_id: str, who: Principal) -> StoredJob:
         self.require_admin(who, f"approve job {job_id}")
-        job = self.job(job_id)
-        if job.state is not JobState.AWAITING_APPROVAL:
-            raise ApiError(409, "id", job_id, f"the job does not await approval ({job.state.value})")
         now = self.now()
-        if not self.store.transition(
-            job.id,
-            JobState.PENDING,
-            reason=f"approved by {who.user}",
-            actor=who.user,
-            now=now,
-            expect_state={JobState.AWAITING_APPROVAL},
-            approved_by=who.user,
-            approved_at=now,
-        ):
-            raise ApiError(409, "id", job_id, "the job changed state meanwhile")
+
+        def act(job: StoredJob) -> bool | None:
+            if job.state is not JobState.AWAITING_APPROVAL:
+                raise ApiError(409, "id", job_id, f"the job does not await approval ({job.state.value})")
+            approved = self.store.transition(
+                job.id,
+                JobState.PENDING,
+                reason=f"approved by {who.user}",
+                actor=who.user,
+                now=now,
+                expect_state={JobState.AWAITING_APPROVAL},
+                approved_by=who.user,
+                approved_at=now,
+            )
+            return approved or None
+
+        job, _ = self._act(job_id, act)
         self.store.audit(who.user, "approve", f"job/{job_id}", {"tier": job.tier, "queue": job.queue}, now)
         self.reconciler.poke()
         return self._reread(job)
@@ -212,21 +322,25 @@ class Service:
         of the failing passes it was quarantined for is fixed. Should they fail again because
         of it, it is held again."""
         self.require_admin(who, f"release job {job_id}")
-        job = self.job(job_id)
-        if job.held_reason is None or not job.state.waiting:
-            raise ApiError(409, "id", job_id, f"the job is not held ({job.state.value})")
         now = self.now()
-        if not self.store.transition(
-            job.id,
-            job.state,
-            reason=f"released by {who.user}",
-            actor=who.user,
-            now=now,
-            expect_state={job.state},
-            held_reason=None,
-            explanation=None,
-        ):
-            raise ApiError(409, "id", job_id, "the job changed state meanwhile")
+
+        def act(job: StoredJob) -> bool | None:
+            if job.held_reason is None or not job.state.waiting:
+                raise ApiError(409, "id", job_id, f"the job is not held ({job.state.value})")
+            released = self.store.transition(
+                job.id,
+                job.state,
+                reason=f"released by {who.user}",
+                actor=who.user,
+                now=now,
+                expect_state={job.state},
+                expect_cancel_requested=False,
+                held_reason=None,
+                explanation=None,
+            )
+            return released or None
+
+        job, _ = self._act(job_id, act)
         self.store.audit(who.user, "release", f"job/{job_id}", {"held_reason": job.held_reason}, now)
         self.reconciler.poke()
         return self._reread(job)
@@ -237,22 +351,25 @@ class Service:
 
     # -- logs -------------------------------------------------------------------------------
     def logs(self, job_id: str, attempt: int | None, rank: int, offset: int) -> dict[str, Any]:
+        """Up to 1 MiB of one replica's output from `offset` (the API bounds `attempt` >= 1,
+        `rank` >= 0 and `offset` to int64)."""
         job = self.job(job_id)
+        if rank >= job.replicas:
+            raise ApiError(422, "rank", rank, f"the job has ranks 0..{job.replicas - 1}")
         number = attempt if attempt is not None else job.attempt
         if number < 1:
             return {"id": job_id, "attempt": 0, "rank": rank, "text": "", "offset": 0, "eof": job.state.terminal}
         row = self.store.attempt(job.id, number)
         if row is None:
             raise ApiError(404, "attempt", attempt, f"job {job_id} has no such attempt")
-        if rank < 0 or rank >= job.replicas:
-            raise ApiError(422, "rank", rank, f"the job has ranks 0..{job.replicas - 1}")
         replicas = (row.handle or {}).get("replicas") or []
         path = Path(replicas[rank]["log_path"]) if rank < len(replicas) else Path(row.log_dir) / f"rank-{rank}.log"
         text = b""
         if path.exists():
             with path.open("rb") as f:
-                f.seek(offset)
-                text = f.read(1 << 20)
+                if offset < f.seek(0, os.SEEK_END):  # seeking far past the end fails on some file systems
+                    f.seek(offset)
+                    text = f.read(1 << 20)
         return {
             "id": job_id,
             "attempt": number,
@@ -275,49 +392,68 @@ class Service:
         """Startup, progress and checkpoint reports: what the engine's victim cost (the last
         checkpoint, the measured SIGTERM save) and efficiency (startup and checkpoint time)
         are computed from."""
-        job = self.job(job_id)
+        # Authentication first: without a valid token, every job id gets the same 401.
         token = bearer(header)
-        if not hmac.compare_digest(token, self.report_token(job_id, req.attempt)):
+        if hmac.compare_digest(token.encode(), self.report_token(job_id, req.attempt).encode()):
+            job = self.job(job_id)
+        else:
             who = self.authenticate(header)
+            job = self.job(job_id)
             if who.user != job.user and not who.is_admin:
                 raise forbidden(who, f"report for job {job_id} of user {job.user!r}")
-        attempt = self.store.attempt(job.id, req.attempt)
-        if attempt is None or attempt.ended_at is not None:
-            raise ApiError(409, "attempt", req.attempt, f"is not a running attempt of job {job_id}")
-        at = min(req.at if req.at is not None else self.now(), self.now())
-        fields: dict[str, Any] = {}
-        if req.kind == "startup":
-            fields["startup_s"] = req.startup_s if req.startup_s is not None else max(0.0, at - attempt.started_at)
-        elif req.kind == "progress":
-            fields.update(progress_step=req.step, progress_samples=req.samples, progress_at=at)
-        elif req.kind == "checkpoint_finished":
-            duration = req.duration_s or 0.0
-            # A job that saves through the SDK saves the same state on SIGTERM: its latest save
-            # time is the best estimate of what a preemption's save will take.
-            fields.update(
-                checkpoint_s=attempt.checkpoint_s + duration,
-                last_checkpoint_at=at,
-                checkpoints=attempt.checkpoints + 1,
-                sigterm_save_s=duration,
-            )
-            if req.step is not None:
-                fields["progress_step"] = max(req.step, attempt.progress_step or 0)
-        if fields:
-            self.store.update_attempt(job.id, req.attempt, **fields)
+        # A read-modify-write of the attempt: under the reconcile lock, no exit is recorded and
+        # no other report is counted in between.
+        with self.reconciler.lock:
+            attempt = self.store.attempt(job.id, req.attempt)
+            if attempt is None or attempt.ended_at is not None:
+                raise ApiError(409, "attempt", req.attempt, f"is not a running attempt of job {job_id}")
+            at = min(req.at if req.at is not None else self.now(), self.now())
+            fields: dict[str, Any] = {}
+            if req.kind == "startup":
+                fields["startup_s"] = req.startup_s if req.startup_s is not None else max(0.0, at - attempt.started_at)
+            elif req.kind == "progress":
+                fields.update(progress_step=req.step, progress_samples=req.samples, progress_at=at)
+            elif req.kind == "checkpoint_finished":
+                duration = req.duration_s or 0.0
+                # A job that saves through the SDK saves the same state on SIGTERM: its latest save
+                # time is the best estimate of what a preemption's save will take.
+                fields.update(
+                    checkpoint_s=attempt.checkpoint_s + duration,
+                    last_checkpoint_at=at,
+                    checkpoints=attempt.checkpoints + 1,
+                    sigterm_save_s=duration,
+                )
+                if req.step is not None:
+                    fields["progress_step"] = max(req.step, attempt.progress_step or 0)
+            if fields:
+                self.store.update_attempt(job.id, req.attempt, **fields)
         return {"id": job_id, "attempt": req.attempt, "kind": req.kind}
 
     # -- admin ------------------------------------------------------------------------------
-    def apply_policy(self, source: str, who: Principal) -> int:
-        """Validate and version a new policy; jobs keep their tier and lease."""
+    def apply_policy(self, source: str, who: Principal) -> tuple[int, bool]:
+        """Validate and version a new policy; jobs keep their tier and lease. Returns the
+        version in force and whether it is new: the source in force again is no new version.
+        An empty source is refused (it would silently reset every setting to its default)."""
         self.require_admin(who, "apply a policy")
+        if not source.strip():
+            raise ApiError(
+                422, "source", source, "is empty; send the whole policy (`warden policy show` prints the defaults)"
+            )
+        current = self.store.current_policy()
+        if current is not None and current.source == source:
+            return current.version, False
         try:
             data = yaml.safe_load(source)
+            if data is None:
+                raise ApiError(422, "source", source, "holds no settings, only comments or an empty document")
             policy = parse_policy(data, "policy")
         except yaml.YAMLError as err:
-            raise ApiError(422, "source", None, f"not valid YAML: {err}") from None
+            raise ApiError(422, "source", None, f"not valid YAML: {shorten(str(err), 500)}") from None
         except PolicyError as err:
             first = err.issues[0]
-            raise ApiError(422, first.path or "source", _plain(first.value), str(err)) from None
+            raise ApiError(422, first.path or "source", _plain(first.value), shorten(str(err), 2000)) from None
+        except RecursionError:
+            raise ApiError(422, "source", None, "the YAML is nested too deeply") from None
         leaves = {q.name for q in policy.leaves()}
         orphaned = sorted({a.job.queue for a in self.store.active()} - leaves)
         if orphaned:
@@ -328,7 +464,7 @@ class Service:
         version = self.store.apply_policy(source, policy.to_dict(), who.user, now)
         self.store.audit(who.user, "policy.apply", f"policy/{version}", {}, now)
         self.reconciler.set_policy(policy)
-        return version
+        return version, True
 
     def create_token(self, req: TokenRequest, who: Principal) -> str:
         self.require_admin(who, "create tokens")
@@ -340,6 +476,60 @@ class Service:
         token = self.store.create_token(req.user, req.role, list(req.queues), who.user, now)
         self.store.audit(who.user, "token.create", f"user/{req.user}", {"role": req.role, "queues": req.queues}, now)
         return token
+
+
+def _check_limits(req: SubmitRequest, limits: Limits) -> None:
+    """The policy's `limits` on the sizes of a submission, each refusal naming its limit."""
+    if len(req.name) > limits.max_name_chars:
+        _too_big("name", req.name, f"{limits.max_name_chars} characters", "max_name_chars")
+    if len(req.command) > limits.max_command_args:
+        _too_big("command", len(req.command), f"{limits.max_command_args} words", "max_command_args")
+    command_bytes = sum(len(w.encode()) for w in req.command)
+    if command_bytes > limits.max_command_bytes:
+        _too_big("command", command_bytes, f"{limits.max_command_bytes} bytes", "max_command_bytes")
+    if len(req.env) > limits.max_env_vars:
+        _too_big("env", len(req.env), f"{limits.max_env_vars} variables", "max_env_vars")
+    env_bytes = sum(len(k.encode()) + len(v.encode()) for k, v in req.env.items())
+    if env_bytes > limits.max_env_bytes:
+        _too_big("env", env_bytes, f"{limits.max_env_bytes} bytes", "max_env_bytes")
+    if req.workdir is not None and len(req.workdir) > limits.max_path_chars:
+        _too_big("workdir", req.workdir, f"{limits.max_path_chars} characters", "max_path_chars")
+    if req.replicas > limits.max_replicas:
+        _too_big("replicas", req.replicas, f"{limits.max_replicas} replicas", "max_replicas")
+
+
+def _too_big(field: str, value: Any, limit: str, setting: str) -> None:
+    raise ApiError(422, field, value, f"is above the limit of {limit} (the policy's limits.{setting})")
+
+
+def _check_durations(req: SubmitRequest, policy: Policy) -> None:
+    """Grace, lease and runtime estimate within the policy's bounds: every timer stays finite."""
+    if req.grace is not None and req.grace < policy.min_grace:
+        raise ApiError(422, "grace", req.grace, f"is below the policy's minimum grace of {policy.min_grace:g} s")
+    if req.grace is not None and req.grace > policy.max_grace:
+        raise ApiError(
+            422, "grace", req.grace, f"is above the policy's maximum grace of {policy.max_grace:g} s (max_grace)"
+        )
+    if req.lease is not None and req.lease > policy.max_lease:
+        raise ApiError(422, "lease", req.lease, f"is above the policy's maximum lease of {policy.max_lease:g} s")
+    limit = policy.limits.max_time_limit
+    if req.time_limit is not None and req.time_limit > limit:
+        raise ApiError(
+            422, "time_limit", req.time_limit, f"is above the limit of {limit:g} s (the policy's limits.max_time_limit)"
+        )
+
+
+def _is_dir(path: str) -> bool:
+    try:
+        return Path(path).is_dir()
+    except (OSError, ValueError):  # a name too long for the file system is no directory either
+        return False
+
+
+def _request_digest(req: SubmitRequest) -> str:
+    """What makes two submissions the same request, for Idempotency-Key."""
+    canonical = json.dumps(req.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _plain(value: Any) -> Any:

@@ -108,6 +108,20 @@ def _configure_sqlite(engine: Engine, synchronous: SqliteSync) -> None:
         conn.exec_driver_sql(f"BEGIN {mode}")
 
 
+def secure_sqlite_files(engine: Engine) -> None:
+    """Make the SQLite database and its -wal/-shm/-journal files readable by this uid only
+    (0600): it holds every job's `env` and the token hashes. SQLite creates the side files with
+    the database's mode; this also fixes files left by an older install. Nothing on PostgreSQL."""
+    url = engine.url
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        try:
+            os.chmod(url.database + suffix, 0o600)
+        except FileNotFoundError:
+            continue
+
+
 def writer(engine: Engine) -> Engine:
     """The same pool, marked for writing (see WRITE_OPTION); a no-op on PostgreSQL."""
     return engine.execution_options(**{WRITE_OPTION: True})

@@ -67,6 +67,22 @@ class JobNotFound(LookupError):
     """No job has this id."""
 
 
+class EarlierSubmission(NamedTuple):
+    """The job a user's earlier submission with an idempotency key created."""
+
+    job_id: int
+    request_digest: str | None
+    first_state: str
+
+
+class DuplicateSubmission(Exception):
+    """`submit` was given an idempotency key its user already used; nothing was inserted."""
+
+    def __init__(self, earlier: EarlierSubmission) -> None:
+        super().__init__(f"idempotency key already used by job {earlier.job_id}")
+        self.earlier = earlier
+
+
 # ---------------------------------------------------------------------------------------------
 # What the store returns
 
@@ -398,12 +414,18 @@ class Store:
         not_before: float | None = None,
         reason: str = "submitted",
         details: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        request_digest: str | None = None,
     ) -> int:
         """Insert a job and its first event atomically; return its id.
 
         `submit_at` is `max(now, newest submit_at + 1e-6)`, read and written under a lock, so
         submission times strictly increase in id order even when clocks or threads race.
         `pending_since` stays None (the engine reads that as "since submit").
+
+        With an `idempotency_key` the user already used, nothing is inserted and
+        `DuplicateSubmission` names the earlier job (checked under the submission lock, so
+        two concurrent retries create one job).
         """
         initial = _submit_state(state)
         _check_request(tier=tier, replicas=replicas, gpus=gpus, cpu=cpu, memory=memory, placement=placement)
@@ -433,6 +455,8 @@ class Store:
             explanation=None,
             cancel_requested=False,
             version=1,
+            idempotency_key=idempotency_key,
+            request_digest=request_digest,
         )
         return self._submissions.run((values, now, reason, actor, details))
 
@@ -445,11 +469,20 @@ class Store:
             _advisory_lock(conn, SUBMIT_LOCK_KEY)
             newest = conn.execute(select(JOBS.c.submit_at).order_by(JOBS.c.id.desc()).limit(1)).scalar()
             for values, now, reason, actor, details in batch:
+                if values["idempotency_key"] is not None:
+                    earlier = _earlier_submission(conn, values["user"], values["idempotency_key"])
+                    if earlier is not None:
+                        raise DuplicateSubmission(earlier)  # the batch is retried item by item
                 newest = values["submit_at"] = _next_submit_at(now, newest)
                 job_id = _new_id(conn.execute(insert(JOBS), values))
                 _add_event(conn, job_id, now, None, values["state"], reason, actor, details)
                 ids.append(job_id)
         return ids
+
+    def find_submission(self, user: str, idempotency_key: str) -> EarlierSubmission | None:
+        """The job `user` submitted with `idempotency_key`, if any."""
+        with self._read() as conn:
+            return _earlier_submission(conn, user, idempotency_key)
 
     def get(self, job_id: int | str) -> StoredJob | None:
         key = _job_key(job_id)
@@ -525,10 +558,13 @@ class Store:
         actor: str,
         now: float,
         expect_state: JobState | str | Iterable[JobState | str] | None = None,
+        expect_cancel_requested: bool | None = None,
         details: Mapping[str, Any] | None = None,
         **field_updates: Any,
     ) -> bool:
-        """Move a job to `to_state` if it is in `expect_state` (any state when None).
+        """Move a job to `to_state` if it is in `expect_state` (any state when None) and, when
+        `expect_cancel_requested` is given, its cancel flag has that value (a cancel of a job
+        that holds resources marks it without changing its state).
 
         Compare-and-set: returns False and changes nothing when the job is elsewhere (another
         actor got there first). Otherwise applies `field_updates`, bumps `version` and records
@@ -545,10 +581,15 @@ class Store:
             values.setdefault("explanation", None)
         key = _require_key(job_id)
         with self._write() as conn:
-            current = conn.execute(select(JOBS.c.state).where(JOBS.c.id == key).with_for_update()).scalar()
-            if current is None:
+            row = conn.execute(
+                select(JOBS.c.state, JOBS.c.cancel_requested).where(JOBS.c.id == key).with_for_update()
+            ).first()
+            if row is None:
                 raise JobNotFound(job_id)
+            current, cancel_requested = row
             if expected is not None and current not in expected:
+                return False
+            if expect_cancel_requested is not None and bool(cancel_requested) is not expect_cancel_requested:
                 return False
             conn.execute(
                 update(JOBS).where(JOBS.c.id == key).values(state=target, version=JOBS.c.version + 1, **values)
@@ -935,6 +976,18 @@ def _attempt_query(job_id: int, number: int) -> Any:
     return select(ATTEMPTS).where(ATTEMPTS.c.job_id == job_id, ATTEMPTS.c.number == number)
 
 
+def _earlier_submission(conn: Connection, user: str, idempotency_key: str) -> EarlierSubmission | None:
+    row = conn.execute(
+        select(JOBS.c.id, JOBS.c.request_digest).where(JOBS.c.user == user, JOBS.c.idempotency_key == idempotency_key)
+    ).first()
+    if row is None:
+        return None
+    first = conn.execute(
+        select(EVENTS.c.to_state).where(EVENTS.c.job_id == row.id).order_by(EVENTS.c.id).limit(1)
+    ).scalar()
+    return EarlierSubmission(int(row.id), row.request_digest, str(first or JobState.PENDING.value))
+
+
 def _job_key(job_id: int | str) -> int | None:
     """The database key of a user-facing id ("42" or 42); None when it cannot be one."""
     if isinstance(job_id, bool):
@@ -942,7 +995,10 @@ def _job_key(job_id: int | str) -> int | None:
     if isinstance(job_id, int):
         return job_id
     text_id = str(job_id).strip()
-    return int(text_id) if text_id.isdigit() else None
+    # isdigit() alone takes '¹' and '٣', which int() refuses; ids are int64.
+    if not (text_id.isascii() and text_id.isdigit()) or len(text_id) > 19 or int(text_id) >= 2**63:
+        return None
+    return int(text_id)
 
 
 def _require_key(job_id: int | str) -> int:

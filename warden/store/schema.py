@@ -15,7 +15,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Double, ForeignKey, Index, Integer, MetaData, String, Text, false, text
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    false,
+    text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 NAMING_CONVENTION = {
@@ -44,6 +57,7 @@ class JobRow(Base):
         Index("ix_jobs_state", "state"),
         Index("ix_jobs_queue_state", "queue", "state"),
         Index("ix_jobs_user", "user"),
+        UniqueConstraint("user", "idempotency_key"),
         {"sqlite_autoincrement": True},  # ids are never reused, even after the newest row goes
     )
 
@@ -84,6 +98,10 @@ class JobRow(Base):
     claim: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     """The job waits for capacity its victims are freeing, which is held for it (the engine's
     `Plan.claims` of the last pass)."""
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    """The submitter's `Idempotency-Key`: unique per user, so a retried submission finds its job."""
+    request_digest: Mapped[str | None] = mapped_column(String(64))
+    """SHA-256 of the submission that used the key: a different request with it is refused."""
 
 
 class AttemptRow(Base):
