@@ -69,3 +69,35 @@ def test_a_job_told_twice_counts_as_its_last_version() -> None:
     after = replace(snapshot, jobs=tuple(j for j in snapshot.jobs if j.id != job.id))
     told = engine.plan(replace(snapshot, jobs=()), now + 1.0, [started, ended])
     assert told == schedule(after, now + 1.0)
+
+
+def test_a_stretched_lease_lifts_at_the_same_instant_warm_and_fresh() -> None:
+    """The efficiency floor compares with a little slack; an engine that worked the protection
+    out at an earlier `now` must let the job go at exactly the instant a fresh pass does (here
+    30 + 15 / (1 − 0.9) is 180.00000000000003, not 180)."""
+    from warden.engine.model import Job, Node, ReplicaPlacement, Snapshot, UsageLedger
+    from warden.engine.policy import parse_policy
+
+    policy = parse_policy(
+        {
+            "tiers": {4: {"lease": "0s", "preemptible": True}},
+            "thrash": {"min_efficiency": 0.9},
+            "queues": {"name": "root", "children": [{"name": "a", "nominal": {"gpu": 8}}]},
+        }
+    )
+    running = Job(
+        id="10",
+        queue="a",
+        tier=4,
+        submit=30.0,
+        state=JobState.RUNNING,
+        gpus=1,
+        lease=0.0,
+        expected_duration=151.0,
+        attempt=Attempt(1, 30.0, (ReplicaPlacement("pool", (7,)),), startup_s=15.0),
+    )
+    waiting = Job(id="09", queue="a", tier=1, submit=0.0, state=JobState.PENDING, replicas=2, gpus=4, lease=0.0)
+    snapshot = Snapshot((Node("pool", 8),), (waiting, running), policy, UsageLedger())
+    engine = Engine()
+    for now in (60.0, 179.0, 180.0, 180.00000000000003, 181.0):
+        assert engine.plan(snapshot, now) == schedule(snapshot, now), now

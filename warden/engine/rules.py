@@ -306,9 +306,11 @@ def efficiency_floor(ctx: RuleContext, v: Job) -> Block | None:
         return Block("efficiency")
     floor = ctx.policy.thrash.min_efficiency
     overhead = startup_of(ctx.policy, v) + a.checkpoint_s
-    until = a.started_at + overhead / (1.0 - floor)
-    # Compare with a little slack: 1 − 0.9 is not exactly 0.1 in binary floating point.
-    return Block("efficiency", until) if ctx.now < until - 1e-6 else None
+    # With a little slack: 1 − 0.9 is not exactly 0.1 in binary floating point. The slack is in
+    # the time the block names too, so a protection worked out at an earlier `now` lifts at
+    # exactly the instant this rule, asked anew, stops blocking (warm passes equal fresh ones).
+    lifts_at = a.started_at + overhead / (1.0 - floor) - 1e-6
+    return Block("efficiency", lifts_at) if ctx.now < lifts_at else None
 
 
 PREEMPTIBLE = VictimRule("preemptible", preemptible, lifts=False, tiers=_preemptible_tiers)
