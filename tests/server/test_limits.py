@@ -169,6 +169,24 @@ CASES: list[tuple[str, str, str, Any, int, str, dict[str, Any]]] = [
         "tiers.3.grace",
         {},
     ),
+    (
+        "policy with a duplicate key",
+        "PUT",
+        "/v1/policy",
+        {"source": "max_lease: 2h\nmax_lease: 3h\n"},
+        422,
+        "<file>",
+        {},
+    ),
+    (
+        "policy with a queue name too long",
+        "PUT",
+        "/v1/policy",
+        {"source": "queues: {name: root, children: [{name: " + "q" * 300 + ", nominal: {gpu: 1}}]}\n"},
+        422,
+        "queues.children[0].name",
+        {},
+    ),
     ("bad idempotency key", "POST", "/v1/jobs", {}, 422, "Idempotency-Key", {"Idempotency-Key": "has spaces"}),
     # reports: authentication first, the same answer for known and unknown jobs
     (
@@ -310,3 +328,27 @@ def test_the_openapi_document_lists_the_refusals_with_the_error_schema(api: Api)
 def test_an_acceptable_job_still_goes_in(api: Api) -> None:
     body = api.job(name="n" * 255, command=["a"] * 4096, env={f"V{i}": "x" for i in range(1024)}, grace="1h")
     assert api.client.post("/v1/jobs", json=body).status_code == 201
+
+
+def test_a_recorded_sigkill_deadline_is_adopted_no_later_than_max_grace(api: Api) -> None:
+    """After a restart the server adopts a terminating job with the SIGKILL deadline it
+    recorded, bounded by the policy's max_grace: a deadline stored before the bound existed (or
+    edited in the database) cannot keep a job that ignores SIGTERM alive."""
+    reconciler = api.service.reconciler
+    max_grace = reconciler.policy.max_grace
+    assert reconciler._bounded_kill_at(1000.0, 1e12) == 1000.0 + max_grace
+    assert reconciler._bounded_kill_at(1000.0, 1000.0 + max_grace / 2) == 1000.0 + max_grace / 2
+    assert reconciler._bounded_kill_at(None, 5.0) == 5.0
+    assert reconciler._bounded_kill_at(1000.0, None) is None
+
+
+def test_report_counters_beyond_32_bits_are_kept(api: Api) -> None:
+    job = api.service.store.list()[0]
+    api.service.store.start_attempt(job.id, 1, 0.0, [{"node": api.service.reconciler.nodes[0].name, "gpus": [0]}])
+    step, samples = 2**40, 2**62
+    got = api.client.post(
+        f"/v1/jobs/{job.id}/reports", json={"attempt": 1, "kind": "progress", "step": step, "samples": samples}
+    )
+    assert got.status_code in (200, 202, 204), got.text
+    attempt = api.service.store.attempt(job.id, 1)
+    assert attempt is not None and (attempt.progress_step, attempt.progress_samples) == (step, samples)

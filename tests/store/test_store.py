@@ -362,6 +362,17 @@ def test_attempt_lifecycle(store: Store) -> None:
     assert store.get(job_id).attempt == 2  # type: ignore[union-attr]
 
 
+def test_progress_counters_hold_64_bits(store: Store) -> None:
+    """A long run reports more steps and samples than 32 bits hold (int8 on PostgreSQL)."""
+    job_id = submit(store)
+    store.start_attempt(job_id, 1, T0, [ReplicaPlacement("n0", (0,))])
+    big = 2**62 + 7
+    assert store.update_attempt(job_id, 1, progress_step=2**40, progress_samples=big, progress_at=T0 + 5)
+    live = store.attempt(job_id, 1)
+    assert live is not None
+    assert (live.progress_step, live.progress_samples) == (2**40, big)
+
+
 def test_attempt_errors(store: Store) -> None:
     job_id = submit(store)
     store.start_attempt(job_id, 1, T0, [ReplicaPlacement("n0", (0,))])

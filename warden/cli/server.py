@@ -40,7 +40,11 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option(
                 "--db",
-                help="Database URL (default: SQLite in the state directory; postgresql://… for PostgreSQL).",
+                envvar="WARDEN_DB",
+                help=(
+                    "Database URL (default: SQLite in the state directory; postgresql://… for PostgreSQL). "
+                    "A URL with a password belongs in $WARDEN_DB: a command line is readable in /proc."
+                ),
                 show_default=False,
             ),
         ] = None,

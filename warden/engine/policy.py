@@ -291,9 +291,15 @@ _QUEUE_NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
 _QUEUE_NAME_RE = re.compile(_QUEUE_NAME_PATTERN)
 
 
+QUEUE_NAME_CHARS = 255
+"""A queue name is stored with every job (a String(255) column)."""
+
+
 def _check_queue_name(name: str) -> str:
     if not _QUEUE_NAME_RE.fullmatch(name):
         raise _refuse(name, "not a valid queue name", "letters, digits, '_', '.', '-'")
+    if len(name) > QUEUE_NAME_CHARS:
+        raise _refuse(name[:40] + "…", "is too long for a queue name", f"at most {QUEUE_NAME_CHARS} characters")
     return name
 
 

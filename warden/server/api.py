@@ -54,6 +54,8 @@ def clean_text(text: str) -> str:
 Text = Annotated[str, AfterValidator(clean_text)]
 Name = Annotated[Text, Field(max_length=NAME_CHARS)]
 Count = Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]
+BigCount = Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]
+"""A counter a long run can take past 2³¹ (training steps, samples): a BigInteger column."""
 
 
 class _Request(BaseModel):
@@ -105,8 +107,8 @@ class ReportRequest(_Request):
     kind: Literal["startup", "progress", "checkpoint_started", "checkpoint_finished"]
     at: float | None = Field(default=None, ge=0, le=1e11)
     startup_s: float | None = Field(default=None, ge=0, le=SECONDS_MAX)
-    step: Count | None = None
-    samples: Count | None = None
+    step: BigCount | None = None
+    samples: BigCount | None = None
     duration_s: float | None = Field(default=None, ge=0, le=SECONDS_MAX)
     size_bytes: int | None = Field(default=None, strict=True, ge=0, le=INT64_MAX)
     on_sigterm: bool | None = None

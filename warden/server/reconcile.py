@@ -198,7 +198,9 @@ class Reconciler:
                         continue
                     handle = recovered.to_dict()
                     self.store.update_attempt(job.id, attempt.number, handle=handle)
-                self.executor.adopt(Handle.from_dict(handle), attempt.kill_at)
+                self.executor.adopt(
+                    Handle.from_dict(handle), self._bounded_kill_at(attempt.sigterm_at, attempt.kill_at)
+                )
                 for state in (JobState.STARTING, JobState.RUNNING):
                     if job.state in (JobState.ADMITTED, JobState.STARTING) and job.state is not state:
                         self.store.transition(
@@ -206,6 +208,13 @@ class Reconciler:
                         )
                         job = self.store.get(job.id) or job
         self.poke()
+
+    def _bounded_kill_at(self, sigterm_at: float | None, kill_at: float | None) -> float | None:
+        """A recorded SIGKILL deadline no later than SIGTERM + the policy's `max_grace`: one stored
+        before that bound existed, or written by hand, cannot keep a job past it."""
+        if sigterm_at is None or kill_at is None:
+            return kill_at
+        return min(kill_at, sigterm_at + self.policy.max_grace)
 
     def _recover_without_attempt(self, job: StoredJob, now: float) -> None:
         """A job holding resources without a live attempt: its attempt ended (or was never

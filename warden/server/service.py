@@ -446,7 +446,7 @@ class Service:
             data = yaml.safe_load(source)
             if data is None:
                 raise ApiError(422, "source", source, "holds no settings, only comments or an empty document")
-            policy = parse_policy(data, "policy")
+            policy = parse_policy(source, "policy")  # the policy's own loader: duplicate keys are refused
         except yaml.YAMLError as err:
             raise ApiError(422, "source", None, f"not valid YAML: {shorten(str(err), 500)}") from None
         except PolicyError as err:

@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Double,
     ForeignKey,
@@ -129,8 +130,8 @@ class AttemptRow(Base):
     log_dir: Mapped[str] = mapped_column(Text)
     preempted_for: Mapped[str | None] = mapped_column(String(32))
     reason: Mapped[str | None] = mapped_column(String(16))
-    progress_step: Mapped[int | None] = mapped_column(Integer)
-    progress_samples: Mapped[int | None] = mapped_column(Integer)
+    progress_step: Mapped[int | None] = mapped_column(BigInteger)
+    progress_samples: Mapped[int | None] = mapped_column(BigInteger)
     progress_at: Mapped[float | None] = mapped_column(Double)
     checkpoints: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     lost_work_gpu_s: Mapped[float | None] = mapped_column(Double)
