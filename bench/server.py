@@ -221,18 +221,8 @@ def sigkill_lateness(runs: int) -> dict[str, Any]:
     }
 
 
-RACE_POLICY = """\
-min_grace: 1s
-thrash: {min_efficiency: 0}
-preemption: {restart_overhead: 0s}
-tiers:
-  3: {name: experimentation, lease: 0s, grace: 1s}
-queues:
-  name: cluster
-  children:
-    - {name: team}
-    - {name: parked, nominal: {gpu: 0}, borrowing_limit: {gpu: 0}}
-"""
+RACE_POLICY = POLICY + "    - {name: parked, nominal: {gpu: 0}, borrowing_limit: {gpu: 0}}\n"
+"""`POLICY` with a queue that can never run, where the backlog waits."""
 
 
 def _job(d: str, command: list[str], queue: str = "team", **extra: Any) -> dict[str, Any]:
