@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import textwrap
@@ -202,19 +201,6 @@ def test_should_stop_all_returns_what_the_ranks_agreed(tmp_path: Path) -> None:
     # The first call agreed on "go on" on both ranks; rank 0's late request is agreed on at the next.
     assert outputs == ["0 False True", "1 False True"]
     assert [p.returncode for p in ranks] == [0, 0]
-
-
-def test_should_stop_costs_well_under_a_microsecond(restore_sigterm: None) -> None:
-    with PreemptionGuard(env={}) as guard:
-        check = guard.should_stop
-        runs = []
-        for _ in range(5):
-            t = time.perf_counter_ns()
-            for _ in range(200_000):
-                check()
-            runs.append((time.perf_counter_ns() - t) / 200_000)
-        # ~40 ns on the development machine, loop included; the bound leaves room for a busy CI.
-        assert statistics.median(runs) < 1000, runs
 
 
 # -- in a real process ---------------------------------------------------------------------------
