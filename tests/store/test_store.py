@@ -725,3 +725,42 @@ def test_migrate_then_store_share_one_engine(db_url: str) -> None:
         assert store.get(submit(store)) is not None
     finally:
         engine.dispose()
+
+
+def test_active_read_again_only_where_rows_changed_equals_a_whole_read(store: Store) -> None:
+    """`active()` keeps the rows it read and re-reads a job only when its version moved: after
+    any mix of writes it must equal `fresh_active()`, which reads every row."""
+    import random
+
+    rng = random.Random(11)
+    jobs: list[int] = []
+    attempts: dict[int, int] = {}
+    for step in range(120):
+        now = T0 + step
+        op = rng.choice(["submit", "submit", "start", "progress", "end", "explain", "mark", "read"])
+        running = [j for j in jobs if attempts.get(j)]
+        waiting = [j for j in jobs if not attempts.get(j)]
+        if op == "submit" or not jobs:
+            jobs.append(submit(store, now=now, gpus=rng.randint(0, 2)))
+        elif op == "start" and waiting:
+            j = rng.choice(waiting)
+            n = store.get(j).attempt + 1  # type: ignore[union-attr]
+            store.start_attempt(j, n, now, [ReplicaPlacement("n0", (0,))])
+            store.transition(j, JobState.RUNNING, reason="start", actor="warden", now=now)
+            attempts[j] = n
+        elif op == "progress" and running:
+            j = rng.choice(running)
+            store.update_attempt(j, attempts[j], progress_step=step, progress_at=now)
+        elif op == "end" and running:
+            j = rng.choice(running)
+            store.end_attempt(j, attempts.pop(j), now, [0], "completed")
+            state = rng.choice([JobState.SUCCEEDED, JobState.PENDING])
+            store.transition(j, state, reason="exit", actor="warden", now=now)
+            if state is JobState.SUCCEEDED:
+                jobs.remove(j)
+        elif op == "explain" and waiting:
+            store.set_explanations({rng.choice(waiting): {"reason": {"code": "Queued", "step": step}}})
+        elif op == "mark":
+            store.update(rng.choice(jobs), cancel_requested=rng.random() < 0.5)
+        assert store.active() == store.fresh_active(), f"step {step} ({op})"
+    assert {a.job.id for a in store.active()} == set(jobs)

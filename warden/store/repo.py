@@ -361,6 +361,10 @@ class Store:
         self._write_lock: threading.Lock | contextlib.nullcontext[None] = (
             threading.Lock() if engine.dialect.name == "sqlite" else contextlib.nullcontext()
         )
+        self._active: dict[int, ActiveJob] = {}
+        """`active()`'s rows as last read, by job id: a row is read again only once its
+        `version` moved (every write to a job or its attempts bumps it)."""
+        self._active_lock = threading.Lock()
 
     @classmethod
     def open(cls, url: str | None = None, *, upgrade: bool = True) -> Store:
@@ -523,30 +527,29 @@ class Store:
             return tuple(_record(EventRecord, row) for row in conn.execute(query))
 
     def active(self) -> tuple[ActiveJob, ...]:
-        """Every job not in a terminal state, with its live attempt, in id order: one query, one
-        consistent snapshot, what a restarted server hands the engine."""
-        live = (
-            (ATTEMPTS.c.job_id == JOBS.c.id)
-            & (ATTEMPTS.c.number == JOBS.c.attempt)
-            & ATTEMPTS.c.state.in_(sorted(LIVE_ATTEMPT_STATES))
-        )
-        attempt_cols = [c.label(f"a__{c.name}") for c in ATTEMPTS.c]
-        query = (
-            select(*JOBS.c, *attempt_cols)
-            .select_from(JOBS.outerjoin(ATTEMPTS, live))
-            .where(JOBS.c.state.not_in(sorted(TERMINAL_STATES)))
-            .order_by(JOBS.c.id)
-        )
-        out = []
+        """Every job not in a terminal state, with its live attempt, in id order: what a
+        restarted server hands the engine, and each pass's snapshot.
+
+        A pass asks for this every time while thousands of jobs wait and few change, so it
+        reads the ids and versions of the unfinished jobs, then whole rows only for the jobs
+        whose version moved since the last call (`fresh_active` reads every row)."""
+        with self._active_lock, self._read() as conn:
+            unfinished = select(JOBS.c.id, JOBS.c.version).where(JOBS.c.state.not_in(sorted(TERMINAL_STATES)))
+            versions = {int(i): int(v) for i, v in conn.execute(unfinished)}
+            known = self._active
+            stale = [i for i, v in versions.items() if (a := known.get(i)) is None or a.job.version != v]
+            rows: dict[int, ActiveJob] = {i: known[i] for i in versions if i in known}
+            for start in range(0, len(stale), _READ_CHUNK):
+                for a in _active_rows(conn, JOBS.c.id.in_(stale[start : start + _READ_CHUNK])):
+                    rows[a.job.id] = a
+            # A job that ended between the two reads is read as ended: leave it out.
+            self._active = {i: a for i, a in rows.items() if not a.job.state.terminal}
+            return tuple(self._active[i] for i in sorted(self._active))
+
+    def fresh_active(self) -> tuple[ActiveJob, ...]:
+        """`active()` read whole from the database, every row (what the cached one must equal)."""
         with self._read() as conn:
-            for row in conn.execute(query):
-                m = row._mapping
-                job = _job_from({c.name: m[c.name] for c in JOBS.c})
-                attempt = None
-                if m["a__job_id"] is not None:
-                    attempt = _attempt_from({c.name: m[f"a__{c.name}"] for c in ATTEMPTS.c})
-                out.append(ActiveJob(job, attempt))
-        return tuple(out)
+            return tuple(_active_rows(conn, None))
 
     def transition(
         self,
@@ -962,6 +965,35 @@ def _add_event(
             "details": dict(details or {}),
         },
     )
+
+
+_READ_CHUNK = 500
+"""Ids per `IN (...)` when re-reading changed rows (well under every backend's bound)."""
+
+
+def _active_rows(conn: Connection, which: Any) -> Iterator[ActiveJob]:
+    """Unfinished jobs (of `which`, a condition on `jobs`, or all) with their live attempt, in
+    id order: one query."""
+    live = (
+        (ATTEMPTS.c.job_id == JOBS.c.id)
+        & (ATTEMPTS.c.number == JOBS.c.attempt)
+        & ATTEMPTS.c.state.in_(sorted(LIVE_ATTEMPT_STATES))
+    )
+    attempt_cols = [c.label(f"a__{c.name}") for c in ATTEMPTS.c]
+    where = JOBS.c.state.not_in(sorted(TERMINAL_STATES))
+    query = (
+        select(*JOBS.c, *attempt_cols)
+        .select_from(JOBS.outerjoin(ATTEMPTS, live))
+        .where(where if which is None else where & which)
+        .order_by(JOBS.c.id)
+    )
+    for row in conn.execute(query):
+        m = row._mapping
+        job = _job_from({c.name: m[c.name] for c in JOBS.c})
+        attempt = None
+        if m["a__job_id"] is not None:
+            attempt = _attempt_from({c.name: m[f"a__{c.name}"] for c in ATTEMPTS.c})
+        yield ActiveJob(job, attempt)
 
 
 def _update_attempt(conn: Connection, job_id: int, number: int, values: Mapping[str, Any]) -> bool:
