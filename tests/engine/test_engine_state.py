@@ -99,5 +99,5 @@ def test_a_stretched_lease_lifts_at_the_same_instant_warm_and_fresh() -> None:
     waiting = Job(id="09", queue="a", tier=1, submit=0.0, state=JobState.PENDING, replicas=2, gpus=4, lease=0.0)
     snapshot = Snapshot((Node("pool", 8),), (waiting, running), policy, UsageLedger())
     engine = Engine()
-    for now in (60.0, 179.0, 180.0, 180.00000000000003, 181.0):
+    for now in (60.0, 179.0, 180.0, 180.00000000000003, 181.0, 60.0, 180.0):  # and back in time
         assert engine.plan(snapshot, now) == schedule(snapshot, now), now

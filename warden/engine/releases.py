@@ -93,13 +93,15 @@ class ReleaseIndex:
         `now`. A `now` earlier than the last one indexes everything anew (protection only lifts
         as time passes, so what was let go earlier may be protected at that `now`)."""
         if now < self.at:
-            jobs = list(self.jobs.values())
-            self.__init__()  # type: ignore[misc]
-            for job in jobs:
-                self.add(job)
+            for table in (self.facts, self.protected_of, self.lifted):
+                table.clear()
+            self.ending.clear()
+            self.protected.clear()
+            self.dirty = set(self.jobs)
         self.at = now
-        for job_id in sorted(self.dirty):
-            self._index(self.jobs[job_id], facts_of(self.jobs[job_id]), now)
+        for job_id in self.dirty:  # every order is a sorted list: the order of indexing is moot
+            job = self.jobs[job_id]
+            self._index(job, facts_of(job), now)
         self.dirty.clear()
         protected = self.protected
         lifts = bisect_left(protected, (now, "\U0010ffff"))  # every entry protected until <= now
