@@ -81,33 +81,62 @@ def fair_order(policy: Policy, usage: Mapping[str, float]) -> dict[str, tuple[in
     Siblings are ordered by ratio and a depth-first walk in that order ranks the leaves. Siblings
     with equal ratios share a rank, and so do their subtrees' leaves where the ratios below tie
     too, so that aging, not a queue's name, decides between equally served teams.
+
+    Every pass asks this, so the tree's shape is worked out once per policy (`_shape`).
     """
-    subtree: dict[str, float] = {}
-
-    def total(q: QueueSpec) -> float:
-        s = usage.get(q.name, 0.0) if not q.children else sum(total(c) for c in q.children)
-        subtree[q.name] = s
-        return s
-
-    root = policy.queues
-    total(root)
+    leaves, inner, children = _shape(policy.queues)
+    subtree = {leaf: usage.get(leaf, 0.0) for leaf in leaves}
+    for name in inner:  # children before parents
+        total = 0.0
+        for child, _ in children[name]:
+            total += subtree[child]
+        subtree[name] = total
     walked: dict[str, tuple[tuple[int, ...], tuple[float, ...]]] = {}
-
-    def walk(q: QueueSpec, ranks: tuple[int, ...], ratios: tuple[float, ...]) -> None:
-        if not q.children:
-            walked[q.name] = (ranks, ratios)
-            return
-        used = sum(subtree[c.name] for c in q.children)
-        weight = sum(c.weight for c in q.children)
-        scored = sorted(
-            ((subtree[c.name] / used if used > 0 else 0.0) / (c.weight / weight), c.name, c) for c in q.children
-        )
-        distinct = sorted({ratio for ratio, _, _ in scored})
-        for ratio, _, c in scored:
-            walk(c, (*ranks, distinct.index(ratio)), (*ratios, ratio))
-
-    walk(root, (), ())
+    stack: list[tuple[str, tuple[int, ...], tuple[float, ...]]] = [(policy.queues.name, (), ())]
+    while stack:
+        name, ranks, ratios = stack.pop()
+        kids = children.get(name)
+        if kids is None:
+            walked[name] = (ranks, ratios)
+            continue
+        used = subtree[name]
+        scored = sorted([((subtree[c] / used if used > 0 else 0.0) / share, c) for c, share in kids])
+        distinct = sorted({ratio for ratio, _ in scored})
+        for ratio, c in reversed(scored):  # the stack pops them in (ratio, name) order
+            stack.append((c, (*ranks, distinct.index(ratio)), (*ratios, ratio)))
     depth = max(len(ranks) for ranks, _ in walked.values())
     padded = {leaf: ranks + (0,) * (depth - len(ranks)) for leaf, (ranks, _) in walked.items()}
     order = {key: n for n, key in enumerate(sorted(set(padded.values())))}
     return {leaf: (order[padded[leaf]], ratios) for leaf, (_, ratios) in walked.items()}
+
+
+_Shape = tuple[tuple[str, ...], tuple[str, ...], dict[str, tuple[tuple[str, float], ...]]]
+_shapes: dict[int, tuple[QueueSpec, _Shape]] = {}
+
+
+def _shape(root: QueueSpec) -> _Shape:
+    """(leaves, inner queues children first, inner queue → its children with their weight
+    shares) of a queue tree, kept for the last few trees seen."""
+    known = _shapes.get(id(root))
+    if known is not None and known[0] is root:
+        return known[1]
+    leaves: list[str] = []
+    inner: list[str] = []
+    children: dict[str, tuple[tuple[str, float], ...]] = {}
+
+    def visit(q: QueueSpec) -> None:
+        if not q.children:
+            leaves.append(q.name)
+            return
+        weight = sum(c.weight for c in q.children)
+        children[q.name] = tuple((c.name, c.weight / weight) for c in q.children)
+        for c in q.children:
+            visit(c)
+        inner.append(q.name)
+
+    visit(root)
+    shape = (tuple(leaves), tuple(inner), children)
+    if len(_shapes) >= 8:
+        _shapes.clear()
+    _shapes[id(root)] = (root, shape)
+    return shape

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -88,7 +89,9 @@ class Plan:
     admissions: tuple[Admission, ...] = ()
     preemptions: tuple[Preemption, ...] = ()
     reservations: tuple[Reservation, ...] = ()
-    explanations: dict[str, Explanation] = field(default_factory=dict)
+    explanations: Mapping[str, Explanation] = field(default_factory=dict)
+    """Every waiting job not admitted, in rank order; worked out when first read
+    (`phases.explain.Explanations`)."""
     claims: frozenset[str] = frozenset()
     """Waiting jobs that, after this pass, wait for capacity their victims are freeing (their
     reason is `WaitingForGrace`). A shell marks exactly these jobs `Job.claim` for the next pass,

@@ -23,7 +23,7 @@ also reuses the reason of a job like one that already failed in the pass.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from warden.engine.allocation import Allocation
 from warden.engine.model import Job, JobState, Snapshot
@@ -37,6 +37,7 @@ from warden.engine.phases.state import PassState
 from warden.engine.phases.victims import Victims
 from warden.engine.plan import Plan, SortKey
 from warden.engine.reasons import Reason, UnknownQueue
+from warden.engine.waiting import WaitingIndex
 
 
 def schedule(snapshot: Snapshot, now: float) -> Plan:
@@ -56,6 +57,7 @@ class Engine:
 
     def __init__(self) -> None:
         self._alloc: Allocation | None = None
+        self._index: WaitingIndex | None = None
         self._waiting: dict[str, Job] = {}
         self._terminating: dict[str, Job] = {}
         self._claims: dict[str, Job] = {}
@@ -78,10 +80,18 @@ class Engine:
                 _put(self._claims, job, waiting and job.claim)
                 _put(self._terminating, job, _terminating(job))
             alloc.apply(changed)
+        index = self._index
+        mode = order.mode_of(snapshot.policy)
+        if changed is None or index is None or index.mode != mode:
+            index = self._index = WaitingIndex(mode)
+            index.sync(self._waiting.values(), now)
+        else:
+            index.apply(changed)
+            index.advance(now)
         index_mark, quota_mark = alloc.index.mark(), alloc.quota.mark()
         used = dict(alloc.used)
         try:
-            return Cycle(snapshot, now, alloc, self._waiting.values(), self._terminating, self._claims).run()
+            return Cycle(snapshot, now, alloc, index, self._waiting.values(), self._terminating, self._claims).run()
         finally:
             alloc.index.rollback(index_mark)
             alloc.index.release(index_mark)
@@ -152,10 +162,12 @@ class Cycle:
         snapshot: Snapshot,
         now: float,
         alloc: Allocation,
-        waiting: Iterable[Job],
+        index: WaitingIndex,
+        waiting: Collection[Job],
         terminating: dict[str, Job],
         claims: dict[str, Job] | None = None,
     ) -> None:
+        self.index = index
         self.waiting = waiting
         self.state = state = PassState(snapshot, now, alloc, terminating, claims or {})
         victims = Victims(state)
@@ -171,9 +183,9 @@ class Cycle:
         like it, or decided (`decide`) — and explained; the plan."""
         state = self.state
         state.count_leaving()  # 1. snapshot
-        ranking = order.claimants_first(order.ranked(state.snapshot, state.now, self.waiting), state.claims)  # 2. order
-        explanations = self.explain.walk(ranking, self.decide)  # 3–6, job by job
-        return self.explain.plan(explanations)
+        ranking = order.Order(state.policy, state.snapshot.ledger.usage, state.now)  # 2. order
+        walk = self.explain.walk(self.index, ranking, self.decide)  # 3–6, job by job
+        return self.explain.plan(walk, tuple(self.waiting), ranking)
 
     def decide(self, job: Job) -> Reason | None:
         """Admit the job (None); else make room for it by preemption; else reserve capacity for

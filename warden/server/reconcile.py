@@ -7,8 +7,11 @@ second, one pass runs this fixed sequence under one lock:
    (`PREEMPTING → REQUEUED → PENDING`, with the policy's requeue back-off), a cancelled one is
    `CANCELLED`, the rest `SUCCEEDED` (all replicas exited 0) or `FAILED`;
 2. **snapshot** — the nodes, every job that is not finished with its attempt's facts, the
-   policy and the fair-share ledger (advanced to now);
-3. **plan** — `Engine.plan(snapshot, now)`; a pass whose engine call raises is counted
+   policy and the fair-share ledger (advanced to now); a job's engine form is kept between
+   passes and built again only once its row's `version` moved (`EngineJobs`);
+3. **plan** — `Engine.plan(snapshot, now, changed)`, told only the jobs that changed since the
+   snapshot of its previous call (a full pass after a failure, and on other nodes or another
+   policy); a pass whose engine call raises is counted
    (`warden_scheduling_pass_failures_total`) and logged with the waiting jobs, and changes
    nothing but the exits; when the next pass fails the same way, the waiting job that makes
    it fail is found by halving the waiting jobs and *held* (it stays waiting, left out of the
@@ -32,7 +35,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -96,6 +99,58 @@ class PassStats:
     """Passes whose engine call raised."""
 
 
+class EngineJobs:
+    """The jobs of the last snapshot in the engine's form, kept between passes so that a pass
+    converts only the rows whose `version` moved, and names the jobs that changed since.
+
+    A job's engine form (`ActiveJob.to_engine`) is a function of its row and its live attempt
+    alone, and every write to either bumps the row's `version`: a job at the version it was
+    converted at is the same `Job` object as before. A row whose version moved for something
+    the engine does not read (its stored explanation) converts to an equal `Job`; the old object
+    is kept then and the job does not count as changed.
+    """
+
+    __slots__ = ("changed", "jobs")
+
+    def __init__(self) -> None:
+        self.jobs: dict[int, tuple[int, Job]] = {}
+        """The last snapshot's jobs by store id, each with the version it was converted at."""
+        self.changed: list[Job] = []
+        """What changed between the two last snapshots (`Engine.plan`'s `changed`): jobs new
+        in the last one or converted anew, and the jobs that left it in a terminal state."""
+
+    def update(self, active: Iterable[ActiveJob]) -> tuple[Job, ...]:
+        """The engine's jobs of `active`, in its order; `changed` becomes what changed since
+        the previous call."""
+        known = self.jobs
+        current: dict[int, tuple[int, Job]] = {}
+        changed: list[Job] = []
+        out: list[Job] = []
+        for a in active:
+            row = a.job
+            seen = known.get(row.id)
+            if seen is not None and seen[0] == row.version:
+                job = seen[1]
+            else:
+                job = a.to_engine()
+                if seen is not None and seen[1] == job:
+                    job = seen[1]
+                else:
+                    changed.append(job)
+            current[row.id] = (row.version, job)
+            out.append(job)
+        if changed or len(current) != len(known):  # else every known job is still here
+            changed.extend(_left(job) for i, (_, job) in known.items() if i not in current)
+        self.jobs, self.changed = current, changed
+        return tuple(out)
+
+
+def _left(job: Job) -> Job:
+    """A job that left the snapshot (it finished, or is held), as the engine drops it: in a
+    terminal state."""
+    return replace(job, state=JobState.CANCELLED, claim=False)
+
+
 class Reconciler:
     """Owns the engine and the executor; every change of a job's state goes through it."""
 
@@ -118,6 +173,14 @@ class Reconciler:
         self.report_env = report_env
         """The environment that lets an attempt's SDK report to this server."""
         self.engine = Engine()
+        self._engine_jobs = EngineJobs()
+        self._planned_on: tuple[tuple[Node, ...], Policy] | None = None
+        """The nodes and policy of the last snapshot `_snapshot` built, once `engine` planned it
+        (whole or told what changed); None when its next call must be a full one: it is new, a
+        call failed or planned another snapshot, or the last snapshot built never reached it."""
+        self._changed: list[Job] | None = None
+        """What the engine is told changed in the snapshot `_snapshot` built last (None: a
+        full pass)."""
         self.lock = threading.RLock()
         self._wake = threading.Event()
         self.ledger = store.load_ledger().to_engine()
@@ -296,9 +359,15 @@ class Reconciler:
     def _plan(self, snapshot: Snapshot, now: float) -> Plan | None:
         """The engine's plan, or None when it raised. A failure like the previous pass's holds
         the waiting job that causes it, and the pass is tried once more without that job; a
-        pass therefore holds at most one job, and costs a bounded number of trial passes."""
+        pass therefore holds at most one job, and costs a bounded number of trial passes.
+
+        The engine is told only the jobs that changed since the snapshot of its previous call
+        (`EngineJobs.changed`), unless that call failed, planned another snapshot (one without
+        a job just held) or other nodes or another policy: then it is given the whole snapshot."""
+        changed, self._changed = self._changed, None
         try:
-            plan = self.engine.plan(snapshot, now)
+            plan = self.engine.plan(snapshot, now, changed)
+            self._planned_on = (snapshot.nodes, snapshot.policy)
         except Exception as err:
             failure = self._failed(err, snapshot)
             repeated = failure.same_as(self._last_failure)
@@ -324,10 +393,12 @@ class Reconciler:
             self._hold(culprit, failure, now)
             rest = replace(snapshot, jobs=tuple(j for j in snapshot.jobs if j.id != culprit.id))
             try:
-                plan = self.engine.plan(rest, now)
+                plan = self.engine.plan(rest, now)  # a fresh engine (`_failed`): a full pass
             except Exception as again:
                 self._last_failure = self._failed(again, rest)
                 return None
+            # `_planned_on` stays None: the engine planned `rest`, not the snapshot
+            # `_engine_jobs` holds, so its next call is a full one.
         self._last_failure = self._unattributed = None
         return plan
 
@@ -336,6 +407,7 @@ class Reconciler:
         one's); start the next pass from a fresh engine, since what it keeps between passes may
         have been left half updated."""
         self.engine = Engine()
+        self._planned_on = None
         failure = PassFailure.of(err)
         self.stats.failures += 1
         if self.metrics is not None:
@@ -421,12 +493,19 @@ class Reconciler:
         self.metrics.held(now - last, held, sum(n.gpus for n in self.nodes))
 
     def _snapshot(self, active: tuple[ActiveJob, ...], now: float) -> Snapshot:
-        """The engine's input: every unfinished job but the held ones."""
-        engine_jobs = tuple(a.to_engine() for a in active if a.job.held_reason is None or not a.job.state.waiting)
+        """The engine's input: every unfinished job but the held ones (each converted only
+        when its row moved; `EngineJobs`)."""
+        # Until `_plan` hands this snapshot to the engine, its next call must be a full one.
+        basis, self._planned_on = self._planned_on, None
+        engine_jobs = self._engine_jobs.update(
+            a for a in active if a.job.held_reason is None or not a.job.state.waiting
+        )
         capacity = cluster_capacity(self.nodes)
         self.ledger = accrue(
             self.ledger, (j for j in engine_jobs if j.state.holds_resources), capacity, self.policy, now
         )
+        warm = basis is not None and basis == (self.nodes, self.policy)
+        self._changed = self._engine_jobs.changed if warm else None
         return Snapshot(self.nodes, engine_jobs, self.policy, self.ledger)
 
     # -- exits ------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ The job's whole future placement is held now — what is free now, and what its 
 free — so nobody takes it meanwhile; what the jobs it waits for hold beyond that stays theirs,
 offered to the next job that needs room as capacity on its way out, again at no cost. The
 claim outlives the pass: the plan names the job (`Plan.claims`), and in the next pass it is
-considered first (`order.claimants_first`).
+considered first (`order.claimant_keys`).
 """
 
 from __future__ import annotations

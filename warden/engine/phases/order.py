@@ -3,89 +3,91 @@
 The sort key is `(tier, starvation breach, fair rank, −waited, submit, id)` under the governed
 order; `fifo` ranks by submit time and id alone and `priority` by tier first, either taking a
 requeued job's requeue time for its submit time under `requeue_timestamp: eviction`.
+
+A pass never sorts the waiting jobs: `warden.engine.waiting` keeps each class of them in rank
+order between passes, by an anchor that does not move with time (−waited is the anchor minus
+`now`), and `Order` gives a member its rank key from the anchor and what this pass says of its
+queue (fair rank, the anchor at which its wait breaches the queue's maximum). A job holding a
+claim goes ahead of every job of its own or a lower tier (`claimant_keys`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from warden.engine.fairshare import fair_order
-from warden.engine.model import Job, JobState, Snapshot
+from warden.engine.model import Job, Snapshot
 from warden.engine.plan import SortKey
+from warden.engine.policy import Policy
+from warden.engine.waiting import Entry, JobClass, OrderMode
 
 INF = math.inf
-_PENDING, _REQUEUED, _AWAITING = JobState.PENDING, JobState.REQUEUED, JobState.AWAITING_APPROVAL
 
-Ranked = tuple[float, float, str, int, SortKey, Job]
-"""(−waited, submit, id, arrival, sort key, job): a job as `ranked` sorts it."""
-
-
-def rank(snapshot: Snapshot, now: float, waiting: Iterable[Job] | None = None) -> list[tuple[SortKey, Job]]:
-    """The waiting jobs of a snapshot in scheduling order, each with its sort key.
-
-    `waiting` may name the snapshot's waiting jobs when the caller already knows them.
-    """
-    return [(key, job) for *_, key, job in ranked(snapshot, now, waiting)]
+RankKey = tuple[Any, ...]
+"""(tier, claimant, breach, fair rank, anchor, second, id, 0) — or, for a claimant, the key of
+the job it goes ahead of with (−1, its own key) in place of the trailing 0: how a pass orders
+the waiting jobs. Unique per job (the id is)."""
 
 
-def ranked(snapshot: Snapshot, now: float, waiting: Iterable[Job] | None = None) -> list[Ranked]:
-    """`rank`, each job as (−waited, submit, id, arrival, sort key, job).
-
-    Jobs are grouped by (tier, breach, fair rank) first and each group sorted by the rest: the
-    groups are few, and inside one the first field compared is a float that rarely ties, which
-    is several times cheaper than comparing whole keys field by field. The rest leads each
-    entry, so a group sorts without a key function; `arrival` (unique) settles any full tie
-    as a stable sort would, and the key and job are never compared.
-    """
-    policy = snapshot.policy
-    new = tuple.__new__  # SortKey's own constructor is a Python function; this is C
-    groups: dict[tuple[int, int, int], list[Ranked]] = {}
-    order = policy.scheduling.order
-    fifo = order != "governed"
-    by_tier = order == "priority"
-    by_eviction = policy.scheduling.requeue_timestamp == "eviction"
-    fair = {} if fifo else fair_order(policy, snapshot.ledger.usage)
-    default_wait = policy.fair_share.aging.max_wait.get("default", INF)
-    # queue → (fair rank, ratios, max wait); a queue the policy does not know ranks last.
-    max_waits = policy.max_waits()
-    queues = {q: (fr, ratios, max_waits.get(q, default_wait)) for q, (fr, ratios) in fair.items()}
-    unknown = (len(fair), (), default_wait)
-    for n, j in enumerate(snapshot.jobs if waiting is None else waiting):
-        state = j.state
-        if not (state is _PENDING or state is _REQUEUED or state is _AWAITING):  # not state.waiting
-            continue
-        if fifo:
-            tier = j.tier if by_tier else 0
-            stamp = j.pending_since if by_eviction and j.pending_since is not None else j.submit
-            key = new(SortKey, (tier, 1, 0, 0.0, stamp, j.id, ()))
-            entry = (0.0, stamp, j.id, n, key, j)
-            group_key = (tier, 1, 0)
-        else:
-            fr, ratios, max_wait = queues.get(j.queue, unknown)
-            since = j.submit if j.pending_since is None else j.pending_since
-            waited = j.waited + (now - since if now > since else 0.0)  # accounting.wait_time, inlined: hot loop
-            breach = 0 if waited >= max_wait else 1
-            neg_waited = -waited
-            key = new(SortKey, (j.tier, breach, fr, neg_waited, j.submit, j.id, ratios))
-            entry = (neg_waited, j.submit, j.id, n, key, j)
-            group_key = (j.tier, breach, fr)
-        group = groups.get(group_key)
-        if group is None:
-            groups[group_key] = [entry]
-        else:
-            group.append(entry)
-    out: list[Ranked] = []
-    for g in sorted(groups):
-        members = groups[g]
-        members.sort()
-        out.extend(members)
-    return out
+def mode_of(policy: Policy) -> OrderMode:
+    scheduling = policy.scheduling
+    return OrderMode(governed=scheduling.order == "governed", by_eviction=scheduling.requeue_timestamp == "eviction")
 
 
-def claimants_first(ranking: list[Ranked], claims: dict[str, Job]) -> list[Ranked]:
-    """The ranking, with each job that holds a claim moved ahead of every job of its own or a
-    lower tier (claimants among themselves in rank order).
+class Order:
+    """What one pass ranks by: per queue, its fair rank, ratios and breach anchor."""
+
+    __slots__ = ("by_tier", "governed", "mode", "now", "queues", "unknown")
+
+    def __init__(self, policy: Policy, usage: Mapping[str, float], now: float) -> None:
+        self.now = now
+        self.mode = mode_of(policy)
+        self.governed = self.mode.governed
+        self.by_tier = self.governed or policy.scheduling.order == "priority"
+        fair = fair_order(policy, usage) if self.governed else {}
+        default_wait = policy.fair_share.aging.max_wait.get("default", INF)
+        max_waits = policy.max_waits()
+        self.queues: dict[str, tuple[int, tuple[float, ...], float]] = {
+            q: (fr, ratios, now - max_waits.get(q, default_wait)) for q, (fr, ratios) in fair.items()
+        }
+        """Queue → (fair rank, ratios, breach anchor: a job whose anchor is at most this has
+        waited past the queue's max wait); a queue the policy does not know ranks last."""
+        self.unknown = (len(fair), (), now - default_wait)
+
+    def prefix(self, queue: str, tier: int) -> tuple[int, int, float]:
+        """(tier as ranked, fair rank, breach anchor) of a class."""
+        if not self.governed:
+            return (tier if self.by_tier else 0), 0, -INF
+        fr, _, threshold = self.queues.get(queue, self.unknown)
+        return tier, fr, threshold
+
+    def key(self, prefix: tuple[int, int, float], entry: Entry) -> RankKey:
+        tier, fr, threshold = prefix
+        anchor = entry[0]
+        if not self.governed:
+            return (tier, 1, 1, 0, anchor, entry[1], entry[2], 0)
+        return (tier, 1, 0 if anchor <= threshold else 1, fr, anchor, entry[1], entry[2], 0)
+
+    def key_of(self, job: Job) -> RankKey:
+        return self.key(self.prefix(job.queue, job.tier), self.mode.entry(job))
+
+    def sort_key(self, job: Job, key: RankKey) -> SortKey:
+        """The key shown to users: tier, breach, fair rank, −waited, submit, id, ratios."""
+        new = tuple.__new__
+        if not self.governed:
+            return new(SortKey, (key[0], 1, 0, 0.0, key[4], job.id, ()))
+        _, ratios, _ = self.queues.get(job.queue, self.unknown)
+        since = job.submit if job.pending_since is None else job.pending_since
+        now = self.now
+        waited = job.waited + (now - since if now > since else 0.0)  # accounting.wait_time
+        return new(SortKey, (job.tier, key[2], key[3], -waited, job.submit, job.id, ratios))
+
+
+def claimant_keys(order: Order, claimants: Iterable[Job], classes: Iterable[JobClass]) -> dict[str, RankKey]:
+    """Each claimant's rank key: just ahead of the first job of its own or a lower tier (in
+    rank order among claimants), or after every job where there is none.
 
     A claimant's victims are leaving for it: considered before any job it could preempt in
     turn, it takes what they free (or claims it again while they are still in their grace),
@@ -93,23 +95,32 @@ def claimants_first(ranking: list[Ranked], claims: dict[str, Job]) -> list[Ranke
     higher tier may still take it: the claimant could not preempt that job, so no loop
     follows, and higher tiers keep going first.
     """
-    if not claims:
-        return ranking
-    first = [r for r in ranking if r[2] in claims and r[5].state is not _AWAITING]
-    if not first:
-        return ranking
-    held = {r[2] for r in first}
-    out: list[Ranked] = []
-    lowest = min(r[5].tier for r in first)  # the smallest tier among claimants not yet placed
-    for r in ranking:
-        if r[2] in held:
-            continue
-        if first and r[5].tier >= lowest:
-            tier = r[5].tier
-            placed = [c for c in first if c[5].tier <= tier]
-            out.extend(placed)
-            first = [c for c in first if c[5].tier > tier]
-            lowest = min((c[5].tier for c in first), default=0)
-        out.append(r)
-    out.extend(first)
+    claimants = list(claimants)
+    if not claimants:
+        return {}
+    heads = [(c.tier, order.key(order.prefix(c.queue, c.tier), c.members[0])) for c in classes]
+    first: dict[int, RankKey | None] = {}
+    out: dict[str, RankKey] = {}
+    for job in claimants:
+        tier = job.tier
+        if tier not in first:
+            first[tier] = min((k for t, k in heads if t >= tier), default=None)
+        ahead = first[tier]
+        own = order.key_of(job)
+        out[job.id] = (INF, -1, own) if ahead is None else (*ahead[:7], -1, own)
     return out
+
+
+def rank(snapshot: Snapshot, now: float, waiting: Iterable[Job] | None = None) -> list[tuple[SortKey, Job]]:
+    """The waiting jobs of a snapshot in scheduling order (claims aside), each with its sort key.
+
+    `waiting` may name the snapshot's waiting jobs when the caller already knows them.
+    """
+    order = Order(snapshot.policy, snapshot.ledger.usage, now)
+    jobs = [j for j in (snapshot.jobs if waiting is None else waiting) if j.state.waiting]
+    keyed = sorted(((order.key_of(j), j) for j in jobs), key=_first)
+    return [(order.sort_key(j, k), j) for k, j in keyed]
+
+
+def _first(row: tuple[RankKey, Job]) -> RankKey:
+    return row[0]

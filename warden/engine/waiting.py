@@ -1,0 +1,196 @@
+"""The waiting jobs, kept between passes in classes of jobs that fail alike (`WaitingIndex`).
+
+A pass ranks the waiting jobs and answers most of them from a job like one that already
+failed (`phases.explain`). Both would cost a walk over every waiting job if the jobs were a
+flat list; here they are grouped by what a pass's outcome for them depends on — queue, tier,
+flavor asked for, shape, CPU and memory, and how their runtime estimate meets a reservation
+(`JobClass`) — and each class keeps its members in rank order between passes. That order is
+time-invariant: the governed order ranks by how long a job has waited, which is `now` minus a
+fixed instant (`anchor`: when it started waiting, less what it waited before), so as time
+passes no two members swap. A pass merges the classes by their first members, skips a class
+once its outcome is known, and never touches the members it skips (`phases.order`).
+
+A job that may not be considered — it awaits approval, or it is in its requeue back-off — sits
+in a gated class of its own; a job in back-off moves to its class when the back-off ends. Jobs
+that hold a claim (`Job.claim`) are kept apart: a pass considers each of them on its own.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left, insort
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from warden.engine.model import Job, JobState
+
+_AWAITING = JobState.AWAITING_APPROVAL
+
+Entry = tuple[float, float, str, Job]
+"""(anchor, second, id, job): a member of a class, in rank order within it."""
+ClassKey = tuple[str, int, str | None, int, int, str, int, int, int, int]
+"""(queue, tier, flavor asked for, replicas, gpus, placement, cpu, memory, estimate kind, gate)."""
+
+OPEN, AWAITING, BACKOFF = 0, 1, 2
+"""A class's gate: its members are considered, await approval, or are in requeue back-off."""
+ANY_RESERVATION, NO_RESERVATION, BY_ESTIMATE = 0, 1, 2
+"""How a job meets a reservation (`Explain.usable`): a tier-4 job may use every one, a job
+without a runtime estimate none, any other job those its estimate ends before."""
+
+
+@dataclass(slots=True, eq=False)
+class JobClass:
+    """Waiting jobs one pass answers alike: same queue, tier, flavor asked for, shape, CPU and
+    memory, the same way of meeting reservations, and the same gate."""
+
+    key: ClassKey
+    members: list[Entry] = field(default_factory=list)
+    estimates: tuple[float, float] | None = None
+    """(shortest, longest) runtime estimate of the members, worked out when first needed."""
+
+    def estimate_range(self) -> tuple[float, float]:
+        known = self.estimates
+        if known is None:
+            ends = [e[3].expected_duration or 0.0 for e in self.members]
+            known = self.estimates = (min(ends), max(ends))
+        return known
+
+    @property
+    def queue(self) -> str:
+        return self.key[0]
+
+    @property
+    def tier(self) -> int:
+        return self.key[1]
+
+    @property
+    def gate(self) -> int:
+        return self.key[9]
+
+
+@dataclass(frozen=True, slots=True)
+class OrderMode:
+    """What a member's anchor is, per the policy's `scheduling` section."""
+
+    governed: bool
+    by_eviction: bool
+
+    def entry(self, job: Job) -> Entry:
+        if self.governed:
+            since = job.submit if job.pending_since is None else job.pending_since
+            return (since - job.waited, job.submit, job.id, job)
+        stamp = job.pending_since if self.by_eviction and job.pending_since is not None else job.submit
+        return (stamp, 0.0, job.id, job)
+
+
+def class_key(job: Job, now: float) -> ClassKey:
+    """The class of a waiting job at `now` (its gate is the one part that moves with time)."""
+    if job.state is _AWAITING:
+        gate = AWAITING
+    elif job.not_before is not None and job.not_before > now:
+        gate = BACKOFF
+    else:
+        gate = OPEN
+    if job.tier == 4:
+        kind = ANY_RESERVATION
+    else:
+        kind = NO_RESERVATION if job.expected_duration is None else BY_ESTIMATE
+    return (job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.placement, job.cpu, job.memory, kind, gate)
+
+
+class WaitingIndex:
+    """The waiting jobs as of the last pass, by class (`JobClass`), and the claimants apart.
+
+    `sync` takes the whole set, `apply` the jobs that changed; `advance` moves the jobs whose
+    back-off ended at `now`. Membership and order depend only on the jobs, the order mode and
+    `now`, so a warm index equals one built afresh.
+    """
+
+    __slots__ = ("_backoff", "_where", "claimants", "classes", "mode", "now")
+
+    def __init__(self, mode: OrderMode) -> None:
+        self.mode = mode
+        self.now = -float("inf")
+        self.classes: dict[ClassKey, JobClass] = {}
+        self.claimants: dict[str, Job] = {}
+        """Waiting jobs holding a claim, not awaiting approval: a pass places each itself."""
+        self._where: dict[str, tuple[JobClass, Entry] | None] = {}
+        """Job id → its class and entry (None: a claimant)."""
+        self._backoff: list[tuple[float, str]] = []
+        """(not before, id) of the members of back-off classes: a heap."""
+
+    def sync(self, jobs: Iterable[Job], now: float) -> None:
+        """Hold exactly these waiting jobs, as of `now`."""
+        self.classes.clear()
+        self.claimants.clear()
+        self._where.clear()
+        self._backoff.clear()
+        self.now = now
+        for job in jobs:
+            self._add(job)
+
+    def apply(self, changed: Iterable[Job]) -> None:
+        """The jobs that changed since the last call (any state: one no longer waiting leaves)."""
+        for job in changed:
+            self._remove(job.id)
+            if job.state.waiting:
+                self._add(job)
+
+    def advance(self, now: float) -> None:
+        """Bring the gates up to `now`: a job whose back-off has ended joins its class."""
+        if now < self.now:
+            jobs = [e[3] for c in self.classes.values() for e in c.members] + list(self.claimants.values())
+            self.sync(jobs, now)
+            return
+        self.now = now
+        heap = self._backoff
+        while heap and heap[0][0] <= now:
+            _, job_id = heapq.heappop(heap)
+            where = self._where.get(job_id)
+            if where is not None and where[0].gate == BACKOFF:
+                job = where[1][3]
+                self._remove(job_id)
+                self._add(job)
+
+    def _add(self, job: Job) -> None:
+        if job.claim and job.state is not _AWAITING:
+            self.claimants[job.id] = job
+            self._where[job.id] = None
+            return
+        key = class_key(job, self.now)
+        cls = self.classes.get(key)
+        if cls is None:
+            cls = self.classes[key] = JobClass(key)
+        entry = self.mode.entry(job)
+        insort(cls.members, entry)
+        cls.estimates = None
+        self._where[job.id] = (cls, entry)
+        if key[9] == BACKOFF:
+            assert job.not_before is not None
+            heapq.heappush(self._backoff, (job.not_before, job.id))
+
+    def _remove(self, job_id: str) -> None:
+        if job_id not in self._where:
+            return
+        where = self._where.pop(job_id)
+        if where is None:
+            del self.claimants[job_id]
+            return
+        cls, entry = where
+        members = cls.members
+        i = bisect_left(members, entry)
+        assert members[i][2] == job_id
+        del members[i]
+        cls.estimates = None
+        if not members:
+            del self.classes[cls.key]
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def jobs(self) -> list[Job]:
+        """Every waiting job held, claimants first, then class by class."""
+        out = list(self.claimants.values())
+        for c in self.classes.values():
+            out.extend(e[3] for e in c.members)
+        return out
