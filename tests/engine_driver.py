@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from walk_reference import one_by_one
+
 from warden.engine.accounting import expected_end
 from warden.engine.allocation import Allocation
 from warden.engine.fairshare import accrue, cluster_capacity
@@ -102,12 +104,14 @@ EnginePath = Literal["fresh", "warm", "changed"]
 
 
 def check_warm_engine(engine: Engine, snapshot: Snapshot, plan: Plan, now: float) -> None:
-    """The warm engine's plan is a fresh pass's, and what it keeps between passes equals a
+    """The warm engine's plan is a fresh pass's and a walk over every job's (`walk_reference`), and what it keeps between passes equals a
     fresh build from the snapshot, with every derived quota value true to its definition."""
     waiting_for_victims = {i for i, e in plan.explanations.items() if e.reason.code == "WaitingForGrace"}
     assert plan.claims == waiting_for_victims, f"claims {sorted(plan.claims)} != {sorted(waiting_for_victims)}"
     fresh = schedule(snapshot, now)
     assert plan == fresh, f"warm plan differs from a fresh pass at t={now}:\n{plan}\n{fresh}"
+    every = one_by_one(snapshot, now)
+    assert plan == every, f"plan differs from a walk over every job at t={now}:\n{plan}\n{every}"
     alloc = engine._alloc
     assert alloc is not None
     built = Allocation(snapshot.nodes, snapshot.policy)

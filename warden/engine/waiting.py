@@ -126,8 +126,24 @@ class WaitingIndex:
         self._where.clear()
         self._backoff.clear()
         self.now = now
+        classes, where, entry_of = self.classes, self._where, self.mode.entry
         for job in jobs:
-            self._add(job)
+            if job.claim and job.state is not _AWAITING:
+                self._add(job)
+                continue
+            key = class_key(job, now)
+            cls = classes.get(key)
+            if cls is None:
+                cls = classes[key] = JobClass(key)
+            entry = entry_of(job)
+            cls.members.append(entry)
+            where[job.id] = (cls, entry)
+            if key[9] == BACKOFF:
+                assert job.not_before is not None
+                self._backoff.append((job.not_before, job.id))
+        for cls in classes.values():
+            cls.members.sort()  # entries are unique by id: the jobs are never compared
+        heapq.heapify(self._backoff)
 
     def apply(self, changed: Iterable[Job]) -> None:
         """The jobs that changed since the last call (any state: one no longer waiting leaves)."""
