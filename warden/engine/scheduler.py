@@ -70,6 +70,7 @@ class Engine:
         if alloc is None or not alloc.matches(snapshot.nodes, snapshot.policy):
             alloc = self._alloc = Allocation(snapshot.nodes, snapshot.policy)
             changed = None
+        before = self._waiting
         if changed is None:
             self._waiting, self._terminating, holding = _classify(snapshot.jobs)
             self._claims = {i: j for i, j in self._waiting.items() if j.claim}
@@ -84,10 +85,16 @@ class Engine:
             alloc.apply(changed)
         index = self._index
         mode = order.mode_of(snapshot.policy)
-        if changed is None or index is None or index.mode != mode:
+        if index is None or index.mode != mode:
             index = self._index = WaitingIndex(mode)
             index.sync(self._waiting.values(), now)
         else:
+            if changed is None:  # the whole snapshot: what differs from the last one changed
+                now_waiting = self._waiting
+                for job_id in before:
+                    if job_id not in now_waiting:
+                        index.discard(job_id)
+                changed = [j for i, j in now_waiting.items() if before.get(i) is not j]
             index.apply(changed)
             index.advance(now)
         index_mark, quota_mark = alloc.index.mark(), alloc.quota.mark()

@@ -185,6 +185,10 @@ class WaitingIndex:
             assert job.not_before is not None
             heapq.heappush(self._backoff, (job.not_before, job.id))
 
+    def discard(self, job_id: str) -> None:
+        """The job no longer waits (held or not, it leaves)."""
+        self._remove(job_id)
+
     def _remove(self, job_id: str) -> None:
         if job_id not in self._where:
             return
