@@ -13,9 +13,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
+
+if TYPE_CHECKING:
+    from warden.server.service import Service
 
 ADMIN = "admin-secret-token"
 
@@ -151,3 +154,23 @@ def kill_leftovers(tmp_path: Path) -> None:
                     os.killpg(int(pgid), signal.SIGKILL)
             except (OSError, ValueError):
                 pass
+
+
+def end_everything(svc: Service) -> None:
+    """Cancel what is unfinished and SIGKILL what still runs in an in-process service,
+    recording the exits, so that no job process outlives the test."""
+    from warden.server.auth import Principal
+    from warden.server.errors import ApiError
+
+    root = Principal("root", "admin", ("*",))
+    for active in svc.store.active():
+        try:
+            svc.cancel(active.job.job_id, root)
+        except ApiError:
+            pass
+    for job_id, attempt in svc.executor.running():
+        svc.executor.kill(job_id, attempt)
+    deadline = time.monotonic() + 10
+    while svc.executor.running() and time.monotonic() < deadline:
+        svc.reconciler.reconcile()
+        time.sleep(0.01)

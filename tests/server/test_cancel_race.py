@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
-from serverproc import wait_for
+from serverproc import end_everything, wait_for
 
 from warden.engine.model import JobState, Node
 from warden.engine.policy import parse_policy
@@ -73,23 +73,6 @@ def service(db_url: str, tmp_path: Path) -> Iterator[Service]:
     end_everything(svc)
     svc.stop()
     svc.store.close()
-
-
-def end_everything(svc: Service) -> None:
-    """Cancel what is unfinished and SIGKILL what still runs, recording the exits, so that no
-    job process outlives the test."""
-    root = Principal("root", "admin", ("*",))
-    for active in svc.store.active():
-        try:
-            svc.cancel(active.job.job_id, root)
-        except ApiError:
-            pass
-    for job_id, attempt in svc.executor.running():
-        svc.executor.kill(job_id, attempt)
-    deadline = time.monotonic() + 10
-    while svc.executor.running() and time.monotonic() < deadline:
-        svc.reconciler.reconcile()
-        time.sleep(0.01)
 
 
 def submit(svc: Service, tier: int = 3, command: tuple[str, ...] = ("sleep", "30"), user: str = "ana") -> int:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from serverproc import end_everything
 
 from warden.engine import schedule
 from warden.engine.model import Job, JobState, Node, Snapshot
@@ -123,22 +124,6 @@ def service(tmp_path: Path, recorder: Recorder) -> Iterator[Service]:
     end_everything(svc)
     svc.stop()
     store.close()
-
-
-def end_everything(svc: Service) -> None:
-    """Cancel what is unfinished and SIGKILL what still runs, recording the exits, so that no
-    job process outlives the test."""
-    for active in svc.store.active():
-        try:
-            svc.cancel(active.job.job_id, ROOT)
-        except ApiError:
-            pass
-    for job_id, attempt in svc.executor.running():
-        svc.executor.kill(job_id, attempt)
-    deadline = time.monotonic() + 10
-    while svc.executor.running() and time.monotonic() < deadline:
-        svc.reconciler.reconcile()
-        time.sleep(0.01)
 
 
 def same_plan(ours: Plan, fresh: Plan) -> None:
