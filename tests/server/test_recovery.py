@@ -64,7 +64,9 @@ def test_admitted_without_an_attempt_is_requeued_and_runs(tmp_path: Path) -> Non
 def test_processes_started_but_the_handle_was_never_stored_are_adopted(tmp_path: Path) -> None:
     svc = service(tmp_path)
     marker = tmp_path / "ran"
-    code = f"import time; open({str(marker)!r}, 'a').write('x'); time.sleep(0.5)"
+    # Long enough to outlast two service start-ups and a recovery on a loaded machine: the
+    # check below needs it still running.
+    code = f"import time; open({str(marker)!r}, 'a').write('x'); time.sleep(3)"
     job = submit(svc, [sys.executable, "-c", code])
     now = svc.now()
     log_dir = tmp_path / "state" / "jobs" / str(job) / "attempt-1"

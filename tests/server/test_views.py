@@ -122,3 +122,20 @@ def test_a_held_job_shows_its_hold_as_the_reason_it_waits(store: Store) -> None:
     assert summary["state"] == "PENDING" and summary["held_reason"] == reason
     assert summary["reason"]["code"] == "Held" and summary["wait_s"] == 20.0
     assert job_detail(job, store.events(job_id), (), now=30.0, policy=POLICY)["events"][-1]["reason"] == reason
+
+
+def test_a_waiting_jobs_fair_share_is_shown_as_it_is_now(store: Store) -> None:
+    """The stored explanation keeps the ratios of its last change; the view reads the ledger."""
+    from warden.engine.fairshare import fair_order
+    from warden.engine.model import UsageLedger
+
+    job_id = store.submit(name="", user="u", queue="team", tier=3, command=["true"], actor="u", now=10.0)
+    stale = {"tier": 3, "starvation_breach": False, "fair_rank": 0, "fair_share": [9.0], "waited_s": 0.0}
+    store.set_explanations({job_id: {"reason": None, "sort_key": {**stale, "submit": 10.0, "id": str(job_id)}}})
+    job = store.get(job_id)
+    assert job is not None
+    ledger = UsageLedger(20.0, {"team": 5.0})
+    shown = job_detail(job, (), (), now=30.0, policy=POLICY, ledger=ledger)["sort_key"]
+    assert shown["fair_share"] == list(fair_order(POLICY, ledger.usage)["team"][1]) != [9.0]
+    assert shown["waited_s"] == 20.0
+    assert job_detail(job, (), (), now=30.0, policy=POLICY)["sort_key"]["fair_share"] == [9.0]

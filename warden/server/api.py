@@ -329,7 +329,12 @@ def build_router(service: "Service") -> APIRouter:
     def get_job(job_id: JobId, who: Caller) -> dict[str, Any]:
         job = service.job(job_id)
         return job_detail(
-            job, service.store.events(job.id), service.store.attempts(job.id), service.now(), service.policy
+            job,
+            service.store.events(job.id),
+            service.store.attempts(job.id),
+            service.now(),
+            service.policy,
+            service.reconciler.ledger,
         )
 
     @r.post("/jobs/{job_id}/cancel", status_code=202, responses=errors(401, 403, 404, 409))

@@ -781,12 +781,14 @@ class Reconciler:
 
     # -- explain ----------------------------------------------------------------------------
     def _explain(self, plan: Plan) -> None:
-        """Store the explanations that changed. A job's wait grows every pass, so it is left
-        out of the comparison (the API adds the current wait when it shows the sort key)."""
+        """Store the explanations that changed. A job's wait grows every pass and its queue's
+        fair-share ratios move with every accrual, so both are left out of the comparison (the
+        API shows them as they are now); a rewrite would bump the row's version and make the
+        next pass read and convert it again."""
         changed: dict[int | str, dict[str, object] | None] = {}
         for job_id, e in plan.explanations.items():
             k = e.sort_key
-            seen = (e.reason, e.position, k.tier, k.breach, k.fair_rank, k.fair_share)
+            seen = (e.reason, e.position, k.tier, k.breach, k.fair_rank)
             if self._explained.get(job_id) != seen:
                 self._explained[job_id] = seen
                 changed[int(job_id)] = {"reason": e.reason.to_dict(), "sort_key": k.to_dict(), "position": e.position}

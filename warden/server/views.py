@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from warden.engine import accounting
+from warden.engine.fairshare import fair_order
 from warden.engine.model import Node, UsageLedger
 from warden.engine.policy import Policy
 from warden.store.repo import EventRecord, Store, StoredAttempt, StoredJob
@@ -48,8 +49,16 @@ def job_summary(job: StoredJob, now: float) -> dict[str, Any]:
 
 
 def job_detail(
-    job: StoredJob, events: Iterable[EventRecord], attempts: Sequence[StoredAttempt], now: float, policy: Policy
+    job: StoredJob,
+    events: Iterable[EventRecord],
+    attempts: Sequence[StoredAttempt],
+    now: float,
+    policy: Policy,
+    ledger: UsageLedger | None = None,
 ) -> dict[str, Any]:
+    """A job with its events and attempts. A waiting job's sort key shows its wait and, given
+    the ledger, its queue's fair-share ratios as they are now (the stored explanation keeps
+    them only as of its last change)."""
     out = job_summary(job, now)
     e = job.explanation or {}
     out.update(
@@ -65,7 +74,7 @@ def job_detail(
             "time_limit_s": job.expected_duration_s,
             "approved_by": job.approved_by,
             "sort_key": (
-                {**e["sort_key"], "waited_s": round(wait_s(job, now), 3)}
+                {**e["sort_key"], "waited_s": round(wait_s(job, now), 3), **_live_share(job, policy, ledger)}
                 if job.state.waiting and e.get("sort_key")
                 else None
             ),
@@ -78,6 +87,13 @@ def job_detail(
     )
     out["warnings"] = warnings(job, attempts, now, policy)
     return out
+
+
+def _live_share(job: StoredJob, policy: Policy, ledger: UsageLedger | None) -> dict[str, Any]:
+    if ledger is None or policy.scheduling.order != "governed":
+        return {}
+    ranked = fair_order(policy, ledger.usage).get(job.queue)
+    return {} if ranked is None else {"fair_share": list(ranked[1])}
 
 
 def warnings(job: StoredJob, attempts: Iterable[StoredAttempt], now: float, policy: Policy) -> list[str]:
