@@ -126,22 +126,9 @@ class WaitingIndex:
         self._where.clear()
         self._backoff.clear()
         self.now = now
-        classes, where, entry_of = self.classes, self._where, self.mode.entry
         for job in jobs:
-            if job.claim and job.state is not _AWAITING:
-                self._add(job)
-                continue
-            key = class_key(job, now)
-            cls = classes.get(key)
-            if cls is None:
-                cls = classes[key] = JobClass(key)
-            entry = entry_of(job)
-            cls.members.append(entry)
-            where[job.id] = (cls, entry)
-            if key[9] == BACKOFF:
-                assert job.not_before is not None
-                self._backoff.append((job.not_before, job.id))
-        for cls in classes.values():
+            self._add(job, in_order=False)
+        for cls in self.classes.values():
             cls.members.sort()  # entries are unique by id: the jobs are never compared
         heapq.heapify(self._backoff)
 
@@ -155,8 +142,7 @@ class WaitingIndex:
     def advance(self, now: float) -> None:
         """Bring the gates up to `now`: a job whose back-off has ended joins its class."""
         if now < self.now:
-            jobs = [e[3] for c in self.classes.values() for e in c.members] + list(self.claimants.values())
-            self.sync(jobs, now)
+            self.sync(self.jobs(), now)
             return
         self.now = now
         heap = self._backoff
@@ -168,7 +154,9 @@ class WaitingIndex:
                 self._remove(job_id)
                 self._add(job)
 
-    def _add(self, job: Job) -> None:
+    def _add(self, job: Job, in_order: bool = True) -> None:
+        """Hold the job; `in_order=False` (a bulk load) leaves its class and the back-off heap
+        for the caller to sort."""
         if job.claim and job.state is not _AWAITING:
             self.claimants[job.id] = job
             self._where[job.id] = None
@@ -178,12 +166,18 @@ class WaitingIndex:
         if cls is None:
             cls = self.classes[key] = JobClass(key)
         entry = self.mode.entry(job)
-        insort(cls.members, entry)
+        if in_order:
+            insort(cls.members, entry)
+        else:
+            cls.members.append(entry)
         cls.estimates = None
         self._where[job.id] = (cls, entry)
         if key[9] == BACKOFF:
             assert job.not_before is not None
-            heapq.heappush(self._backoff, (job.not_before, job.id))
+            if in_order:
+                heapq.heappush(self._backoff, (job.not_before, job.id))
+            else:
+                self._backoff.append((job.not_before, job.id))
 
     def discard(self, job_id: str) -> None:
         """The job no longer waits (held or not, it leaves)."""
@@ -204,9 +198,6 @@ class WaitingIndex:
         cls.estimates = None
         if not members:
             del self.classes[cls.key]
-
-    def __len__(self) -> int:
-        return len(self._where)
 
     def jobs(self) -> list[Job]:
         """Every waiting job held, claimants first, then class by class."""

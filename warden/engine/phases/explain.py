@@ -413,7 +413,9 @@ class _Track:
 
 
 def _front(fronts: list[Outcome], cpu: int, memory: int, version: int, governed: bool) -> Outcome | None:
-    """The remembered outcome a job asking (cpu, memory) reuses (`_reuse`), or None."""
+    """The remembered outcome a job asking (cpu, memory) reuses, or None: one that failed
+    asking at most that much (exactly that much where quota governs CPU or memory), and a
+    `Reserved` one only at its hold version and for exactly that much."""
     for front in fronts:
         f_cpu, f_memory, f_version, _ = front
         if f_version == -1:
@@ -425,16 +427,10 @@ def _front(fronts: list[Outcome], cpu: int, memory: int, version: int, governed:
 
 
 def _reuse(fronts: list[Outcome], cpu: int, memory: int, version: int, governed: bool) -> Any:
-    """The remembered outcome a job asking (cpu, memory) reuses, or `_UNKNOWN`: one that
-    failed asking at most that much (exactly that much where quota governs CPU or memory),
-    and a `Reserved` one only at its hold version and for exactly that much."""
-    for f_cpu, f_memory, f_version, known in fronts:
-        if f_version == -1:
-            if (cpu == f_cpu and memory == f_memory) if governed else (cpu >= f_cpu and memory >= f_memory):
-                return known
-        elif f_version == version and cpu == f_cpu and memory == f_memory:
-            return known
-    return _UNKNOWN
+    """The reason of the remembered outcome a job asking (cpu, memory) reuses (`_front`), or
+    `_UNKNOWN`."""
+    front = _front(fronts, cpu, memory, version, governed)
+    return _UNKNOWN if front is None else front[3]
 
 
 def usable_of(job: Job, reserved: Sequence[Hold], now: float) -> Usable:
