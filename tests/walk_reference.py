@@ -12,7 +12,7 @@ from __future__ import annotations
 from warden.engine.allocation import Allocation
 from warden.engine.model import Job, JobState, Snapshot
 from warden.engine.phases.explain import _UNKNOWN, _reuse, usable_of
-from warden.engine.phases.order import Order, mode_of
+from warden.engine.phases.order import Order, borrowing_test, mode_of
 from warden.engine.plan import Explanation, Plan
 from warden.engine.reasons import AwaitingApproval, Position, Reason, ThrashBackoff
 from warden.engine.scheduler import Cycle, _classify
@@ -46,7 +46,12 @@ def one_by_one(snapshot: Snapshot, now: float) -> Plan:
     cycle = Cycle(snapshot, now, alloc, index, waiting.values(), terminating, claims)
     state = cycle.state
     state.count_leaving()
-    order = Order(policy, snapshot.ledger.usage, now)
+    order = Order(
+        policy,
+        snapshot.ledger.usage,
+        now,
+        borrowing_test(policy, state.quota, alloc.index.flavors(), state.charged_tiers),
+    )
     ranking = claimants_first(sorted(waiting.values(), key=order.key_of), claims)
     strict = policy.scheduling.head_of_line_blocking
     head: Job | None = None

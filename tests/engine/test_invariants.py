@@ -235,7 +235,8 @@ def policy_data(draw: st.DrawFn, cluster: tuple[Node, ...], pressure: bool, recl
             "max_attempts_per_pass": draw(st.sampled_from([32, 32, 32, 1, 3])),
         },
         "scheduling": {
-            "order": draw(st.sampled_from(["governed", "governed", "fifo"])),
+            "order": (order := draw(st.sampled_from(["governed", "governed", "fifo", "priority"]))),
+            "nominal_first": order != "governed" and draw(st.booleans()),
             "reservations": draw(st.integers(0, 2)),
             "head_of_line_blocking": draw(st.integers(0, 11)) == 0,
         },

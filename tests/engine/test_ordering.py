@@ -17,7 +17,7 @@ from warden.engine.model import Job, JobState, Snapshot, UsageLedger
 from warden.engine.plan import SortKey
 from warden.engine.policy import Policy, parse_policy
 from warden.engine.reasons import Position
-from warden.engine.scheduler import rank
+from warden.engine.scheduler import Engine, rank
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -243,6 +243,77 @@ def test_priority_order_is_tier_then_submit_then_id_ignoring_fair_share_and_age(
     assert keys["t4-early"].tier == 4 and keys["t4-early"].breach == 1
 
 
+# ------------------------------------------------------------------------------ nominal first
+
+
+def _kueue_like(**scheduling: Any) -> Policy:
+    """Two queues of 4 GPUs under a root of 12, ranked by priority (as the `kueue` preset)."""
+    return policy(
+        queues={
+            "name": "cluster",
+            "nominal": {"gpu": 12},
+            "children": [{"name": "a", "nominal": {"gpu": 4}}, {"name": "b", "nominal": {"gpu": 4}}],
+        },
+        scheduling={"order": "priority", "reservations": 0, **scheduling},
+    )
+
+
+def _b_at_nominal() -> list[Job]:
+    """b already uses its 4 GPUs; an older b job (would borrow) and a newer a job (in-quota) wait
+    for the 4 GPUs left, which fit one of them."""
+    return [
+        running("b-run", "b", 3, ("n0", 4), started=0.0),
+        pending("b-old", "b", 3, gpus=4, submit=10.0),
+        pending("a-new", "a", 3, gpus=4, submit=20.0),
+        pending("a-t4", "a", 4, gpus=2, submit=5.0),
+    ]
+
+
+def test_nominal_first_ranks_jobs_that_would_borrow_after_the_others_of_their_tier() -> None:
+    now = 100.0
+    plain = plan_for(_kueue_like(), nodes(1), _b_at_nominal(), now)
+    assert admitted(plain) == {"b-old"}  # older, and the same tier: it borrows the free GPUs
+    first = plan_for(_kueue_like(nominal_first=True), nodes(1), _b_at_nominal(), now)
+    assert admitted(first) == {"a-new"}
+    # A lower tier still goes after: each queue's own jobs keep their priority order.
+    order = [e.job_id for e in sorted(first.explanations.values(), key=lambda e: e.position)]
+    assert order == ["b-old", "a-t4"]
+    snap = Snapshot(nodes(1), tuple(_b_at_nominal()), _kueue_like(nominal_first=True), UsageLedger(now, {}))
+    keys = {j.id: k for k, j in rank(snap, now)}
+    assert list(keys) == ["a-new", "b-old", "a-t4"]
+    assert keys["b-old"].borrows == 1 and keys["b-old"].to_dict()["would_borrow"] is True
+    assert keys["a-new"].borrows == 0 and keys["b-old"].tier == 3
+    assert sorted(keys.values()) == list(keys.values())  # sort keys sort as the jobs rank
+    # Under fifo, tiers do not rank: every job that would borrow goes after the others.
+    fifo = {j.id: k for k, j in rank(replace(snap, policy=_kueue_like(order="fifo", nominal_first=True)), now)}
+    assert list(fifo) == ["a-t4", "a-new", "b-old"]
+
+
+def test_nominal_first_reads_usage_as_the_pass_starts() -> None:
+    """Admitting a-new takes a to its nominal: a's next job would borrow now, but the ranking
+    of the pass does not move, and the plan is the same warm and fresh."""
+    now = 100.0
+    jobs = [
+        running("b-run", "b", 3, ("n0", 4), started=0.0),
+        pending("a-new", "a", 3, gpus=4, submit=20.0),
+        pending("a-next", "a", 3, gpus=2, submit=30.0),
+        pending("b-old", "b", 3, gpus=2, submit=10.0),
+    ]
+    pol = _kueue_like(nominal_first=True)
+    plan = plan_for(pol, nodes(1, gpus=12), jobs, now)
+    # a-next was in-quota as the pass started (0 + 2 of 4): it goes before b-old, and borrows
+    # by the time its turn comes (a-new took a's 4 GPUs).
+    assert [(a.job_id, a.borrowing) for a in plan.admissions] == [("a-new", False), ("a-next", True), ("b-old", True)]
+    engine = Engine()
+    snap = Snapshot(nodes(1, gpus=12), tuple(jobs), pol, UsageLedger(now, {}))
+    assert engine.plan(snap, now) == plan and engine.plan(snap, now, ()) == plan
+
+
+def test_nominal_first_needs_a_plain_order() -> None:
+    with pytest.raises(ValueError, match=r"scheduling\.nominal_first: needs order priority or fifo"):
+        policy(scheduling={"nominal_first": True})
+
+
 def test_fifo_ignores_carried_over_wait() -> None:
     pol = policy(scheduling={"order": "fifo"})
     old = pending("old", "a", 3, submit=10.0)
@@ -359,7 +430,17 @@ def test_sort_key_to_dict_has_the_documented_fields() -> None:
     now = 1_000.0
     plan = plan_for(pol, nodes(1), _full_cluster_jobs(), now=now, usage={"a": 30.0, "b": 10.0})
     d = plan.explanations["p3b"].sort_key.to_dict()
-    assert set(d) == {"tier", "starvation_breach", "fair_rank", "fair_share", "waited_s", "submit", "id"}
+    assert set(d) == {
+        "would_borrow",
+        "tier",
+        "starvation_breach",
+        "fair_rank",
+        "fair_share",
+        "waited_s",
+        "submit",
+        "id",
+    }
+    assert d["would_borrow"] is False  # only `nominal_first` ranks by it
     assert d["tier"] == 3
     assert d["starvation_breach"] is True
     assert d["waited_s"] == 2 * DAY + (now - 10.0)

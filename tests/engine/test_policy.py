@@ -142,6 +142,7 @@ def test_to_dict_is_resolved_and_round_trips() -> None:
         "head_of_line_blocking": False,
         "reservations": 1,
         "requeue_timestamp": "submit",
+        "nominal_first": False,
     }
     assert parse_policy(d) == p
     assert parse_policy(yaml.safe_dump(d)) == p

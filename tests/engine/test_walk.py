@@ -25,6 +25,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "head of line": {"scheduling": {"head_of_line_blocking": True}},
     "fifo": {"scheduling": {"order": "fifo", "reservations": 2}},
     "priority by eviction": {"scheduling": {"order": "priority", "requeue_timestamp": "eviction"}},
+    "priority, nominal first": {"scheduling": {"order": "priority", "nominal_first": True, "reservations": 2}},
     "zero leases": {"tiers": {3: {"lease": "0s"}, 4: {"charged": True}}, "preemption": {"max_attempts_per_pass": 100}},
 }
 

@@ -364,6 +364,34 @@ def test_a_preempted_job_keeps_its_place_in_kueue() -> None:
         assert min(after, key=after.__getitem__) == first, (sp.policy.scheduling, after)
 
 
+def test_kueue_gives_freed_capacity_to_waiting_in_quota_jobs_before_a_borrower() -> None:
+    # Queues a and b, 4 GPUs of nominal each on 8. b's jobs 0 and 1 take the pool (1 borrows);
+    # a's job 2 reclaims 1 at 100. When 2 ends, a's job 3 (waiting since 200, in-quota) and the
+    # requeued 1 (older, would borrow) want its GPUs: Kueue admits the in-quota head first, so
+    # b loses one job once. Ranked by priority and creation time alone, 1 borrows them and 3
+    # reclaims from b at once (0, the newest of b's running jobs as the pass starts).
+    jobs = [
+        tj(0, 0.0, 4, 5000.0, queue="b"),
+        tj(1, 1.0, 4, 5000.0, queue="b"),
+        tj(2, 100.0, 4, 200.0, queue="a"),
+        tj(3, 200.0, 4, 1000.0, queue="a"),
+    ]
+    kueue = build_preset("kueue", entitlements({}, ["a", "b"], 8), 8)
+    assert kueue.policy.scheduling.nominal_first
+    scheduling = kueue.policy.scheduling.model_copy(update={"nominal_first": False})
+    plain = SimPolicy("kueue", kueue.policy.model_copy(update={"scheduling": scheduling}), kueue.behaviour)
+    from warden.sim.simulator import Simulation
+
+    counts = {}
+    for sp in (kueue, plain):
+        r = {j.job_id: j for j in Simulation(trace(jobs), pool(8), sp).run().jobs}
+        assert all(j.finished_at is not None for j in r.values())
+        counts[sp.policy.scheduling.nominal_first] = r["0"].preemptions + r["1"].preemptions
+        if sp is kueue:
+            assert r["3"].attempts[0].admitted_at == r["2"].finished_at  # straight into 2's GPUs
+    assert counts == {True: 1, False: 2}
+
+
 def test_slurm_holds_a_requeued_job_and_restarts_its_age() -> None:
     # 0 holds the pool until 500 while 1 waits; 1 runs from 500 and is preempted at 1000 by a
     # tier-1 job; it exits at once (no SIGTERM handling). Slurm resets a requeued job's submit

@@ -19,6 +19,9 @@ class SortKey(NamedTuple):
     """
 
     tier: int
+    borrows: int
+    """1 when the job would borrow and its policy ranks such jobs after the others of their tier
+    (`nominal_first`), else 0."""
     breach: int
     """0 when the job has waited past its queue's max_wait (it goes first in its tier), else 1."""
     fair_rank: int
@@ -33,6 +36,7 @@ class SortKey(NamedTuple):
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "would_borrow": self.borrows == 1,
             "tier": self.tier,
             "starvation_breach": self.breach == 0,
             "fair_rank": self.fair_rank,

@@ -436,12 +436,33 @@ class SchedulingSpec(_Spec):
     job is ordered by in the `priority` and `fifo` orders: `submit` keeps its submit time,
     `eviction` uses the time it was last requeued, so it goes behind jobs submitted before that
     (as Kueue's `requeuingStrategy.timestamp: Eviction` orders workloads its PodsReady timeout
-    evicted; a preempted workload keeps its creation time there, which is `submit`)."""
+    evicted; a preempted workload keeps its creation time there, which is `submit`).
+    `nominal_first` (`priority` and `fifo` only) ranks the jobs whose admission would stay
+    within their queue's nominal quota, as the pass starts, before those of their tier that
+    would borrow (under `fifo`, before all that would borrow), as Kueue takes a scheduling
+    cycle's heads, each its queue's highest priority, "request under nominal quota before
+    borrowing"."""
 
     order: Literal["governed", "priority", "fifo"] = "governed"
     head_of_line_blocking: bool = False
     reservations: int = Field(default=1, ge=0)
     requeue_timestamp: Literal["submit", "eviction"] = "submit"
+    nominal_first: bool = False
+
+    @model_validator(mode="after")
+    def _nominal_first_needs_a_plain_order(self) -> Self:
+        if self.nominal_first and self.order == "governed":
+            raise PolicyError(
+                [
+                    PolicyIssue(
+                        "nominal_first",
+                        True,
+                        "needs order priority or fifo: the governed order ranks queues by fair share",
+                        "false, or order: priority / fifo",
+                    )
+                ]
+            )
+        return self
 
 
 _INT32_MAX = 2**31 - 1

@@ -382,6 +382,19 @@ class QuotaTree:
                     return q
         return None
 
+    def nominal_room(self) -> dict[str, tuple[float, ...]]:
+        """Per leaf, how much of each resource its usage may still grow by before a queue below
+        the root on its path goes above its nominal: a demand within it is in-quota now
+        (`over_nominal_at`), read once for many demands."""
+        usage, nominal = self.usage, self.nominal
+        out: dict[str, tuple[float, ...]] = {}
+        for leaf, path in self.paths.items():
+            below = path[:-1]
+            out[leaf] = tuple(
+                min((nominal[q][r] - usage[q][r] for q in below), default=INF) for r in range(len(self.resources))
+            )
+        return out
+
     def over_nominal(self, q: int) -> bool:
         """Is the queue above its nominal once the usage already leaving is gone (borrowing)?"""
         return any(u - left > n + 1e-9 for u, left, n in zip(self.usage[q], self.leaving[q], self.nominal[q]))

@@ -192,7 +192,8 @@ class Cycle:
         like it, or decided (`decide`) — and explained; the plan."""
         state = self.state
         state.count_leaving()  # 1. snapshot
-        ranking = order.Order(state.policy, state.snapshot.ledger.usage, state.now)  # 2. order
+        borrows = order.borrowing_test(state.policy, state.quota, state.index.flavors(), state.charged_tiers)
+        ranking = order.Order(state.policy, state.snapshot.ledger.usage, state.now, borrows)  # 2. order
         walk = self.explain.walk(self.index, ranking, self.decide)  # 3–6, job by job
         return self.explain.plan(walk, tuple(self.waiting), ranking)
 

@@ -140,14 +140,21 @@ def build_preset(name: str, nominal: Mapping[str, int], gpus: int) -> SimPolicy:
         # A preempted workload keeps its creation timestamp in Kueue's queues: requeuingStrategy
         # .timestamp (Eviction by default) orders by eviction time only the workloads evicted by
         # a waitForPodsReady timeout, and only those get its backoff (workload.go
-        # GetQueueOrderTimestamp; kubernetes-sigs/kueue#599).
+        # GetQueueOrderTimestamp; kubernetes-sigs/kueue#599). A cycle's heads are taken in the
+        # order "request under nominal quota before borrowing", then priority, then timestamp
+        # (scheduler.go entryOrdering.Less): `nominal_first`.
         data = {
             "min_grace": "30s",
             "tiers": tiers,
             "queues": queues_governed,
             "thrash": _NO_GUARD,
             "preemption": {"victim_order": "newest"},
-            "scheduling": {"order": "priority", "reservations": 0, "requeue_timestamp": "submit"},
+            "scheduling": {
+                "order": "priority",
+                "reservations": 0,
+                "requeue_timestamp": "submit",
+                "nominal_first": True,
+            },
         }
         behaviour = Behaviour(admissions_per_queue=1, cycle_s=1.0)
     elif name == "k8s":

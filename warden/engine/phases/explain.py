@@ -98,7 +98,7 @@ class Explain:
             heap.append((key, 0, _Track(JobClass(class_key(job, now), [order.mode.entry(job)]), None)))
         for cls in index.classes.values():
             if cls.key[9] == OPEN:
-                first = order.prefix(cls.key[0], cls.key[1])
+                first = order.prefix(cls.members[0][3])
                 heap.append((order.key(first, cls.members[0]), 0, _Track(cls, first)))
         heapify(heap)
         visited: dict[str, Reason | None] = {}

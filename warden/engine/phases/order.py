@@ -2,7 +2,8 @@
 
 The sort key is `(tier, starvation breach, fair rank, −waited, submit, id)` under the governed
 order; `fifo` ranks by submit time and id alone and `priority` by tier first, either taking a
-requeued job's requeue time for its submit time under `requeue_timestamp: eviction`.
+requeued job's requeue time for its submit time under `requeue_timestamp: eviction`, and
+either putting the jobs that would borrow after the others of their tier under `nominal_first`.
 
 A pass never sorts the waiting jobs: `warden.engine.waiting` keeps each class of them in rank
 order between passes, by an anchor that does not move with time (−waited is the anchor minus
@@ -14,19 +15,20 @@ claim goes ahead of every job of its own or a lower tier (`claimant_keys`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from warden.engine.allocation import Allocation
 from warden.engine.fairshare import fair_order
 from warden.engine.model import Job, Snapshot
 from warden.engine.plan import SortKey
 from warden.engine.policy import Policy
+from warden.engine.quota import QuotaTree
 from warden.engine.waiting import Entry, JobClass, OrderMode
 
 INF = math.inf
-
 RankKey = tuple[Any, ...]
-"""(tier, claimant, breach, fair rank, anchor, second, id, 0) — or, for a claimant, the key of
+"""(tier as ranked, claimant, breach, fair rank or borrows, anchor, second, id, 0) — or, for a claimant, the key of
 the job it goes ahead of with (−1, its own key) in place of the trailing 0: how a pass orders
 the waiting jobs. Unique per job (the id is)."""
 
@@ -39,10 +41,18 @@ def mode_of(policy: Policy) -> OrderMode:
 class Order:
     """What one pass ranks by: per queue, its fair rank, ratios and breach anchor."""
 
-    __slots__ = ("by_tier", "governed", "mode", "now", "queues", "unknown")
+    __slots__ = ("borrows", "by_tier", "governed", "mode", "now", "queues", "unknown")
 
-    def __init__(self, policy: Policy, usage: Mapping[str, float], now: float) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        usage: Mapping[str, float],
+        now: float,
+        borrows: Callable[[Job], bool] | None = None,
+    ) -> None:
         self.now = now
+        self.borrows = borrows
+        """Under `nominal_first`: would the job's admission borrow (`borrowing_test`)."""
         self.mode = mode_of(policy)
         self.governed = self.mode.governed
         self.by_tier = self.governed or policy.scheduling.order == "priority"
@@ -56,33 +66,64 @@ class Order:
         waited past the queue's max wait); a queue the policy does not know ranks last."""
         self.unknown = (len(fair), (), now - default_wait)
 
-    def prefix(self, queue: str, tier: int) -> tuple[int, int, float]:
-        """(tier as ranked, fair rank, breach anchor) of a class."""
+    def prefix(self, job: Job) -> tuple[int, int, float]:
+        """(tier as ranked, fair rank, breach anchor) of the job's class (any member's); outside
+        the governed order the fair rank's place says whether the job would borrow (0 or 1)."""
         if not self.governed:
-            return (tier if self.by_tier else 0), 0, -INF
-        fr, _, threshold = self.queues.get(queue, self.unknown)
-        return tier, fr, threshold
+            borrows = self.borrows is not None and self.borrows(job)
+            return (job.tier if self.by_tier else 0), int(borrows), -INF
+        fr, _, threshold = self.queues.get(job.queue, self.unknown)
+        return job.tier, fr, threshold
 
     def key(self, prefix: tuple[int, int, float], entry: Entry) -> RankKey:
         tier, fr, threshold = prefix
         anchor = entry[0]
         if not self.governed:
-            return (tier, 1, 1, 0, anchor, entry[1], entry[2], 0)
+            return (tier, 1, 1, fr, anchor, entry[1], entry[2], 0)
         return (tier, 1, 0 if anchor <= threshold else 1, fr, anchor, entry[1], entry[2], 0)
 
     def key_of(self, job: Job) -> RankKey:
-        return self.key(self.prefix(job.queue, job.tier), self.mode.entry(job))
+        return self.key(self.prefix(job), self.mode.entry(job))
 
     def sort_key(self, job: Job, key: RankKey) -> SortKey:
-        """The key shown to users: tier, breach, fair rank, −waited, submit, id, ratios."""
+        """The key shown to users: tier, borrows, breach, fair rank, −waited, submit, id, ratios."""
         new = tuple.__new__
         if not self.governed:
-            return new(SortKey, (key[0], 1, 0, 0.0, key[4], job.id, ()))
+            return new(SortKey, (key[0], key[3], 1, 0, 0.0, key[4], job.id, ()))
         _, ratios, _ = self.queues.get(job.queue, self.unknown)
         since = job.submit if job.pending_since is None else job.pending_since
         now = self.now
         waited = job.waited + (now - since if now > since else 0.0)  # accounting.wait_time
-        return new(SortKey, (job.tier, key[2], key[3], -waited, job.submit, job.id, ratios))
+        return new(SortKey, (job.tier, 0, key[2], key[3], -waited, job.submit, job.id, ratios))
+
+
+def borrowing_test(
+    policy: Policy, quota: QuotaTree, flavors: Sequence[str], charged: Mapping[int, bool]
+) -> Callable[[Job], bool] | None:
+    """Under `nominal_first`, whether a job's admission would take a queue on its path above
+    its nominal quota on every flavor it may use, with usage as it is now (the pass's start):
+    remembered per queue and shape, so the ranking does not move as the pass admits. None when
+    the policy ranks without it or governs no quota."""
+    if not policy.scheduling.nominal_first or not quota.governed():
+        return None
+    room = quota.nominal_room()
+    seen: dict[tuple[Any, ...], bool] = {}
+
+    def borrows(job: Job) -> bool:
+        key = (job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.cpu, job.memory)
+        found = seen.get(key)
+        if found is None:
+            left = room.get(job.queue)
+            found = False
+            if left is not None and charged.get(job.tier, False):
+                found = not any(
+                    all(a <= r + 1e-9 for a, r in zip(quota.demand(job, f), left))
+                    for f in ((job.flavor,) if job.flavor is not None else flavors)
+                )
+            seen[key] = found
+        return found
+
+    return borrows
 
 
 def claimant_keys(order: Order, claimants: Iterable[Job], classes: Iterable[JobClass]) -> dict[str, RankKey]:
@@ -98,7 +139,7 @@ def claimant_keys(order: Order, claimants: Iterable[Job], classes: Iterable[JobC
     claimants = list(claimants)
     if not claimants:
         return {}
-    heads = [(c.tier, order.key(order.prefix(c.queue, c.tier), c.members[0])) for c in classes]
+    heads = [(c.tier, order.key(order.prefix(c.members[0][3]), c.members[0])) for c in classes]
     first: dict[int, RankKey | None] = {}
     out: dict[str, RankKey] = {}
     for job in claimants:
@@ -116,7 +157,13 @@ def rank(snapshot: Snapshot, now: float, waiting: Iterable[Job] | None = None) -
 
     `waiting` may name the snapshot's waiting jobs when the caller already knows them.
     """
-    order = Order(snapshot.policy, snapshot.ledger.usage, now)
+    policy = snapshot.policy
+    borrows = None
+    if policy.scheduling.nominal_first:
+        alloc = Allocation(snapshot.nodes, policy)
+        alloc.sync(j for j in snapshot.jobs if j.state.holds_resources and j.attempt is not None)
+        borrows = borrowing_test(policy, alloc.quota, alloc.index.flavors(), alloc.charged_tiers)
+    order = Order(policy, snapshot.ledger.usage, now, borrows)
     jobs = [j for j in (snapshot.jobs if waiting is None else waiting) if j.state.waiting]
     keyed = sorted(((order.key_of(j), j) for j in jobs), key=_first)
     return [(order.sort_key(j, k), j) for k, j in keyed]
