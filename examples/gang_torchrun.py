@@ -19,10 +19,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
+import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -121,18 +122,26 @@ def main(argv: list[str] | None = None) -> int:
                 path = store.save_torch(step, state())
                 print(f"rank {rank}: SIGTERM: saved step {step} to {path.name}", flush=True)
             print(f"rank {rank}: stopping after step {step}", flush=True)
-            dist.barrier()  # tear the group down together: a rank leaving alone aborts gloo
-            dist.destroy_process_group()
-            guard.exit()
+            leave(reporter, 0)
         if guard.is_writer and args.checkpoint_every and step % args.checkpoint_every == 0:
             store.save_torch(step, state())
 
     if guard.is_writer and store.latest_step() != step:
         store.save_torch(step, state())
     print(f"rank {rank} finished at step {step} digest {digest(model)}", flush=True)
+    leave(reporter, 0)
+
+
+def leave(reporter: Any, code: int) -> NoReturn:
+    """Every rank leaves together, once everything is saved: a barrier, the reports and the
+    streams flushed, then `os._exit`. The process group is not torn down: gloo's background
+    threads abort a process ("terminate called without an active exception") when they are
+    destroyed after a peer has already gone, and nothing is left to clean up."""
     dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    reporter.flush(5.0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
