@@ -118,6 +118,8 @@ def check_warm_engine(engine: Engine, snapshot: Snapshot, plan: Plan, now: float
     built.sync(j for j in snapshot.jobs if j.state.holds_resources and j.attempt is not None)
     alloc.index.check()
     alloc.quota.check()
+    assert engine._index is not None
+    engine._index.check()
     ctx = RuleContext(snapshot.policy, built.quota, now)
     alloc.releases.check(alloc.jobs, now, lambda v: (protection(ctx, v), expected_end(v)))
     assert alloc.jobs == built.jobs

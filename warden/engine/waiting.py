@@ -46,7 +46,8 @@ class JobClass:
     key: ClassKey
     members: list[Entry] = field(default_factory=list)
     estimates: tuple[float, float] | None = None
-    """(shortest, longest) runtime estimate of the members, worked out when first needed."""
+    """(shortest, longest) runtime estimate of the members, worked out when first needed and
+    kept up as members come and go (`joined`, `left`)."""
 
     def estimate_range(self) -> tuple[float, float]:
         known = self.estimates
@@ -54,6 +55,19 @@ class JobClass:
             ends = [e[3].expected_duration or 0.0 for e in self.members]
             known = self.estimates = (min(ends), max(ends))
         return known
+
+    def joined(self, job: Job) -> None:
+        known = self.estimates
+        if known is not None:
+            end = job.expected_duration or 0.0
+            if end < known[0] or end > known[1]:
+                self.estimates = (min(known[0], end), max(known[1], end))
+
+    def left(self, job: Job) -> None:
+        """A member left: the range holds unless it was one of its ends (then worked out anew)."""
+        known = self.estimates
+        if known is not None and not known[0] < (job.expected_duration or 0.0) < known[1]:
+            self.estimates = None
 
     @property
     def queue(self) -> str:
@@ -168,9 +182,10 @@ class WaitingIndex:
         entry = self.mode.entry(job)
         if in_order:
             insort(cls.members, entry)
+            cls.joined(job)
         else:
             cls.members.append(entry)
-        cls.estimates = None
+            cls.estimates = None
         self._where[job.id] = (cls, entry)
         if key[9] == BACKOFF:
             assert job.not_before is not None
@@ -195,9 +210,22 @@ class WaitingIndex:
         i = bisect_left(members, entry)
         assert members[i][2] == job_id
         del members[i]
-        cls.estimates = None
+        cls.left(entry[3])
         if not members:
             del self.classes[cls.key]
+
+    def check(self) -> None:
+        """Assert what the index derives is true to its definition: each member in the class
+        of its key, every class in rank order, each kept estimate range the members' own."""
+        for key, cls in self.classes.items():
+            assert cls.members and cls.members == sorted(cls.members), key
+            for entry in cls.members:
+                assert class_key(entry[3], self.now) == key, (entry[2], key)
+                assert self._where[entry[2]] == (cls, entry), entry[2]
+            if cls.estimates is not None:
+                ends = [e[3].expected_duration or 0.0 for e in cls.members]
+                assert cls.estimates == (min(ends), max(ends)), (key, cls.estimates)
+        assert len(self._where) == len(self.claimants) + sum(len(c.members) for c in self.classes.values())
 
     def jobs(self) -> list[Job]:
         """Every waiting job held, claimants first, then class by class."""

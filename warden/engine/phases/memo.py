@@ -77,6 +77,10 @@ class Memo:
     preempt_fail: set[PreemptKey] = field(default_factory=set)
     """Jobs whose victim search failed: free capacity and the candidates only shrink, and quota
     usage only grows, so for the pass (and a claim charges quota: it never makes room)."""
+    eligible: dict[tuple[int, str, bool], tuple[int, int, bool]] = field(default_factory=dict)
+    """(P's tier, queue, in-quota: what the pair rules read of P) → (quota version, hold
+    version, `Victims.any_eligible`): until quota usage or the holds change (a claim signals
+    its victims and holds capacity in one go)."""
     could_preempt: dict[int, bool] = field(default_factory=dict)
     """P's tier → `rules.could_preempt` over `victim_tiers`: for the pass."""
     victim_tiers: tuple[int, ...] | None = None

@@ -106,7 +106,20 @@ class Victims:
         """Could a search for `p` take any running job now (`CandidatePool.eligible` without
         its jobs already leaving)? A job the rules let go, not signalled, of a lower tier or —
         where `p` may reclaim — of its own, that the pair rules let `p` take. Asked before the
-        candidates are priced: most searches of a deep queue have nothing to take."""
+        candidates are priced: most searches of a deep queue have nothing to take.
+
+        Remembered per what the pair rules read of P (`Memo.eligible`): the answer reads
+        nothing else of P, and of the pass only quota usage and the claims."""
+        memo = self.memo
+        key = (p.job.tier, p.job.queue, p.in_quota)
+        seen = memo.eligible.get(key)
+        if seen is not None and seen[0] == memo.quota_version and seen[1] == memo.hold_version:
+            return seen[2]
+        found = self._any_eligible(p)
+        memo.eligible[key] = (memo.quota_version, memo.hold_version, found)
+        return found
+
+    def _any_eligible(self, p: Preemptor) -> bool:
         state = self.state
         index = self.releases()
         ok = allowed_for(state.ctx, p)
