@@ -233,6 +233,13 @@ class Explain:
                 return None, fragile
             if wanted[0] is False and due is not None and now + longest <= due:
                 return None, fragile
+            if due is None:
+                return start, fragile  # no member may use it: the first wants False
+            want = wanted[0]
+            for j in range(start, len(members)):  # `usable_of`, inlined: members have estimates
+                if (now + members[j][3].expected_duration <= due) is want:  # type: ignore[operator]
+                    return j, fragile
+            return None, fragile
         for j in range(start, len(members)):
             if usable_of(members[j][3], reserved, now) in wanted:
                 return j, fragile
