@@ -1,10 +1,12 @@
 """Preemptions per admitted job for every preset on one Philly setting: one JSON object on stdout.
 
-    python bench/sim_presets.py [--gpus 750] [--limit N] [--policies a,b] [--traces DIR] [--markdown]
+    python bench/sim_presets.py [--gpus 750] [--limit N] [--policies a,b] [--traces DIR]
+                                [--trace philly/pollux_philly.csv] [--markdown]
 
-The trace is `pollux_philly.csv` (82,247 jobs; `--limit` takes the first N by submit time) with
-the Philly VCs as queues and their quotas from `philly_vc_nodes.csv`, on one pool of `--gpus`
-GPUs: the same run as `warden sim compare --trace …/pollux_philly.csv --gpus N --policies …`.
+The trace is `--trace`, under the shared traces folder: by default `pollux_philly.csv` (82,247
+jobs; `--limit` takes the first N by submit time) with the Philly VCs as queues and their quotas
+from `philly_vc_nodes.csv`, on one pool of `--gpus` GPUs: the same run as
+`warden sim compare --trace …/pollux_philly.csv --gpus N --policies …`.
 Per policy: total preemptions, their mean, p95 and max per admitted job, the worst job, how many
 jobs exceed the default limit of 10, and the wall time of the simulation. `--markdown` prints
 the table for BENCHMARKS.md instead.
@@ -28,8 +30,13 @@ DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 ORDER = ("fifo_strict", "fifo_backfill", "slurm", "kueue", "k8s", "governed")
 
 
-def measure(traces: Path, gpus: int, limit: int | None, policies: list[str]) -> dict[str, Any]:
-    setup = prepare(traces / "philly" / "pollux_philly.csv", gpus=gpus, limit=limit)
+DEFAULT_TRACE = "philly/pollux_philly.csv"
+
+
+def measure(
+    traces: Path, gpus: int, limit: int | None, policies: list[str], trace: str = DEFAULT_TRACE
+) -> dict[str, Any]:
+    setup = prepare(traces / trace, gpus=gpus, limit=limit)
     rows = {}
     for name in policies:
         s = run_policy(setup, name).summary
@@ -46,7 +53,7 @@ def measure(traces: Path, gpus: int, limit: int | None, policies: list[str]) -> 
             "wall_s": s["wall_s"],
         }
     return {
-        "trace": "philly/pollux_philly.csv",
+        "trace": trace,
         "gpus": gpus,
         "jobs": len(setup.trace.jobs),
         "limit": limit,
@@ -74,6 +81,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--policies", default=",".join(ORDER))
     parser.add_argument("--traces", type=Path, default=DEFAULT_TRACES)
+    parser.add_argument("--trace", default=DEFAULT_TRACE, help="a trace file under --traces")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -82,7 +90,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error(f"--policies: unknown preset(s) {unknown}; choose from {', '.join(PRESETS)}")
     if not args.traces.is_dir():
         parser.error(f"--traces: {str(args.traces)!r} is not a directory (the shared traces)")
-    result = measure(args.traces, args.gpus, args.limit, policies)
+    if not (args.traces / args.trace).is_file():
+        parser.error(f"--trace: {args.trace!r} is not a file under {str(args.traces)!r}")
+    result = measure(args.traces, args.gpus, args.limit, policies, args.trace)
     print(markdown(result) if args.markdown else json.dumps(result, indent=2))
     return result
 

@@ -321,6 +321,14 @@ class Stress:
             with self.lock:
                 self.jobs.append(job)
             time.sleep(self.rng.random() * 0.006)
+        # The cancellers keep going until they have tried one cancel per two submissions (a
+        # busy machine slows them more than the submitter), within a deadline.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with self.lock:
+                if self.attempts >= count // 2:
+                    break
+            time.sleep(0.01)
         self.stop.set()
 
     def watcher(self) -> None:
