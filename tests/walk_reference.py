@@ -20,18 +20,11 @@ from warden.engine.waiting import WaitingIndex
 
 
 def claimants_first(ranking: list[Job], claims: dict[str, Job]) -> list[Job]:
-    """Each claimant (not awaiting approval) moved just ahead of the first other job of its
-    own or a lower tier; claimants among themselves in rank order; the rest after all."""
+    """Every claimant (not awaiting approval) ahead of every other job, claimants among
+    themselves in rank order."""
     first = [j for j in ranking if j.id in claims and j.state is not JobState.AWAITING_APPROVAL]
     held = {j.id for j in first}
-    out: list[Job] = []
-    for job in ranking:
-        if job.id in held:
-            continue
-        out.extend(c for c in first if c.tier <= job.tier)
-        first = [c for c in first if c.tier > job.tier]
-        out.append(job)
-    return out + first
+    return first + [j for j in ranking if j.id not in held]
 
 
 def one_by_one(snapshot: Snapshot, now: float) -> Plan:

@@ -121,16 +121,18 @@ def test_claimants_go_first_and_keep_their_victims_capacity() -> None:
     assert plan.claims == frozenset() and plan.released_claims == ()
 
 
-def test_a_claimant_goes_before_its_own_tier_but_not_before_higher_ones() -> None:
-    """A claimant could preempt any job of its own or a lower tier admitted into its capacity
-    (a loop), but not a higher-tier one: those keep their place ahead of it."""
+def test_a_claimant_goes_before_every_waiting_job_even_of_a_higher_tier() -> None:
+    """What a claimant's victims free is its own: a job of its own or a lower tier admitted
+    there would be preempted for it again, and a higher-tier one leaves it to preempt anew the
+    next time (on PAI 2023 the `slurm` preset preempted tier-3 jobs 1,311 times each that way,
+    for tier-2 claimants whose capacity tier-1 jobs took)."""
     pol = _policy("0s")
     cluster = (Node("n0", 2),)
     t2 = pending("t2", "platform", 2, gpus=2, submit=5.0)
     t3 = pending("t3", "platform", 3, gpus=2, submit=0.0)
     l1 = pending("l1", "language", 3, gpus=2, submit=1.0, claim=True)
     plan = schedule(Snapshot(cluster, (t3, l1, t2), pol), 100.0)
-    assert admitted(plan) == {"t2"}
+    assert admitted(plan) == {"l1"}
     order = sorted(plan.explanations.values(), key=lambda e: e.position)
-    assert [e.job_id for e in order] == ["l1", "t3"]
-    assert plan.explanations["l1"].position == 2  # after t2, before t3
+    assert [e.job_id for e in order] == ["t2", "t3"]
+    assert plan.explanations["t2"].position == 2  # after l1

@@ -127,9 +127,8 @@ class Job:
     """When each earlier preemption of this job began (the thrash guard's budget)."""
     claim: bool = False
     """A waiting job whose preemptions are freeing capacity for it (`Plan.claims` of the last
-    pass): a pass considers such a job before every job of its own or a lower tier, so what
-    its victims free goes to it and to no job it could preempt in turn. Set by the shell from
-    the previous plan."""
+    pass): a pass considers such a job before every other waiting job, so what its victims
+    free goes to it and to no other job. Set by the shell from the previous plan."""
     attempt: Attempt | None = None
 
     @property

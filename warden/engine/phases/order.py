@@ -9,7 +9,7 @@ A pass never sorts the waiting jobs: `warden.engine.waiting` keeps each class of
 order between passes, by an anchor that does not move with time (−waited is the anchor minus
 `now`), and `Order` gives a member its rank key from the anchor and what this pass says of its
 queue (fair rank, the anchor at which its wait breaches the queue's maximum). A job holding a
-claim goes ahead of every job of its own or a lower tier (`claimant_keys`).
+claim goes ahead of every other waiting job (`claimant_keys`).
 """
 
 from __future__ import annotations
@@ -127,26 +127,20 @@ def borrowing_test(
 
 
 def claimant_keys(order: Order, claimants: Iterable[Job], classes: Iterable[JobClass]) -> dict[str, RankKey]:
-    """Each claimant's rank key: just ahead of the first job of its own or a lower tier (in
-    rank order among claimants), or after every job where there is none.
+    """Each claimant's rank key: just ahead of the first other waiting job (in rank order among
+    claimants), or after every job where there is none.
 
-    A claimant's victims are leaving for it: considered before any job it could preempt in
-    turn, it takes what they free (or claims it again while they are still in their grace),
-    so nobody is admitted into that capacity only to be preempted for it again. A job of a
-    higher tier may still take it: the claimant could not preempt that job, so no loop
-    follows, and higher tiers keep going first.
+    A claimant's victims are leaving for it: considered first, it takes what they free (or
+    claims it again while they are still in their grace), so nobody is admitted into that
+    capacity — neither a job it would preempt for it again, nor a higher-tier one that would
+    leave it to preempt anew the next time capacity is short.
     """
     claimants = list(claimants)
     if not claimants:
         return {}
-    heads = [(c.tier, order.key(order.prefix(c.members[0][3]), c.members[0])) for c in classes]
-    first: dict[int, RankKey | None] = {}
+    ahead = min((order.key(order.prefix(c.members[0][3]), c.members[0]) for c in classes), default=None)
     out: dict[str, RankKey] = {}
     for job in claimants:
-        tier = job.tier
-        if tier not in first:
-            first[tier] = min((k for t, k in heads if t >= tier), default=None)
-        ahead = first[tier]
         own = order.key_of(job)
         out[job.id] = (INF, -1, own) if ahead is None else (*ahead[:7], -1, own)
     return out
