@@ -27,10 +27,11 @@ from warden.engine.quota import QuotaTree
 from warden.engine.waiting import Entry, JobClass, OrderMode
 
 INF = math.inf
+
 RankKey = tuple[Any, ...]
-"""(tier as ranked, claimant, breach, fair rank or borrows, anchor, second, id, 0) — or, for a claimant, the key of
-the job it goes ahead of with (−1, its own key) in place of the trailing 0: how a pass orders
-the waiting jobs. Unique per job (the id is)."""
+"""(tier as ranked, claimant, breach, fair rank or borrows, anchor, second, id, 0) — or, for a
+claimant, the key of the job it goes ahead of with (−1, its own key) in place of the trailing
+0: how a pass orders the waiting jobs. Unique per job (the id is)."""
 
 
 def mode_of(policy: Policy) -> OrderMode:
