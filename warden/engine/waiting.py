@@ -38,6 +38,11 @@ ANY_RESERVATION, NO_RESERVATION, BY_ESTIMATE = 0, 1, 2
 without a runtime estimate none, any other job those its estimate ends before."""
 
 
+def _estimate(job: Job) -> float:
+    """A member's runtime estimate as its class's range counts it (none: 0)."""
+    return job.expected_duration or 0.0
+
+
 @dataclass(slots=True, eq=False)
 class JobClass:
     """Waiting jobs one pass answers alike: same queue, tier, flavor asked for, shape, CPU and
@@ -52,21 +57,21 @@ class JobClass:
     def estimate_range(self) -> tuple[float, float]:
         known = self.estimates
         if known is None:
-            ends = [e[3].expected_duration or 0.0 for e in self.members]
+            ends = [_estimate(e[3]) for e in self.members]
             known = self.estimates = (min(ends), max(ends))
         return known
 
     def joined(self, job: Job) -> None:
         known = self.estimates
         if known is not None:
-            end = job.expected_duration or 0.0
+            end = _estimate(job)
             if end < known[0] or end > known[1]:
                 self.estimates = (min(known[0], end), max(known[1], end))
 
     def left(self, job: Job) -> None:
         """A member left: the range holds unless it was one of its ends (then worked out anew)."""
         known = self.estimates
-        if known is not None and not known[0] < (job.expected_duration or 0.0) < known[1]:
+        if known is not None and not known[0] < _estimate(job) < known[1]:
             self.estimates = None
 
     @property
@@ -223,7 +228,7 @@ class WaitingIndex:
                 assert class_key(entry[3], self.now) == key, (entry[2], key)
                 assert self._where[entry[2]] == (cls, entry), entry[2]
             if cls.estimates is not None:
-                ends = [e[3].expected_duration or 0.0 for e in cls.members]
+                ends = [_estimate(e[3]) for e in cls.members]
                 assert cls.estimates == (min(ends), max(ends)), (key, cls.estimates)
         assert len(self._where) == len(self.claimants) + sum(len(c.members) for c in self.classes.values())
 
