@@ -30,7 +30,7 @@ from warden.sim.metrics import (
     wait_cdf,
     waterfill,
 )
-from warden.sim.records import SimAttempt, SimJob, SimRun
+from warden.sim.records import PreemptionCause, SimAttempt, SimJob, SimRun
 
 H = 3600.0
 
@@ -46,6 +46,7 @@ def attempt(
     lost: float = 0.0,
     idle: float = 0.0,
     preempted: bool = False,
+    cause: PreemptionCause | None = None,
 ) -> SimAttempt:
     """An attempt whose useful time is whatever the other parts leave (GPU time is conserved)."""
     useful = ended - admitted - startup - checkpoint - lost - idle
@@ -62,6 +63,7 @@ def attempt(
         idle,
         preempted,
         sigterm_at=ended if preempted else None,
+        cause=cause,
     )
 
 
@@ -99,7 +101,17 @@ def preempted_run(**kw: Any) -> SimRun:
         0,
         2,
         (
-            attempt(1, 0, 300, 2, startup=20, checkpoint=10, lost=100, preempted=True),  # useful 170
+            attempt(
+                1,
+                0,
+                300,
+                2,
+                startup=20,
+                checkpoint=10,
+                lost=100,
+                preempted=True,
+                cause=PreemptionCause("j2", 1, "downward", False),
+            ),  # useful 170
             attempt(2, 400, 700, 2, startup=20),  # useful 280
         ),
         finished=700,
@@ -153,9 +165,22 @@ def test_preempted_run_every_metric_by_hand() -> None:
     assert s["eta_p5"] == pytest.approx(0.7625)
     assert s["eta_p50"] == pytest.approx(0.875)
     assert s["per_tier"] == {
-        "1": {"jobs": 1, "p50_wait_s": 0.0, "p95_wait_s": 0.0},
-        "3": {"jobs": 1, "p50_wait_s": 100.0, "p95_wait_s": 100.0},
+        "1": {"jobs": 1, "p50_wait_s": 0.0, "p95_wait_s": 0.0, "max_wait_s": 0.0, "breaches": 0},
+        "3": {"jobs": 1, "p50_wait_s": 100.0, "p95_wait_s": 100.0, "max_wait_s": 100.0, "breaches": 0},
     }
+    # j1's second attempt started up for 20 s on 2 GPUs: what the preemption cost beyond lost work
+    assert s["restart_startup_gpu_hours"] == pytest.approx(2 * 20 / H, abs=1e-6)
+    assert s["preemptions_by_cause"] == [
+        {
+            "preemptor_tier": 1,
+            "victim_tier": 3,
+            "kind": "downward",
+            "after_reservation": False,
+            "preemptions": 1,
+            "lost_gpu_hours": pytest.approx(2 * 100 / H, abs=1e-6),
+            "restart_startup_gpu_hours": pytest.approx(2 * 20 / H, abs=1e-6),
+        }
+    ]
     assert (s["wall_s"], s["passes"], s["jobs_per_wall_s"]) == (0.5, 9, 4.0)
 
 
@@ -183,6 +208,24 @@ def test_starvation_breaches_count_waits_at_or_over_the_queue_limit() -> None:
     assert s["least_served_queue"] == "free"
     assert s["per_queue"]["a"]["max_wait_s"] == 100
     assert s["per_queue"]["free"]["max_wait_s"] == 500
+    assert (s["per_queue"]["a"]["breaches"], s["per_queue"]["free"]["breaches"]) == (1, 0)
+    assert s["per_tier"]["3"]["breaches"] == 1
+    # "a" waited exactly its maximum: once it, never twice
+    assert (s["breach_wait_over_max_p50"], s["breach_wait_over_max_max"]) == (1.0, 1.0)
+    assert s["breaches_over_twice_max_wait"] == 0
+
+
+def test_breach_lengths_are_multiples_of_the_queues_maximum_wait() -> None:
+    jobs = [
+        job(name, 0, 1, (attempt(1, w, w + 10, 1),), finished=w + 10, wait=w, queue=q)
+        for name, w, q in (("a", 150, "a"), ("b", 300, "a"), ("c", 50, "a"), ("d", 400, "b"))
+    ]
+    s = summarize(simrun(jobs, gpus=4, ended=500, max_wait={"a": 100.0, "b": 400.0}))
+    assert s["starvation_breaches"] == 3
+    # a: 1.5, b: 3.0, d: 1.0 → median 1.5, worst 3.0, one at twice or more
+    assert (s["breach_wait_over_max_p50"], s["breach_wait_over_max_max"]) == (1.5, 3.0)
+    assert s["breaches_over_twice_max_wait"] == 1
+    assert (s["per_queue"]["a"]["breaches"], s["per_queue"]["b"]["breaches"]) == (2, 1)
 
 
 def test_percentiles_interpolate_linearly() -> None:

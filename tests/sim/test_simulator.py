@@ -17,7 +17,7 @@ from invariants import check_pass
 from warden.engine.model import Node
 from warden.sim.cluster import pool
 from warden.sim.presets import PRESETS, SimPolicy, build_preset, entitlements
-from warden.sim.records import SimRun, Trace, TraceJob
+from warden.sim.records import PreemptionCause, SimRun, Trace, TraceJob
 from warden.sim.simulator import simulate
 
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
@@ -218,6 +218,25 @@ def test_a_save_that_fits_the_grace_loses_nothing() -> None:
     assert first.preempted and first.lost_s == 0.0 and first.useful_s == 1000.0
     assert first.ended_at == 1060.0 and first.checkpoint_s == 60.0  # SIGTERM save, then exit
     assert jobs["1"].attempts[0].admitted_at == 1060.0
+
+
+def test_a_preempted_attempt_names_its_preemptor_and_the_rule() -> None:
+    low = tj(0, 0.0, 8, 5000.0, tier=3)
+    high = tj(1, 1000.0, 8, 100.0, tier=1)
+    jobs = _preempted([low, high])
+    assert jobs["0"].attempts[0].cause == PreemptionCause("1", 1, "downward", False)
+    assert jobs["0"].attempts[1].cause is None and jobs["1"].attempts[0].cause is None
+
+
+def test_a_preemption_at_the_end_of_a_lease_is_a_reservation_come_due() -> None:
+    # The tier-3 job's 600 s lease protects it when the tier-1 job arrives at 100: that job
+    # reserves the GPUs and preempts at 600.
+    low = tj(0, 0.0, 8, 5000.0, tier=3, lease=600.0)
+    high = tj(1, 100.0, 8, 100.0, tier=1)
+    jobs = _preempted([low, high], "governed")
+    first = jobs["0"].attempts[0]
+    assert first.sigterm_at == 600.0
+    assert first.cause == PreemptionCause("1", 1, "downward", True)
 
 
 def test_a_save_longer_than_the_grace_loses_the_work_since_the_last_checkpoint() -> None:

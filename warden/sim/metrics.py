@@ -26,6 +26,15 @@ Definitions (times in seconds, GPU amounts in whole GPUs, `makespan = ended_at -
   because that is the fairness question: how badly is the worst-off team served?
 - *starvation breach*: a job whose wait is at least `run.max_wait[queue]`; queues absent from
   `max_wait` never breach.
+- *breach length*: a breaching job's wait over its maximum wait (`breach_wait_over_max_p50`,
+  `_max`, and `breaches_over_twice_max_wait` counting those at 2 or more); per queue and per
+  tier, `breaches` counts them.
+- *restart startup GPU-hours*: Σ gpus * startup_s over attempts after a job's first: what
+  preemptions cost in startups beyond the work they threw away.
+- *preemptions by cause*: preempted attempts grouped by the preemptor's tier, the victim's
+  tier, the engine's kind (downward or reclaim) and whether the preemptor held a reservation
+  in the pass before (it waited for the victim's protection to lift), each with the lost
+  GPU-hours and the victims' restart startup GPU-hours.
 - *η* of a finished job: useful GPU-seconds / admitted GPU-seconds over all its attempts (jobs
   that were never admitted for a positive time have none); `eta_p5`, `eta_p50` over finished jobs.
 - *delivered GPU-hours* of a queue: Σ admitted GPU-seconds of its attempts / 3600.
@@ -93,6 +102,8 @@ class _Flat:
     lost: FloatArray
     idle: FloatArray
     preempted: NDArray[np.bool_]
+    number: IntArray
+    """Each attempt's number (1 for a job's first)."""
 
     @property
     def held(self) -> FloatArray:
@@ -106,7 +117,16 @@ class _Flat:
 
 
 _ATTEMPT_FIELDS = attrgetter(
-    "gpus", "admitted_at", "ended_at", "startup_s", "checkpoint_s", "useful_s", "lost_s", "idle_s", "preempted"
+    "gpus",
+    "admitted_at",
+    "ended_at",
+    "startup_s",
+    "checkpoint_s",
+    "useful_s",
+    "lost_s",
+    "idle_s",
+    "preempted",
+    "number",
 )
 _JOB_FIELDS = attrgetter("submit", "num_gpus", "wait_s", "tier")
 
@@ -126,7 +146,7 @@ def _flatten(run: SimRun) -> _Flat:
     attempts: list[SimAttempt] = [a for j in jobs for a in j.attempts]
     counts = np.fromiter((len(j.attempts) for j in jobs), dtype=np.intp, count=n)
     jt = _table(_JOB_FIELDS, jobs, 4)
-    at = _table(_ATTEMPT_FIELDS, attempts, 9)
+    at = _table(_ATTEMPT_FIELDS, attempts, 10)
     return _Flat(
         queues=queues,
         submit=jt[:, 0],
@@ -147,6 +167,7 @@ def _flatten(run: SimRun) -> _Flat:
         lost=at[:, 6],
         idle=at[:, 7],
         preempted=at[:, 8] != 0,
+        number=at[:, 9].astype(np.intp),
     )
 
 
@@ -246,11 +267,14 @@ def summarize(run: SimRun) -> dict[str, Any]:
     per_queue = _per_queue(run, f)
     summary["least_served_queue"], summary["max_wait_least_served_queue_s"] = _least_served(per_queue)
     summary["starvation_breaches"] = _breaches(run, f)
+    summary.update(_breach_lengths(run, f))
+    summary["restart_startup_gpu_hours"] = _hours(float((f.gpus * f.startup)[f.number > 1].sum()))
     eta = _eta(f, done)
     summary["eta_p5"] = _frac(_pct(eta, 5))
     summary["eta_p50"] = _frac(_pct(eta, 50))
     summary["per_queue"] = per_queue
-    summary["per_tier"] = _per_tier(f)
+    summary["per_tier"] = _per_tier(run, f)
+    summary["preemptions_by_cause"] = preemption_causes(run)
     summary["wall_s"] = _secs(run.wall_s)
     summary["passes"] = int(run.passes)
     summary["jobs_per_wall_s"] = _num(_ratio(len(run.jobs), run.wall_s), 1)
@@ -274,26 +298,53 @@ def _eta(f: _Flat, done: NDArray[np.bool_]) -> FloatArray:
     return useful[ok] / held[ok]
 
 
-def _breaches(run: SimRun, f: _Flat) -> int:
+def _limits(run: SimRun, f: _Flat) -> FloatArray:
+    """Each job's maximum wait (its queue's; inf where the queue has none)."""
     limits = np.array([run.max_wait.get(q, math.inf) for q in f.queues], dtype=np.float64)
-    if not limits.size:
-        return 0
-    return int((f.wait >= limits[f.job_queue]).sum())
+    return limits[f.job_queue] if limits.size else np.full(f.submit.size, math.inf)
 
 
-def _wait_stats(waits: FloatArray) -> dict[str, Any]:
-    return {"jobs": int(waits.size), "p50_wait_s": _secs(_pct(waits, 50)), "p95_wait_s": _secs(_pct(waits, 95))}
+def _breached(run: SimRun, f: _Flat) -> NDArray[np.bool_]:
+    """Which jobs waited at least their queue's maximum wait."""
+    return f.wait >= _limits(run, f)
+
+
+def _breaches(run: SimRun, f: _Flat) -> int:
+    return int(_breached(run, f).sum())
+
+
+def _breach_lengths(run: SimRun, f: _Flat) -> dict[str, Any]:
+    """How far past their maximum wait the breaching jobs waited, as multiples of it: median,
+    worst, and how many waited twice their maximum or more."""
+    limits = _limits(run, f)
+    over = _breached(run, f) & (limits > 0)
+    times = f.wait[over] / limits[over]
+    return {
+        "breach_wait_over_max_p50": _num(_pct(times, 50), 3),
+        "breach_wait_over_max_max": _num(_max(times), 3),
+        "breaches_over_twice_max_wait": int((times >= 2.0).sum()),
+    }
+
+
+def _wait_stats(waits: FloatArray, breached: NDArray[np.bool_]) -> dict[str, Any]:
+    return {
+        "jobs": int(waits.size),
+        "p50_wait_s": _secs(_pct(waits, 50)),
+        "p95_wait_s": _secs(_pct(waits, 95)),
+        "max_wait_s": _secs(_max(waits)),
+        "breaches": int(breached.sum()),
+    }
 
 
 def _per_queue(run: SimRun, f: _Flat) -> dict[str, dict[str, Any]]:
     owed = owed_gpu_seconds(run, f)
     delivered = np.bincount(f.job_queue[f.att_job], weights=f.held, minlength=len(f.queues))
+    breached = _breached(run, f)
     out: dict[str, dict[str, Any]] = {}
     for i, q in enumerate(f.queues):
-        waits = f.wait[f.job_queue == i]
+        mine = f.job_queue == i
         out[q] = {
-            **_wait_stats(waits),
-            "max_wait_s": _secs(_max(waits)),
+            **_wait_stats(f.wait[mine], breached[mine]),
             "owed_gpu_hours": _hours(owed[q]),
             "delivered_gpu_hours": _hours(float(delivered[i])),
             "delivered_over_owed": _num(_ratio(float(delivered[i]), owed[q]), 4),
@@ -301,8 +352,40 @@ def _per_queue(run: SimRun, f: _Flat) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _per_tier(f: _Flat) -> dict[str, dict[str, Any]]:
-    return {str(int(t)): _wait_stats(f.wait[f.tier == t]) for t in np.unique(f.tier)}
+def _per_tier(run: SimRun, f: _Flat) -> dict[str, dict[str, Any]]:
+    breached = _breached(run, f)
+    return {str(int(t)): _wait_stats(f.wait[f.tier == t], breached[f.tier == t]) for t in np.unique(f.tier)}
+
+
+def preemption_causes(run: SimRun) -> list[dict[str, Any]]:
+    """Preemptions grouped by (preemptor tier, victim tier, kind, after a reservation), with
+    the GPU-hours of work they threw away and of startup their victims' next attempts spent,
+    most frequent first."""
+    rows: dict[tuple[int, int, str, bool], list[float]] = {}
+    for job in run.jobs:
+        attempts = job.attempts
+        for i, a in enumerate(attempts):
+            c = a.cause
+            if c is None:
+                continue
+            row = rows.setdefault((c.by_tier, job.tier, c.kind, c.reserved), [0, 0.0, 0.0])
+            row[0] += 1
+            row[1] += a.gpus * (a.lost_s + a.idle_s)
+            if i + 1 < len(attempts):
+                row[2] += attempts[i + 1].gpus * attempts[i + 1].startup_s
+    ordered = sorted(rows.items(), key=lambda kv: (-kv[1][0], kv[0]))
+    return [
+        {
+            "preemptor_tier": by,
+            "victim_tier": tier,
+            "kind": kind,
+            "after_reservation": reserved,
+            "preemptions": int(n),
+            "lost_gpu_hours": _hours(lost),
+            "restart_startup_gpu_hours": _hours(startup),
+        }
+        for (by, tier, kind, reserved), (n, lost, startup) in ordered
+    ]
 
 
 # ---------------------------------------------------------------------------- preemption spread

@@ -67,6 +67,20 @@ class Trace:
 
 
 @dataclass(frozen=True, slots=True)
+class PreemptionCause:
+    """Who preempted an attempt, and under which rule."""
+
+    by: str
+    """The preemptor's trace job id."""
+    by_tier: int
+    kind: str
+    """The engine's `Preemption.kind`: `downward` or `reclaim`."""
+    reserved: bool
+    """The preemptor held a reservation in the pass before: it waited for this victim's
+    protection to lift (a reservation come due), rather than finding it at once."""
+
+
+@dataclass(frozen=True, slots=True)
 class SimAttempt:
     """One run of a job, from the moment it took its GPUs to the moment it gave them back.
 
@@ -90,6 +104,8 @@ class SimAttempt:
     preempted: bool = False
     sigterm_at: float | None = None
     borrowing: bool = False
+    cause: PreemptionCause | None = None
+    """Set on a preempted attempt."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from warden.engine.plan import Plan
 from warden.engine.scheduler import Engine
 from warden.runtime import tune_collector
 from warden.sim.presets import SimPolicy
-from warden.sim.records import SimAttempt, SimJob, SimRun, Trace, TraceJob
+from warden.sim.records import PreemptionCause, SimAttempt, SimJob, SimRun, Trace, TraceJob
 from warden.sim.workload import checkpoint_times, finish_time, progress_at, sigterm_exit
 
 
@@ -64,6 +64,7 @@ class _Pod:
     useful: float = 0.0
     lost: float = 0.0
     preempted: bool = False
+    cause: PreemptionCause | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -146,6 +147,8 @@ class Simulation:
         self.instant_passes = 0
         self.instant_starts: dict[str, int] = {}
         self.instant_signals: dict[str, list[str]] = {}
+        self.reserved: set[str] = set()
+        """Jobs the last plan reserved for (`PreemptionCause.reserved`)."""
         """Per engine id, at the moment of `instant`: admissions, and the preemptors of each SIGTERM."""
         self.width = len(str(len(self.trace.jobs)))
         """Engine ids are zero-padded trace positions: their string order is the trace's order."""
@@ -296,9 +299,14 @@ class Simulation:
 
     def _apply(self, plan: Plan, now: float) -> None:
         signals = self.instant_signals
+        reserved = self.reserved
         for p in plan.preemptions:
             signals.setdefault(p.job_id, []).append(p.for_job)
-            self._signal(self.pods[p.job_id], now, p.grace)
+            by = self.pods[p.for_job].gang.spec
+            pod = self.pods[p.job_id]
+            pod.cause = PreemptionCause(by.job_id, by.tier, p.kind, p.for_job in reserved)
+            self._signal(pod, now, p.grace)
+        self.reserved = {r.job_id for r in plan.reservations}
         limit = self.behaviour.admissions_per_queue
         per_queue: dict[str, int] = {}
         held_back: list[str] = []
@@ -412,6 +420,7 @@ class Simulation:
         pod.borrowing = borrowing
         pod.startup = pod.checkpoint = pod.useful = pod.lost = 0.0
         pod.preempted = False
+        pod.cause = None
         job = pod.job
         attempt = Attempt(
             pod.attempt_no,
@@ -573,6 +582,7 @@ class Simulation:
                 lost_s=pod.lost,
                 idle_s=idle if idle > 1e-6 else 0.0,
                 preempted=pod.preempted,
+                cause=pod.cause,
                 sigterm_at=pod.sigterm_at,
                 borrowing=pod.borrowing,
             )

@@ -1,0 +1,224 @@
+"""What each policy delivers on contended traces: one JSON object on stdout.
+
+    python bench/outcomes.py [--setting TRACE@GPUS ...] [--policies a,b,FILE] [--limit N]
+                             [--traces DIR] [--workers N] [--markdown]
+
+A setting is a trace under the shared traces folder and a pool of GPUs, e.g.
+`philly/pollux_philly.csv@680` (the Philly VCs as queues, their quotas from
+`philly_vc_nodes.csv`, scaled to the pool). By default: all of Philly at 600, 680 and 750 GPUs
+and Alibaba PAI 2023 at 16 GPUs, every preset. A policy is a preset name or a policy YAML.
+
+Per setting and policy: utilization; p50/p95 wait overall, per tier and per queue; starvation
+breaches and how long past the maximum wait they ran; delivered over owed GPU-hours per queue;
+preemptions by cause (preemptor tier → victim tier, downward or reclaim, after a reservation
+or not) with the work they lost and the startups they cost; and, for every policy that is
+not a FIFO, the goals of the governed policy checked against `fifo_backfill` and the peers.
+`--workers N` runs N simulations at a time (one per core).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from warden.sim.experiment import Setup, prepare, run_policy
+from warden.sim.presets import PRESETS
+
+DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+PHILLY = "philly/pollux_philly.csv"
+PAI = "alibaba_pai_v2023/openb_pod_list_default.csv"
+DEFAULT_SETTINGS = (f"{PHILLY}@600", f"{PHILLY}@680", f"{PHILLY}@750", f"{PAI}@16")
+ORDER = ("fifo_strict", "fifo_backfill", "slurm", "kueue", "k8s", "governed")
+BASELINE = "fifo_backfill"
+PEERS = ("slurm", "kueue", "k8s")
+"""The peer presets that preempt: the governed policy should preempt less than each."""
+FIFOS = ("fifo_strict", "fifo_backfill")
+SERVED = 0.98
+"""Delivered over owed GPU-hours a queue with demand should reach."""
+
+
+def parse_setting(text: str) -> tuple[str, int]:
+    trace, sep, gpus = text.rpartition("@")
+    if not sep or not trace or not gpus.isdigit() or int(gpus) <= 0:
+        raise ValueError(f"--setting: {text!r} is not TRACE@GPUS (e.g. {PHILLY}@680)")
+    return trace, int(gpus)
+
+
+@lru_cache(maxsize=4)
+def _setup(traces: str, trace: str, gpus: int, limit: int | None) -> Setup:
+    return prepare(Path(traces) / trace, gpus=gpus, limit=limit)
+
+
+def outcome(traces: str, setting: str, policy: str, limit: int | None) -> dict[str, Any]:
+    """One simulation, reduced to what the tables read."""
+    trace, gpus = parse_setting(setting)
+    s = run_policy(_setup(traces, trace, gpus, limit), policy).summary
+    queues = s["per_queue"]
+    served = {q: r["delivered_over_owed"] for q, r in queues.items() if (r["owed_gpu_hours"] or 0) > 0}
+    ratios = [v for v in served.values() if v is not None]
+    delivered = s["admitted_gpu_hours"] or 0.0
+    return {
+        "policy": s["policy"],
+        "jobs": s["jobs"],
+        "unfinished": s["unfinished"],
+        "utilization": s["utilization"],
+        "p50_wait_s": s["p50_wait_s"],
+        "p95_wait_s": s["p95_wait_s"],
+        "breaches": s["starvation_breaches"],
+        "breach_wait_over_max_p50": s["breach_wait_over_max_p50"],
+        "breach_wait_over_max_max": s["breach_wait_over_max_max"],
+        "breaches_over_twice_max_wait": s["breaches_over_twice_max_wait"],
+        "per_tier": s["per_tier"],
+        "per_queue": {
+            q: {
+                k: r[k]
+                for k in ("jobs", "p50_wait_s", "p95_wait_s", "breaches", "owed_gpu_hours", "delivered_over_owed")
+            }
+            for q, r in queues.items()
+        },
+        "least_delivered_over_owed": min(ratios) if ratios else None,
+        "queues_under_served": sorted(q for q, v in served.items() if v is not None and v < SERVED),
+        "preemptions": s["preemptions"],
+        "preemptions_per_job_max": s["preemptions_per_job"]["max"],
+        "lost_gpu_hours": s["lost_gpu_hours"],
+        "lost_share_of_delivered": round(s["lost_gpu_hours"] / delivered, 6) if delivered else None,
+        "restart_startup_gpu_hours": s["restart_startup_gpu_hours"],
+        "preemptions_by_cause": s["preemptions_by_cause"],
+        "wall_s": s["wall_s"],
+    }
+
+
+def goals(rows: dict[str, dict[str, Any]], name: str) -> dict[str, bool | None]:
+    """The governed policy's goals (issue: the policy earns its keep) for policy `name` against
+    the baseline and the peers run alongside it; None where a needed run is missing."""
+    r, base = rows[name], rows.get(BASELINE)
+    peers = [rows[p] for p in PEERS if p in rows and p != name]
+
+    def tier2(row: dict[str, Any]) -> float:
+        return (row["per_tier"].get("2") or {}).get("p95_wait_s") or 0.0
+
+    least = r["least_delivered_over_owed"]
+    return {
+        "breaches_at_most_baseline": None if base is None else r["breaches"] <= base["breaches"],
+        "no_breach_past_twice_max_wait": r["breaches_over_twice_max_wait"] == 0,
+        "every_queue_served": least is None or least >= SERVED,
+        "utilization_at_least_97pct_of_baseline": None
+        if base is None
+        else (r["utilization"] or 0.0) >= 0.97 * (base["utilization"] or 0.0),
+        "lost_at_most_half_a_percent": r["lost_share_of_delivered"] is None or r["lost_share_of_delivered"] <= 0.005,
+        "fewer_preemptions_than_every_peer": None
+        if not peers
+        else all(r["preemptions"] < p["preemptions"] for p in peers),
+        "tier2_p95_at_most_baseline": None if base is None else tier2(r) <= tier2(base),
+    }
+
+
+def measure(
+    traces: Path, settings: list[str], policies: list[str], limit: int | None = None, workers: int = 1
+) -> dict[str, Any]:
+    tasks = [(s, p) for s in settings for p in policies]
+    args = [(str(traces), s, p, limit) for s, p in tasks]
+    if workers > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            done = list(pool.map(outcome, *zip(*args, strict=True)))
+    else:
+        done = [outcome(*a) for a in args]
+    result: dict[str, Any] = {"limit": limit, "settings": {}}
+    for (setting, policy), row in zip(tasks, done, strict=True):
+        result["settings"].setdefault(setting, {"policies": {}})["policies"][policy] = row
+    for block in result["settings"].values():
+        rows = block["policies"]
+        block["goals"] = {name: goals(rows, name) for name in rows if name not in FIFOS}
+    return result
+
+
+def _hours(seconds: float | None) -> str:
+    return "–" if seconds is None else f"{seconds / 3600:.2f} h"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    out: list[str] = []
+    for setting, block in result["settings"].items():
+        rows = block["policies"]
+        out += [
+            f"**{setting}**",
+            "",
+            "| policy | util. | p95 wait | tier-2 p95 | breaches (≥ 2× max) | least delivered/owed "
+            "(queues < 98 %) | preemptions (most on a job) | lost GPU-h (% delivered) | restart startup GPU-h | wall |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for name, r in rows.items():
+            least = r["least_delivered_over_owed"]
+            lost_pct = r["lost_share_of_delivered"]
+            out.append(
+                f"| `{name}` | {r['utilization']:.3f} | {_hours(r['p95_wait_s'])} | "
+                f"{_hours((r['per_tier'].get('2') or {}).get('p95_wait_s'))} | "
+                f"{r['breaches']:,} ({r['breaches_over_twice_max_wait']:,}) | "
+                f"{'–' if least is None else f'{least:.3f}'} ({len(r['queues_under_served'])}) | "
+                f"{r['preemptions']:,} ({r['preemptions_per_job_max']}) | "
+                f"{r['lost_gpu_hours']:.1f} ({'–' if lost_pct is None else f'{100 * lost_pct:.2f} %'}) | "
+                f"{r['restart_startup_gpu_hours']:.1f} | {r['wall_s']:.0f} s |"
+            )
+        for name, r in rows.items():
+            causes = r["preemptions_by_cause"]
+            if not causes:
+                continue
+            out += ["", f"`{name}` preemptions by cause:", ""]
+            out += [
+                "| preemptor → victim tier | kind | after a reservation | preemptions | lost GPU-h |",
+                "|---|---|---|---|---|",
+            ]
+            for c in causes[:8]:
+                out.append(
+                    f"| {c['preemptor_tier']} → {c['victim_tier']} | {c['kind']} | "
+                    f"{'yes' if c['after_reservation'] else 'no'} | {c['preemptions']:,} | {c['lost_gpu_hours']:.1f} |"
+                )
+        for name, met in block["goals"].items():
+            marks = ", ".join(f"{k}: {'–' if v is None else ('yes' if v else 'no')}" for k, v in met.items())
+            out += ["", f"`{name}` goals: {marks}"]
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--setting", action="append", help="TRACE@GPUS under --traces (repeatable)")
+    parser.add_argument("--policies", default=",".join(ORDER), help="preset names or policy files, comma-separated")
+    parser.add_argument("--limit", type=int, default=None, help="the first N jobs of each trace")
+    parser.add_argument("--traces", type=Path, default=DEFAULT_TRACES)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args(argv)
+    settings = args.setting or list(DEFAULT_SETTINGS)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    for p in policies:
+        if p not in PRESETS and not Path(p).is_file():
+            parser.error(f"--policies: {p!r} is neither a preset ({', '.join(PRESETS)}) nor a policy file")
+    if not args.traces.is_dir():
+        parser.error(f"--traces: {str(args.traces)!r} is not a directory (the shared traces)")
+    for s in settings:
+        try:
+            trace, _ = parse_setting(s)
+        except ValueError as e:
+            parser.error(str(e))
+        if not (args.traces / trace).is_file():
+            parser.error(f"--setting: {trace!r} is not a file under {str(args.traces)!r}")
+    if args.limit is not None and args.limit <= 0:
+        parser.error(f"--limit: {args.limit} must be a positive number of jobs")
+    if not 1 <= args.workers <= 64:
+        parser.error(f"--workers: {args.workers} must be between 1 and 64")
+    result = measure(args.traces, settings, policies, args.limit, args.workers)
+    print(markdown(result) if args.markdown else json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
