@@ -114,7 +114,12 @@ def test_show_json_is_one_object_with_defaults_filled(tmp_path: Path) -> None:
     }
     assert shown["tiers"]["1"]["name"] == "production-inference"
     assert shown["min_grace"] == "2m" and shown["max_lease"] == "8h"
-    assert shown["preemption"] == {"restart_overhead": "1m", "max_attempts_per_pass": 16, "victim_order": "cost"}
+    assert shown["preemption"] == {
+        "restart_overhead": "1m",
+        "max_attempts_per_pass": 16,
+        "victim_order": "cost",
+        "only_if_it_pays": True,
+    }
     assert shown["queues"]["name"] == "cluster"
     assert [c["name"] for c in shown["queues"]["children"]] == ["default"]
 
@@ -171,3 +176,36 @@ def test_real_process_checks_the_demo_file(tmp_path: Path, bad_file: Path) -> No
     bad = _cli("policy", "check", str(bad_file), cwd=tmp_path)
     assert bad.returncode == 2
     assert len(bad.stderr.splitlines()) == 4 and "Traceback" not in bad.stderr
+
+
+OVER = (
+    "queues:\n  name: cluster\n  children:\n    - {name: a, nominal: {gpu: 12}}\n    - {name: b, nominal: {gpu: 12}}\n"
+)
+
+
+def test_check_against_a_cluster_warns_when_the_quotas_exceed_it(tmp_path: Path) -> None:
+    path = tmp_path / "over.yaml"
+    path.write_text(OVER)
+    result = runner.invoke(app, ["policy", "check", str(path), "--gpus", "16"])
+    assert result.exit_code == 0, result.output
+    assert "valid policy" in result.stdout
+    assert "add up to 24 but the cluster has 16" in result.stderr and "× 0.667" in result.stderr
+    fits = runner.invoke(app, ["policy", "check", str(path), "--gpus", "24"])
+    assert fits.exit_code == 0 and "nominal quotas fit the cluster" in fits.stdout and "warning" not in fits.stderr
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("nodes:\n  - {name: n0, gpus: 8, count: 2}\n")
+    from_file = runner.invoke(app, ["policy", "check", str(path), "--cluster", str(cluster)])
+    assert from_file.exit_code == 0 and "the cluster has 16" in from_file.stderr
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [(["--gpus", "0"], ["--gpus", "0"]), (["--gpus", "8", "--cluster", "c.yaml"], ["--gpus", "--cluster"])],
+)
+def test_check_refuses_a_bad_cluster_by_name(tmp_path: Path, args: list[str], words: list[str]) -> None:
+    path = tmp_path / "over.yaml"
+    path.write_text(OVER)
+    result = runner.invoke(app, ["policy", "check", str(path), *args])
+    assert result.exit_code == 2
+    for w in words:
+        assert w in result.stderr

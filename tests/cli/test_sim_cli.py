@@ -119,6 +119,14 @@ def test_a_policy_file_runs_when_it_names_the_trace_queues(trace: Path, tmp_path
     code, out, _ = sim("run", "--trace", str(trace), "--gpus", "16", "--policy", str(policy), "--json")
     assert code == 0, out
     assert json.loads(out)["policy"] == "teams"
+    assert json.loads(out)["policy_warnings"] == []
+    policy.write_text(
+        "queues:\n  name: org\n  children:\n    - {name: a, nominal: {gpu: 48}}\n    - {name: b, nominal: {gpu: 16}}\n"
+    )
+    code, out, err = sim("run", "--trace", str(trace), "--gpus", "16", "--policy", str(policy), "--json")
+    assert code == 0, out
+    (warning,) = json.loads(out)["policy_warnings"]
+    assert "add up to 64 but the cluster has 16" in warning and warning in err.replace("\n", " ")
     policy.write_text("queues:\n  name: org\n  children:\n    - {name: a}\n")
     code, _, err = sim("run", "--trace", str(trace), "--gpus", "16", "--policy", str(policy))
     assert code == 2 and "queues" in err and "'b'" in err

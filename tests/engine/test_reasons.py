@@ -21,6 +21,8 @@ SAMPLES: list[Reason] = [
     R.Fragmented("pack", 8, 12, 4),
     R.Fragmented("block", 32, 40, 16, reserved_at=7_200.0),
     R.WaitingForLease(("v1", "v2"), 3_700.0),
+    R.PreemptionWouldNotPay(("v1",), 7_200.0, 1_060.0),
+    R.PreemptionWouldNotPay(("v1", "v2"), 7_200.0, 1_060.0, reserved_at=1_060.0),
     R.WaitingForGrace(("v1",), 1_120.0),
     R.WaitingForGrace(("v1", "v2"), None),
     R.Reserved("big", 1_000.0),

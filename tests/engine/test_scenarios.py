@@ -40,6 +40,36 @@ def test_tier1_on_full_cluster_preempts_one_victim_then_waits_for_it() -> None:
     assert plan3.admissions[0].placement[0].node == "n1"
 
 
+def test_a_preemption_that_would_not_pay_waits_for_capacity_that_frees_by_itself() -> None:
+    """Preempting v throws away 8 GPUs × 1,000 s; p could start when v is gone (its 120 s
+    grace), so waiting pays unless capacity frees later than 1,000 s after that: at 11,120."""
+    cluster = nodes(2)
+    v = running("v", "b", 3, ("n1", 8), started=0.0, last_checkpoint_at=9_000.0)
+    p = pending("p", "a", 1, submit=9_990.0)
+
+    def first_pass(ends_at: float, **pol: object) -> object:
+        soon = running("soon", "a", 3, ("n0", 8), started=0.0, expected_duration=ends_at)
+        return plan_for(policy(**pol), cluster, [soon, v, p], now=10_000.0)
+
+    waits = first_pass(10_060.0)
+    assert preempted(waits) == set() and admitted(waits) == set()
+    why = waits.explanations["p"].reason
+    assert why.code == "PreemptionWouldNotPay" and why.victims == ("v",) and why.cost == 8 * 1_000.0
+    assert why.frees_at == 10_060.0 and why.reserved_at == 10_060.0  # it holds what frees first
+    assert "frees by itself at t=10060s" in why.message
+    assert preempted(first_pass(11_119.0)) == set()
+    assert preempted(first_pass(11_121.0)) == {"v"}  # waiting would cost more than v loses
+    assert preempted(first_pass(10_060.0, preemption={"only_if_it_pays": False})) == {"v"}
+
+
+def test_a_victim_that_loses_nothing_is_preempted_even_when_capacity_frees_soon() -> None:
+    cluster = nodes(2)
+    soon = running("soon", "a", 3, ("n0", 8), started=0.0, expected_duration=10_060.0)
+    v = running("v", "b", 3, ("n1", 8), started=0.0, sigterm_save_s=30.0)  # saves within its grace
+    p = pending("p", "a", 1, submit=9_990.0)
+    assert preempted(plan_for(policy(), cluster, [soon, v, p], now=10_000.0)) == {"v"}
+
+
 def test_job_inside_its_lease_is_not_preempted() -> None:
     pol = policy()
     cluster = nodes(1)

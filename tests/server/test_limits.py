@@ -301,13 +301,25 @@ def test_the_policy_limits_are_the_ones_applied(api: Api) -> None:
 def test_policy_apply_refuses_empty_and_an_unchanged_source_is_no_new_version(api: Api) -> None:
     version = api.client.get("/v1/policy").json()["version"]
     again = api.client.put("/v1/policy", json={"source": POLICY})
-    assert again.status_code == 200 and again.json() == {"version": version, "changed": False}
+    assert again.status_code == 200 and again.json() == {"version": version, "changed": False, "warnings": []}
     assert [p.version for p in api.service.store.policy_history()] == [version]
     error = assert_error(api.client.put("/v1/policy", json={"source": ""}), 422, "source")
     assert "empty" in error["message"]
     assert api.client.get("/v1/policy").json()["version"] == version
     changed = api.client.put("/v1/policy", json={"source": POLICY + "max_lease: 5h\n"})
-    assert changed.json() == {"version": version + 1, "changed": True}
+    assert changed.json() == {"version": version + 1, "changed": True, "warnings": []}
+
+
+def test_a_policy_whose_quotas_exceed_the_cluster_is_applied_with_a_warning(api: Api) -> None:
+    gpus = sum(n.gpus for n in api.service.nodes)
+    source = f"queues:\n  name: cluster\n  children:\n    - {{name: vision, nominal: {{gpu: {2 * gpus}}}}}\n"
+    source += f"    - {{name: team, nominal: {{gpu: {gpus}}}}}\n"  # the fixture's job is in team
+    out = api.client.put("/v1/policy", json={"source": source}).json()
+    assert out["changed"] is True
+    (w,) = out["warnings"]
+    assert (w["resource"], w["nominal"], w["capacity"]) == ("gpu", 3 * gpus, gpus)
+    assert "nothing is ever reclaimed" in w["message"] and "× 0.333" in w["message"]
+    assert api.client.get("/v1/policy").json()["warnings"] == out["warnings"]
 
 
 def test_the_openapi_document_lists_the_refusals_with_the_error_schema(api: Api) -> None:
@@ -352,3 +364,17 @@ def test_report_counters_beyond_32_bits_are_kept(api: Api) -> None:
     assert got.status_code in (200, 202, 204), got.text
     attempt = api.service.store.attempt(job.id, 1)
     assert attempt is not None and (attempt.progress_step, attempt.progress_samples) == (step, samples)
+
+
+def test_a_server_started_with_quotas_beyond_its_cluster_says_so(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("queues:\n  name: cluster\n  children:\n    - {name: team, nominal: {gpu: 8}}\n")
+    said: list[str] = []
+    service = build_service(
+        Settings(policy=policy, fake_gpus=2, state_dir=tmp_path / "state", bootstrap_token=TOKEN), say=said.append
+    )
+    try:
+        (warning,) = [m for m in said if "quotas exceed this cluster" in m]
+        assert "add up to 8 but the cluster has 2" in warning
+    finally:
+        service.executor.close()

@@ -18,6 +18,8 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from warden.engine.model import Node
+from warden.engine.overcommit import overcommitted
 from warden.engine.policy import (
     Policy,
     PolicyError,
@@ -114,10 +116,47 @@ def _summary(file: Path, policy: Policy) -> Group:
 
 
 @app.command()
-def check(file: PolicyFile) -> None:
-    """Validate FILE; print a summary (exit 0) or every problem found (exit 2)."""
+def check(
+    file: PolicyFile,
+    gpus: Annotated[
+        int | None,
+        typer.Option("--gpus", help="Check it against a pool of N GPUs.", show_default=False),
+    ] = None,
+    cluster: Annotated[
+        Path | None,
+        typer.Option("--cluster", help="Check it against this cluster file (nodes).", show_default=False),
+    ] = None,
+) -> None:
+    """Validate FILE; print a summary (exit 0) or every problem found (exit 2). With a cluster
+    (`--gpus N` or `--cluster FILE`), also warn where its nominal quotas exceed the cluster."""
     policy = _load(file)
+    nodes = _cluster(gpus, cluster)
     Console(highlight=False).print(_summary(file, policy))
+    if nodes is not None:
+        warnings = overcommitted(policy, nodes)
+        err = Console(stderr=True, highlight=False, soft_wrap=True)
+        for w in warnings:
+            err.print(f"[bold yellow]warning:[/] {file}: {w.message}")
+        if not warnings:
+            Console(highlight=False).print(Text("nominal quotas fit the cluster", style="green"))
+
+
+def _cluster(gpus: int | None, cluster: Path | None) -> tuple[Node, ...] | None:
+    """The cluster to check against, or None; exit 2 naming the option on bad input."""
+    from warden.sim.cluster import ClusterError, load_cluster, pool
+
+    if gpus is not None and cluster is not None:
+        typer.echo("--gpus and --cluster: give one of them, not both", err=True)
+        raise typer.Exit(EXIT_INVALID)
+    try:
+        if gpus is not None:
+            return pool(gpus)
+        if cluster is not None:
+            return load_cluster(cluster)
+    except ClusterError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(EXIT_INVALID) from None
+    return None
 
 
 @app.command()
@@ -160,3 +199,5 @@ def apply(
         typer.echo(f"policy version {out['version']} applied")
     else:
         typer.echo(f"policy version {out['version']} unchanged: the server already has this policy")
+    for w in out.get("warnings") or ():
+        typer.echo(f"warning: {file}: {w['message']}", err=True)

@@ -155,6 +155,10 @@ def _run_all(
 def _emit(outcomes: list[Outcome], as_json: bool, report: Path | None, many: bool) -> None:
     summaries = [o.summary for o in outcomes]
     for s in summaries:
+        for warning in s.get("policy_warnings") or ():
+            _err.print(
+                f"[bold yellow]warning:[/] {s['policy']}: {warning}", highlight=False, markup=True, soft_wrap=True
+            )
         if s.get("preemption_warning"):
             _err.print(
                 f"[bold yellow]warning:[/] {s['policy']}: {s['preemption_warning']}",

@@ -426,6 +426,14 @@ class PreemptionSpec(_Spec):
     )
     max_attempts_per_pass: int = Field(default=16, ge=0)
     victim_order: Literal["cost", "newest", "smallest"] = "cost"
+    only_if_it_pays: bool = Field(
+        default=True,
+        description=(
+            "Preempt only when waiting for capacity that frees by itself (jobs ending, jobs "
+            "already leaving) would cost the preemptor more GPU-seconds, counted from when its "
+            "victims would be gone, than the victims lose in work and restart."
+        ),
+    )
 
 
 class SchedulingSpec(_Spec):

@@ -125,6 +125,30 @@ class WaitingForLease(Reason):
 
 
 @dataclass(frozen=True, slots=True)
+class PreemptionWouldNotPay(Reason):
+    """Preempting would make room, but capacity frees by itself before the preemption would
+    be worth what the victims lose (`preemption.only_if_it_pays`)."""
+
+    code: ClassVar[str] = "PreemptionWouldNotPay"
+    victims: tuple[str, ...]
+    cost: float
+    """GPU-seconds the victims would lose: work since their last save, and their restart."""
+    frees_at: float
+    """When capacity frees by itself: jobs ending, jobs already leaving."""
+    reserved_at: float | None = None
+    """When this job's reservation is due, if it holds one."""
+
+    @property
+    def message(self) -> str:
+        tail = "" if self.reserved_at is None else f"; capacity is reserved for it from {_fmt_t(self.reserved_at)}"
+        return (
+            f"Preempting {', '.join(self.victims)} would throw away {self.cost / 3600:.2f} GPU-hours of "
+            f"their work and restarts; capacity frees by itself at {_fmt_t(self.frees_at)}, sooner "
+            f"than that is worth, so the job waits for it{tail}."
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class WaitingForGrace(Reason):
     """Victims were signalled and are still inside their grace period."""
 
@@ -209,6 +233,7 @@ REASON_CODES: tuple[str, ...] = tuple(
         InsufficientCapacity,
         Fragmented,
         WaitingForLease,
+        PreemptionWouldNotPay,
         WaitingForGrace,
         Reserved,
         Position,

@@ -38,7 +38,7 @@ from warden.engine.phases.reserve import Reserve
 from warden.engine.phases.state import PassState
 from warden.engine.phases.victims import Victims
 from warden.engine.plan import Plan, SortKey
-from warden.engine.reasons import Reason, UnknownQueue
+from warden.engine.reasons import PreemptionWouldNotPay, Reason, UnknownQueue
 from warden.engine.waiting import WaitingIndex
 
 
@@ -181,8 +181,8 @@ class Cycle:
         self.state = state = PassState(snapshot, now, alloc, terminating, claims or {})
         victims = Victims(state)
         self.admit = Admit(state)
-        self.preempt = Preempt(state, victims, Claim(state, victims))
         self.reserve = Reserve(state, victims)
+        self.preempt = Preempt(state, victims, Claim(state, victims), self.reserve)
         self.explain = Explain(state)
         self.reservations = state.policy.scheduling.reservations
         """How many blocked jobs may reserve capacity in a pass."""
@@ -204,8 +204,11 @@ class Cycle:
         if blocked is None or blocked.__class__ is UnknownQueue:
             return blocked  # admitted, or in no queue of the policy: nothing else can help
         waiting = self.preempt.attempt(job)  # 4. preempt, and claim
-        if waiting is not None:
+        if isinstance(waiting, PreemptionWouldNotPay):
+            blocked = waiting  # it waits for what frees by itself: reserve that
+        elif waiting is not None:
             return waiting
         if len(self.state.reservations) < self.reservations:  # 5. reserve
-            return self.reserve.attempt(job, blocked) or blocked
+            natural = blocked is waiting
+            return self.reserve.attempt(job, blocked, natural) or blocked
         return blocked

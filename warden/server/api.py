@@ -20,6 +20,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from warden.engine.model import JobState
+from warden.engine.overcommit import overcommitted
 from warden.engine.policy import Duration
 from warden.server.auth import Principal, bearer
 from warden.server.errors import ApiError, ErrorBody, error_body, safe_value, shorten
@@ -379,14 +380,16 @@ def build_router(service: "Service") -> APIRouter:
     @r.get("/policy", responses=errors(401))
     def get_policy(who: Caller) -> dict[str, Any]:
         current = service.store.current_policy()
+        warnings = [w.to_dict() for w in overcommitted(service.policy, service.nodes)]
         if current is None:
-            return {"version": 0, "source": "", "policy": service.policy.to_dict()}
-        return {"version": current.version, "source": current.source, "policy": current.resolved}
+            return {"version": 0, "source": "", "policy": service.policy.to_dict(), "warnings": warnings}
+        return {"version": current.version, "source": current.source, "policy": current.resolved, "warnings": warnings}
 
     @r.put("/policy", responses=errors(401, 403))
     def put_policy(req: PolicyRequest, who: Caller) -> dict[str, Any]:
         version, changed = service.apply_policy(req.source, who)
-        return {"version": version, "changed": changed}
+        warnings = [w.to_dict() for w in overcommitted(service.policy, service.nodes)]
+        return {"version": version, "changed": changed, "warnings": warnings}
 
     @r.post("/tokens", status_code=201, responses=errors(401, 403))
     def create_token(req: TokenRequest, who: Caller) -> dict[str, Any]:

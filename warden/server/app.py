@@ -16,6 +16,7 @@ import yaml
 from fastapi import FastAPI
 
 from warden.engine.model import Node
+from warden.engine.overcommit import overcommitted
 from warden.engine.policy import Policy, default_policy, load_policy, parse_policy
 from warden.executors.gpus import discover_gpus
 from warden.executors.identity import DEFAULT_JOB_UIDS, Identities
@@ -161,6 +162,11 @@ def build_service(settings: Settings, say: Callable[[str], None] = print) -> Ser
     nodes = local_node(settings.fake_gpus, say)
     store.replace_nodes(NodeRecord.from_engine(n, updated_at=now) for n in nodes)
     policy = _policy(store, settings.policy, now)
+    for w in overcommitted(policy, nodes):
+        message = f"WARNING: the policy's quotas exceed this cluster. {w.message}"
+        if log.hasHandlers():
+            log.warning(message)
+        say(message)
     _tokens(store, settings.bootstrap_token, state, now, say)
     executor = LocalExecutor(identities=identities)
     service = Service(store, executor, nodes, policy, state, url=f"http://{_reachable(settings.host)}:{settings.port}")

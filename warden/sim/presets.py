@@ -129,7 +129,7 @@ def build_preset(name: str, nominal: Mapping[str, int], gpus: int) -> SimPolicy:
             "tiers": _tiers(lambda t: t > 1, "120s"),
             "queues": queues_free,
             "thrash": {**_NO_GUARD, "requeue_backoff": "121s"},
-            "preemption": {"victim_order": "smallest"},
+            "preemption": {"victim_order": "smallest", "only_if_it_pays": False},
             "scheduling": {"order": "governed", "reservations": 1},
         }
         behaviour = Behaviour(grace_poll=30.0, requeue_restarts_age=True)
@@ -148,7 +148,7 @@ def build_preset(name: str, nominal: Mapping[str, int], gpus: int) -> SimPolicy:
             "tiers": tiers,
             "queues": queues_governed,
             "thrash": _NO_GUARD,
-            "preemption": {"victim_order": "newest"},
+            "preemption": {"victim_order": "newest", "only_if_it_pays": False},
             "scheduling": {
                 "order": "priority",
                 "reservations": 0,
@@ -167,7 +167,7 @@ def build_preset(name: str, nominal: Mapping[str, int], gpus: int) -> SimPolicy:
             "tiers": _tiers(lambda t: t > 1, "30s"),
             "queues": queues_free,
             "thrash": _NO_GUARD,
-            "preemption": {"victim_order": "newest"},
+            "preemption": {"victim_order": "newest", "only_if_it_pays": False},
             "scheduling": {"order": "priority", "reservations": 0, "requeue_timestamp": "submit"},
         }
         behaviour = Behaviour(pods=True)

@@ -37,6 +37,7 @@ from warden.engine.plan import Explanation, Plan
 from warden.engine.reasons import (
     AwaitingApproval,
     Position,
+    PreemptionWouldNotPay,
     Reason,
     Reserved,
     ThrashBackoff,
@@ -252,7 +253,7 @@ class Explain:
         own) and one that names a reservation's due time (the job's own reservation)."""
         if (
             reason is not None
-            and not isinstance(reason, (WaitingForGrace, WaitingForLease))
+            and not isinstance(reason, (WaitingForGrace, WaitingForLease, PreemptionWouldNotPay))
             and getattr(reason, "reserved_at", None) is None
         ):
             entry = (job.cpu, job.memory, self.memo.hold_version if isinstance(reason, Reserved) else -1, reason)

@@ -4,38 +4,47 @@ Capacity already on its way out counts first, at no cost, so a need it covers ne
 victim; then eligible running jobs, searched flavor by flavor (`preemption.search`), once per
 way the scope rule lets the job look for victims (`rules.preemptors`). The cheapest set wins;
 every victim the job can do without on any flavor is then given back, the costliest first, so
-the set is minimal overall; and the job claims what its victims will free (`phases.claim`).
+the set is minimal overall. Under `preemption.only_if_it_pays` the set must then pay for itself
+(`Preempt.pays`): capacity that frees by itself soon enough makes the job wait for it instead.
+Last, the job claims what its victims will free (`phases.claim`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from warden.engine.model import Job
 from warden.engine.phases.claim import Claim
+from warden.engine.phases.reserve import Reserve
 from warden.engine.phases.state import PassState
 from warden.engine.phases.victims import Victims
 from warden.engine.preemption import Candidate, search
-from warden.engine.reasons import Reason
-from warden.engine.rules import could_preempt, preemptors
+from warden.engine.reasons import PreemptionWouldNotPay, Reason
+from warden.engine.rules import could_preempt, grace_of, preemptors
+
+INF = math.inf
 
 Found = tuple[list[Candidate], bool]
 """A victim set, and whether it was chosen to leave the job in-quota (`Preemptor.reclaims`)."""
 
 
 class Preempt:
-    __slots__ = ("attempts_left", "claim", "memo", "state", "victims")
+    __slots__ = ("attempts_left", "claim", "memo", "reserve", "state", "victims")
 
-    def __init__(self, state: PassState, victims: Victims, claim: Claim) -> None:
+    def __init__(self, state: PassState, victims: Victims, claim: Claim, reserve: Reserve) -> None:
         self.state = state
         self.memo = state.memo
         self.victims = victims
         self.claim = claim
+        self.reserve = reserve
+        """Forecasts what frees by itself, for `pays`."""
         self.attempts_left = state.policy.preemption.max_attempts_per_pass
         """Victim searches this pass may still run (a shape that failed is not searched again)."""
 
     def attempt(self, job: Job) -> Reason | None:
         """`WaitingForGrace` once the job's victims are signalled and its placement claimed;
+        `PreemptionWouldNotPay` when the victims that would make room cost more than waiting;
         None when no set of victims makes room (or the pass has run out of searches)."""
         key = (job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.cpu, job.memory, job.placement)
         fail = self.memo.preempt_fail
@@ -52,7 +61,34 @@ class Preempt:
             fail.add(key)
             return None
         flavor, names, needed = placed
+        if self.state.policy.preemption.only_if_it_pays:
+            declined = self.declined(job, flavors, needed)
+            if declined is not None:
+                return declined  # not remembered as a failure: later in the pass it may pay
         return self.claim.claim(job, names, self.state.demand(job, flavor), needed)
+
+    def declined(self, job: Job, flavors: Sequence[str], needed: Sequence[Candidate]) -> PreemptionWouldNotPay | None:
+        """Why preempting `needed` does not pay, or None when it does. The job could start
+        once its victims are gone (the last SIGKILL deadline); waiting instead, once capacity
+        frees by itself (`Reserve.forecast(natural=True)`, on any flavor). The preemption pays
+        unless that comes before the victims are gone plus their cost (lost work and restart,
+        DESIGN §4.4) spread over the job's GPUs: the GPU-seconds the job would wait longer."""
+        new = [c for c in needed if not c.leaving]
+        cost = sum(c.cost for c in new)
+        gpus = job.total_gpus
+        if not new or not cost > 0.0 or gpus <= 0:
+            return None  # capacity already on its way out, or victims that lose nothing
+        now, policy = self.state.now, self.state.policy
+        gone = max(c.eta if c.leaving else now + grace_of(policy, c.job) for c in needed)
+        worth = gone + cost / gpus
+        frees_at = INF
+        for f in flavors:
+            found = self.reserve.forecast(job, f, min(worth, frees_at), natural=True)
+            if found is not None:
+                frees_at = found.due
+        if frees_at == INF:
+            return None
+        return PreemptionWouldNotPay(tuple(c.job.id for c in new), cost, frees_at)
 
     def _could(self, job: Job) -> bool:
         """A cheap necessary condition: something terminating that nobody counts on yet, or a

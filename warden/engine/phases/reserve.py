@@ -17,7 +17,7 @@ from warden.engine.model import Job
 from warden.engine.phases.state import PassState
 from warden.engine.phases.victims import Victims
 from warden.engine.plan import Reservation
-from warden.engine.reasons import Fragmented, InsufficientCapacity, Reason, WaitingForLease
+from warden.engine.reasons import Fragmented, InsufficientCapacity, PreemptionWouldNotPay, Reason, WaitingForLease
 from warden.engine.rules import Preemptor, allowed, preemptor
 
 INF = math.inf
@@ -46,14 +46,15 @@ class Reserve:
         self.state = state
         self.victims = victims
 
-    def attempt(self, job: Job, blocked: Reason) -> Reason | None:
-        """Reserve for the job where capacity frees first, and say why it waits (`blocked`, with
-        the reservation's due time); None when none can be made. (The caller keeps count of
+    def attempt(self, job: Job, blocked: Reason, natural: bool = False) -> Reason | None:
+        """Reserve for the job where capacity frees first (by itself alone, `natural`: the job
+        declined to preempt), and say why it waits (`blocked`, with the reservation's due
+        time); None when none can be made. (The caller keeps count of
         `scheduling.reservations`.)"""
         state = self.state
         best: Forecast | None = None
         for flavor in state.flavors(job):
-            found = self.forecast(job, flavor, INF if best is None else best.due)
+            found = self.forecast(job, flavor, INF if best is None else best.due, natural)
             if found is not None and (best is None or found.due < best.due):
                 best = found
         if best is None:
@@ -64,17 +65,18 @@ class Reserve:
         )
         if best.lease_victims:
             return WaitingForLease(tuple(v.id for v in best.lease_victims), best.due)
-        if isinstance(blocked, (InsufficientCapacity, Fragmented)):
+        if isinstance(blocked, (InsufficientCapacity, Fragmented, PreemptionWouldNotPay)):
             return replace(blocked, reserved_at=best.due)
         return blocked
 
-    def forecast(self, job: Job, flavor: str, before: float = INF) -> Forecast | None:
+    def forecast(self, job: Job, flavor: str, before: float = INF, natural: bool = False) -> Forecast | None:
         """Release jobs in the order they will free capacity until the job fits on `flavor`.
         None when it never fits, or not before `before` (the due time another flavor already
-        has). The state is left as it was."""
+        has). `natural`: count only what frees by itself (jobs leaving, jobs ending), none the
+        job would preempt. The state is left as it was."""
         state = self.state
         d = state.demand(job, flavor)
-        freeing = self._freeing(preemptor(state.ctx, job, d))
+        freeing = self._natural() if natural else self._freeing(preemptor(state.ctx, job, d))
         mark = state.mark()
         released: list[tuple[Job, bool]] = []
         found = None
@@ -94,6 +96,29 @@ class Reserve:
         state.rollback(mark)
         return found
 
+    def _natural(self) -> Iterator[Freeing]:
+        """What frees by itself, soonest first (ties by id): terminating jobs nobody counts on
+        at their SIGKILL deadline, running ones at their expected end."""
+        state = self.state
+        index = self.victims.releases()
+        claimed, terminating = state.claimed, state.terminating
+        jobs = index.jobs
+        leaving = self._leaving()
+        ending = ((end, i, jobs[i], False) for end, i in index.ending if i not in terminating and i not in claimed)
+        return heapq.merge(leaving, ending, key=_time_and_id)
+
+    def _leaving(self) -> list[Freeing]:
+        """Terminating jobs nobody counts on yet, by SIGKILL deadline (then id)."""
+        state = self.state
+        claimed, now = state.claimed, state.now
+        leaving: list[Freeing] = []
+        for gone in state.terminating.values():
+            if gone.id not in claimed:
+                kill_at = gone.attempt.kill_at if gone.attempt is not None else None
+                leaving.append((now if kill_at is None else kill_at, gone.id, gone, False))
+        leaving.sort(key=_time_and_id)
+        return leaving
+
     def _freeing(self, p: Preemptor) -> Iterator[Freeing]:
         """The jobs whose exits free capacity, soonest first (ties by id), each once.
 
@@ -110,12 +135,7 @@ class Reserve:
         may = {kind: allowed(state.ctx, p, v) for kind, v in index.kind_jobs().items()}
         claimed, terminating, now = state.claimed, state.terminating, state.now
         jobs, facts = index.jobs, index.facts
-        leaving: list[Freeing] = []
-        for gone in terminating.values():
-            if gone.id not in claimed:
-                kill_at = gone.attempt.kill_at if gone.attempt is not None else None
-                leaving.append((now if kill_at is None else kill_at, gone.id, gone, False))
-        leaving.sort(key=_time_and_id)
+        leaving = self._leaving()
 
         def ending() -> Iterator[Freeing]:
             for end, i in index.ending:
