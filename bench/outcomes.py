@@ -6,7 +6,8 @@
 A setting is a trace under the shared traces folder and a pool of GPUs, e.g.
 `philly/pollux_philly.csv@680` (the Philly VCs as queues, their quotas from
 `philly_vc_nodes.csv`, scaled to the pool). By default: all of Philly at 600, 680 and 750 GPUs
-and Alibaba PAI 2023 at 16 GPUs, every preset. A policy is a preset name or a policy YAML.
+and Alibaba PAI 2023 at 48 GPUs (contended in bursts: `fifo_backfill` waits 27 h at p95 there,
+nothing at 64 GPUs and over 200 h at 32), every preset. A policy is a preset name or a policy YAML.
 
 Per setting and policy: utilization; p50/p95 wait overall, per tier and per queue; starvation
 breaches and how long past the maximum wait they ran; delivered over owed GPU-hours per queue;
@@ -35,7 +36,7 @@ from warden.sim.presets import PRESETS
 DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 PHILLY = "philly/pollux_philly.csv"
 PAI = "alibaba_pai_v2023/openb_pod_list_default.csv"
-DEFAULT_SETTINGS = (f"{PHILLY}@600", f"{PHILLY}@680", f"{PHILLY}@750", f"{PAI}@16")
+DEFAULT_SETTINGS = (f"{PHILLY}@600", f"{PHILLY}@680", f"{PHILLY}@750", f"{PAI}@48")
 ORDER = ("fifo_strict", "fifo_backfill", "slurm", "kueue", "k8s", "governed")
 BASELINE = "fifo_backfill"
 PEERS = ("slurm", "kueue", "k8s")

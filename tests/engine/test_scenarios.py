@@ -62,6 +62,23 @@ def test_a_preemption_that_would_not_pay_waits_for_capacity_that_frees_by_itself
     assert preempted(first_pass(10_060.0, preemption={"only_if_it_pays": False})) == {"v"}
 
 
+def test_a_job_past_its_maximum_wait_declines_only_while_it_can_reserve() -> None:
+    """Without a reservation to hold what frees by itself, the capacity could go to another job:
+    a job that has waited past its queue's max wait then preempts, even if it does not pay."""
+    cluster = nodes(2)
+    soon = running("soon", "a", 3, ("n0", 8), started=0.0, expected_duration=100_060.0)
+    v = running("v", "b", 3, ("n1", 8), started=0.0, last_checkpoint_at=99_000.0)
+    no_reservations = policy(scheduling={"reservations": 0})
+    fresh = pending("p", "a", 1, submit=99_990.0)
+    plan = plan_for(no_reservations, cluster, [soon, v, fresh], now=100_000.0)
+    assert preempted(plan) == set()
+    assert plan.explanations["p"].reason.code == "PreemptionWouldNotPay"
+    assert plan.explanations["p"].reason.reserved_at is None
+    starving = pending("p", "a", 1, submit=100_000.0 - 86_400.0)  # 24 h: the default max wait
+    assert preempted(plan_for(no_reservations, cluster, [soon, v, starving], now=100_000.0)) == {"v"}
+    assert preempted(plan_for(policy(), cluster, [soon, v, starving], now=100_000.0)) == set()
+
+
 def test_a_victim_that_loses_nothing_is_preempted_even_when_capacity_frees_soon() -> None:
     cluster = nodes(2)
     soon = running("soon", "a", 3, ("n0", 8), started=0.0, expected_duration=10_060.0)

@@ -37,7 +37,6 @@ from warden.engine.plan import Explanation, Plan
 from warden.engine.reasons import (
     AwaitingApproval,
     Position,
-    PreemptionWouldNotPay,
     Reason,
     Reserved,
     ThrashBackoff,
@@ -249,11 +248,13 @@ class Explain:
     def _remember(self, job: Job, key: OutcomeKey, fronts: list[Outcome] | None, reason: Reason | None) -> None:
         """Remember why the job failed under `key` (`fronts`: what is remembered there already).
 
-        Not remembered: an admission, a reason that names victims (their state is the job's
-        own) and one that names a reservation's due time (the job's own reservation)."""
+        Not remembered: an admission, a reason that names victims it signalled or waits to
+        signal (their state is the job's own) and one that names a reservation's due time (the
+        job's own reservation). `PreemptionWouldNotPay` without a reservation is remembered:
+        a job alike declines the same victims for the pass (`Memo.preempt_declined`)."""
         if (
             reason is not None
-            and not isinstance(reason, (WaitingForGrace, WaitingForLease, PreemptionWouldNotPay))
+            and not isinstance(reason, (WaitingForGrace, WaitingForLease))
             and getattr(reason, "reserved_at", None) is None
         ):
             entry = (job.cpu, job.memory, self.memo.hold_version if isinstance(reason, Reserved) else -1, reason)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from warden.engine.reasons import Reason
+from warden.engine.reasons import PreemptionWouldNotPay, Reason
 
 if TYPE_CHECKING:
     from warden.engine.preemption import Candidate, CandidatePool
@@ -77,6 +77,10 @@ class Memo:
     preempt_fail: set[PreemptKey] = field(default_factory=set)
     """Jobs whose victim search failed: free capacity and the candidates only shrink, and quota
     usage only grows, so for the pass (and a claim charges quota: it never makes room)."""
+    preempt_declined: dict[PreemptKey, PreemptionWouldNotPay] = field(default_factory=dict)
+    """Jobs whose victims would not pay (`Preempt.declined`) → why: for the pass. Free capacity
+    only shrinks, so what frees by itself comes no sooner later in the pass: a job alike
+    declines again at once instead of searching again (at worst it waits a pass longer)."""
     eligible: dict[tuple[int, str, bool], tuple[int, int, bool]] = field(default_factory=dict)
     """(P's tier, queue, in-quota: what the pair rules read of P) → (quota version, hold
     version, `Victims.any_eligible`): until quota usage or the holds change (a claim signals

@@ -4,9 +4,10 @@ Capacity already on its way out counts first, at no cost, so a need it covers ne
 victim; then eligible running jobs, searched flavor by flavor (`preemption.search`), once per
 way the scope rule lets the job look for victims (`rules.preemptors`). The cheapest set wins;
 every victim the job can do without on any flavor is then given back, the costliest first, so
-the set is minimal overall. Under `preemption.only_if_it_pays` the set must then pay for itself
-(`Preempt.pays`): capacity that frees by itself soon enough makes the job wait for it instead.
-Last, the job claims what its victims will free (`phases.claim`).
+the set is minimal overall. Under `preemption.only_if_it_pays`, while a reservation is left,
+the set must then pay for itself (`Preempt.declined`): capacity that frees by itself soon
+enough makes the job reserve it and wait instead. Last, the job claims what its victims will
+free (`phases.claim`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from warden.engine.accounting import wait_time
 from warden.engine.model import Job
 from warden.engine.phases.claim import Claim
 from warden.engine.phases.reserve import Reserve
@@ -30,7 +32,7 @@ Found = tuple[list[Candidate], bool]
 
 
 class Preempt:
-    __slots__ = ("attempts_left", "claim", "memo", "reserve", "state", "victims")
+    __slots__ = ("attempts_left", "claim", "max_wait", "memo", "reserve", "state", "victims")
 
     def __init__(self, state: PassState, victims: Victims, claim: Claim, reserve: Reserve) -> None:
         self.state = state
@@ -38,7 +40,9 @@ class Preempt:
         self.victims = victims
         self.claim = claim
         self.reserve = reserve
-        """Forecasts what frees by itself, for `pays`."""
+        """Forecasts what frees by itself, for `declined`."""
+        self.max_wait: dict[str, float] = {}
+        """Queue → its maximum wait, as asked."""
         self.attempts_left = state.policy.preemption.max_attempts_per_pass
         """Victim searches this pass may still run (a shape that failed is not searched again)."""
 
@@ -50,6 +54,9 @@ class Preempt:
         fail = self.memo.preempt_fail
         if key in fail or self.attempts_left <= 0:
             return None
+        known = self.memo.preempt_declined.get(key)
+        if known is not None and self._may_decline(job):
+            return known
         if not self._could(job):
             fail.add(key)
             return None
@@ -61,14 +68,32 @@ class Preempt:
             fail.add(key)
             return None
         flavor, names, needed = placed
-        if self.state.policy.preemption.only_if_it_pays:
+        if self._may_decline(job):
             declined = self.declined(job, flavors, needed)
             if declined is not None:
-                return declined  # not remembered as a failure: later in the pass it may pay
+                self.memo.preempt_declined[key] = declined
+                return declined
         return self.claim.claim(job, names, self.state.demand(job, flavor), needed)
 
+    def _may_decline(self, job: Job) -> bool:
+        """Under `only_if_it_pays`: a job may wait for what frees by itself while a reservation
+        is left to hold it, or while it has not waited past its queue's maximum wait."""
+        state = self.state
+        return state.policy.preemption.only_if_it_pays and (
+            len(state.reservations) < state.policy.scheduling.reservations or not self._breached(job)
+        )
+
+    def _breached(self, job: Job) -> bool:
+        """Has the job waited past its queue's maximum wait?"""
+        limit = self.max_wait.get(job.queue)
+        if limit is None:
+            limit = self.max_wait[job.queue] = self.state.policy.max_wait_for(job.queue)
+        return wait_time(job.waited, job.pending_since, job.submit, self.state.now) >= limit
+
     def declined(self, job: Job, flavors: Sequence[str], needed: Sequence[Candidate]) -> PreemptionWouldNotPay | None:
-        """Why preempting `needed` does not pay, or None when it does. The job could start
+        """Why preempting `needed` does not pay, or None when it does. Asked only while a
+        reservation is left for the job to hold what frees by itself: without one, that
+        capacity may go to another job, and waiting for it would not bound the wait. The job could start
         once its victims are gone (the last SIGKILL deadline); waiting instead, once capacity
         frees by itself (`Reserve.forecast(natural=True)`, on any flavor). The preemption pays
         unless that comes before the victims are gone plus their cost (lost work and restart,
