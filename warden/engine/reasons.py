@@ -15,6 +15,11 @@ def _fmt_t(t: float | None) -> str:
     return "an unknown time" if t is None else f"t={t:.0f}s"
 
 
+def _reserved_tail(reserved_at: float | None) -> str:
+    """The end of a message for a job that may hold a reservation."""
+    return "" if reserved_at is None else f"; capacity is reserved for it from {_fmt_t(reserved_at)}"
+
+
 @dataclass(frozen=True, slots=True)
 class Reason:
     code: ClassVar[str] = "Unknown"
@@ -83,7 +88,7 @@ class InsufficientCapacity(Reason):
 
     @property
     def message(self) -> str:
-        tail = "" if self.reserved_at is None else f"; capacity is reserved for it from {_fmt_t(self.reserved_at)}"
+        tail = _reserved_tail(self.reserved_at)
         return f"The cluster has {self.free} free {self.resource} and the job needs {self.requested}{tail}."
 
 
@@ -101,7 +106,7 @@ class Fragmented(Reason):
 
     @property
     def message(self) -> str:
-        tail = "" if self.reserved_at is None else f"; capacity is reserved for it from {_fmt_t(self.reserved_at)}"
+        tail = _reserved_tail(self.reserved_at)
         return (
             f"{self.free} GPUs are free but scattered: no `{self.placement}` placement holds the "
             f"gang's {self.requested} (the largest has {self.largest}){tail}."
@@ -140,7 +145,7 @@ class PreemptionWouldNotPay(Reason):
 
     @property
     def message(self) -> str:
-        tail = "" if self.reserved_at is None else f"; capacity is reserved for it from {_fmt_t(self.reserved_at)}"
+        tail = _reserved_tail(self.reserved_at)
         return (
             f"Preempting {', '.join(self.victims)} would throw away {self.cost / 3600:.2f} GPU-hours of "
             f"their work and restarts; capacity frees by itself at {_fmt_t(self.frees_at)}, sooner "
