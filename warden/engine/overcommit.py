@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from warden.engine.fairshare import cluster_capacity
 from warden.engine.model import Node
 from warden.engine.policy import Policy
 
@@ -43,11 +44,10 @@ class Overcommit:
 
 def cluster_totals(nodes: Iterable[Node]) -> dict[str, int]:
     """What the cluster has of every resource a quota can name: gpu, gpu:FLAVOR, cpu, memory."""
-    totals = {"gpu": 0, "cpu": 0, "memory": 0}
+    nodes = tuple(nodes)
+    gpus, cpu, memory = cluster_capacity(nodes)
+    totals = {"gpu": gpus, "cpu": cpu, "memory": memory}
     for n in nodes:
-        totals["gpu"] += n.gpus
-        totals["cpu"] += n.cpu
-        totals["memory"] += n.memory
         totals[f"gpu:{n.flavor}"] = totals.get(f"gpu:{n.flavor}", 0) + n.gpus
     return totals
 

@@ -380,7 +380,7 @@ def build_router(service: "Service") -> APIRouter:
     @r.get("/policy", responses=errors(401))
     def get_policy(who: Caller) -> dict[str, Any]:
         current = service.store.current_policy()
-        warnings = [w.to_dict() for w in overcommitted(service.policy, service.nodes)]
+        warnings = policy_warnings()
         if current is None:
             return {"version": 0, "source": "", "policy": service.policy.to_dict(), "warnings": warnings}
         return {"version": current.version, "source": current.source, "policy": current.resolved, "warnings": warnings}
@@ -388,8 +388,11 @@ def build_router(service: "Service") -> APIRouter:
     @r.put("/policy", responses=errors(401, 403))
     def put_policy(req: PolicyRequest, who: Caller) -> dict[str, Any]:
         version, changed = service.apply_policy(req.source, who)
-        warnings = [w.to_dict() for w in overcommitted(service.policy, service.nodes)]
-        return {"version": version, "changed": changed, "warnings": warnings}
+        return {"version": version, "changed": changed, "warnings": policy_warnings()}
+
+    def policy_warnings() -> list[dict[str, object]]:
+        """Where the policy in force promises more than the cluster has (`overcommitted`)."""
+        return [w.to_dict() for w in overcommitted(service.policy, service.nodes)]
 
     @r.post("/tokens", status_code=201, responses=errors(401, 403))
     def create_token(req: TokenRequest, who: Caller) -> dict[str, Any]:

@@ -84,6 +84,13 @@ def _policy(store: Store, path: Path | None, now: float) -> Policy:
     return policy
 
 
+def _warn(message: str, say: Callable[[str], None]) -> None:
+    """Say it, and into the server's log too, where one is configured."""
+    if log.hasHandlers():
+        log.warning(message)
+    say(message)
+
+
 def job_identities(settings: Settings, say: Callable[[str], None]) -> Identities:
     """Who jobs run as. Only root can run them as anyone else; a server that is not root says
     loudly that its jobs can do whatever it can (docs/security.md)."""
@@ -92,9 +99,7 @@ def job_identities(settings: Settings, say: Callable[[str], None]) -> Identities
             f"WARNING: the server is not root, so jobs run as its own uid {os.geteuid()}: they can read its "
             "database, tokens and report secret and signal it (see docs/security.md)"
         )
-        if log.hasHandlers():  # into the server's log too, where one is configured
-            log.warning(message)
-        say(message)
+        _warn(message, say)
         return Identities.fixed()
     identities = Identities(settings.run_as, settings.job_uids, dict(settings.user_map))
     say(identities.describe())
@@ -163,10 +168,7 @@ def build_service(settings: Settings, say: Callable[[str], None] = print) -> Ser
     store.replace_nodes(NodeRecord.from_engine(n, updated_at=now) for n in nodes)
     policy = _policy(store, settings.policy, now)
     for w in overcommitted(policy, nodes):
-        message = f"WARNING: the policy's quotas exceed this cluster. {w.message}"
-        if log.hasHandlers():
-            log.warning(message)
-        say(message)
+        _warn(f"WARNING: the policy's quotas exceed this cluster. {w.message}", say)
     _tokens(store, settings.bootstrap_token, state, now, say)
     executor = LocalExecutor(identities=identities)
     service = Service(store, executor, nodes, policy, state, url=f"http://{_reachable(settings.host)}:{settings.port}")

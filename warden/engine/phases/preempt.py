@@ -32,7 +32,7 @@ Found = tuple[list[Candidate], bool]
 
 
 class Preempt:
-    __slots__ = ("attempts_left", "claim", "max_wait", "memo", "reserve", "state", "victims")
+    __slots__ = ("attempts_left", "claim", "default_wait", "max_waits", "memo", "reserve", "state", "victims")
 
     def __init__(self, state: PassState, victims: Victims, claim: Claim, reserve: Reserve) -> None:
         self.state = state
@@ -41,8 +41,9 @@ class Preempt:
         self.claim = claim
         self.reserve = reserve
         """Forecasts what frees by itself, for `declined`."""
-        self.max_wait: dict[str, float] = {}
-        """Queue → its maximum wait, as asked."""
+        self.max_waits = state.policy.max_waits()
+        self.default_wait = state.policy.fair_share.aging.max_wait["default"]
+        """Each queue's maximum wait, read once a pass (as `phases.order.Order` reads them)."""
         self.attempts_left = state.policy.preemption.max_attempts_per_pass
         """Victim searches this pass may still run (a shape that failed is not searched again)."""
 
@@ -85,19 +86,16 @@ class Preempt:
 
     def _breached(self, job: Job) -> bool:
         """Has the job waited past its queue's maximum wait?"""
-        limit = self.max_wait.get(job.queue)
-        if limit is None:
-            limit = self.max_wait[job.queue] = self.state.policy.max_wait_for(job.queue)
+        limit = self.max_waits.get(job.queue, self.default_wait)
         return wait_time(job.waited, job.pending_since, job.submit, self.state.now) >= limit
 
     def declined(self, job: Job, flavors: Sequence[str], needed: Sequence[Candidate]) -> PreemptionWouldNotPay | None:
-        """Why preempting `needed` does not pay, or None when it does. Asked only while a
-        reservation is left for the job to hold what frees by itself: without one, that
-        capacity may go to another job, and waiting for it would not bound the wait. The job could start
-        once its victims are gone (the last SIGKILL deadline); waiting instead, once capacity
-        frees by itself (`Reserve.forecast(natural=True)`, on any flavor). The preemption pays
-        unless that comes before the victims are gone plus their cost (lost work and restart,
-        DESIGN §4.4) spread over the job's GPUs: the GPU-seconds the job would wait longer."""
+        """Why preempting `needed` does not pay, or None when it does (asked where
+        `_may_decline` lets the job wait). The job could start once its victims are gone (the
+        last SIGKILL deadline); waiting instead, once capacity frees by itself
+        (`Reserve.forecast(natural=True)`, on any flavor). The preemption pays unless that
+        comes before the victims are gone plus their cost (lost work and restart, DESIGN §4.4)
+        spread over the job's GPUs: the GPU-seconds the job would wait longer."""
         new = [c for c in needed if not c.leaving]
         cost = sum(c.cost for c in new)
         gpus = job.total_gpus
