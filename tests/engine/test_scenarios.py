@@ -51,15 +51,34 @@ def test_a_preemption_that_would_not_pay_waits_for_capacity_that_frees_by_itself
         soon = running("soon", "a", 3, ("n0", 8), started=0.0, expected_duration=ends_at)
         return plan_for(policy(**pol), cluster, [soon, v, p], now=10_000.0)
 
-    waits = first_pass(10_060.0)
+    waits = first_pass(10_500.0)
     assert preempted(waits) == set() and admitted(waits) == set()
     why = waits.explanations["p"].reason
     assert why.code == "PreemptionWouldNotPay" and why.victims == ("v",) and why.cost == 8 * 1_000.0
-    assert why.frees_at == 10_060.0 and why.reserved_at == 10_060.0  # it holds what frees first
-    assert "frees by itself at t=10060s" in why.message
+    assert why.frees_at == 10_500.0 and why.reserved_at == 10_500.0  # it holds what frees first
+    assert "Preempting v would throw away 2.22 GPU-hours" in why.message
+    assert "frees by itself at t=10500s" in why.message
     assert preempted(first_pass(11_119.0)) == set()
     assert preempted(first_pass(11_121.0)) == {"v"}  # waiting would cost more than v loses
-    assert preempted(first_pass(10_060.0, preemption={"only_if_it_pays": False})) == {"v"}
+    assert preempted(first_pass(10_500.0, preemption={"only_if_it_pays": False})) == {"v"}
+
+
+def test_capacity_that_frees_within_the_least_grace_is_waited_for_without_a_search() -> None:
+    """No job signalled now is gone before min_grace (120 s): capacity that frees sooner beats
+    every victim set, so the reason names none."""
+    cluster = nodes(2)
+    soon = running("soon", "a", 3, ("n0", 8), started=0.0, expected_duration=10_060.0)
+    v = running("v", "b", 3, ("n1", 8), started=0.0, last_checkpoint_at=9_000.0)
+    p = pending("p", "a", 1, submit=9_990.0)
+    waits = plan_for(policy(), cluster, [soon, v, p], now=10_000.0)
+    assert preempted(waits) == set() and admitted(waits) == set()
+    why = waits.explanations["p"].reason
+    assert why.code == "PreemptionWouldNotPay" and why.victims == () and why.cost == 0.0
+    assert why.frees_at == 10_060.0 and why.reserved_at == 10_060.0
+    assert why.message.startswith("Capacity frees by itself at t=10060s, before any job preempted now")
+    later = running("soon", "a", 3, ("n0", 8), started=0.0, expected_duration=10_121.0)
+    why = plan_for(policy(), cluster, [later, v, p], now=10_000.0).explanations["p"].reason
+    assert why.code == "PreemptionWouldNotPay" and why.victims == ("v",)  # searched: it could pay
 
 
 def test_a_job_past_its_maximum_wait_declines_only_while_it_can_reserve() -> None:
@@ -79,12 +98,17 @@ def test_a_job_past_its_maximum_wait_declines_only_while_it_can_reserve() -> Non
     assert preempted(plan_for(policy(), cluster, [soon, v, starving], now=100_000.0)) == set()
 
 
-def test_a_victim_that_loses_nothing_is_preempted_even_when_capacity_frees_soon() -> None:
+def test_a_victim_that_loses_nothing_is_preempted_unless_capacity_frees_before_it_is_gone() -> None:
     cluster = nodes(2)
-    soon = running("soon", "a", 3, ("n0", 8), started=0.0, expected_duration=10_060.0)
     v = running("v", "b", 3, ("n1", 8), started=0.0, sigterm_save_s=30.0)  # saves within its grace
     p = pending("p", "a", 1, submit=9_990.0)
-    assert preempted(plan_for(policy(), cluster, [soon, v, p], now=10_000.0)) == {"v"}
+
+    def preempted_when_soon_ends_at(end: float) -> set[str]:
+        soon = running("soon", "a", 3, ("n0", 8), started=0.0, expected_duration=end)
+        return preempted(plan_for(policy(), cluster, [soon, v, p], now=10_000.0))
+
+    assert preempted_when_soon_ends_at(10_500.0) == {"v"}  # gone at 10,120, losing nothing
+    assert preempted_when_soon_ends_at(10_110.0) == set()  # frees before v would be gone
 
 
 def test_job_inside_its_lease_is_not_preempted() -> None:

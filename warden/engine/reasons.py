@@ -136,6 +136,7 @@ class PreemptionWouldNotPay(Reason):
 
     code: ClassVar[str] = "PreemptionWouldNotPay"
     victims: tuple[str, ...]
+    """None when capacity frees before any victim's grace could end: no set was searched."""
     cost: float
     """GPU-seconds the victims would lose: work since their last save, and their restart."""
     frees_at: float
@@ -146,6 +147,11 @@ class PreemptionWouldNotPay(Reason):
     @property
     def message(self) -> str:
         tail = _reserved_tail(self.reserved_at)
+        if not self.victims:
+            return (
+                f"Capacity frees by itself at {_fmt_t(self.frees_at)}, before any job preempted now "
+                f"could be gone, so the job waits for it{tail}."
+            )
         return (
             f"Preempting {', '.join(self.victims)} would throw away {self.cost / 3600:.2f} GPU-hours of "
             f"their work and restarts; capacity frees by itself at {_fmt_t(self.frees_at)}, sooner "

@@ -210,5 +210,7 @@ class Cycle:
             return waiting
         if len(self.state.reservations) < self.reservations:  # 5. reserve
             natural = blocked is waiting
-            return self.reserve.attempt(job, blocked, natural) or blocked
+            frees = self.preempt.frees
+            first = frees[1] if natural and frees is not None and frees[0] == job.id else None
+            return self.reserve.attempt(job, blocked, natural, first) or blocked
         return blocked

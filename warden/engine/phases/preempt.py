@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from warden.engine.accounting import wait_time
 from warden.engine.model import Job
 from warden.engine.phases.claim import Claim
-from warden.engine.phases.reserve import Reserve
+from warden.engine.phases.reserve import Forecast, Reserve
 from warden.engine.phases.state import PassState
 from warden.engine.phases.victims import Victims
 from warden.engine.preemption import Candidate, search
@@ -32,7 +32,7 @@ Found = tuple[list[Candidate], bool]
 
 
 class Preempt:
-    __slots__ = ("attempts_left", "claim", "default_wait", "max_waits", "memo", "reserve", "state", "victims")
+    __slots__ = ("attempts_left", "claim", "default_wait", "frees", "max_waits", "memo", "reserve", "state", "victims")
 
     def __init__(self, state: PassState, victims: Victims, claim: Claim, reserve: Reserve) -> None:
         self.state = state
@@ -46,12 +46,16 @@ class Preempt:
         """Each queue's maximum wait, read once a pass (as `phases.order.Order` reads them)."""
         self.attempts_left = state.policy.preemption.max_attempts_per_pass
         """Victim searches this pass may still run (a shape that failed is not searched again)."""
+        self.frees: tuple[str, Forecast] | None = None
+        """The job that last declined, and where capacity frees by itself for it first: what
+        its reservation would forecast again (`Reserve.attempt`'s `first`)."""
 
     def attempt(self, job: Job) -> Reason | None:
         """`WaitingForGrace` once the job's victims are signalled and its placement claimed;
         `PreemptionWouldNotPay` when the victims that would make room cost more than waiting;
         None when no set of victims makes room (or the pass has run out of searches)."""
         key = (job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.cpu, job.memory, job.placement)
+        self.frees = None
         fail = self.memo.preempt_fail
         if key in fail or self.attempts_left <= 0:
             return None
@@ -63,6 +67,14 @@ class Preempt:
             return None
         self.attempts_left -= 1
         flavors = self.state.flavors(job)
+        if not self._takes_any(job, flavors):
+            fail.add(key)
+            return None
+        if self._may_decline(job):
+            first = self._frees_first(job, flavors)
+            if first is not None:
+                self.memo.preempt_declined[key] = first
+                return first
         found = self._cheapest(job, flavors)
         placed = self._minimal(job, flavors, found) if found is not None else None
         if placed is None:
@@ -99,19 +111,36 @@ class Preempt:
         new = [c for c in needed if not c.leaving]
         cost = sum(c.cost for c in new)
         gpus = job.total_gpus
-        if not new or not cost > 0.0 or gpus <= 0:
-            return None  # capacity already on its way out, or victims that lose nothing
+        if not new or not cost >= 0.0 or gpus <= 0:
+            return None  # capacity already on its way out (or a NaN cost)
         now, policy = self.state.now, self.state.policy
         gone = max(c.eta if c.leaving else now + grace_of(policy, c.job) for c in needed)
-        worth = gone + cost / gpus
-        frees_at = INF
-        for f in flavors:
-            found = self.reserve.forecast(job, f, min(worth, frees_at), natural=True)
-            if found is not None:
-                frees_at = found.due
-        if frees_at == INF:
+        frees = self._frees_by_itself(job, flavors, gone + cost / gpus)
+        if frees is None:
             return None
-        return PreemptionWouldNotPay(tuple(c.job.id for c in new), cost, frees_at)
+        return PreemptionWouldNotPay(tuple(c.job.id for c in new), cost, frees.due)
+
+    def _frees_first(self, job: Job, flavors: Sequence[str]) -> PreemptionWouldNotPay | None:
+        """A decline known before any search: capacity frees by itself before any job
+        signalled now could be gone (the least grace, `min_grace`), so no victim set can pay
+        and none is searched for. Not while capacity already on its way out could be claimed
+        instead, nor for a job without GPUs (as in `declined`)."""
+        if job.total_gpus <= 0 or self.victims.leaving():
+            return None  # the search may find capacity on its way out to claim
+        state = self.state
+        frees = self._frees_by_itself(job, flavors, state.now + state.policy.min_grace)
+        return None if frees is None else PreemptionWouldNotPay((), 0.0, frees.due)
+
+    def _frees_by_itself(self, job: Job, flavors: Sequence[str], before: float) -> Forecast | None:
+        """Where capacity for the job frees by itself first on any flavor (the first flavor on
+        a tie), if before `before` (`Reserve.forecast(natural=True)`); kept in `frees`."""
+        best: Forecast | None = None
+        for f in flavors:
+            found = self.reserve.forecast(job, f, before if best is None else best.due, natural=True)
+            if found is not None:
+                best = found
+        self.frees = None if best is None else (job.id, best)
+        return best
 
     def _could(self, job: Job) -> bool:
         """A cheap necessary condition: something terminating that nobody counts on yet, or a
@@ -128,6 +157,14 @@ class Preempt:
                 memo.victim_tiers = tuple(tier for tier, n in state.tiers.items() if n > leaving.get(tier, 0))
             answer = memo.could_preempt[job.tier] = could_preempt(state.ctx, job.tier, memo.victim_tiers)
         return answer
+
+    def _takes_any(self, job: Job, flavors: Sequence[str]) -> bool:
+        """Could any search find something to take: capacity on its way out, or an eligible
+        victim for one of the ways the job may look (`Victims.any_eligible`, remembered)?"""
+        state, victims = self.state, self.victims
+        if victims.leaving():
+            return True
+        return any(victims.any_eligible(p) for f in flavors for p in preemptors(state.ctx, job, state.demand(job, f)))
 
     def _cheapest(self, job: Job, flavors: Sequence[str]) -> Found | None:
         """The cheapest victim set over the flavors (the first flavor on a tie), or None."""

@@ -46,17 +46,19 @@ class Reserve:
         self.state = state
         self.victims = victims
 
-    def attempt(self, job: Job, blocked: Reason, natural: bool = False) -> Reason | None:
+    def attempt(self, job: Job, blocked: Reason, natural: bool = False, first: Forecast | None = None) -> Reason | None:
         """Reserve for the job where capacity frees first (by itself alone, `natural`: the job
         declined to preempt), and say why it waits (`blocked`, with the reservation's due
-        time); None when none can be made. (The caller keeps count of
+        time); None when none can be made. `first`: that forecast, where the caller has it
+        already for the state the pass is in. (The caller keeps count of
         `scheduling.reservations`.)"""
         state = self.state
-        best: Forecast | None = None
-        for flavor in state.flavors(job):
-            found = self.forecast(job, flavor, INF if best is None else best.due, natural)
-            if found is not None and (best is None or found.due < best.due):
-                best = found
+        best = first
+        if best is None:
+            for flavor in state.flavors(job):
+                found = self.forecast(job, flavor, INF if best is None else best.due, natural)
+                if found is not None and (best is None or found.due < best.due):
+                    best = found
         if best is None:
             return None
         state.hold(job, best.names, best.due, backfill=True)
