@@ -59,8 +59,9 @@ class Preempt:
         fail = self.memo.preempt_fail
         if key in fail or self.attempts_left <= 0:
             return None
+        may_decline = self._may_decline(job)  # nothing below adds a reservation
         known = self.memo.preempt_declined.get(key)
-        if known is not None and self._may_decline(job):
+        if known is not None and may_decline:
             return known
         if not self._could(job):
             fail.add(key)
@@ -70,7 +71,7 @@ class Preempt:
         if not self._takes_any(job, flavors):
             fail.add(key)
             return None
-        if self._may_decline(job):
+        if may_decline:
             first = self._frees_first(job, flavors)
             if first is not None:
                 self.memo.preempt_declined[key] = first
@@ -81,7 +82,7 @@ class Preempt:
             fail.add(key)
             return None
         flavor, names, needed = placed
-        if self._may_decline(job):
+        if may_decline:
             declined = self.declined(job, flavors, needed)
             if declined is not None:
                 self.memo.preempt_declined[key] = declined
@@ -132,13 +133,9 @@ class Preempt:
         return None if frees is None else PreemptionWouldNotPay((), 0.0, frees.due)
 
     def _frees_by_itself(self, job: Job, flavors: Sequence[str], before: float) -> Forecast | None:
-        """Where capacity for the job frees by itself first on any flavor (the first flavor on
-        a tie), if before `before` (`Reserve.forecast(natural=True)`); kept in `frees`."""
-        best: Forecast | None = None
-        for f in flavors:
-            found = self.reserve.forecast(job, f, before if best is None else best.due, natural=True)
-            if found is not None:
-                best = found
+        """Where capacity for the job frees by itself first on any flavor, if before `before`
+        (`Reserve.earliest`, natural); kept in `frees`."""
+        best = self.reserve.earliest(job, flavors, before, natural=True)
         self.frees = None if best is None else (job.id, best)
         return best
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from warden.engine.model import Job
@@ -53,12 +53,7 @@ class Reserve:
         already for the state the pass is in. (The caller keeps count of
         `scheduling.reservations`.)"""
         state = self.state
-        best = first
-        if best is None:
-            for flavor in state.flavors(job):
-                found = self.forecast(job, flavor, INF if best is None else best.due, natural)
-                if found is not None and (best is None or found.due < best.due):
-                    best = found
+        best = first if first is not None else self.earliest(job, state.flavors(job), INF, natural)
         if best is None:
             return None
         state.hold(job, best.names, best.due, backfill=True)
@@ -70,6 +65,16 @@ class Reserve:
         if isinstance(blocked, (InsufficientCapacity, Fragmented, PreemptionWouldNotPay)):
             return replace(blocked, reserved_at=best.due)
         return blocked
+
+    def earliest(self, job: Job, flavors: Sequence[str], before: float, natural: bool) -> Forecast | None:
+        """`forecast` on whichever of `flavors` frees first (the first flavor on a tie), if
+        before `before`."""
+        best: Forecast | None = None
+        for flavor in flavors:
+            found = self.forecast(job, flavor, before if best is None else best.due, natural)
+            if found is not None:
+                best = found  # strictly earlier than the bound, so than any before it
+        return best
 
     def forecast(self, job: Job, flavor: str, before: float = INF, natural: bool = False) -> Forecast | None:
         """Release jobs in the order they will free capacity until the job fits on `flavor`.
