@@ -15,6 +15,7 @@ from warden.engine.model import Job, Node
 from warden.engine.placement import CapacityIndex, gpu_mask
 from warden.engine.quota import QuotaTree
 from warden.engine.releases import ReleaseIndex
+from warden.engine.rules import RuleContext, takeable_tiers
 
 if TYPE_CHECKING:
     from warden.engine.policy import Policy
@@ -38,6 +39,7 @@ class Allocation:
         "policy",
         "quota",
         "releases",
+        "takeable",
         "tiers",
         "used",
         "victim_facts",
@@ -50,6 +52,9 @@ class Allocation:
         self.quota = QuotaTree(policy)
         governed = self.quota.governed()
         self.charged_tiers = {t: governed and spec.charged for t, spec in policy.tiers.items()}
+        self.takeable = takeable_tiers(RuleContext(policy, self.quota, 0.0))
+        """Per tier, the tiers whose running jobs the rules could ever let it take (the tier
+        tests read neither the usage nor the time)."""
         self.jobs: dict[str, Job] = {}
         self.flavor_of_job: dict[str, str] = {}
         self.used: dict[str, int] = {}

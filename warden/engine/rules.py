@@ -151,7 +151,9 @@ VictimCheck = Callable[[RuleContext, Job], "Block | None"]
 PairCheck = Callable[[RuleContext, Preemptor, Job], "Block | None"]
 TierTest = Callable[[RuleContext, int, int], bool]
 """(context, P's tier, V's tier) → could the rule let some job of P's tier take some job of V's
-tier? A necessary condition: False only where it never could."""
+tier? A necessary condition: False only where it never could, so it reads the policy and the
+shape of the quota tree alone, never the usage or `now` (`takeable_tiers` asks it once per
+policy)."""
 
 
 def _any_tiers(ctx: RuleContext, p_tier: int, v_tier: int) -> bool:
@@ -405,6 +407,14 @@ def could_preempt(ctx: RuleContext, p_tier: int, v_tiers: Iterable[int]) -> bool
     """A necessary condition, on tiers alone: could some rule-abiding P of tier `p_tier` take a
     running job of one of `v_tiers`?"""
     return any(all(rule.tiers(ctx, p_tier, t) for rule in RULES) for t in v_tiers)
+
+
+def takeable_tiers(ctx: RuleContext) -> dict[int, frozenset[int]]:
+    """Per tier of the policy, the tiers whose running jobs `could_preempt` lets it take: the
+    tier tests read nothing that changes while the policy stays, so the engine keeps this
+    table as long as its allocation (`Allocation.takeable`) and a pass asks it in O(1)."""
+    tiers = ctx.policy.tiers
+    return {p: frozenset(v for v in tiers if could_preempt(ctx, p, (v,))) for p in tiers}
 
 
 def blocks(ctx: RuleContext, p: Preemptor, v: Job) -> float:

@@ -85,8 +85,6 @@ class Memo:
     """(P's tier, queue, in-quota: what the pair rules read of P) → (quota version, hold
     version, `Victims.any_eligible`): until quota usage or the holds change (a claim signals
     its victims and holds capacity in one go)."""
-    could_preempt: dict[int, bool] = field(default_factory=dict)
-    """P's tier → `rules.could_preempt` over `victim_tiers`: for the pass."""
     victim_tiers: tuple[int, ...] | None = None
     """Tiers with a running job not already leaving when the pass began: for the pass."""
     candidates: CandidatePool | None = None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from warden.engine.allocation import Allocation
@@ -34,9 +35,39 @@ claimant, the key of the job it goes ahead of with (−1, its own key) in place 
 0: how a pass orders the waiting jobs. Unique per job (the id is)."""
 
 
-def mode_of(policy: Policy) -> OrderMode:
+@dataclass(frozen=True, slots=True)
+class Ranking:
+    """What ranking reads of a policy: the anchor mode, each queue's maximum wait and the
+    default one. Worked out once per policy (`ranking_of`): a pass asks for it twice, and the
+    per-queue table is a pydantic private attribute, each read of which costs microseconds."""
+
+    mode: OrderMode
+    max_waits: Mapping[str, float]
+    default_wait: float
+
+
+_rankings: dict[int, tuple[Policy, Ranking]] = {}
+
+
+def ranking_of(policy: Policy) -> Ranking:
+    """The policy's `Ranking`, kept for the last few policies seen."""
+    known = _rankings.get(id(policy))
+    if known is not None and known[0] is policy:
+        return known[1]
     scheduling = policy.scheduling
-    return OrderMode(governed=scheduling.order == "governed", by_eviction=scheduling.requeue_timestamp == "eviction")
+    ranking = Ranking(
+        OrderMode(governed=scheduling.order == "governed", by_eviction=scheduling.requeue_timestamp == "eviction"),
+        policy.max_waits(),
+        policy.fair_share.aging.max_wait["default"],
+    )
+    if len(_rankings) >= 8:
+        _rankings.clear()
+    _rankings[id(policy)] = (policy, ranking)
+    return ranking
+
+
+def mode_of(policy: Policy) -> OrderMode:
+    return ranking_of(policy).mode
 
 
 class Order:
@@ -54,12 +85,13 @@ class Order:
         self.now = now
         self.borrows = borrows
         """Under `nominal_first`: would the job's admission borrow (`borrowing_test`)."""
-        self.mode = mode_of(policy)
+        ranking = ranking_of(policy)
+        self.mode = ranking.mode
         self.governed = self.mode.governed
         self.by_tier = self.governed or policy.scheduling.order == "priority"
         fair = fair_order(policy, usage) if self.governed else {}
-        default_wait = policy.fair_share.aging.max_wait.get("default", INF)
-        max_waits = policy.max_waits()
+        default_wait = ranking.default_wait
+        max_waits = ranking.max_waits
         self.queues: dict[str, tuple[int, tuple[float, ...], float]] = {
             q: (fr, ratios, now - max_waits.get(q, default_wait)) for q, (fr, ratios) in fair.items()
         }

@@ -18,12 +18,13 @@ from collections.abc import Sequence
 from warden.engine.accounting import wait_time
 from warden.engine.model import Job
 from warden.engine.phases.claim import Claim
+from warden.engine.phases.order import ranking_of
 from warden.engine.phases.reserve import Forecast, Reserve
 from warden.engine.phases.state import PassState
 from warden.engine.phases.victims import Victims
 from warden.engine.preemption import Candidate, search
 from warden.engine.reasons import PreemptionWouldNotPay, Reason
-from warden.engine.rules import could_preempt, grace_of, preemptors
+from warden.engine.rules import grace_of, preemptors
 
 INF = math.inf
 
@@ -32,7 +33,18 @@ Found = tuple[list[Candidate], bool]
 
 
 class Preempt:
-    __slots__ = ("attempts_left", "claim", "default_wait", "frees", "max_waits", "memo", "reserve", "state", "victims")
+    __slots__ = (
+        "attempts_left",
+        "claim",
+        "default_wait",
+        "frees",
+        "max_waits",
+        "memo",
+        "pays",
+        "reserve",
+        "state",
+        "victims",
+    )
 
     def __init__(self, state: PassState, victims: Victims, claim: Claim, reserve: Reserve) -> None:
         self.state = state
@@ -41,9 +53,12 @@ class Preempt:
         self.claim = claim
         self.reserve = reserve
         """Forecasts what frees by itself, for `declined`."""
-        self.max_waits = state.policy.max_waits()
-        self.default_wait = state.policy.fair_share.aging.max_wait["default"]
-        """Each queue's maximum wait, read once a pass (as `phases.order.Order` reads them)."""
+        ranking = ranking_of(state.policy)
+        self.max_waits = ranking.max_waits
+        self.default_wait = ranking.default_wait
+        """Each queue's maximum wait (as `phases.order.Order` reads them)."""
+        self.pays = state.policy.preemption.only_if_it_pays
+        """`preemption.only_if_it_pays`, read once a pass."""
         self.attempts_left = state.policy.preemption.max_attempts_per_pass
         """Victim searches this pass may still run (a shape that failed is not searched again)."""
         self.frees: tuple[str, Forecast] | None = None
@@ -54,8 +69,11 @@ class Preempt:
         """`WaitingForGrace` once the job's victims are signalled and its placement claimed;
         `PreemptionWouldNotPay` when the victims that would make room cost more than waiting;
         None when no set of victims makes room (or the pass has run out of searches)."""
-        key = (job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.cpu, job.memory, job.placement)
         self.frees = None
+        state = self.state
+        if not state.terminating and not state.takeable.get(job.tier):
+            return None  # `_could` is False for the whole pass: nothing to claim, nobody to take
+        key = (job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.cpu, job.memory, job.placement)
         fail = self.memo.preempt_fail
         if key in fail or self.attempts_left <= 0:
             return None
@@ -93,9 +111,7 @@ class Preempt:
         """Under `only_if_it_pays`: a job may wait for what frees by itself while a reservation
         is left to hold it, or while it has not waited past its queue's maximum wait."""
         state = self.state
-        return state.policy.preemption.only_if_it_pays and (
-            len(state.reservations) < state.policy.scheduling.reservations or not self._breached(job)
-        )
+        return self.pays and (len(state.reservations) < state.policy.scheduling.reservations or not self._breached(job))
 
     def _breached(self, job: Job) -> bool:
         """Has the job waited past its queue's maximum wait?"""
@@ -141,19 +157,19 @@ class Preempt:
 
     def _could(self, job: Job) -> bool:
         """A cheap necessary condition: something terminating that nobody counts on yet, or a
-        running job of a tier the rules could let the job's tier take (`rules.could_preempt`)."""
+        running job of a tier the rules could let the job's tier take (`Allocation.takeable`)."""
         state, memo = self.state, self.memo
         if any(t not in state.claimed for t in state.terminating):
             return True
-        answer = memo.could_preempt.get(job.tier)
-        if answer is None:
-            if memo.victim_tiers is None:
-                leaving: dict[int, int] = {}
-                for t in state.terminating.values():
-                    leaving[t.tier] = leaving.get(t.tier, 0) + 1
-                memo.victim_tiers = tuple(tier for tier, n in state.tiers.items() if n > leaving.get(tier, 0))
-            answer = memo.could_preempt[job.tier] = could_preempt(state.ctx, job.tier, memo.victim_tiers)
-        return answer
+        takeable = state.takeable.get(job.tier)
+        if not takeable:
+            return False
+        if memo.victim_tiers is None:
+            leaving: dict[int, int] = {}
+            for t in state.terminating.values():
+                leaving[t.tier] = leaving.get(t.tier, 0) + 1
+            memo.victim_tiers = tuple(tier for tier, n in state.tiers.items() if n > leaving.get(tier, 0))
+        return not takeable.isdisjoint(memo.victim_tiers)
 
     def _takes_any(self, job: Job, flavors: Sequence[str]) -> bool:
         """Could any search find something to take: capacity on its way out, or an eligible

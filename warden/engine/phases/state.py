@@ -65,6 +65,7 @@ class PassState:
         "rest_quota",
         "rests",
         "snapshot",
+        "takeable",
         "terminating",
         "tiers",
         "used",
@@ -90,6 +91,7 @@ class PassState:
         self.releases = alloc.releases
         self.holding = alloc.jobs
         self.tiers = alloc.tiers
+        self.takeable = alloc.takeable
         self.terminating = terminating
         """Jobs holding resources they are about to give back (signalled, or in their grace)."""
         self.claims = claims
