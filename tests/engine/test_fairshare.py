@@ -317,3 +317,20 @@ def test_order_of_the_design_policy_with_default_weights() -> None:
     assert order(pol, {"vision": 19.0, "platform": 10.0}) == ["language", "vision", "platform"]
     assert order(pol, {"vision": 21.0, "platform": 10.0}) == ["platform", "language", "vision"]
     assert math.isfinite(fair_order(pol, {"vision": 1.0})["platform"][1][0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(min_value=1, max_value=5), min_size=1, max_size=6),
+    st.lists(st.sampled_from([0.0, 1.0, 2.0, 3.5, 1e-300, 7e5]), min_size=6, max_size=6),
+)
+def test_a_flat_tree_ranks_as_the_same_leaves_one_level_down(weights: list[int], used: list[float]) -> None:
+    """A root whose children are all leaves takes a shortcut (`_flat_order`); under one more
+    level, the walk ranks the same leaves the same, with one more ratio in front."""
+    leaves = [{"name": f"q{i}", "weight": w} for i, w in enumerate(weights)]
+    flat = parse_policy({"queues": {"name": "root", "children": leaves}})
+    nested = parse_policy({"queues": {"name": "root", "children": [{"name": "dept", "children": leaves}]}})
+    usage = {f"q{i}": u for i, u in enumerate(used[: len(weights)]) if u != 3.5}  # 3.5: no entry
+    walked = fair_order(nested, usage)
+    assert fair_order(flat, usage) == {q: (rank, ratios[1:]) for q, (rank, ratios) in walked.items()}
+    assert list(fair_order(flat, usage)) == list(walked)

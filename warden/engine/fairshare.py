@@ -85,6 +85,8 @@ def fair_order(policy: Policy, usage: Mapping[str, float]) -> dict[str, tuple[in
     Every pass asks this, so the tree's shape is worked out once per policy (`_shape`).
     """
     leaves, inner, children = _shape(policy.queues)
+    if len(inner) == 1:  # the root alone has children: they are all leaves
+        return _flat_order(children[inner[0]], usage)
     subtree = {leaf: usage.get(leaf, 0.0) for leaf in leaves}
     for name in inner:  # children before parents
         total = 0.0
@@ -108,6 +110,21 @@ def fair_order(policy: Policy, usage: Mapping[str, float]) -> dict[str, tuple[in
     padded = {leaf: ranks + (0,) * (depth - len(ranks)) for leaf, (ranks, _) in walked.items()}
     order = {key: n for n, key in enumerate(sorted(set(padded.values())))}
     return {leaf: (order[padded[leaf]], ratios) for leaf, (_, ratios) in walked.items()}
+
+
+def _flat_order(
+    kids: tuple[tuple[str, float], ...], usage: Mapping[str, float]
+) -> dict[str, tuple[int, tuple[float, ...]]]:
+    """`fair_order` of a root whose children are all leaves (as in every simulator preset),
+    without the walk: one sort, and a leaf's rank is its ratio's place among the distinct
+    ratios (the same sums, quotients and order as the walk)."""
+    get = usage.get
+    used = 0.0
+    for child, _ in kids:
+        used += get(child, 0.0)
+    scored = sorted([((get(c, 0.0) / used if used > 0 else 0.0) / share, c) for c, share in kids])
+    rank_of = {ratio: n for n, ratio in enumerate(sorted({ratio for ratio, _ in scored}))}
+    return {c: (rank_of[ratio], (ratio,)) for ratio, c in scored}
 
 
 _Shape = tuple[tuple[str, ...], tuple[str, ...], dict[str, tuple[tuple[str, float], ...]]]
