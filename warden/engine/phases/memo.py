@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from warden.engine.reasons import PreemptionWouldNotPay, Reason
 
 if TYPE_CHECKING:
+    from warden.engine.model import Job
     from warden.engine.preemption import Candidate, CandidatePool
 
 Part = tuple[str, int, int, int]
@@ -90,6 +91,8 @@ class Memo:
     candidates: CandidatePool | None = None
     """The running jobs the rules let go now, priced: once a pass (a claim drops its victims
     from it)."""
+    lifted: dict[int, list[tuple[list[str], Job]]] | None = None
+    """The jobs the rules let go, by tier and (tier, queue) (`Victims.lifted`): once a pass."""
     releases_fresh: bool = False
     """`Allocation.releases` was refreshed to `now` (`Victims.releases`): once a pass."""
     overdue: list[tuple[float, str]] | None = None

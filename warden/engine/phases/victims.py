@@ -121,22 +121,32 @@ class Victims:
 
     def _any_eligible(self, p: Preemptor) -> bool:
         state = self.state
-        index = self.releases()
         ok = allowed_for(state.ctx, p)
         tier = p.job.tier
-        reclaim: bool | None = None
         terminating, claimed = state.terminating, state.claimed
-        for (t, _), ids in index.lifted.items():
-            if not ids or t < tier:
+        for t, kinds in self.lifted().items():
+            if t < tier or (t == tier and not may_reclaim(state.ctx, p)):
                 continue
-            if t == tier:
-                if reclaim is None:
-                    reclaim = may_reclaim(state.ctx, p)
-                if not reclaim:
-                    continue
-            if ok(index.jobs[next(iter(ids))]) and any(i not in terminating and i not in claimed for i in ids):
-                return True
+            for ids, v in kinds:
+                if ok(v) and any(i not in terminating and i not in claimed for i in ids):
+                    return True
         return False
+
+    def lifted(self) -> dict[int, list[tuple[list[str], Job]]]:
+        """`ReleaseIndex.lifted` brought up to `now`, by tier: per (tier, queue) with a job the
+        rules let go, those jobs' ids and one of them (what the pair rules read). Once a pass:
+        the index changes only between passes, and a search for a job asks only the tiers it
+        may take."""
+        memo = self.memo
+        if memo.lifted is None:
+            index = self.releases()
+            jobs = index.jobs
+            by_tier: dict[int, list[tuple[list[str], Job]]] = {}
+            for (t, _), ids in index.lifted.items():
+                if ids:
+                    by_tier.setdefault(t, []).append((ids, jobs[ids[0]]))
+            memo.lifted = by_tier
+        return memo.lifted
 
     def facts(self, v: Job) -> VictimFacts:
         """What pricing a running job as a victim needs that does not change with time, kept
