@@ -74,7 +74,7 @@ def test_breach_goes_to_the_front_of_its_tier_but_not_ahead_of_a_higher_tier() -
     ]
     assert ids(pol, jobs, now, usage={"b": 1e6}) == ["b-tier2", "b-starved", "a-fresh", "a-tier4-starved"]
     keys = {j.id: k for k, j in ranked(pol, jobs, now, usage={"b": 1e6})}
-    assert keys["b-starved"].breach == 0 and keys["a-fresh"].breach == 1
+    assert keys["b-starved"].breach == 0 and keys["a-fresh"].breach == 2
     assert keys["b-starved"].to_dict()["starvation_breach"] is True
     assert keys["a-fresh"].to_dict()["starvation_breach"] is False
 
@@ -86,7 +86,37 @@ def test_breach_starts_when_the_wait_reaches_max_wait() -> None:
     just_before = pending("before", "b", 3, submit=now - DAY + 1.0)
     keys = {j.id: k for k, j in ranked(pol, [at, just_before], now)}
     assert keys["at"].breach == 0
-    assert keys["before"].breach == 1
+    assert keys["before"].breach == 1  # starving (past 3/4 of it), not a breach
+    assert keys["before"].to_dict()["starvation_breach"] is False
+    assert keys["before"].to_dict()["starving"] is True
+
+
+def test_a_job_starves_at_escalate_at_of_its_max_wait_and_goes_first_with_the_breaches() -> None:
+    """A job of a queue fair share holds back goes first in its tier once it has waited
+    `escalate_at` of its maximum wait, before it breaches; starving jobs, breached or not,
+    rank among themselves by fair share."""
+    pol = policy(fair_share={"aging": {"max_wait": {"default": "8h"}, "escalate_at": 0.5}})
+    now = 100 * HOUR
+    jobs = [
+        pending("a-fresh", "a", 3, submit=now - HOUR),  # a has used nothing
+        pending("b-4h", "b", 3, submit=now - 4 * HOUR),  # b has used much: starving at 4 h
+        pending("b-3h", "b", 3, submit=now - 3 * HOUR),  # not yet
+        pending("c-9h", "c", 3, submit=now - 9 * HOUR),  # breached; c has used even more
+    ]
+    usage = {"b": 1e6, "c": 2e6}
+    assert ids(pol, jobs, now, usage) == ["b-4h", "c-9h", "a-fresh", "b-3h"]
+    keys = {j.id: k for k, j in ranked(pol, jobs, now, usage)}
+    assert [keys[i].breach for i in ("b-4h", "c-9h", "a-fresh", "b-3h")] == [1, 0, 2, 2]
+    # escalate_at 1: starving only once past the maximum wait, as a breach.
+    late = policy(fair_share={"aging": {"max_wait": {"default": "8h"}, "escalate_at": 1}})
+    assert ids(late, jobs, now, usage) == ["c-9h", "a-fresh", "b-4h", "b-3h"]
+
+
+@pytest.mark.parametrize("value", [0, -0.5, 1.5])
+def test_escalate_at_outside_0_to_1_is_refused_naming_the_field(value: float) -> None:
+    with pytest.raises(Exception) as err:
+        policy(fair_share={"aging": {"escalate_at": value}})
+    assert "fair_share.aging.escalate_at" in str(err.value)
 
 
 def test_per_queue_max_wait_override() -> None:
@@ -115,7 +145,7 @@ def test_max_wait_set_on_a_department_applies_to_its_teams() -> None:
     now = 10 * HOUR
     jobs = [pending("p", "platform", 3, submit=now - 2 * HOUR), pending("v", "vision", 3, submit=now - 2 * HOUR)]
     keys = {j.id: k for k, j in ranked(pol, jobs, now, usage={"vision": 1e6})}
-    assert keys["v"].breach == 0 and keys["p"].breach == 1
+    assert keys["v"].breach == 0 and keys["p"].breach == 2
     assert ids(pol, jobs, now, usage={"vision": 1e6}) == ["v", "p"]
 
 
@@ -240,7 +270,7 @@ def test_priority_order_is_tier_then_submit_then_id_ignoring_fair_share_and_age(
         "t4-early",
     ]
     keys = {j.id: k for k, j in ranked(pol, jobs, now)}
-    assert keys["t4-early"].tier == 4 and keys["t4-early"].breach == 1
+    assert keys["t4-early"].tier == 4 and keys["t4-early"].breach == 2
 
 
 # ------------------------------------------------------------------------------ nominal first
@@ -434,6 +464,7 @@ def test_sort_key_to_dict_has_the_documented_fields() -> None:
         "would_borrow",
         "tier",
         "starvation_breach",
+        "starving",
         "fair_rank",
         "fair_share",
         "waited_s",

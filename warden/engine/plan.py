@@ -23,7 +23,8 @@ class SortKey(NamedTuple):
     """1 when the job would borrow and its policy ranks such jobs after the others of their tier
     (`nominal_first`), else 0."""
     breach: int
-    """0 when the job has waited past its queue's max_wait (it goes first in its tier), else 1."""
+    """0 when the job has waited past its queue's max_wait, 1 when only past
+    `fair_share.aging.escalate_at` of it (both are starving and go first in their tier), else 2."""
     fair_rank: int
     neg_waited: float
     submit: float
@@ -39,6 +40,7 @@ class SortKey(NamedTuple):
             "would_borrow": self.borrows == 1,
             "tier": self.tier,
             "starvation_breach": self.breach == 0,
+            "starving": self.breach <= 1,
             "fair_rank": self.fair_rank,
             "fair_share": list(self.fair_share),
             "waited_s": self.waited,

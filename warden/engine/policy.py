@@ -402,6 +402,13 @@ class Aging(_Spec):
         default_factory=lambda: {"default": 24 * 3600.0},
         description="`default`, plus optional per-queue overrides keyed by queue name.",
     )
+    escalate_at: float = Field(
+        default=0.75,
+        gt=0,
+        le=1,
+        description="Share of its maximum wait after which a job is starving and goes first in its "
+        "tier (1: only once past the maximum wait).",
+    )
 
 
 class FairShare(_Spec):

@@ -31,7 +31,7 @@ from typing import Any
 
 from warden.engine.model import Job, JobState
 from warden.engine.phases.memo import Outcome, OutcomeKey, Usable
-from warden.engine.phases.order import Order, RankKey, claimant_keys
+from warden.engine.phases.order import Order, Prefix, RankKey, claimant_keys
 from warden.engine.phases.state import Hold, PassState
 from warden.engine.plan import Explanation, Plan
 from warden.engine.reasons import (
@@ -410,7 +410,7 @@ class _Track:
 
     __slots__ = ("cls", "done", "fragile", "generation", "listed", "pending", "prefix")
 
-    def __init__(self, cls: JobClass, prefix: tuple[int, int, float] | None) -> None:
+    def __init__(self, cls: JobClass, prefix: Prefix | None) -> None:
         self.cls = cls
         self.prefix = prefix
         """`Order.prefix` of the class; None for a claimant (a class of one)."""

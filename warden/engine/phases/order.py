@@ -33,6 +33,11 @@ RankKey = tuple[Any, ...]
 """(tier as ranked, claimant, breach, fair rank or borrows, anchor, second, id, 0) — or, for a
 claimant, the key of the job it goes ahead of with (−1, its own key) in place of the trailing
 0: how a pass orders the waiting jobs. Unique per job (the id is)."""
+Prefix = tuple[int, int, float]
+"""What a class's members share of their rank keys in a pass (`Order.prefix`)."""
+BREACHED, STARVING, NOT_STARVING = 0, 1, 2
+"""`SortKey.breach`: past the queue's max wait, past `aging.escalate_at` of it only, neither.
+The rank key puts the first two together at the front of the tier (0), the rest after (1)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +49,7 @@ class Ranking:
     mode: OrderMode
     max_waits: Mapping[str, float]
     default_wait: float
+    escalate_at: float
 
 
 _rankings: dict[int, tuple[Policy, Ranking]] = {}
@@ -59,6 +65,7 @@ def ranking_of(policy: Policy) -> Ranking:
         OrderMode(governed=scheduling.order == "governed", by_eviction=scheduling.requeue_timestamp == "eviction"),
         policy.max_waits(),
         policy.fair_share.aging.max_wait["default"],
+        policy.fair_share.aging.escalate_at,
     )
     if len(_rankings) >= 8:
         _rankings.clear()
@@ -71,7 +78,7 @@ def mode_of(policy: Policy) -> OrderMode:
 
 
 class Order:
-    """What one pass ranks by: per queue, its fair rank, ratios and breach anchor."""
+    """What one pass ranks by: per queue, its fair rank, ratios, breach and escalation anchors."""
 
     __slots__ = ("borrows", "by_tier", "governed", "mode", "now", "queues", "unknown")
 
@@ -92,28 +99,32 @@ class Order:
         fair = fair_order(policy, usage) if self.governed else {}
         default_wait = ranking.default_wait
         max_waits = ranking.max_waits
-        self.queues: dict[str, tuple[int, tuple[float, ...], float]] = {
-            q: (fr, ratios, now - max_waits.get(q, default_wait)) for q, (fr, ratios) in fair.items()
-        }
-        """Queue → (fair rank, ratios, breach anchor: a job whose anchor is at most this has
-        waited past the queue's max wait); a queue the policy does not know ranks last."""
-        self.unknown = (len(fair), (), now - default_wait)
+        escalate = ranking.escalate_at
+        self.queues: dict[str, tuple[int, tuple[float, ...], float, float]] = {}
+        """Queue → (fair rank, ratios, breach anchor, escalation anchor): a job whose anchor is
+        at most the first has waited past the queue's max wait, at most the second past
+        `aging.escalate_at` of it; a queue the policy does not know ranks last."""
+        for q, (fr, ratios) in fair.items():
+            limit = max_waits.get(q, default_wait)
+            self.queues[q] = (fr, ratios, now - limit, now - escalate * limit)
+        self.unknown = (len(fair), (), now - default_wait, now - escalate * default_wait)
 
-    def prefix(self, job: Job) -> tuple[int, int, float]:
-        """(tier as ranked, fair rank, breach anchor) of the job's class (any member's); outside
-        the governed order the fair rank's place says whether the job would borrow (0 or 1)."""
+    def prefix(self, job: Job) -> Prefix:
+        """(tier as ranked, fair rank, escalation anchor) of the job's class (any member's);
+        outside the governed order the fair rank's place says whether the job would borrow (0
+        or 1)."""
         if not self.governed:
             borrows = self.borrows is not None and self.borrows(job)
             return (job.tier if self.by_tier else 0), int(borrows), -INF
-        fr, _, threshold = self.queues.get(job.queue, self.unknown)
-        return job.tier, fr, threshold
+        fr, _, _, escalate = self.queues.get(job.queue, self.unknown)
+        return job.tier, fr, escalate
 
-    def key(self, prefix: tuple[int, int, float], entry: Entry) -> RankKey:
-        tier, fr, threshold = prefix
+    def key(self, prefix: Prefix, entry: Entry) -> RankKey:
+        tier, fr, escalate = prefix
         anchor = entry[0]
         if not self.governed:
             return (tier, 1, 1, fr, anchor, entry[1], entry[2], 0)
-        return (tier, 1, 0 if anchor <= threshold else 1, fr, anchor, entry[1], entry[2], 0)
+        return (tier, 1, 0 if anchor <= escalate else 1, fr, anchor, entry[1], entry[2], 0)
 
     def key_of(self, job: Job) -> RankKey:
         return self.key(self.prefix(job), self.mode.entry(job))
@@ -122,12 +133,13 @@ class Order:
         """The key shown to users: tier, borrows, breach, fair rank, −waited, submit, id, ratios."""
         new = tuple.__new__
         if not self.governed:
-            return new(SortKey, (key[0], key[3], 1, 0, 0.0, key[4], job.id, ()))
-        _, ratios, _ = self.queues.get(job.queue, self.unknown)
+            return new(SortKey, (key[0], key[3], NOT_STARVING, 0, 0.0, key[4], job.id, ()))
+        _, ratios, breach_at, _ = self.queues.get(job.queue, self.unknown)
+        starving = NOT_STARVING if key[2] else BREACHED if key[4] <= breach_at else STARVING
         since = job.submit if job.pending_since is None else job.pending_since
         now = self.now
         waited = job.waited + (now - since if now > since else 0.0)  # accounting.wait_time
-        return new(SortKey, (job.tier, 0, key[2], key[3], -waited, job.submit, job.id, ratios))
+        return new(SortKey, (job.tier, 0, starving, key[3], -waited, job.submit, job.id, ratios))
 
 
 def borrowing_test(
