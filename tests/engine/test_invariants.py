@@ -219,7 +219,10 @@ def policy_data(draw: st.DrawFn, cluster: tuple[Node, ...], pressure: bool, recl
         "min_grace": min_grace,
         "fair_share": {
             "half_life": draw(st.sampled_from(["1h", "1d", "7d"])),
-            "aging": {"max_wait": {"default": draw(st.sampled_from(["10m", "1h", "24h"]))}},
+            "aging": {
+                "max_wait": {"default": draw(st.sampled_from(["10m", "1h", "24h"]))},
+                "escalate_at": draw(st.sampled_from([0.25, 0.75, 1.0])),
+            },
         },
         "thrash": {
             "min_efficiency": draw(st.sampled_from([0.0, 0.0, 0.5] if pressure else [0.0, 0.5, 0.9, 0.95])),
