@@ -118,7 +118,7 @@ def preempted_run(**kw: Any) -> SimRun:
         wait=100,
     )
     j2 = job("j2", 0, 2, (attempt(1, 0, 600, 2),), finished=600, wait=0, tier=1)
-    return simrun([j1, j2], gpus=4, ended=700, wall_s=0.5, passes=9, **kw)
+    return simrun([j1, j2], gpus=4, ended=700, wall_s=0.5, passes=9, engine_s=0.25, **kw)
 
 
 def assert_plain_json(value: Any) -> None:
@@ -181,7 +181,7 @@ def test_preempted_run_every_metric_by_hand() -> None:
             "restart_startup_gpu_hours": pytest.approx(2 * 20 / H, abs=1e-6),
         }
     ]
-    assert (s["wall_s"], s["passes"], s["jobs_per_wall_s"]) == (0.5, 9, 4.0)
+    assert (s["wall_s"], s["passes"], s["engine_s"], s["jobs_per_wall_s"]) == (0.5, 9, 0.25, 4.0)
 
 
 def test_summary_is_plain_json_without_nan() -> None:

@@ -344,6 +344,8 @@ def test_same_trace_same_seed_same_run() -> None:
     )
     a, b = run(jobs, "governed", 8), run(jobs, "governed", 8)
     assert a.jobs == b.jobs and a.passes == b.passes
+    for r in (a, b):  # the engine's share of the wall is timed, and is part of it
+        assert r.passes > 0 and 0 < r.engine_s < r.wall_s
 
 
 def test_presets_are_policies_with_their_documented_settings() -> None:
@@ -475,3 +477,69 @@ def test_written_out_job_changes_are_replace() -> None:
         job, attempt=replace(a, checkpoint_s=8.0, last_checkpoint_at=60.0)
     )
     assert _succeeded(job) == replace(job, state=JobState.SUCCEEDED)
+
+
+# ------------------------------------------------------------------------ the maximum wait
+
+
+def _starved_queue_run(max_wait: str) -> tuple[SimRun, float]:
+    """Queue `b` used the whole 8-GPU pool for 20 h; then queue `a` floods it with 20-minute
+    1-GPU tier-3 jobs (8 at once, then one every 2 minutes for 10 h, faster than they finish) and `b` asks for
+    4 GPUs at tier 3. Fair share ranks `a` first for all the flood (its decayed usage stays
+    below `b`'s), no quota or lower tier can be taken, and `a`'s jobs end too late to use a
+    reservation: only the maximum wait can bring `b`'s job forward. Returns the run and `b`'s
+    job's wait."""
+    from warden.engine.policy import parse_policy
+    from warden.sim.simulator import Simulation
+
+    flood_at = 20 * 3600.0
+    jobs = [tj(0, 0.0, 8, flood_at, queue="b")]
+    jobs += [tj(1 + k, flood_at + 120.0 * max(0, k - 7), 1, 1200.0, queue="a") for k in range(300)]
+    jobs.append(tj(1000, flood_at + 60.0, 4, 600.0, queue="b"))
+    data = {
+        "queues": {"name": "cluster", "children": [{"name": "a"}, {"name": "b"}]},
+        "fair_share": {"aging": {"max_wait": {"default": max_wait}}},
+    }
+    sp = SimPolicy("starve", parse_policy(data, "<test>"))
+    rng = random.Random(0)
+    sim = Simulation(trace(jobs), pool(8), sp, on_pass=lambda snap, plan, now: check_pass(snap, plan, now, rng))
+    r = sim.run()
+    (late,) = [j for j in r.jobs if j.job_id == "1000"]
+    assert late.wait_s is not None
+    return r, late.wait_s
+
+
+def test_a_starving_job_reserves_and_starts_before_its_maximum_wait() -> None:
+    max_wait = 2 * 3600.0
+    r, wait = _starved_queue_run("2h")
+    # It starves at 0.75 of its maximum wait (`escalate_at`), goes first in tier 3, reserves the
+    # GPUs that free first, and `a`'s later jobs may not take them (they end after it is due):
+    # it starts once four 20-minute jobs have ended, inside its maximum wait.
+    assert 0.75 * max_wait <= wait < 0.75 * max_wait + 1200.0 + 120.0
+    assert r.max_wait == {"a": max_wait, "b": max_wait}
+
+
+def test_without_a_reachable_maximum_wait_the_same_job_waits_out_the_flood() -> None:
+    _, wait = _starved_queue_run("48h")
+    assert wait > 9 * 3600.0  # behind every one of `a`'s jobs: what the bound above prevents
+
+
+def test_usage_is_charged_up_to_a_release_even_when_no_pass_runs_between() -> None:
+    """A job that ends between two passes is charged for its whole run: the ledger is brought
+    up to each change of a queue's rate, not only to the passes."""
+    import math
+
+    from warden.engine.policy import parse_policy
+    from warden.sim.simulator import Simulation
+
+    data = {"queues": {"name": "cluster", "children": [{"name": "a"}, {"name": "b"}]}}
+    sp = SimPolicy("usage", parse_policy(data, "<test>"))
+    jobs = [tj(0, 0.0, 8, 20 * 3600.0, queue="b"), tj(1, 30 * 3600.0, 2, 60.0, queue="a")]
+    seen: dict[float, dict[str, float]] = {}
+    Simulation(
+        trace(jobs), pool(8), sp, on_pass=lambda snap, plan, now: seen.update({now: dict(snap.ledger.usage)})
+    ).run()
+    h = sp.policy.fair_share.half_life
+    # b held the whole pool (dominant share 1) for 20 h, then nothing for 10 h, decaying since
+    expected = h / math.log(2) * (1 - 0.5 ** (20 * 3600.0 / h)) * 0.5 ** (10 * 3600.0 / h)
+    assert seen[30 * 3600.0]["b"] == pytest.approx(expected, rel=1e-9)

@@ -277,6 +277,7 @@ def summarize(run: SimRun) -> dict[str, Any]:
     summary["preemptions_by_cause"] = preemption_causes(run)
     summary["wall_s"] = _secs(run.wall_s)
     summary["passes"] = int(run.passes)
+    summary["engine_s"] = _secs(run.engine_s)
     summary["jobs_per_wall_s"] = _num(_ratio(len(run.jobs), run.wall_s), 1)
     return summary
 

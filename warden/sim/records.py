@@ -156,3 +156,6 @@ class SimRun:
     wall_s: float = 0.0
     passes: int = 0
     """Scheduling passes the engine ran."""
+    engine_s: float = 0.0
+    """Of `wall_s`, the time spent inside the engine's passes (`Engine.plan`); the rest is the
+    simulator's own event loop and bookkeeping."""

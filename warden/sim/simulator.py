@@ -141,6 +141,8 @@ class Simulation:
         self.seq = 0
         self.wakes: set[float] = set()
         self.passes = 0
+        self.engine_s = 0.0
+        """Seconds spent inside `Engine.plan` (`SimRun.engine_s`)."""
         self.claimed: set[str] = set()
         """Waiting pods whose `claim` is set: what the last plan's `claims` named."""
         self.instant = -math.inf
@@ -206,6 +208,7 @@ class Simulation:
             },
             wall_s=time.perf_counter() - wall,
             passes=self.passes,
+            engine_s=self.engine_s,
         )
 
     def _admissible(self) -> list[_Gang]:
@@ -287,15 +290,23 @@ class Simulation:
     def _pass(self, now: float) -> None:
         self._count_pass(now)
         if self.fair:
-            self.ledger = accrue_rates(self.ledger, self.rates, self.pol.fair_share.half_life, now)
+            self._accrue(now)
         snapshot = Snapshot(self.nodes, self.live.values(), self.pol, self.ledger)  # type: ignore[arg-type]
         changed = self.changed.values()
+        started = time.perf_counter()
         plan = self.engine.plan(snapshot, now, changed)
+        self.engine_s += time.perf_counter() - started
         self.changed = {}
         self.passes += 1
         if self.on_pass is not None:
             self.on_pass(replace(snapshot, jobs=tuple(self.live.values())), plan, now)
         self._apply(plan, now)
+
+    def _accrue(self, now: float) -> None:
+        """Bring the usage ledger up to `now` at the rates in force since it was last brought up:
+        called before every change of a rate (a start, a release) and before a pass, so each
+        stretch of time is charged at the rates that held over it."""
+        self.ledger = accrue_rates(self.ledger, self.rates, self.pol.fair_share.half_life, now)
 
     def _apply(self, plan: Plan, now: float) -> None:
         signals = self.instant_signals
@@ -438,6 +449,7 @@ class Simulation:
             gang.wait_s += now - gang.wait_since
         gang.running += 1
         if self.fair and self.charged[job.tier]:
+            self._accrue(now)
             self.rates[job.queue] = self.rates.get(job.queue, 0.0) + dominant_share(pod.job, self.capacity)
         if gang.running == len(gang.pods):
             self._begin_segment(gang, now)
@@ -571,6 +583,7 @@ class Simulation:
         )
         gang.running -= 1
         if self.fair and self.charged[job.tier]:
+            self._accrue(now)
             rate = self.rates[job.queue] - dominant_share(job, self.capacity)
             self.rates[job.queue] = rate if gang.running or rate > 1e-12 else 0.0
 
