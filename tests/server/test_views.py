@@ -139,3 +139,25 @@ def test_a_waiting_jobs_fair_share_is_shown_as_it_is_now(store: Store) -> None:
     assert shown["fair_share"] == list(fair_order(POLICY, ledger.usage)["team"][1]) != [9.0]
     assert shown["waited_s"] == 20.0
     assert job_detail(job, (), (), now=30.0, policy=POLICY)["sort_key"]["fair_share"] == [9.0]
+
+
+def test_queue_views_owe_a_tier_4_job_nothing_and_count_none_of_its_gpus_delivered(store: Store) -> None:
+    """The server's owed and delivered GPU-hours follow the simulator's definition: only jobs
+    of a charged tier are owed a share, and only their attempts are delivered."""
+    from warden.engine.model import Node, UsageLedger
+    from warden.server.views import queue_views
+
+    policy = parse_policy({"queues": {"name": "cluster", "children": [{"name": "team"}, {"name": "spare"}]}})
+    nodes = (Node("n0", 8), Node("n1", 8))
+    running_job(store)  # team: 2 × 4 GPUs from t=1000, submitted at 900
+    opportunistic = store.submit(
+        name="scavenge", user="u", queue="spare", tier=4, command=["true"], actor="u", now=900.0, gpus=8
+    )
+    store.transition(opportunistic, JobState.RUNNING, reason="running", actor="warden", now=1000.0, attempt=1)
+    store.start_attempt(opportunistic, 1, started_at=1000.0, assignment=[ReplicaPlacement("n1", tuple(range(8)))])
+    rows = {r["name"]: r for r in queue_views(policy, store, UsageLedger(), nodes, 4600.0)}
+    H = 3600.0
+    assert rows["team"]["owed_gpu_hours"] == pytest.approx(8 * (4600 - 900) / H)  # its demand: all it wants
+    assert rows["team"]["delivered_gpu_hours"] == pytest.approx(8 * (4600 - 1000) / H)
+    assert (rows["spare"]["owed_gpu_hours"], rows["spare"]["delivered_gpu_hours"]) == (0, 0)
+    assert rows["spare"]["gpus_in_use"] == 8  # it does hold them

@@ -307,6 +307,22 @@ def test_queue_without_entitlement_is_owed_nothing() -> None:
     assert q["b"]["delivered_over_owed"] is None
 
 
+def test_an_uncharged_tier_is_owed_nothing_and_delivered_nothing() -> None:
+    """b's jobs are tier 4 (`charged: false`): they run on idle capacity, so b's demand takes no
+    share from a, and what they ran is not counted as delivered to b."""
+    jobs = [
+        job("a1", 0, 8, (attempt(1, H, 2 * H, 8),), finished=2 * H, wait=H, queue="a"),
+        job("b1", 0, 8, (attempt(1, 0, H, 8),), finished=H, wait=0, queue="b", tier=4),
+    ]
+    charged = simrun(jobs, gpus=8, ended=2 * H, entitlement={"a": 0.5, "b": 0.5}, charged_tiers=frozenset({1, 2, 3}))
+    q = summarize(charged)["per_queue"]
+    assert q["a"]["owed_gpu_hours"] == pytest.approx(8 + 8)  # the whole pool while a waits and runs
+    assert (q["a"]["delivered_gpu_hours"], q["a"]["delivered_over_owed"]) == (pytest.approx(8), 0.5)
+    assert (q["b"]["owed_gpu_hours"], q["b"]["delivered_gpu_hours"], q["b"]["delivered_over_owed"]) == (0, 0, None)
+    every = summarize(simrun(jobs, gpus=8, ended=2 * H, entitlement={"a": 0.5, "b": 0.5}))["per_queue"]
+    assert every["a"]["owed_gpu_hours"] == pytest.approx(4 + 8)  # tier 4 charged: b took half of hour 1
+
+
 def test_no_entitlement_at_all_means_equal_weights() -> None:
     q = summarize(owed_run(entitlement={}))["per_queue"]
     # hour 1: 4/4; hour 2: b 8; hour 3: b wants 1 of its 4, a takes 7

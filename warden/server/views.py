@@ -215,7 +215,9 @@ def _owed_delivered(
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Owed and delivered GPU-seconds per leaf queue over the server's whole history, from the
     first submission to now: the accounting the simulator reports."""
-    jobs = store.list()
+    # Only a charged tier's jobs are owed anything (tier 4 runs on idle capacity), and only
+    # their attempts are delivered: the definition the simulator's metrics use.
+    jobs = [j for j in store.list() if j.tier not in policy.tiers or policy.tiers[j.tier].charged]
     if not jobs:
         return {}, {}
     queues = sorted({j.queue for j in jobs})

@@ -37,7 +37,9 @@ Definitions (times in seconds, GPU amounts in whole GPUs, `makespan = ended_at -
   GPU-hours and the victims' restart startup GPU-hours.
 - *η* of a finished job: useful GPU-seconds / admitted GPU-seconds over all its attempts (jobs
   that were never admitted for a positive time have none); `eta_p5`, `eta_p50` over finished jobs.
-- *delivered GPU-hours* of a queue: Σ admitted GPU-seconds of its attempts / 3600.
+- *delivered GPU-hours* of a queue: Σ admitted GPU-seconds of the attempts of its jobs of a
+  charged tier (`run.charged_tiers`: those whose usage counts against quota and fair share;
+  tier 4, `charged: false`, runs on idle capacity and is owed nothing) / 3600.
 - *owed GPU-hours* of a queue: ∫ owed_q(t) dt / 3600 over [started_at, ended_at]. At each instant
   the cluster's `run.gpus` are divided among queues by weighted water-filling (weighted max-min
   fairness): a level λ rises and each queue gets `min(demand_q, λ * weight_q)` until the GPUs
@@ -45,7 +47,7 @@ Definitions (times in seconds, GPU amounts in whole GPUs, `makespan = ended_at -
   demand and the rest goes to the queues still below theirs, in proportion to their weights.
   `weight_q = run.entitlement[q]`; a queue absent from it (or with weight 0) is owed nothing,
   except that when none of the run's queues has a positive weight all queues weigh the same.
-  `demand_q(t)` is Σ num_gpus of q's jobs with `submit <= t < finished_at` (a job that never
+  `demand_q(t)` is Σ num_gpus of q's jobs of a charged tier with `submit <= t < finished_at` (a job that never
   finished counts until `ended_at`). The demand is piecewise constant between submits and
   finishes, so the integral is exact. Owed GPU-hours never exceed `gpus * makespan / 3600` in
   total, nor a queue's own demand integral; delivered may exceed owed (borrowed idle capacity).
@@ -223,9 +225,23 @@ def owed_gpu_seconds(run: SimRun, flat: _Flat | None = None) -> dict[str, float]
     """∫ owed_q(t) dt per queue, in GPU-seconds: `warden.engine.accounting.owed_gpu_seconds`
     over the run's jobs, the definition the server's owed hours use too."""
     f = _flatten(run) if flat is None else flat
+    charged = _charged(run, f)
     return accounting.owed_gpu_seconds(
-        f.queues, f.job_queue, f.num_gpus, f.submit, f.finished, run.entitlement, run.gpus, run.started_at, run.ended_at
+        f.queues,
+        f.job_queue[charged],
+        f.num_gpus[charged],
+        f.submit[charged],
+        f.finished[charged],
+        run.entitlement,
+        run.gpus,
+        run.started_at,
+        run.ended_at,
     )
+
+
+def _charged(run: SimRun, f: _Flat) -> NDArray[np.bool_]:
+    """Which jobs are of a charged tier (`SimRun.charged_tiers`): the only ones owed anything."""
+    return np.isin(f.tier, np.fromiter(run.charged_tiers, dtype=np.intp))
 
 
 # ---------------------------------------------------------------------------- summary
@@ -339,7 +355,8 @@ def _wait_stats(waits: FloatArray, breached: NDArray[np.bool_]) -> dict[str, Any
 
 def _per_queue(run: SimRun, f: _Flat) -> dict[str, dict[str, Any]]:
     owed = owed_gpu_seconds(run, f)
-    delivered = np.bincount(f.job_queue[f.att_job], weights=f.held, minlength=len(f.queues))
+    charged = _charged(run, f)[f.att_job]
+    delivered = np.bincount(f.job_queue[f.att_job][charged], weights=f.held[charged], minlength=len(f.queues))
     breached = _breached(run, f)
     out: dict[str, dict[str, Any]] = {}
     for i, q in enumerate(f.queues):

@@ -153,6 +153,9 @@ class SimRun:
     normalised to sum 1 over the queues that have any)."""
     max_wait: dict[str, float] = field(default_factory=dict)
     """Per queue, the wait after which a job counts as a starvation breach (absent: none)."""
+    charged_tiers: frozenset[int] = frozenset({1, 2, 3, 4})
+    """The tiers whose jobs count against quota and fair share (`TierSpec.charged`): only their
+    demand is owed GPU-hours, and only their attempts are delivered."""
     wall_s: float = 0.0
     passes: int = 0
     """Scheduling passes the engine ran."""

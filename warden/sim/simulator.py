@@ -206,6 +206,7 @@ class Simulation:
                 for q in self.pol.leaves()
                 if math.isfinite(self.pol.max_wait_for(q.name))
             },
+            charged_tiers=frozenset(t for t, spec in self.pol.tiers.items() if spec.charged),
             wall_s=time.perf_counter() - wall,
             passes=self.passes,
             engine_s=self.engine_s,
