@@ -11,7 +11,8 @@ from one pass to the next is charged to the reasons the plan gives the queue's w
 proportion to their GPUs, and summed per queue as GPU-hours by (reason, tier of the waiting job),
 and apart, the shortfall that accrued while the queue held at least its nominal quota (the part
 of its owed share above the quota: no reclaim takes that back from other borrowers, only fair
-share's order of admissions can bring it). Only jobs of charged tiers are owed and delivered,
+share's order of admissions can bring it); below the quota, by the tier of the jobs that held
+borrowed capacity at the time (a job reclaims only from its own tier and lower ones). Only jobs of charged tiers are owed and delivered,
 as in the metrics.
 So for a queue under 98 % of what it is owed, the figures say what held it: a lease that had
 not ended (`WaitingForLease`), a preemption that would not pay, strict tiers
@@ -71,14 +72,18 @@ class Shortfall:
         """Of `short`, what accrued while the queue held at least its nominal quota: the part of
         its owed share above the quota, which no reclaim can take back from other borrowers."""
         self.by_reason: dict[str, dict[tuple[str, int], float]] = defaultdict(lambda: defaultdict(float))
-        self._last: tuple[float, np.ndarray, np.ndarray, np.ndarray, dict[str, dict[tuple[str, int], float]]] | None
+        self.below_by_borrower: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        """Per queue, its shortfall while below its nominal quota, split by the tier of the jobs
+        that held borrowed capacity then (a tier-3 job reclaims only from tiers 3 and 4)."""
+        self._last: tuple[Any, ...] | None
         self._last = None
 
     def __call__(self, snapshot: Snapshot, plan: Plan, now: float) -> None:
         self._charge(now)
         n = len(self.queues)
         held, waiting = np.zeros(n), np.zeros(n)
-        admitted = {a.job_id for a in plan.admissions}
+        admitted = {a.job_id: a.borrowing for a in plan.admissions}
+        borrowed: dict[str, float] = defaultdict(float)
         waiting_jobs = []
         for job in snapshot.jobs:
             if job.tier not in self.charged:
@@ -86,6 +91,9 @@ class Shortfall:
             c = self.col[job.queue]
             if job.state.holds_resources or job.id in admitted:
                 held[c] += job.total_gpus
+                a = job.attempt
+                if admitted.get(job.id, a is not None and a.borrowing):
+                    borrowed[f"tier {job.tier}"] += job.total_gpus
             elif job.state.waiting:
                 waiting[c] += job.total_gpus
                 waiting_jobs.append(job)
@@ -100,7 +108,9 @@ class Shortfall:
                     reason = type(explanations[job.id].reason).__name__
                     per = split.setdefault(job.queue, defaultdict(float))
                     per[(reason, job.tier)] += job.total_gpus * short[c] / waiting[c]
-        self._last = (now, owed, held, short, split)
+        total = sum(borrowed.values())
+        below = {k: v / total for k, v in borrowed.items()} if total > 0 else {"nothing borrowed": 1.0}
+        self._last = (now, owed, held, short, split, below)
 
     def _owed(self, demand: np.ndarray) -> np.ndarray:
         positive = self.weights > 0
@@ -112,14 +122,19 @@ class Shortfall:
     def _charge(self, until: float) -> None:
         if self._last is None:
             return
-        at, owed, held, short, split = self._last
+        at, owed, held, short, split, below = self._last
         dt = until - at
         if dt <= 0:
             return
         self.owed += owed * dt
         self.held += np.minimum(held, owed) * dt
         self.short += short * dt
-        self.short_over_nominal += np.where(held >= self.nominal, short, 0.0) * dt
+        at_nominal = held >= self.nominal
+        self.short_over_nominal += np.where(at_nominal, short, 0.0) * dt
+        for c in np.flatnonzero((short > 0) & ~at_nominal):
+            by_holder = self.below_by_borrower[self.queues[c]]
+            for holder, part in below.items():
+                by_holder[holder] += short[c] * part * dt
         for queue, parts in split.items():
             mine = self.by_reason[queue]
             for key, gpus in parts.items():
@@ -138,6 +153,9 @@ class Shortfall:
                 "short_gpu_hours": round(self.short[c] / 3600, 1),
                 "short_share": round(self.short[c] / self.owed[c], 4),
                 "short_while_at_nominal_share": round(self.short_over_nominal[c] / max(self.short[c], 1e-9), 4),
+                "below_nominal_borrowed_by": {
+                    k: round(v / self.short[c], 4) for k, v in sorted(self.below_by_borrower.get(q, {}).items())
+                },
                 "short_by_reason": [
                     {
                         "reason": r,
@@ -182,16 +200,17 @@ def markdown(result: dict[str, Any], top: int = 4) -> str:
     lines = [
         f"**{result['setting']}, `{result['policy']}`**",
         "",
-        "| queue | owed GPU-h | short GPU-h (share) | of it, while at its nominal | what its waiting jobs waited for, share of the shortfall |",
-        "|---|---|---|---|---|",
+        "| queue | owed GPU-h | short GPU-h (share) | of it, while at its nominal | below it, while borrowers of … held the excess | what its waiting jobs waited for, share of the shortfall |",
+        "|---|---|---|---|---|---|",
     ]
     for q, r in result["queues"].items():
+        below = ", ".join(f"{k} {100 * v:.0f} %" for k, v in r["below_nominal_borrowed_by"].items() if v >= 0.005)
         parts = ", ".join(
             f"{p['reason']} (tier {p['tier']}) {100 * p['share_of_short']:.0f} %" for p in r["short_by_reason"][:top]
         )
         lines.append(
             f"| `{q}` | {r['owed_gpu_hours']:,.0f} | {r['short_gpu_hours']:,.0f} ({100 * r['short_share']:.1f} %) | "
-            f"{100 * r['short_while_at_nominal_share']:.0f} % | {parts} |"
+            f"{100 * r['short_while_at_nominal_share']:.0f} % | {below} | {parts} |"
         )
     return "\n".join(lines)
 

@@ -50,6 +50,7 @@ def test_a_lenders_wait_for_a_borrowers_lease_is_its_shortfall_and_is_below_its_
     # a1 saves in no time on SIGTERM at its lease's end and exits at once: b starts then
     assert b["short_gpu_hours"] == pytest.approx(4 * (lease_end - 60.0) / 3600, abs=0.05)
     assert b["short_while_at_nominal_share"] == 0.0  # all of it below its quota: reclaim's job
+    assert b["below_nominal_borrowed_by"] == {"tier 3": 1.0}  # a1 borrowed the other 4 GPUs
     (main,) = [p for p in b["short_by_reason"] if p["share_of_short"] > 0.5]
     assert (main["reason"], main["tier"]) == ("WaitingForLease", 3)
     assert all(p["tier"] != 4 for p in b["short_by_reason"])
