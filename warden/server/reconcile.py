@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from warden.engine.accounting import assumed_startup, effective_grace, measured_lost_work, wait_time
-from warden.engine.fairshare import accrue, cluster_capacity
+from warden.engine.fairshare import accrue, accrue_rates, cluster_capacity, dominant_share
 from warden.engine.model import Job, JobState, Node, ReplicaPlacement, Snapshot
 from warden.engine.plan import Plan
 from warden.engine.policy import Policy
@@ -145,6 +145,22 @@ class EngineJobs:
         return tuple(out)
 
 
+def _holding(
+    snapshot: Snapshot, plan: Plan | None, policy: Policy, capacity: tuple[int, int, int]
+) -> tuple[dict[str, float], dict[str, int]]:
+    """Per queue, the fair-share rate of the charged jobs that hold resources after the pass
+    (those of the snapshot, and the plan's admissions), and their GPUs."""
+    admitted = {a.job_id for a in plan.admissions} if plan is not None else set()
+    rates: dict[str, float] = {}
+    held: dict[str, int] = {}
+    for j in snapshot.jobs:
+        if j.state.holds_resources or j.id in admitted:
+            held[j.queue] = held.get(j.queue, 0) + j.total_gpus
+            if policy.tier(j.tier).charged:
+                rates[j.queue] = rates.get(j.queue, 0.0) + dominant_share(j, capacity)
+    return rates, held
+
+
 def _left(job: Job) -> Job:
     """A job that left the snapshot (it finished, or is held), as the engine drops it: in a
     terminal state."""
@@ -190,6 +206,9 @@ class Reconciler:
         self.metrics: ServerMetrics | None = None
         """Fed as passes go."""
         self._last_pass_at: float | None = None
+        self._holding: tuple[dict[str, float], dict[str, int]] | None = None
+        """What the jobs holding resources as the last pass left them hold, per queue: the
+        fair-share rate of the charged ones, and GPUs (`_charge`); None before the first pass."""
         self._last_failure: PassFailure | None = None
         """How the previous engine call failed (None: it did not)."""
         self._unattributed: tuple[PassFailure, frozenset[str]] | None = None
@@ -328,10 +347,10 @@ class Reconciler:
         with self.lock:
             t0 = time.perf_counter()
             now = self.clock()
+            self._charge(now)
             self._collect_exits(now)
             active = self._cancel_marked(self.store.active(), now)
             snapshot = self._snapshot(active, now)
-            self._account(snapshot, now)
             plan = self._plan(snapshot, now)
             self._phase("planned")
             if plan is not None:
@@ -345,6 +364,7 @@ class Reconciler:
                 self._claims(plan, by_id, now)
                 self._explain(plan)
                 self.last_plan = plan
+            self._holding = _holding(snapshot, plan, self.policy, cluster_capacity(self.nodes))
             self.store.save_ledger(self.ledger.at, dict(self.ledger.usage))
             s = self.stats
             s.at, s.duration_s, s.passes = now, time.perf_counter() - t0, s.passes + 1
@@ -480,17 +500,18 @@ class Reconciler:
         if held:
             log.error("job %s held: %s", job.id, reason)
 
-    def _account(self, snapshot: Snapshot, now: float) -> None:
-        """GPU-seconds held per queue since the previous pass (held throughout it, as every
-        change of the set of running jobs happens inside a pass)."""
+    def _charge(self, now: float) -> None:
+        """Charge the time since the previous pass to the jobs that held resources as that pass
+        left them — the fair-share ledger and the GPU-seconds delivered. A job keeps its GPUs
+        until a pass collects its exit, and every admission happens in a pass, so that set held
+        throughout; a job that exited since is charged up to this pass, which collects it."""
         last, self._last_pass_at = self._last_pass_at, now
-        if self.metrics is None or last is None:
-            return
-        held: dict[str, int] = {}
-        for j in snapshot.jobs:
-            if j.state.holds_resources:
-                held[j.queue] = held.get(j.queue, 0) + j.total_gpus
-        self.metrics.held(now - last, held, sum(n.gpus for n in self.nodes))
+        if self._holding is None:
+            return  # the first pass since start: `_snapshot` brings the ledger up to now
+        rates, held = self._holding
+        self.ledger = accrue_rates(self.ledger, rates, self.policy.fair_share.half_life, now)
+        if self.metrics is not None and last is not None:
+            self.metrics.held(now - last, held, sum(n.gpus for n in self.nodes))
 
     def _snapshot(self, active: tuple[ActiveJob, ...], now: float) -> Snapshot:
         """The engine's input: every unfinished job but the held ones (each converted only
@@ -500,10 +521,14 @@ class Reconciler:
         engine_jobs = self._engine_jobs.update(
             a for a in active if a.job.held_reason is None or not a.job.state.waiting
         )
-        capacity = cluster_capacity(self.nodes)
-        self.ledger = accrue(
-            self.ledger, (j for j in engine_jobs if j.state.holds_resources), capacity, self.policy, now
-        )
+        if self._holding is None:  # since the ledger was saved: the jobs that hold now, as before a restart
+            self.ledger = accrue(
+                self.ledger,
+                (j for j in engine_jobs if j.state.holds_resources),
+                cluster_capacity(self.nodes),
+                self.policy,
+                now,
+            )
         warm = basis is not None and basis == (self.nodes, self.policy)
         self._changed = self._engine_jobs.changed if warm else None
         return Snapshot(self.nodes, engine_jobs, self.policy, self.ledger)
