@@ -47,12 +47,18 @@ def accrue(
 
     Shells call it before every change to the set of running jobs, so the assumption holds.
     """
+    holding = (job for job in jobs if job.state.holds_resources)
+    return accrue_rates(ledger, queue_rates(holding, capacity, policy), policy.fair_share.half_life, until)
+
+
+def queue_rates(jobs: Iterable[Job], capacity: tuple[int, int, int], policy: Policy) -> dict[str, float]:
+    """Per queue, the summed dominant share of these jobs that are of a charged tier: the rate
+    at which their queue's usage grows while they hold what they ask for."""
     rates: dict[str, float] = {}
     for job in jobs:
-        if not job.state.holds_resources or not policy.tier(job.tier).charged:
-            continue
-        rates[job.queue] = rates.get(job.queue, 0.0) + dominant_share(job, capacity)
-    return accrue_rates(ledger, rates, policy.fair_share.half_life, until)
+        if policy.tier(job.tier).charged:
+            rates[job.queue] = rates.get(job.queue, 0.0) + dominant_share(job, capacity)
+    return rates
 
 
 def accrue_rates(ledger: UsageLedger, rates: Mapping[str, float], half_life: float, until: float) -> UsageLedger:

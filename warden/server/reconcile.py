@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from warden.engine.accounting import assumed_startup, effective_grace, measured_lost_work, wait_time
-from warden.engine.fairshare import accrue, accrue_rates, cluster_capacity, dominant_share
+from warden.engine.fairshare import accrue, accrue_rates, cluster_capacity, queue_rates
 from warden.engine.model import Job, JobState, Node, ReplicaPlacement, Snapshot
 from warden.engine.plan import Plan
 from warden.engine.policy import Policy
@@ -151,14 +151,11 @@ def _holding(
     """Per queue, the fair-share rate of the charged jobs that hold resources after the pass
     (those of the snapshot, and the plan's admissions), and their GPUs."""
     admitted = {a.job_id for a in plan.admissions} if plan is not None else set()
-    rates: dict[str, float] = {}
+    holding = [j for j in snapshot.jobs if j.state.holds_resources or j.id in admitted]
     held: dict[str, int] = {}
-    for j in snapshot.jobs:
-        if j.state.holds_resources or j.id in admitted:
-            held[j.queue] = held.get(j.queue, 0) + j.total_gpus
-            if policy.tier(j.tier).charged:
-                rates[j.queue] = rates.get(j.queue, 0.0) + dominant_share(j, capacity)
-    return rates, held
+    for j in holding:
+        held[j.queue] = held.get(j.queue, 0) + j.total_gpus
+    return queue_rates(holding, capacity, policy), held
 
 
 def _left(job: Job) -> Job:

@@ -217,7 +217,7 @@ def _owed_delivered(
     first submission to now: the accounting the simulator reports."""
     # Only a charged tier's jobs are owed anything (tier 4 runs on idle capacity), and only
     # their attempts are delivered: the definition the simulator's metrics use.
-    jobs = [j for j in store.list() if j.tier not in policy.tiers or policy.tiers[j.tier].charged]
+    jobs = [j for j in store.list() if policy.tier(j.tier).charged]
     if not jobs:
         return {}, {}
     queues = sorted({j.queue for j in jobs})

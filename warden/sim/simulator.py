@@ -206,7 +206,7 @@ class Simulation:
                 for q in self.pol.leaves()
                 if math.isfinite(self.pol.max_wait_for(q.name))
             },
-            charged_tiers=frozenset(t for t, spec in self.pol.tiers.items() if spec.charged),
+            charged_tiers=frozenset(t for t, charged in self.charged.items() if charged),
             wall_s=time.perf_counter() - wall,
             passes=self.passes,
             engine_s=self.engine_s,
