@@ -66,7 +66,6 @@ class Shortfall:
         self.weights = queue_weights(shares, queues)
         self.gpus = float(gpus)
         self.owed = np.zeros(len(queues))
-        self.held = np.zeros(len(queues))
         self.short = np.zeros(len(queues))
         self.short_over_nominal = np.zeros(len(queues))
         """Of `short`, what accrued while the queue held at least its nominal quota: the part of
@@ -127,7 +126,6 @@ class Shortfall:
         if dt <= 0:
             return
         self.owed += owed * dt
-        self.held += np.minimum(held, owed) * dt
         self.short += short * dt
         at_nominal = held >= self.nominal
         self.short_over_nominal += np.where(at_nominal, short, 0.0) * dt
@@ -149,7 +147,7 @@ class Shortfall:
             parts = sorted(self.by_reason.get(q, {}).items(), key=lambda kv: -kv[1])
             out[q] = {
                 "owed_gpu_hours": round(self.owed[c] / 3600, 1),
-                "held_within_owed_gpu_hours": round(self.held[c] / 3600, 1),
+                "held_within_owed_gpu_hours": round((self.owed[c] - self.short[c]) / 3600, 1),
                 "short_gpu_hours": round(self.short[c] / 3600, 1),
                 "short_share": round(self.short[c] / self.owed[c], 4),
                 "short_while_at_nominal_share": round(self.short_over_nominal[c] / max(self.short[c], 1e-9), 4),
