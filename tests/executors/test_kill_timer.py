@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from executors.test_local import Harness, wait_until
 
-from warden.executors.local import _KillTimer
+from warden.executors.local import KillTimer
 from warden.executors.shim import write_json_atomic
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the local executor needs Linux")
@@ -39,7 +39,7 @@ def test_a_deadline_beyond_timeout_max_and_a_failing_firing_leave_the_timer_work
             raise OSError("signal failed")
         fired.extend(keys)
 
-    timer = _KillTimer(fire)
+    timer = KillTimer(fire)
     try:
         timer.arm(time.monotonic() + HUGE, ("far", 1))
         timer.arm(time.monotonic() + 0.05, ("bad", 1))

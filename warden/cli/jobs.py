@@ -293,10 +293,16 @@ def register(app: typer.Typer) -> None:
         if json_out:
             _dump(rows)
             return
-        t = Table("NODE", "FLAVOR", "GPUS", "USED", "FREE", "JOBS")
+        t = Table("NODE", "FLAVOR", "GPUS", "USED", "FREE", "JOBS", "STATE")
         for n in rows:
             t.add_row(
-                n["name"], n["flavor"], str(n["gpus"]), str(n["gpus_used"]), str(n["gpus_free"]), ",".join(n["jobs"])
+                n["name"],
+                n["flavor"],
+                str(n["gpus"]),
+                str(n["gpus_used"]),
+                str(n["gpus_free"]),
+                ",".join(n["jobs"]),
+                "up" if n.get("down") is None else f"down: {n['down']}",
             )
         Console().print(t)
 

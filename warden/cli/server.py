@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
+import yaml
 
 from warden.executors.identity import DEFAULT_JOB_UIDS, parse_uid_range, parse_user_map
 
@@ -31,6 +32,48 @@ def _bootstrap_token(path: Path | None) -> str | None:
     if not token:
         fail(f"--bootstrap-token-file: {str(path)!r} is empty")
     return token
+
+
+CONFIG_KEYS = (
+    "db",
+    "policy",
+    "host",
+    "port",
+    "fake_gpus",
+    "state_dir",
+    "bootstrap_token_file",
+    "run_as",
+    "job_uids",
+    "user_map",
+    "executor",
+    "slurm_partition",
+)
+"""What a server config file may set: the options of `warden server`, by their names with '_'."""
+
+
+def _load_config(ctx: typer.Context, _param: object, path: Path | None) -> Path | None:
+    """Read `--config` before every other option, as their defaults: an option given on the
+    command line or by its environment variable still wins."""
+    if path is None:
+        return None
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as err:
+        fail(f"--config: cannot read {str(path)!r}: {err.strerror or err}")
+    except yaml.YAMLError as err:
+        fail(f"--config: {str(path)!r} is not YAML: {err}")
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        fail(f"--config: {str(path)!r} must hold a mapping of options, got {type(data).__name__}")
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if name not in CONFIG_KEYS:
+            fail(f"--config: {key!r} in {str(path)!r} is no option of warden server; allowed: {', '.join(CONFIG_KEYS)}")
+        if isinstance(value, dict) or (isinstance(value, list) and name != "user_map"):
+            fail(f"--config: {key!r} in {str(path)!r} must be a single value, got {value!r}")
+    ctx.default_map = {**(ctx.default_map or {}), **{str(k).replace("-", "_"): v for k, v in data.items()}}
+    return path
 
 
 def register(app: typer.Typer) -> None:
@@ -99,9 +142,38 @@ def register(app: typer.Typer) -> None:
                 show_default=False,
             ),
         ] = None,
+        executor: Annotated[
+            str,
+            typer.Option(
+                "--executor",
+                envvar="WARDEN_EXECUTOR",
+                help="What runs the jobs: 'local' (this machine) or 'slurm' (a Slurm cluster; see docs/slurm.md).",
+            ),
+        ] = "local",
+        slurm_partition: Annotated[
+            str | None,
+            typer.Option(
+                "--slurm-partition",
+                envvar="WARDEN_SLURM_PARTITION",
+                help="With --executor slurm: the partition warden governs (default: the cluster's default one).",
+                show_default=False,
+            ),
+        ] = None,
+        config: Annotated[
+            Path | None,
+            typer.Option(
+                "--config",
+                envvar="WARDEN_CONFIG",
+                is_eager=True,
+                callback=_load_config,
+                help="A YAML file of these options (executor: slurm, port: 9000, ...); the command line wins.",
+                show_default=False,
+            ),
+        ] = None,
     ) -> None:
         """Run the warden server on this machine."""
         from warden.engine.policy import PolicyError
+        from warden.executors.slurm import SlurmError
         from warden.server.app import Settings, serve
 
         if fake_gpus is not None and fake_gpus < 0:
@@ -111,6 +183,10 @@ def register(app: typer.Typer) -> None:
                 "--bootstrap-token: a token on the command line is visible to every user of this machine "
                 "(/proc/PID/cmdline); use --bootstrap-token-file PATH or $WARDEN_BOOTSTRAP_TOKEN"
             )
+        if executor not in ("local", "slurm"):
+            fail(f"--executor: expected 'local' or 'slurm', got {executor!r}")
+        if fake_gpus is not None and executor == "slurm":
+            fail("--fake-gpus: the slurm executor takes its nodes and GPUs from the cluster")
         if run_as not in ("dynamic", "user"):
             fail(f"--run-as: expected 'dynamic' or 'user', got {run_as!r}")
         try:
@@ -134,6 +210,8 @@ def register(app: typer.Typer) -> None:
                     run_as="user" if run_as == "user" else "dynamic",
                     job_uids=uids,
                     user_map=mapping,
+                    executor="slurm" if executor == "slurm" else "local",
+                    slurm_partition=slurm_partition,
                 ),
                 say=lambda line: typer.echo(line, err=True),
             )
@@ -141,3 +219,5 @@ def register(app: typer.Typer) -> None:
             for issue in err.issues:
                 typer.echo(f"{policy}: {issue}", err=True)
             raise typer.Exit(2) from None
+        except SlurmError as err:
+            fail(f"--executor slurm: {err}")

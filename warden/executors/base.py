@@ -11,11 +11,13 @@ again. Jobs never die because the server did.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
+
+from warden.engine.model import Node
 
 _EMPTY_ENV: Mapping[str, str] = MappingProxyType({})
 
@@ -51,6 +53,8 @@ class LaunchSpec:
     env: Mapping[str, str] = field(default_factory=lambda: _EMPTY_ENV)  # extra environment from the submission
     master_port: int | None = None  # for gangs; a free port is picked if None
     user: str | None = None  # the submitting warden user: whose Unix account runs it, where mapped
+    cpu: int = 0  # millicores per replica the engine counted (executors that reserve cores ask for them)
+    memory: int = 0  # MiB per replica the engine counted
 
     @property
     def world_size(self) -> int:
@@ -65,7 +69,7 @@ class ReplicaHandle:
     restarted server knows which job uids are held."""
 
     rank: int
-    shim_pid: int
+    shim_pid: int | None  # None where no shim of this machine supervises it (Slurm)
     pgid: int | None
     status_path: Path
     exit_path: Path
@@ -88,7 +92,7 @@ class ReplicaHandle:
         pgid, uid = data.get("pgid"), data.get("uid")
         return cls(
             rank=int(data["rank"]),
-            shim_pid=int(data["shim_pid"]),
+            shim_pid=None if data.get("shim_pid") is None else int(data["shim_pid"]),
             pgid=None if pgid is None else int(pgid),
             status_path=Path(data["status_path"]),
             exit_path=Path(data["exit_path"]),
@@ -103,12 +107,14 @@ class Handle:
 
     `to_dict`/`from_dict` give a JSON-ready form so the server can store it in any database.
     `control_path` is where the executor records a terminate/kill of this attempt (signal
-    times, SIGKILL deadline), so a server that restarts mid-grace still kills on time."""
+    times, SIGKILL deadline), so a server that restarts mid-grace still kills on time.
+    `external` names the attempt in the system that runs it (its Slurm job ids)."""
 
     job_id: str
     attempt: int
     replicas: tuple[ReplicaHandle, ...]
     control_path: Path | None = None
+    external: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -116,6 +122,7 @@ class Handle:
             "attempt": self.attempt,
             "replicas": [r.to_dict() for r in self.replicas],
             "control_path": None if self.control_path is None else str(self.control_path),
+            "external": list(self.external),
         }
 
     @classmethod
@@ -126,6 +133,7 @@ class Handle:
             attempt=int(data["attempt"]),
             replicas=tuple(ReplicaHandle.from_dict(r) for r in data["replicas"]),
             control_path=None if control is None else Path(control),
+            external=tuple(str(e) for e in data.get("external") or ()),
         )
 
 
@@ -145,6 +153,19 @@ class Exit:
     @property
     def succeeded(self) -> bool:
         return all(code == 0 for code in self.exit_codes)
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """The nodes an executor runs jobs on, as it sees them now: every node (its capacity), and
+    those that take no job now with why (Slurm's DOWN, DRAIN, not responding)."""
+
+    nodes: tuple[Node, ...]
+    down: Mapping[str, str] = field(default_factory=lambda: _EMPTY_ENV)
+
+    @property
+    def usable(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if n.name not in self.down)
 
 
 @runtime_checkable
@@ -177,6 +198,11 @@ class Executor(Protocol):
         """The handle of an attempt whose `start` the server may not have seen return (it
         stopped in between), rebuilt from what the executor left on its side; None when no
         replica had started."""
+        ...
+
+    def cancel_unowned(self, owned: Iterable[tuple[str, int]]) -> list[str]:
+        """After recovery, with every attempt the server owns adopted: end whatever this
+        executor finds running for an attempt not in `owned`; returns what it ended."""
         ...
 
     def running(self) -> list[tuple[str, int]]:

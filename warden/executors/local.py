@@ -88,6 +88,7 @@ def job_environment(
     log_path: Path,
     base: Mapping[str, str],
     identity: Mapping[str, str] | None = None,
+    master_addr: str = "127.0.0.1",
 ) -> dict[str, str]:
     """The environment of one replica: `base` without GPU, rendezvous and WARDEN_* variables,
     then `identity` (HOME, USER), then the submission's `env`, then warden's contract
@@ -109,7 +110,7 @@ def job_environment(
     if spec.world_size > 1:
         env.update(
             {
-                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_ADDR": master_addr,
                 "MASTER_PORT": str(master_port),
                 "RANK": str(replica.rank),
                 "WORLD_SIZE": str(spec.world_size),
@@ -154,7 +155,7 @@ class _Tracked:
 log = logging.getLogger("warden.executors.local")
 
 
-class _KillTimer:
+class KillTimer:
     """One thread and a heap of monotonic deadlines: SIGKILL comes when the deadline is due,
     not at the next tick of some polling loop (Slurm's 30 s poll is what warden improves on).
     The thread waits on a condition variable with the exact remaining time and re-checks the
@@ -231,7 +232,7 @@ class _KillTimer:
                 log.exception("SIGKILL of attempt %s of job %s failed", key[1], key[0])
 
 
-def _adopted_deadline(given: Any) -> float | None:
+def adopted_deadline(given: Any) -> float | None:
     """A SIGKILL deadline read back at adoption (the database or control.json): a finite
     time, or now when the record is damaged (an attempt in its grace is never left unkilled)."""
     if given is None:
@@ -267,7 +268,7 @@ class LocalExecutor:
         self._tracked: dict[Key, _Tracked] = {}
         self._starting: set[Key] = set()
         self._unreaped: dict[int, int | None] = {}  # shim pid -> start ticks
-        self._timer = _KillTimer(self._deadlines_reached)
+        self._timer = KillTimer(self._deadlines_reached)
         self._closed = False
 
     # -- start -----------------------------------------------------------------------------
@@ -277,7 +278,7 @@ class LocalExecutor:
         to exec, which `exits()` then reports with exit code 127/126). Raises ValueError for a
         malformed spec, LaunchError (an OSError) when the workdir is missing or a shim fails
         (the rest of the gang is killed)."""
-        _validate(spec)
+        validate_spec(spec)
         if not spec.workdir.is_dir():
             raise LaunchError(f"job {spec.job_id!r}: workdir {str(spec.workdir)!r} is not a directory")
         key = (spec.job_id, spec.attempt)
@@ -488,7 +489,11 @@ class LocalExecutor:
                     _reclaim_dirs(tracked.private_dirs)
                     self.identities.release(key)
                     reported.append(_exit(tracked, records))
-                    self._unreaped.update(zip((r.shim_pid for r in tracked.handle.replicas), tracked.shim_ticks))
+                    self._unreaped.update(
+                        (r.shim_pid, ticks)
+                        for r, ticks in zip(tracked.handle.replicas, tracked.shim_ticks)
+                        if r.shim_pid is not None
+                    )
             self._reap_shims()
         return reported
 
@@ -542,7 +547,7 @@ class LocalExecutor:
                 self._tracked[key] = tracked
                 for replica, record in zip(handle.replicas, status):
                     self.identities.claim(key, replica.uid if replica.uid is not None else record.get("uid"))
-            deadline = _adopted_deadline(kill_at if kill_at is not None else tracked.kill_at)
+            deadline = adopted_deadline(kill_at if kill_at is not None else tracked.kill_at)
             if deadline is not None and tracked.killed_at is None:
                 tracked.kill_at = deadline
                 tracked.kill_mono = time.monotonic() + (deadline - time.time())
@@ -571,6 +576,11 @@ class LocalExecutor:
         if not handles:
             return None
         return Handle(job_id, attempt, tuple(handles), control_path=Path(log_dir) / "control.json")
+
+    def cancel_unowned(self, owned: Iterable[tuple[str, int]]) -> list[str]:
+        """Nothing of this executor can run unowned: every attempt has its row (and log
+        directory) before its first shim exists, so `recover` finds each one. Returns []."""
+        return []
 
     def running(self) -> list[tuple[str, int]]:
         """Every tracked attempt whose exit `exits()` has not reported yet."""
@@ -604,7 +614,7 @@ class LocalExecutor:
 # -- helpers --------------------------------------------------------------------------------
 
 
-def _validate(spec: LaunchSpec) -> None:
+def validate_spec(spec: LaunchSpec) -> None:
     if not spec.command:
         raise ValueError(f"job {spec.job_id!r}: command is empty")
     if not spec.replicas:
@@ -637,8 +647,8 @@ def _prepare_dirs(spec: LaunchSpec, identity: Identity | None, others: set[int])
     status and exit files the server trusts), and the checkpoint directory and `home` become
     the job's own (0700). `others` are the uids other attempts hold now. Returns the
     directories to give back to the server at exit."""
-    _mkdirs(spec.log_dir)
-    _mkdirs(spec.checkpoint_dir)
+    make_dirs(spec.log_dir)
+    make_dirs(spec.checkpoint_dir)
     if identity is None:
         return ()
     os.chmod(spec.log_dir, 0o711)
@@ -652,7 +662,7 @@ def _prepare_dirs(spec: LaunchSpec, identity: Identity | None, others: set[int])
     return _private_dirs(spec, identity)
 
 
-def _mkdirs(path: Path) -> None:
+def make_dirs(path: Path) -> None:
     """`mkdir -p`, the directories it creates 0711 (not the umask's 0700): a job that runs as
     another uid must be able to pass through them to its own directories."""
     missing = []
@@ -753,7 +763,7 @@ def _replica_exit(replica: ReplicaHandle, shim_ticks: int | None) -> dict[str, A
     died without writing one (killed by hand, OOM, reboot) is survived: once its group is gone
     too, an exit with an unknown status is recorded in its place."""
     record = read_json(replica.exit_path)
-    if record is not None or process_alive(replica.shim_pid, shim_ticks):
+    if record is not None or (replica.shim_pid is not None and process_alive(replica.shim_pid, shim_ticks)):
         return record
     record = read_json(replica.exit_path)  # it may have written it just before exiting
     if record is not None:

@@ -251,6 +251,7 @@ def supervise(launch: dict[str, Any], ready_fd: int | None = None) -> int:
         "subreaper": subreaper,
         "uid": uid,
         "private_dirs": launch.get("private_dirs", []),
+        **launch.get("extra_status", {}),
     }
     log_fd = os.open(launch["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:

@@ -371,7 +371,7 @@ def build_router(service: "Service") -> APIRouter:
 
     @r.get("/nodes", responses=errors(401))
     def nodes(who: Caller) -> list[dict[str, Any]]:
-        return node_views(service.nodes, service.store.running_attempts())
+        return node_views(service.nodes, service.store.running_attempts(), service.reconciler.cluster.down)
 
     @r.get("/queues", responses=errors(401))
     def queues(who: Caller) -> list[dict[str, Any]]:

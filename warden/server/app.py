@@ -18,9 +18,11 @@ from fastapi import FastAPI
 from warden.engine.model import Node
 from warden.engine.overcommit import overcommitted
 from warden.engine.policy import Policy, default_policy, load_policy, parse_policy
+from warden.executors.base import Executor, Inventory
 from warden.executors.gpus import discover_gpus
 from warden.executors.identity import DEFAULT_JOB_UIDS, Identities
 from warden.executors.local import LocalExecutor
+from warden.executors.slurm import SlurmExecutor
 from warden.runtime import tune_collector
 from warden.server.api import build_router, install_error_handlers, install_request_limits, metrics_route
 from warden.server.service import Service
@@ -43,6 +45,8 @@ class Settings:
     run_as: Literal["dynamic", "user"] = "dynamic"  # who jobs run as when the server is root
     job_uids: range = DEFAULT_JOB_UIDS
     user_map: tuple[tuple[str, str], ...] = ()  # (warden user or "*", Unix account), for run_as="user"
+    executor: Literal["local", "slurm"] = "local"
+    slurm_partition: str | None = None  # default: the cluster's default partition
 
 
 DEFAULT_FAKE_GPUS = 4
@@ -164,14 +168,29 @@ def build_service(settings: Settings, say: Callable[[str], None] = print) -> Ser
     secure_sqlite_files(engine)
     store = Store(engine)
     now = time.time()
-    nodes = local_node(settings.fake_gpus, say)
+    executor: Executor
+    inventory: Callable[[], Inventory] | None = None
+    if settings.executor == "slurm":
+        if os.geteuid() == 0:
+            _warn(
+                "WARNING: the server is root and Slurm runs jobs as the submitting uid: warden's jobs run as root "
+                "on the Slurm nodes (run the server as a service account; see docs/slurm.md)",
+                say,
+            )
+        slurm = SlurmExecutor(partition=settings.slurm_partition)
+        executor, inventory = slurm, slurm.inventory
+        nodes = slurm.inventory().nodes
+        say(f"executor slurm: partition {slurm.partition!r}, {len(nodes)} node(s)")
+    else:
+        executor = LocalExecutor(identities=identities)
+        nodes = local_node(settings.fake_gpus, say)
     store.replace_nodes(NodeRecord.from_engine(n, updated_at=now) for n in nodes)
     policy = _policy(store, settings.policy, now)
     for w in overcommitted(policy, nodes):
         _warn(f"WARNING: the policy's quotas exceed this cluster. {w.message}", say)
     _tokens(store, settings.bootstrap_token, state, now, say)
-    executor = LocalExecutor(identities=identities)
-    service = Service(store, executor, nodes, policy, state, url=f"http://{_reachable(settings.host)}:{settings.port}")
+    url = f"http://{_reachable(settings.host)}:{settings.port}"
+    service = Service(store, executor, nodes, policy, state, url=url, inventory=inventory)
     _chmod(state / "report-secret", 0o600)
     return service
 

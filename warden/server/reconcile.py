@@ -46,8 +46,8 @@ from warden.engine.model import Job, JobState, Node, ReplicaPlacement, Snapshot
 from warden.engine.plan import Plan
 from warden.engine.policy import Policy
 from warden.engine.scheduler import Engine
-from warden.executors.base import Executor, Exit, Handle, LaunchSpec, ReplicaLaunch, UnknownAttempt
-from warden.store.repo import ActiveJob, Store, StoredAttempt, StoredJob
+from warden.executors.base import Executor, Exit, Handle, Inventory, LaunchSpec, ReplicaLaunch, UnknownAttempt
+from warden.store.repo import ActiveJob, NodeRecord, Store, StoredAttempt, StoredJob
 
 if TYPE_CHECKING:
     from warden.server.metrics import ServerMetrics
@@ -176,10 +176,18 @@ class Reconciler:
         state_dir: Path,
         clock: Callable[[], float] = time.time,
         report_env: Callable[[str, int], dict[str, str]] | None = None,
+        inventory: Callable[[], Inventory] | None = None,
     ) -> None:
         self.store = store
         self.executor = executor
         self.nodes = nodes
+        """The nodes of the last snapshot: the usable ones, and a down node only while jobs
+        still hold resources on it (`_follow_nodes`)."""
+        self.cluster = Inventory(nodes)
+        """Every node the executor has, and which are down, as of the last pass."""
+        self.inventory = inventory
+        """Where the nodes come from each pass (the Slurm executor's view); None: `nodes`
+        never change."""
         self.policy = policy
         self.state_dir = state_dir
         self.clock = clock
@@ -286,6 +294,7 @@ class Reconciler:
                             job.id, state, reason="processes started (recovered)", actor="warden", now=now
                         )
                         job = self.store.get(job.id) or job
+            self.executor.cancel_unowned(self.executor.running())
         self.poke()
 
     def _bounded_kill_at(self, sigterm_at: float | None, kill_at: float | None) -> float | None:
@@ -346,6 +355,8 @@ class Reconciler:
             now = self.clock()
             self._charge(now)
             self._collect_exits(now)
+            if self.inventory is not None:
+                self._follow_nodes(self.inventory(), now)
             active = self._cancel_marked(self.store.active(), now)
             snapshot = self._snapshot(active, now)
             plan = self._plan(snapshot, now)
@@ -530,6 +541,64 @@ class Reconciler:
         self._changed = self._engine_jobs.changed if warm else None
         return Snapshot(self.nodes, engine_jobs, self.policy, self.ledger)
 
+    # -- nodes ------------------------------------------------------------------------------
+    def _follow_nodes(self, inventory: Inventory, now: float) -> None:
+        """Take the executor's current nodes. A gang with a replica on a node that is down
+        (DOWN, DRAIN, not responding) is evicted whole: SIGTERM, its grace, SIGKILL, then it is
+        requeued. The snapshot keeps a down node only while jobs still hold resources on it,
+        shrunk to exactly what they hold, so that nothing new is placed there."""
+        if inventory.nodes != self.cluster.nodes:
+            self.store.replace_nodes(NodeRecord.from_engine(n, updated_at=now) for n in inventory.nodes)
+        for name in inventory.down.keys() - self.cluster.down.keys():
+            log.warning("node %s takes no jobs: %s", name, inventory.down[name])
+        self.cluster = inventory
+        if not inventory.down:
+            self.nodes = inventory.nodes
+            return
+        held: dict[str, list[int]] = {}
+        for active in self.store.active():
+            job, attempt = active.job, active.attempt
+            if not job.state.holds_resources or attempt is None or attempt.ended_at is not None:
+                continue
+            for part in attempt.assignment:
+                h = held.setdefault(part.node, [0, 0, 0])
+                h[0] += job.gpus
+                h[1] += job.cpu
+                h[2] += job.memory
+            lost = sorted({p.node for p in attempt.assignment} & inventory.down.keys())
+            if lost and attempt.sigterm_at is None:
+                self._evict(job, attempt, ", ".join(f"node {n} is {inventory.down[n]}" for n in lost), now)
+        nodes = []
+        for node in inventory.nodes:
+            if node.name not in inventory.down:
+                nodes.append(node)
+            elif node.name in held:
+                gpus, cpu, memory = held[node.name]
+                nodes.append(replace(node, gpus=gpus, cpu=min(cpu, node.cpu), memory=min(memory, node.memory)))
+        self.nodes = tuple(nodes)
+
+    def _evict(self, job: StoredJob, attempt: StoredAttempt, why: str, now: float) -> None:
+        """Stop a gang one of whose nodes went down, the way a preemption does (grace, then
+        SIGKILL), but for no other job: it is requeued when its processes are gone, and the
+        thrash guard does not count it as a preemption."""
+        if job.cancel_requested:
+            return
+        grace = effective_grace(self.policy, job.tier, job.grace_s)
+        try:
+            kill_at = self.executor.terminate(str(job.id), attempt.number, grace)
+        except UnknownAttempt:
+            return  # not tracked yet: its exit or recovery ends it
+        self.store.update_attempt(job.id, attempt.number, state="terminating", sigterm_at=now, kill_at=kill_at)
+        self.store.transition(
+            job.id,
+            JobState.PREEMPTING,
+            now=now,
+            actor="warden",
+            reason=f"evicted: {why}; the whole gang stops and is requeued; grace {grace:.0f}s, SIGKILL at {kill_at:.3f}",
+            expect_state={job.state},
+            expect_cancel_requested=False,
+        )
+
     # -- exits ------------------------------------------------------------------------------
     def _collect_exits(self, now: float) -> None:
         for ex in self.executor.exits():
@@ -593,7 +662,8 @@ class Reconciler:
             reason=detail,
             actor="warden",
             now=now,
-            preempted_at=[*job.preempted_at, attempt.sigterm_at],
+            # an eviction from a node that went down is no preemption (the thrash guard's count)
+            preempted_at=[*job.preempted_at, attempt.sigterm_at] if attempt.preempted_for else job.preempted_at,
             **read,
         ):
             return False
@@ -757,6 +827,8 @@ class Reconciler:
             checkpoint_dir=self.state_dir / "jobs" / str(job.id) / "checkpoints",
             env={**(job.env or {}), **(self.report_env(str(job.id), number) if self.report_env else {})},
             user=job.user,
+            cpu=job.cpu,
+            memory=job.memory,
         )
         try:
             handle = self.executor.start(spec)

@@ -22,7 +22,7 @@ from prometheus_client import Counter
 
 from warden.engine.model import JobState, Node
 from warden.engine.policy import Limits, Policy, PolicyError, parse_policy
-from warden.executors.base import Executor
+from warden.executors.base import Executor, Inventory
 from warden.server.auth import CHALLENGE, Principal, bearer, forbidden
 from warden.server.errors import ApiError, shorten
 from warden.server.metrics import ServerMetrics
@@ -64,16 +64,16 @@ class Service:
         state_dir: Path,
         clock: Callable[[], float] = time.time,
         url: str = "",
+        inventory: Callable[[], Inventory] | None = None,
     ) -> None:
         self.store = store
         self.executor = executor
-        self.nodes = nodes
         self.state_dir = state_dir
         self.clock = clock
         self.url = url
         """Where jobs send their reports (`WARDEN_URL` inside a job)."""
         self._report_key = _secret(state_dir / "report-secret")
-        self.reconciler = Reconciler(store, executor, nodes, policy, state_dir, clock, self.report_env)
+        self.reconciler = Reconciler(store, executor, nodes, policy, state_dir, clock, self.report_env, inventory)
         self.metrics = ServerMetrics(self)
         self.reconciler.metrics = self.metrics
         self._stop = threading.Event()
@@ -91,6 +91,11 @@ class Service:
     @property
     def policy(self) -> Policy:
         return self.reconciler.policy
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        """Every node of the cluster, down ones included (a job that fits only there waits)."""
+        return self.reconciler.cluster.nodes
 
     def now(self) -> float:
         return self.clock()

@@ -8,7 +8,7 @@ simulator compute.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from warden.engine import accounting
@@ -148,7 +148,11 @@ def attempt_view(a: StoredAttempt) -> dict[str, Any]:
     }
 
 
-def node_views(nodes: Iterable[Node], attempts: Iterable[StoredAttempt]) -> list[dict[str, Any]]:
+def node_views(
+    nodes: Iterable[Node], attempts: Iterable[StoredAttempt], down: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Each node with what runs on it; `down` says why a node takes no job now (Slurm's state)."""
+    down = down or {}
     used: dict[str, list[int]] = {}
     on: dict[str, list[str]] = {}
     for a in attempts:
@@ -167,6 +171,7 @@ def node_views(nodes: Iterable[Node], attempts: Iterable[StoredAttempt]) -> list
             "cpu": n.cpu,
             "memory": n.memory,
             "jobs": sorted(set(on.get(n.name, [])), key=int),
+            "down": down.get(n.name),
         }
         for n in nodes
     ]

@@ -1,0 +1,814 @@
+"""The `slurm` executor: warden decides, an existing Slurm cluster runs the processes.
+
+warden's engine chooses the nodes and GPU indices of every replica; this executor turns an
+admitted gang into a Slurm batch job pinned there (`--nodelist`, per-node task and GPU counts),
+submitted held and released at once, so that Slurm's own scheduler has nothing to decide. The
+job's batch script is warden's batch supervisor (`warden.executors.slurm_launch`), which runs one
+`srun` step with one task per replica; each task runs the job command with the environment of
+DESIGN §6, exactly as the local executor builds it.
+
+Signals are warden's, timed by warden: `terminate` sends SIGTERM to the batch supervisor and to
+every task's processes in two concurrent `scancel` calls, and warden's own timer sends SIGKILL
+at the deadline (`scancel --signal=KILL JOB.0`, the replicas' step), then ends the job. Slurm's `GraceTime` poll
+and its preemption are never involved.
+
+A gang whose nodes do not all run the same number of replicas becomes one Slurm job per
+distinct count (Slurm's heterogeneous jobs are started only by its backfill pass, every 30 s
+by default); the jobs of an attempt are signalled, killed and reported together.
+
+The nodes and their states come from `sinfo` (GRES types are flavors, the leaf switches of
+`topology/tree` are blocks), polled with the jobs' states by one thread. See
+docs/executors.md and docs/slurm.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from warden.engine.model import DEFAULT_FLAVOR, Node
+from warden.executors.base import Exit, Handle, Inventory, LaunchSpec, ReplicaHandle, ReplicaLaunch, UnknownAttempt
+from warden.executors.local import (
+    KillTimer,
+    LaunchError,
+    adopted_deadline,
+    inherited_environment,
+    job_environment,
+    make_dirs,
+    validate_spec,
+)
+from warden.executors.shim import read_json, write_json_atomic
+from warden.executors.slurm_launch import BATCH_SIGNALS, LAUNCH_FILE
+
+log = logging.getLogger("warden.executors.slurm")
+
+Key = tuple[str, int]
+JOB_PREFIX = "warden"
+"""Every Slurm job warden submits is named `warden.<job>.<attempt>`: how a restarted server
+finds its jobs, and how it tells them from anybody else's."""
+NAME_RE = re.compile(r"warden\.([0-9]+)\.([0-9]+)")
+ENDED = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "REVOKED",
+        "SPECIAL_EXIT",
+        "TIMEOUT",
+    }
+)
+"""Slurm job states after which no process of the job is left (COMPLETING is not one)."""
+USABLE_STATES = frozenset({"idle", "mixed", "allocated", "completing", "planned"})
+UNUSABLE_FLAGS = "*~#!%$@^"
+"""sinfo's state suffixes for a node that takes no job now: not responding, powered down,
+powering up or down, in maintenance, rebooting."""
+SLURM_TIMEOUT_S = 30.0
+STEP = 0
+"""The id of the one step the batch supervisor runs (its `srun`): the replicas' processes."""
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed, or the cluster is set up so that Slurm would decide for warden."""
+
+
+# -- Slurm's commands ------------------------------------------------------------------------
+
+
+class Slurm:
+    """Slurm's client commands, each with a time limit; `conf` points them at a cluster
+    (`SLURM_CONF`), else the environment's."""
+
+    def __init__(self, conf: Path | None = None, timeout_s: float = SLURM_TIMEOUT_S) -> None:
+        self.env = {**os.environ, **({"SLURM_CONF": str(conf)} if conf is not None else {})}
+        self.timeout_s = timeout_s
+
+    def run(self, *argv: str, check: bool = True, stdin: str | None = None) -> str:
+        try:
+            done = subprocess.run(
+                list(argv),
+                input=stdin,
+                capture_output=True,
+                text=True,
+                env=self.env,
+                timeout=self.timeout_s,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise SlurmError(f"{argv[0]}: {err}") from err
+        if check and done.returncode != 0:
+            raise SlurmError(
+                f"{shlex.join(argv)} failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}"
+            )
+        return done.stdout
+
+    def start(self, *argv: str) -> subprocess.Popen[str]:
+        """Start a command without waiting (signals that must leave together)."""
+        return subprocess.Popen(list(argv), env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+# -- the cluster -----------------------------------------------------------------------------
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's hostlist syntax: `n[0-3,7],gpu[01-02]-a` -> every name, in order."""
+    names: list[str] = []
+    for part in _split_top(text):
+        names.extend(_expand_one(part))
+    return names
+
+
+def _split_top(text: str) -> list[str]:
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
+    for ch in text.strip():
+        if ch == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+            continue
+        depth += ch == "["
+        depth -= ch == "]"
+        current.append(ch)
+    if current:
+        parts.append("".join(current))
+    return [p for p in parts if p]
+
+
+def _expand_one(part: str) -> list[str]:
+    open_at = part.find("[")
+    if open_at < 0:
+        return [part]
+    close_at = part.find("]", open_at)
+    if close_at < 0:
+        raise ValueError(f"hostlist {part!r}: '[' without ']'")
+    head, body, tail = part[:open_at], part[open_at + 1 : close_at], part[close_at + 1 :]
+    out: list[str] = []
+    for item in body.split(","):
+        lo, _, hi = item.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise ValueError(f"hostlist {part!r}: {item!r} is not a number or range")
+        width = len(lo)
+        for n in range(int(lo), int(hi or lo) + 1):
+            out.extend(head + str(n).zfill(width) + rest for rest in _expand_one(tail))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmNode:
+    """One node as sinfo shows it."""
+
+    node: Node
+    addr: str
+    state: str
+    reason: str
+
+    @property
+    def usable(self) -> bool:
+        base = self.state.rstrip("+-" + UNUSABLE_FLAGS)
+        return base in USABLE_STATES and not any(flag in self.state for flag in UNUSABLE_FLAGS)
+
+
+SINFO_FORMAT = "%N|%o|%T|%G|%c|%m|%E"
+
+
+def parse_gres(gres: str) -> tuple[int, str | None]:
+    """GPUs and their type from sinfo's GRES (`gpu:8`, `gpu:a100:8(S:0-1)`, `(null)`).
+    ValueError for a node with GPUs of two types (a node is one flavor to warden)."""
+    count, kinds = 0, set()
+    for entry in _split_top(gres):
+        entry = re.sub(r"\(.*\)$", "", entry.strip())
+        fields = entry.split(":")
+        if fields[0] != "gpu" or len(fields) < 2:
+            continue
+        number = fields[-1]
+        if not number.isdigit():
+            raise ValueError(f"GRES {gres!r}: GPU count {number!r} is not a number")
+        count += int(number)
+        kinds.add(fields[1] if len(fields) >= 3 else None)
+    if len(kinds) > 1:
+        raise ValueError(f"GRES {gres!r}: GPUs of several types on one node")
+    return count, next(iter(kinds), None)
+
+
+def parse_sinfo(text: str, blocks: Mapping[str, str]) -> list[SlurmNode]:
+    """`sinfo -h -N -o SINFO_FORMAT` lines as nodes (a node listed once per partition is kept once)."""
+    nodes: dict[str, SlurmNode] = {}
+    for line in text.splitlines():
+        fields = line.split("|", 6)
+        if len(fields) != 7 or fields[0] in nodes:
+            continue
+        name, addr, state, gres, cpus, memory, reason = fields
+        try:
+            gpus, kind = parse_gres(gres)
+        except ValueError as err:
+            log.warning("node %s is left out: %s", name, err)
+            continue
+        node = Node(
+            name,
+            gpus,
+            cpu=int(cpus) * 1000 if cpus.isdigit() else 0,
+            memory=int(memory) if memory.isdigit() else 0,
+            flavor=kind or DEFAULT_FLAVOR,
+            block=blocks.get(name),
+        )
+        nodes[name] = SlurmNode(node, addr, state, "" if reason in ("none", "(null)") else reason)
+    return sorted(nodes.values(), key=lambda n: n.node.name)
+
+
+def parse_topology(text: str) -> dict[str, str]:
+    """Node -> the leaf switch it hangs off (`scontrol show topology`, topology/tree): a block."""
+    blocks: dict[str, str] = {}
+    for line in text.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if fields.get("Level") == "0" and fields.get("Nodes") and "SwitchName" in fields:
+            for name in expand_hostlist(fields["Nodes"]):
+                blocks.setdefault(name, fields["SwitchName"])
+    return blocks
+
+
+def parse_squeue(text: str) -> dict[str, tuple[str, str, str]]:
+    """`squeue -h -t all -o '%A|%j|%T|%r'` -> Slurm job id -> (name, state, reason)."""
+    jobs = {}
+    for line in text.splitlines():
+        fields = line.split("|", 3)
+        if len(fields) == 4 and fields[0].strip():
+            jobs[fields[0].strip()] = (fields[1], fields[2], fields[3])
+    return jobs
+
+
+def parse_keyvalues(line: str) -> dict[str, str]:
+    """`scontrol -o show ...` output: `Key=Value` words (a value holds no blank)."""
+    return dict(word.split("=", 1) for word in line.split() if "=" in word)
+
+
+# -- the executor ----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Tracked:
+    handle: Handle
+    slurm_ids: tuple[str, ...]
+    submitted_mono: float
+    signalled_at: float | None = None
+    kill_at: float | None = None
+    kill_mono: float | None = None
+    killed_at: float | None = None
+    ran: bool = False  # Slurm showed a job of it running (or its tasks wrote a status file)
+    error: str | None = None
+    ended_mono: float | None = None
+
+
+@dataclass(slots=True)
+class _Poll:
+    """What the poller saw last: job states and nodes, and when the poll began."""
+
+    began: float = 0.0
+    jobs: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+    nodes: tuple[SlurmNode, ...] = ()
+
+
+def job_name(job_id: str, attempt: int) -> str:
+    return f"{JOB_PREFIX}.{job_id}.{attempt}"
+
+
+class SlurmExecutor:
+    """Runs attempts as Slurm batch jobs in one partition that warden governs alone.
+
+    `partition` is the Slurm partition (default: the cluster's default one); `conf` a
+    `slurm.conf` for the client commands (default: `SLURM_CONF` or Slurm's own default);
+    `user` the Unix account jobs run as (`sbatch --uid`, root only; default the server's);
+    `poll_s` how often job and node states are read; `start_timeout_s` how long a released job
+    may stay pending before it is cancelled as not started."""
+
+    def __init__(
+        self,
+        *,
+        partition: str | None = None,
+        conf: Path | None = None,
+        base_env: Mapping[str, str] | None = None,
+        python: str = sys.executable,
+        poll_s: float = 0.2,
+        start_timeout_s: float = 60.0,
+        check: bool = True,
+    ) -> None:
+        self.slurm = Slurm(conf)
+        self.partition = partition or self._default_partition()
+        if check:
+            check_cluster(self.slurm, self.partition)
+        self._base_env = base_env
+        self._python = python
+        self._poll_s = poll_s
+        self._start_timeout_s = start_timeout_s
+        self._lock = threading.Lock()
+        self._tracked: dict[Key, _Tracked] = {}
+        self._timer = KillTimer(self._deadlines_reached)
+        self._poll = _Poll()
+        self._polled = threading.Condition(self._lock)
+        self._closed = False
+        self._blocks: dict[str, str] = {}
+        self._refresh_topology()
+        self._poll_once()
+        self._poller = threading.Thread(target=self._poll_loop, name="warden-slurm-poll", daemon=True)
+        self._poller.start()
+
+    # -- the cluster -----------------------------------------------------------------------
+
+    def _default_partition(self) -> str:
+        for line in self.slurm.run("scontrol", "-o", "show", "partition").splitlines():
+            fields = parse_keyvalues(line)
+            if fields.get("Default") == "YES":
+                return fields["PartitionName"]
+        raise SlurmError("the cluster has no default partition: name one (--slurm-partition)")
+
+    def _refresh_topology(self) -> None:
+        out = self.slurm.run("scontrol", "show", "topology", check=False)
+        self._blocks = parse_topology(out)
+
+    def inventory(self) -> Inventory:
+        """The partition's nodes as last polled; a node that is down, drained, draining, not
+        responding or powered off is in `down` with its state and Slurm's reason."""
+        with self._lock:
+            nodes = self._poll.nodes
+        down = {
+            n.node.name: f"{n.state.upper()}" + (f" ({n.reason})" if n.reason else "") for n in nodes if not n.usable
+        }
+        return Inventory(tuple(n.node for n in nodes), down)
+
+    def _addresses(self) -> dict[str, str]:
+        with self._lock:
+            return {n.node.name: n.addr for n in self._poll.nodes}
+
+    # -- polling ---------------------------------------------------------------------------
+
+    def _poll_loop(self) -> None:
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
+            try:
+                self._poll_once()
+            except Exception:  # a failed poll is retried; the states stay as last read
+                log.exception("reading Slurm's job and node states failed")
+            time.sleep(self._poll_s)
+
+    def _poll_once(self) -> None:
+        began = time.monotonic()
+        jobs = parse_squeue(self.slurm.run("squeue", "-h", "-t", "all", "-p", self.partition, "-o", "%A|%j|%T|%r"))
+        nodes = parse_sinfo(self.slurm.run("sinfo", "-h", "-N", "-p", self.partition, "-o", SINFO_FORMAT), self._blocks)
+        with self._lock:
+            self._poll = _Poll(began, jobs, tuple(nodes))
+            self._polled.notify_all()
+
+    def wait_poll(self, timeout_s: float = 10.0) -> None:
+        """Block until a poll that began after this call has finished (tests, and `recover`)."""
+        asked = time.monotonic()
+        with self._polled:
+            self._polled.wait_for(lambda: self._poll.began >= asked or self._closed, timeout=timeout_s)
+
+    # -- start -----------------------------------------------------------------------------
+
+    def start(self, spec: LaunchSpec) -> Handle:
+        """Submit the attempt held, pinned where warden placed it, and release it. Returns once
+        Slurm has accepted it; `exits()` reports it like any other once it is over."""
+        validate_spec(spec)
+        if not spec.workdir.is_dir():
+            raise LaunchError(f"job {spec.job_id!r}: workdir {str(spec.workdir)!r} is not a directory")
+        key = (spec.job_id, spec.attempt)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("executor is closed")
+            if key in self._tracked:
+                raise ValueError(f"attempt {spec.attempt} of job {spec.job_id!r} is already running here")
+        make_dirs(spec.log_dir)
+        make_dirs(spec.checkpoint_dir)
+        for stale in spec.log_dir.glob("*.json"):
+            stale.unlink()
+        (spec.log_dir / BATCH_SIGNALS).unlink(missing_ok=True)
+        launch = spec.log_dir / LAUNCH_FILE
+        write_json_atomic(launch, self._launch(spec))
+        os.chmod(launch, 0o600)  # the submission's environment is in it (the server's umask is 077)
+        ids: list[str] = []
+        try:
+            for nodes, per_node in _groups(spec.replicas):
+                ids.append(self._submit(spec, nodes, per_node))
+            self.slurm.run("scontrol", "release", ",".join(ids))
+        except SlurmError as err:
+            if ids:
+                self.slurm.run("scancel", *ids, check=False)
+            raise LaunchError(f"job {spec.job_id!r} attempt {spec.attempt}: {err}") from err
+        handle = Handle(
+            spec.job_id,
+            spec.attempt,
+            tuple(_replica_handle(spec.log_dir, r.rank) for r in sorted(spec.replicas, key=lambda r: r.rank)),
+            control_path=spec.log_dir / "control.json",
+            external=tuple(ids),
+        )
+        with self._lock:
+            self._tracked[key] = _Tracked(handle, tuple(ids), time.monotonic())
+        return handle
+
+    def _launch(self, spec: LaunchSpec) -> dict[str, Any]:
+        """launch.json: what every task needs to run its replica."""
+        base = inherited_environment(os.environ) if self._base_env is None else dict(self._base_env)
+        ordered = sorted(spec.replicas, key=lambda r: r.rank)
+        master = self._addresses().get(ordered[0].node, ordered[0].node)
+        replicas = []
+        for r in ordered:
+            env = job_environment(
+                spec,
+                r,
+                master_port=spec.master_port,
+                log_path=spec.log_dir / f"rank-{r.rank}.log",
+                base=base,
+                master_addr=master,
+            )
+            if spec.master_port is None:
+                env.pop("MASTER_PORT", None)  # rank 0 picks one on its node (slurm_launch)
+            replicas.append({"rank": r.rank, "node": r.node, "gpus": list(r.gpus), "env": env})
+        return {
+            "argv": list(spec.command),
+            "cwd": str(spec.workdir),
+            "world_size": spec.world_size,
+            "replicas": replicas,
+        }
+
+    def _submit(self, spec: LaunchSpec, nodes: Sequence[str], per_node: int) -> str:
+        first = next(r for r in spec.replicas if r.node == nodes[0])
+        gpus = len(first.gpus) * per_node
+        package = str(Path(__file__).resolve().parents[2])
+        script = (
+            f"#!/bin/sh\nPYTHONPATH={shlex.quote(package)}${{PYTHONPATH:+:$PYTHONPATH}} exec "
+            f"{shlex.quote(self._python)} -m warden.executors.slurm_launch batch {shlex.quote(str(spec.log_dir))}\n"
+        )
+        argv = [
+            "sbatch",
+            "--parsable",
+            "--hold",
+            f"--job-name={job_name(spec.job_id, spec.attempt)}",
+            f"--partition={self.partition}",
+            "--no-requeue",
+            "--no-kill",
+            "--export=NONE",
+            "--time=UNLIMITED",
+            f"--chdir={spec.log_dir}",
+            f"--output={spec.log_dir / 'batch.log'}",
+            f"--nodes={len(nodes)}",
+            f"--nodelist={','.join(nodes)}",
+            f"--ntasks-per-node={per_node}",
+            f"--cpus-per-task={max(1, math.ceil(spec.cpu / 1000))}",
+        ]
+        if gpus:
+            argv.append(f"--gres=gpu:{gpus}")
+        if spec.memory:
+            argv.append(f"--mem={spec.memory * per_node}M")
+        out = self.slurm.run(*argv, stdin=script)
+        return out.strip().split(";")[0]
+
+    # -- signals ---------------------------------------------------------------------------
+
+    def terminate(self, job_id: str, attempt: int, grace_s: float) -> float:
+        """SIGTERM the batch supervisors and every task's processes at once (two `scancel`
+        calls started together), and SIGKILL at the returned deadline by warden's own timer.
+        An attempt Slurm has not started yet is cancelled instead (nothing to signal)."""
+        if grace_s < 0:
+            raise ValueError(f"grace_s must be >= 0, got {grace_s!r}")
+        key = (job_id, attempt)
+        with self._lock:
+            tracked = self._get(key)
+            if tracked.kill_at is not None:
+                return tracked.kill_at
+            ids, ran = tracked.slurm_ids, self._ran(tracked)
+        if not ran:
+            self.slurm.run("scancel", *ids, check=False)
+            now = time.time()
+            with self._lock:
+                tracked.kill_at = now
+            self._persist(tracked)
+            return now
+        calls = [
+            self.slurm.start("scancel", "--signal=TERM", "--batch", *ids),
+            self.slurm.start("scancel", "--signal=TERM", *ids),
+        ]
+        for call in calls:
+            call.wait()
+        mono, now = time.monotonic(), time.time()
+        with self._lock:
+            if tracked.kill_at is None:
+                tracked.signalled_at = now
+                tracked.kill_at = now + grace_s
+                tracked.kill_mono = mono + grace_s
+                self._timer.arm(tracked.kill_mono, key)
+            deadline = tracked.kill_at
+        self._persist(tracked)
+        return deadline
+
+    def kill(self, job_id: str, attempt: int) -> None:
+        with self._lock:
+            tracked = self._get((job_id, attempt))
+        self._kill(tracked)
+
+    def _deadlines_reached(self, keys: list[Key]) -> None:
+        for key in keys:
+            with self._lock:
+                tracked = self._tracked.get(key)
+                if tracked is None or tracked.kill_mono is None or time.monotonic() < tracked.kill_mono:
+                    continue
+            self._kill(tracked)
+
+    def _kill(self, tracked: _Tracked) -> None:
+        with self._lock:
+            if tracked.killed_at is not None or tracked.ended_mono is not None:
+                return
+            tracked.killed_at = time.time()
+            if tracked.kill_at is None:
+                tracked.kill_at = tracked.killed_at
+        # SIGKILL to a step is sent at once; to a job, Slurm makes it a cancel (SIGTERM, KillWait, SIGKILL).
+        self.slurm.run("scancel", "--signal=KILL", *(f"{i}.{STEP}" for i in tracked.slurm_ids), check=False)
+        self.slurm.run("scancel", *tracked.slurm_ids, check=False)
+        self._persist(tracked)
+
+    def _persist(self, tracked: _Tracked) -> None:
+        if tracked.handle.control_path is None:
+            return
+        with self._lock:
+            record = {"signalled_at": tracked.signalled_at, "kill_at": tracked.kill_at, "killed_at": tracked.killed_at}
+        write_json_atomic(tracked.handle.control_path, record)
+
+    def _ran(self, tracked: _Tracked) -> bool:
+        """Did any job of the attempt start (under the lock)?"""
+        if not tracked.ran:
+            states = [self._poll.jobs.get(i, ("", "", ""))[1] for i in tracked.slurm_ids]
+            tracked.ran = any(
+                s in ("RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING") for s in states
+            ) or any(r.status_path.exists() for r in tracked.handle.replicas)
+        return tracked.ran
+
+    # -- exits -----------------------------------------------------------------------------
+
+    def exits(self) -> list[Exit]:
+        """Attempts all of whose Slurm jobs have ended (Slurm's COMPLETING is not ended: its
+        processes may still run), each reported once. An attempt Slurm leaves pending longer
+        than `start_timeout_s` is cancelled and reported with Slurm's reason."""
+        with self._lock:
+            poll = self._poll
+            candidates = list(self._tracked.items())
+        done = []
+        stuck = []
+        for key, tracked in candidates:
+            if poll.began < tracked.submitted_mono:
+                continue  # that poll may not show its jobs yet
+            seen = [poll.jobs.get(i) for i in tracked.slurm_ids]
+            if all(s is None or s[1] in ENDED for s in seen):
+                done.append((key, tracked, seen))
+                continue
+            with self._lock:
+                ran = self._ran(tracked)
+            if (
+                not ran
+                and tracked.kill_at is None
+                and time.monotonic() - tracked.submitted_mono > self._start_timeout_s
+            ):
+                reasons = sorted({s[2] for s in seen if s is not None})
+                stuck.append(
+                    (tracked, f"Slurm did not start it within {self._start_timeout_s:g} s ({', '.join(reasons)})")
+                )
+        for tracked, why in stuck:
+            log.error("attempt %s of job %s: %s; cancelled", tracked.handle.attempt, tracked.handle.job_id, why)
+            with self._lock:
+                tracked.error = why
+                tracked.kill_at = time.time()
+            self.slurm.run("scancel", *tracked.slurm_ids, check=False)
+        reported = []
+        with self._lock:
+            for key, tracked, seen in done:
+                if self._tracked.pop(key, None) is not None:
+                    tracked.ended_mono = time.monotonic()
+                    reported.append(_exit(tracked, seen))
+        return reported
+
+    def replica_exit_codes(self, job_id: str, attempt: int) -> tuple[int | None, ...]:
+        with self._lock:
+            tracked = self._get((job_id, attempt))
+        return tuple(
+            None if record is None else record.get("exit_code")
+            for record in (read_json(r.exit_path) for r in tracked.handle.replicas)
+        )
+
+    # -- restart ---------------------------------------------------------------------------
+
+    def adopt(self, handle: Handle, kill_at: float | None = None) -> None:
+        """Track an attempt an earlier server process submitted; release it if that server
+        stopped between submitting and releasing; re-arm its SIGKILL."""
+        key = (handle.job_id, handle.attempt)
+        control = (read_json(handle.control_path) if handle.control_path is not None else None) or {}
+        with self._lock:
+            tracked = self._tracked.get(key)
+            if tracked is None:
+                tracked = _Tracked(
+                    handle,
+                    tuple(handle.external),
+                    submitted_mono=time.monotonic(),
+                    signalled_at=control.get("signalled_at"),
+                    kill_at=control.get("kill_at"),
+                    killed_at=control.get("killed_at"),
+                )
+                self._tracked[key] = tracked
+            deadline = adopted_deadline(kill_at if kill_at is not None else tracked.kill_at)
+            if deadline is not None and tracked.killed_at is None:
+                tracked.kill_at = deadline
+                tracked.kill_mono = time.monotonic() + (deadline - time.time())
+                self._timer.arm(tracked.kill_mono, key)
+        held = [i for i, (_, _, reason) in self._jobs(handle.external).items() if reason == "JobHeldUser"]
+        if held and deadline is None:
+            self.slurm.run("scontrol", "release", ",".join(held), check=False)
+
+    def _jobs(self, ids: Iterable[str]) -> dict[str, tuple[str, str, str]]:
+        wanted = set(ids)
+        if not wanted:
+            return {}
+        out = self.slurm.run("squeue", "-h", "-t", "all", "-p", self.partition, "-o", "%A|%j|%T|%r", check=False)
+        return {i: v for i, v in parse_squeue(out).items() if i in wanted}
+
+    def recover(self, job_id: str, attempt: int, log_dir: Path, replicas: int) -> Handle | None:
+        """The handle of an attempt whose submission the server may not have seen return: its
+        Slurm jobs, found by name. None when Slurm has none (it was never submitted)."""
+        name = job_name(job_id, attempt)
+        out = self.slurm.run("squeue", "-h", "-t", "all", "-p", self.partition, "-n", name, "-o", "%A|%j|%T|%r")
+        ids = tuple(sorted(i for i, (n, _, _) in parse_squeue(out).items() if n == name))
+        if not ids:
+            return None
+        return Handle(
+            job_id,
+            attempt,
+            tuple(_replica_handle(Path(log_dir), rank) for rank in range(replicas)),
+            control_path=Path(log_dir) / "control.json",
+            external=ids,
+        )
+
+    def cancel_unowned(self, owned: Iterable[tuple[str, int]]) -> list[str]:
+        """Cancel the live Slurm jobs named as warden's whose attempt is not in `owned` (a
+        submission the server never recorded, a database restored from a backup). Returns
+        their Slurm ids."""
+        keep = set(owned)
+        with self._lock:
+            keep |= set(self._tracked)
+        out = self.slurm.run("squeue", "-h", "-p", self.partition, "-o", "%A|%j|%T|%r")
+        orphans = []
+        for slurm_id, (name, state, _) in parse_squeue(out).items():
+            match = NAME_RE.fullmatch(name)
+            if match and state not in ENDED and (match[1], int(match[2])) not in keep:
+                orphans.append(slurm_id)
+        if orphans:
+            log.warning("cancelling Slurm jobs no attempt owns: %s", ", ".join(orphans))
+            self.slurm.run("scancel", *orphans, check=False)
+        return orphans
+
+    def running(self) -> list[tuple[str, int]]:
+        with self._lock:
+            return sorted(self._tracked)
+
+    def handle(self, job_id: str, attempt: int) -> Handle:
+        with self._lock:
+            return self._get((job_id, attempt)).handle
+
+    def close(self) -> None:
+        """Stop the poller and the timer. Jobs keep running (an adopter re-arms SIGKILL)."""
+        with self._lock:
+            self._closed = True
+            self._polled.notify_all()
+        self._timer.close()
+        self._poller.join(timeout=self._poll_s + SLURM_TIMEOUT_S)
+
+    def __enter__(self) -> SlurmExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _get(self, key: Key) -> _Tracked:
+        tracked = self._tracked.get(key)
+        if tracked is None:
+            raise UnknownAttempt(key)
+        return tracked
+
+
+def _groups(replicas: Sequence[ReplicaLaunch]) -> list[tuple[list[str], int]]:
+    """Nodes grouped by how many replicas each runs, in the order of their first rank: one
+    Slurm job per group."""
+    per_node: dict[str, int] = {}
+    for r in sorted(replicas, key=lambda r: r.rank):
+        per_node[r.node] = per_node.get(r.node, 0) + 1
+    groups: dict[int, list[str]] = {}
+    for node, count in per_node.items():
+        groups.setdefault(count, []).append(node)
+    return [(nodes, count) for count, nodes in groups.items()]
+
+
+def _replica_handle(log_dir: Path, rank: int) -> ReplicaHandle:
+    return ReplicaHandle(
+        rank=rank,
+        shim_pid=None,
+        pgid=None,
+        status_path=log_dir / f"rank-{rank}.status.json",
+        exit_path=log_dir / f"rank-{rank}.exit.json",
+        log_path=log_dir / f"rank-{rank}.log",
+    )
+
+
+def _exit(tracked: _Tracked, seen: Sequence[tuple[str, str, str] | None]) -> Exit:
+    codes: list[int | None] = []
+    ended = []
+    errors = [tracked.error] if tracked.error else []
+    for replica in tracked.handle.replicas:
+        record = read_json(replica.exit_path)
+        if record is not None:
+            codes.append(record.get("exit_code"))
+            ended.append(float(record["ended_at"]))
+            if record.get("error"):
+                errors.append(f"rank {replica.rank}: {record['error']}")
+        elif tracked.killed_at is not None:
+            codes.append(-9)
+        else:
+            codes.append(None)
+            states = ", ".join(f"{s[1]} ({s[2]})" for s in seen if s is not None) or "gone from squeue"
+            errors.append(f"rank {replica.rank}: no exit record; Slurm: {states}")
+    return Exit(
+        job_id=tracked.handle.job_id,
+        attempt=tracked.handle.attempt,
+        exit_codes=tuple(codes),
+        ended_at=max(ended) if len(ended) == len(codes) else time.time(),
+        signalled_at=tracked.signalled_at,
+        killed=tracked.killed_at is not None,
+        killed_at=tracked.killed_at,
+        error="; ".join(errors) or None,
+    )
+
+
+# -- the start check -------------------------------------------------------------------------
+
+
+def check_cluster(slurm: Slurm, partition: str) -> None:
+    """Refuse (SlurmError naming the setting) a partition where Slurm would decide behind
+    warden's back: preemption, a time limit, forced or exclusive node sharing, nodes shared
+    with another partition, a partition anyone may submit to, or jobs warden did not start."""
+    lines = slurm.run("scontrol", "-o", "show", "partition", partition, check=False).strip().splitlines()
+    if not lines or not lines[0].startswith("PartitionName="):
+        raise SlurmError(f"partition {partition!r} does not exist in this Slurm cluster")
+    p = parse_keyvalues(lines[0])
+    problems = []
+    if p.get("PreemptMode", "OFF") != "OFF":
+        problems.append(f"PreemptMode={p['PreemptMode']}: Slurm could preempt warden's jobs (set PreemptMode=OFF)")
+    if p.get("MaxTime", "UNLIMITED") != "UNLIMITED":
+        problems.append(f"MaxTime={p['MaxTime']}: Slurm would end warden's jobs at that limit (set MaxTime=UNLIMITED)")
+    sharing = p.get("OverSubscribe", "NO").split(":")[0]
+    if sharing in ("FORCE", "EXCLUSIVE"):
+        problems.append(
+            f"OverSubscribe={p['OverSubscribe']}: Slurm would "
+            + ("stack jobs on the same cores" if sharing == "FORCE" else "give each job whole nodes")
+            + " (set OverSubscribe=NO)"
+        )
+    if p.get("RootOnly") != "YES" and all(
+        p.get(k, "ALL") == "ALL" for k in ("AllowGroups", "AllowAccounts", "AllowQos")
+    ):
+        problems.append(
+            "anyone may submit to it (RootOnly=NO, AllowGroups, AllowAccounts and AllowQos ALL): jobs warden does "
+            "not know would take its GPUs (restrict it to warden's account or group)"
+        )
+    mine = set(expand_hostlist(p.get("Nodes", "")))
+    for line in slurm.run("scontrol", "-o", "show", "partition").splitlines():
+        other = parse_keyvalues(line)
+        if other.get("PartitionName") == partition:
+            continue
+        shared = mine & set(expand_hostlist(other.get("Nodes", "") if other.get("Nodes") != "(null)" else ""))
+        if shared:
+            problems.append(
+                f"its nodes {','.join(sorted(shared))} are also in partition {other['PartitionName']!r}: "
+                "jobs there would take GPUs warden counts as free"
+            )
+    foreign = [
+        f"{slurm_id} ({name})"
+        for slurm_id, (name, state, _) in parse_squeue(
+            slurm.run("squeue", "-h", "-p", partition, "-o", "%A|%j|%T|%r")
+        ).items()
+        if state not in ENDED and not NAME_RE.fullmatch(name)
+    ]
+    if foreign:
+        problems.append(f"it runs jobs warden did not start: {', '.join(foreign[:10])}")
+    if problems:
+        raise SlurmError(f"Slurm partition {partition!r} is not warden's to govern: " + "; ".join(problems))

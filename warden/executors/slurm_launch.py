@@ -1,0 +1,158 @@
+"""What runs inside a Slurm job that warden launched: the batch supervisor and the task launcher.
+
+The `slurm` executor submits each attempt as a batch job whose script is
+`python -m warden.executors.slurm_launch batch ATTEMPT_DIR`. That process, the *batch
+supervisor*, runs one `srun` step with one task per replica, each task being
+`python -m warden.executors.slurm_launch task ATTEMPT_DIR`, and exits with srun's status.
+
+The supervisor survives SIGTERM (it records when it came, in `batch.signals`): were it to exit,
+Slurm would end the job and kill every step after its own `KillWait`, cutting the replicas'
+grace short. srun is never signalled by warden either: an srun that gets SIGTERM aborts its
+step at once.
+
+A task finds its replica in `launch.json` (written by the executor, 0600) by the node it runs
+on and its index among the tasks there, and runs the job command under the same supervision as
+the local executor's shim (`warden.executors.shim.supervise`): a process group of its own,
+orphans kept as its children, `rank-N.status.json` once it runs and `rank-N.exit.json` once
+its last process is gone. For a gang whose master port is not fixed, rank 0 picks a free
+port on its node and writes it to `master.json`; the other ranks wait for it before they start.
+
+Only the standard library and the shim are imported: a node needs nothing else of warden's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from warden.executors.shim import read_json, supervise, write_json_atomic
+
+LAUNCH_FILE = "launch.json"
+MASTER_FILE = "master.json"
+BATCH_SIGNALS = "batch.signals"
+RENDEZVOUS_TIMEOUT_S = 120.0
+"""How long a rank waits for rank 0 to publish the master port before it gives up."""
+
+
+def replica_for(launch: dict[str, Any], node: str, local_id: int) -> dict[str, Any]:
+    """The replica the `local_id`-th task on `node` runs: replicas are handed to a node's tasks
+    in rank order, as Slurm numbers its tasks on a node from 0."""
+    mine = [r for r in launch["replicas"] if r["node"] == node]
+    if not 0 <= local_id < len(mine):
+        raise LookupError(f"no replica {local_id} on node {node!r} in this attempt ({len(mine)} placed there)")
+    return dict(mine[local_id])
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def _master_port(attempt_dir: Path, replica: dict[str, Any]) -> int:
+    """Rank 0 publishes a port free on its node; every other rank waits for it."""
+    path = attempt_dir / MASTER_FILE
+    if replica["rank"] == 0:
+        port = _free_port()
+        write_json_atomic(path, {"port": port})
+        return port
+    deadline = time.monotonic() + RENDEZVOUS_TIMEOUT_S
+    while time.monotonic() < deadline:
+        record = read_json(path)
+        if record is not None:
+            return int(record["port"])
+        time.sleep(0.02)
+    raise TimeoutError(f"rank 0 did not publish its master port in {path} within {RENDEZVOUS_TIMEOUT_S:g} s")
+
+
+def task(attempt_dir: Path) -> int:
+    """Run this task's replica to its end under the shim's supervision."""
+    launch = read_json(attempt_dir / LAUNCH_FILE)
+    if launch is None:
+        raise FileNotFoundError(f"{attempt_dir / LAUNCH_FILE} is missing")
+    node = os.environ["SLURMD_NODENAME"]
+    replica = replica_for(launch, node, int(os.environ["SLURM_LOCALID"]))
+    rank = replica["rank"]
+    bound = os.environ.get("SLURM_STEP_GPUS", os.environ.get("SLURM_JOB_GPUS", ""))
+    if replica["gpus"] and not set(replica["gpus"]) <= {int(g) for g in bound.split(",") if g.strip().isdigit()}:
+        # The job would use GPUs Slurm gave someone else (or may deny it, with cgroups).
+        error = f"Slurm bound GPUs {bound or 'none'} on node {node}, but warden placed rank {rank} on {replica['gpus']}"
+        write_json_atomic(
+            attempt_dir / f"rank-{rank}.exit.json", {"exit_code": None, "ended_at": time.time(), "error": error}
+        )
+        raise LookupError(error)
+    env = dict(replica["env"])
+    if launch["world_size"] > 1 and "MASTER_PORT" not in env:
+        env["MASTER_PORT"] = str(_master_port(attempt_dir, replica))
+    return supervise(
+        {
+            "argv": launch["argv"],
+            "cwd": launch["cwd"],
+            "env": env,
+            "log": str(attempt_dir / f"rank-{rank}.log"),
+            "status": str(attempt_dir / f"rank-{rank}.status.json"),
+            "exit": str(attempt_dir / f"rank-{rank}.exit.json"),
+            "extra_status": {
+                "node": node,
+                "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+                "slurm_gpus": bound,
+            },
+        }
+    )
+
+
+def batch(attempt_dir: Path) -> int:
+    """Run the attempt's one step and wait for it; SIGTERM is recorded, not obeyed."""
+    signals = attempt_dir / BATCH_SIGNALS
+
+    def record(signum: int, _frame: object) -> None:
+        with open(signals, "a", encoding="utf-8") as out:
+            out.write(f"{time.time():.6f} {signum}\n")
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, record)
+    argv = [
+        "srun",
+        "--kill-on-bad-exit=0",
+        "--input=none",
+        "--export=ALL",  # the batch's environment (sbatch --export=NONE would otherwise reach srun)
+        sys.executable,
+        "-m",
+        "warden.executors.slurm_launch",
+        "task",
+        str(attempt_dir),
+    ]
+    step = subprocess.Popen(argv, preexec_fn=_default_signals)
+    while True:
+        try:
+            return step.wait()
+        except InterruptedError:  # pragma: no cover - PEP 475 retries; kept for old kernels
+            continue
+
+
+def _default_signals() -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] not in ("batch", "task"):
+        print("usage: python -m warden.executors.slurm_launch {batch|task} ATTEMPT_DIR", file=sys.stderr)
+        return 2
+    where = Path(argv[1])
+    try:
+        return batch(where) if argv[0] == "batch" else task(where)
+    except (OSError, LookupError, KeyError, ValueError, json.JSONDecodeError) as err:
+        print(f"warden-slurm-{argv[0]}: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
