@@ -53,3 +53,11 @@ def tmp_path(request: pytest.FixtureRequest, tmp_path: Path, _jobs_base: Path | 
     path = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=_jobs_base))
     os.chmod(path, 0o777)
     return path
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[object]:
+    """A real 4-node Slurm cluster (tests/slurmcluster.py), shared by the session's tests."""
+    from slurmcluster import bring_up
+
+    yield from bring_up()

@@ -52,7 +52,7 @@ def wait_for(
 class Server:
     state_dir: Path
     policy: Path | None = None
-    gpus: int = 4
+    gpus: int | None = 4  # fake GPUs; None: the executor's own nodes (Slurm's)
     db: str | None = None
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
@@ -60,6 +60,7 @@ class Server:
     run_as: tuple[str, ...] = AS_NOBODY
     args: tuple[str, ...] = ()  # more options for `warden server`
     bootstrap: bool = True  # pass ADMIN in $WARDEN_BOOTSTRAP_TOKEN
+    env: dict[str, str] = field(default_factory=dict)  # more environment (SLURM_CONF, WARDEN_EXECUTOR)
 
     @property
     def url(self) -> str:
@@ -74,8 +75,7 @@ class Server:
             "server",
             "--port",
             str(self.port),
-            "--fake-gpus",
-            str(self.gpus),
+            *(("--fake-gpus", str(self.gpus)) if self.gpus is not None else ()),
             "--state-dir",
             str(self.state_dir),
             *(self.run_as if os.geteuid() == 0 else ()),
@@ -87,6 +87,7 @@ class Server:
             args += ["--db", self.db]
         self.log = self.state_dir / f"server-{self.port}-{time.monotonic_ns()}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
+        env.update(self.env)
         if self.bootstrap:
             env["WARDEN_BOOTSTRAP_TOKEN"] = ADMIN  # a secret: never on the command line
         with self.log.open("wb") as out:
