@@ -186,6 +186,11 @@ class Executor(Protocol):
         """SIGKILL every group now."""
         ...
 
+    def started(self) -> list[tuple[str, int]]:
+        """(job_id, attempt) of the attempts `start` handed over whose every replica's process
+        has begun since the last call, each reported once (the job is RUNNING from then on)."""
+        ...
+
     def exits(self) -> list[Exit]:
         """Attempts whose every process is gone since the last call, each reported once."""
         ...

@@ -267,6 +267,7 @@ class LocalExecutor:
         self._control_lock = threading.Lock()  # orders control.json writes; taken before _lock
         self._tracked: dict[Key, _Tracked] = {}
         self._starting: set[Key] = set()
+        self._started: list[Key] = []
         self._unreaped: dict[int, int | None] = {}  # shim pid -> start ticks
         self._timer = KillTimer(self._deadlines_reached)
         self._closed = False
@@ -301,6 +302,7 @@ class LocalExecutor:
             tracked = _Tracked(handle, tuple(_shim_ticks(r) for r in handle.replicas), private_dirs=private)
             with self._lock:
                 self._tracked[key] = tracked
+                self._started.append(key)
             return handle
         finally:
             with self._lock:
@@ -466,6 +468,12 @@ class LocalExecutor:
             write_json_atomic(tracked.handle.control_path, record)
 
     # -- exits -----------------------------------------------------------------------------
+
+    def started(self) -> list[Key]:
+        """The attempts `start` returned since the last call: each had its processes then."""
+        with self._lock:
+            started, self._started = self._started, []
+        return started
 
     def exits(self) -> list[Exit]:
         """Attempts whose every process is gone, each reported exactly once (then forgotten)."""

@@ -270,6 +270,7 @@ class _Tracked:
     kill_mono: float | None = None
     killed_at: float | None = None
     ran: bool = False  # Slurm showed a job of it running (or its tasks wrote a status file)
+    started: bool = False  # every replica's status file is written: reported by `started()`
     error: str | None = None
     ended_mono: float | None = None
 
@@ -561,6 +562,18 @@ class SlurmExecutor:
 
     # -- exits -----------------------------------------------------------------------------
 
+    def started(self) -> list[Key]:
+        """The attempts each of whose replicas has written its status file since the last
+        call: their job processes run (Slurm's RUNNING comes before that, with the prolog)."""
+        with self._lock:
+            waiting = [(key, t) for key, t in self._tracked.items() if not t.started]
+        out = []
+        for key, tracked in waiting:
+            if all(r.status_path.exists() for r in tracked.handle.replicas):
+                tracked.started = True
+                out.append(key)
+        return out
+
     def exits(self) -> list[Exit]:
         """Attempts all of whose Slurm jobs have ended (Slurm's COMPLETING is not ended: its
         processes may still run), each reported once. An attempt Slurm leaves pending longer
@@ -627,6 +640,7 @@ class SlurmExecutor:
                     signalled_at=control.get("signalled_at"),
                     kill_at=control.get("kill_at"),
                     killed_at=control.get("killed_at"),
+                    started=True,  # the server recovered its state itself
                 )
                 self._tracked[key] = tracked
             deadline = adopted_deadline(kill_at if kill_at is not None else tracked.kill_at)

@@ -121,6 +121,7 @@ def batch(attempt_dir: Path) -> int:
     argv = [
         "srun",
         "--kill-on-bad-exit=0",
+        "--no-kill",  # a node that fails does not end the step: warden evicts the gang, with its grace
         "--input=none",
         "--export=ALL",  # the batch's environment (sbatch --export=NONE would otherwise reach srun)
         sys.executable,

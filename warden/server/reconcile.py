@@ -372,6 +372,7 @@ class Reconciler:
                 self._claims(plan, by_id, now)
                 self._explain(plan)
                 self.last_plan = plan
+            self._running(now)
             self._holding = _holding(snapshot, plan, self.policy, cluster_capacity(self.nodes))
             self.store.save_ledger(self.ledger.at, dict(self.ledger.usage))
             s = self.stats
@@ -844,11 +845,28 @@ class Reconciler:
             )
             return
         self.store.update_attempt(job.id, number, handle=handle.to_dict())
-        for was, state, reason in (
-            (JobState.ADMITTED, JobState.STARTING, "processes started"),
-            (JobState.STARTING, JobState.RUNNING, "running"),
-        ):
-            self.store.transition(job.id, state, reason=reason, actor="warden", now=now, expect_state={was})
+        self.store.transition(
+            job.id,
+            JobState.STARTING,
+            reason="handed to the executor",
+            actor="warden",
+            now=now,
+            expect_state={JobState.ADMITTED},
+        )
+
+    def _running(self, now: float) -> None:
+        """STARTING → RUNNING for the attempts whose processes the executor saw begin."""
+        for job_id, number in self.executor.started():
+            job = self.store.get(int(job_id))
+            if job is not None and job.state is JobState.STARTING and job.attempt == number:
+                self.store.transition(
+                    job.id,
+                    JobState.RUNNING,
+                    reason="processes running",
+                    actor="warden",
+                    now=now,
+                    expect_state={JobState.STARTING},
+                )
 
     # -- claims -----------------------------------------------------------------------------
     def _claims(self, plan: Plan, by_id: dict[str, ActiveJob], now: float) -> None:
