@@ -242,9 +242,11 @@ def test_a_gang_on_a_node_that_goes_down_is_evicted_whole_and_requeued(
         try:
             deaths(pids)
             detail = wait_for(
-                lambda: (j := job(c, gang))["attempts"][0]["state"] == "exited"
-                and any(e["to"] == "REQUEUED" for e in j["events"])
-                and j,
+                lambda: (
+                    (j := job(c, gang))["attempts"][0]["state"] == "exited"
+                    and any(e["to"] == "REQUEUED" for e in j["events"])
+                    and j
+                ),
                 30,
                 "the gang requeued",
             )
