@@ -7,7 +7,9 @@ WARDEN_REQUIRE_SLURM=1 (CI sets it), where they fail: CI must never pass by skip
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -80,8 +82,12 @@ class Cluster:
 def bring_up() -> Iterator[Cluster]:
     require_slurm()
     root = Path(tempfile.mkdtemp(prefix="wslurm-"))  # short: Slurm's socket paths must fit
+    # The tests' servers run as root jobs as `nobody` (tests/server/serverproc.py): its group may submit too.
+    groups = {grp.getgrgid(os.getgid()).gr_name, grp.getgrgid(pwd.getpwnam("nobody").pw_gid).gr_name}
     up = run_script(
         "up",
+        "--allow-groups",
+        ",".join(sorted(groups)),
         "--nodes",
         str(NODES),
         "--gpus-per-node",

@@ -28,6 +28,7 @@ from warden.executors.slurm import (
     parse_gres,
     parse_sinfo,
     parse_topology,
+    read_job_json,
 )
 
 # Records the time of each SIGTERM (and the pid) and keeps running until SIGKILL, printing
@@ -83,6 +84,19 @@ def test_sinfo_lines_become_nodes_with_flavor_block_and_state() -> None:
 def test_node_states_that_take_no_job(state: str) -> None:
     (node,) = parse_sinfo(f"a1|a1|{state}|gpu:8|8|1000|none\n", {})
     assert not node.usable
+
+
+def test_records_a_job_wrote_are_read_without_following_links_or_trusting_their_size(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"exit_code": 0}')
+    (tmp_path / "link.json").symlink_to(secret)
+    (tmp_path / "big.json").write_text('{"x": "' + "a" * 70_000 + '"}')
+    (tmp_path / "bad.json").write_text("{not json")
+    assert read_job_json(secret) == {"exit_code": 0}
+    for name in ("link.json", "big.json", "bad.json", "missing.json"):
+        assert read_job_json(tmp_path / name) is None
+    os.mkfifo(tmp_path / "fifo.json")
+    assert read_job_json(tmp_path / "fifo.json") is None  # never blocks on a FIFO
 
 
 def test_leaf_switches_are_blocks() -> None:

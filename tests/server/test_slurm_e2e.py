@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import select
 import sqlite3
 import sys
@@ -96,8 +97,7 @@ def slurm_server(tmp_path: Path, cluster: Cluster) -> Server:
     return Server(
         tmp_path / "state",
         policy=policy,
-        gpus=None,
-        run_as=(),
+        gpus=None,  # Slurm's nodes; as root, jobs run as `nobody` (serverproc.AS_NOBODY)
         args=("--executor", "slurm"),
         env={"SLURM_CONF": str(cluster.conf), "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
     )
@@ -113,6 +113,7 @@ def job(c: httpx.Client, job_id: str) -> dict[str, Any]:
 
 def run_trainer(c: httpx.Client, trainer: Path, out: Path, **body: Any) -> str:
     out.mkdir(exist_ok=True)
+    os.chmod(out, 0o777)  # the job's account writes there
     return submit(c, command=[sys.executable, str(trainer), str(out)], workdir=str(out), **body)
 
 
@@ -160,6 +161,8 @@ def test_jobs_run_on_the_nodes_and_gpus_warden_chose_with_the_contract_environme
                 (p["node"], ",".join(map(str, p["gpus"]))) for p in placement
             ]
             assert all(e["WARDEN_JOB_ID"] == job_id for e in envs)
+            if os.geteuid() == 0:  # the submitting user's account (mapped to nobody), never root
+                assert (out / "pid-1-0").stat().st_uid == pwd.getpwnam("nobody").pw_uid
             slurm = [v for v in slurm_cluster.jobs().values() if v[0] == job_name(job_id, 1)]
             assert sorted(n for v in slurm for n in expand_hostlist(v[2])) == sorted({p["node"] for p in placement})
             assert {v[1] for v in slurm} == {"RUNNING"}
@@ -314,6 +317,15 @@ def deaths_later(pids: list[int]) -> Any:
         return [gone[f] for f in fds]
 
     return wait
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can run jobs as other accounts")
+def test_a_root_server_refuses_to_run_slurm_jobs_as_uids_no_node_knows(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    server = slurm_server(tmp_path, slurm_cluster)
+    server.run_as = ("--run-as", "dynamic")
+    with pytest.raises(AssertionError, match="server exited 2") as err:
+        server.start()
+    assert "--run-as user" in str(err.value) and "dynamic uids" in str(err.value)
 
 
 def test_a_server_killed_mid_launch_adopts_the_held_job_and_cancels_strays(

@@ -176,13 +176,15 @@ class Identities:
         if self.mode == "none":
             return None
         if self.mode == "user" and user is not None:
-            mapped = self._account(user)
+            mapped = self.account(user)
             if mapped is not None:
                 return mapped
         uid = self.pool.acquire(key)
         return Identity(uid=uid, gid=uid, dynamic=True)
 
-    def _account(self, user: str) -> Identity | None:
+    def account(self, user: str) -> Identity | None:
+        """The Unix account `user` maps to (`user_map`, else `*`, else the same name); None when
+        there is none, or it is root, the server's or in the dynamic range."""
         name = self.user_map.get(user, self.user_map.get("*", user))
         try:
             entry = pwd.getpwnam(name)

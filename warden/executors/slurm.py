@@ -23,11 +23,13 @@ docs/executors.md and docs/slurm.md.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 import re
 import shlex
+import stat
 import subprocess
 import sys
 import threading
@@ -39,16 +41,18 @@ from typing import Any
 
 from warden.engine.model import DEFAULT_FLAVOR, Node
 from warden.executors.base import Exit, Handle, Inventory, LaunchSpec, ReplicaHandle, ReplicaLaunch, UnknownAttempt
+from warden.executors.identity import Identities, Identity
 from warden.executors.local import (
     KillTimer,
     LaunchError,
     adopted_deadline,
+    identity_environment,
     inherited_environment,
     job_environment,
     make_dirs,
     validate_spec,
 )
-from warden.executors.shim import read_json, write_json_atomic
+from warden.executors.shim import write_json_atomic
 from warden.executors.slurm_launch import BATCH_SIGNALS, LAUNCH_FILE
 
 log = logging.getLogger("warden.executors.slurm")
@@ -79,6 +83,8 @@ UNUSABLE_FLAGS = "*~#!%$@^"
 """sinfo's state suffixes for a node that takes no job now: not responding, powered down,
 powering up or down, in maintenance, rebooting."""
 SLURM_TIMEOUT_S = 30.0
+JOB_FILE_MAX = 1 << 16
+"""The most of a file a job wrote (its status and exit records) that the server reads."""
 STEP = 0
 """The id of the one step the batch supervisor runs (its `srun`): the replicas' processes."""
 
@@ -257,6 +263,38 @@ def parse_keyvalues(line: str) -> dict[str, str]:
     return dict(word.split("=", 1) for word in line.split() if "=" in word)
 
 
+def read_job_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from a file the job's own account may have written: never through a
+    symbolic link, only a regular file, at most JOB_FILE_MAX bytes; None for anything else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        raw = f.read(JOB_FILE_MAX + 1)
+    if len(raw) > JOB_FILE_MAX:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _exit_code(record: Mapping[str, Any]) -> int | None:
+    code = record.get("exit_code")
+    return code if isinstance(code, int) and not isinstance(code, bool) and -256 < code < 256 else None
+
+
+def _when(record: Mapping[str, Any], default: float) -> float:
+    value = record.get("ended_at")
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return default
+
+
 # -- the executor ----------------------------------------------------------------------------
 
 
@@ -307,7 +345,14 @@ class SlurmExecutor:
         poll_s: float = 0.2,
         start_timeout_s: float = 60.0,
         check: bool = True,
+        identities: Identities | None = None,
     ) -> None:
+        if identities is not None and identities.mode == "dynamic":
+            raise SlurmError(
+                "Slurm runs jobs only as accounts its nodes know, not as warden's dynamic uids: run jobs as their "
+                "users' accounts (--run-as user, with --user-map USER=ACCOUNT or '*=ACCOUNT')"
+            )
+        self.identities = identities
         self.slurm = Slurm(conf)
         self.partition = partition or self._default_partition()
         if check:
@@ -396,18 +441,23 @@ class SlurmExecutor:
                 raise RuntimeError("executor is closed")
             if key in self._tracked:
                 raise ValueError(f"attempt {spec.attempt} of job {spec.job_id!r} is already running here")
+        identity = self._identity(spec)
         make_dirs(spec.log_dir)
         make_dirs(spec.checkpoint_dir)
-        for stale in spec.log_dir.glob("*.json"):
-            stale.unlink()
-        (spec.log_dir / BATCH_SIGNALS).unlink(missing_ok=True)
+        for stale in [*spec.log_dir.glob("*.json"), spec.log_dir / BATCH_SIGNALS]:
+            stale.unlink(missing_ok=True)
         launch = spec.log_dir / LAUNCH_FILE
-        write_json_atomic(launch, self._launch(spec))
+        write_json_atomic(launch, self._launch(spec, identity))
         os.chmod(launch, 0o600)  # the submission's environment is in it (the server's umask is 077)
+        if identity is not None:  # its tasks write their logs and records there
+            for path in (spec.log_dir, launch, spec.checkpoint_dir):
+                os.chown(path, identity.uid, identity.gid, follow_symlinks=False)
+            os.chmod(spec.log_dir, 0o700)
+            os.chmod(spec.checkpoint_dir, 0o700)
         ids: list[str] = []
         try:
             for nodes, per_node in _groups(spec.replicas):
-                ids.append(self._submit(spec, nodes, per_node))
+                ids.append(self._submit(spec, nodes, per_node, identity))
             self.slurm.run("scontrol", "release", ",".join(ids))
         except SlurmError as err:
             if ids:
@@ -424,9 +474,23 @@ class SlurmExecutor:
             self._tracked[key] = _Tracked(handle, tuple(ids), time.monotonic())
         return handle
 
-    def _launch(self, spec: LaunchSpec) -> dict[str, Any]:
+    def _identity(self, spec: LaunchSpec) -> Identity | None:
+        """The account the attempt runs as (None: the server's); LaunchError when the
+        submitting user has none."""
+        if self.identities is None or self.identities.mode != "user":
+            return None
+        identity = self.identities.account(spec.user or "")
+        if identity is None:
+            raise LaunchError(
+                f"job {spec.job_id!r}: warden user {spec.user!r} has no Unix account Slurm may run it as "
+                "(map one with --user-map USER=ACCOUNT, or '*=ACCOUNT' for every user)"
+            )
+        return identity
+
+    def _launch(self, spec: LaunchSpec, identity: Identity | None) -> dict[str, Any]:
         """launch.json: what every task needs to run its replica."""
         base = inherited_environment(os.environ) if self._base_env is None else dict(self._base_env)
+        who = identity_environment(identity, spec.log_dir / "home")
         ordered = sorted(spec.replicas, key=lambda r: r.rank)
         master = self._addresses().get(ordered[0].node, ordered[0].node)
         replicas = []
@@ -437,6 +501,7 @@ class SlurmExecutor:
                 master_port=spec.master_port,
                 log_path=spec.log_dir / f"rank-{r.rank}.log",
                 base=base,
+                identity=who,
                 master_addr=master,
             )
             if spec.master_port is None:
@@ -449,7 +514,7 @@ class SlurmExecutor:
             "replicas": replicas,
         }
 
-    def _submit(self, spec: LaunchSpec, nodes: Sequence[str], per_node: int) -> str:
+    def _submit(self, spec: LaunchSpec, nodes: Sequence[str], per_node: int, identity: Identity | None) -> str:
         first = next(r for r in spec.replicas if r.node == nodes[0])
         gpus = len(first.gpus) * per_node
         package = str(Path(__file__).resolve().parents[2])
@@ -478,6 +543,8 @@ class SlurmExecutor:
             argv.append(f"--gres=gpu:{gpus}")
         if spec.memory:
             argv.append(f"--mem={spec.memory * per_node}M")
+        if identity is not None:
+            argv += [f"--uid={identity.name or identity.uid}", f"--gid={identity.gid}"]
         out = self.slurm.run(*argv, stdin=script)
         return out.strip().split(";")[0]
 
@@ -619,8 +686,8 @@ class SlurmExecutor:
         with self._lock:
             tracked = self._get((job_id, attempt))
         return tuple(
-            None if record is None else record.get("exit_code")
-            for record in (read_json(r.exit_path) for r in tracked.handle.replicas)
+            None if record is None else _exit_code(record)
+            for record in (read_job_json(r.exit_path) for r in tracked.handle.replicas)
         )
 
     # -- restart ---------------------------------------------------------------------------
@@ -629,7 +696,7 @@ class SlurmExecutor:
         """Track an attempt an earlier server process submitted; release it if that server
         stopped between submitting and releasing; re-arm its SIGKILL."""
         key = (handle.job_id, handle.attempt)
-        control = (read_json(handle.control_path) if handle.control_path is not None else None) or {}
+        control = (read_job_json(handle.control_path) if handle.control_path is not None else None) or {}
         with self._lock:
             tracked = self._tracked.get(key)
             if tracked is None:
@@ -749,13 +816,14 @@ def _exit(tracked: _Tracked, seen: Sequence[tuple[str, str, str] | None]) -> Exi
     codes: list[int | None] = []
     ended = []
     errors = [tracked.error] if tracked.error else []
+    now = time.time()
     for replica in tracked.handle.replicas:
-        record = read_json(replica.exit_path)
+        record = read_job_json(replica.exit_path)
         if record is not None:
-            codes.append(record.get("exit_code"))
-            ended.append(float(record["ended_at"]))
+            codes.append(_exit_code(record))
+            ended.append(min(_when(record, now), now))
             if record.get("error"):
-                errors.append(f"rank {replica.rank}: {record['error']}")
+                errors.append(f"rank {replica.rank}: {str(record['error'])[:500]}")
         elif tracked.killed_at is not None:
             codes.append(-9)
         else:
@@ -766,7 +834,7 @@ def _exit(tracked: _Tracked, seen: Sequence[tuple[str, str, str] | None]) -> Exi
         job_id=tracked.handle.job_id,
         attempt=tracked.handle.attempt,
         exit_codes=tuple(codes),
-        ended_at=max(ended) if len(ended) == len(codes) else time.time(),
+        ended_at=max(ended) if len(ended) == len(codes) else now,
         signalled_at=tracked.signalled_at,
         killed=tracked.killed_at is not None,
         killed_at=tracked.killed_at,

@@ -171,13 +171,7 @@ def build_service(settings: Settings, say: Callable[[str], None] = print) -> Ser
     executor: Executor
     inventory: Callable[[], Inventory] | None = None
     if settings.executor == "slurm":
-        if os.geteuid() == 0:
-            _warn(
-                "WARNING: the server is root and Slurm runs jobs as the submitting uid: warden's jobs run as root "
-                "on the Slurm nodes (run the server as a service account; see docs/slurm.md)",
-                say,
-            )
-        slurm = SlurmExecutor(partition=settings.slurm_partition)
+        slurm = SlurmExecutor(partition=settings.slurm_partition, identities=identities)
         executor, inventory = slurm, slurm.inventory
         nodes = slurm.inventory().nodes
         say(f"executor slurm: partition {slurm.partition!r}, {len(nodes)} node(s)")

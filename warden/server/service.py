@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import secrets
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -370,10 +371,15 @@ class Service:
         replicas = (row.handle or {}).get("replicas") or []
         path = Path(replicas[rank]["log_path"]) if rank < len(replicas) else Path(row.log_dir) / f"rank-{rank}.log"
         text = b""
-        if path.exists():
-            with path.open("rb") as f:
-                if offset < f.seek(0, os.SEEK_END):  # seeking far past the end fails on some file systems
-                    f.seek(offset)
+        try:
+            # A job may own its attempt's directory (Slurm): a link planted there is never followed.
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            fd = None  # not written yet, or not a file the server will read
+        if fd is not None:
+            with os.fdopen(fd, "rb") as f:
+                if stat.S_ISREG(os.fstat(fd).st_mode) and offset < f.seek(0, os.SEEK_END):
+                    f.seek(offset)  # seeking far past the end fails on some file systems
                     text = f.read(1 << 20)
         return {
             "id": job_id,
