@@ -79,7 +79,8 @@ class Cluster:
             self.run("scancel", *ids, check=False)
 
 
-def bring_up() -> Iterator[Cluster]:
+def bring_up(*extra: str) -> Iterator[Cluster]:
+    """The cluster, torn down when the generator closes; `extra` options go to `up`."""
     require_slurm()
     root = Path(tempfile.mkdtemp(prefix="wslurm-"))  # short: Slurm's socket paths must fit
     # The tests' servers run as root jobs as `nobody` (tests/server/serverproc.py): its group may submit too.
@@ -94,6 +95,7 @@ def bring_up() -> Iterator[Cluster]:
         str(GPUS),
         "--nodes-per-block",
         str(PER_BLOCK),
+        *extra,
         "--dir",
         str(root),
         timeout=300,

@@ -342,7 +342,7 @@ class SlurmExecutor:
         conf: Path | None = None,
         base_env: Mapping[str, str] | None = None,
         python: str = sys.executable,
-        poll_s: float = 0.2,
+        poll_s: float = 0.5,
         start_timeout_s: float = 60.0,
         check: bool = True,
         identities: Identities | None = None,
@@ -370,8 +370,12 @@ class SlurmExecutor:
         self._blocks: dict[str, str] = {}
         self._refresh_topology()
         self._poll_once()
+        self._to_release: list[str] = []
+        self._release_due = threading.Condition(self._lock)
         self._poller = threading.Thread(target=self._poll_loop, name="warden-slurm-poll", daemon=True)
         self._poller.start()
+        self._releaser = threading.Thread(target=self._release_loop, name="warden-slurm-release", daemon=True)
+        self._releaser.start()
 
     # -- the cluster -----------------------------------------------------------------------
 
@@ -430,8 +434,9 @@ class SlurmExecutor:
     # -- start -----------------------------------------------------------------------------
 
     def start(self, spec: LaunchSpec) -> Handle:
-        """Submit the attempt held, pinned where warden placed it, and release it. Returns once
-        Slurm has accepted it; `exits()` reports it like any other once it is over."""
+        """Submit the attempt held, pinned where warden placed it; a thread releases it at once
+        (with whatever else was submitted meanwhile). Returns once Slurm has accepted it;
+        `started()` reports it once every task runs, `exits()` once all are gone."""
         validate_spec(spec)
         if not spec.workdir.is_dir():
             raise LaunchError(f"job {spec.job_id!r}: workdir {str(spec.workdir)!r} is not a directory")
@@ -458,7 +463,6 @@ class SlurmExecutor:
         try:
             for nodes, per_node in _groups(spec.replicas):
                 ids.append(self._submit(spec, nodes, per_node, identity))
-            self.slurm.run("scontrol", "release", ",".join(ids))
         except SlurmError as err:
             if ids:
                 self.slurm.run("scancel", *ids, check=False)
@@ -472,7 +476,25 @@ class SlurmExecutor:
         )
         with self._lock:
             self._tracked[key] = _Tracked(handle, tuple(ids), time.monotonic())
+            self._to_release.extend(ids)
+            self._release_due.notify()
         return handle
+
+    def _release_loop(self) -> None:
+        """Release the held jobs `start` submitted, all that queued up meanwhile in one
+        `scontrol release`: under a burst of admissions one call releases dozens."""
+        while True:
+            with self._release_due:
+                self._release_due.wait_for(lambda: bool(self._to_release) or self._closed)
+                if self._closed:
+                    return
+                ids, self._to_release = self._to_release, []
+            try:
+                self.slurm.run("scontrol", "release", ",".join(ids))
+            except SlurmError:
+                log.exception("releasing Slurm jobs %s failed; they are released one by one", ",".join(ids))
+                for one in ids:  # one that was cancelled meanwhile must not keep the others held
+                    self.slurm.run("scontrol", "release", one, check=False)
 
     def _identity(self, spec: LaunchSpec) -> Identity | None:
         """The account the attempt runs as (None: the server's); LaunchError when the
@@ -773,7 +795,9 @@ class SlurmExecutor:
         with self._lock:
             self._closed = True
             self._polled.notify_all()
+            self._release_due.notify_all()
         self._timer.close()
+        self._releaser.join(timeout=SLURM_TIMEOUT_S)
         self._poller.join(timeout=self._poll_s + SLURM_TIMEOUT_S)
 
     def __enter__(self) -> SlurmExecutor:

@@ -20,7 +20,10 @@ second, one pass runs this fixed sequence under one lock:
 4. **preempt** — each victim gets SIGTERM and its SIGKILL deadline through the executor and
    enters `PREEMPTING`;
 5. **admit** — each admitted job gets its attempt row (which holds its GPUs in the database)
-   *before* its processes start, then `ADMITTED → STARTING → RUNNING`;
+   *before* its processes start (`ADMITTED`); then every admitted attempt is handed to the
+   executor, several at once (`STARTING`), and each becomes `RUNNING` once the executor reports
+   its processes begun (`Executor.started`: at once for the local executor; for Slurm, when
+   every task has started);
 6. **explain** — the explanations that changed since the last pass are stored.
 
 Every transition is an event with time, reason and actor. Nothing here holds state the
@@ -36,6 +39,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,6 +64,8 @@ HELD = "Held"
 LOGGED_IDS = 20
 """How many job ids a failure's log line names before it counts the rest."""
 CAS_TRIES = 3
+LAUNCHERS = 8
+"""How many admitted attempts are handed to the executor at once."""
 """How often an exit is re-read and decided again when its compare-and-set lost."""
 
 
@@ -367,8 +373,10 @@ class Reconciler:
                     victim = by_id[p.job_id]
                     assert victim.attempt is not None
                     self._preempt(victim.job, victim.attempt, p.grace, p.for_job, p.kind, p.lost_work, now)
-                for a in plan.admissions:
-                    self._admit(by_id[a.job_id].job, a.placement, a.flavor, a.borrowing, now)
+                admitted = [
+                    self._admit(by_id[a.job_id].job, a.placement, a.flavor, a.borrowing, now) for a in plan.admissions
+                ]
+                self._launch_all([spec for spec in admitted if spec is not None], now)
                 self._claims(plan, by_id, now)
                 self._explain(plan)
                 self.last_plan = plan
@@ -785,7 +793,9 @@ class Reconciler:
     # -- admit ------------------------------------------------------------------------------
     def _admit(
         self, job: StoredJob, placement: tuple[ReplicaPlacement, ...], flavor: str, borrowing: bool, now: float
-    ) -> None:
+    ) -> LaunchSpec | None:
+        """Record an admission: ADMITTED, and the attempt row that holds its GPUs in the
+        database before any process exists. Returns what to launch (None: cancelled meanwhile)."""
         number = job.attempt + 1
         attempt_dir = self.state_dir / "jobs" / str(job.id) / f"attempt-{number}"
         waited = wait_time(job.waited_s, job.pending_since, job.submit_at, now)
@@ -802,8 +812,7 @@ class Reconciler:
             pending_since=None,
             claim=False,
         ):
-            return  # cancelled meanwhile
-        # The attempt row holds the GPUs in the database before any process exists.
+            return None  # cancelled meanwhile
         self.store.start_attempt(
             job.id,
             number,
@@ -817,7 +826,7 @@ class Reconciler:
         self._explained.pop(str(job.id), None)
         if self.metrics is not None:
             self.metrics.admission(job.queue, job.tier, waited)
-        spec = LaunchSpec(
+        return LaunchSpec(
             job_id=str(job.id),
             attempt=number,
             command=tuple(job.command),
@@ -831,12 +840,26 @@ class Reconciler:
             cpu=job.cpu,
             memory=job.memory,
         )
+
+    def _launch_all(self, specs: Sequence[LaunchSpec], now: float) -> None:
+        """Hand every admitted attempt to the executor, up to LAUNCHERS at a time: a Slurm
+        submission waits on a round trip to the controller, and one pass may admit hundreds."""
+        if len(specs) <= 1:
+            for spec in specs:
+                self._launch(spec, now)
+            return
+        with ThreadPoolExecutor(max_workers=min(LAUNCHERS, len(specs)), thread_name_prefix="warden-launch") as pool:
+            for done in [pool.submit(self._launch, spec, now) for spec in specs]:
+                done.result()
+
+    def _launch(self, spec: LaunchSpec, now: float) -> None:
+        job_id, number = int(spec.job_id), spec.attempt
         try:
             handle = self.executor.start(spec)
         except OSError as err:
-            self.store.end_attempt(job.id, number, ended_at=now, exit_codes=[], reason="failed")
+            self.store.end_attempt(job_id, number, ended_at=now, exit_codes=[], reason="failed")
             self.store.transition(
-                job.id,
+                job_id,
                 JobState.FAILED,
                 reason=f"could not start: {err}",
                 actor="warden",
@@ -844,9 +867,9 @@ class Reconciler:
                 expect_state={JobState.ADMITTED},
             )
             return
-        self.store.update_attempt(job.id, number, handle=handle.to_dict())
+        self.store.update_attempt(job_id, number, handle=handle.to_dict())
         self.store.transition(
-            job.id,
+            job_id,
             JobState.STARTING,
             reason="handed to the executor",
             actor="warden",
