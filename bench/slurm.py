@@ -16,11 +16,14 @@ Every section brings up its own real cluster on this machine (scripts/slurm-clus
   recorded (SIGTERM + G) to the process gone; `victims` from the jobs that went PREEMPTING;
   `preemptor_start_s` likewise. Also `submit_to_running_s` on an idle cluster (a 1-GPU job,
   `POST /v1/jobs` to its process running).
-- `admissions`: N CPU-only jobs (one core each; the cluster has 256). Through warden, they are
-  submitted while every node is drained, then the nodes come back: `admitted_per_s` (from then
-  to every job handed to Slurm: `sbatch --hold`, `scontrol release`) and `started_per_s` (to
-  every job's process running). Slurm alone: `sbatch` of the same jobs one after another,
-  `submitted_per_s` and `started_per_s` (from the first `sbatch` to every process running).
+- `admissions`: N CPU-only jobs (one core each; the cluster has 256). Through warden: they are
+  submitted while every node is drained, then the nodes come back while the partition is
+  down (Slurm queues what it is given and starts nothing): `admitted_per_s` is N over the time
+  from then to every job handed to Slurm (`sbatch --hold`, batched `scontrol release`); then
+  the partition comes up, and `started_per_s` is N over the time to every job's process
+  running (Slurm's launches, which on 2 cores compete with each other for the CPU). Slurm
+  alone: `sbatch` of the same jobs one after another into the down partition
+  (`submitted_per_s`), then up (`started_per_s`).
 
 Medians over the runs, every value in `*_all`.
 """
@@ -269,46 +272,57 @@ def admissions(n: int) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="wbench-"))
     script = stubborn(work)
     out: dict[str, Any] = {"jobs": n}
+    nodes = [f"n{i}" for i in range(4)]
+
+    def partition(state: str) -> None:
+        c.run("scontrol", "update", "PartitionName=main", f"State={state}")
+
+    def all_running(prefix: str) -> None:
+        wait_for(lambda: all((work / f"{prefix}{k}.pid").exists() for k in range(n)), 600, "all running", 0.1)
+
     try:
         server = warden_server(work, c)
-        nodes = [f"n{i}" for i in range(4)]
         try:
             with server.client() as h:
-                # The queue fills while every node is drained; then they come back at once.
+                # The queue fills while every node is drained (warden admits nothing); the
+                # partition is down (Slurm starts nothing it is given) when the nodes come back.
                 for node in nodes:
                     c.set_node(node, "drain", "bench: the queue fills first")
                 wait_for(lambda: all(n["down"] for n in h.get("/v1/nodes").json()), 60, "the nodes down for warden")
                 command = [sys.executable, str(script)]
                 body = {"queue": "team", "tier": 3, "gpus": 0, "cpu": 1000, "workdir": str(work)}
                 ids = [submit(h, {**body, "command": [*command, str(work / f"w{k}")]}) for k in range(n)]
+                partition("DOWN")
                 t0 = time.time()
                 for node in nodes:
                     c.set_node(node, "resume")
 
                 def handed() -> bool:
-                    jobs = h.get("/v1/jobs", params={"state": ["STARTING", "RUNNING"]}).json()
-                    return len(jobs) >= n
+                    return len(h.get("/v1/jobs", params={"state": ["STARTING", "RUNNING"]}).json()) >= n
 
                 wait_for(handed, 300, "all handed to Slurm", 0.05)
                 t1 = time.time()
-                wait_for(lambda: all((work / f"w{k}.pid").exists() for k in range(n)), 300, "all running", 0.05)
+                partition("UP")
+                all_running("w")
                 t2 = time.time()
-                out["warden"] = {"admitted_per_s": round(n / (t1 - t0), 1), "started_per_s": round(n / (t2 - t0), 1)}
+                out["warden"] = {"admitted_per_s": round(n / (t1 - t0), 1), "started_per_s": round(n / (t2 - t1), 1)}
                 for i in ids:
                     h.post(f"/v1/jobs/{i}/cancel")
         finally:
             server.stop()
         c.cancel_all()
         wait_for(lambda: not [v for v in c.jobs().values() if v[1] in ("RUNNING", "COMPLETING")], 120, "idle")
+        partition("DOWN")
         t0 = time.time()
         for k in range(n):
             c.run(
                 "sbatch", "-p", "main", "-n1", "-o", "/dev/null", f"--wrap={sys.executable} {script} {work / f's{k}'}"
             )
         t1 = time.time()
-        wait_for(lambda: all((work / f"s{k}.pid").exists() for k in range(n)), 300, "all running", 0.05)
+        partition("UP")
+        all_running("s")
         t2 = time.time()
-        out["slurm"] = {"submitted_per_s": round(n / (t1 - t0), 1), "started_per_s": round(n / (t2 - t0), 1)}
+        out["slurm"] = {"submitted_per_s": round(n / (t1 - t0), 1), "started_per_s": round(n / (t2 - t1), 1)}
         c.cancel_all()
     finally:
         gen.close()

@@ -215,6 +215,44 @@ def test_tier1_preempts_a_tier3_gang_with_one_sigterm_instant_sigkill_on_time_an
         assert (tmp_path / "low" / "resumed-2-0").read_text() != "none"
 
 
+def test_a_victim_that_exits_cleanly_in_its_grace_is_requeued_not_done(
+    server: Server, slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    polite = tmp_path / "polite.py"
+    polite.write_text(
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        "open(sys.argv[1], 'w').write('up')\n"
+        "while True:\n    time.sleep(0.05)\n"
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    os.chmod(out, 0o777)
+    with server.client() as c:
+        lows = [
+            submit(
+                c,
+                queue="vision",
+                tier=3,
+                gpus=8,
+                workdir=str(out),
+                command=[sys.executable, str(polite), str(out / f"up{i}")],
+            )
+            for i in range(4)
+        ]
+        for low in lows:
+            until_state(c, low, "RUNNING")
+        time.sleep(1.2)
+        high = submit(c, queue="language", tier=1, gpus=8, workdir=str(out), command=[sys.executable, "-c", "pass"])
+        until_state(c, high, "SUCCEEDED", timeout=30)
+        (victim,) = preempting(c, lows)
+        detail = job(c, victim)
+        first = detail["attempts"][0]
+        assert first["reason"] == "preempted" and first["exit_codes"] == [0]  # Slurm says COMPLETED
+        assert "REQUEUED" in [e["to"] for e in detail["events"]]
+        until_state(c, victim, "RUNNING", timeout=30)  # and it runs again
+
+
 def test_no_needless_victim_while_the_first_is_still_completing(
     server: Server, slurm_cluster: Cluster, trainer: Path, tmp_path: Path
 ) -> None:

@@ -37,9 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from warden.executors.base import Exit, Handle, LaunchSpec, ReplicaHandle, ReplicaLaunch, UnknownAttempt
+from warden.executors.base import Exit, Handle, LaunchSpec, ReplicaHandle, ReplicaLaunch
 from warden.executors.identity import Identities, Identity
 from warden.executors.shim import group_alive, process_alive, read_json, start_ticks, write_json_atomic
+from warden.executors.tracking import AttemptTable
 
 Key = tuple[str, int]
 
@@ -243,7 +244,7 @@ def adopted_deadline(given: Any) -> float | None:
     return time.time()
 
 
-class LocalExecutor:
+class LocalExecutor(AttemptTable[_Tracked]):
     """Runs attempts as process groups on this machine (Linux). Thread-safe.
 
     `base_env` is the environment jobs inherit (default: INHERITED_NAMES of this process's,
@@ -263,9 +264,8 @@ class LocalExecutor:
         self.identities = identities if identities is not None else Identities.default()
         self._python = python
         self._start_timeout_s = start_timeout_s
-        self._lock = threading.Lock()
+        super().__init__()
         self._control_lock = threading.Lock()  # orders control.json writes; taken before _lock
-        self._tracked: dict[Key, _Tracked] = {}
         self._starting: set[Key] = set()
         self._started: list[Key] = []
         self._unreaped: dict[int, int | None] = {}  # shim pid -> start ticks
@@ -590,33 +590,12 @@ class LocalExecutor:
         directory) before its first shim exists, so `recover` finds each one. Returns []."""
         return []
 
-    def running(self) -> list[tuple[str, int]]:
-        """Every tracked attempt whose exit `exits()` has not reported yet."""
-        with self._lock:
-            return sorted(self._tracked)
-
-    def handle(self, job_id: str, attempt: int) -> Handle:
-        with self._lock:
-            return self._get((job_id, attempt)).handle
-
     def close(self) -> None:
         """Stop the timer thread. Jobs keep running; pending SIGKILLs are left to an adopter
         (they are recorded in each attempt's control.json)."""
         with self._lock:
             self._closed = True
         self._timer.close()
-
-    def __enter__(self) -> LocalExecutor:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _get(self, key: Key) -> _Tracked:
-        tracked = self._tracked.get(key)
-        if tracked is None:
-            raise UnknownAttempt(key)
-        return tracked
 
 
 # -- helpers --------------------------------------------------------------------------------

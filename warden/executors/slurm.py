@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from warden.engine.model import DEFAULT_FLAVOR, Node
-from warden.executors.base import Exit, Handle, Inventory, LaunchSpec, ReplicaHandle, ReplicaLaunch, UnknownAttempt
+from warden.executors.base import Exit, Handle, Inventory, LaunchSpec, ReplicaHandle, ReplicaLaunch
 from warden.executors.identity import Identities, Identity
 from warden.executors.local import (
     KillTimer,
@@ -54,6 +54,7 @@ from warden.executors.local import (
 )
 from warden.executors.shim import write_json_atomic
 from warden.executors.slurm_launch import BATCH_SIGNALS, LAUNCH_FILE
+from warden.executors.tracking import AttemptTable
 
 log = logging.getLogger("warden.executors.slurm")
 
@@ -326,7 +327,7 @@ def job_name(job_id: str, attempt: int) -> str:
     return f"{JOB_PREFIX}.{job_id}.{attempt}"
 
 
-class SlurmExecutor:
+class SlurmExecutor(AttemptTable[_Tracked]):
     """Runs attempts as Slurm batch jobs in one partition that warden governs alone.
 
     `partition` is the Slurm partition (default: the cluster's default one); `conf` a
@@ -361,8 +362,7 @@ class SlurmExecutor:
         self._python = python
         self._poll_s = poll_s
         self._start_timeout_s = start_timeout_s
-        self._lock = threading.Lock()
-        self._tracked: dict[Key, _Tracked] = {}
+        super().__init__()
         self._timer = KillTimer(self._deadlines_reached)
         self._poll = _Poll()
         self._polled = threading.Condition(self._lock)
@@ -584,6 +584,9 @@ class SlurmExecutor:
             if tracked.kill_at is not None:
                 return tracked.kill_at
             ids, ran = tracked.slurm_ids, self._ran(tracked)
+        if not ran:  # the last poll may be half a second old: ask Slurm now
+            states = {state for _, state, _ in self._jobs(ids).values()}
+            ran = bool(states - {"PENDING"} - ENDED)
         if not ran:
             self.slurm.run("scancel", *ids, check=False)
             now = time.time()
@@ -782,14 +785,6 @@ class SlurmExecutor:
             self.slurm.run("scancel", *orphans, check=False)
         return orphans
 
-    def running(self) -> list[tuple[str, int]]:
-        with self._lock:
-            return sorted(self._tracked)
-
-    def handle(self, job_id: str, attempt: int) -> Handle:
-        with self._lock:
-            return self._get((job_id, attempt)).handle
-
     def close(self) -> None:
         """Stop the poller and the timer. Jobs keep running (an adopter re-arms SIGKILL)."""
         with self._lock:
@@ -799,18 +794,6 @@ class SlurmExecutor:
         self._timer.close()
         self._releaser.join(timeout=SLURM_TIMEOUT_S)
         self._poller.join(timeout=self._poll_s + SLURM_TIMEOUT_S)
-
-    def __enter__(self) -> SlurmExecutor:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _get(self, key: Key) -> _Tracked:
-        tracked = self._tracked.get(key)
-        if tracked is None:
-            raise UnknownAttempt(key)
-        return tracked
 
 
 def _groups(replicas: Sequence[ReplicaLaunch]) -> list[tuple[list[str], int]]:
