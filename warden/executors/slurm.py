@@ -310,7 +310,7 @@ class _Tracked:
     killed_at: float | None = None
     ran: bool = False  # Slurm showed a job of it running (or its tasks wrote a status file)
     started: bool = False  # every replica's status file is written: reported by `started()`
-    error: str | None = None
+    warned: bool = False  # the log said it is still pending in Slurm
     ended_mono: float | None = None
 
 
@@ -332,9 +332,10 @@ class SlurmExecutor(AttemptTable[_Tracked]):
 
     `partition` is the Slurm partition (default: the cluster's default one); `conf` a
     `slurm.conf` for the client commands (default: `SLURM_CONF` or Slurm's own default);
-    `user` the Unix account jobs run as (`sbatch --uid`, root only; default the server's);
-    `poll_s` how often job and node states are read; `start_timeout_s` how long a released job
-    may stay pending before it is cancelled as not started."""
+    `poll_s` how often job and node states are read; `pending_warning_s` how long a released
+    job may stay pending before the log says so, with Slurm's reason (it is left to start: under
+    a burst Slurm starts at most `default_queue_depth` jobs per scheduling pass; a node that
+    goes down evicts what waits for it)."""
 
     def __init__(
         self,
@@ -344,7 +345,7 @@ class SlurmExecutor(AttemptTable[_Tracked]):
         base_env: Mapping[str, str] | None = None,
         python: str = sys.executable,
         poll_s: float = 0.5,
-        start_timeout_s: float = 60.0,
+        pending_warning_s: float = 60.0,
         check: bool = True,
         identities: Identities | None = None,
     ) -> None:
@@ -361,7 +362,7 @@ class SlurmExecutor(AttemptTable[_Tracked]):
         self._base_env = base_env
         self._python = python
         self._poll_s = poll_s
-        self._start_timeout_s = start_timeout_s
+        self._pending_warning_s = pending_warning_s
         super().__init__()
         self._timer = KillTimer(self._deadlines_reached)
         self._poll = _Poll()
@@ -668,13 +669,11 @@ class SlurmExecutor(AttemptTable[_Tracked]):
 
     def exits(self) -> list[Exit]:
         """Attempts all of whose Slurm jobs have ended (Slurm's COMPLETING is not ended: its
-        processes may still run), each reported once. An attempt Slurm leaves pending longer
-        than `start_timeout_s` is cancelled and reported with Slurm's reason."""
+        processes may still run), each reported once."""
         with self._lock:
             poll = self._poll
             candidates = list(self._tracked.items())
         done = []
-        stuck = []
         for key, tracked in candidates:
             if poll.began < tracked.submitted_mono:
                 continue  # that poll may not show its jobs yet
@@ -684,21 +683,16 @@ class SlurmExecutor(AttemptTable[_Tracked]):
                 continue
             with self._lock:
                 ran = self._ran(tracked)
-            if (
-                not ran
-                and tracked.kill_at is None
-                and time.monotonic() - tracked.submitted_mono > self._start_timeout_s
-            ):
-                reasons = sorted({s[2] for s in seen if s is not None})
-                stuck.append(
-                    (tracked, f"Slurm did not start it within {self._start_timeout_s:g} s ({', '.join(reasons)})")
+            if not ran and not tracked.warned and time.monotonic() - tracked.submitted_mono > self._pending_warning_s:
+                tracked.warned = True
+                reasons = ", ".join(sorted({s[2] for s in seen if s is not None}))
+                log.warning(
+                    "attempt %s of job %s is still pending in Slurm after %g s (reason: %s)",
+                    tracked.handle.attempt,
+                    tracked.handle.job_id,
+                    self._pending_warning_s,
+                    reasons,
                 )
-        for tracked, why in stuck:
-            log.error("attempt %s of job %s: %s; cancelled", tracked.handle.attempt, tracked.handle.job_id, why)
-            with self._lock:
-                tracked.error = why
-                tracked.kill_at = time.time()
-            self.slurm.run("scancel", *tracked.slurm_ids, check=False)
         reported = []
         with self._lock:
             for key, tracked, seen in done:
@@ -822,7 +816,7 @@ def _replica_handle(log_dir: Path, rank: int) -> ReplicaHandle:
 def _exit(tracked: _Tracked, seen: Sequence[tuple[str, str, str] | None]) -> Exit:
     codes: list[int | None] = []
     ended = []
-    errors = [tracked.error] if tracked.error else []
+    errors: list[str] = []
     now = time.time()
     for replica in tracked.handle.replicas:
         record = read_job_json(replica.exit_path)
