@@ -59,6 +59,7 @@ attempt = os.environ["WARDEN_ATTEMPT"]
 (out / f"env-{attempt}-{rank}.json").write_text(json.dumps({k: os.environ.get(k) for k in names}))
 (out / f"resumed-{attempt}-{rank}").write_text("none" if latest is None else str(latest[0]))
 (out / f"pid-{attempt}-{rank}").write_text(str(os.getpid()))
+print(f"rank {rank} of attempt {attempt} runs", flush=True)
 step = 0 if latest is None else latest[0]
 saved = False
 while True:
@@ -173,8 +174,12 @@ def test_jobs_run_on_the_nodes_and_gpus_warden_chose_with_the_contract_environme
         envs = [json.loads((tmp_path / "gang" / f"env-1-{r}.json").read_text()) for r in range(2)]
         assert [e["RANK"] for e in envs] == ["0", "1"] and {e["WORLD_SIZE"] for e in envs} == {"2"}
         assert len({e["MASTER_PORT"] for e in envs}) == 1 and envs[0]["MASTER_PORT"]
-        logs = c.get(f"/v1/jobs/{gang}/logs", params={"rank": 1}).json()
-        assert logs["rank"] == 1
+        logs = wait_for(
+            lambda: (got := c.get(f"/v1/jobs/{gang}/logs", params={"rank": 1}).json())["text"] and got,
+            10,
+            "rank 1's log",
+        )
+        assert logs["text"] == "rank 1 of attempt 1 runs\n"
         for job_id in (one, gang):
             assert c.post(f"/v1/jobs/{job_id}/cancel").status_code == 202
             until_state(c, job_id, "CANCELLED", timeout=30)
@@ -199,6 +204,7 @@ def test_tier1_preempts_a_tier3_gang_with_one_sigterm_instant_sigkill_on_time_an
         detail = wait_for(lambda: (j := job(c, low))["attempts"][0]["state"] == "exited" and j, 30, "the victim's exit")
         first = detail["attempts"][0]
         assert first["reason"] == "killed" and first["preempted_for"] == high
+        assert first["last_checkpoint_at"] is not None  # the SDK's report reached the server from the node
         assert first["kill_at"] - first["sigterm_at"] == pytest.approx(2.0, abs=0.05)
         terms = [float((tmp_path / "low" / f"term-1-{r}").read_text().split()[0]) for r in range(2)]
         terms.append(float((Path(first["log_dir"]) / "batch.signals").read_text().split()[0]))
