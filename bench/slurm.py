@@ -316,7 +316,7 @@ def admissions(n: int) -> dict[str, Any]:
         t0 = time.time()
         for k in range(n):
             c.run(
-                "sbatch", "-p", "main", "-n1", "-o", "/dev/null", f"--wrap={sys.executable} {script} {work / f's{k}'}"
+                "sbatch", "-p", "main", "-n1", "-o", "/dev/null", f"--wrap=exec {sys.executable} {script} {work / f's{k}'}"
             )
         t1 = time.time()
         partition("UP")
