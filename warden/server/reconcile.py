@@ -811,18 +811,17 @@ class Reconciler:
             waited_s=waited,
             pending_since=None,
             claim=False,
+            # The attempt row holds the GPUs in the database before any process exists.
+            new_attempt={
+                "number": number,
+                "started_at": now,
+                "assignment": placement,
+                "flavor": flavor,
+                "borrowing": borrowing,
+                "log_dir": str(attempt_dir),
+            },
         ):
             return None  # cancelled meanwhile
-        self.store.start_attempt(
-            job.id,
-            number,
-            started_at=now,
-            assignment=placement,
-            flavor=flavor,
-            borrowing=borrowing,
-            handle=None,
-            log_dir=str(attempt_dir),
-        )
         self._explained.pop(str(job.id), None)
         if self.metrics is not None:
             self.metrics.admission(job.queue, job.tier, waited)

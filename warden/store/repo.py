@@ -563,11 +563,16 @@ class Store:
         expect_state: JobState | str | Iterable[JobState | str] | None = None,
         expect_cancel_requested: bool | None = None,
         details: Mapping[str, Any] | None = None,
+        attempt_fields: Mapping[str, Any] | None = None,
+        new_attempt: Mapping[str, Any] | None = None,
         **field_updates: Any,
     ) -> bool:
         """Move a job to `to_state` if it is in `expect_state` (any state when None) and, when
         `expect_cancel_requested` is given, its cancel flag has that value (a cancel of a job
-        that holds resources marks it without changing its state).
+        that holds resources marks it without changing its state). In the same transaction,
+        `new_attempt` (the arguments of `start_attempt` but the job id) records a new attempt and
+        makes it the job's current one; `attempt_fields` then updates the current attempt's
+        fields (as `update_attempt`).
 
         Compare-and-set: returns False and changes nothing when the job is elsewhere (another
         actor got there first). Otherwise applies `field_updates`, bumps `version` and records
@@ -598,6 +603,13 @@ class Store:
                 update(JOBS).where(JOBS.c.id == key).values(state=target, version=JOBS.c.version + 1, **values)
             )
             _add_event(conn, key, now, current, target, reason, actor, details)
+            if new_attempt is not None:
+                created = _new_attempt(key, **new_attempt)
+                conn.execute(update(JOBS).where(JOBS.c.id == key).values(attempt=created["number"]))
+                conn.execute(insert(ATTEMPTS), created)
+            if attempt_fields:
+                number = conn.execute(select(JOBS.c.attempt).where(JOBS.c.id == key)).scalar_one()
+                _update_attempt(conn, key, number, _attempt_updates(attempt_fields))
         return True
 
     def update(self, job_id: int | str, /, *, expect_version: int | None = None, **field_updates: Any) -> bool:
@@ -662,19 +674,8 @@ class Store:
         and IntegrityError when this attempt number was already used.
         """
         key = _require_key(job_id)
-        values: dict[str, Any] = dict(
-            job_id=key,
-            number=number,
-            state="running",
-            started_at=started_at,
-            assignment=_assignment_json(assignment),
-            flavor=flavor,
-            borrowing=borrowing,
-            startup_s=startup_s,
-            checkpoint_s=0.0,
-            sigterm_save_s=sigterm_save_s,
-            handle=None if handle is None else dict(handle),
-            log_dir=log_dir,
+        values = _new_attempt(
+            key, number, started_at, assignment, flavor, borrowing, handle, log_dir, startup_s, sigterm_save_s
         )
         with self._write() as conn:
             bumped = conn.execute(
@@ -994,6 +995,35 @@ def _active_rows(conn: Connection, which: Any) -> Iterator[ActiveJob]:
         if m["a__job_id"] is not None:
             attempt = _attempt_from({c.name: m[f"a__{c.name}"] for c in ATTEMPTS.c})
         yield ActiveJob(job, attempt)
+
+
+def _new_attempt(
+    key: int,
+    number: int,
+    started_at: float,
+    assignment: Iterable[ReplicaPlacement | Mapping[str, Any]],
+    flavor: str | None = None,
+    borrowing: bool = False,
+    handle: Mapping[str, Any] | None = None,
+    log_dir: str = "",
+    startup_s: float | None = None,
+    sigterm_save_s: float | None = None,
+) -> dict[str, Any]:
+    """The row of a new running attempt."""
+    return dict(
+        job_id=key,
+        number=number,
+        state="running",
+        started_at=started_at,
+        assignment=_assignment_json(assignment),
+        flavor=flavor,
+        borrowing=borrowing,
+        startup_s=startup_s,
+        checkpoint_s=0.0,
+        sigterm_save_s=sigterm_save_s,
+        handle=None if handle is None else dict(handle),
+        log_dir=log_dir,
+    )
 
 
 def _update_attempt(conn: Connection, job_id: int, number: int, values: Mapping[str, Any]) -> bool:
