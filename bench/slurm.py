@@ -315,9 +315,8 @@ def admissions(n: int) -> dict[str, Any]:
         partition("DOWN")
         t0 = time.time()
         for k in range(n):
-            c.run(
-                "sbatch", "-p", "main", "-n1", "-o", "/dev/null", f"--wrap=exec {sys.executable} {script} {work / f's{k}'}"
-            )
+            wrap = f"--wrap=exec {sys.executable} {script} {work / f's{k}'}"  # exec: no shell to orphan it
+            c.run("sbatch", "-p", "main", "-n1", "-o", "/dev/null", wrap)
         t1 = time.time()
         partition("UP")
         all_running("s")
