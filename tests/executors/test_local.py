@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 import warden
-from warden.executors.base import Executor, Exit, Handle, LaunchSpec, ReplicaLaunch, UnknownAttempt
-from warden.executors.local import LaunchError, LocalExecutor, log_paths
+from warden.executors.base import Executor, Exit, Handle, LaunchError, LaunchSpec, ReplicaLaunch, UnknownAttempt
+from warden.executors.local import LocalExecutor, log_paths
 from warden.executors.shim import group_alive, process_alive
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the local executor needs Linux")

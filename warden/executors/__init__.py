@@ -13,9 +13,18 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from warden.executors.base import Executor, Exit, Handle, LaunchSpec, ReplicaHandle, ReplicaLaunch, UnknownAttempt
+    from warden.executors.base import (
+        Executor,
+        Exit,
+        Handle,
+        LaunchError,
+        LaunchSpec,
+        ReplicaHandle,
+        ReplicaLaunch,
+        UnknownAttempt,
+    )
     from warden.executors.gpus import GpuInfo, discover_gpus
-    from warden.executors.local import LaunchError, LocalExecutor, job_environment, log_paths
+    from warden.executors.local import LocalExecutor, job_environment, log_paths
 
 _WHERE = {
     "Executor": "base",
@@ -27,7 +36,7 @@ _WHERE = {
     "UnknownAttempt": "base",
     "GpuInfo": "gpus",
     "discover_gpus": "gpus",
-    "LaunchError": "local",
+    "LaunchError": "base",
     "LocalExecutor": "local",
     "job_environment": "local",
     "log_paths": "local",

@@ -137,6 +137,23 @@ class Handle:
         )
 
 
+class LaunchError(OSError):
+    """The attempt could not be started (its workdir is missing, a shim failed); nothing of it is
+    left running. An OSError, like the failures of `subprocess` it stands for."""
+
+
+def validate_spec(spec: LaunchSpec) -> None:
+    if not spec.command:
+        raise ValueError(f"job {spec.job_id!r}: command is empty")
+    if not spec.replicas:
+        raise ValueError(f"job {spec.job_id!r}: no replicas")
+    ranks = sorted(r.rank for r in spec.replicas)
+    if ranks != list(range(len(ranks))):
+        raise ValueError(f"job {spec.job_id!r}: replica ranks must be 0..{len(ranks) - 1}, got {ranks}")
+    if spec.grace_s < 0:
+        raise ValueError(f"job {spec.job_id!r}: grace_s must be >= 0, got {spec.grace_s!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class Exit:
     """An attempt whose every process is gone. Resources may be released only now."""

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from warden.executors.base import Exit, Handle, LaunchSpec, ReplicaHandle, ReplicaLaunch
+from warden.executors.base import Exit, Handle, LaunchError, LaunchSpec, ReplicaHandle, ReplicaLaunch
 from warden.executors.identity import Identities, Identity
 from warden.executors.shim import group_alive, process_alive, read_json, start_ticks, write_json_atomic
 from warden.executors.tracking import AttemptTable
@@ -59,11 +59,6 @@ INHERITED_PREFIXES = ("LC_", "NCCL_")
 #: Of the server's environment, what the shim (which runs as the server) may see.
 _SHIM_SECRETS = ("WARDEN_", "PGPASSWORD")
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
-
-
-class LaunchError(OSError):
-    """The attempt could not be started (its workdir is missing, a shim failed); nothing of it is
-    left running. An OSError, like the failures of `subprocess` it stands for."""
 
 
 def inherited_environment(server_env: Mapping[str, str]) -> dict[str, str]:
@@ -266,11 +261,9 @@ class LocalExecutor(AttemptTable[_Tracked]):
         self._start_timeout_s = start_timeout_s
         super().__init__()
         self._control_lock = threading.Lock()  # orders control.json writes; taken before _lock
-        self._starting: set[Key] = set()
         self._started: list[Key] = []
         self._unreaped: dict[int, int | None] = {}  # shim pid -> start ticks
         self._timer = KillTimer(self._deadlines_reached)
-        self._closed = False
 
     # -- start -----------------------------------------------------------------------------
 
@@ -279,16 +272,7 @@ class LocalExecutor(AttemptTable[_Tracked]):
         to exec, which `exits()` then reports with exit code 127/126). Raises ValueError for a
         malformed spec, LaunchError (an OSError) when the workdir is missing or a shim fails
         (the rest of the gang is killed)."""
-        validate_spec(spec)
-        if not spec.workdir.is_dir():
-            raise LaunchError(f"job {spec.job_id!r}: workdir {str(spec.workdir)!r} is not a directory")
-        key = (spec.job_id, spec.attempt)
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("executor is closed")
-            if key in self._tracked or key in self._starting:
-                raise ValueError(f"attempt {spec.attempt} of job {spec.job_id!r} is already running here")
-            self._starting.add(key)
+        key = self._begin_start(spec)
         try:
             identity = self.identities.acquire(key, spec.user)
             try:
@@ -305,8 +289,7 @@ class LocalExecutor(AttemptTable[_Tracked]):
                 self._started.append(key)
             return handle
         finally:
-            with self._lock:
-                self._starting.discard(key)
+            self._end_start(key)
 
     def _launch(self, spec: LaunchSpec, identity: Identity | None) -> Handle:
         port = (spec.master_port or free_port()) if spec.world_size > 1 else None
@@ -599,18 +582,6 @@ class LocalExecutor(AttemptTable[_Tracked]):
 
 
 # -- helpers --------------------------------------------------------------------------------
-
-
-def validate_spec(spec: LaunchSpec) -> None:
-    if not spec.command:
-        raise ValueError(f"job {spec.job_id!r}: command is empty")
-    if not spec.replicas:
-        raise ValueError(f"job {spec.job_id!r}: no replicas")
-    ranks = sorted(r.rank for r in spec.replicas)
-    if ranks != list(range(len(ranks))):
-        raise ValueError(f"job {spec.job_id!r}: replica ranks must be 0..{len(ranks) - 1}, got {ranks}")
-    if spec.grace_s < 0:
-        raise ValueError(f"job {spec.job_id!r}: grace_s must be >= 0, got {spec.grace_s!r}")
 
 
 def _identity_record(identity: Identity | None) -> dict[str, Any] | None:

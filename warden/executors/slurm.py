@@ -40,17 +40,15 @@ from pathlib import Path
 from typing import Any
 
 from warden.engine.model import DEFAULT_FLAVOR, Node
-from warden.executors.base import Exit, Handle, Inventory, LaunchSpec, ReplicaHandle, ReplicaLaunch
+from warden.executors.base import Exit, Handle, Inventory, LaunchError, LaunchSpec, ReplicaHandle, ReplicaLaunch
 from warden.executors.identity import Identities, Identity
 from warden.executors.local import (
     KillTimer,
-    LaunchError,
     adopted_deadline,
     identity_environment,
     inherited_environment,
     job_environment,
     make_dirs,
-    validate_spec,
 )
 from warden.executors.shim import write_json_atomic
 from warden.executors.slurm_launch import BATCH_SIGNALS, LAUNCH_FILE
@@ -367,7 +365,6 @@ class SlurmExecutor(AttemptTable[_Tracked]):
         self._timer = KillTimer(self._deadlines_reached)
         self._poll = _Poll()
         self._polled = threading.Condition(self._lock)
-        self._closed = False
         self._blocks: dict[str, str] = {}
         self._refresh_topology()
         self._poll_once()
@@ -438,15 +435,13 @@ class SlurmExecutor(AttemptTable[_Tracked]):
         """Submit the attempt held, pinned where warden placed it; a thread releases it at once
         (with whatever else was submitted meanwhile). Returns once Slurm has accepted it;
         `started()` reports it once every task runs, `exits()` once all are gone."""
-        validate_spec(spec)
-        if not spec.workdir.is_dir():
-            raise LaunchError(f"job {spec.job_id!r}: workdir {str(spec.workdir)!r} is not a directory")
-        key = (spec.job_id, spec.attempt)
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("executor is closed")
-            if key in self._tracked:
-                raise ValueError(f"attempt {spec.attempt} of job {spec.job_id!r} is already running here")
+        key = self._begin_start(spec)
+        try:
+            return self._submit_all(spec, key)
+        finally:
+            self._end_start(key)
+
+    def _submit_all(self, spec: LaunchSpec, key: Key) -> Handle:
         identity = self._identity(spec)
         make_dirs(spec.log_dir)
         make_dirs(spec.checkpoint_dir)
