@@ -61,3 +61,12 @@ def slurm_cluster() -> Iterator[object]:
     from slurmcluster import bring_up
 
     yield from bring_up()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[object]:
+    """A real Ray cluster of 3 worker nodes (tests/raycluster.py), shared by the session's
+    tests: never kill its nodes (bring up a cluster of your own for that)."""
+    from raycluster import bring_up
+
+    yield from bring_up()

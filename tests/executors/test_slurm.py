@@ -18,6 +18,7 @@ from slurmcluster import Cluster
 
 from warden.engine.model import Node
 from warden.executors.base import Exit, Handle, LaunchSpec, ReplicaLaunch
+from warden.executors.records import read_job_json
 from warden.executors.slurm import (
     Slurm,
     SlurmError,
@@ -28,7 +29,6 @@ from warden.executors.slurm import (
     parse_gres,
     parse_sinfo,
     parse_topology,
-    read_job_json,
 )
 
 # Records the time of each SIGTERM (and the pid) and keeps running until SIGKILL, printing

@@ -47,6 +47,7 @@ CONFIG_KEYS = (
     "user_map",
     "executor",
     "slurm_partition",
+    "ray_address",
 )
 """What a server config file may set: the options of `warden server`, by their names with '_'."""
 
@@ -147,7 +148,8 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--executor",
                 envvar="WARDEN_EXECUTOR",
-                help="What runs the jobs: 'local' (this machine) or 'slurm' (a Slurm cluster; see docs/slurm.md).",
+                help="What runs the jobs: 'local' (this machine), 'slurm' (a Slurm cluster; see docs/slurm.md) or "
+                "'ray' (a Ray cluster; see docs/ray.md).",
             ),
         ] = "local",
         slurm_partition: Annotated[
@@ -156,6 +158,15 @@ def register(app: typer.Typer) -> None:
                 "--slurm-partition",
                 envvar="WARDEN_SLURM_PARTITION",
                 help="With --executor slurm: the partition warden governs (default: the cluster's default one).",
+                show_default=False,
+            ),
+        ] = None,
+        ray_address: Annotated[
+            str | None,
+            typer.Option(
+                "--ray-address",
+                envvar="WARDEN_RAY_ADDRESS",
+                help="With --executor ray: the cluster's address, HOST:PORT of its head (required).",
                 show_default=False,
             ),
         ] = None,
@@ -173,6 +184,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the warden server on this machine."""
         from warden.engine.policy import PolicyError
+        from warden.executors.ray import RayError
         from warden.executors.slurm import SlurmError
         from warden.server.app import Settings, serve
 
@@ -183,10 +195,14 @@ def register(app: typer.Typer) -> None:
                 "--bootstrap-token: a token on the command line is visible to every user of this machine "
                 "(/proc/PID/cmdline); use --bootstrap-token-file PATH or $WARDEN_BOOTSTRAP_TOKEN"
             )
-        if executor not in ("local", "slurm"):
-            fail(f"--executor: expected 'local' or 'slurm', got {executor!r}")
-        if fake_gpus is not None and executor == "slurm":
-            fail("--fake-gpus: the slurm executor takes its nodes and GPUs from the cluster")
+        if executor not in ("local", "slurm", "ray"):
+            fail(f"--executor: expected 'local', 'slurm' or 'ray', got {executor!r}")
+        if fake_gpus is not None and executor != "local":
+            fail(f"--fake-gpus: the {executor} executor takes its nodes and GPUs from the cluster")
+        if executor == "ray" and not ray_address:
+            fail("--ray-address: the ray executor needs the cluster's address (HOST:PORT, or $WARDEN_RAY_ADDRESS)")
+        if ray_address is not None and executor != "ray":
+            fail(f"--ray-address: given {ray_address!r}, but the executor is {executor!r} (add --executor ray)")
         if run_as not in ("dynamic", "user"):
             fail(f"--run-as: expected 'dynamic' or 'user', got {run_as!r}")
         try:
@@ -210,8 +226,9 @@ def register(app: typer.Typer) -> None:
                     run_as="user" if run_as == "user" else "dynamic",
                     job_uids=uids,
                     user_map=mapping,
-                    executor="slurm" if executor == "slurm" else "local",
+                    executor="slurm" if executor == "slurm" else "ray" if executor == "ray" else "local",
                     slurm_partition=slurm_partition,
+                    ray_address=ray_address,
                 ),
                 say=lambda line: typer.echo(line, err=True),
             )
@@ -219,5 +236,5 @@ def register(app: typer.Typer) -> None:
             for issue in err.issues:
                 typer.echo(f"{policy}: {issue}", err=True)
             raise typer.Exit(2) from None
-        except SlurmError as err:
-            fail(f"--executor slurm: {err}")
+        except (SlurmError, RayError) as err:
+            fail(f"--executor {executor}: {err}")

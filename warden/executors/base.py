@@ -88,6 +88,19 @@ class ReplicaHandle:
         }
 
     @classmethod
+    def in_dir(cls, log_dir: Path, rank: int) -> ReplicaHandle:
+        """A replica no shim of this machine supervises (Slurm, Ray): only its files in the
+        attempt's directory, which its node's shim writes."""
+        return cls(
+            rank=rank,
+            shim_pid=None,
+            pgid=None,
+            status_path=log_dir / f"rank-{rank}.status.json",
+            exit_path=log_dir / f"rank-{rank}.exit.json",
+            log_path=log_dir / f"rank-{rank}.log",
+        )
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ReplicaHandle:
         pgid, uid = data.get("pgid"), data.get("uid")
         return cls(

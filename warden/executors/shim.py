@@ -12,6 +12,9 @@ signals, and records everything in two small JSON files written atomically:
 - the exit file, once no process of the job's group is left: the main process's exit status
   (subprocess convention, -9 = killed by SIGKILL) and the time the last process was gone.
 
+A launch may name an `owner` process (pid and start ticks): the job then lives only as long as
+that process does (the Ray executor's launcher actor, see `warden.executors.ray_launch`).
+
 Protocol (used by `warden.executors.local`): the launch description comes as JSON on stdin
 (so the job's environment is never on a command line or in a file of the executor's). The
 job runs as the launch's `identity` (uid, gid, groups) when there is one: only the job drops
@@ -188,22 +191,34 @@ def _kill_escaped() -> int:
         signal.sigtimedwait([signal.SIGCHLD], POLL_S)
 
 
-def wait_for_group(leader: int) -> tuple[int, float, int]:
+def wait_for_group(leader: int, owner: tuple[int, int | None] | None = None) -> tuple[int, float, int, bool]:
     """Wait until the main process has exited and no process of its group is left.
 
+    With `owner` (pid, start ticks), the job lives only as long as that process: once it is
+    gone, the whole group gets SIGKILL (the Ray executor's launcher, whose death means Ray has
+    taken the job's reservation back).
+
     Returns (main exit status in subprocess convention, wall time the last one was gone,
-    number of escaped descendants killed). SIGCHLD must be blocked by the caller so that
-    `sigtimedwait` wakes on every child exit without a race against the reaping."""
+    number of escaped descendants killed, whether the owner's death killed it). SIGCHLD must
+    be blocked by the caller so that `sigtimedwait` wakes on every child exit without a race
+    against the reaping."""
     leader_code: int | None = None
+    orphaned = False
     while True:
         status = _reap_ready(leader)
         if status is not None:
             leader_code = os.waitstatus_to_exitcode(status)
         if leader_code is not None and not group_alive(leader):
             break
+        if owner is not None and not orphaned and not process_alive(*owner):
+            orphaned = True
+            try:
+                os.killpg(leader, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         signal.sigtimedwait([signal.SIGCHLD], POLL_S)
     escaped = _kill_escaped()
-    return leader_code, time.time(), escaped
+    return leader_code, time.time(), escaped, orphaned
 
 
 JOB_UMASK = 0o022
@@ -272,9 +287,13 @@ def supervise(launch: dict[str, Any], ready_fd: int | None = None) -> int:
         {**me, "pid": proc.pid, "pgid": proc.pid, "started_at": time.time(), "job_start_ticks": start_ticks(proc.pid)},
     )
     _signal_ready(ready_fd)
-    code, ended_at, escaped = wait_for_group(proc.pid)
+    owner = launch.get("owner")
+    code, ended_at, escaped, orphaned = wait_for_group(
+        proc.pid, None if owner is None else (int(owner["pid"]), owner.get("ticks"))
+    )
     proc.returncode = code  # reaped by wait_for_group; keeps Popen from waiting again
-    write_json_atomic(exit_path, {"exit_code": code, "ended_at": ended_at, "error": None, "escaped_killed": escaped})
+    why = f"its owner (pid {owner['pid']}) was gone, so it was killed" if orphaned and owner else None
+    write_json_atomic(exit_path, {"exit_code": code, "ended_at": ended_at, "error": why, "escaped_killed": escaped})
     return 0
 
 

@@ -23,13 +23,11 @@ docs/executors.md and docs/slurm.md.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import re
 import shlex
-import stat
 import subprocess
 import sys
 import threading
@@ -50,6 +48,7 @@ from warden.executors.local import (
     job_environment,
     make_dirs,
 )
+from warden.executors.records import read_job_json, record_ended_at, record_exit_code
 from warden.executors.shim import write_json_atomic
 from warden.executors.slurm_launch import BATCH_SIGNALS, LAUNCH_FILE
 from warden.executors.tracking import AttemptTable
@@ -82,8 +81,6 @@ UNUSABLE_FLAGS = "*~#!%$@^"
 """sinfo's state suffixes for a node that takes no job now: not responding, powered down,
 powering up or down, in maintenance, rebooting."""
 SLURM_TIMEOUT_S = 30.0
-JOB_FILE_MAX = 1 << 16
-"""The most of a file a job wrote (its status and exit records) that the server reads."""
 STEP = 0
 """The id of the one step the batch supervisor runs (its `srun`): the replicas' processes."""
 
@@ -262,38 +259,6 @@ def parse_keyvalues(line: str) -> dict[str, str]:
     return dict(word.split("=", 1) for word in line.split() if "=" in word)
 
 
-def read_job_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object from a file the job's own account may have written: never through a
-    symbolic link, only a regular file, at most JOB_FILE_MAX bytes; None for anything else."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        raw = f.read(JOB_FILE_MAX + 1)
-    if len(raw) > JOB_FILE_MAX:
-        return None
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _exit_code(record: Mapping[str, Any]) -> int | None:
-    code = record.get("exit_code")
-    return code if isinstance(code, int) and not isinstance(code, bool) and -256 < code < 256 else None
-
-
-def _when(record: Mapping[str, Any], default: float) -> float:
-    value = record.get("ended_at")
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return default
-
-
 # -- the executor ----------------------------------------------------------------------------
 
 
@@ -466,7 +431,7 @@ class SlurmExecutor(AttemptTable[_Tracked]):
         handle = Handle(
             spec.job_id,
             spec.attempt,
-            tuple(_replica_handle(spec.log_dir, r.rank) for r in sorted(spec.replicas, key=lambda r: r.rank)),
+            tuple(ReplicaHandle.in_dir(spec.log_dir, r.rank) for r in sorted(spec.replicas, key=lambda r: r.rank)),
             control_path=spec.log_dir / "control.json",
             external=tuple(ids),
         )
@@ -700,7 +665,7 @@ class SlurmExecutor(AttemptTable[_Tracked]):
         with self._lock:
             tracked = self._get((job_id, attempt))
         return tuple(
-            None if record is None else _exit_code(record)
+            None if record is None else record_exit_code(record)
             for record in (read_job_json(r.exit_path) for r in tracked.handle.replicas)
         )
 
@@ -751,7 +716,7 @@ class SlurmExecutor(AttemptTable[_Tracked]):
         return Handle(
             job_id,
             attempt,
-            tuple(_replica_handle(Path(log_dir), rank) for rank in range(replicas)),
+            tuple(ReplicaHandle.in_dir(Path(log_dir), rank) for rank in range(replicas)),
             control_path=Path(log_dir) / "control.json",
             external=ids,
         )
@@ -797,17 +762,6 @@ def _groups(replicas: Sequence[ReplicaLaunch]) -> list[tuple[list[str], int]]:
     return [(nodes, count) for count, nodes in groups.items()]
 
 
-def _replica_handle(log_dir: Path, rank: int) -> ReplicaHandle:
-    return ReplicaHandle(
-        rank=rank,
-        shim_pid=None,
-        pgid=None,
-        status_path=log_dir / f"rank-{rank}.status.json",
-        exit_path=log_dir / f"rank-{rank}.exit.json",
-        log_path=log_dir / f"rank-{rank}.log",
-    )
-
-
 def _exit(tracked: _Tracked, seen: Sequence[tuple[str, str, str] | None]) -> Exit:
     codes: list[int | None] = []
     ended = []
@@ -816,8 +770,8 @@ def _exit(tracked: _Tracked, seen: Sequence[tuple[str, str, str] | None]) -> Exi
     for replica in tracked.handle.replicas:
         record = read_job_json(replica.exit_path)
         if record is not None:
-            codes.append(_exit_code(record))
-            ended.append(min(_when(record, now), now))
+            codes.append(record_exit_code(record))
+            ended.append(min(record_ended_at(record, now), now))
             if record.get("error"):
                 errors.append(f"rank {replica.rank}: {str(record['error'])[:500]}")
         elif tracked.killed_at is not None:

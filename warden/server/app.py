@@ -22,6 +22,7 @@ from warden.executors.base import Executor, Inventory
 from warden.executors.gpus import discover_gpus
 from warden.executors.identity import DEFAULT_JOB_UIDS, Identities
 from warden.executors.local import LocalExecutor
+from warden.executors.ray import RayError, RayExecutor
 from warden.executors.slurm import SlurmExecutor
 from warden.runtime import tune_collector
 from warden.server.api import build_router, install_error_handlers, install_request_limits, metrics_route
@@ -45,8 +46,9 @@ class Settings:
     run_as: Literal["dynamic", "user"] = "dynamic"  # who jobs run as when the server is root
     job_uids: range = DEFAULT_JOB_UIDS
     user_map: tuple[tuple[str, str], ...] = ()  # (warden user or "*", Unix account), for run_as="user"
-    executor: Literal["local", "slurm"] = "local"
+    executor: Literal["local", "slurm", "ray"] = "local"
     slurm_partition: str | None = None  # default: the cluster's default partition
+    ray_address: str | None = None  # the Ray cluster's head, for executor="ray"
 
 
 DEFAULT_FAKE_GPUS = 4
@@ -175,6 +177,13 @@ def build_service(settings: Settings, say: Callable[[str], None] = print) -> Ser
         executor, inventory = slurm, slurm.inventory
         nodes = slurm.inventory().nodes
         say(f"executor slurm: partition {slurm.partition!r}, {len(nodes)} node(s)")
+    elif settings.executor == "ray":
+        if not settings.ray_address:
+            raise RayError("no cluster address given (--ray-address)")
+        cluster = RayExecutor(address=settings.ray_address, identities=identities)
+        executor, inventory = cluster, cluster.inventory
+        nodes = cluster.inventory().nodes
+        say(f"executor ray: cluster {settings.ray_address}, {len(nodes)} node(s)")
     else:
         executor = LocalExecutor(identities=identities)
         nodes = local_node(settings.fake_gpus, say)

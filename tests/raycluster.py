@@ -1,0 +1,159 @@
+"""A real Ray cluster on this machine for the tests that need one (scripts/ray-cluster): a head
+and 3 worker nodes of 4 fake GPUs and 8 CPUs, every 2 workers in one topology block (w1 and w2
+in block b1, w3 in b2), brought up once per test session (the `ray_cluster` fixture).
+
+A test that breaks a node (`RayCluster.kill_worker`) must not do it to the session's cluster,
+which later tests share: it brings up a cluster of its own, in a function-scoped fixture,
+
+    @pytest.fixture
+    def own_cluster() -> Iterator[RayCluster]:
+        yield from bring_up("--nodes", "2", "--gpus-per-node", "2")
+
+(options given to `bring_up` override the defaults). Each cluster costs about 10 s and about
+110 MB per worker node on this two-core machine, so keep them small and few.
+
+Without Ray those tests skip, unless WARDEN_REQUIRE_RAY=1 (CI sets it), where they fail: CI
+must never pass by skipping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "ray-cluster"
+REQUIRE_ENV = "WARDEN_REQUIRE_RAY"
+NODES, GPUS, CPUS, PER_BLOCK = 3, 4, 8, 2
+
+NODES_SCRIPT = """
+import json, sys
+import ray
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+try:
+    print("nodes", json.dumps(ray.nodes()))
+finally:
+    ray.shutdown()
+"""
+
+
+def ray_available() -> bool:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def require_ray() -> None:
+    """Skip (or, under WARDEN_REQUIRE_RAY=1, fail) where Ray is not installed."""
+    if ray_available():
+        return
+    hint = "Ray is not installed (pip install 'gpu-warden[ray]')"
+    if os.environ.get(REQUIRE_ENV) == "1":
+        pytest.fail(f"{REQUIRE_ENV}=1 but {hint}", pytrace=False)
+    pytest.skip(f"{hint} (set {REQUIRE_ENV}=1 to make its absence an error)")
+
+
+def run_script(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def ray_env(address: str) -> dict[str, str]:
+    return {**os.environ, "WARDEN_RAY_ADDRESS": address, "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def ray_nodes(address: str) -> list[dict[str, Any]]:
+    """`ray.nodes()` of the cluster at `address`, asked by a driver in a process of its own
+    (never this one: no Ray state stays behind in the test process)."""
+    done = subprocess.run(
+        [sys.executable, "-c", NODES_SCRIPT, address],
+        capture_output=True,
+        text=True,
+        env=ray_env(address),
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    nodes: list[dict[str, Any]] = json.loads(tagged(done.stdout, "nodes"))
+    return nodes
+
+
+def tagged(stdout: str, tag: str) -> str:
+    """What follows `tag` on the last line of a driver's output that starts with it: Ray's
+    drivers print messages of their own on stdout (a node's death, for one)."""
+    lines = [line for line in stdout.splitlines() if line.startswith(f"{tag} ")]
+    assert lines, f"no line {tag!r} in: {stdout}"
+    return lines[-1][len(tag) + 1 :]
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    root: Path
+    address: str
+    workers: dict[str, int]
+    """Node name (w1, w2, ...) -> the pid of its raylet."""
+
+    @property
+    def env(self) -> dict[str, str]:
+        """This environment, pointed at the cluster."""
+        return ray_env(self.address)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return ray_nodes(self.address)
+
+    def kill_worker(self, name: str) -> None:
+        """SIGKILL the raylet of node `name`: the node dies as when its machine fails (its
+        agents follow; what its workers started may linger). Never on the session's cluster."""
+        os.kill(self.workers[name], signal.SIGKILL)
+
+
+def parse_up(stdout: str) -> tuple[str, dict[str, int]]:
+    """The address and the workers' raylet pids that `up` printed."""
+    lines = stdout.strip().splitlines()
+    assert lines and lines[0].startswith("export WARDEN_RAY_ADDRESS="), stdout
+    workers = {}
+    for line in lines[1:]:
+        word, name, pid = line.split()
+        assert word == "worker", stdout
+        workers[name] = int(pid)
+    return lines[0].split("=", 1)[1], workers
+
+
+def bring_up(*extra: str) -> Iterator[RayCluster]:
+    """The cluster, torn down (`down`) when the generator closes; `extra` options go to `up`
+    after the defaults, so that they override them."""
+    require_ray()
+    root = Path(tempfile.mkdtemp(prefix="warden-ray-"))
+    up = run_script(
+        "up",
+        "--nodes",
+        str(NODES),
+        "--gpus-per-node",
+        str(GPUS),
+        "--cpus-per-node",
+        str(CPUS),
+        "--nodes-per-block",
+        str(PER_BLOCK),
+        *extra,
+        "--dir",
+        str(root),
+        timeout=180,
+    )
+    try:
+        assert up.returncode == 0, up.stderr
+        address, workers = parse_up(up.stdout)
+        yield RayCluster(root, address, workers)
+    finally:
+        run_script("down", "--dir", str(root))
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,800 @@
+"""The `ray` executor: warden decides, an existing Ray cluster runs the processes.
+
+Ray reserves and starts; warden admits, places and preempts (Ray has no priorities and no
+preemption of its own, and its queue of placement groups is not FIFO, so a group is created
+only for a gang warden has admitted). An admitted gang becomes one placement group, detached
+and named `warden.<job>.<attempt>`, with one bundle per replica pinned to the node warden
+placed it on (`bundle_label_selector` on `ray.io/node-id`), and one threaded launcher actor
+per bundle (`warden.executors.ray_launch`) that runs the replica under warden's shim, with the
+environment of DESIGN §6 built here, exactly as the local executor builds it.
+
+Signals are warden's, timed by warden: `terminate` asks every launcher to SIGTERM its
+replica's process group (the calls leave together), and warden's own timer sends SIGKILL at
+the deadline. The group is removed only once every replica is gone: removing it first would
+kill the replicas with no grace.
+
+A node Ray declares dead is `down` in the inventory while an attempt still holds it, so the
+server evicts the rest of the gang (DESIGN §5.4); the bundles are pinned to that node's id,
+so Ray cannot re-place them anywhere behind warden's back, and the group is removed once the
+survivors are gone.
+
+The nodes come from `ray.nodes()`: GPUs, CPUs and memory from their resources, the flavor
+from an `accelerator_type:<X>` resource, the topology block from the `warden.io/block`
+label. The attempt's directory (logs, status and exit records, checkpoints) must be on a
+filesystem every Ray node shares with the server, at the same path, as with Slurm. See
+docs/ray.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from warden.engine.model import DEFAULT_FLAVOR, Node
+from warden.executors.base import Exit, Handle, Inventory, LaunchError, LaunchSpec, ReplicaHandle
+from warden.executors.identity import Identities, Identity
+from warden.executors.local import (
+    KillTimer,
+    adopted_deadline,
+    identity_environment,
+    inherited_environment,
+    job_environment,
+    make_dirs,
+)
+from warden.executors.ray_launch import NAMESPACE, Launcher
+from warden.executors.records import read_job_json, record_ended_at, record_exit_code
+from warden.executors.shim import write_json_atomic
+from warden.executors.tracking import AttemptTable
+
+log = logging.getLogger("warden.executors.ray")
+
+Key = tuple[str, int]
+BLOCK_LABEL = "warden.io/block"
+"""The node label whose value is the node's topology block (its leaf switch, rack or NVLink
+domain): gangs are placed on whole blocks."""
+ACCELERATOR_PREFIX = "accelerator_type:"
+NODE_ID_LABEL = "ray.io/node-id"
+NAME_RE = re.compile(r"warden\.([0-9]+)\.([0-9]+)(?:\.([0-9]+))?")
+"""Placement groups `warden.<job>.<attempt>` and launchers `warden.<job>.<attempt>.<rank>`:
+how a restarted server finds them, and tells them from anybody else's."""
+CPU_FLOOR = 0.001
+"""Ray refuses an empty bundle: a replica that asks for nothing reserves this much CPU."""
+CALL_TIMEOUT_S = 10.0
+
+
+class RayError(RuntimeError):
+    """Ray cannot be reached, or is not fit to be governed."""
+
+
+def probe(address: str, timeout_s: float = 5.0) -> None:
+    """Refuse (RayError naming it) an address that is not HOST:PORT or where nothing listens:
+    `ray.init` would retry it for minutes."""
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise RayError(f"address {address!r} is not HOST:PORT (the head node's GCS, as `ray start --head` prints it)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as err:
+        raise RayError(f"cannot connect to the Ray cluster at {address!r}: {err.strerror or err}") from err
+
+
+def group_name(job_id: str, attempt: int) -> str:
+    return f"warden.{job_id}.{attempt}"
+
+
+def launcher_name(job_id: str, attempt: int, rank: int) -> str:
+    return f"{group_name(job_id, attempt)}.{rank}"
+
+
+# -- the cluster -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RayNode:
+    """One node as `ray.nodes()` shows it."""
+
+    node: Node
+    node_id: str
+    addr: str
+    alive: bool
+    reason: str = ""
+
+
+def parse_nodes(raw: Iterable[Mapping[str, Any]], known: Mapping[str, Node] | None = None) -> list[RayNode]:
+    """`ray.nodes()` entries as nodes, by name (Ray's NodeName, `ray start --node-name`). A
+    live node with neither GPUs nor CPUs (a head node kept for Ray's own services) is left
+    out; a dead one has no resources left in Ray's table, so `known` (node id -> the node as
+    it was alive) gives its capacity. Of
+    two entries with one name, the live one wins (a node that came back has a new id); two
+    live nodes with one name are told apart by their ids' first 8 characters."""
+    entries = []
+    for n in raw:
+        res = n.get("Resources") or {}
+        gpus, cpus = int(res.get("GPU", 0)), float(res.get("CPU", 0))
+        alive = bool(n.get("Alive"))
+        if alive and gpus <= 0 and cpus <= 0:
+            continue
+        flavors = sorted(k[len(ACCELERATOR_PREFIX) :] for k in res if k.startswith(ACCELERATOR_PREFIX))
+        labels = n.get("Labels") or {}
+        entries.append(
+            (
+                str(n.get("NodeName") or n.get("NodeManagerAddress") or n["NodeID"]),
+                str(n["NodeID"]),
+                str(n.get("NodeManagerAddress") or ""),
+                alive,
+                Node(
+                    "",
+                    gpus,
+                    cpu=int(cpus * 1000),
+                    memory=int(float(res.get("memory", 0)) // (1 << 20)),
+                    flavor=flavors[0] if flavors else DEFAULT_FLAVOR,
+                    block=labels.get(BLOCK_LABEL) or None,
+                ),
+                "" if alive else str(n.get("DeathReasonMessage") or "dead"),
+            )
+        )
+    live_names: dict[str, int] = {}
+    for name, _, _, alive, _, _ in entries:
+        if alive:
+            live_names[name] = live_names.get(name, 0) + 1
+    nodes: dict[str, RayNode] = {}
+    for name, node_id, addr, alive, node, reason in sorted(entries, key=lambda e: (not e[3], e[1])):
+        if alive and live_names[name] > 1:
+            name = f"{name}-{node_id[:8]}"
+        if name in nodes:
+            continue  # a dead incarnation of a node that is alive (or dead) under another id
+        if not alive and known and node_id in known:
+            node = known[node_id]
+        nodes[name] = RayNode(_named(node, name), node_id, addr, alive, reason)
+    return sorted(nodes.values(), key=lambda n: n.node.name)
+
+
+def _named(node: Node, name: str) -> Node:
+    return Node(name, node.gpus, cpu=node.cpu, memory=node.memory, flavor=node.flavor, block=node.block)
+
+
+# -- the executor ----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Tracked:
+    handle: Handle
+    node_ids: tuple[str, ...]  # per rank: the Ray node its bundle is pinned to
+    node_names: tuple[str, ...]
+    group: Any  # ray.util.placement_group.PlacementGroup, None once removed
+    launchers: list[Any]  # per rank: the actor handle (None where Ray no longer has it)
+    submitted_mono: float
+    starts: dict[int, Any] = field(default_factory=dict)  # rank -> ObjectRef of Launcher.start, until resolved
+    failed: dict[int, str] = field(default_factory=dict)  # rank -> why it did not start
+    signalled_at: float | None = None
+    kill_at: float | None = None
+    kill_mono: float | None = None
+    killed_at: float | None = None
+    started: bool = False
+    ended_mono: float | None = None
+
+
+class RayExecutor(AttemptTable[_Tracked]):
+    """Runs attempts as placement groups and launcher actors on the Ray cluster at `address`
+    (`host:port` of its GCS, or `ray://` for Ray Client).
+
+    `poll_s` is how often the nodes and the launchers' answers are read; `start_timeout_s` how
+    long an attempt may take to run every replica (its group placed, its launchers created)
+    before it fails and is torn down."""
+
+    def __init__(
+        self,
+        *,
+        address: str,
+        base_env: Mapping[str, str] | None = None,
+        identities: Identities | None = None,
+        poll_s: float = 0.25,
+        start_timeout_s: float = 120.0,
+    ) -> None:
+        if identities is not None and identities.mode == "dynamic":
+            raise RayError(
+                "Ray runs jobs as the account of its workers, not as warden's dynamic uids: run jobs as their users' "
+                "accounts (--run-as user, with --user-map USER=ACCOUNT or '*=ACCOUNT'; Ray's workers must be root)"
+            )
+        try:
+            import ray
+        except ImportError as err:
+            raise RayError(f"Ray is not installed here: pip install 'gpu-warden[ray]' ({err})") from err
+
+        self.address = address
+        self.identities = identities
+        self._base_env = base_env
+        self._poll_s = poll_s
+        self._start_timeout_s = start_timeout_s
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        probe(address)
+        try:
+            ray.init(
+                address=address,
+                namespace=NAMESPACE,
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+                ignore_reinit_error=True,
+            )
+        except Exception as err:  # ConnectionError, RuntimeError, TimeoutError, ...
+            raise RayError(f"cannot connect to the Ray cluster at {address!r}: {err}") from err
+        self._launcher: Any = ray.remote(Launcher)
+        super().__init__()
+        self._timer = KillTimer(self._deadlines_reached)
+        self._nodes: tuple[RayNode, ...] = ()
+        self._known: dict[str, Node] = {}  # node id -> the node as last seen alive
+        self._polled_at = 0.0
+        self._polled = threading.Condition(self._lock)
+        self._poll_once()
+        self._poller = threading.Thread(target=self._poll_loop, name="warden-ray-poll", daemon=True)
+        self._poller.start()
+
+    # -- the cluster -----------------------------------------------------------------------
+
+    def inventory(self) -> Inventory:
+        """The cluster's nodes as last polled. A node Ray declared dead is in `down` while an
+        attempt still has a replica pinned to it (and is left out once none has); so is a node
+        whose attempts were pinned to an earlier incarnation (it died and came back)."""
+        with self._lock:
+            nodes = self._nodes
+            held = {(name, node_id) for t in self._tracked.values() for name, node_id in zip(t.node_names, t.node_ids)}
+        out: list[Node] = []
+        down: dict[str, str] = {}
+        for n in nodes:
+            holds = {node_id for name, node_id in held if name == n.node.name}
+            if not n.alive:
+                if holds:
+                    out.append(n.node)
+                    down[n.node.name] = f"DEAD (Ray: {n.reason})"
+                continue
+            out.append(n.node)
+            if holds - {n.node_id}:
+                down[n.node.name] = "RESTARTED (its earlier Ray node died under a running attempt)"
+        return Inventory(tuple(out), down)
+
+    def _alive(self) -> dict[str, RayNode]:
+        with self._lock:
+            return {n.node.name: n for n in self._nodes if n.alive}
+
+    def _dead_ids(self) -> set[str]:
+        """The nodes replicas are pinned to that are not alive: listed dead, or no longer
+        listed at all."""
+        with self._lock:
+            alive = {n.node_id for n in self._nodes if n.alive}
+            held = {node_id for t in self._tracked.values() for node_id in t.node_ids}
+        return {node_id for node_id in held if node_id and node_id not in alive}
+
+    # -- polling ---------------------------------------------------------------------------
+
+    def _poll_loop(self) -> None:
+        failing: str | None = None
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
+            try:
+                self._poll_once()
+                self._check_starts()
+                if failing is not None:
+                    log.warning("the Ray cluster answers again")
+                failing = None
+            except Exception as err:  # retried; the states stay as last read (logged once per cause)
+                if str(err) != failing:
+                    log.exception("reading the Ray cluster's nodes failed")
+                failing = str(err)
+            time.sleep(self._poll_s)
+
+    def _poll_once(self) -> None:
+        import ray
+
+        began = time.monotonic()
+        nodes = tuple(parse_nodes(ray.nodes(), self._known))
+        with self._lock:
+            self._known.update((n.node_id, n.node) for n in nodes if n.alive)
+            self._nodes = nodes
+            self._polled_at = began
+            self._polled.notify_all()
+
+    def wait_poll(self, timeout_s: float = 10.0) -> None:
+        """Block until a poll that began after this call has finished (tests)."""
+        asked = time.monotonic()
+        with self._polled:
+            self._polled.wait_for(lambda: self._polled_at >= asked or self._closed, timeout=timeout_s)
+
+    def _check_starts(self) -> None:
+        """Take the launchers' answers to `start`; an attempt a replica of which failed to
+        start, or that is not running in full after `start_timeout_s`, is killed."""
+        import ray
+
+        with self._lock:
+            pending = [(key, t, dict(t.starts)) for key, t in self._tracked.items() if t.starts]
+        for key, tracked, starts in pending:
+            ready, _ = ray.wait(list(starts.values()), num_returns=len(starts), timeout=0)
+            done = set(ready)
+            for rank, ref in starts.items():
+                if ref not in done:
+                    continue
+                try:
+                    status = ray.get(ref, timeout=CALL_TIMEOUT_S)
+                    error = status.get("error") if status.get("pgid") is None else None
+                except Exception as err:  # the actor died, could not be placed, or start raised
+                    error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                with self._lock:
+                    tracked.starts.pop(rank, None)
+                    if error:
+                        tracked.failed[rank] = error
+            with self._lock:
+                late = bool(tracked.starts) and time.monotonic() - tracked.submitted_mono > self._start_timeout_s
+                failed = bool(tracked.failed)
+                if late:
+                    why = f"not running after {self._start_timeout_s:g} s ({self._group_state(tracked)})"
+                    for rank in tracked.starts:
+                        tracked.failed[rank] = why
+                    tracked.starts.clear()
+                terminating = tracked.kill_at is not None  # its timer ends it; a rank stopped early is no failure
+            if (late or failed) and not terminating:
+                log.warning(
+                    "attempt %s of job %s failed to start: %s", key[1], key[0], "; ".join(tracked.failed.values())
+                )
+                self._kill(tracked, drop_launchers=True)
+
+    def _group_state(self, tracked: _Tracked) -> str:
+        from ray.util.placement_group import placement_group_table
+
+        try:
+            table = placement_group_table(tracked.group) if tracked.group is not None else {}
+        except Exception:
+            return "its placement group is gone"
+        stats = table.get("stats") or {}
+        return f"placement group {table.get('state', '?')}, {stats.get('scheduling_state', '?')}"
+
+    # -- start -----------------------------------------------------------------------------
+
+    def start(self, spec: LaunchSpec) -> Handle:
+        """Reserve the gang (one placement group, a bundle per replica pinned to its node) and
+        create its launchers; returns at once. `started()` reports it once every replica runs,
+        `exits()` once every one is gone."""
+        key = self._begin_start(spec)
+        try:
+            return self._submit(spec, key)
+        finally:
+            self._end_start(key)
+
+    def _submit(self, spec: LaunchSpec, key: Key) -> Handle:
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        identity = self._identity(spec)
+        alive = self._alive()
+        ordered = sorted(spec.replicas, key=lambda r: r.rank)
+        missing = sorted({r.node for r in ordered} - alive.keys())
+        if missing:
+            raise LaunchError(f"job {spec.job_id!r}: node(s) {', '.join(missing)} are not alive in the Ray cluster")
+        make_dirs(spec.log_dir)
+        make_dirs(spec.checkpoint_dir)
+        handle = Handle(
+            spec.job_id,
+            spec.attempt,
+            tuple(ReplicaHandle.in_dir(spec.log_dir, r.rank) for r in ordered),
+            control_path=spec.log_dir / "control.json",
+            external=(group_name(spec.job_id, spec.attempt), *(alive[r.node].node_id for r in ordered)),
+        )
+        for stale in [handle.control_path, *(p for r in handle.replicas for p in (r.status_path, r.exit_path))]:
+            if stale is not None:
+                stale.unlink(missing_ok=True)
+        if identity is not None:  # the job writes its checkpoints there
+            os.chown(spec.checkpoint_dir, identity.uid, identity.gid, follow_symlinks=False)
+            os.chmod(spec.checkpoint_dir, 0o700)
+        launches = self._launches(spec, ordered, alive, identity)
+        bundles = [_bundle(spec, len(r.gpus)) for r in ordered]
+        try:
+            group = placement_group(
+                bundles,
+                strategy="PACK",
+                name=group_name(spec.job_id, spec.attempt),
+                lifetime="detached",
+                bundle_label_selector=[{NODE_ID_LABEL: alive[r.node].node_id} for r in ordered],
+            )
+            launchers: list[Any] = [
+                self._launcher.options(
+                    name=launcher_name(spec.job_id, spec.attempt, r.rank),
+                    namespace=NAMESPACE,
+                    lifetime="detached",
+                    max_concurrency=4,
+                    max_restarts=0,
+                    num_cpus=bundles[i].get("CPU", 0),
+                    num_gpus=bundles[i].get("GPU", 0),
+                    memory=bundles[i].get("memory"),
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(group, i),
+                ).remote()
+                for i, r in enumerate(ordered)
+            ]
+            port: Any = spec.master_port
+            if len(ordered) > 1 and port is None:
+                port = launchers[0].free_port.remote()  # Ray hands its answer to every rank's start
+            starts = {
+                r.rank: launchers[i].start.remote(
+                    launches[i], port, {"node": r.node, "ray_node_id": alive[r.node].node_id}
+                )
+                for i, r in enumerate(ordered)
+            }
+        except Exception as err:
+            self._remove(group_name(spec.job_id, spec.attempt), len(ordered))
+            raise LaunchError(f"job {spec.job_id!r} attempt {spec.attempt}: Ray refused it: {err}") from err
+        tracked = _Tracked(
+            handle,
+            tuple(alive[r.node].node_id for r in ordered),
+            tuple(r.node for r in ordered),
+            group,
+            launchers,
+            time.monotonic(),
+            starts=starts,
+        )
+        with self._lock:
+            self._tracked[key] = tracked
+        return handle
+
+    def _identity(self, spec: LaunchSpec) -> Identity | None:
+        if self.identities is None or self.identities.mode != "user":
+            return None
+        identity = self.identities.account(spec.user or "")
+        if identity is None:
+            raise LaunchError(
+                f"job {spec.job_id!r}: warden user {spec.user!r} has no Unix account to run it as on the Ray nodes "
+                "(map one with --user-map USER=ACCOUNT, or '*=ACCOUNT' for every user)"
+            )
+        return identity
+
+    def _launches(
+        self, spec: LaunchSpec, ordered: Sequence[Any], alive: Mapping[str, RayNode], identity: Identity | None
+    ) -> list[dict[str, Any]]:
+        """What each launcher hands its shim: the command, its directory, the environment of
+        DESIGN §6 (MASTER_PORT added by the launcher when rank 0's node picks it)."""
+        base = inherited_environment(os.environ) if self._base_env is None else dict(self._base_env)
+        who = identity_environment(identity, spec.log_dir / "home")
+        master = alive[ordered[0].node].addr or ordered[0].node
+        out = []
+        for r in ordered:
+            log_path = spec.log_dir / f"rank-{r.rank}.log"
+            env = job_environment(
+                spec, r, master_port=spec.master_port, log_path=log_path, base=base, identity=who, master_addr=master
+            )
+            if spec.master_port is None:
+                env.pop("MASTER_PORT", None)
+            out.append(
+                {
+                    "argv": list(spec.command),
+                    "cwd": str(spec.workdir),
+                    "env": env,
+                    "log": str(log_path),
+                    "status": str(spec.log_dir / f"rank-{r.rank}.status.json"),
+                    "exit": str(spec.log_dir / f"rank-{r.rank}.exit.json"),
+                    "identity": None
+                    if identity is None
+                    else {"uid": identity.uid, "gid": identity.gid, "groups": list(identity.groups)},
+                    "private_dirs": [],
+                }
+            )
+        return out
+
+    # -- signals ---------------------------------------------------------------------------
+
+    def terminate(self, job_id: str, attempt: int, grace_s: float) -> float:
+        """SIGTERM every replica's process group through its launcher (the calls leave
+        together), and SIGKILL at the returned deadline by warden's own timer. A rank still
+        starting is signalled the moment it runs."""
+        if grace_s < 0:
+            raise ValueError(f"grace_s must be >= 0, got {grace_s!r}")
+        key = (job_id, attempt)
+        with self._lock:
+            tracked = self._get(key)
+            if tracked.kill_at is not None:
+                return tracked.kill_at
+            launchers = list(tracked.launchers)
+            running = {i for i, r in enumerate(tracked.handle.replicas) if r.rank not in tracked.starts}
+        dead = self._dead_ids()
+        running = {i for i in running if tracked.node_ids[i] not in dead}  # no answer comes from a dead node
+        sent = time.time()
+        _send(launchers, signal.SIGTERM, awaited=running)
+        mono, now = time.monotonic(), time.time()  # the grace counts from the last running rank's SIGTERM
+        with self._lock:
+            if tracked.signalled_at is None:
+                tracked.signalled_at = sent
+            if tracked.kill_at is None:
+                tracked.kill_at = now + grace_s
+                tracked.kill_mono = mono + grace_s
+                self._timer.arm(tracked.kill_mono, key)
+            deadline = tracked.kill_at
+        self._persist(tracked)
+        return deadline
+
+    def kill(self, job_id: str, attempt: int) -> None:
+        with self._lock:
+            tracked = self._get((job_id, attempt))
+        self._kill(tracked)
+
+    def _deadlines_reached(self, keys: list[Key]) -> None:
+        for key in keys:
+            with self._lock:
+                tracked = self._tracked.get(key)
+                if tracked is None or tracked.kill_mono is None or time.monotonic() < tracked.kill_mono:
+                    continue
+            self._kill(tracked)
+
+    def _kill(self, tracked: _Tracked, drop_launchers: bool = False) -> None:
+        """SIGKILL every replica now. A launcher that has not started its replica yet is
+        killed instead (its rank then never runs); with `drop_launchers`, every launcher is."""
+        with self._lock:
+            if tracked.ended_mono is not None:
+                return
+            if tracked.killed_at is None:
+                tracked.killed_at = time.time()
+                if tracked.kill_at is None:
+                    tracked.kill_at = tracked.killed_at
+            launchers = list(tracked.launchers)
+            unstarted = set(tracked.starts)
+        _send(launchers, signal.SIGKILL, awaited=())  # a deadline due next must not wait on these answers
+        for rank, launcher in enumerate(launchers):
+            if launcher is not None and (drop_launchers or rank in unstarted):
+                _kill_actor(launcher)  # its start fails; the shim, if it ran, kills the job with its owner
+        self._persist(tracked)
+
+    def _persist(self, tracked: _Tracked) -> None:
+        if tracked.handle.control_path is None:
+            return
+        with self._lock:
+            record = {"signalled_at": tracked.signalled_at, "kill_at": tracked.kill_at, "killed_at": tracked.killed_at}
+        write_json_atomic(tracked.handle.control_path, record)
+
+    # -- exits -----------------------------------------------------------------------------
+
+    def started(self) -> list[Key]:
+        """The attempts each of whose replicas has written its status file since the last
+        call (its job process runs)."""
+        with self._lock:
+            waiting = [(key, t) for key, t in self._tracked.items() if not t.started]
+        out = []
+        for key, tracked in waiting:
+            if all(r.status_path.exists() for r in tracked.handle.replicas):
+                tracked.started = True
+                out.append(key)
+        return out
+
+    def exits(self) -> list[Exit]:
+        """Attempts every replica of which is gone: its exit record is written, its node is
+        dead, or it never started. Each is reported once, after its placement group and
+        launchers are removed (Ray's GPUs are free when warden gives them to someone else)."""
+        dead = self._dead_ids()
+        with self._lock:
+            candidates = list(self._tracked.items())
+        reported = []
+        for key, tracked in candidates:
+            ranks = [self._rank_end(tracked, i, dead) for i in range(len(tracked.handle.replicas))]
+            if any(r is None for r in ranks):
+                continue
+            with self._lock:
+                if self._tracked.pop(key, None) is None:
+                    continue
+                tracked.ended_mono = time.monotonic()
+            self._remove(tracked.handle.external[0], len(tracked.handle.replicas), tracked)
+            reported.append(_exit(tracked, [r for r in ranks if r is not None]))
+        return reported
+
+    def _rank_end(self, tracked: _Tracked, index: int, dead: set[str]) -> tuple[int | None, float, str | None] | None:
+        """(exit code, when, error) of a replica that is gone, None while it may still run."""
+        replica = tracked.handle.replicas[index]
+        record = read_job_json(replica.exit_path)
+        if record is not None:
+            now = time.time()
+            error = str(record["error"])[:500] if record.get("error") else None
+            return record_exit_code(record), min(record_ended_at(record, now), now), error
+        if tracked.node_ids[index] in dead:
+            code = -9 if tracked.killed_at is not None else None
+            return code, time.time(), f"node {tracked.node_names[index]} is dead (Ray)"
+        with self._lock:
+            why = tracked.failed.get(replica.rank)
+        if why is not None and not replica.status_path.exists():
+            return None, time.time(), f"did not start: {why}"
+        return None
+
+    def replica_exit_codes(self, job_id: str, attempt: int) -> tuple[int | None, ...]:
+        with self._lock:
+            tracked = self._get((job_id, attempt))
+        records = (read_job_json(r.exit_path) for r in tracked.handle.replicas)
+        return tuple(None if record is None else record_exit_code(record) for record in records)
+
+    def _remove(self, name: str, ranks: int, tracked: _Tracked | None = None) -> None:
+        """Remove an attempt's placement group and launchers (those Ray still has)."""
+        from ray.util.placement_group import get_placement_group, remove_placement_group
+
+        launchers = (
+            list(tracked.launchers) if tracked is not None else [_actor(f"{name}.{rank}") for rank in range(ranks)]
+        )
+        for launcher in launchers:
+            if launcher is not None:
+                _kill_actor(launcher)
+        group = tracked.group if tracked is not None else None
+        try:
+            if group is None:
+                group = get_placement_group(name)
+            remove_placement_group(group)
+        except Exception:  # already removed, never created
+            pass
+        if tracked is not None:
+            tracked.group = None
+
+    # -- restart ---------------------------------------------------------------------------
+
+    def adopt(self, handle: Handle, kill_at: float | None = None) -> None:
+        """Track an attempt an earlier server process started: its group and launchers are
+        found by name; its SIGKILL is re-armed. A replica that never started is given
+        `start_timeout_s` from now."""
+        from ray.util.placement_group import get_placement_group
+
+        key = (handle.job_id, handle.attempt)
+        control = (read_job_json(handle.control_path) if handle.control_path is not None else None) or {}
+        name = handle.external[0] if handle.external else group_name(handle.job_id, handle.attempt)
+        try:
+            group = get_placement_group(name)
+        except Exception:
+            group = None
+        launchers = [_actor(launcher_name(handle.job_id, handle.attempt, r.rank)) for r in handle.replicas]
+        node_ids = tuple(handle.external[1:]) or tuple("" for _ in handle.replicas)
+        with self._lock:
+            names = {n.node_id: n.node.name for n in self._nodes}
+            tracked = self._tracked.get(key)
+            if tracked is None:
+                tracked = _Tracked(
+                    handle,
+                    node_ids,
+                    tuple(names.get(i, "") for i in node_ids),
+                    group,
+                    launchers,
+                    submitted_mono=time.monotonic(),
+                    signalled_at=control.get("signalled_at"),
+                    kill_at=control.get("kill_at"),
+                    killed_at=control.get("killed_at"),
+                    started=True,  # the server recovered its state itself
+                )
+                for i, replica in enumerate(handle.replicas):
+                    if launchers[i] is None and not replica.exit_path.exists():
+                        tracked.failed[replica.rank] = "its launcher is gone"
+                self._tracked[key] = tracked
+            deadline = adopted_deadline(kill_at if kill_at is not None else tracked.kill_at)
+            if deadline is not None and tracked.killed_at is None:
+                tracked.kill_at = deadline
+                tracked.kill_mono = time.monotonic() + (deadline - time.time())
+                self._timer.arm(tracked.kill_mono, key)
+
+    def recover(self, job_id: str, attempt: int, log_dir: Path, replicas: int) -> Handle | None:
+        """The handle of an attempt whose start the server may not have seen return: its
+        placement group, found by name. None when Ray has none."""
+        from ray.util.placement_group import get_placement_group, placement_group_table
+
+        name = group_name(job_id, attempt)
+        try:
+            table = placement_group_table(get_placement_group(name))
+        except Exception:
+            return None
+        if table.get("state") == "REMOVED":
+            return None
+        by_bundle = table.get("bundles_to_node_id") or {}
+        return Handle(
+            job_id,
+            attempt,
+            tuple(ReplicaHandle.in_dir(Path(log_dir), rank) for rank in range(replicas)),
+            control_path=Path(log_dir) / "control.json",
+            external=(name, *(str(by_bundle.get(rank, "")) for rank in range(replicas))),
+        )
+
+    def cancel_unowned(self, owned: Iterable[tuple[str, int]]) -> list[str]:
+        """Remove the placement groups and launchers named as warden's whose attempt is not in
+        `owned` (their jobs die with their launchers). Returns their names."""
+        import ray
+        from ray.util.placement_group import placement_group_table
+
+        keep = {group_name(j, a) for j, a in owned}
+        with self._lock:
+            keep |= {group_name(j, a) for j, a in self._tracked}
+        strays: dict[str, int] = {}
+        for entry in placement_group_table().values():
+            name = str(entry.get("name") or "")
+            match = NAME_RE.fullmatch(name)
+            if match and match[3] is None and entry.get("state") != "REMOVED" and name not in keep:
+                strays[name] = max(strays.get(name, 0), len(entry.get("bundles") or {}))
+        for actor in ray.util.list_named_actors():
+            match = NAME_RE.fullmatch(actor)
+            if match and match[3] is not None:
+                group = group_name(match[1], int(match[2]))
+                if group not in keep:
+                    strays[group] = max(strays.get(group, 0), int(match[3]) + 1)
+        if strays:
+            log.warning("removing Ray placement groups and launchers no attempt owns: %s", ", ".join(sorted(strays)))
+        for name, ranks in strays.items():
+            self._remove(name, ranks)
+        return sorted(strays)
+
+    def close(self) -> None:
+        """Stop the poller and the timer, and leave the cluster. Jobs keep running (their
+        groups and launchers are detached; an adopter re-arms SIGKILL)."""
+        with self._lock:
+            self._closed = True
+            self._polled.notify_all()
+        self._timer.close()
+        self._poller.join(timeout=self._poll_s + CALL_TIMEOUT_S)
+
+
+def _bundle(spec: LaunchSpec, gpus: int) -> dict[str, float]:
+    bundle: dict[str, float] = {}
+    if gpus:
+        bundle["GPU"] = float(gpus)
+    if spec.cpu:
+        bundle["CPU"] = spec.cpu / 1000
+    if spec.memory:
+        bundle["memory"] = float(spec.memory << 20)
+    if not bundle:
+        bundle["CPU"] = CPU_FLOOR
+    return bundle
+
+
+def _send(launchers: Sequence[Any], signum: int, awaited: Iterable[int] | None = None) -> None:
+    """Ask every launcher to signal its replica: the calls leave together. The answers of
+    those in `awaited` (default: all), the launchers of running replicas, are waited for
+    (briefly), so that the signal has arrived when this returns; one still being created
+    answers only once it exists, and signals its replica the moment it starts it."""
+    import ray
+
+    refs = {i: launcher.signal.remote(int(signum)) for i, launcher in enumerate(launchers) if launcher is not None}
+    chosen = None if awaited is None else set(awaited)
+    wanted = [ref for i, ref in refs.items() if chosen is None or i in chosen]
+    if not wanted:
+        return
+    ready, _ = ray.wait(wanted, num_returns=len(wanted), timeout=2.0)
+    for ref in ready:
+        try:
+            ray.get(ref, timeout=0)
+        except Exception as err:  # a launcher on a dead node: its replica is gone with it
+            log.info("signal %d not delivered: %s", signum, type(err).__name__)
+
+
+def _actor(name: str) -> Any:
+    import ray
+
+    try:
+        return ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
+def _kill_actor(actor: Any) -> None:
+    import ray
+
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # already dead
+        pass
+
+
+def _exit(tracked: _Tracked, ranks: Sequence[tuple[int | None, float, str | None]]) -> Exit:
+    now = time.time()
+    errors = [f"rank {i}: {error}" for i, (_, _, error) in enumerate(ranks) if error]
+    return Exit(
+        job_id=tracked.handle.job_id,
+        attempt=tracked.handle.attempt,
+        exit_codes=tuple(code for code, _, _ in ranks),
+        ended_at=min(now, max(when for _, when, _ in ranks)),
+        signalled_at=tracked.signalled_at,
+        killed=tracked.killed_at is not None,
+        killed_at=tracked.killed_at,
+        error="; ".join(errors) or None,
+    )

@@ -1,0 +1,53 @@
+"""The records a replica's shim writes on its node (status and exit), as the server reads them.
+
+The shim may run as the job's own account (Slurm, Ray): whatever it wrote may have been
+replaced by the job. So a record is read never through a symbolic link, only from a regular
+file, at most JOB_FILE_MAX bytes, and every field is checked before it is believed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+JOB_FILE_MAX = 1 << 16
+"""The most of a file a job wrote (its status and exit records) that the server reads."""
+
+
+def read_job_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from a file the job's own account may have written: never through a
+    symbolic link, only a regular file, at most JOB_FILE_MAX bytes; None for anything else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        raw = f.read(JOB_FILE_MAX + 1)
+    if len(raw) > JOB_FILE_MAX:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def record_exit_code(record: Mapping[str, Any]) -> int | None:
+    """The exit code in a record, if it is one (subprocess convention)."""
+    code = record.get("exit_code")
+    return code if isinstance(code, int) and not isinstance(code, bool) and -256 < code < 256 else None
+
+
+def record_ended_at(record: Mapping[str, Any], default: float) -> float:
+    """When the record says the replica's last process was gone, else `default`."""
+    value = record.get("ended_at")
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return default
