@@ -18,6 +18,8 @@ from warden.engine.model import DEFAULT_FLAVOR, Node
 from warden.executors.base import Exit, LaunchError, LaunchSpec, ReplicaLaunch
 from warden.executors.ray import RayError, RayExecutor, group_name, parse_nodes, probe
 
+pytestmark = pytest.mark.xdist_group("ray")  # one xdist worker runs every Ray test: one cluster
+
 # -- Ray's node table ------------------------------------------------------------------------
 
 

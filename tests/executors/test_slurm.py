@@ -31,6 +31,8 @@ from warden.executors.slurm import (
     parse_topology,
 )
 
+pytestmark = pytest.mark.xdist_group("slurm")  # one xdist worker runs every Slurm test: one cluster
+
 # Records the time of each SIGTERM (and the pid) and keeps running until SIGKILL, printing
 # the environment warden set first.
 STUBBORN = """\

@@ -3,9 +3,9 @@ nodes, GPUs, CPUs and blocks asked, a node declared dead soon after its raylet i
 torn down with nothing of it left running — a job that an actor started in a session of its
 own included.
 
-Each test that needs a cluster brings up a small one of its own (the session's `ray_cluster`
-is checked once): without Ray they skip, unless WARDEN_REQUIRE_RAY=1 (CI sets it), where they
-fail: CI must never pass by skipping.
+The session's `ray_cluster` (tests/raycluster.py) is checked as it is; the tests that break a
+node or tear a cluster down bring up a small one of their own. Without Ray they skip, unless
+WARDEN_REQUIRE_RAY=1 (CI sets it), where they fail: CI must never pass by skipping.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from raycluster import SCRIPT, RayCluster, bring_up, parse_up, ray_env, ray_nodes, require_ray, run_script, tagged
+from raycluster import SCRIPT, RayCluster, bring_up, parse_up, ray_env, require_ray, run_script, tagged
 
 DEATH_BOUND_S = 5.0
 """How soon a node whose raylet is SIGKILLed must be dead in `ray.nodes()` (about 2 s with the
@@ -80,33 +80,6 @@ SUPERVISOR = (
 )
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
-    """A cluster of 2 worker nodes of 2 GPUs and 4 CPUs, one per block: its directory and
-    what `up` printed."""
-    require_ray()
-    root = tmp_path_factory.mktemp("ray")
-    up = run_script(
-        "up",
-        "--nodes",
-        "2",
-        "--gpus-per-node",
-        "2",
-        "--cpus-per-node",
-        "4",
-        "--nodes-per-block",
-        "1",
-        "--dir",
-        str(root),
-        timeout=180,
-    )
-    try:
-        assert up.returncode == 0, up.stderr
-        yield root, up.stdout
-    finally:
-        run_script("down", "--dir", str(root))
-
-
 @pytest.fixture
 def own_cluster() -> Iterator[RayCluster]:
     """A cluster of this test alone, free to break: 2 worker nodes of 1 GPU and 1 CPU."""
@@ -114,48 +87,29 @@ def own_cluster() -> Iterator[RayCluster]:
 
 
 @pytest.mark.slow
-def test_up_prints_the_address_and_one_live_raylet_per_worker(cluster: tuple[Path, str]) -> None:
-    root, stdout = cluster
-    lines = stdout.splitlines()
-    assert re.fullmatch(r"export WARDEN_RAY_ADDRESS=127\.0\.0\.2:\d+", lines[0]), stdout
-    assert [line.split()[:2] for line in lines[1:]] == [["worker", "w1"], ["worker", "w2"]], stdout
-    address, workers = parse_up(stdout)
-    for name, pid in workers.items():
-        assert running(pid) and comm(pid) == "raylet", f"{name}: pid {pid} is not a live raylet"
-        assert f"--node-name={name}" in cmdline(pid).split()
-    recorded = json.loads((root / "cluster.json").read_text())
-    assert recorded["address"] == address
+@pytest.mark.xdist_group("ray")  # on the xdist worker that holds the session's cluster for the Ray tests
+def test_the_session_cluster_has_the_nodes_gpus_cpus_and_blocks_asked(ray_cluster: RayCluster) -> None:
+    assert re.fullmatch(r"127\.0\.0\.2:\d+", ray_cluster.address), ray_cluster.address
+    assert ray_cluster.env["WARDEN_RAY_ADDRESS"] == ray_cluster.address
+    assert sorted(ray_cluster.workers) == ["w1", "w2", "w3"]
+    recorded = json.loads((ray_cluster.root / "cluster.json").read_text())
+    assert recorded["address"] == ray_cluster.address
     assert Path(recorded["temp_dir"]).parent == Path("/tmp") and Path(recorded["temp_dir"]).is_dir()
     nodes = {n["name"]: n for n in recorded["nodes"]}
-    assert sorted(nodes) == ["head", "w1", "w2"]
-    for name, pid in workers.items():
+    assert sorted(nodes) == ["head", "w1", "w2", "w3"]
+    for name, pid in ray_cluster.workers.items():
+        assert running(pid) and comm(pid) == "raylet", f"{name}: pid {pid} is not a live raylet"
+        assert f"--node-name={name}" in cmdline(pid).split()
         assert nodes[name]["raylet_pid"] == pid
         assert os.getpgid(pid) == nodes[name]["pgid"], f"{name}'s raylet is not in its node's process group"
-
-
-@pytest.mark.slow
-def test_ray_sees_every_node_alive_with_the_resources_and_block_asked(cluster: tuple[Path, str]) -> None:
-    address, _ = parse_up(cluster[1])
-    seen = {n["NodeName"]: n for n in ray_nodes(address) if n["Alive"]}
-    assert sorted(seen) == ["head", "w1", "w2"]
-    assert (seen["head"]["Resources"].get("CPU", 0), seen["head"]["Resources"].get("GPU", 0)) == (0, 0)
-    for name, block in (("w1", "b1"), ("w2", "b2")):
-        resources = seen[name]["Resources"]
-        assert (resources["CPU"], resources["GPU"]) == (4, 2), f"{name}: {resources}"
-        assert seen[name]["Labels"].get("warden.io/block") == block, f"{name}: {seen[name]['Labels']}"
-        assert seen[name]["NodeManagerAddress"] == "127.0.0.2"
-
-
-@pytest.mark.slow
-def test_the_session_cluster_has_three_nodes_of_four_gpus_in_two_blocks(ray_cluster: RayCluster) -> None:
-    assert sorted(ray_cluster.workers) == ["w1", "w2", "w3"]
-    assert all(running(pid) for pid in ray_cluster.workers.values())
-    assert ray_cluster.env["WARDEN_RAY_ADDRESS"] == ray_cluster.address
     seen = {n["NodeName"]: n for n in ray_cluster.nodes() if n["Alive"]}
     assert sorted(seen) == ["head", "w1", "w2", "w3"]
+    assert (seen["head"]["Resources"].get("CPU", 0), seen["head"]["Resources"].get("GPU", 0)) == (0, 0)
     for name, block in (("w1", "b1"), ("w2", "b1"), ("w3", "b2")):
-        assert (seen[name]["Resources"]["GPU"], seen[name]["Resources"]["CPU"]) == (4, 8)
-        assert seen[name]["Labels"].get("warden.io/block") == block
+        resources = seen[name]["Resources"]
+        assert (resources["GPU"], resources["CPU"]) == (4, 8), f"{name}: {resources}"
+        assert seen[name]["Labels"].get("warden.io/block") == block, f"{name}: {seen[name]['Labels']}"
+        assert seen[name]["NodeManagerAddress"] == "127.0.0.2"
 
 
 @pytest.mark.slow
@@ -186,7 +140,7 @@ def test_a_node_whose_raylet_is_killed_is_dead_within_seconds_and_the_others_liv
 
 
 @pytest.mark.slow
-def test_down_stops_every_process_of_the_cluster_and_is_idempotent(
+def test_up_then_down_stops_every_process_of_the_cluster_and_again(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     require_ray()
@@ -196,6 +150,8 @@ def test_down_stops_every_process_of_the_cluster_and_is_idempotent(
     )
     assert up.returncode == 0, up.stderr
     address, workers = parse_up(up.stdout)
+    assert re.fullmatch(r"export WARDEN_RAY_ADDRESS=127\.0\.0\.2:\d+\nworker w1 \d+\n", up.stdout), up.stdout
+    assert running(workers["w1"]) and comm(workers["w1"]) == "raylet"
     recorded = json.loads((root / "cluster.json").read_text())
     try:
         launched = subprocess.run(

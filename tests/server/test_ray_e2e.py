@@ -24,7 +24,8 @@ from serverproc import Server, until_state, wait_for
 
 from warden.executors.shim import process_alive
 
-pytestmark = pytest.mark.slow  # a real Ray cluster and a server per test
+# A real Ray cluster and a server per test; one xdist worker runs every Ray test (one cluster).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 POLICY = """\
 min_grace: 2s

@@ -23,7 +23,9 @@ from slurmcluster import Cluster
 
 from warden.executors.slurm import expand_hostlist, job_name
 
-pytestmark = pytest.mark.slow  # a real Slurm cluster and a server per test: about two minutes
+# A real Slurm cluster and a server per test, about two minutes; one xdist worker runs every
+# test of the session's Slurm cluster.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 
 POLICY = """\
 min_grace: 2s

@@ -78,8 +78,7 @@ class RayError(RuntimeError):
 def probe(address: str, timeout_s: float = 5.0) -> None:
     """Refuse (RayError naming it) an address that is not HOST:PORT or where nothing listens:
     `ray.init` would retry it for minutes."""
-    hostport = address.removeprefix("ray://")
-    host, _, port = hostport.rpartition(":")
+    host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise RayError(f"address {address!r} is not HOST:PORT (the head node's GCS, as `ray start --head` prints it)")
     try:
@@ -186,7 +185,7 @@ class _Tracked:
 
 class RayExecutor(AttemptTable[_Tracked]):
     """Runs attempts as placement groups and launcher actors on the Ray cluster at `address`
-    (`host:port` of its GCS, or `ray://` for Ray Client).
+    (`host:port` of its head's GCS).
 
     `poll_s` is how often the nodes and the launchers' answers are read; `start_timeout_s` how
     long an attempt may take to run every replica (its group placed, its launchers created)
