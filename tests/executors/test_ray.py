@@ -16,7 +16,7 @@ from raycluster import RayCluster
 
 from warden.engine.model import DEFAULT_FLAVOR, Node
 from warden.executors.base import Exit, LaunchError, LaunchSpec, ReplicaLaunch
-from warden.executors.ray import RayError, RayExecutor, group_name, parse_nodes, probe
+from warden.executors.ray import RayError, RayExecutor, group_name, inventory_of, parse_nodes, probe
 
 pytestmark = pytest.mark.xdist_group("ray")  # one xdist worker runs every Ray test: one cluster
 
@@ -59,6 +59,29 @@ def test_a_dead_node_keeps_its_last_known_capacity_and_a_live_incarnation_wins()
 def test_two_live_nodes_with_one_name_are_told_apart_by_their_ids() -> None:
     nodes = parse_nodes([entry("10.0.0.1", "1234567890", GPU=1), entry("10.0.0.1", "abcdefabcd", GPU=1)])
     assert [n.node.name for n in nodes] == ["10.0.0.1-12345678", "10.0.0.1-abcdefab"]
+
+
+def test_a_node_is_down_while_a_replica_is_pinned_to_it_dead_gone_or_restarted() -> None:
+    known = {"d": Node("w2", 4), "g": Node("w3", 4)}
+    nodes = parse_nodes(
+        [
+            entry("w1", "a", GPU=4),
+            entry("w2", "d", alive=False),
+            entry("w4", "new", GPU=4),
+            entry("w5", "x", alive=False),  # dead, and no replica is pinned to it
+        ],
+        known,
+    )
+    held = {("w1", "a"), ("w2", "d"), ("w3", "g"), ("w4", "old")}
+    inv = inventory_of(nodes, held, known)
+    assert [n.name for n in inv.nodes] == ["w1", "w2", "w3", "w4"]
+    assert inv.down == {
+        "w2": "DEAD (Ray: health check failed)",
+        "w3": "GONE (Ray no longer lists it)",
+        "w4": "RESTARTED (its earlier Ray node died under a running attempt)",
+    }
+    assert [n.name for n in inv.usable] == ["w1"]
+    assert inventory_of(nodes, set(), known).down == {}  # nothing pinned: the dead are just gone
 
 
 @pytest.mark.parametrize(

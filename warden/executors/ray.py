@@ -158,6 +158,33 @@ def parse_nodes(raw: Iterable[Mapping[str, Any]], known: Mapping[str, Node] | No
     return sorted(nodes.values(), key=lambda n: n.node.name)
 
 
+def inventory_of(nodes: Sequence[RayNode], held: Iterable[tuple[str, str]], known: Mapping[str, Node]) -> Inventory:
+    """The live nodes, and in `down` every node a replica is still pinned to (`held`: node
+    name, Ray node id) that is not alive under that id: dead, no longer listed by Ray at all
+    (with its capacity from `known`), or alive again as a new Ray node (it died and came back
+    while the attempt ran). A dead node nobody holds is left out: it is simply gone."""
+    pinned: dict[str, set[str]] = {}
+    for name, node_id in held:
+        pinned.setdefault(name, set()).add(node_id)
+    out: list[Node] = []
+    down: dict[str, str] = {}
+    for n in nodes:
+        ids = pinned.pop(n.node.name, set())
+        if not n.alive:
+            if ids:
+                out.append(n.node)
+                down[n.node.name] = f"DEAD (Ray: {n.reason})"
+            continue
+        out.append(n.node)
+        if ids - {n.node_id}:
+            down[n.node.name] = "RESTARTED (its earlier Ray node died under a running attempt)"
+    for name, ids in sorted(pinned.items()):
+        node = next((known[i] for i in sorted(ids) if i in known), Node(name, 0))
+        out.append(_named(node, name))
+        down[name] = "GONE (Ray no longer lists it)"
+    return Inventory(tuple(sorted(out, key=lambda n: n.name)), down)
+
+
 def _named(node: Node, name: str) -> Node:
     return Node(name, node.gpus, cpu=node.cpu, memory=node.memory, flavor=node.flavor, block=node.block)
 
@@ -241,25 +268,10 @@ class RayExecutor(AttemptTable[_Tracked]):
     # -- the cluster -----------------------------------------------------------------------
 
     def inventory(self) -> Inventory:
-        """The cluster's nodes as last polled. A node Ray declared dead is in `down` while an
-        attempt still has a replica pinned to it (and is left out once none has); so is a node
-        whose attempts were pinned to an earlier incarnation (it died and came back)."""
+        """The cluster's nodes as last polled (see `inventory_of`)."""
         with self._lock:
-            nodes = self._nodes
             held = {(name, node_id) for t in self._tracked.values() for name, node_id in zip(t.node_names, t.node_ids)}
-        out: list[Node] = []
-        down: dict[str, str] = {}
-        for n in nodes:
-            holds = {node_id for name, node_id in held if name == n.node.name}
-            if not n.alive:
-                if holds:
-                    out.append(n.node)
-                    down[n.node.name] = f"DEAD (Ray: {n.reason})"
-                continue
-            out.append(n.node)
-            if holds - {n.node_id}:
-                down[n.node.name] = "RESTARTED (its earlier Ray node died under a running attempt)"
-        return Inventory(tuple(out), down)
+            return inventory_of(self._nodes, held, self._known)
 
     def _alive(self) -> dict[str, RayNode]:
         with self._lock:
