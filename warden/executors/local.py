@@ -19,11 +19,7 @@ See docs/executors.md and docs/security.md.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import json
-import logging
-import math
 import os
 import pwd
 import signal
@@ -32,12 +28,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from warden.executors.base import Exit, Handle, LaunchError, LaunchSpec, ReplicaHandle, ReplicaLaunch
+from warden.executors.deadlines import KillTimer, adopted_deadline
 from warden.executors.identity import Identities, Identity
 from warden.executors.shim import group_alive, process_alive, read_json, start_ticks, write_json_atomic
 from warden.executors.tracking import AttemptTable
@@ -146,97 +143,6 @@ class _Tracked:
     kill_mono: float | None = None  # the same deadline on the monotonic clock
     killed_at: float | None = None
     private_dirs: tuple[Path, ...] = ()  # the job's own while it runs; the server's again after
-
-
-log = logging.getLogger("warden.executors.local")
-
-
-class KillTimer:
-    """One thread and a heap of monotonic deadlines: SIGKILL comes when the deadline is due,
-    not at the next tick of some polling loop (Slurm's 30 s poll is what warden improves on).
-    The thread waits on a condition variable with the exact remaining time and re-checks the
-    clock, so it never fires early.
-
-    No deadline and no failed SIGKILL stops it: a wait is cut to `threading.TIMEOUT_MAX` (a
-    longer one raises) and taken again, a deadline that is not a number fires at once, and an
-    error of one firing is logged and the thread goes on with the next deadline."""
-
-    def __init__(self, fire: Callable[[list[Key]], None]) -> None:
-        self._fire = fire
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, Key]] = []
-        self._order = itertools.count()
-        self._thread: threading.Thread | None = None
-        self._closed = False
-
-    def arm(self, deadline_mono: float, key: Key) -> None:
-        if isinstance(deadline_mono, bool) or not isinstance(deadline_mono, int | float) or math.isnan(deadline_mono):
-            log.warning(
-                "SIGKILL deadline %r of attempt %s of job %s is no time: due now", deadline_mono, key[1], key[0]
-            )
-            deadline_mono = time.monotonic()
-        with self._cond:
-            if self._closed:
-                return
-            heapq.heappush(self._heap, (float(deadline_mono), next(self._order), key))
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="warden-kill-timer", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-            thread = self._thread
-        if thread is not None:
-            thread.join()
-
-    def alive(self) -> bool:
-        """Whether the thread runs (it starts with the first deadline)."""
-        return self._thread is not None and self._thread.is_alive()
-
-    def _next_due(self) -> list[Key]:
-        """Block until at least one deadline is due; return every due key (empty when closed)."""
-        with self._cond:
-            while not self._closed:
-                if not self._heap:
-                    self._cond.wait()
-                    continue
-                now = time.monotonic()
-                if self._heap[0][0] <= now:
-                    due = []
-                    while self._heap and self._heap[0][0] <= now:
-                        due.append(heapq.heappop(self._heap)[2])
-                    return due
-                self._cond.wait(min(self._heap[0][0] - now, threading.TIMEOUT_MAX))
-            return []
-
-    def _run(self) -> None:
-        while due := self._next_due():
-            try:
-                self._fire(due)
-            except Exception:
-                log.exception("SIGKILL of %d attempt(s) failed; trying each on its own", len(due))
-                self._fire_each(due)
-
-    def _fire_each(self, due: list[Key]) -> None:
-        for key in due:
-            try:
-                self._fire([key])
-            except Exception:
-                log.exception("SIGKILL of attempt %s of job %s failed", key[1], key[0])
-
-
-def adopted_deadline(given: Any) -> float | None:
-    """A SIGKILL deadline read back at adoption (the database or control.json): a finite
-    time, or now when the record is damaged (an attempt in its grace is never left unkilled)."""
-    if given is None:
-        return None
-    if isinstance(given, int | float) and not isinstance(given, bool) and math.isfinite(given):
-        return float(given)
-    log.warning("recorded SIGKILL deadline %r is no time: SIGKILL now", given)
-    return time.time()
 
 
 class LocalExecutor(AttemptTable[_Tracked]):

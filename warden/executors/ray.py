@@ -43,8 +43,6 @@ from warden.engine.model import DEFAULT_FLAVOR, Node
 from warden.executors.base import Exit, Handle, Inventory, LaunchError, LaunchSpec, ReplicaHandle
 from warden.executors.identity import Identities, Identity
 from warden.executors.local import (
-    KillTimer,
-    adopted_deadline,
     identity_environment,
     inherited_environment,
     job_environment,
@@ -52,12 +50,10 @@ from warden.executors.local import (
 )
 from warden.executors.ray_launch import NAMESPACE, Launcher
 from warden.executors.records import read_job_json, record_ended_at, record_exit_code
-from warden.executors.shim import write_json_atomic
-from warden.executors.tracking import AttemptTable
+from warden.executors.tracking import Key, RemoteAttemptTable
 
 log = logging.getLogger("warden.executors.ray")
 
-Key = tuple[str, int]
 BLOCK_LABEL = "warden.io/block"
 """The node label whose value is the node's topology block (its leaf switch, rack or NVLink
 domain): gangs are placed on whole blocks."""
@@ -210,7 +206,7 @@ class _Tracked:
     ended_mono: float | None = None
 
 
-class RayExecutor(AttemptTable[_Tracked]):
+class RayExecutor(RemoteAttemptTable[_Tracked]):
     """Runs attempts as placement groups and launcher actors on the Ray cluster at `address`
     (`host:port` of its head's GCS).
 
@@ -256,7 +252,6 @@ class RayExecutor(AttemptTable[_Tracked]):
             raise RayError(f"cannot connect to the Ray cluster at {address!r}: {err}") from err
         self._launcher: Any = ray.remote(Launcher)
         super().__init__()
-        self._timer = KillTimer(self._deadlines_reached)
         self._nodes: tuple[RayNode, ...] = ()
         self._known: dict[str, Node] = {}  # node id -> the node as last seen alive
         self._polled_at = 0.0
@@ -517,41 +512,14 @@ class RayExecutor(AttemptTable[_Tracked]):
         running = {i for i in running if tracked.node_ids[i] not in dead}  # no answer comes from a dead node
         sent = time.time()
         _send(launchers, signal.SIGTERM, awaited=running)
-        mono, now = time.monotonic(), time.time()  # the grace counts from the last running rank's SIGTERM
-        with self._lock:
-            if tracked.signalled_at is None:
-                tracked.signalled_at = sent
-            if tracked.kill_at is None:
-                tracked.kill_at = now + grace_s
-                tracked.kill_mono = mono + grace_s
-                self._timer.arm(tracked.kill_mono, key)
-            deadline = tracked.kill_at
-        self._persist(tracked)
-        return deadline
-
-    def kill(self, job_id: str, attempt: int) -> None:
-        with self._lock:
-            tracked = self._get((job_id, attempt))
-        self._kill(tracked)
-
-    def _deadlines_reached(self, keys: list[Key]) -> None:
-        for key in keys:
-            with self._lock:
-                tracked = self._tracked.get(key)
-                if tracked is None or tracked.kill_mono is None or time.monotonic() < tracked.kill_mono:
-                    continue
-            self._kill(tracked)
+        return self._arm(key, tracked, sent, grace_s)  # the grace counts from the last running rank's SIGTERM
 
     def _kill(self, tracked: _Tracked, drop_launchers: bool = False) -> None:
         """SIGKILL every replica now. A launcher that has not started its replica yet is
         killed instead (its rank then never runs); with `drop_launchers`, every launcher is."""
         with self._lock:
-            if tracked.ended_mono is not None:
+            if not self._killing(tracked):
                 return
-            if tracked.killed_at is None:
-                tracked.killed_at = time.time()
-                if tracked.kill_at is None:
-                    tracked.kill_at = tracked.killed_at
             launchers = list(tracked.launchers)
             unstarted = set(tracked.starts)
         _send(launchers, signal.SIGKILL, awaited=())  # a deadline due next must not wait on these answers
@@ -559,13 +527,6 @@ class RayExecutor(AttemptTable[_Tracked]):
             if launcher is not None and (drop_launchers or rank in unstarted):
                 _kill_actor(launcher)  # its start fails; the shim, if it ran, kills the job with its owner
         self._persist(tracked)
-
-    def _persist(self, tracked: _Tracked) -> None:
-        if tracked.handle.control_path is None:
-            return
-        with self._lock:
-            record = {"signalled_at": tracked.signalled_at, "kill_at": tracked.kill_at, "killed_at": tracked.killed_at}
-        write_json_atomic(tracked.handle.control_path, record)
 
     # -- exits -----------------------------------------------------------------------------
 
@@ -653,7 +614,7 @@ class RayExecutor(AttemptTable[_Tracked]):
         from ray.util.placement_group import get_placement_group
 
         key = (handle.job_id, handle.attempt)
-        control = (read_job_json(handle.control_path) if handle.control_path is not None else None) or {}
+        control = self._control(handle)
         name = handle.external[0] if handle.external else group_name(handle.job_id, handle.attempt)
         try:
             group = get_placement_group(name)
@@ -681,11 +642,7 @@ class RayExecutor(AttemptTable[_Tracked]):
                     if launchers[i] is None and not replica.exit_path.exists():
                         tracked.failed[replica.rank] = "its launcher is gone"
                 self._tracked[key] = tracked
-            deadline = adopted_deadline(kill_at if kill_at is not None else tracked.kill_at)
-            if deadline is not None and tracked.killed_at is None:
-                tracked.kill_at = deadline
-                tracked.kill_mono = time.monotonic() + (deadline - time.time())
-                self._timer.arm(tracked.kill_mono, key)
+            self._rearm(key, tracked, kill_at)
 
     def recover(self, job_id: str, attempt: int, log_dir: Path, replicas: int) -> Handle | None:
         """The handle of an attempt whose start the server may not have seen return: its

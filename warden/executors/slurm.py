@@ -41,8 +41,6 @@ from warden.engine.model import DEFAULT_FLAVOR, Node
 from warden.executors.base import Exit, Handle, Inventory, LaunchError, LaunchSpec, ReplicaHandle, ReplicaLaunch
 from warden.executors.identity import Identities, Identity
 from warden.executors.local import (
-    KillTimer,
-    adopted_deadline,
     identity_environment,
     inherited_environment,
     job_environment,
@@ -51,11 +49,10 @@ from warden.executors.local import (
 from warden.executors.records import read_job_json, record_ended_at, record_exit_code
 from warden.executors.shim import write_json_atomic
 from warden.executors.slurm_launch import BATCH_SIGNALS, LAUNCH_FILE
-from warden.executors.tracking import AttemptTable
+from warden.executors.tracking import Key, RemoteAttemptTable
 
 log = logging.getLogger("warden.executors.slurm")
 
-Key = tuple[str, int]
 JOB_PREFIX = "warden"
 """Every Slurm job warden submits is named `warden.<job>.<attempt>`: how a restarted server
 finds its jobs, and how it tells them from anybody else's."""
@@ -290,7 +287,7 @@ def job_name(job_id: str, attempt: int) -> str:
     return f"{JOB_PREFIX}.{job_id}.{attempt}"
 
 
-class SlurmExecutor(AttemptTable[_Tracked]):
+class SlurmExecutor(RemoteAttemptTable[_Tracked]):
     """Runs attempts as Slurm batch jobs in one partition that warden governs alone.
 
     `partition` is the Slurm partition (default: the cluster's default one); `conf` a
@@ -327,7 +324,6 @@ class SlurmExecutor(AttemptTable[_Tracked]):
         self._poll_s = poll_s
         self._pending_warning_s = pending_warning_s
         super().__init__()
-        self._timer = KillTimer(self._deadlines_reached)
         self._poll = _Poll()
         self._polled = threading.Condition(self._lock)
         self._blocks: dict[str, str] = {}
@@ -561,48 +557,16 @@ class SlurmExecutor(AttemptTable[_Tracked]):
         ]
         for call in calls:
             call.wait()
-        mono, now = time.monotonic(), time.time()
-        with self._lock:
-            if tracked.kill_at is None:
-                tracked.signalled_at = now
-                tracked.kill_at = now + grace_s
-                tracked.kill_mono = mono + grace_s
-                self._timer.arm(tracked.kill_mono, key)
-            deadline = tracked.kill_at
-        self._persist(tracked)
-        return deadline
-
-    def kill(self, job_id: str, attempt: int) -> None:
-        with self._lock:
-            tracked = self._get((job_id, attempt))
-        self._kill(tracked)
-
-    def _deadlines_reached(self, keys: list[Key]) -> None:
-        for key in keys:
-            with self._lock:
-                tracked = self._tracked.get(key)
-                if tracked is None or tracked.kill_mono is None or time.monotonic() < tracked.kill_mono:
-                    continue
-            self._kill(tracked)
+        return self._arm(key, tracked, time.time(), grace_s)
 
     def _kill(self, tracked: _Tracked) -> None:
         with self._lock:
-            if tracked.killed_at is not None or tracked.ended_mono is not None:
+            if tracked.killed_at is not None or not self._killing(tracked):
                 return
-            tracked.killed_at = time.time()
-            if tracked.kill_at is None:
-                tracked.kill_at = tracked.killed_at
         # SIGKILL to a step is sent at once; to a job, Slurm makes it a cancel (SIGTERM, KillWait, SIGKILL).
         self.slurm.run("scancel", "--signal=KILL", *(f"{i}.{STEP}" for i in tracked.slurm_ids), check=False)
         self.slurm.run("scancel", *tracked.slurm_ids, check=False)
         self._persist(tracked)
-
-    def _persist(self, tracked: _Tracked) -> None:
-        if tracked.handle.control_path is None:
-            return
-        with self._lock:
-            record = {"signalled_at": tracked.signalled_at, "kill_at": tracked.kill_at, "killed_at": tracked.killed_at}
-        write_json_atomic(tracked.handle.control_path, record)
 
     def _ran(self, tracked: _Tracked) -> bool:
         """Did any job of the attempt start (under the lock)?"""
@@ -675,7 +639,7 @@ class SlurmExecutor(AttemptTable[_Tracked]):
         """Track an attempt an earlier server process submitted; release it if that server
         stopped between submitting and releasing; re-arm its SIGKILL."""
         key = (handle.job_id, handle.attempt)
-        control = (read_job_json(handle.control_path) if handle.control_path is not None else None) or {}
+        control = self._control(handle)
         with self._lock:
             tracked = self._tracked.get(key)
             if tracked is None:
@@ -689,11 +653,7 @@ class SlurmExecutor(AttemptTable[_Tracked]):
                     started=True,  # the server recovered its state itself
                 )
                 self._tracked[key] = tracked
-            deadline = adopted_deadline(kill_at if kill_at is not None else tracked.kill_at)
-            if deadline is not None and tracked.killed_at is None:
-                tracked.kill_at = deadline
-                tracked.kill_mono = time.monotonic() + (deadline - time.time())
-                self._timer.arm(tracked.kill_mono, key)
+            deadline = self._rearm(key, tracked, kill_at)
         held = [i for i, (_, _, reason) in self._jobs(handle.external).items() if reason == "JobHeldUser"]
         if held and deadline is None:
             self.slurm.run("scontrol", "release", ",".join(held), check=False)

@@ -1,13 +1,19 @@
 """What every executor keeps of the attempts it runs: a table under one lock, and the methods
-of the contract that only read it."""
+of the contract that only read it; and, for the executors whose replicas run on other
+machines (Slurm, Ray), what warden did to each attempt (SIGTERM, the SIGKILL deadline,
+SIGKILL), kept on time by one timer and recorded in the attempt's `control.json`."""
 
 from __future__ import annotations
 
 import threading
+import time
 from abc import ABC, abstractmethod
-from typing import Generic, Protocol, Self, TypeVar
+from typing import Any, Generic, Protocol, Self, TypeVar
 
 from warden.executors.base import Handle, LaunchError, LaunchSpec, UnknownAttempt, validate_spec
+from warden.executors.deadlines import KillTimer, adopted_deadline
+from warden.executors.records import read_job_json
+from warden.executors.shim import write_json_atomic
 
 Key = tuple[str, int]
 
@@ -74,3 +80,94 @@ class AttemptTable(ABC, Generic[T]):
         if tracked is None:
             raise UnknownAttempt(key)
         return tracked
+
+
+class Signalled(HasHandle, Protocol):
+    """An attempt as a remote executor tracks it: when warden sent SIGTERM, the SIGKILL
+    deadline (wall clock and monotonic), when SIGKILL was sent, and when its exit was
+    reported."""
+
+    signalled_at: float | None
+    kill_at: float | None
+    kill_mono: float | None
+    killed_at: float | None
+    ended_mono: float | None
+
+
+S = TypeVar("S", bound=Signalled)
+
+
+class RemoteAttemptTable(AttemptTable[S]):
+    """The attempts of an executor that signals its replicas through another system (Slurm's
+    `scancel`, Ray's launcher actors): its SIGKILL timer, the deadline a terminate arms, and
+    the control file an adopter reads back. Subclasses say how SIGKILL is sent (`_kill`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._timer = KillTimer(self._deadlines_reached)
+
+    def _arm(self, key: Key, tracked: S, signalled_at: float, grace_s: float) -> float:
+        """Record a SIGTERM that just went out and arm SIGKILL `grace_s` from now (after the
+        last signal left, so no replica gets less). The first terminate's deadline stands."""
+        mono, now = time.monotonic(), time.time()
+        with self._lock:
+            if tracked.signalled_at is None:
+                tracked.signalled_at = signalled_at
+            if tracked.kill_at is None:
+                tracked.kill_at = now + grace_s
+                tracked.kill_mono = mono + grace_s
+                self._timer.arm(tracked.kill_mono, key)
+            deadline = tracked.kill_at
+        self._persist(tracked)
+        return deadline
+
+    def kill(self, job_id: str, attempt: int) -> None:
+        with self._lock:
+            tracked = self._get((job_id, attempt))
+        self._kill(tracked)
+
+    @abstractmethod
+    def _kill(self, tracked: S) -> None:
+        """Send SIGKILL to every replica now (`_killing` records it)."""
+
+    def _killing(self, tracked: S) -> bool:
+        """Record a SIGKILL about to be sent (under the lock); False when the attempt's exit
+        was already reported."""
+        if tracked.ended_mono is not None:
+            return False
+        if tracked.killed_at is None:
+            tracked.killed_at = time.time()
+            if tracked.kill_at is None:
+                tracked.kill_at = tracked.killed_at
+        return True
+
+    def _deadlines_reached(self, keys: list[Key]) -> None:
+        for key in keys:
+            with self._lock:
+                tracked = self._tracked.get(key)
+                if tracked is None or tracked.kill_mono is None or time.monotonic() < tracked.kill_mono:
+                    continue
+            self._kill(tracked)
+
+    def _persist(self, tracked: S) -> None:
+        """control.json: what a server that restarts mid-grace needs to kill on time."""
+        if tracked.handle.control_path is None:
+            return
+        with self._lock:
+            record = {"signalled_at": tracked.signalled_at, "kill_at": tracked.kill_at, "killed_at": tracked.killed_at}
+        write_json_atomic(tracked.handle.control_path, record)
+
+    @staticmethod
+    def _control(handle: Handle) -> dict[str, Any]:
+        """The control.json an earlier server wrote for this attempt (empty if none)."""
+        return (read_job_json(handle.control_path) if handle.control_path is not None else None) or {}
+
+    def _rearm(self, key: Key, tracked: S, kill_at: float | None) -> float | None:
+        """At adoption (under the lock): re-arm SIGKILL at the recorded deadline, `kill_at`
+        from the database else control.json's; returns it (None: not terminating)."""
+        deadline = adopted_deadline(kill_at if kill_at is not None else tracked.kill_at)
+        if deadline is not None and tracked.killed_at is None:
+            tracked.kill_at = deadline
+            tracked.kill_mono = time.monotonic() + (deadline - time.time())
+            self._timer.arm(tracked.kill_mono, key)
+        return deadline
