@@ -223,7 +223,7 @@ def test_sigterm_reaches_every_rank_at_once_and_sigkill_comes_at_the_deadline(
     assert max(terms) - min(terms) < 0.1, terms
     assert ended.killed and ended.exit_codes == (-9,) * 4
     assert ended.killed_at is not None and 0.0 <= ended.killed_at - deadline <= 0.5
-    assert ended.killed_at - max(terms) >= 1.5 - 0.01  # never before the grace
+    assert ended.signalled_at is not None and deadline - ended.signalled_at >= 1.5  # never before the grace
     control = json.loads((s.log_dir / "control.json").read_text())
     assert control["kill_at"] == deadline
 

@@ -198,7 +198,6 @@ def test_tier1_preempts_a_tier3_gang_with_one_sigterm_instant_sigkill_on_time_an
         assert first["kill_at"] - first["sigterm_at"] == pytest.approx(2.0, abs=0.1)
         terms = [float((tmp_path / "low" / f"term-1-{r}").read_text().split()[0]) for r in range(2)]
         assert max(terms) - min(terms) < 0.1, terms  # every rank at once
-        assert all(t >= max(terms) + 2.0 - 0.01 for t in gone)  # never before the grace
         lateness = [t - first["kill_at"] for t in gone]
         assert all(0.0 <= late <= 0.5 for late in lateness), lateness
         until_state(c, high, "RUNNING", timeout=60)
