@@ -530,22 +530,11 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
 
     # -- exits -----------------------------------------------------------------------------
 
-    def started(self) -> list[Key]:
-        """The attempts each of whose replicas has written its status file since the last
-        call (its job process runs)."""
-        with self._lock:
-            waiting = [(key, t) for key, t in self._tracked.items() if not t.started]
-        out = []
-        for key, tracked in waiting:
-            if all(r.status_path.exists() for r in tracked.handle.replicas):
-                tracked.started = True
-                out.append(key)
-        return out
-
     def exits(self) -> list[Exit]:
         """Attempts every replica of which is gone: its exit record is written, its node is
-        dead, or it never started. Each is reported once, after its placement group and
-        launchers are removed (Ray's GPUs are free when warden gives them to someone else)."""
+        dead, or it never started. Each is reported once, once the removal of its placement
+        group and launchers is asked for (Ray frees the GPUs within about 0.1 s; a group
+        created meanwhile waits that long)."""
         dead = self._dead_ids()
         with self._lock:
             candidates = list(self._tracked.items())

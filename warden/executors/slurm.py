@@ -579,18 +579,6 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
 
     # -- exits -----------------------------------------------------------------------------
 
-    def started(self) -> list[Key]:
-        """The attempts each of whose replicas has written its status file since the last
-        call: their job processes run (Slurm's RUNNING comes before that, with the prolog)."""
-        with self._lock:
-            waiting = [(key, t) for key, t in self._tracked.items() if not t.started]
-        out = []
-        for key, tracked in waiting:
-            if all(r.status_path.exists() for r in tracked.handle.replicas):
-                tracked.started = True
-                out.append(key)
-        return out
-
     def exits(self) -> list[Exit]:
         """Attempts all of whose Slurm jobs have ended (Slurm's COMPLETING is not ended: its
         processes may still run), each reported once."""

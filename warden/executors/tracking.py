@@ -92,6 +92,7 @@ class Signalled(HasHandle, Protocol):
     kill_mono: float | None
     killed_at: float | None
     ended_mono: float | None
+    started: bool  # reported by `started()`
 
 
 S = TypeVar("S", bound=Signalled)
@@ -125,6 +126,20 @@ class RemoteAttemptTable(AttemptTable[S]):
         with self._lock:
             tracked = self._get((job_id, attempt))
         self._kill(tracked)
+
+    def started(self) -> list[Key]:
+        """The attempts each of whose replicas has written its status file since the last
+        call: their job processes run. Each is reported once."""
+        with self._lock:
+            waiting = [(key, t) for key, t in self._tracked.items() if not t.started]
+        begun = [(key, t) for key, t in waiting if all(r.status_path.exists() for r in t.handle.replicas)]
+        out = []
+        with self._lock:
+            for key, tracked in begun:
+                if not tracked.started:
+                    tracked.started = True
+                    out.append(key)
+        return out
 
     @abstractmethod
     def _kill(self, tracked: S) -> None:

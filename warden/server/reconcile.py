@@ -360,6 +360,7 @@ class Reconciler:
             t0 = time.perf_counter()
             now = self.clock()
             self._charge(now)
+            self._running(now)  # before the exits: a job that began and ended since the last pass did run
             self._collect_exits(now)
             if self.inventory is not None:
                 self._follow_nodes(self.inventory(), now)

@@ -1,6 +1,6 @@
 """warden governing a real Ray cluster: gang starts, SIGKILL on time, a node's death, admissions: one JSON object.
 
-    python bench/ray.py [--runs R] [--death-runs D] [--grace G] [--only start,sigkill,death,admissions]
+    python bench/ray_executor.py [--runs R] [--death-runs D] [--grace G] [--only start,sigkill,death,admissions]
 
 Every section brings up its own real Ray cluster on this machine (scripts/ray-cluster: a head
 with no CPUs or GPUs and 3 workers × 4 fake GPUs and 8 CPUs, two workers per topology block)
@@ -16,7 +16,8 @@ drive a `RayExecutor` in this process, as the server does; `death` and the secon
   from `start()` to the latest launcher actor's worker process born (Ray forks it);
   `shims_forked_s`, to the latest shim born (the worker is up, its actor created and
   `Launcher.start` called). `start_call_s`: how long `start()` itself took. Then the attempt
-  is terminated and its exit awaited before the next.
+  is terminated, its exit awaited, and the cluster left to settle (every GPU free in Ray's
+  view, then 2 s) before the next.
 - `sigkill`: a 4-rank gang over 3 nodes whose ranks record SIGTERM and ignore it;
   `terminate(grace=G)`. `sigkill_lateness_s`: each rank's process gone (pidfd, exact) minus
   the deadline `terminate` returned; `sigterm_spread_s`: the latest minus the earliest SIGTERM
@@ -28,27 +29,34 @@ drive a `RayExecutor` in this process, as the server does; `death` and the secon
   SIGKILL (`RayCluster.kill_worker`). `node_death_to_evicted_s`: from the kill to the job's
   PREEMPTING event (its `at`); `node_death_to_requeued_s`: to its REQUEUED event (the
   survivor had its SIGTERM and is gone, the group is removed); `lost_rank_gone_s`: to the
-  process of the rank on the dead node gone (its shim kills it when its launcher is gone).
+  process of the rank on the dead node gone (its shim kills it when its launcher is gone);
+  `survivor_gone_s`: to the process of rank 0, on a live node, gone (at its SIGTERM).
 - `admissions`: through the executor, 12 one-GPU attempts (the whole cluster) started back
   to back: `handed_per_s`, 12 over the time the 12 `start()` calls took; `started_per_s`, 12
-  over the time until `started()` reported all 12. Through a server, 24 one-GPU jobs of
-  `sleep 0.2` submitted back to back (two waves on 12 GPUs): `server_started_per_s`, 24 over
-  the time from the first submission to the last RUNNING event; `server_done_s`, from the
-  first submission to the last job SUCCEEDED.
+  over the time until `started()` reported all 12 (then they are terminated and the
+  cluster settles). Through a server, 24 one-GPU jobs of `sleep 0.2` submitted back to back
+  (two waves on 12 GPUs), at most 3 runs: `server_started_per_s`, 24 over
+  the time from the first submission to the last job's process running (the `started_at` its
+  shim wrote, in the attempt's `log_dir` as the API gives it); `server_done_s`, from the first
+  submission to the last job's SUCCEEDED event (its `at`); `server_never_running`, how many
+  jobs of all runs went STARTING → SUCCEEDED with no RUNNING event (the server reads the
+  executor's starts and exits at its passes, exits first: a job that starts and ends between
+  two passes is never seen running).
 
-Medians over the runs, every value in `*_all`. Ray's own output goes to stderr with the
-progress: stdout holds the JSON object alone.
+Defaults: 5 runs, 3 of `death`, a grace of 2 s (about 5 minutes on 2 cores). Medians over
+the runs, every value in `*_all`. Ray's own output goes to stderr with the progress: stdout
+holds the JSON object alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
 import select
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -58,9 +66,6 @@ from pathlib import Path
 from typing import Any, cast
 
 REPO = Path(__file__).resolve().parent.parent
-# This file is named ray.py: its directory, first on the path when it runs as a script, would
-# make `import ray` import it instead of Ray.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "tests" / "server"))
 
@@ -80,7 +85,9 @@ SHAPES: dict[str, list[tuple[str, tuple[int, ...]]]] = {
 }
 SIGKILL_GANG: list[tuple[str, tuple[int, ...]]] = [("w1", (0,)), ("w1", (1,)), ("w2", (0,)), ("w3", (0,))]
 SERVER_JOBS = 24
+SERVER_RUNS = 3
 POLL_S = 0.01
+SETTLE_S = 2.0
 
 # Records its pid, then every SIGTERM (and ignores it), until SIGKILL. Its files sit beside the
 # rank's log (`WARDEN_LOG_FILE`).
@@ -138,8 +145,10 @@ def figure(name: str, values: list[float], digits: int = 3) -> dict[str, Any]:
 
 
 def ray() -> Any:
-    """The Ray library (imported by name: `import ray` in a file named ray.py reads as itself)."""
-    return importlib.import_module("ray")
+    """The Ray library, imported when a section first needs it."""
+    import ray as library
+
+    return library
 
 
 def wait(predicate: Callable[[], Any], timeout: float, what: str, interval: float = POLL_S) -> Any:
@@ -245,6 +254,14 @@ def until_exits(ex: RayExecutor, keys: set[tuple[str, int]], timeout: float = 60
     return found
 
 
+def settle() -> None:
+    """Let the cluster come to rest after an attempt's exit: every GPU free again in Ray's view
+    (it lags `exits()` by about 0.1 s), then SETTLE_S for the killed launchers' workers to
+    exit (on 2 cores, a start right after a 12-rank teardown takes twice as long)."""
+    wait(lambda: ray().available_resources().get("GPU", 0) >= NODES * GPUS, 30, "Ray's GPUs free", 0.05)
+    time.sleep(SETTLE_S)
+
+
 HZ = os.sysconf("SC_CLK_TCK")
 
 
@@ -311,6 +328,7 @@ def gang_start(runs: int) -> dict[str, Any]:
                 shims = [born(int(r["shim_pid"])) for r in records]
                 ex.terminate(spec.job_id, spec.attempt, 1.0)
                 until_exits(ex, {key})
+                settle()
                 got = figures[shape]
                 got["started_s"].append(started - asked)
                 got["status_s"].append(max(float(r["started_at"]) for r in records) - asked)
@@ -420,6 +438,11 @@ def event_at(h: httpx.Client, job_id: str, to: str) -> float | None:
     return None
 
 
+def first_at(job: dict[str, Any], to: str) -> float | None:
+    """When this job (as GET /v1/jobs/ID showed it) first went `to`, None if it never did."""
+    return min((float(e["at"]) for e in job["events"] if e["to"] == to), default=None)
+
+
 @contextlib.contextmanager
 def running_server(work: Path, c: RayCluster) -> Iterator[Server]:
     server = ray_server(work, c)
@@ -430,6 +453,21 @@ def running_server(work: Path, c: RayCluster) -> Iterator[Server]:
         yield server
     finally:
         server.stop()
+        for line in notable(log_lines(server))[:10]:
+            say(f"server log: {line[:300]}")
+
+
+def notable(lines: list[str]) -> list[str]:
+    """A server log's lines past its banner, less the indented dumps Ray's driver relays."""
+    banner = next((i for i, line in enumerate(lines) if line.startswith("warden serving on")), -1)
+    return [line for line in lines[banner + 1 :] if line.strip() and not line[0].isspace()]
+
+
+def log_lines(server: Server) -> list[str]:
+    try:
+        return server.log.read_text(errors="replace").splitlines() if server.log is not None else []
+    except OSError:
+        return []
 
 
 # -- death -----------------------------------------------------------------------------------
@@ -439,16 +477,19 @@ def death(runs: int) -> dict[str, Any]:
     evicted: list[float] = []
     requeued: list[float] = []
     lost_gone: list[float] = []
+    survivor_gone: list[float] = []
     reasons: list[str] = []
     for run in range(runs):
         got = death_run()
         evicted.append(got["evicted"])
         requeued.append(got["requeued"])
         lost_gone.append(got["lost_gone"])
+        survivor_gone.append(got["survivor_gone"])
         reasons.append(got["reason"])
         say(
             f"death run {run + 1}/{runs}: {got['node']} killed; evicted after {evicted[-1]:.2f} s, "
-            f"requeued after {requeued[-1]:.2f} s, its rank gone after {lost_gone[-1]:.2f} s"
+            f"requeued after {requeued[-1]:.2f} s; its rank gone after {lost_gone[-1]:.2f} s, "
+            f"the survivor after {survivor_gone[-1]:.2f} s"
         )
     return {
         "runs": runs,
@@ -456,6 +497,7 @@ def death(runs: int) -> dict[str, Any]:
         **figure("node_death_to_evicted_s", evicted),
         **figure("node_death_to_requeued_s", requeued),
         **figure("lost_rank_gone_s", lost_gone),
+        **figure("survivor_gone_s", survivor_gone),
         "evicted_reason": reasons[0] if reasons else None,
     }
 
@@ -476,11 +518,11 @@ def death_run() -> dict[str, Any]:
         wait(lambda: all(p.exists() for p in pid_files), 30, "the ranks' pids")
         pids = [int(p.read_text()) for p in pid_files]
         lost = detail(h, job_id)["attempts"][0]["placement"][1]["node"]
-        gone = deaths_later([pids[1]], 60)
+        gone = deaths_later(pids, 60)
         killed = time.time()
         c.kill_worker(lost)
         evicted = wait(lambda: event_at(h, job_id, "PREEMPTING"), 60, "the gang evicted", 0.05)
-        lost_gone = gone()[0]
+        survivor_gone, lost_gone = gone()
         requeued = wait(lambda: event_at(h, job_id, "REQUEUED"), 60, "the gang requeued", 0.05)
         reason = next(e["reason"] for e in detail(h, job_id)["events"] if e["to"] == "PREEMPTING")
         h.post(f"/v1/jobs/{job_id}/cancel")
@@ -490,6 +532,7 @@ def death_run() -> dict[str, Any]:
         "evicted": evicted - killed,
         "requeued": requeued - killed,
         "lost_gone": lost_gone - killed,
+        "survivor_gone": survivor_gone - killed,
         "reason": reason,
     }
 
@@ -502,6 +545,7 @@ def admissions(runs: int) -> dict[str, Any]:
     started: list[float] = []
     server_started: list[float] = []
     server_done: list[float] = []
+    skipped = 0
     with cluster() as c, workdir() as work:
         with executor(c) as ex:
             jobs = Jobs(work)
@@ -519,12 +563,14 @@ def admissions(runs: int) -> dict[str, Any]:
                 for job_id, attempt in keys:
                     ex.terminate(job_id, attempt, 1.0)
                 until_exits(ex, keys)
+                settle()
                 say(
                     f"admissions run {run + 1}/{runs}: 12 start() calls in {called - asked:.2f} s, "
                     f"all running after {last - asked:.2f} s"
                 )
         with running_server(work, c) as server, server.client() as h:
-            for run in range(runs):
+            server_runs = min(runs, SERVER_RUNS)
+            for run in range(server_runs):
                 body = {"queue": "team", "tier": 3, "gpus": 1, "workdir": str(work), "command": ["sleep", "0.2"]}
                 asked = time.time()
                 ids = [submit(h, body) for _ in range(SERVER_JOBS)]
@@ -536,24 +582,31 @@ def admissions(runs: int) -> dict[str, Any]:
                     return all(s == "SUCCEEDED" for s in states)
 
                 wait(done, 300, f"{SERVER_JOBS} jobs done", 0.2)
-                runnings = [event_at(h, i, "RUNNING") for i in ids]
-                finished = [event_at(h, i, "SUCCEEDED") for i in ids]
-                last_running = max(t for t in runnings if t is not None)
-                last_done = max(t for t in finished if t is not None)
-                server_started.append(SERVER_JOBS / (last_running - asked))
+                details = [detail(h, i) for i in ids]
+                ran = []  # when each job's process ran: its status file, in the log_dir the API gives
+                for d in details:
+                    record = json.loads((Path(d["attempts"][0]["log_dir"]) / "rank-0.status.json").read_text())
+                    ran.append(float(record["started_at"]))
+                    if first_at(d, "RUNNING") is None:  # it ended before a pass saw it run
+                        skipped += 1
+                last_ran = max(ran)
+                last_done = max(first_at(d, "SUCCEEDED") or 0.0 for d in details)
+                server_started.append(SERVER_JOBS / (last_ran - asked))
                 server_done.append(last_done - asked)
                 say(
-                    f"admissions run {run + 1}/{runs} through the server: the last of {SERVER_JOBS} "
-                    f"running after {last_running - asked:.2f} s, done after {last_done - asked:.2f} s"
+                    f"admissions run {run + 1}/{server_runs} through the server: the last of {SERVER_JOBS} "
+                    f"running after {last_ran - asked:.2f} s, done after {last_done - asked:.2f} s"
                 )
     return {
         "runs": runs,
         "attempts": len(WORKERS) * GPUS,
         **figure("handed_per_s", handed, 1),
         **figure("started_per_s", started, 2),
+        "server_runs": len(server_started),
         "server_jobs": SERVER_JOBS,
         **figure("server_started_per_s", server_started, 2),
         **figure("server_done_s", server_done, 2),
+        "server_never_running": skipped,
     }
 
 
@@ -564,7 +617,7 @@ SECTIONS = ("start", "sigkill", "death", "admissions")
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    p.add_argument("--runs", type=int, default=3, help="runs of each section but death (default 3)")
+    p.add_argument("--runs", type=int, default=5, help="runs of each section but death (default 5)")
     p.add_argument("--death-runs", type=int, default=3, help="runs of death, each on a fresh cluster (default 3)")
     p.add_argument("--grace", type=float, default=2.0, help="seconds of grace after SIGTERM in sigkill (default 2)")
     p.add_argument("--only", default=",".join(SECTIONS))
@@ -579,6 +632,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unknown = sections - set(SECTIONS)
     if unknown:
         p.error(f"--only: unknown section(s) {', '.join(sorted(unknown))}; allowed: {', '.join(SECTIONS)}")
+    # SIGTERM ends the run as Ctrl-C does: the clusters and servers are torn down on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # Ray prints messages of its own on stdout: it goes to stderr, the JSON to the real stdout.
     sys.stdout.flush()
     stdout = os.dup(1)
