@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -92,6 +93,15 @@ def test_an_address_that_is_not_host_port_is_refused_naming_it(address: str, mes
     with pytest.raises(RayError, match=message) as err:
         probe(address)
     assert repr(address) in str(err.value)
+
+
+def test_connecting_leaves_this_process_signal_handlers_alone(ray_cluster: RayCluster) -> None:
+    import ray
+
+    ray.shutdown()  # connect afresh: ray.init installs its handlers only when it connects
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    with RayExecutor(address=ray_cluster.address):
+        assert {sig: signal.getsignal(sig) for sig in before} == before
 
 
 def test_an_address_where_nothing_listens_is_refused_at_once() -> None:

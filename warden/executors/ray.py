@@ -240,6 +240,9 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
         self._start_timeout_s = start_timeout_s
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         probe(address)
+        # ray.init makes SIGTERM (and SIGINT) exit the process; how this process stops is its own.
+        main = threading.current_thread() is threading.main_thread()
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
         try:
             ray.init(
                 address=address,
@@ -250,6 +253,10 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
             )
         except Exception as err:  # ConnectionError, RuntimeError, TimeoutError, ...
             raise RayError(f"cannot connect to the Ray cluster at {address!r}: {err}") from err
+        finally:
+            for sig, handler in handlers.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
         self._launcher: Any = ray.remote(Launcher)
         super().__init__()
         self._nodes: tuple[RayNode, ...] = ()
