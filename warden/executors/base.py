@@ -11,7 +11,7 @@ again. Jobs never die because the server did.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -242,6 +242,12 @@ class Executor(Protocol):
 
     def running(self) -> list[tuple[str, int]]:
         """(job_id, attempt) of every tracked attempt not yet reported by `exits()`."""
+        ...
+
+    def watch(self, wake: Callable[[], None]) -> None:
+        """Call `wake` (from any thread) when `started()`, `exits()` or the nodes may have
+        something new, so the server looks at once rather than at its next pass. An executor
+        that learns of changes only when asked never calls it."""
         ...
 
     def close(self) -> None:

@@ -261,6 +261,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
         super().__init__()
         self._nodes: tuple[RayNode, ...] = ()
         self._known: dict[str, Node] = {}  # node id -> the node as last seen alive
+        self._ended_seen: set[Key] = set()  # attempts the poller saw end, until `exits()` reports them
         self._polled_at = 0.0
         self._polled = threading.Condition(self._lock)
         self._poll_once()
@@ -296,8 +297,11 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
                 if self._closed:
                     return
             try:
+                before = self._nodes
                 self._poll_once()
-                self._check_starts()
+                resolved = self._check_starts()
+                if resolved or self._nodes != before or self._newly_ended():
+                    self._woken()
                 if failing is not None:
                     log.warning("the Ray cluster answers again")
                 failing = None
@@ -324,16 +328,36 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
         with self._polled:
             self._polled.wait_for(lambda: self._polled_at >= asked or self._closed, timeout=timeout_s)
 
-    def _check_starts(self) -> None:
+    def _newly_ended(self) -> bool:
+        """Whether an attempt has every replica gone since the last poll said so (a cheap
+        look: exit files, dead nodes, failed starts; `exits()` reads the records)."""
+        dead = self._dead_ids()
+        with self._lock:
+            items = [(key, t) for key, t in self._tracked.items() if key not in self._ended_seen]
+        found = False
+        for key, t in items:
+            if all(
+                r.exit_path.exists() or t.node_ids[i] in dead or r.rank in t.failed
+                for i, r in enumerate(t.handle.replicas)
+            ):
+                with self._lock:
+                    self._ended_seen.add(key)
+                found = True
+        return found
+
+    def _check_starts(self) -> bool:
         """Take the launchers' answers to `start`; an attempt a replica of which failed to
-        start, or that is not running in full after `start_timeout_s`, is killed."""
+        start, or that is not running in full after `start_timeout_s`, is killed. Whether any
+        answer came."""
         import ray
 
+        answered = False
         with self._lock:
             pending = [(key, t, dict(t.starts)) for key, t in self._tracked.items() if t.starts]
         for key, tracked, starts in pending:
             ready, _ = ray.wait(list(starts.values()), num_returns=len(starts), timeout=0)
             done = set(ready)
+            answered = answered or bool(done)
             for rank, ref in starts.items():
                 if ref not in done:
                     continue
@@ -360,6 +384,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
                     "attempt %s of job %s failed to start: %s", key[1], key[0], "; ".join(tracked.failed.values())
                 )
                 self._kill(tracked, drop_launchers=True)
+        return answered
 
     def _group_state(self, tracked: _Tracked) -> str:
         from ray.util.placement_group import placement_group_table
@@ -554,6 +579,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
                 if self._tracked.pop(key, None) is None:
                     continue
                 tracked.ended_mono = time.monotonic()
+                self._ended_seen.discard(key)
             self._remove(tracked.handle.external[0], len(tracked.handle.replicas), tracked)
             reported.append(_exit(tracked, [r for r in ranks if r is not None]))
         return reported

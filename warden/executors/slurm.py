@@ -381,8 +381,11 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
         jobs = parse_squeue(self.slurm.run("squeue", "-h", "-t", "all", "-p", self.partition, "-o", "%A|%j|%T|%r"))
         nodes = parse_sinfo(self.slurm.run("sinfo", "-h", "-N", "-p", self.partition, "-o", SINFO_FORMAT), self._blocks)
         with self._lock:
+            changed = (jobs, tuple(nodes)) != (self._poll.jobs, self._poll.nodes)
             self._poll = _Poll(began, jobs, tuple(nodes))
             self._polled.notify_all()
+        if changed:  # a job started or ended, a node changed state
+            self._woken()
 
     def wait_poll(self, timeout_s: float = 10.0) -> None:
         """Block until a poll that began after this call has finished (tests, and `recover`)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, Generic, Protocol, Self, TypeVar
 
 from warden.executors.base import Handle, LaunchError, LaunchSpec, UnknownAttempt, validate_spec
@@ -34,6 +35,15 @@ class AttemptTable(ABC, Generic[T]):
         self._tracked: dict[Key, T] = {}
         self._starting: set[Key] = set()
         self._closed = False
+        self._wake: Callable[[], None] | None = None
+
+    def watch(self, wake: Callable[[], None]) -> None:
+        """`wake` is called when the executor's pollers see something new (`_woken`)."""
+        self._wake = wake
+
+    def _woken(self) -> None:
+        if self._wake is not None:
+            self._wake()
 
     def _begin_start(self, spec: LaunchSpec) -> Key:
         """Check a spec `start` was given and mark its attempt as starting (`_end_start` when

@@ -106,6 +106,7 @@ class Service:
         """Recover what a stopped server left (re-adopting running jobs), then run the
         reconcile loop in a thread."""
         self.reconciler.recover()
+        self.reconciler.executor.watch(self.reconciler.poke)
         self._watch_threads()
         self._thread = threading.Thread(
             target=self.reconciler.run, args=(self._stop,), name="warden-reconcile", daemon=True
