@@ -10,6 +10,7 @@ Bad input gets a 4xx and a JSON body naming the field and the value
 
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -24,7 +25,8 @@ from warden.engine.overcommit import overcommitted
 from warden.engine.policy import Duration
 from warden.server.auth import Principal, bearer
 from warden.server.errors import ApiError, ErrorBody, error_body, safe_value, shorten
-from warden.server.views import job_detail, job_summary, node_views, queue_views
+from warden.server.history import MOST_SAMPLES, SPAN_MAX_S, history_view
+from warden.server.views import job_detail, job_summary, listed_jobs, node_views, preemption_view, queue_views
 
 if TYPE_CHECKING:
     from warden.server.service import Service
@@ -37,6 +39,12 @@ NAME_CHARS = 255
 """Names, queues, flavors and users are String(255) columns."""
 SECONDS_MAX = 1e9
 """About 30 years: the longest duration a report may state."""
+TIME_MAX = 1e11
+"""The latest time (unix seconds, about the year 5100) a request may name."""
+DAY_S = 86400.0
+PAGE_MAX = 1000
+"""The most jobs, or preemptions, one page may carry."""
+OFFSET_MAX = 10**9
 
 log = logging.getLogger("warden.server")
 
@@ -318,13 +326,21 @@ def build_router(service: "Service") -> APIRouter:
     @r.get("/jobs", responses=errors(401))
     def list_jobs(
         who: Caller,
+        response: Response,
         queue: Annotated[Name | None, Query()] = None,
         state: Annotated[list[Name] | None, Query(max_length=64)] = None,
         user: Annotated[Name | None, Query()] = None,
         all: bool = False,
+        limit: Annotated[int | None, Query(ge=1, le=PAGE_MAX, description="at most this many (default: all)")] = None,
+        offset: Annotated[int, Query(ge=0, le=OFFSET_MAX, description="skip this many first")] = 0,
     ) -> list[dict[str, Any]]:
-        states = _states(state, include_finished=all)
-        return [job_summary(j, service.now()) for j in service.store.list(queue=queue, state=states, user=user)]
+        """Jobs holding resources (by id), then waiting ones in rank order, then finished ones;
+        `X-Total-Count` is how many match the filters, whatever the page."""
+        rows = listed_jobs(service.store, queue, _states(state, include_finished=all), user)
+        response.headers["X-Total-Count"] = str(len(rows))
+        page = rows[offset : offset + limit if limit is not None else None]
+        now, policy = service.now(), service.policy
+        return [job_summary(job, now, attempt, policy) for job, attempt in page]
 
     @r.get("/jobs/{job_id}", responses=errors(401, 404))
     def get_job(job_id: JobId, who: Caller) -> dict[str, Any]:
@@ -371,7 +387,43 @@ def build_router(service: "Service") -> APIRouter:
 
     @r.get("/nodes", responses=errors(401))
     def nodes(who: Caller) -> list[dict[str, Any]]:
-        return node_views(service.nodes, service.store.running_attempts(), service.reconciler.cluster.down)
+        attempts = service.store.running_attempts()
+        jobs = {a.job.id: a.job for a in service.store.active()}
+        for job_id in {a.job_id for a in attempts} - jobs.keys():  # it ended between the two reads
+            if (job := service.store.get(job_id)) is not None:
+                jobs[job_id] = job
+        return node_views(service.nodes, attempts, service.reconciler.cluster.down, jobs)
+
+    @r.get("/history", responses=errors(401))
+    def history(
+        who: Caller,
+        since: Annotated[
+            float | None, Query(ge=0, le=TIME_MAX, description="unix seconds (default: until - 24h)")
+        ] = None,
+        until: Annotated[float | None, Query(ge=0, le=TIME_MAX, description="unix seconds (default: now)")] = None,
+    ) -> dict[str, Any]:
+        """The samples taken from `since` to `until` (at most 31 days apart), oldest first; at
+        most 2000, spread evenly over the span when it holds more."""
+        end = _finite("until", until) if until is not None else service.now()
+        start = _finite("since", since) if since is not None else end - DAY_S
+        if start > end:
+            raise ApiError(422, "since", since, f"is after until ({end:.3f})")
+        if end - start > SPAN_MAX_S:
+            raise ApiError(422, "since", since, f"is more than {SPAN_MAX_S / DAY_S:.0f} days before until ({end:.3f})")
+        samples = service.store.samples(start, end, MOST_SAMPLES)
+        return history_view(samples, service.reconciler.history.interval_s)
+
+    @r.get("/preemptions", responses=errors(401))
+    def preemptions(
+        who: Caller,
+        since: Annotated[
+            float | None, Query(ge=0, le=TIME_MAX, description="unix seconds (default: now - 24h)")
+        ] = None,
+        limit: Annotated[int, Query(ge=1, le=PAGE_MAX)] = 200,
+    ) -> list[dict[str, Any]]:
+        """Preemptions, reclaims and evictions whose SIGTERM came at `since` or later, newest first."""
+        start = _finite("since", since) if since is not None else service.now() - DAY_S
+        return [preemption_view(p) for p in service.store.preemptions(start, limit)]
 
     @r.get("/queues", responses=errors(401))
     def queues(who: Caller) -> list[dict[str, Any]]:
@@ -408,6 +460,12 @@ def build_router(service: "Service") -> APIRouter:
         ]
 
     return r
+
+
+def _finite(field: str, value: float) -> float:
+    if not math.isfinite(value):
+        raise ApiError(422, field, value, "is not a finite number of seconds")
+    return value
 
 
 def _states(state: list[str] | None, include_finished: bool) -> set[str] | None:

@@ -27,6 +27,7 @@ from warden.executors.slurm import SlurmExecutor
 from warden.runtime import tune_collector
 from warden.server.api import build_router, install_error_handlers, install_request_limits, metrics_route
 from warden.server.service import Service
+from warden.server.ui import mount_ui
 from warden.store.db import connect, default_url, migrate, secure_sqlite_files
 from warden.store.db import state_dir as default_state_dir
 from warden.store.repo import NodeRecord, Store
@@ -222,6 +223,7 @@ def create_app(service: Service) -> FastAPI:
     install_request_limits(app, service)
     app.include_router(build_router(service))
     metrics_route(app, service)
+    mount_ui(app)  # the dashboard, /ui/ (docs/dashboard.md)
     return app
 
 

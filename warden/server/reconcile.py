@@ -25,6 +25,9 @@ second, one pass runs this fixed sequence under one lock:
    its processes begun (`Executor.started`: at once for the local executor; for Slurm, when
    every task has started);
 6. **explain** — the explanations that changed since the last pass are stored.
+7. **history** — after the pass, outside its lock: a sample of the cluster and every queue
+   for `GET /v1/history`, once `history_interval_s` passed since the last one
+   (`warden.server.history`).
 
 Every transition is an event with time, reason and actor. Nothing here holds state the
 database does not also hold, except timers the executor re-arms on `adopt` (and the last
@@ -51,6 +54,7 @@ from warden.engine.plan import Plan
 from warden.engine.policy import Policy
 from warden.engine.scheduler import Engine
 from warden.executors.base import Executor, Exit, Handle, Inventory, LaunchSpec, ReplicaLaunch, UnknownAttempt
+from warden.server.history import INTERVAL_S, History
 from warden.store.repo import ActiveJob, NodeRecord, Store, StoredAttempt, StoredJob
 
 if TYPE_CHECKING:
@@ -183,9 +187,12 @@ class Reconciler:
         clock: Callable[[], float] = time.time,
         report_env: Callable[[str, int], dict[str, str]] | None = None,
         inventory: Callable[[], Inventory] | None = None,
+        history_interval_s: float = INTERVAL_S,
     ) -> None:
         self.store = store
         self.executor = executor
+        self.history = History(store, history_interval_s)
+        """The samples `GET /v1/history` reads: one at the end of a pass every interval."""
         self.nodes = nodes
         """The nodes of the last snapshot: the usable ones, and a down node only while jobs
         still hold resources on it (`_follow_nodes`)."""
@@ -391,7 +398,18 @@ class Reconciler:
                 s.preempted += len(plan.preemptions)
             if self.metrics is not None:
                 self.metrics.pass_took(s.duration_s)
-            return plan
+        self._sample(now)
+        return plan
+
+    def _sample(self, now: float) -> None:
+        """The history's sample, when one is due: after the pass and outside its lock (it reads
+        every job's attempts, as `GET /v1/queues` does). A sample that fails is logged and
+        tried again an interval later; it never fails the pass."""
+        try:
+            if self.history.due(now):
+                self.history.record(now, self.policy, self.ledger, self.cluster)
+        except Exception:
+            log.exception("recording the history sample failed; the next try is in %g s", self.history.interval_s)
 
     # -- a pass that fails ------------------------------------------------------------------
     def _plan(self, snapshot: Snapshot, now: float) -> Plan | None:
@@ -598,7 +616,9 @@ class Reconciler:
             kill_at = self.executor.terminate(str(job.id), attempt.number, grace)
         except UnknownAttempt:
             return  # not tracked yet: its exit or recovery ends it
-        self.store.update_attempt(job.id, attempt.number, state="terminating", sigterm_at=now, kill_at=kill_at)
+        self.store.update_attempt(
+            job.id, attempt.number, state="terminating", sigterm_at=now, kill_at=kill_at, preemption_kind="eviction"
+        )
         self.store.transition(
             job.id,
             JobState.PREEMPTING,
@@ -704,7 +724,13 @@ class Reconciler:
             return
         kill_at = self.executor.terminate(str(job.id), attempt.number, grace)
         self.store.update_attempt(
-            job.id, attempt.number, state="terminating", sigterm_at=now, kill_at=kill_at, preempted_for=for_job
+            job.id,
+            attempt.number,
+            state="terminating",
+            sigterm_at=now,
+            kill_at=kill_at,
+            preempted_for=for_job,
+            preemption_kind="reclaim" if kind == "reclaim" else "preemption",
         )
         if not self.store.transition(
             job.id,

@@ -26,6 +26,7 @@ from warden.engine.policy import Limits, Policy, PolicyError, parse_policy
 from warden.executors.base import Executor, Inventory
 from warden.server.auth import CHALLENGE, Principal, bearer, forbidden
 from warden.server.errors import ApiError, shorten
+from warden.server.history import INTERVAL_S as HISTORY_INTERVAL_S
 from warden.server.metrics import ServerMetrics
 from warden.server.reconcile import Reconciler
 from warden.store.repo import DuplicateSubmission, EarlierSubmission, Store, StoredJob
@@ -66,6 +67,7 @@ class Service:
         clock: Callable[[], float] = time.time,
         url: str = "",
         inventory: Callable[[], Inventory] | None = None,
+        history_interval_s: float = HISTORY_INTERVAL_S,
     ) -> None:
         self.store = store
         self.executor = executor
@@ -74,7 +76,9 @@ class Service:
         self.url = url
         """Where jobs send their reports (`WARDEN_URL` inside a job)."""
         self._report_key = _secret(state_dir / "report-secret")
-        self.reconciler = Reconciler(store, executor, nodes, policy, state_dir, clock, self.report_env, inventory)
+        self.reconciler = Reconciler(
+            store, executor, nodes, policy, state_dir, clock, self.report_env, inventory, history_interval_s
+        )
         self.metrics = ServerMetrics(self)
         self.reconciler.metrics = self.metrics
         self._stop = threading.Event()

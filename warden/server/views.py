@@ -13,9 +13,10 @@ from typing import Any
 
 from warden.engine import accounting
 from warden.engine.fairshare import fair_order
-from warden.engine.model import Node, UsageLedger
+from warden.engine.model import JobState, Node, UsageLedger
 from warden.engine.policy import Policy
-from warden.store.repo import EventRecord, Store, StoredAttempt, StoredJob
+from warden.engine.rules import efficiency
+from warden.store.repo import EventRecord, PreemptionRecord, Store, StoredAttempt, StoredJob
 
 
 def wait_s(job: StoredJob, now: float) -> float:
@@ -23,9 +24,15 @@ def wait_s(job: StoredJob, now: float) -> float:
     return accounting.wait_time(job.waited_s, job.pending_since, job.submit_at, now, job.state.waiting)
 
 
-def job_summary(job: StoredJob, now: float) -> dict[str, Any]:
+def job_summary(
+    job: StoredJob, now: float, attempt: StoredAttempt | None = None, policy: Policy | None = None
+) -> dict[str, Any]:
+    """A job as `GET /v1/jobs` lists it. Given its current `attempt` and the `policy`, a job
+    that holds resources shows when it started, checkpointed, and may first be preempted
+    (`lease_end_at`) or will be killed (`kill_at`), and its attempt's η."""
     e = job.explanation or {}
     reason = e.get("reason") if job.state.waiting else None
+    live = attempt if attempt is not None and attempt.number == job.attempt and attempt.ended_at is None else None
     return {
         "id": str(job.id),
         "name": job.name,
@@ -45,7 +52,56 @@ def job_summary(job: StoredJob, now: float) -> dict[str, Any]:
         "finished_at": job.finished_at,
         "held_reason": job.held_reason,
         "claim": job.claim,
+        "started_at": live.started_at if live else None,
+        "last_checkpoint_at": live.last_checkpoint_at if live else None,
+        "kill_at": live.kill_at if live and live.sigterm_at is not None else None,
+        "lease_end_at": lease_end(policy, job, live) if live and policy and live.sigterm_at is None else None,
+        "efficiency": round(efficiency(policy, job.to_engine(live), now), 4) if live and policy else None,
     }
+
+
+def lease_end(policy: Policy, job: StoredJob, attempt: StoredAttempt) -> float:
+    """When the attempt may first be preempted: its lease, stretched so that a preemption
+    never pushes its η below `thrash.min_efficiency` (the engine's lease and efficiency rules)."""
+    lease = accounting.effective_lease(policy, job.tier, job.lease_s)
+    overhead = accounting.assumed_startup(policy, attempt.startup_s) + attempt.checkpoint_s
+    return attempt.started_at + max(lease, overhead / (1.0 - policy.thrash.min_efficiency))
+
+
+def listing_order(job: StoredJob) -> tuple[int, float, int]:
+    """`GET /v1/jobs`'s order: the jobs that hold resources by id, then the waiting ones in
+    rank order (their `position`; held and not yet ranked ones after them, by id), then the
+    finished ones by id."""
+    if job.state.terminal:
+        return (2, 0.0, job.id)
+    if job.state.waiting:
+        position = (job.explanation or {}).get("position")
+        if isinstance(position, int) and job.held_reason is None:
+            return (1, float(position), job.id)
+        return (1, math.inf, job.id)
+    return (0, 0.0, job.id)
+
+
+def listed_jobs(
+    store: Store, queue: str | None, states: set[str] | None, user: str | None
+) -> list[tuple[StoredJob, StoredAttempt | None]]:
+    """The jobs `GET /v1/jobs` lists, in `listing_order`, each with its live attempt: the
+    unfinished ones from the store's `active()` (rows cached between reads), the finished
+    ones, when `states` takes any (None: every state), from the table."""
+
+    def wanted(job: StoredJob) -> bool:
+        return (
+            (queue is None or job.queue == queue)
+            and (user is None or job.user == user)
+            and (states is None or job.state.value in states)
+        )
+
+    rows = {a.job.id: (a.job, a.attempt) for a in store.active() if wanted(a.job)}
+    finished = {s.value for s in JobState if s.terminal}
+    finished = finished if states is None else finished & states
+    if finished:  # read after `active()`: a job that ended in between is listed once, ended
+        rows.update((j.id, (j, None)) for j in store.list(queue=queue, state=finished, user=user))
+    return sorted(rows.values(), key=lambda row: listing_order(row[0]))
 
 
 def job_detail(
@@ -59,7 +115,8 @@ def job_detail(
     """A job with its events and attempts. A waiting job's sort key shows its wait and, given
     the ledger, its queue's fair-share ratios as they are now (the stored explanation keeps
     them only as of its last change)."""
-    out = job_summary(job, now)
+    live = next((a for a in attempts if a.number == job.attempt and a.ended_at is None), None)
+    out = job_summary(job, now, live, policy)
     e = job.explanation or {}
     out.update(
         {
@@ -145,20 +202,34 @@ def attempt_view(a: StoredAttempt) -> dict[str, Any]:
         "progress_at": a.progress_at,
         "checkpoints": a.checkpoints,
         "lost_work_gpu_s": a.lost_work_gpu_s,
+        "preemption_kind": a.preemption_kind,
     }
 
 
 def node_views(
-    nodes: Iterable[Node], attempts: Iterable[StoredAttempt], down: Mapping[str, str] | None = None
+    nodes: Iterable[Node],
+    attempts: Iterable[StoredAttempt],
+    down: Mapping[str, str] | None = None,
+    jobs: Mapping[int, StoredJob] | None = None,
 ) -> list[dict[str, Any]]:
-    """Each node with what runs on it; `down` says why a node takes no job now (Slurm's state)."""
+    """Each node with what runs on it; `down` says why a node takes no job now (Slurm's state).
+    `holders` names the job on each GPU held (`jobs`: the attempts' jobs, for their queue,
+    tier, user and state); a job holding no GPU on a node is listed there once, `gpu` null."""
     down = down or {}
+    jobs = jobs or {}
     used: dict[str, list[int]] = {}
     on: dict[str, list[str]] = {}
+    holders: dict[str, list[dict[str, Any]]] = {}
     for a in attempts:
+        job = jobs.get(a.job_id)
         for part in a.assignment:
             used.setdefault(part.node, []).extend(part.gpus)
             on.setdefault(part.node, []).append(str(a.job_id))
+            held = holders.setdefault(part.node, [])
+            if part.gpus:
+                held.extend(holder(gpu, a, job) for gpu in part.gpus)
+            elif not any(h["gpu"] is None and h["job"] == str(a.job_id) for h in held):
+                held.append(holder(None, a, job))
     return [
         {
             "name": n.name,
@@ -172,9 +243,46 @@ def node_views(
             "memory": n.memory,
             "jobs": sorted(set(on.get(n.name, [])), key=int),
             "down": down.get(n.name),
+            "holders": sorted(holders.get(n.name, []), key=lambda h: (h["gpu"] is None, h["gpu"] or 0, int(h["job"]))),
         }
         for n in nodes
     ]
+
+
+def holder(gpu: int | None, attempt: StoredAttempt, job: StoredJob | None) -> dict[str, Any]:
+    """Who holds one GPU (`gpu` None: a replica holding none); `kill_at` while its attempt is
+    in its grace (preempted, evicted or cancelled), else null."""
+    return {
+        "gpu": gpu,
+        "job": str(attempt.job_id),
+        "queue": job.queue if job else None,
+        "tier": job.tier if job else None,
+        "user": job.user if job else None,
+        "state": job.state.value if job else None,
+        "kill_at": attempt.kill_at if attempt.sigterm_at is not None and attempt.ended_at is None else None,
+    }
+
+
+def preemption_view(p: PreemptionRecord) -> dict[str, Any]:
+    """One preemption, reclaim or eviction as `GET /v1/preemptions` lists it: `grace_used_s`
+    and the lost work are null while the victim is still in its grace."""
+    return {
+        "at": p.sigterm_at,
+        "victim": str(p.job_id),
+        "victim_queue": p.victim_queue,
+        "victim_tier": p.victim_tier,
+        "victim_user": p.victim_user,
+        "preemptor": p.preemptor,
+        "preemptor_queue": p.preemptor_queue,
+        "preemptor_tier": p.preemptor_tier,
+        "kind": p.kind,
+        "reason": p.reason,
+        "grace_s": None if p.kill_at is None else round(p.kill_at - p.sigterm_at, 3),
+        "grace_used_s": None if p.ended_at is None else round(p.ended_at - p.sigterm_at, 3),
+        "kill_at": p.kill_at,
+        "ended_at": p.ended_at,
+        "lost_work_gpu_hours": None if p.lost_work_gpu_s is None else round(p.lost_work_gpu_s / 3600, 6),
+    }
 
 
 def queue_views(
@@ -222,7 +330,8 @@ def _owed_delivered(
     first submission to now: the accounting the simulator reports."""
     # Only a charged tier's jobs are owed anything (tier 4 runs on idle capacity), and only
     # their attempts are delivered: the definition the simulator's metrics use.
-    jobs = [j for j in store.list() if policy.tier(j.tier).charged]
+    demands, spans = store.accounting_rows()
+    jobs = [j for j in demands if policy.tier(j.tier).charged]
     if not jobs:
         return {}, {}
     queues = sorted({j.queue for j in jobs})
@@ -231,7 +340,7 @@ def _owed_delivered(
     owed = accounting.owed_gpu_seconds(
         queues,
         [index[j.queue] for j in jobs],
-        [j.gpus * j.replicas for j in jobs],
+        [j.gpus for j in jobs],
         [j.submit_at for j in jobs],
         [math.nan if j.finished_at is None else j.finished_at for j in jobs],
         accounting.policy_entitlement(policy),
@@ -239,15 +348,14 @@ def _owed_delivered(
         start,
         max(now, start),
     )
-    queue_of = {j.id: j.queue for j in jobs}
+    # An attempt holds its job's replicas × gpus: each replica's placement has the job's gpus.
+    charged = {j.id: j for j in jobs}
     delivered: dict[str, float] = {}
-    for a in store.all_attempts():
-        q = queue_of.get(a.job_id)
-        if q is not None:
+    for a in spans:
+        job = charged.get(a.job_id)
+        if job is not None:
             held = accounting.held_gpu_seconds(
-                float(sum(len(p.gpus) for p in a.assignment)),
-                a.started_at,
-                a.ended_at if a.ended_at is not None else now,
+                float(job.gpus), a.started_at, a.ended_at if a.ended_at is not None else now
             )
-            delivered[q] = delivered.get(q, 0.0) + held
+            delivered[job.queue] = delivered.get(job.queue, 0.0) + held
     return owed, delivered

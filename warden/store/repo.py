@@ -23,12 +23,35 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple, cast
 
-from sqlalchemy import Connection, CursorResult, Engine, Row, Table, bindparam, delete, insert, select, text, update
+from sqlalchemy import (
+    Connection,
+    CursorResult,
+    Engine,
+    Row,
+    Table,
+    bindparam,
+    delete,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.types import JSON
 
 from warden.engine.model import DEFAULT_FLAVOR, Attempt, Job, JobState, Node, ReplicaPlacement, UsageLedger
 from warden.store.db import connect, migrate, writer
-from warden.store.schema import AttemptRow, AuditRow, EventRow, JobRow, LedgerRow, NodeRow, PolicyRow, TokenRow
+from warden.store.schema import (
+    AttemptRow,
+    AuditRow,
+    EventRow,
+    JobRow,
+    LedgerRow,
+    NodeRow,
+    PolicyRow,
+    SampleRow,
+    TokenRow,
+)
 
 JOBS = cast(Table, JobRow.__table__)
 ATTEMPTS = cast(Table, AttemptRow.__table__)
@@ -38,6 +61,7 @@ AUDIT = cast(Table, AuditRow.__table__)
 POLICIES = cast(Table, PolicyRow.__table__)
 LEDGER = cast(Table, LedgerRow.__table__)
 NODES = cast(Table, NodeRow.__table__)
+SAMPLES = cast(Table, SampleRow.__table__)
 
 TERMINAL_STATES = frozenset(s.value for s in JobState if s.terminal)
 WAITING_STATES = frozenset(s.value for s in JobState if s.waiting)
@@ -47,6 +71,8 @@ ROLES = frozenset({"user", "admin"})
 ATTEMPT_STATES = frozenset({"running", "terminating", "exited"})
 LIVE_ATTEMPT_STATES = frozenset({"running", "terminating"})
 END_REASONS = frozenset({"completed", "failed", "preempted", "cancelled", "killed"})
+PREEMPTION_KINDS = frozenset({"preemption", "reclaim", "eviction"})
+"""Why an attempt got SIGTERM when no cancel sent it (`attempts.preemption_kind`)."""
 ANY_QUEUE = "*"
 
 SUBMIT_TICK = 1e-6
@@ -187,6 +213,9 @@ class StoredAttempt:
     progress_at: float | None = None
     checkpoints: int = 0
     lost_work_gpu_s: float | None = None
+    preemption_kind: str | None = None
+    """`preemption`, `reclaim` or `eviction` once SIGTERM came for one of them (None: a
+    cancel's, or none)."""
 
     def to_engine(self) -> Attempt:
         return Attempt(
@@ -255,6 +284,58 @@ class AuditEntry:
     action: str
     target: str
     details: dict[str, Any]
+
+
+class JobDemand(NamedTuple):
+    """What owed vs delivered GPU-hours read of a job (`Store.accounting_rows`)."""
+
+    id: int
+    queue: str
+    tier: int
+    gpus: int
+    """replicas × gpus"""
+    submit_at: float
+    finished_at: float | None
+
+
+class AttemptSpan(NamedTuple):
+    """When an attempt held its job's GPUs (`ended_at` None: it still does)."""
+
+    job_id: int
+    started_at: float
+    ended_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class HistorySample:
+    """One sample of the cluster's history: the figures at `at` (`warden.server.history`)."""
+
+    at: float
+    cluster: dict[str, Any]
+    queues: dict[str, Any]
+    lost_totals: dict[str, float]
+    """Lost work of every preemption recorded by `at`, GPU-seconds per leaf queue."""
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionRecord:
+    """An attempt that got SIGTERM for a preemption, a reclaim or an eviction, with its victim
+    and preemptor jobs and the reason its PREEMPTING event gave."""
+
+    job_id: int
+    attempt: int
+    victim_queue: str
+    victim_tier: int
+    victim_user: str
+    kind: str
+    sigterm_at: float
+    kill_at: float | None
+    ended_at: float | None
+    lost_work_gpu_s: float | None
+    preemptor: str | None
+    preemptor_queue: str | None
+    preemptor_tier: int | None
+    reason: str | None
 
 
 class CurrentPolicy(NamedTuple):
@@ -748,6 +829,27 @@ class Store:
         with self._read() as conn:
             return tuple(_attempt(row) for row in conn.execute(query))
 
+    def accounting_rows(self) -> tuple[tuple[JobDemand, ...], tuple[AttemptSpan, ...]]:
+        """Every job's demand (id order) and every attempt's span (job, number order), in one
+        transaction and without the JSON columns: what owed vs delivered GPU-hours are
+        computed from, at every `GET /v1/queues` and every history sample."""
+        jobs = select(
+            JOBS.c.id,
+            JOBS.c.queue,
+            JOBS.c.tier,
+            JOBS.c.gpus * JOBS.c.replicas,
+            JOBS.c.submit_at,
+            JOBS.c.finished_at,
+        ).order_by(JOBS.c.id)
+        spans = select(ATTEMPTS.c.job_id, ATTEMPTS.c.started_at, ATTEMPTS.c.ended_at).order_by(
+            ATTEMPTS.c.job_id, ATTEMPTS.c.number
+        )
+        with self._read() as conn:
+            demands = tuple(
+                JobDemand(int(i), q, int(t), int(g), float(s), f) for i, q, t, g, s, f in conn.execute(jobs)
+            )
+            return demands, tuple(AttemptSpan(int(j), float(a), b) for j, a, b in conn.execute(spans))
+
     def running_attempts(self) -> tuple[StoredAttempt, ...]:
         """Attempts still running or terminating: what executors must re-adopt after a restart."""
         query = (
@@ -911,9 +1013,152 @@ class Store:
             for r in rows
         )
 
+    # --- history -------------------------------------------------------------------------------
+
+    def record_sample(self, sample: HistorySample, keep_after: float) -> None:
+        """Store a sample and drop the samples older than `keep_after`, in one transaction."""
+        values = {
+            "at": sample.at,
+            "cluster": dict(sample.cluster),
+            "queues": dict(sample.queues),
+            "lost_totals": dict(sample.lost_totals),
+        }
+        with self._write() as conn:
+            conn.execute(insert(SAMPLES), values)
+            conn.execute(delete(SAMPLES).where(SAMPLES.c.at < keep_after))
+
+    def last_sample(self) -> HistorySample | None:
+        """The newest sample: what the next one counts from."""
+        query = select(SAMPLES).order_by(SAMPLES.c.at.desc(), SAMPLES.c.id.desc()).limit(1)
+        with self._read() as conn:
+            row = conn.execute(query).first()
+        return None if row is None else _sample(row)
+
+    def samples(self, since: float, until: float, most: int) -> tuple[HistorySample, ...]:
+        """The samples taken from `since` to `until`, oldest first. Of more than `most`, `most`
+        spread evenly from the first to the last: only their ids are read to choose them."""
+        where = (SAMPLES.c.at >= since) & (SAMPLES.c.at <= until)
+        rows: builtins.list[Row[Any]] = []
+        with self._read() as conn:
+            ids = builtins.list(
+                conn.execute(select(SAMPLES.c.id).where(where).order_by(SAMPLES.c.at, SAMPLES.c.id)).scalars()
+            )
+            chosen = evenly(ids, most)
+            for start in range(0, len(chosen), _READ_CHUNK):
+                rows.extend(conn.execute(select(SAMPLES).where(SAMPLES.c.id.in_(chosen[start : start + _READ_CHUNK]))))
+        rows.sort(key=lambda r: (r.at, r.id))
+        return tuple(_sample(r) for r in rows)
+
+    def preemption_counts(self, after: float, until: float) -> dict[str, int]:
+        """Per leaf queue, the attempts whose SIGTERM for a preemption, reclaim or eviction came
+        after `after`, up to `until`."""
+        query = (
+            select(JOBS.c.queue, func.count())
+            .select_from(ATTEMPTS.join(JOBS, JOBS.c.id == ATTEMPTS.c.job_id))
+            .where(
+                ATTEMPTS.c.preemption_kind.is_not(None), ATTEMPTS.c.sigterm_at > after, ATTEMPTS.c.sigterm_at <= until
+            )
+            .group_by(JOBS.c.queue)
+        )
+        with self._read() as conn:
+            return {str(q): int(n) for q, n in conn.execute(query)}
+
+    def lost_work_totals(self) -> dict[str, float]:
+        """Per leaf queue, the lost work (GPU-seconds) of every preempted, reclaimed or evicted
+        attempt whose exit was recorded so far."""
+        query = (
+            select(JOBS.c.queue, func.sum(ATTEMPTS.c.lost_work_gpu_s))
+            .select_from(ATTEMPTS.join(JOBS, JOBS.c.id == ATTEMPTS.c.job_id))
+            .where(ATTEMPTS.c.preemption_kind.is_not(None), ATTEMPTS.c.lost_work_gpu_s.is_not(None))
+            .group_by(JOBS.c.queue)
+        )
+        with self._read() as conn:
+            return {str(q): float(total or 0.0) for q, total in conn.execute(query)}
+
+    def preemptions(self, since: float, limit: int) -> tuple[PreemptionRecord, ...]:
+        """The attempts preempted, reclaimed or evicted at `since` or later, newest first, at most
+        `limit`: each with its victim and preemptor jobs and its PREEMPTING event's reason."""
+        query = (
+            select(
+                ATTEMPTS.c.job_id,
+                ATTEMPTS.c.number,
+                ATTEMPTS.c.preemption_kind,
+                ATTEMPTS.c.sigterm_at,
+                ATTEMPTS.c.kill_at,
+                ATTEMPTS.c.ended_at,
+                ATTEMPTS.c.lost_work_gpu_s,
+                ATTEMPTS.c.preempted_for,
+                ATTEMPTS.c.reason,
+                JOBS.c.queue,
+                JOBS.c.tier,
+                JOBS.c.user,
+            )
+            .select_from(ATTEMPTS.join(JOBS, JOBS.c.id == ATTEMPTS.c.job_id))
+            .where(ATTEMPTS.c.preemption_kind.is_not(None), ATTEMPTS.c.sigterm_at >= since)
+            .order_by(ATTEMPTS.c.sigterm_at.desc(), ATTEMPTS.c.job_id.desc(), ATTEMPTS.c.number.desc())
+            .limit(limit)
+        )
+        preemptors: dict[int, tuple[str, int]] = {}
+        events: dict[int, builtins.list[tuple[float, str]]] = {}
+        with self._read() as conn:
+            rows = conn.execute(query).all()
+            wanted = sorted({k for r in rows if r.preempted_for and (k := _job_key(r.preempted_for)) is not None})
+            victims = sorted({int(r.job_id) for r in rows})
+            for start in range(0, len(wanted), _READ_CHUNK):
+                chunk = wanted[start : start + _READ_CHUNK]
+                for i, q, t in conn.execute(select(JOBS.c.id, JOBS.c.queue, JOBS.c.tier).where(JOBS.c.id.in_(chunk))):
+                    preemptors[int(i)] = (str(q), int(t))
+            for start in range(0, len(victims), _READ_CHUNK):
+                chunk = victims[start : start + _READ_CHUNK]
+                preempting = select(EVENTS.c.job_id, EVENTS.c.at, EVENTS.c.reason).where(
+                    EVENTS.c.job_id.in_(chunk), EVENTS.c.to_state == JobState.PREEMPTING.value
+                )
+                for j, at, reason in conn.execute(preempting):
+                    events.setdefault(int(j), []).append((float(at), str(reason)))
+        out = []
+        for r in rows:
+            key = _job_key(r.preempted_for) if r.preempted_for else None
+            by = preemptors.get(key) if key is not None else None
+            said = events.get(int(r.job_id))
+            reason = min(said, key=lambda e: abs(e[0] - r.sigterm_at))[1] if said else r.reason
+            out.append(
+                PreemptionRecord(
+                    job_id=int(r.job_id),
+                    attempt=int(r.number),
+                    victim_queue=r.queue,
+                    victim_tier=int(r.tier),
+                    victim_user=r.user,
+                    kind=r.preemption_kind,
+                    sigterm_at=float(r.sigterm_at),
+                    kill_at=r.kill_at,
+                    ended_at=r.ended_at,
+                    lost_work_gpu_s=r.lost_work_gpu_s,
+                    preemptor=r.preempted_for,
+                    preemptor_queue=by[0] if by else None,
+                    preemptor_tier=by[1] if by else None,
+                    reason=reason,
+                )
+            )
+        return tuple(out)
+
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
+
+
+def evenly(items: Sequence[Any], most: int) -> builtins.list[Any]:
+    """`items` whole when there are at most `most`, else `most` of them spread evenly from the
+    first to the last."""
+    n = len(items)
+    if n <= most:
+        return builtins.list(items)
+    if most <= 1:
+        return builtins.list(items[-most:]) if most == 1 else []
+    return [items[round(i * (n - 1) / (most - 1))] for i in range(most)]
+
+
+def _sample(row: Row[Any]) -> HistorySample:
+    return HistorySample(float(row.at), dict(row.cluster), dict(row.queues), dict(row.lost_totals))
 
 
 def hash_token(token: str) -> str:
@@ -1134,6 +1379,8 @@ def _attempt_updates(updates: Mapping[str, Any]) -> dict[str, Any]:
             raise ValueError(f"state: expected one of {sorted(ATTEMPT_STATES)}, got {value!r}")
         if name == "reason" and value is not None and value not in END_REASONS:
             raise ValueError(f"reason: expected one of {sorted(END_REASONS)}, got {value!r}")
+        if name == "preemption_kind" and value is not None and value not in PREEMPTION_KINDS:
+            raise ValueError(f"preemption_kind: expected one of {sorted(PREEMPTION_KINDS)}, got {value!r}")
         if name == "assignment":
             value = _assignment_json(value)
         elif name == "exit_codes" and value is not None:

@@ -109,7 +109,7 @@ class AttemptRow(Base):
     """One run of a job between admission and exit, with the facts executors and the SDK report."""
 
     __tablename__ = "attempts"
-    __table_args__ = (Index("ix_attempts_state", "state"),)
+    __table_args__ = (Index("ix_attempts_state", "state"), Index("ix_attempts_sigterm_at", "sigterm_at"))
 
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
     number: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
@@ -136,6 +136,9 @@ class AttemptRow(Base):
     checkpoints: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     lost_work_gpu_s: Mapped[float | None] = mapped_column(Double)
     """GPU-seconds of progress a preemption of this attempt threw away (measured at its exit)."""
+    preemption_kind: Mapped[str | None] = mapped_column(String(16))
+    """Why its SIGTERM came, when no cancel sent it: `preemption` (for a job of a higher tier),
+    `reclaim` (capacity it borrowed, taken back) or `eviction` (one of its nodes went down)."""
 
 
 class EventRow(Base):
@@ -152,6 +155,23 @@ class EventRow(Base):
     reason: Mapped[str] = mapped_column(String(255))
     actor: Mapped[str] = mapped_column(String(255))
     details: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class SampleRow(Base):
+    """One sample of the cluster's history (`warden.server.history`): what the dashboard plots.
+    Kept 30 days."""
+
+    __tablename__ = "history_samples"
+    __table_args__ = (Index("ix_history_samples_at", "at"), {"sqlite_autoincrement": True})
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[float] = mapped_column(Double)
+    cluster: Mapped[dict[str, Any]] = mapped_column(JSON)
+    queues: Mapped[dict[str, Any]] = mapped_column(JSON)
+    lost_totals: Mapped[dict[str, float]] = mapped_column(JSON)
+    """Lost work of every preemption recorded by `at`, in GPU-seconds per leaf queue: the next
+    sample's lost work is the difference, so a victim whose exit came after a sample still
+    counts once, in the next one."""
 
 
 class TokenRow(Base):

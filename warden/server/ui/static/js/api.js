@@ -1,0 +1,193 @@
+// The public /v1 API, called with the signed-in token. The token lives in this tab's
+// sessionStorage only: never in a URL, a cookie or localStorage. A 401 signs the tab out.
+// Which endpoints and parameters the server has is read from its OpenAPI document, so that a
+// view asks nothing of an older server and says "not available" instead.
+
+import { noteServerDate } from "./time.js";
+
+const TOKEN = "warden.token";
+const ROLE = "warden.role";
+const USER = "warden.user";
+
+export function token() {
+  return sessionStorage.getItem(TOKEN);
+}
+
+export function signIn(value) {
+  sessionStorage.setItem(TOKEN, value);
+  sessionStorage.removeItem(ROLE);
+  sessionStorage.removeItem(USER);
+}
+
+export function signOut() {
+  sessionStorage.removeItem(TOKEN);
+  sessionStorage.removeItem(ROLE);
+  sessionStorage.removeItem(USER);
+}
+
+/** A refusal or failure of the API: `status` (0 when the server could not be reached), the message. */
+export class ApiError extends Error {
+  constructor(status, message, body) {
+    super(message);
+    this.status = status;
+    this.body = body;
+  }
+}
+
+/** The endpoint is not on this server (yet). */
+export class Unavailable extends Error {
+  constructor(path) {
+    super(`${path} is not available on this server`);
+    this.path = path;
+  }
+}
+
+let unauthorized = () => {};
+
+/** What to do when the server refuses the token (401): sign out and show the sign-in page. */
+export function onUnauthorized(handler) {
+  unauthorized = handler;
+}
+
+let spec = null;
+
+/** Read /openapi.json once (it needs no token). Without it, every endpoint is assumed present. */
+export async function loadSpec() {
+  if (spec) return spec;
+  try {
+    const res = await fetch("/openapi.json", { cache: "no-store", credentials: "omit" });
+    spec = res.ok ? await res.json() : { paths: null };
+  } catch {
+    spec = { paths: null };
+  }
+  return spec;
+}
+
+/** Whether the server offers `method path` (path as in the OpenAPI document, e.g. "/v1/history"). */
+export function has(method, path) {
+  if (!spec || !spec.paths) return true;
+  return Boolean(spec.paths[path] && spec.paths[path][method.toLowerCase()]);
+}
+
+/** Whether `method path` takes the query parameter `name`. */
+export function hasParam(method, path, name) {
+  if (!spec || !spec.paths) return false;
+  const op = spec.paths[path] && spec.paths[path][method.toLowerCase()];
+  return Boolean(op && (op.parameters || []).some((p) => p.name === name && p.in === "query"));
+}
+
+/** The enum a query parameter allows, when it has one. */
+export function paramEnum(method, path, name) {
+  const op = spec && spec.paths && spec.paths[path] && spec.paths[path][method.toLowerCase()];
+  const p = op && (op.parameters || []).find((q) => q.name === name && q.in === "query");
+  if (!p || !p.schema) return null;
+  const schemas = [p.schema, ...(p.schema.anyOf || []), ...(p.schema.allOf || [])];
+  for (const sc of schemas) {
+    if (sc.enum) return sc.enum;
+    if (sc.$ref) {
+      const ref = sc.$ref.split("/").pop();
+      const target = spec.components && spec.components.schemas && spec.components.schemas[ref];
+      if (target && target.enum) return target.enum;
+    }
+  }
+  return null;
+}
+
+function errorMessage(status, body) {
+  const e = body && body.error;
+  if (e && e.message) return e.field ? `${e.field}: ${e.message}` : e.message;
+  return `the server answered ${status}`;
+}
+
+/**
+ * Call the API: api("/jobs", {params: {state: ["PENDING"], limit: 100}}). Answers the JSON
+ * body, or {data, headers} with `full`. `template` names the OpenAPI path when it has
+ * parameters ("/v1/jobs/{job_id}"), so that a missing endpoint is never called.
+ */
+export async function api(path, { method = "GET", params, body, full = false, template } = {}) {
+  const spec_path = template || `/v1${path}`;
+  if (!has(method, spec_path)) throw new Unavailable(spec_path);
+  const url = new URL(`/v1${path}`, location.origin);
+  for (const [key, value] of Object.entries(params || {})) {
+    if (value === null || value === undefined) continue;
+    for (const v of Array.isArray(value) ? value : [value]) url.searchParams.append(key, String(v));
+  }
+  const headers = { Accept: "application/json" };
+  const t = token();
+  if (t) headers.Authorization = `Bearer ${t}`;
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  let res;
+  try {
+    res = await fetch(url, {
+      method,
+      headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
+      cache: "no-store",
+      credentials: "omit",
+      referrerPolicy: "no-referrer",
+    });
+  } catch (err) {
+    throw new ApiError(0, "the server cannot be reached", null);
+  }
+  noteServerDate(res.headers.get("Date"));
+  let data = null;
+  const text = await res.text();
+  if (text) {
+    try {
+      data = JSON.parse(text);
+    } catch {
+      data = null;
+    }
+  }
+  if (res.status === 401) {
+    signOut();
+    unauthorized();
+    throw new ApiError(401, "the server refused the token: sign in again", data);
+  }
+  if (res.status === 404 && data && data.error && data.error.field === "path") throw new Unavailable(spec_path);
+  if (!res.ok) throw new ApiError(res.status, errorMessage(res.status, data), data);
+  return full ? { data, headers: res.headers } : data;
+}
+
+/**
+ * Who the token belongs to: {user, role}. A `/v1/whoami` answers it where the server has one;
+ * else the role is probed once per sign-in with the admin-only audit log (403: a user) and the
+ * user's name stays unknown.
+ */
+export async function identity() {
+  const role = sessionStorage.getItem(ROLE);
+  if (role) return { role, user: sessionStorage.getItem(USER) || null };
+  let who = { role: "user", user: null };
+  if (has("GET", "/v1/whoami") && spec && spec.paths) {
+    const me = await api("/whoami");
+    who = { role: me.role === "admin" ? "admin" : "user", user: me.user ?? null };
+  } else {
+    try {
+      await api("/audit", { params: { limit: 1 } });
+      who = { role: "admin", user: null };
+    } catch (err) {
+      if (!(err instanceof ApiError && err.status === 403) && !(err instanceof Unavailable)) throw err;
+    }
+  }
+  sessionStorage.setItem(ROLE, who.role);
+  if (who.user) sessionStorage.setItem(USER, who.user);
+  return who;
+}
+
+/** Run `fn` over `items` with at most `limit` calls in flight. */
+export async function pool(items, limit, fn) {
+  const out = new Array(items.length);
+  let next = 0;
+  async function worker() {
+    while (next < items.length) {
+      const i = next++;
+      try {
+        out[i] = await fn(items[i]);
+      } catch (err) {
+        out[i] = err;
+      }
+    }
+  }
+  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
+  return out;
+}

@@ -1,0 +1,257 @@
+// Jobs: the waiting jobs in rank order with their reason, position and expected start, and
+// the running ones with their lease end and last checkpoint, a page at a time
+// (GET /v1/jobs?limit=&offset=, X-Total-Count), so that 5,000 pending jobs stay fast.
+
+import { api, hasParam, paramEnum, pool } from "../api.js";
+import { h, notice, swap, table } from "../dom.js";
+import { tierBadge } from "../palette.js";
+import { countdown, dur, humanizeMessage, nowS, when } from "../time.js";
+
+export const WAITING = ["AWAITING_APPROVAL", "PENDING", "REQUEUED"];
+export const HOLDING = ["ADMITTED", "STARTING", "RUNNING", "PREEMPTING"];
+const PENDING_PAGE = 100;
+const RUNNING_PAGE = 50;
+const DETAIL_TTL_S = 15;
+
+/** The query parameter and value that sort jobs by rank, where the server offers one. */
+function rankOrder() {
+  for (const name of ["order", "sort", "order_by"]) {
+    const allowed = paramEnum("GET", "/v1/jobs", name);
+    const value = allowed && allowed.find((v) => /rank|position/i.test(String(v)));
+    if (value) return { [name]: value };
+  }
+  return {};
+}
+
+function byRank(a, b) {
+  const pa = a.position ?? Number.POSITIVE_INFINITY;
+  const pb = b.position ?? Number.POSITIVE_INFINITY;
+  if (pa !== pb) return pa - pb;
+  return Number(a.id) - Number(b.id);
+}
+
+/**
+ * One page of jobs in `states`: {jobs, total, paged}. With a server that takes limit/offset
+ * the page is the server's; an older one answers every job and the page is cut here.
+ */
+export async function jobsPage(states, offset, limit, extra = {}) {
+  const paged = hasParam("GET", "/v1/jobs", "limit") && hasParam("GET", "/v1/jobs", "offset");
+  const params = { state: states.join(","), ...extra };
+  if (paged) {
+    const { data, headers } = await api("/jobs", { params: { ...params, ...rankOrder(), limit, offset }, full: true });
+    const total = Number(headers.get("X-Total-Count"));
+    return { jobs: data, total: Number.isFinite(total) && headers.get("X-Total-Count") !== null ? total : null, paged };
+  }
+  const all = await api("/jobs", { params });
+  all.sort(byRank);
+  return { jobs: all.slice(offset, offset + limit), total: all.length, paged };
+}
+
+const TIME_KEYS = /(_at|^eta|^due|^until)$/;
+
+/** A reason's details as short "key value" pairs; Unix times become relative ones. */
+export function reasonDetails(details) {
+  const items = Object.entries(details || {}).filter(([, v]) => v !== null && v !== undefined && !(Array.isArray(v) && !v.length));
+  if (!items.length) return null;
+  return h(
+    "ul",
+    { class: "details" },
+    items.map(([k, v]) =>
+      h(
+        "li",
+        null,
+        h("span", { class: "k" }, k.replaceAll("_", " ")),
+        " ",
+        typeof v === "number" && TIME_KEYS.test(k) && v > 1e9 ? when(v) : h("span", { class: "v" }, Array.isArray(v) ? v.join(", ") : typeof v === "object" ? JSON.stringify(v) : String(v)),
+      ),
+    ),
+  );
+}
+
+export function reasonCell(job) {
+  const r = job.reason;
+  if (!r) return job.held_reason ? h("span", { class: "reason" }, h("code", null, "Held"), " ", job.held_reason) : "—";
+  return h(
+    "div",
+    { class: "reason", dataset: { code: r.code } },
+    h("code", { class: "reason-code" }, r.code),
+    " ",
+    h("span", { class: "reason-message" }, humanizeMessage(r.message)),
+    reasonDetails(r.details),
+  );
+}
+
+/** When the job is expected to start: its reservation's due time; else when what it waits for ends. */
+export function expectedStart(job) {
+  const d = (job.reason && job.reason.details) || {};
+  if (d.reserved_at != null) return h("span", { class: "expected", title: "its reservation is due" }, when(d.reserved_at));
+  const hint = d.earliest_at ?? d.eta ?? d.frees_at;
+  if (hint != null && hint > 1e9) return h("span", { class: "expected muted", title: "not before" }, "≥ ", when(hint));
+  return "—";
+}
+
+export function jobLink(job) {
+  return h(
+    "a",
+    { href: `#/jobs/${encodeURIComponent(job.id)}`, dataset: { key: `job-${job.id}` } },
+    `#${job.id}`,
+    job.name ? h("span", { class: "job-name" }, ` ${job.name}`) : null,
+  );
+}
+
+export function stateBadge(state) {
+  return h("span", { class: ["state", `state-${String(state).toLowerCase()}`] }, String(state).replaceAll("_", " ").toLowerCase());
+}
+
+function pager(label, offset, size, total, count, onMove) {
+  const last = total === null ? offset + count : total;
+  const from = count ? offset + 1 : 0;
+  const to = offset + count;
+  return h(
+    "nav",
+    { class: "pager", "aria-label": `${label} pages` },
+    h("button", { type: "button", disabled: offset === 0, dataset: { key: `${label}-prev` }, onclick: () => onMove(Math.max(0, offset - size)) }, "← Previous"),
+    h("span", { class: "pager-range", dataset: { total: total ?? "" } }, total === null ? `${from}–${to}` : `${from.toLocaleString()}–${to.toLocaleString()} of ${total.toLocaleString()}`),
+    h(
+      "button",
+      { type: "button", disabled: to >= last && (total !== null || count < size), dataset: { key: `${label}-next` }, onclick: () => onMove(offset + size) },
+      "Next →",
+    ),
+  );
+}
+
+export default {
+  mount(root, _params, ctx) {
+    let pendingOffset = 0;
+    let runningOffset = 0;
+    let queue = "";
+    const details = new Map(); // id → {at, detail}
+    const filter = h("select", { id: "jobs-queue", dataset: { key: "jobs-queue" } }, h("option", { value: "" }, "all queues"));
+    filter.addEventListener("change", () => {
+      queue = filter.value;
+      pendingOffset = 0;
+      runningOffset = 0;
+      ctx.refresh();
+    });
+    const pending = h("section", { "aria-labelledby": "pending-h", id: "pending" });
+    const running = h("section", { "aria-labelledby": "running-h", id: "running" });
+    root.append(
+      h("div", { class: "view-head" }, h("h1", null, "Jobs"), h("div", { class: "filters" }, h("label", { for: "jobs-queue" }, "Queue "), filter)),
+      h("h2", { id: "pending-h" }, "Waiting, in rank order"),
+      pending,
+      h("h2", { id: "running-h" }, "Running"),
+      running,
+    );
+    let queuesLoaded = false;
+
+    async function loadQueues() {
+      if (queuesLoaded) return;
+      try {
+        const rows = await api("/queues");
+        for (const q of rows.filter((r) => r.leaf)) filter.append(h("option", { value: q.name }, q.name));
+        queuesLoaded = true;
+      } catch {
+        // the filter stays "all queues"
+      }
+    }
+
+    async function detailOf(id) {
+      const cached = details.get(id);
+      if (cached && nowS() - cached.at < DETAIL_TTL_S) return cached.detail;
+      const detail = await api(`/jobs/${encodeURIComponent(id)}`, { template: "/v1/jobs/{job_id}" });
+      details.set(id, { at: nowS(), detail });
+      return detail;
+    }
+
+    return {
+      title: "Jobs",
+      async update() {
+        await loadQueues();
+        const extra = queue ? { queue } : {};
+        const [p, r] = await Promise.all([
+          jobsPage(WAITING, pendingOffset, PENDING_PAGE, extra).catch((err) => err),
+          jobsPage(HOLDING, runningOffset, RUNNING_PAGE, extra).catch((err) => err),
+        ]);
+        if (p instanceof Error) swap(pending, notice("error", `The waiting jobs are not available: ${p.message}`));
+        else {
+          const rows = [...p.jobs].sort(byRank);
+          swap(
+            pending,
+            pager("waiting", pendingOffset, PENDING_PAGE, p.total, rows.length, (o) => {
+              pendingOffset = o;
+              ctx.refresh();
+            }),
+            table(
+              [
+                { label: "#", class: "num", cell: (j) => (j.position != null ? String(j.position) : "—") },
+                { label: "job", cell: jobLink },
+                { label: "user", cell: (j) => j.user },
+                { label: "queue", cell: (j) => j.queue },
+                { label: "tier", cell: (j) => tierBadge(j.tier) },
+                { label: "GPUs", class: "num", cell: (j) => (j.replicas > 1 ? `${j.replicas}×${j.gpus_per_replica}` : String(j.gpus)) },
+                { label: "state", cell: (j) => stateBadge(j.state) },
+                { label: "waited", class: "num", cell: (j) => dur(j.wait_s) },
+                { label: "why it waits", class: "wide", cell: reasonCell },
+                { label: "expected start", cell: expectedStart },
+              ],
+              rows,
+              { rowAttrs: (j) => ({ dataset: { job: j.id, state: j.state } }), empty: "No job is waiting." },
+            ),
+          );
+        }
+        if (r instanceof Error) swap(running, notice("error", `The running jobs are not available: ${r.message}`));
+        else {
+          const rows = [...r.jobs].sort((a, b) => Number(a.id) - Number(b.id));
+          // A server whose listing carries the attempt's times (started_at, lease_end_at,
+          // last_checkpoint_at, kill_at) needs no call per job; an older one is asked per job.
+          const listed = rows.every((j) => "lease_end_at" in j && "started_at" in j);
+          const full = listed ? [] : await pool(rows.map((j) => j.id), 6, detailOf);
+          const byId = new Map(rows.map((j, i) => [j.id, listed || full[i] instanceof Error ? null : full[i]]));
+          const live = (j) => {
+            if (listed) return j;
+            const d = byId.get(j.id);
+            const a = d && d.attempts && d.attempts.length ? d.attempts[d.attempts.length - 1] : null;
+            if (!a || a.ended_at != null) return {};
+            return {
+              started_at: a.started_at,
+              last_checkpoint_at: a.last_checkpoint_at,
+              kill_at: a.sigterm_at != null ? a.kill_at : null,
+              lease_end_at: a.sigterm_at == null && a.started_at != null && d.lease_s != null ? a.started_at + d.lease_s : null,
+              progress_step: a.progress_step,
+            };
+          };
+          swap(
+            running,
+            pager("running", runningOffset, RUNNING_PAGE, r.total, rows.length, (o) => {
+              runningOffset = o;
+              ctx.refresh();
+            }),
+            table(
+              [
+                { label: "job", cell: jobLink },
+                { label: "user", cell: (j) => j.user },
+                { label: "queue", cell: (j) => j.queue },
+                { label: "tier", cell: (j) => tierBadge(j.tier) },
+                { label: "GPUs", class: "num", cell: (j) => (j.replicas > 1 ? `${j.replicas}×${j.gpus_per_replica}` : String(j.gpus)) },
+                { label: "state", cell: (j) => [stateBadge(j.state), live(j).kill_at != null ? [" ", countdown(live(j).kill_at)] : null] },
+                { label: "started", cell: (j) => when(live(j).started_at) },
+                { label: "lease ends", cell: (j) => (live(j).kill_at != null ? "—" : when(live(j).lease_end_at)) },
+                { label: "last checkpoint", cell: (j) => when(live(j).last_checkpoint_at) },
+                {
+                  label: "η",
+                  class: "num",
+                  cell: (j) => (j.efficiency != null ? h("span", { title: "forward-progress efficiency of this attempt" }, `${Math.round(j.efficiency * 100)} %`) : "—"),
+                },
+              ],
+              rows,
+              { rowAttrs: (j) => ({ dataset: { job: j.id, state: j.state } }), empty: "No job is running." },
+            ),
+          );
+          for (const id of details.keys()) if (!byId.has(id)) details.delete(id);
+        }
+        if (p instanceof Error) throw p;
+        if (r instanceof Error) throw r;
+      },
+    };
+  },
+};
