@@ -154,8 +154,16 @@ def test_every_bound_is_refused_naming_the_field(
 
 def test_the_new_routes_need_a_token(setup: tuple[Service, TestClient, Clock]) -> None:
     _, c, _ = setup
-    for path in ("/v1/history", "/v1/preemptions"):
+    for path in ("/v1/history", "/v1/preemptions", "/v1/whoami"):
         assert error_field(c.get(path, headers={"Authorization": ""}), 401) == "Authorization"
     ok = c.get("/v1/history", params={"since": T0, "until": T0 + 31 * 86400})  # exactly 31 days
     assert ok.status_code == 200 and ok.json() == {"interval_s": 60.0, "samples": []}
     assert c.get("/v1/preemptions", params={"limit": 1000}).json() == []
+
+
+def test_whoami_names_the_tokens_user_role_and_queues(setup: tuple[Service, TestClient, Clock]) -> None:
+    svc, c, _ = setup
+    assert c.get("/v1/whoami").json() == {"user": "admin", "role": "admin", "queues": ["*"]}
+    token = svc.store.create_token("ana", "user", ["team"], "test", T0)
+    ana = c.get("/v1/whoami", headers={"Authorization": f"Bearer {token}"})
+    assert ana.status_code == 200 and ana.json() == {"user": "ana", "role": "user", "queues": ["team"]}

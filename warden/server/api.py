@@ -323,6 +323,12 @@ def build_router(service: "Service") -> APIRouter:
             response.headers["Idempotent-Replayed"] = "true"
         return {"id": str(job.id), "state": job.state.value}
 
+    @r.get("/whoami", responses=errors(401))
+    def whoami(who: Caller) -> dict[str, Any]:
+        """Who the token belongs to: what a client shows and offers (the dashboard hides what
+        its user may not do; the API refuses it anyway)."""
+        return {"user": who.user, "role": who.role, "queues": list(who.queues)}
+
     @r.get("/jobs", responses=errors(401))
     def list_jobs(
         who: Caller,

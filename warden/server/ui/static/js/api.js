@@ -149,26 +149,12 @@ export async function api(path, { method = "GET", params, body, full = false, te
   return full ? { data, headers: res.headers } : data;
 }
 
-/**
- * Who the token belongs to: {user, role}. A `/v1/whoami` answers it where the server has one;
- * else the role is probed once per sign-in with the admin-only audit log (403: a user) and the
- * user's name stays unknown.
- */
+/** Who the token belongs to, {user, role, queues} (`GET /v1/whoami`), asked once per sign-in. */
 export async function identity() {
   const role = sessionStorage.getItem(ROLE);
   if (role) return { role, user: sessionStorage.getItem(USER) || null };
-  let who = { role: "user", user: null };
-  if (has("GET", "/v1/whoami") && spec && spec.paths) {
-    const me = await api("/whoami");
-    who = { role: me.role === "admin" ? "admin" : "user", user: me.user ?? null };
-  } else {
-    try {
-      await api("/audit", { params: { limit: 1 } });
-      who = { role: "admin", user: null };
-    } catch (err) {
-      if (!(err instanceof ApiError && err.status === 403) && !(err instanceof Unavailable)) throw err;
-    }
-  }
+  const me = await api("/whoami");
+  const who = { role: me.role === "admin" ? "admin" : "user", user: me.user ?? null };
   sessionStorage.setItem(ROLE, who.role);
   if (who.user) sessionStorage.setItem(USER, who.user);
   return who;

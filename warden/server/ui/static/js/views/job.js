@@ -170,7 +170,7 @@ export default {
       const items = [];
       const admin = ctx.me && ctx.me.role === "admin";
       const owner = ctx.me && ctx.me.user && ctx.me.user === job.user;
-      const mayCancel = admin || owner || !(ctx.me && ctx.me.user);
+      const mayCancel = admin || owner;
       if (!TERMINAL.includes(job.state) && mayCancel) {
         if (confirming) {
           items.push(
