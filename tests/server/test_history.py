@@ -132,7 +132,9 @@ def test_samples_are_taken_every_interval_and_read_back_after_a_restart(
         "delivered_gpu_hours": pytest.approx(3 * 60 / 3600),
         "owed_gpu_hours": vision["owed_gpu_hours"],
         "max_wait_s": 60.0,
+        "p50_wait_s": 60.0,
         "p95_wait_s": 60.0,
+        "starving_jobs": 0,
         "preemptions": 0,
         "lost_gpu_hours": 0.0,
     }

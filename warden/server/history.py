@@ -107,7 +107,9 @@ def take_sample(
             "delivered_gpu_hours": row["delivered_gpu_hours"],
             "owed_gpu_hours": row["owed_gpu_hours"],
             "max_wait_s": round(max(queue_waits, default=0.0), 3),
+            "p50_wait_s": round(percentile(queue_waits, 0.5), 3),
             "p95_wait_s": round(percentile(queue_waits, 0.95), 3),
+            "starving_jobs": sum(1 for q in leaves for w in waits.get(q, ()) if w > policy.max_wait_for(q)),
             "preemptions": sum(preempted.get(q, 0) for q in leaves),
             "lost_gpu_hours": round(sum(lost.get(q, 0.0) for q in leaves) / 3600, 6),
         }

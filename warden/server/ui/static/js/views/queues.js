@@ -248,8 +248,10 @@ export default {
           [
             { label: "queue", cell: ([name]) => name },
             { label: "pending jobs", class: "num", cell: ([, q]) => String(q.pending_jobs ?? "—") },
+            { label: "p50 wait", class: "num", cell: ([, q]) => dur(q.p50_wait_s) },
             { label: "p95 wait", class: "num", cell: ([, q]) => dur(q.p95_wait_s) },
             { label: "max wait", class: "num", cell: ([, q]) => dur(q.max_wait_s) },
+            { label: "starving", class: "num", cell: ([, q]) => String(q.starving_jobs ?? "—") },
             { label: "GPUs in use", class: "num", cell: ([, q]) => String(q.gpus_in_use ?? "—") },
             { label: "preemptions", class: "num", cell: ([, q]) => String(q.preemptions ?? "—") },
             { label: "lost GPU-h", class: "num", cell: ([, q]) => hours(q.lost_gpu_hours) },
