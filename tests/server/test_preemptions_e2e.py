@@ -87,6 +87,7 @@ def test_a_preemption_is_listed_with_its_preemptor_grace_and_lost_work_and_the_g
                 "user": "admin",
                 "state": "RUNNING",
                 "kill_at": None,
+                "reserved_for": None,
             }
             for h in held
         )
@@ -100,8 +101,8 @@ def test_a_preemption_is_listed_with_its_preemptor_grace_and_lost_work_and_the_g
         wait_for(lambda: out.with_suffix(".sigterm").exists(), what="the victim's SIGTERM")
         attempt = c.get(f"/v1/jobs/{low}").json()["attempts"][0]
         assert attempt["state"] == "terminating"  # it stays in its grace until released
-        assert [(h["job"], h["state"], h["kill_at"]) for h in holders(c)] == [
-            (low, "PREEMPTING", attempt["kill_at"])
+        assert [(h["job"], h["state"], h["kill_at"], h["reserved_for"]) for h in holders(c)] == [
+            (low, "PREEMPTING", attempt["kill_at"], high)
         ] * 4
         terminating = summary(c, low)
         assert terminating["kill_at"] == attempt["kill_at"] and terminating["lease_end_at"] is None

@@ -251,7 +251,9 @@ def node_views(
 
 def holder(gpu: int | None, attempt: StoredAttempt, job: StoredJob | None) -> dict[str, Any]:
     """Who holds one GPU (`gpu` None: a replica holding none); `kill_at` while its attempt is
-    in its grace (preempted, evicted or cancelled), else null."""
+    in its grace (preempted, evicted or cancelled), else null; `reserved_for`, the job the
+    capacity is being freed for (its preemptor) while it is."""
+    grace = attempt.sigterm_at is not None and attempt.ended_at is None
     return {
         "gpu": gpu,
         "job": str(attempt.job_id),
@@ -259,7 +261,8 @@ def holder(gpu: int | None, attempt: StoredAttempt, job: StoredJob | None) -> di
         "tier": job.tier if job else None,
         "user": job.user if job else None,
         "state": job.state.value if job else None,
-        "kill_at": attempt.kill_at if attempt.sigterm_at is not None and attempt.ended_at is None else None,
+        "kill_at": attempt.kill_at if grace else None,
+        "reserved_for": attempt.preempted_for if grace else None,
     }
 
 

@@ -29,6 +29,7 @@ function cellFor(node, gpu, holder, fallbackJob) {
         h("span", { class: "gpu-queue" }, holder.queue ?? ""),
         h("span", { class: "gpu-job" }, `#${holder.job}`),
         terminating ? countdown(holder.kill_at) : null,
+        terminating && holder.reserved_for ? h("span", { class: "gpu-reserved" }, `reserved for #${holder.reserved_for}`) : null,
       ),
     );
   }
@@ -147,7 +148,7 @@ export default {
       { class: "legend", "aria-label": "GPU states" },
       h("li", null, h("span", { class: "swatch gpu-swatch free" }), " free"),
       h("li", null, h("span", { class: "swatch gpu-swatch down" }), " down"),
-      h("li", null, h("span", { class: "swatch gpu-swatch terminating tier-3" }), " in grace (SIGTERM sent; SIGKILL countdown)"),
+      h("li", null, h("span", { class: "swatch gpu-swatch terminating tier-3" }), " in grace (SIGTERM sent; SIGKILL countdown; reserved for its preemptor)"),
     );
     const stats = h("section", { "aria-label": "summary" });
     const grid = h("section", { class: "cluster", "aria-label": "nodes" });
