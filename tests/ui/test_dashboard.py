@@ -235,6 +235,9 @@ def test_a_preemption_appears_on_the_timeline(server: Server, page: Page) -> Non
         assert "experiment" not in page.css("#timeline").text  # lanes are queues, not names
         assert page.console_errors() == []
         page.shot("preemptions")
+        page.go(f"#/jobs/{high}")  # the preemptor's page lists the job it preempted
+        page.until(lambda d: page.all(f'#caused tr[data-victim="{low}"]'), "the preemption it caused")
+        assert page.console_errors() == []
 
 
 # ------------------------------------------------------------------------------ governance

@@ -59,7 +59,8 @@ export default {
       pre,
       logState,
     );
-    root.append(logSection, h("h2", { id: "events-h" }, "Events"), events);
+    const caused = h("section", { "aria-labelledby": "caused-h", id: "caused" });
+    root.append(logSection, h("h2", { id: "caused-h" }, "Preemptions it caused"), caused, h("h2", { id: "events-h" }, "Events"), events);
 
     function resetLogs() {
       logs.offset = 0;
@@ -304,7 +305,35 @@ export default {
           ),
         );
         syncLogControls(job);
+        await renderCaused(job);
       },
     };
+
+    /** The jobs this one preempted (GET /v1/preemptions since its submission, its own rows). */
+    async function renderCaused(job) {
+      let rows;
+      try {
+        rows = await api("/preemptions", { params: { since: job.submit_at, limit: 1000 } });
+      } catch (err) {
+        swap(caused, notice("error", `The preemptions could not be read: ${err.message}`));
+        return;
+      }
+      swap(
+        caused,
+        table(
+          [
+            { label: "when", cell: (p) => when(p.at) },
+            { label: "victim", cell: (p) => h("a", { href: `#/jobs/${encodeURIComponent(p.victim)}` }, `#${p.victim}`) },
+            { label: "queue", cell: (p) => p.victim_queue ?? "—" },
+            { label: "tier", cell: (p) => (p.victim_tier != null ? tierBadge(p.victim_tier) : "—") },
+            { label: "kind", cell: (p) => p.kind },
+            { label: "grace used", class: "num", cell: (p) => (p.grace_used_s != null ? dur(p.grace_used_s) : "in its grace") },
+            { label: "lost work", class: "num", cell: (p) => (p.lost_work_gpu_hours != null ? `${p.lost_work_gpu_hours.toFixed(3)} GPU-h` : "—") },
+          ],
+          rows.filter((p) => p.preemptor === job.id),
+          { rowAttrs: (p) => ({ dataset: { victim: p.victim } }), empty: "None." },
+        ),
+      );
+    }
   },
 };
