@@ -161,3 +161,18 @@ def test_queue_views_owe_a_tier_4_job_nothing_and_count_none_of_its_gpus_deliver
     assert rows["team"]["delivered_gpu_hours"] == pytest.approx(8 * (4600 - 1000) / H)
     assert (rows["spare"]["owed_gpu_hours"], rows["spare"]["delivered_gpu_hours"]) == (0, 0)
     assert rows["spare"]["gpus_in_use"] == 8  # it does hold them
+
+
+def test_queue_views_place_the_least_served_leaf_first_in_the_fair_share_order(store: Store) -> None:
+    from warden.engine.model import Node, UsageLedger
+    from warden.server.views import queue_views
+
+    policy = parse_policy(
+        {"queues": {"name": "cluster", "children": [{"name": "a"}, {"name": "b"}, {"name": "c", "weight": 4}]}}
+    )
+    nodes = (Node("n0", 8),)
+    ledger = UsageLedger(0.0, {"a": 10.0, "b": 2.0, "c": 4.0})  # c: twice b's usage, four times its weight
+    rows = {r["name"]: r["fair_share_position"] for r in queue_views(policy, store, ledger, nodes, 10.0)}
+    assert rows == {"cluster": None, "c": 1, "b": 2, "a": 3}
+    even = {r["name"]: r["fair_share_position"] for r in queue_views(policy, store, UsageLedger(), nodes, 10.0)}
+    assert even == {"cluster": None, "a": 1, "b": 1, "c": 1}  # nobody used anything: one rank

@@ -302,6 +302,7 @@ def queue_views(
         elif j.state.waiting:
             pending[j.queue] = pending.get(j.queue, 0) + 1
     owed, delivered = _owed_delivered(policy, store, nodes, now)
+    order = fair_order(policy, ledger.usage)
     rows = []
     for name in policy.queue_names():
         spec = policy.find_queue(name)
@@ -319,6 +320,9 @@ def queue_views(
                 "gpus_in_use": sum(held.get(q.name, 0) for q in leaves),
                 "pending_jobs": sum(pending.get(q.name, 0) for q in leaves),
                 "fair_share_usage": round(sum(ledger.usage.get(q.name, 0.0) for q in leaves), 6),
+                # A leaf's place in the Fair Tree walk (1: the least served, whose jobs go first
+                # within a tier); equally served leaves share one. None for an inner queue.
+                "fair_share_position": order[name][0] + 1 if name in order else None,
                 "owed_gpu_hours": round(sum(owed.get(q.name, 0.0) for q in leaves) / 3600, 6),
                 "delivered_gpu_hours": round(sum(delivered.get(q.name, 0.0) for q in leaves) / 3600, 6),
             }

@@ -141,6 +141,7 @@ export default {
             { label: "borrowed", class: "num", cell: (q) => (latest && latest.queues && latest.queues[q.name] ? String(latest.queues[q.name].borrowed_gpus ?? "—") : "—") },
             { label: "pending", class: "num", cell: (q) => String(q.pending_jobs) },
             { label: "fair share", class: "num", cell: (q) => Number(q.fair_share_usage).toFixed(3) },
+            { label: "fair-share position", class: "num", cell: (q) => (q.fair_share_position != null ? String(q.fair_share_position) : "—") },
             { label: "delivered GPU-h", class: "num", cell: (q) => hours(q.delivered_gpu_hours) },
             { label: "owed GPU-h", class: "num", cell: (q) => hours(q.owed_gpu_hours) },
             {
