@@ -53,7 +53,9 @@ STUBBORN = [
 
 def serve(tmp_path: Path, gpus: int = 4) -> Iterator[Server]:
     # Each of the two queues is promised half of the GPUs.
-    s = started(tmp_path, POLICY.replace("{gpu: 2}", f"{{gpu: {gpus // 2}}}"), gpus=gpus)
+    # A sample of history every second, so that the charts have a line to draw.
+    policy = POLICY.replace("{gpu: 2}", f"{{gpu: {gpus // 2}}}")
+    s = started(tmp_path, policy, gpus=gpus, args=("--history-interval", "1"))
     try:
         yield s
     finally:
@@ -225,6 +227,11 @@ def test_a_preemption_appears_on_the_timeline(server: Server, page: Page) -> Non
         for queue in ("vision", "language"):
             page.until(lambda d, q=queue: page.all(f'tr[data-queue="{q}"]'), f"queue {queue}")
         page.until(lambda d: page.all("figure.chart-card svg.chart"), "the history charts")
+        page.until(
+            lambda d: any("L" in (p.get_attribute("d") or "") for p in page.all("figure.chart-card path.series")),
+            "a chart drawn through several samples",
+            timeout=20,
+        )
         page.until(lambda d: "Least-served queue" in page.css("p.callout").text, "the least-served queue")
         page.shot("queues")
 

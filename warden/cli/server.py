@@ -48,6 +48,7 @@ CONFIG_KEYS = (
     "executor",
     "slurm_partition",
     "ray_address",
+    "history_interval",
 )
 """What a server config file may set: the options of `warden server`, by their names with '_'."""
 
@@ -170,6 +171,13 @@ def register(app: typer.Typer) -> None:
                 show_default=False,
             ),
         ] = None,
+        history_interval: Annotated[
+            float,
+            typer.Option(
+                "--history-interval",
+                help="Seconds between the samples of GET /v1/history (the dashboard's charts), 1 to 86400.",
+            ),
+        ] = 60.0,
         config: Annotated[
             Path | None,
             typer.Option(
@@ -195,6 +203,8 @@ def register(app: typer.Typer) -> None:
                 "--bootstrap-token: a token on the command line is visible to every user of this machine "
                 "(/proc/PID/cmdline); use --bootstrap-token-file PATH or $WARDEN_BOOTSTRAP_TOKEN"
             )
+        if not 1.0 <= history_interval <= 86400.0:
+            fail(f"--history-interval: {history_interval!r} is not between 1 and 86400 seconds")
         if executor not in ("local", "slurm", "ray"):
             fail(f"--executor: expected 'local', 'slurm' or 'ray', got {executor!r}")
         if fake_gpus is not None and executor != "local":
@@ -229,6 +239,7 @@ def register(app: typer.Typer) -> None:
                     executor="slurm" if executor == "slurm" else "ray" if executor == "ray" else "local",
                     slurm_partition=slurm_partition,
                     ray_address=ray_address,
+                    history_interval_s=history_interval,
                 ),
                 say=lambda line: typer.echo(line, err=True),
             )

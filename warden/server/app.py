@@ -26,6 +26,7 @@ from warden.executors.ray import RayError, RayExecutor
 from warden.executors.slurm import SlurmExecutor
 from warden.runtime import tune_collector
 from warden.server.api import build_router, install_error_handlers, install_request_limits, metrics_route
+from warden.server.history import INTERVAL_S as HISTORY_INTERVAL_S
 from warden.server.service import Service
 from warden.server.ui import mount_ui
 from warden.store.db import connect, default_url, migrate, secure_sqlite_files
@@ -50,6 +51,7 @@ class Settings:
     executor: Literal["local", "slurm", "ray"] = "local"
     slurm_partition: str | None = None  # default: the cluster's default partition
     ray_address: str | None = None  # the Ray cluster's head, for executor="ray"
+    history_interval_s: float = HISTORY_INTERVAL_S  # between the samples of GET /v1/history
 
 
 DEFAULT_FAKE_GPUS = 4
@@ -194,7 +196,16 @@ def build_service(settings: Settings, say: Callable[[str], None] = print) -> Ser
         _warn(f"WARNING: the policy's quotas exceed this cluster. {w.message}", say)
     _tokens(store, settings.bootstrap_token, state, now, say)
     url = f"http://{_reachable(settings.host)}:{settings.port}"
-    service = Service(store, executor, nodes, policy, state, url=url, inventory=inventory)
+    service = Service(
+        store,
+        executor,
+        nodes,
+        policy,
+        state,
+        url=url,
+        inventory=inventory,
+        history_interval_s=settings.history_interval_s,
+    )
     _chmod(state / "report-secret", 0o600)
     return service
 
