@@ -53,6 +53,15 @@ def trainer(tmp_path: Path) -> Path:
     return path
 
 
+POLITE = (
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+    "open(sys.argv[1], 'w').write('up')\n"
+    "while True:\n    time.sleep(0.05)\n"
+)
+"""A job that says it is up (in the file named by its argument) and exits 0 at SIGTERM."""
+
+
 def job(c: httpx.Client, job_id: str) -> dict[str, Any]:
     return c.get(f"/v1/jobs/{job_id}").json()
 

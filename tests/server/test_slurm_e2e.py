@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gangjobs import deaths, deaths_later, job, preempting, run_trainer, running_pids
+from gangjobs import POLITE, deaths, deaths_later, job, preempting, run_trainer, running_pids
 from gangjobs import trainer as trainer  # the fixture
 from serverproc import Server, submit, until_state, wait_for
 from slurmcluster import Cluster
@@ -155,12 +155,7 @@ def test_a_victim_that_exits_cleanly_in_its_grace_is_requeued_not_done(
     server: Server, slurm_cluster: Cluster, tmp_path: Path
 ) -> None:
     polite = tmp_path / "polite.py"
-    polite.write_text(
-        "import signal, sys, time\n"
-        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
-        "open(sys.argv[1], 'w').write('up')\n"
-        "while True:\n    time.sleep(0.05)\n"
-    )
+    polite.write_text(POLITE)
     out = tmp_path / "out"
     out.mkdir()
     os.chmod(out, 0o777)

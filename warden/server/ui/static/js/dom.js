@@ -89,3 +89,32 @@ export function facts(pairs) {
       .map(([k, v, wide]) => h("div", { class: wide ? "wide" : null }, h("dt", null, k), h("dd", null, v))),
   );
 }
+
+/** The time windows of the history views, as a group of toggle buttons: `state.windowS` is the
+ * one pressed (a day at first); a press sets it and calls `onChange`. */
+export const WINDOWS = [
+  ["1 h", 3600],
+  ["6 h", 6 * 3600],
+  ["24 h", 86400],
+  ["7 d", 7 * 86400],
+];
+
+export function windowButtons(state, onChange) {
+  const buttons = WINDOWS.map(([label, seconds]) =>
+    h(
+      "button",
+      {
+        type: "button",
+        "aria-pressed": String(seconds === state.windowS),
+        dataset: { key: `window-${seconds}`, window: seconds },
+        onclick: () => {
+          state.windowS = seconds;
+          for (const b of buttons) b.setAttribute("aria-pressed", String(Number(b.dataset.window) === state.windowS));
+          onChange();
+        },
+      },
+      label,
+    ),
+  );
+  return h("div", { class: "segmented", role: "group", "aria-label": "time window" }, buttons);
+}

@@ -4,16 +4,10 @@
 
 import { Unavailable, api } from "../api.js";
 import { barChart, columnChart, fmtNumber, timeline } from "../charts.js";
-import { h, notice, swap, table } from "../dom.js";
+import { h, notice, swap, table, windowButtons } from "../dom.js";
 import { TIER_COLOURS, tierBadge } from "../palette.js";
 import { abs, countdown, dur, nowS, when } from "../time.js";
 
-const WINDOWS = [
-  ["1 h", 3600],
-  ["6 h", 6 * 3600],
-  ["24 h", 86400],
-  ["7 d", 7 * 86400],
-];
 const LIMIT = 1000;
 
 function jobRef(id) {
@@ -56,28 +50,13 @@ export function historyPerQueue(samples, field) {
 
 export default {
   mount(root, _params, ctx) {
-    let windowS = 86400;
-    const buttons = WINDOWS.map(([label, seconds]) =>
-      h(
-        "button",
-        {
-          type: "button",
-          "aria-pressed": String(seconds === windowS),
-          dataset: { key: `window-${seconds}`, window: seconds },
-          onclick: () => {
-            windowS = seconds;
-            for (const b of buttons) b.setAttribute("aria-pressed", String(Number(b.dataset.window) === windowS));
-            ctx.refresh();
-          },
-        },
-        label,
-      ),
-    );
+    const state = { windowS: 86400 };
+    const buttons = windowButtons(state, () => ctx.refresh());
     const tl = h("section", { "aria-labelledby": "timeline-h", id: "timeline" });
     const rates = h("section", { "aria-label": "preemptions per hour and lost GPU-hours" });
     const list = h("section", { "aria-labelledby": "list-h" });
     root.append(
-      h("div", { class: "view-head" }, h("h1", null, "Preemptions"), h("div", { class: "segmented", role: "group", "aria-label": "time window" }, buttons)),
+      h("div", { class: "view-head" }, h("h1", null, "Preemptions"), buttons),
       h("h2", { id: "timeline-h" }, "Timeline"),
       h("p", { class: "help" }, "One lane per victim queue; a bar from SIGTERM to the victim's exit (or its SIGKILL deadline), coloured by the victim's tier; a black tick marks SIGKILL. Reclaims are outlined with dashes."),
       tl,
@@ -89,7 +68,7 @@ export default {
       title: "Preemptions",
       async update() {
         const t1 = nowS();
-        const t0 = t1 - windowS;
+        const t0 = t1 - state.windowS;
         const [items, history, queues] = await Promise.all([
           api("/preemptions", { params: { since: Math.floor(t0), limit: LIMIT } }).catch((err) => err),
           api("/history", { params: { since: Math.floor(t0), until: Math.ceil(t1) } }).catch((err) => err),
@@ -127,7 +106,7 @@ export default {
             h(
               "figure",
               { class: "chart-card" },
-              h("figcaption", null, `Preemptions per hour (${shown.length} in ${dur(windowS)}: ${(shown.length / (windowS / 3600)).toFixed(2)} an hour)`),
+              h("figcaption", null, `Preemptions per hour (${shown.length} in ${dur(state.windowS)}: ${(shown.length / (state.windowS / 3600)).toFixed(2)} an hour)`),
               columnChart({ buckets: perHour(shown, t0, t1), label: "preemptions per hour", unit: "preemptions" }),
             ),
             h(

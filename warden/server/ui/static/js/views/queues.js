@@ -3,16 +3,10 @@
 // queue's maximum wait (GET /v1/history samples).
 
 import { Unavailable, api } from "../api.js";
-import { h, notice, swap, table } from "../dom.js";
+import { h, notice, swap, table, windowButtons } from "../dom.js";
 import { lineChart, lineLegend } from "../charts.js";
 import { dur, nowS, when } from "../time.js";
 
-const WINDOWS = [
-  ["1 h", 3600],
-  ["6 h", 6 * 3600],
-  ["24 h", 86400],
-  ["7 d", 7 * 86400],
-];
 
 const DELIVERED = { colour: "#0072B2", dash: null };
 const OWED = { colour: "#D55E00", dash: "6 4" };
@@ -80,30 +74,15 @@ function hours(v) {
 
 export default {
   mount(root, _params, ctx) {
-    let windowS = 86400;
-    const buttons = WINDOWS.map(([label, seconds]) =>
-      h(
-        "button",
-        {
-          type: "button",
-          "aria-pressed": String(seconds === windowS),
-          dataset: { key: `window-${seconds}`, window: seconds },
-          onclick: () => {
-            windowS = seconds;
-            for (const b of buttons) b.setAttribute("aria-pressed", String(Number(b.dataset.window) === windowS));
-            ctx.refresh();
-          },
-        },
-        label,
-      ),
-    );
+    const state = { windowS: 86400 };
+    const buttons = windowButtons(state, () => ctx.refresh());
     const tree = h("section", { "aria-label": "queue tree" });
     const waits = h("section", { "aria-labelledby": "waits-h" });
     const charts = h("section", { "aria-labelledby": "history-h" });
     root.append(
       h("div", { class: "view-head" }, h("h1", null, "Queues")),
       tree,
-      h("div", { class: "view-head" }, h("h2", { id: "history-h" }, "Delivered vs owed GPU-hours"), h("div", { class: "segmented", role: "group", "aria-label": "time window" }, buttons)),
+      h("div", { class: "view-head" }, h("h2", { id: "history-h" }, "Delivered vs owed GPU-hours"), buttons),
       charts,
       h("h2", { id: "waits-h" }, "Waits (latest sample)"),
       waits,
@@ -117,7 +96,7 @@ export default {
           throw rows;
         }
         const until = nowS();
-        const history = await api("/history", { params: { since: Math.floor(until - windowS), until: Math.ceil(until) } }).catch((err) => err);
+        const history = await api("/history", { params: { since: Math.floor(until - state.windowS), until: Math.ceil(until) } }).catch((err) => err);
         const latest = history instanceof Error || !history.samples || !history.samples.length ? null : history.samples[history.samples.length - 1];
         renderTree(rows, latest);
         renderHistory(rows, history, until);
@@ -176,7 +155,7 @@ export default {
         { name: "delivered GPU-hours", ...DELIVERED },
         { name: "owed GPU-hours", ...OWED },
       ]);
-      const t0 = Math.min(samples[0].at, until - windowS);
+      const t0 = Math.min(samples[0].at, until - state.windowS);
       const cards = names.map((name) => {
         const points = (field) => samples.filter((s) => s.queues && s.queues[name] && s.queues[name][field] != null).map((s) => [s.at, Number(s.queues[name][field])]);
         const series = [
