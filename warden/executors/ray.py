@@ -398,17 +398,9 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
 
     # -- start -----------------------------------------------------------------------------
 
-    def start(self, spec: LaunchSpec) -> Handle:
+    def _hand_over(self, spec: LaunchSpec, key: Key) -> Handle:
         """Reserve the gang (one placement group, a bundle per replica pinned to its node) and
-        create its launchers; returns at once. `started()` reports it once every replica runs,
-        `exits()` once every one is gone."""
-        key = self._begin_start(spec)
-        try:
-            return self._submit(spec, key)
-        finally:
-            self._end_start(key)
-
-    def _submit(self, spec: LaunchSpec, key: Key) -> Handle:
+        create its launchers."""
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 

@@ -395,17 +395,9 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
 
     # -- start -----------------------------------------------------------------------------
 
-    def start(self, spec: LaunchSpec) -> Handle:
+    def _hand_over(self, spec: LaunchSpec, key: Key) -> Handle:
         """Submit the attempt held, pinned where warden placed it; a thread releases it at once
-        (with whatever else was submitted meanwhile). Returns once Slurm has accepted it;
-        `started()` reports it once every task runs, `exits()` once all are gone."""
-        key = self._begin_start(spec)
-        try:
-            return self._submit_all(spec, key)
-        finally:
-            self._end_start(key)
-
-    def _submit_all(self, spec: LaunchSpec, key: Key) -> Handle:
+        (with whatever else was submitted meanwhile)."""
         identity = self._identity(spec)
         make_dirs(spec.log_dir)
         make_dirs(spec.checkpoint_dir)

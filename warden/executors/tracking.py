@@ -117,6 +117,20 @@ class RemoteAttemptTable(AttemptTable[S]):
         super().__init__()
         self._timer = KillTimer(self._deadlines_reached)
 
+    def start(self, spec: LaunchSpec) -> Handle:
+        """Hand the attempt to the other system (`_hand_over`) and return at once: `started()`
+        reports it once every replica runs, `exits()` once every one is gone."""
+        key = self._begin_start(spec)
+        try:
+            return self._hand_over(spec, key)
+        finally:
+            self._end_start(key)
+
+    @abstractmethod
+    def _hand_over(self, spec: LaunchSpec, key: Key) -> Handle:
+        """Submit the attempt, pinned where warden placed it, and track it; LaunchError when
+        the other system refuses it."""
+
     def _arm(self, key: Key, tracked: S, signalled_at: float, grace_s: float) -> float:
         """Record a SIGTERM that just went out and arm SIGKILL `grace_s` from now (after the
         last signal left, so no replica gets less). The first terminate's deadline stands."""
