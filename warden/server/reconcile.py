@@ -569,6 +569,27 @@ class Reconciler:
         self._changed = self._engine_jobs.changed if warm else None
         return Snapshot(self.nodes, engine_jobs, self.policy, self.ledger)
 
+    def live_snapshot(self, now: float) -> Snapshot:
+        """The snapshot a pass at `now` would plan, as far as the store says now, for readers
+        that ask the engine a question (a dry run, a policy diff) and change nothing: nothing
+        a pass reads or keeps is touched. Call it holding `lock`.
+
+        It differs from the next pass's own snapshot only by what that pass does first: exits
+        it collects, nodes it follows, cancels it completes (a waiting job marked cancelled is
+        left out here, as that pass ends it)."""
+        jobs = tuple(
+            a.to_engine()
+            for a in self.store.active()
+            if (a.job.held_reason is None or not a.job.state.waiting)
+            and not (a.job.cancel_requested and a.job.state in WAITING)
+        )
+        capacity = cluster_capacity(self.nodes)
+        if self._holding is None:
+            ledger = accrue(self.ledger, (j for j in jobs if j.state.holds_resources), capacity, self.policy, now)
+        else:
+            ledger = accrue_rates(self.ledger, self._holding[0], self.policy.fair_share.half_life, now)
+        return Snapshot(self.nodes, jobs, self.policy, ledger)
+
     # -- nodes ------------------------------------------------------------------------------
     def _follow_nodes(self, inventory: Inventory, now: float) -> None:
         """Take the executor's current nodes. A gang with a replica on a node that is down
