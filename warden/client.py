@@ -94,6 +94,10 @@ class Client:
                 time.sleep(SUBMIT_BACKOFF_S * 2**attempt)
         raise AssertionError("unreachable")
 
+    def dry_run(self, **job: Any) -> dict[str, Any]:
+        """What the scheduler would decide for this job now; nothing is submitted."""
+        return self._call("POST", "/v1/jobs", json=job, params={"dry_run": "true"})
+
     def jobs(
         self, queue: str | None = None, state: str | None = None, user: str | None = None, all: bool = False
     ) -> list[dict[str, Any]]:

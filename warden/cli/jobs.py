@@ -111,11 +111,16 @@ def register(app: typer.Typer) -> None:
         memory: Annotated[int, typer.Option("--memory", help="MiB per replica.")] = 0,
         flavor: Annotated[str | None, typer.Option("--flavor", help="GPU flavor.", show_default=False)] = None,
         env: Annotated[list[str], typer.Option("--env", "-e", help="KEY=VALUE for the job (repeatable).")] = [],
+        dry_run: Annotated[
+            bool,
+            typer.Option("--dry-run", help="Say what the scheduler would decide for the job now; submit nothing."),
+        ] = False,
         url: UrlOpt = None,
         token: TokenOpt = None,
         json_out: JsonOpt = False,
     ) -> None:
-        """Submit a job; prints its id as the last word."""
+        """Submit a job; prints its id as the last word. With --dry-run: would it start now (where),
+        preempt (whom), or wait (why, and until when)?"""
         import os
 
         body: dict[str, Any] = {
@@ -134,6 +139,11 @@ def register(app: typer.Typer) -> None:
         for key, value in (("lease", lease), ("grace", grace), ("time_limit", time_limit), ("flavor", flavor)):
             if value is not None:
                 body[key] = value
+        if dry_run:
+            with client(url, token) as c:
+                verdict = c.dry_run(**body)
+            _dump(verdict) if json_out else _print_verdict(verdict)
+            return
         with client(url, token) as c:
             # One key for this submission: should an answer be lost, the retry returns the same job.
             out = c.submit(idempotency_key=uuid.uuid4().hex, retries=SUBMIT_RETRIES, **body)
@@ -160,9 +170,11 @@ def register(app: typer.Typer) -> None:
         if json_out:
             _dump(rows)
             return
-        t = Table("ID", "NAME", "USER", "QUEUE", "TIER", "STATE", "GPUS", "WAIT", "POS", "REASON")
+        t = Table("ID", "NAME", "USER", "QUEUE", "TIER", "STATE", "GPUS", "WAIT", "POS", "START", "REASON")
+        now = time.time()
         for r in rows:
             reason = r.get("reason") or {}
+            expected = r.get("expected_start")
             t.add_row(
                 r["id"],
                 r["name"],
@@ -173,6 +185,7 @@ def register(app: typer.Typer) -> None:
                 str(r["gpus"]),
                 _age(r["wait_s"]),
                 str(r["position"] or ""),
+                _expected_cell(expected, now),
                 reason.get("code", ""),
             )
         Console().print(t)
@@ -203,6 +216,9 @@ def register(app: typer.Typer) -> None:
         if reason:
             where = f", position {j['position']}" if j.get("position") is not None else ""
             con.print(f"  [bold]why pending:[/bold] {reason['message']} ({reason['code']}{where})")
+        expected = j.get("expected_start")
+        if expected:
+            con.print(f"  [bold]expected start:[/bold] {_expected_line(expected, time.time())}")
         if j.get("sort_key"):
             con.print(f"  sort key: {json.dumps(j['sort_key'])}")
         for w in j.get("warnings") or []:
@@ -377,3 +393,71 @@ def register(app: typer.Typer) -> None:
 
 def _clock(t: float | None) -> str:
     return "" if t is None else datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _when(t: float, now: float) -> str:
+    """A moment as local time and relative to now: `14:05 (in 9 min)`; the date when not today."""
+    at = datetime.fromtimestamp(t)
+    clock = at.strftime("%H:%M") if at.date() == datetime.fromtimestamp(now).date() else at.strftime("%Y-%m-%d %H:%M")
+    return f"{clock} ({_relative(t - now)})"
+
+
+def _relative(seconds: float) -> str:
+    """`in 9 min`, `3.5 h ago`: rounded as a person says it."""
+    s = abs(seconds)
+    if s < 30:
+        return "now"
+    if s < 90 * 60:
+        span = f"{max(1, round(s / 60))} min"
+    elif s < 48 * 3600:
+        span = f"{s / 3600:.1f} h"
+    else:
+        span = f"{s / 86400:.1f} days"
+    return f"in {span}" if seconds > 0 else f"{span} ago"
+
+
+def _expected_cell(expected: dict[str, Any] | None, now: float) -> str:
+    """A waiting job's expected start in a table cell: `in 14m`, `now`, or `?` when none is known."""
+    if not expected:
+        return ""
+    if expected.get("at") is None:
+        return "?"
+    return _relative(expected["at"] - now)
+
+
+def _expected_line(expected: dict[str, Any], now: float) -> str:
+    if expected.get("at") is None:
+        return f"unknown: {expected.get('why') or 'nothing bounds it'}"
+    return f"{_when(expected['at'], now)}, an estimate\n    (it assumes {expected['assumes']})"
+
+
+def _print_verdict(v: dict[str, Any]) -> None:
+    """A dry run's answer as sentences: the decision, then what it rests on."""
+    con = Console()
+    now = time.time()
+    state = f" ({v['state']})" if v["state"] != "PENDING" else ""
+    if v["decision"] == "start":
+        where = "; ".join(f"{p['node']} GPUs {','.join(map(str, p['gpus'])) or '-'}" for p in v["placement"])
+        con.print(f"[bold]would start now[/bold]{state} on {where}" + (" (borrowing)" if v["borrowing"] else ""))
+    elif v["decision"] == "preempt":
+        con.print(f"[bold]would preempt {len(v['victims'])} job(s)[/bold]{state} and start when they are gone")
+    else:
+        con.print(f"[bold]would wait[/bold]{state}" + (f", position {v['position']}" if v.get("position") else ""))
+    reason = v.get("reason")
+    if reason:
+        con.print(f"  why: {reason['message']} ({reason['code']})")
+    if v["victims"]:
+        t = Table("VICTIM", "QUEUE", "TIER", "GPUS", "SIGTERM", "GONE BY", "LOST GPU-H")
+        for x in v["victims"]:
+            t.add_row(
+                x["id"],
+                x["queue"],
+                str(x["tier"]),
+                str(x["gpus"]),
+                _relative(x["signal_at"] - now),
+                _relative(x["gone_by"] - now),
+                f"{x['lost_work_gpu_hours']:.2f}",
+            )
+        con.print(t)
+    if v["decision"] != "start" and v.get("expected_start"):
+        con.print(f"  expected start: {_expected_line(v['expected_start'], now)}")

@@ -49,6 +49,7 @@ CONFIG_KEYS = (
     "slurm_partition",
     "ray_address",
     "history_interval",
+    "forecast_interval",
 )
 """What a server config file may set: the options of `warden server`, by their names with '_'."""
 
@@ -178,6 +179,13 @@ def register(app: typer.Typer) -> None:
                 help="Seconds between the samples of GET /v1/history (the dashboard's charts), 1 to 86400.",
             ),
         ] = 60.0,
+        forecast_interval: Annotated[
+            float,
+            typer.Option(
+                "--forecast-interval",
+                help="Seconds between two forecasts of the waiting jobs' expected starts, 1 to 3600.",
+            ),
+        ] = 10.0,
         config: Annotated[
             Path | None,
             typer.Option(
@@ -205,6 +213,8 @@ def register(app: typer.Typer) -> None:
             )
         if not 1.0 <= history_interval <= 86400.0:
             fail(f"--history-interval: {history_interval!r} is not between 1 and 86400 seconds")
+        if not 1.0 <= forecast_interval <= 3600.0:
+            fail(f"--forecast-interval: {forecast_interval!r} is not between 1 and 3600 seconds")
         if executor not in ("local", "slurm", "ray"):
             fail(f"--executor: expected 'local', 'slurm' or 'ray', got {executor!r}")
         if fake_gpus is not None and executor != "local":
@@ -240,6 +250,7 @@ def register(app: typer.Typer) -> None:
                     slurm_partition=slurm_partition,
                     ray_address=ray_address,
                     history_interval_s=history_interval,
+                    forecast_interval_s=forecast_interval,
                 ),
                 say=lambda line: typer.echo(line, err=True),
             )

@@ -26,7 +26,15 @@ from warden.engine.policy import Duration
 from warden.server.auth import Principal, bearer
 from warden.server.errors import ApiError, ErrorBody, error_body, safe_value, shorten
 from warden.server.history import MOST_SAMPLES, SPAN_MAX_S, history_view
-from warden.server.views import job_detail, job_summary, listed_jobs, node_views, preemption_view, queue_views
+from warden.server.views import (
+    job_detail,
+    job_summary,
+    listed_jobs,
+    node_views,
+    preemption_view,
+    queue_views,
+    verdict_view,
+)
 
 if TYPE_CHECKING:
     from warden.server.service import Service
@@ -310,13 +318,26 @@ def build_router(service: "Service") -> APIRouter:
         "/jobs",
         status_code=201,
         responses={
-            200: {"description": "a replay: the job first submitted with this Idempotency-Key"},
+            200: {
+                "description": "a replay: the job first submitted with this Idempotency-Key; or, with "
+                "dry_run=true, what the scheduler would decide for the job now (nothing is stored)"
+            },
             **errors(401, 403, 409),
         },
     )
     def submit(
-        req: SubmitRequest, who: Caller, response: Response, idempotency_key: IdempotencyKey = None
+        req: SubmitRequest,
+        who: Caller,
+        response: Response,
+        idempotency_key: IdempotencyKey = None,
+        dry_run: Annotated[
+            bool, Query(description="check and plan the job on the live cluster, store and start nothing")
+        ] = False,
     ) -> dict[str, Any]:
+        if dry_run:
+            response.status_code = 200
+            verdict, state, now = service.dry_run(req, who)
+            return verdict_view(verdict, state, now)
         job = service.submit(req, who, idempotency_key)
         if job.replayed:
             response.status_code = 200
@@ -346,7 +367,8 @@ def build_router(service: "Service") -> APIRouter:
         response.headers["X-Total-Count"] = str(len(rows))
         page = rows[offset : offset + limit if limit is not None else None]
         now, policy = service.now(), service.policy
-        return [job_summary(job, now, attempt, policy) for job, attempt in page]
+        view = service.forecasts.view
+        return [job_summary(job, now, attempt, policy, view(job)) for job, attempt in page]
 
     @r.get("/jobs/{job_id}", responses=errors(401, 404))
     def get_job(job_id: JobId, who: Caller) -> dict[str, Any]:
@@ -358,6 +380,7 @@ def build_router(service: "Service") -> APIRouter:
             service.now(),
             service.policy,
             service.reconciler.ledger,
+            service.forecasts.view(job),
         )
 
     @r.post("/jobs/{job_id}/cancel", status_code=202, responses=errors(401, 403, 404, 409))

@@ -26,6 +26,7 @@ from warden.executors.ray import RayError, RayExecutor
 from warden.executors.slurm import SlurmExecutor
 from warden.runtime import tune_collector
 from warden.server.api import build_router, install_error_handlers, install_request_limits, metrics_route
+from warden.server.forecasts import INTERVAL_S as FORECAST_INTERVAL_S
 from warden.server.history import INTERVAL_S as HISTORY_INTERVAL_S
 from warden.server.service import Service
 from warden.server.ui import mount_ui
@@ -52,6 +53,7 @@ class Settings:
     slurm_partition: str | None = None  # default: the cluster's default partition
     ray_address: str | None = None  # the Ray cluster's head, for executor="ray"
     history_interval_s: float = HISTORY_INTERVAL_S  # between the samples of GET /v1/history
+    forecast_interval_s: float = FORECAST_INTERVAL_S  # between two forecasts of expected starts
 
 
 DEFAULT_FAKE_GPUS = 4
@@ -205,6 +207,7 @@ def build_service(settings: Settings, say: Callable[[str], None] = print) -> Ser
         url=url,
         inventory=inventory,
         history_interval_s=settings.history_interval_s,
+        forecast_interval_s=settings.forecast_interval_s,
     )
     _chmod(state / "report-secret", 0o600)
     return service

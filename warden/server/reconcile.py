@@ -221,6 +221,8 @@ class Reconciler:
         self._explained: dict[str, tuple[object, ...]] = {}
         self.stats = PassStats()
         self.last_plan: Plan | None = None
+        self.last_planned: tuple[Snapshot, float] | None = None
+        """The snapshot and `now` of `last_plan` (what the expected starts are forecast from)."""
         self.metrics: ServerMetrics | None = None
         """Fed as passes go."""
         self._last_pass_at: float | None = None
@@ -387,7 +389,7 @@ class Reconciler:
                 self._launch_all([spec for spec in admitted if spec is not None], now)
                 self._claims(plan, by_id, now)
                 self._explain(plan)
-                self.last_plan = plan
+                self.last_plan, self.last_planned = plan, (snapshot, now)
             self._running(now)
             self._holding = _holding(snapshot, plan, self.policy, cluster_capacity(self.nodes))
             self.store.save_ledger(self.ledger.at, dict(self.ledger.usage))

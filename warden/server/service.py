@@ -21,11 +21,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 import yaml
 from prometheus_client import Counter
 
-from warden.engine.model import JobState, Node
+from warden.engine.model import Job, JobState, Node
 from warden.engine.policy import Limits, Policy, PolicyError, parse_policy
+from warden.engine.whatif import Verdict, what_if
 from warden.executors.base import Executor, Inventory
 from warden.server.auth import CHALLENGE, Principal, bearer, forbidden
 from warden.server.errors import ApiError, shorten
+from warden.server.forecasts import INTERVAL_S as FORECAST_INTERVAL_S
+from warden.server.forecasts import Forecasts
 from warden.server.history import INTERVAL_S as HISTORY_INTERVAL_S
 from warden.server.metrics import ServerMetrics
 from warden.server.reconcile import Reconciler
@@ -42,6 +45,14 @@ ACTION_TRIES = 3
 """How often a user action re-reads a job whose compare-and-set lost before it answers 409."""
 
 T = TypeVar("T")
+
+
+class Checked(NamedTuple):
+    """A submission that passed every check, as it would be stored."""
+
+    state: JobState
+    lease_s: float
+    workdir: str
 
 
 class Submitted(NamedTuple):
@@ -68,6 +79,7 @@ class Service:
         url: str = "",
         inventory: Callable[[], Inventory] | None = None,
         history_interval_s: float = HISTORY_INTERVAL_S,
+        forecast_interval_s: float = FORECAST_INTERVAL_S,
     ) -> None:
         self.store = store
         self.executor = executor
@@ -79,11 +91,15 @@ class Service:
         self.reconciler = Reconciler(
             store, executor, nodes, policy, state_dir, clock, self.report_env, inventory, history_interval_s
         )
+        self.forecasts = Forecasts(lambda: self.reconciler.last_planned, forecast_interval_s)
+        """Each waiting job's expected start, from the last pass (a thread of its own)."""
         self.metrics = ServerMetrics(self)
         self.reconciler.metrics = self.metrics
         self._stop = threading.Event()
         self._tokens: dict[str, tuple[Principal, float]] = {}
         self._thread: threading.Thread | None = None
+        self._forecast_thread: threading.Thread | None = None
+        self._dry_runs = threading.Lock()
         self._dead: dict[str, str] = {}
         self._unwatch: Callable[[], None] = lambda: None
         """Helper threads that died, and of what: scheduling stopped then (`dead_threads`)."""
@@ -116,6 +132,10 @@ class Service:
             target=self.reconciler.run, args=(self._stop,), name="warden-reconcile", daemon=True
         )
         self._thread.start()
+        self._forecast_thread = threading.Thread(
+            target=self.forecasts.run, args=(self._stop,), name="warden-forecast", daemon=True
+        )
+        self._forecast_thread.start()
 
     def _watch_threads(self) -> None:
         """A server thread (`warden-*`: the reconcile loop, the kill timer) that dies of an
@@ -149,8 +169,9 @@ class Service:
         self._unwatch()
         self._stop.set()
         self.reconciler.poke()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        for thread in (self._thread, self._forecast_thread):
+            if thread is not None:
+                thread.join(timeout=10)
         self.executor.close()
 
     # -- who --------------------------------------------------------------------------------
@@ -195,20 +216,8 @@ class Service:
             earlier = self.store.find_submission(who.user, idempotency_key)
             if earlier is not None:
                 return self._replay(idempotency_key, earlier, digest)
-        policy = self.policy
-        leaves = [q.name for q in policy.leaves()]
-        if req.queue not in leaves:
-            raise ApiError(422, "queue", req.queue, f"is not a leaf queue; allowed: {', '.join(leaves)}")
-        if not who.may_submit_to(req.queue):
-            raise forbidden(who, f"submit to queue {req.queue!r}")
-        _check_limits(req, policy.limits)
-        self._check_shape(req)
-        tier = policy.tier(req.tier)
-        _check_durations(req, policy)
-        workdir = req.workdir or os.getcwd()
-        if not _is_dir(workdir):
-            raise ApiError(422, "workdir", workdir, "is not a directory on the server's machine")
-        state = JobState.AWAITING_APPROVAL if policy.needs_approval(req.tier, who.is_admin) else JobState.PENDING
+        checked = self._check_submission(req, who)
+        state, tier, workdir = checked.state, self.policy.tier(req.tier), checked.workdir
         try:
             job_id = self.store.submit(
                 name=req.name,
@@ -223,7 +232,7 @@ class Service:
                 flavor=req.flavor,
                 # The lease is fixed at submission: a later policy keeps this job's lease (and its tier).
                 placement=req.placement,
-                lease_s=req.lease if req.lease is not None else tier.lease,
+                lease_s=checked.lease_s,
                 grace_s=req.grace,
                 expected_duration_s=req.time_limit,
                 command=list(req.command),
@@ -241,6 +250,57 @@ class Service:
             return self._replay(idempotency_key, dup.earlier, digest)
         self.reconciler.poke()
         return Submitted(job_id, state)
+
+    def _check_submission(self, req: SubmitRequest, who: Principal) -> Checked:
+        """Refuse a submission the policy, the caller's grants or the cluster do not allow;
+        else what storing it would record."""
+        policy = self.policy
+        leaves = [q.name for q in policy.leaves()]
+        if req.queue not in leaves:
+            raise ApiError(422, "queue", req.queue, f"is not a leaf queue; allowed: {', '.join(leaves)}")
+        if not who.may_submit_to(req.queue):
+            raise forbidden(who, f"submit to queue {req.queue!r}")
+        _check_limits(req, policy.limits)
+        self._check_shape(req)
+        tier = policy.tier(req.tier)
+        _check_durations(req, policy)
+        workdir = req.workdir or os.getcwd()
+        if not _is_dir(workdir):
+            raise ApiError(422, "workdir", workdir, "is not a directory on the server's machine")
+        state = JobState.AWAITING_APPROVAL if policy.needs_approval(req.tier, who.is_admin) else JobState.PENDING
+        # The lease is fixed at submission: a later policy keeps this job's lease (and its tier).
+        return Checked(state, req.lease if req.lease is not None else tier.lease, workdir)
+
+    def dry_run(self, req: SubmitRequest, who: Principal) -> tuple[Verdict, JobState, float]:
+        """What the engine would decide for this submission now, on the live snapshot: it is
+        checked as `submit` checks it, planned as the next pass would plan it, and nothing is
+        stored, signalled or started. The job gets the id the store would give it next."""
+        checked = self._check_submission(req, who)
+        # One dry run at a time, planned outside the loop's lock: a storm of them costs the
+        # API's callers, not the reconcile loop.
+        with self._dry_runs:
+            with self.reconciler.lock:
+                now = self.now()
+                job_id, submit_at = self.store.next_submission(now)
+                snapshot = self.reconciler.live_snapshot(now)
+            job = Job(
+                id=str(job_id),
+                queue=req.queue,
+                tier=req.tier,
+                submit=submit_at,
+                state=checked.state,
+                replicas=req.replicas,
+                gpus=req.gpus,
+                cpu=req.cpu,
+                memory=req.memory,
+                flavor=req.flavor,
+                placement=req.placement,
+                user=who.user,
+                lease=checked.lease_s,
+                grace=req.grace,
+                expected_duration=req.time_limit,
+            )
+            return what_if(snapshot, job, now, self.forecasts.passes), checked.state, now
 
     def _replay(self, key: str, earlier: EarlierSubmission, digest: str | None) -> Submitted:
         if earlier.request_digest != digest:

@@ -13,9 +13,11 @@ from typing import Any
 
 from warden.engine import accounting
 from warden.engine.fairshare import fair_order
+from warden.engine.forecast import ASSUMES, Estimate
 from warden.engine.model import JobState, Node, UsageLedger
 from warden.engine.policy import Policy
 from warden.engine.rules import efficiency
+from warden.engine.whatif import Verdict
 from warden.store.repo import EventRecord, PreemptionRecord, Store, StoredAttempt, StoredJob
 
 
@@ -25,11 +27,16 @@ def wait_s(job: StoredJob, now: float) -> float:
 
 
 def job_summary(
-    job: StoredJob, now: float, attempt: StoredAttempt | None = None, policy: Policy | None = None
+    job: StoredJob,
+    now: float,
+    attempt: StoredAttempt | None = None,
+    policy: Policy | None = None,
+    expected_start: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A job as `GET /v1/jobs` lists it. Given its current `attempt` and the `policy`, a job
     that holds resources shows when it started, checkpointed, and may first be preempted
-    (`lease_end_at`) or will be killed (`kill_at`), and its attempt's η."""
+    (`lease_end_at`) or will be killed (`kill_at`), and its attempt's η; a waiting one its
+    `expected_start` as the forecast gives it (`Forecasts.view`)."""
     e = job.explanation or {}
     reason = e.get("reason") if job.state.waiting else None
     live = attempt if attempt is not None and attempt.number == job.attempt and attempt.ended_at is None else None
@@ -57,6 +64,7 @@ def job_summary(
         "kill_at": live.kill_at if live and live.sigterm_at is not None else None,
         "lease_end_at": lease_end(policy, job, live) if live and policy and live.sigterm_at is None else None,
         "efficiency": round(efficiency(policy, job.to_engine(live), now), 4) if live and policy else None,
+        "expected_start": expected_start if job.state.waiting else None,
     }
 
 
@@ -111,12 +119,13 @@ def job_detail(
     now: float,
     policy: Policy,
     ledger: UsageLedger | None = None,
+    expected_start: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A job with its events and attempts. A waiting job's sort key shows its wait and, given
     the ledger, its queue's fair-share ratios as they are now (the stored explanation keeps
     them only as of its last change)."""
     live = next((a for a in attempts if a.number == job.attempt and a.ended_at is None), None)
-    out = job_summary(job, now, live, policy)
+    out = job_summary(job, now, live, policy, expected_start)
     e = job.explanation or {}
     out.update(
         {
@@ -366,3 +375,39 @@ def _owed_delivered(
             )
             delivered[job.queue] = delivered.get(job.queue, 0.0) + held
     return owed, delivered
+
+
+def verdict_view(v: Verdict, state: JobState, now: float) -> dict[str, Any]:
+    """A dry run's answer (`POST /v1/jobs?dry_run=true`): what the engine would decide for the
+    job now, with the id and state a submission would give it."""
+    e = v.explanation
+    return {
+        "dry_run": True,
+        "id": v.job_id,
+        "state": state.value,
+        "decision": v.decision,
+        "placement": [{"node": p.node, "gpus": list(p.gpus)} for p in v.placement],
+        "borrowing": v.borrowing,
+        "victims": [
+            {
+                "id": x.job_id,
+                "queue": x.queue,
+                "tier": x.tier,
+                "gpus": x.gpus,
+                "signal_at": x.signal_at,
+                "gone_by": x.gone_by,
+                "lost_work_gpu_hours": round(x.lost_work / 3600, 6),
+            }
+            for x in v.victims
+        ],
+        "reason": e.reason.to_dict() if e is not None else None,
+        "position": e.position if e is not None else None,
+        "sort_key": e.sort_key.to_dict() if e is not None else None,
+        "expected_start": None if v.expected_start is None else estimate_view(v.expected_start, now),
+    }
+
+
+def estimate_view(e: Estimate | None, as_of: float | None, missing: str = "") -> dict[str, Any]:
+    """An expected start as the API shows it: marked as an estimate, with what it assumes."""
+    at, why = (None, missing) if e is None else (e.at, e.why)
+    return {"at": at, "why": why or None, "estimate": True, "assumes": ASSUMES, "as_of": as_of}

@@ -564,6 +564,15 @@ class Store:
                 ids.append(job_id)
         return ids
 
+    def next_submission(self, now: float) -> tuple[int, float]:
+        """The id and `submit_at` a submission at `now` would get if it were the next one (a
+        dry run's job): the id after the newest, and `submit` as `submit` computes it."""
+        with self._read() as conn:
+            newest = conn.execute(select(JOBS.c.id, JOBS.c.submit_at).order_by(JOBS.c.id.desc()).limit(1)).first()
+        if newest is None:
+            return 1, now
+        return newest[0] + 1, _next_submit_at(now, newest[1])
+
     def find_submission(self, user: str, idempotency_key: str) -> EarlierSubmission | None:
         """The job `user` submitted with `idempotency_key`, if any."""
         with self._read() as conn:
