@@ -128,7 +128,7 @@ def print_diff(file: Path, out: dict[str, Any]) -> None:
                 p["queue"],
                 str(p["tier"]),
                 f"{b['position']} → {a['position']}{arrow}",
-                f"{_outcome(b)} → {_outcome(a)}",
+                _outcome(a) if _outcome(a) == _outcome(b) else f"{_outcome(b)} → {_outcome(a)}",
             )
         con.print(t)
         for p in pending:
