@@ -67,18 +67,24 @@ class Client:
     def close(self) -> None:
         self._http.close()
 
-    def _call(self, method: str, path: str, **kw: Any) -> Any:
+    def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
             r = self._http.request(method, path, **kw)
         except httpx.TransportError as err:
             raise Unreachable(f"cannot reach the warden server at {self.url}: {err}") from None
-        try:
-            body = r.json()
-        except ValueError:
-            body = r.text
         if r.status_code >= 400:
-            raise ApiRefused(r.status_code, body)
-        return body
+            try:
+                raise ApiRefused(r.status_code, r.json())
+            except ValueError:
+                raise ApiRefused(r.status_code, r.text) from None
+        return r
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        r = self._send(method, path, **kw)
+        try:
+            return r.json()
+        except ValueError:
+            return r.text
 
     def submit(self, *, idempotency_key: str | None = None, retries: int = 0, **job: Any) -> dict[str, Any]:
         """Submit a job. With an `idempotency_key`, a submission whose answer was lost (the
@@ -135,6 +141,16 @@ class Client:
 
     def apply_policy(self, source: str) -> dict[str, Any]:
         return self._call("PUT", "/v1/policy", json={"source": source})
+
+    def diff_policy(self, source: str) -> dict[str, Any]:
+        return self._call("POST", "/v1/policy/diff", json={"source": source})
+
+    def export_history(self, since: float | None = None, format: str = "native") -> bytes:
+        """The trace `GET /v1/history/export` answers: CSV text, or Parquet, as bytes."""
+        params: dict[str, Any] = {"format": format}
+        if since is not None:
+            params["since"] = since
+        return self._send("GET", "/v1/history/export", params=params).content
 
     def create_token(self, user: str, role: str, queues: list[str]) -> dict[str, Any]:
         return self._call("POST", "/v1/tokens", json={"user": user, "role": role, "queues": queues})

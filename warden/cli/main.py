@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-GROUPS = ("demo", "policy", "bench", "sim")
+GROUPS = ("demo", "policy", "bench", "sim", "history")
 """Sub-apps (`warden sim …`): the module `warden.cli.<name>` has an `app`."""
 VERBS = ("server", "jobs", "check")
 """Modules whose `register(app)` adds top-level verbs (`warden queue`, `warden server`…)."""

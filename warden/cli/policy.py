@@ -201,3 +201,43 @@ def apply(
         typer.echo(f"policy version {out['version']} unchanged: the server already has this policy")
     for w in out.get("warnings") or ():
         typer.echo(f"warning: {file}: {w['message']}", err=True)
+
+
+@app.command()
+def diff(
+    file: PolicyFile,
+    replay: Annotated[
+        str | None,
+        typer.Option(
+            "--replay",
+            help="Also replay the jobs of this window (e.g. 30d) in the simulator under both policies.",
+            show_default=False,
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object instead of tables.")] = False,
+    url: Annotated[
+        str | None, typer.Option("--url", help="Server URL (default $WARDEN_URL).", show_default=False)
+    ] = None,
+    token: Annotated[
+        str | None, typer.Option("--token", help="Token (default $WARDEN_TOKEN).", show_default=False)
+    ] = None,
+) -> None:
+    """What FILE would change for the jobs on the server now, were it applied: running jobs
+    preemptible earlier or later, waiting jobs that move or wait for another reason, settings
+    that differ. With --replay, the exported history simulated under the policy in force and
+    under FILE, side by side. Changes nothing."""
+    from warden.cli.history import window
+    from warden.cli.jobs import client
+    from warden.cli.policydiff import print_diff, replay_history
+
+    _load(file)
+    seconds = window("--replay", replay) if replay is not None else None
+    source = file.read_text()
+    with client(url, token) as c:
+        out = c.diff_policy(source)
+        if seconds is not None:
+            out["replay"] = replay_history(c, source, seconds)
+    if as_json:
+        typer.echo(json.dumps(out, indent=2, allow_nan=False))
+        return
+    print_diff(file, out)

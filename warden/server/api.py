@@ -25,6 +25,7 @@ from warden.engine.overcommit import overcommitted
 from warden.engine.policy import Duration
 from warden.server.auth import Principal, bearer
 from warden.server.errors import ApiError, ErrorBody, error_body, safe_value, shorten
+from warden.server.export import PARQUET_HINT, to_csv, to_parquet
 from warden.server.history import MOST_SAMPLES, SPAN_MAX_S, history_view
 from warden.server.views import (
     job_detail,
@@ -53,6 +54,9 @@ DAY_S = 86400.0
 PAGE_MAX = 1000
 """The most jobs, or preemptions, one page may carry."""
 OFFSET_MAX = 10**9
+EXPORT_DEFAULT_S = 30 * 86400.0
+EXPORT_MAX_S = 400 * 86400.0
+"""How far back `GET /v1/history/export` reaches by default, and at most."""
 
 log = logging.getLogger("warden.server")
 
@@ -474,6 +478,44 @@ def build_router(service: "Service") -> APIRouter:
     def policy_warnings() -> list[dict[str, object]]:
         """Where the policy in force promises more than the cluster has (`overcommitted`)."""
         return [w.to_dict() for w in overcommitted(service.policy, service.nodes)]
+
+    @r.post("/policy/diff", responses=errors(401))
+    def diff_policy(req: PolicyRequest, who: Caller) -> dict[str, Any]:
+        """What the policy `source` would change for the jobs in the system now, were it
+        applied: validated as `PUT /v1/policy` validates it; nothing is changed."""
+        return service.diff_policy(req.source)
+
+    @r.get(
+        "/history/export",
+        responses={
+            200: {"content": {"text/csv": {}, "application/vnd.apache.parquet": {}}, "description": "the trace"},
+            **errors(401),
+        },
+    )
+    def export_history(
+        who: Caller,
+        since: Annotated[
+            float | None, Query(ge=0, le=TIME_MAX, description="unix seconds (default: now - 30d; at most 400d ago)")
+        ] = None,
+        format: Annotated[Literal["native", "parquet"], Query(description="native CSV, or Parquet")] = "native",
+    ) -> Response:
+        """The jobs submitted at `since` or later that have run, as a native trace
+        (docs/traces.md) that `warden sim run --trace` loads as it is."""
+        now = service.now()
+        start = _finite("since", since) if since is not None else now - EXPORT_DEFAULT_S
+        if now - start > EXPORT_MAX_S:
+            raise ApiError(422, "since", since, f"is more than {EXPORT_MAX_S / DAY_S:.0f} days ago")
+        rows = service.export_history(start)
+        headers = {"X-Total-Count": str(len(rows))}
+        if format == "native":
+            headers["Content-Disposition"] = 'attachment; filename="warden-trace.csv"'
+            return Response(content=to_csv(rows), media_type="text/csv; charset=utf-8", headers=headers)
+        try:
+            body = to_parquet(rows)
+        except ImportError:
+            raise ApiError(422, "format", format, PARQUET_HINT) from None
+        headers["Content-Disposition"] = 'attachment; filename="warden-trace.parquet"'
+        return Response(content=body, media_type="application/vnd.apache.parquet", headers=headers)
 
     @r.post("/tokens", status_code=201, responses=errors(401, 403))
     def create_token(req: TokenRequest, who: Caller) -> dict[str, Any]:

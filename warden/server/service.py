@@ -27,10 +27,12 @@ from warden.engine.whatif import Verdict, what_if
 from warden.executors.base import Executor, Inventory
 from warden.server.auth import CHALLENGE, Principal, bearer, forbidden
 from warden.server.errors import ApiError, shorten
+from warden.server.export import ExportedJob, export_rows
 from warden.server.forecasts import INTERVAL_S as FORECAST_INTERVAL_S
 from warden.server.forecasts import Forecasts
 from warden.server.history import INTERVAL_S as HISTORY_INTERVAL_S
 from warden.server.metrics import ServerMetrics
+from warden.server.policydiff import policy_diff
 from warden.server.reconcile import Reconciler
 from warden.store.repo import DuplicateSubmission, EarlierSubmission, Store, StoredJob
 
@@ -511,25 +513,10 @@ class Service:
         version in force and whether it is new: the source in force again is no new version.
         An empty source is refused (it would silently reset every setting to its default)."""
         self.require_admin(who, "apply a policy")
-        if not source.strip():
-            raise ApiError(
-                422, "source", source, "is empty; send the whole policy (`warden policy show` prints the defaults)"
-            )
         current = self.store.current_policy()
         if current is not None and current.source == source:
             return current.version, False
-        try:
-            data = yaml.safe_load(source)
-            if data is None:
-                raise ApiError(422, "source", source, "holds no settings, only comments or an empty document")
-            policy = parse_policy(source, "policy")  # the policy's own loader: duplicate keys are refused
-        except yaml.YAMLError as err:
-            raise ApiError(422, "source", None, f"not valid YAML: {shorten(str(err), 500)}") from None
-        except PolicyError as err:
-            first = err.issues[0]
-            raise ApiError(422, first.path or "source", _plain(first.value), shorten(str(err), 2000)) from None
-        except RecursionError:
-            raise ApiError(422, "source", None, "the YAML is nested too deeply") from None
+        policy = _parse_source(source)
         leaves = {q.name for q in policy.leaves()}
         orphaned = sorted({a.job.queue for a in self.store.active()} - leaves)
         if orphaned:
@@ -542,6 +529,21 @@ class Service:
         self.reconciler.set_policy(policy)
         return version, True
 
+    def diff_policy(self, source: str) -> dict[str, Any]:
+        """What `source` would change for the jobs in the system now, were it applied
+        (`warden.server.policydiff`); validated as `apply_policy` validates it, and nothing is
+        changed. The snapshot is read under the reconcile lock; both plans are made after it."""
+        policy = _parse_source(source)
+        with self.reconciler.lock:
+            now = self.now()
+            snapshot = self.reconciler.live_snapshot(now)
+        return policy_diff(snapshot, policy, now)
+
+    def export_history(self, since: float) -> list[ExportedJob]:
+        """The jobs submitted at `since` or later that have run, as trace rows
+        (`warden.server.export`)."""
+        return export_rows(self.store.ran_since(since), self.policy, self.now())
+
     def create_token(self, req: TokenRequest, who: Principal) -> str:
         self.require_admin(who, "create tokens")
         leaves = {q.name for q in self.policy.leaves()}
@@ -552,6 +554,27 @@ class Service:
         token = self.store.create_token(req.user, req.role, list(req.queues), who.user, now)
         self.store.audit(who.user, "token.create", f"user/{req.user}", {"role": req.role, "queues": req.queues}, now)
         return token
+
+
+def _parse_source(source: str) -> Policy:
+    """A policy from its YAML source, as `PUT /v1/policy` and `POST /v1/policy/diff` take it;
+    a refusal names the first problem's path and value (422)."""
+    if not source.strip():
+        raise ApiError(
+            422, "source", source, "is empty; send the whole policy (`warden policy show` prints the defaults)"
+        )
+    try:
+        data = yaml.safe_load(source)
+        if data is None:
+            raise ApiError(422, "source", source, "holds no settings, only comments or an empty document")
+        return parse_policy(source, "policy")  # the policy's own loader: duplicate keys are refused
+    except yaml.YAMLError as err:
+        raise ApiError(422, "source", None, f"not valid YAML: {shorten(str(err), 500)}") from None
+    except PolicyError as err:
+        first = err.issues[0]
+        raise ApiError(422, first.path or "source", _plain(first.value), shorten(str(err), 2000)) from None
+    except RecursionError:
+        raise ApiError(422, "source", None, "the YAML is nested too deeply") from None
 
 
 def _check_limits(req: SubmitRequest, limits: Limits) -> None:

@@ -15,7 +15,7 @@ from warden.engine.overcommit import overcommitted
 from warden.engine.policy import PolicyError, PolicyIssue, parse_duration, parse_policy
 from warden.sim.cluster import load_cluster, pool, total_gpus
 from warden.sim.loaders import load_trace
-from warden.sim.metrics import DEFAULT_MAX_PREEMPTIONS_PER_JOB, preemption_spread, summarize
+from warden.sim.metrics import DEFAULT_MAX_PREEMPTIONS_PER_JOB, natural_key, preemption_spread, summarize
 from warden.sim.presets import PRESETS, SimPolicy, entitlements, resolve_policy
 from warden.sim.records import SimRun, Trace
 from warden.sim.simulator import simulate
@@ -45,11 +45,14 @@ def prepare(
     skip_invalid: bool = False,
     limit: int | None = None,
     enrich: bool = True,
+    nodes: tuple[Node, ...] | None = None,
 ) -> Setup:
-    """Load the trace and build the cluster (`gpus` or a cluster file, exactly one)."""
-    if (gpus is None) == (cluster is None):
+    """Load the trace and build the cluster (`gpus`, a cluster file or the `nodes`
+    themselves, exactly one)."""
+    if (gpus is None) + (cluster is None) + (nodes is None) != 2:
         raise ValueError("give exactly one of --gpus N or --cluster FILE")
-    nodes = pool(gpus) if gpus is not None else load_cluster(cluster)  # type: ignore[arg-type]
+    if nodes is None:
+        nodes = pool(gpus) if gpus is not None else load_cluster(cluster)  # type: ignore[arg-type]
     t = load_trace(trace, format, seed=seed, skip_invalid=skip_invalid, limit=limit, enrich=enrich)
     names = {j.queue for j in t.jobs} | set(t.queues)
     return Setup(t, nodes, entitlements(t.queues, names or {"default"}, total_gpus(nodes)))
@@ -242,3 +245,50 @@ def _value_at(sp: SimPolicy, path: str) -> Any:
         except (ValueError, TypeError):
             return node
     return node
+
+
+# ------------------------------------------------------------------------------ side by side
+
+COMPARED_CLUSTER = (
+    ("finished", "count"),
+    ("avg_wait_s", "s"),
+    ("p50_wait_s", "s"),
+    ("p95_wait_s", "s"),
+    ("max_wait_least_served_queue_s", "s"),
+    ("starvation_breaches", "count"),
+    ("utilization", "fraction"),
+    ("goodput", "fraction"),
+    ("preemptions", "count"),
+    ("preemptions_per_hour", "number"),
+    ("lost_gpu_hours", "gpu_hours"),
+    ("lost_work_per_preemption_s", "s"),
+)
+COMPARED_QUEUE = (
+    ("p50_wait_s", "s"),
+    ("p95_wait_s", "s"),
+    ("max_wait_s", "s"),
+    ("breaches", "count"),
+    ("owed_gpu_hours", "gpu_hours"),
+    ("delivered_gpu_hours", "gpu_hours"),
+    ("delivered_over_owed", "number"),
+)
+COMPARED_TIER = (("p50_wait_s", "s"), ("p95_wait_s", "s"), ("max_wait_s", "s"), ("breaches", "count"))
+"""The §7 figures of two summaries (`metrics.summarize`) set side by side, with their kind."""
+
+
+def side_by_side(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows of `scope` (cluster, queue or tier), `name`, `metric`, `kind`, `before`, `after`
+    and `difference` (after − before; None where either is undefined), from two summaries of
+    the same trace: the figures `summarize` computed, set next to each other."""
+    rows = [_row("cluster", "", key, kind, before, after) for key, kind in COMPARED_CLUSTER]
+    for scope, table, compared in (("queue", "per_queue", COMPARED_QUEUE), ("tier", "per_tier", COMPARED_TIER)):
+        b, a = before.get(table) or {}, after.get(table) or {}
+        for name in sorted(b.keys() | a.keys(), key=natural_key):
+            rows.extend(_row(scope, name, key, kind, b.get(name) or {}, a.get(name) or {}) for key, kind in compared)
+    return rows
+
+
+def _row(scope: str, name: str, key: str, kind: str, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    b, a = before.get(key), after.get(key)
+    diff = a - b if isinstance(a, int | float) and isinstance(b, int | float) else None
+    return {"scope": scope, "name": name, "metric": key, "kind": kind, "before": b, "after": a, "difference": diff}

@@ -31,26 +31,11 @@ from typing import Any
 
 from warden.sim.enrich import FIELD_INDEX, FIELDS, FORMAT_GIVES, fill_fields
 from warden.sim.records import Trace, TraceJob
+from warden.traces import NATIVE_OPTIONAL, NATIVE_REQUIRED
 
 FORMATS = ("native", "philly", "philly-rfold", "pai2023")
 """The formats `load_trace` reads; `auto` picks one of them from the header or suffix."""
 
-NATIVE_REQUIRED = ("job_id", "submit", "num_gpus", "duration")
-NATIVE_OPTIONAL = (
-    "queue",
-    "tier",
-    "user",
-    "replicas",
-    "gpus_per_replica",
-    "lease",
-    "checkpoint_interval",
-    "checkpoint_seconds",
-    "startup_seconds",
-    "resumable",
-    "cpu",
-    "memory",
-    "flavor",
-)
 PHILLY_HEADER = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
 PHILLY_REQUIRED = ("timestamp", "duration", "num_gpus", "cluster")
 RFOLD_HEADER = ("#job id", "arrival time (sec)", "topology", "shape", "size", "duration (sec)")

@@ -201,6 +201,11 @@ def resolve_policy(name_or_file: str, nominal: Mapping[str, int], gpus: int) -> 
         raise _refused(
             "queues", ", ".join(missing), f"trace queues are not leaf queues of {path}", ", ".join(sorted(leaves))
         )
-    # The sim approves every job at once: nothing waits for a person.
+    return sim_policy(path.stem, policy)
+
+
+def sim_policy(name: str, policy: Policy) -> SimPolicy:
+    """A policy as the simulator runs it: every job approved at once, as nothing waits for a
+    person on a virtual clock."""
     tiers = {t: spec.model_copy(update={"requires_approval": False}) for t, spec in policy.tiers.items()}
-    return SimPolicy(path.stem, policy.model_copy(update={"tiers": tiers}))
+    return SimPolicy(name, policy.model_copy(update={"tiers": tiers}))

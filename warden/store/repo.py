@@ -859,6 +859,21 @@ class Store:
             )
             return demands, tuple(AttemptSpan(int(j), float(a), b) for j, a, b in conn.execute(spans))
 
+    def ran_since(self, since: float) -> tuple[tuple[StoredJob, tuple[StoredAttempt, ...]], ...]:
+        """The jobs submitted at `since` or later that have had an attempt, in (submit, id)
+        order, each with its attempts (first first), read in one transaction: what `warden
+        history export` turns into a trace."""
+        ran = select(JOBS.c.id).where(JOBS.c.submit_at >= since, JOBS.c.attempt > 0)
+        jobs = select(JOBS).where(JOBS.c.id.in_(ran)).order_by(JOBS.c.submit_at, JOBS.c.id)
+        attempts = select(ATTEMPTS).where(ATTEMPTS.c.job_id.in_(ran)).order_by(ATTEMPTS.c.job_id, ATTEMPTS.c.number)
+        with self._read() as conn:
+            rows = [_job(row) for row in conn.execute(jobs)]
+            runs: dict[int, builtins.list[StoredAttempt]] = {}
+            for row in conn.execute(attempts):
+                a = _attempt(row)
+                runs.setdefault(a.job_id, []).append(a)
+        return tuple((job, tuple(runs.get(job.id, ()))) for job in rows)
+
     def running_attempts(self) -> tuple[StoredAttempt, ...]:
         """Attempts still running or terminating: what executors must re-adopt after a restart."""
         query = (

@@ -1,0 +1,105 @@
+"""`warden history export` and `warden policy diff [--replay]` against a real server, at 80
+columns: the export loads in `warden sim run` as it is, and the diff's tables fit the
+terminal. (Bad input, refused before any request: tests/cli/test_history_diff_cli.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from serverproc import ADMIN, Server, kill_leftovers, started, submit, until_state
+
+POLICY = """\
+min_grace: 2s
+thrash: {min_efficiency: 0}
+preemption: {restart_overhead: 0s}
+tiers:
+  3: {name: experimentation, lease: 1h, grace: 2s}
+  4: {name: opportunistic, lease: 0s, grace: 2s, charged: false}
+queues:
+  name: cluster
+  children:
+    - {name: vision}
+    - {name: language}
+    - {name: speech}
+"""
+
+
+def warden(server: Server, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
+    env.update(WARDEN_URL=server.url, WARDEN_TOKEN=ADMIN, COLUMNS="80", TERM="dumb")
+    return subprocess.run(
+        [sys.executable, "-m", "warden.cli.main", *args], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def fits(text: str) -> bool:
+    return all(len(line) <= 80 for line in text.splitlines())
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    s = started(tmp_path, POLICY)
+    yield s
+    s.stop()
+    kill_leftovers(tmp_path)
+
+
+@pytest.mark.slow
+def test_export_then_sim_run_and_diff_with_replay_at_80_columns(server: Server, tmp_path: Path) -> None:
+    new = yaml.safe_load(POLICY)
+    new["scheduling"] = {"order": "fifo"}  # vision's job, submitted first, goes first
+    new_file = tmp_path / "new.yaml"
+    new_file.write_text(yaml.safe_dump(new))
+
+    empty = warden(server, "policy", "diff", str(new_file), "--replay", "1d")
+    assert empty.returncode == 2
+    assert "nothing to replay" in empty.stderr
+
+    with server.client() as c:
+        for queue in ("vision", "language"):
+            until_state(c, submit(c, queue=queue, tier=3, gpus=1, command=["true"]), "SUCCEEDED")
+        big = submit(c, queue="vision", tier=3, gpus=4, command=["sleep", "600"])
+        until_state(c, big, "RUNNING")
+        waiting = [submit(c, queue=q, tier=3, gpus=2, command=["true"]) for q in ("vision", "language", "speech")]
+        for job in waiting:
+            until_state(c, job, "PENDING")
+
+    out = warden(server, "history", "export", "--since", "1d")
+    assert out.returncode == 0, out.stderr
+    trace = tmp_path / "exported.csv"
+    trace.write_text(out.stdout)
+    assert len(out.stdout.splitlines()) == 4  # the header, two finished jobs and the running one
+    sim = warden(server, "sim", "run", "--trace", str(trace), "--policy", str(server.policy), "--gpus", "4", "--json")
+    assert sim.returncode == 0, sim.stderr
+    assert json.loads(sim.stdout)["jobs"] == 3
+
+    parquet = tmp_path / "exported.parquet"
+    done = warden(server, "history", "export", "--format", "parquet", "-o", str(parquet))
+    assert done.returncode == 0, done.stderr
+    assert (
+        warden(server, "sim", "run", "--trace", str(parquet), "--policy", str(server.policy), "--gpus", "4").returncode
+        == 0
+    )
+
+    diff = warden(server, "policy", "diff", str(new_file))
+    assert diff.returncode == 0, diff.stderr
+    assert "scheduling.order" in diff.stdout and "waiting jobs" in diff.stdout
+    assert fits(diff.stdout), diff.stdout
+    as_json = json.loads(warden(server, "policy", "diff", str(new_file), "--json").stdout)
+    assert as_json["settings"] == [{"path": "scheduling.order", "before": "governed", "after": "fifo"}]
+    assert [p["after"]["position"] for p in as_json["pending"] if p["id"] == waiting[0]] == [1]
+
+    replayed = warden(server, "policy", "diff", str(new_file), "--replay", "1d")
+    assert replayed.returncode == 0, replayed.stderr
+    assert "replay: 3 jobs" in replayed.stdout and "delivered GPU-h" in replayed.stdout
+    assert fits(replayed.stdout), replayed.stdout
+    rows = json.loads(warden(server, "policy", "diff", str(new_file), "--replay", "1d", "--json").stdout)["replay"]
+    assert {r["scope"] for r in rows["rows"]} == {"cluster", "queue", "tier"}
+    assert all(r["difference"] == 0 for r in rows["rows"] if r["metric"] == "finished")

@@ -1,0 +1,171 @@
+"""`warden history export`: the server's own jobs as a native trace (docs/traces.md) that
+`warden sim run --trace` loads as it is, so a policy can be tried on the jobs a cluster really
+ran.
+
+One row a job submitted in the window that has had an attempt (finished, running, or waiting
+again after a preemption); jobs that never started say nothing about how long they run and are
+left out. What each column is made of, from the store's jobs and attempts and what the workload
+SDK reported (docs/traces.md, *Exported traces*):
+
+- `duration`: seconds of useful progress, summed over attempts: each attempt's run until its
+  SIGTERM, its exit, or now while it still runs, less its startup, the checkpoints it wrote
+  before that point and the work a preemption threw away (measured lost work / GPUs). A job
+  that still runs has done only part of its work: its duration is what it did so far;
+- `startup_seconds`: the median of the startups its attempts reported, else what the server
+  assumed (the policy's `preemption.restart_overhead`), the same figure its lost work and η
+  were computed with;
+- `checkpoint_seconds`: checkpoint time per save (all saves, SIGTERM ones included);
+- `checkpoint_interval`: progress between periodic saves (a save on SIGTERM is no periodic
+  one), empty when it saved only on SIGTERM or never;
+- `resumable`: whether it ever completed a checkpoint (else it restarts from zero).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import astuple, dataclass
+
+from warden.engine.accounting import assumed_startup
+from warden.engine.policy import Policy
+from warden.store.repo import StoredAttempt, StoredJob
+from warden.traces import NATIVE_COLUMNS
+
+FORMATS = ("native", "parquet")
+"""`?format=`: native CSV (text/csv), or the same columns as Parquet."""
+PARQUET_HINT = "writing Parquet needs pyarrow on the server: pip install 'gpu-warden[parquet]'"
+
+
+@dataclass(frozen=True, slots=True)
+class ExportedJob:
+    """One row of an exported trace: the native columns, in their order (`NATIVE_COLUMNS`)."""
+
+    job_id: str
+    submit: float
+    num_gpus: int
+    duration: float
+    queue: str
+    tier: int
+    user: str
+    replicas: int
+    gpus_per_replica: int
+    lease: float | None
+    checkpoint_interval: float | None
+    checkpoint_seconds: float
+    startup_seconds: float
+    resumable: bool
+    cpu: int
+    memory: int
+    flavor: str | None
+
+
+def exported_job(job: StoredJob, attempts: Sequence[StoredAttempt], policy: Policy, now: float) -> ExportedJob:
+    """A job and its attempts as one trace row (the module docstring says how)."""
+    gpus = job.gpus * job.replicas
+    reported = [a.startup_s for a in attempts if a.startup_s is not None]
+    startup = statistics.median(reported) if reported else assumed_startup(policy, None)
+    useful = 0.0
+    periodic_saves = 0
+    periodic_spans: list[float] = []
+    saves = sum(a.checkpoints for a in attempts)
+    per_save = sum(a.checkpoint_s for a in attempts) / saves if saves else 0.0
+    for a in attempts:
+        stop = a.sigterm_at if a.sigterm_at is not None else a.ended_at if a.ended_at is not None else now
+        began = a.started_at + assumed_startup(policy, a.startup_s)
+        on_sigterm = _saved_on_sigterm(a)
+        before = a.checkpoint_s - ((a.sigterm_save_s or 0.0) if on_sigterm else 0.0)
+        lost = (a.lost_work_gpu_s or 0.0) / gpus if gpus else 0.0
+        useful += max(0.0, stop - began - before - lost)
+        periodic = a.checkpoints - (1 if on_sigterm else 0)
+        periodic_saves += periodic
+        if periodic > 0 and not on_sigterm and a.last_checkpoint_at is not None:
+            periodic_spans.append((a.last_checkpoint_at - began) / periodic - per_save)
+    interval: float | None = None
+    if periodic_saves:
+        spans = [s for s in periodic_spans if s > 0]
+        interval = statistics.median(spans) if spans else (useful / periodic_saves or None)
+    return ExportedJob(
+        job_id=job.job_id,
+        submit=job.submit_at,
+        num_gpus=gpus,
+        duration=round(useful, 6),
+        queue=job.queue,
+        tier=job.tier,
+        user=job.user,
+        replicas=job.replicas,
+        gpus_per_replica=job.gpus,
+        lease=job.lease_s,
+        checkpoint_interval=None if interval is None else round(interval, 6),
+        checkpoint_seconds=round(per_save, 6),
+        startup_seconds=round(startup, 6),
+        resumable=saves > 0,
+        cpu=job.cpu,
+        memory=job.memory,
+        flavor=job.flavor,
+    )
+
+
+def _saved_on_sigterm(a: StoredAttempt) -> bool:
+    """Was the attempt's newest checkpoint the save after its SIGTERM?"""
+    return a.sigterm_at is not None and a.last_checkpoint_at is not None and a.last_checkpoint_at >= a.sigterm_at
+
+
+def export_rows(
+    history: Iterable[tuple[StoredJob, Sequence[StoredAttempt]]], policy: Policy, now: float
+) -> list[ExportedJob]:
+    return [exported_job(job, attempts, policy, now) for job, attempts in history]
+
+
+def to_csv(rows: Iterable[ExportedJob]) -> str:
+    """The native CSV: a header of every column, an empty cell where a value is not set."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(NATIVE_COLUMNS)
+    for row in rows:
+        writer.writerow([_cell(v) for v in astuple(row)])
+    return out.getvalue()
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def to_parquet(rows: Sequence[ExportedJob]) -> bytes:
+    """The same columns as Parquet, typed (nulls where the CSV has empty cells). Raises
+    ImportError without pyarrow."""
+    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    types = {
+        "job_id": pa.string(),
+        "submit": pa.float64(),
+        "num_gpus": pa.int64(),
+        "duration": pa.float64(),
+        "queue": pa.string(),
+        "tier": pa.int64(),
+        "user": pa.string(),
+        "replicas": pa.int64(),
+        "gpus_per_replica": pa.int64(),
+        "lease": pa.float64(),
+        "checkpoint_interval": pa.float64(),
+        "checkpoint_seconds": pa.float64(),
+        "startup_seconds": pa.float64(),
+        "resumable": pa.bool_(),
+        "cpu": pa.int64(),
+        "memory": pa.int64(),
+        "flavor": pa.string(),
+    }
+    schema = pa.schema([(name, types[name]) for name in NATIVE_COLUMNS])
+    columns = list(zip(*(astuple(r) for r in rows))) if rows else [() for _ in NATIVE_COLUMNS]
+    table = pa.Table.from_arrays([pa.array(list(c), type=t) for c, t in zip(columns, schema.types)], schema=schema)
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    return sink.getvalue()
