@@ -26,7 +26,15 @@ from warden.engine.policy import Duration
 from warden.server.auth import Principal, bearer
 from warden.server.errors import ApiError, ErrorBody, error_body, safe_value, shorten
 from warden.server.history import MOST_SAMPLES, SPAN_MAX_S, history_view
-from warden.server.views import job_detail, job_summary, listed_jobs, node_views, preemption_view, queue_views
+from warden.server.views import (
+    cycles_of,
+    job_detail,
+    job_summary,
+    listed_jobs,
+    node_views,
+    preemption_view,
+    queue_views,
+)
 
 if TYPE_CHECKING:
     from warden.server.service import Service
@@ -346,18 +354,22 @@ def build_router(service: "Service") -> APIRouter:
         response.headers["X-Total-Count"] = str(len(rows))
         page = rows[offset : offset + limit if limit is not None else None]
         now, policy = service.now(), service.policy
-        return [job_summary(job, now, attempt, policy) for job, attempt in page]
+        cycles = cycles_of(service.store, (job for job, _ in page), policy)
+        return [job_summary(job, now, attempt, policy, job.id in cycles) for job, attempt in page]
 
     @r.get("/jobs/{job_id}", responses=errors(401, 404))
     def get_job(job_id: JobId, who: Caller) -> dict[str, Any]:
         job = service.job(job_id)
+        attempts = service.store.attempts(job.id)
         return job_detail(
             job,
             service.store.events(job.id),
-            service.store.attempts(job.id),
+            attempts,
             service.now(),
             service.policy,
             service.reconciler.ledger,
+            links=service.store.preemption_links([job.id]),
+            preemptors=service.store.queues_and_tiers(a.preempted_for for a in attempts),
         )
 
     @r.post("/jobs/{job_id}/cancel", status_code=202, responses=errors(401, 403, 404, 409))
