@@ -226,11 +226,11 @@ def register(app: typer.Typer) -> None:
                 )
             con.print(t)
         if j.get("preemptions"):
-            t = Table("ATTEMPT", "WHEN", "BY", "KIND", "LOST GPU-H", "η", title="preemptions")
+            t = Table("#", "WHEN", "BY", "KIND", "LOST GPU-H", "η", title="preemptions")
             for p in j["preemptions"]:
                 by = p["by"] or "—"
                 if p["by_queue"] is not None:
-                    by += f" ({p['by_queue']}, tier {p['by_tier']})"
+                    by += f" ({p['by_queue']} t{p['by_tier']})"
                 lost = p["lost_work_gpu_hours"]
                 t.add_row(
                     str(p["attempt"]),
