@@ -105,7 +105,7 @@ def test_two_jobs_that_took_capacity_back_and_forth_are_both_in_an_alternating_c
     assert detail["preemption_cycle"] == {
         "kind": "alternating",
         "message": f"It and job {b} have preempted each other back and forth in 3 turns: it was preempted "
-        f"for job {b} 2 times, and job {b} for it 1 times.",
+        f"for job {b} twice, and job {b} for it once.",
         "details": {
             "partner": str(b),
             "turns": 3,

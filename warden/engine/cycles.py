@@ -100,9 +100,13 @@ class Alternating(PreemptionCycle):
     def message(self) -> str:
         return (
             f"It and job {self.partner} have preempted each other back and forth in {self.turns} "
-            f"turns: it was preempted for job {self.partner} {self.preempted_by_partner} times, "
-            f"and job {self.partner} for it {self.preempted_partner} times."
+            f"turns: it was preempted for job {self.partner} {_times(self.preempted_by_partner)}, "
+            f"and job {self.partner} for it {_times(self.preempted_partner)}."
         )
+
+
+def _times(n: int) -> str:
+    return {1: "once", 2: "twice"}.get(n, f"{n} times")
 
 
 def over_budget(job: str, history: Iterable[Preempted], budget: MaxPreemptions) -> OverBudget | None:
