@@ -5,6 +5,9 @@ fake GPUs; the victim leaves its grace when the test tells it to."""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -13,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from serverproc import Server, kill_leftovers, started, submit, until_state, wait_for
+from serverproc import ADMIN, Server, kill_leftovers, started, submit, until_state, wait_for
 
 POLICY = """\
 min_grace: 2s
@@ -147,3 +150,53 @@ def test_a_preemption_is_listed_with_its_preemptor_grace_and_lost_work_and_the_g
             (g, high, "language", 1, "RUNNING") for g in sorted(gpus)
         ]
         assert until_state(c, low, "PENDING")["attempt"] == 1  # requeued; 4 GPUs are not free
+
+
+def test_a_job_preempted_again_and_again_lists_its_preemptions_and_is_flagged_once_over_budget(
+    server: Server, tmp_path: Path
+) -> None:
+    """Two real preemptions, each for a tier-1 job cancelled afterwards so the victim runs again;
+    then a policy whose budget allows one per 24 h: the history is over it. `describe` shows
+    the preemptions and a warning, in 80 columns."""
+    with server.client() as c:
+        low = submit(c, queue="vision", tier=3, gpus=4, command=["sleep", "3600"])
+        highs = []
+        for _ in range(2):
+            until_state(c, low, "RUNNING")
+            highs.append(submit(c, queue="language", tier=1, gpus=2, command=["sleep", "3600"]))
+            until_state(c, highs[-1], "RUNNING")
+            assert c.post(f"/v1/jobs/{highs[-1]}/cancel").status_code == 202
+        until_state(c, low, "RUNNING")
+        detail = c.get(f"/v1/jobs/{low}").json()
+        assert [(p["attempt"], p["by"], p["by_queue"], p["by_tier"], p["kind"]) for p in detail["preemptions"]] == [
+            (1, highs[0], "language", 1, "preemption"),
+            (2, highs[1], "language", 1, "preemption"),
+        ]
+        assert [p["at"] for p in detail["preemptions"]] == [a["sigterm_at"] for a in detail["attempts"][:2]]
+        # no startup reported, no checkpoint, restart overhead 0 s: all of each attempt was progress
+        assert [p["efficiency"] for p in detail["preemptions"]] == [1.0, 1.0]
+        assert [a["efficiency"] for a in detail["attempts"]] == [1.0, 1.0, None]
+        assert detail["preemption_cycle"] is None  # 2 within the default budget of 3 per 24 h
+
+        stricter = POLICY.replace(
+            "thrash: {min_efficiency: 0}", "thrash: {min_efficiency: 0, max_preemptions: {per: 24h, count: 1}}"
+        )
+        assert c.put("/v1/policy", json={"source": stricter}).status_code == 200
+        cycle = c.get(f"/v1/jobs/{low}").json()["preemption_cycle"]
+        assert cycle["kind"] == "over_budget" and (cycle["details"]["count"], cycle["details"]["limit"]) == (2, 1)
+        assert summary(c, low)["preemption_cycle"] is True
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
+    env.update(WARDEN_URL=server.url, WARDEN_TOKEN=ADMIN, COLUMNS="80")
+    done = subprocess.run(
+        [sys.executable, "-m", "warden.cli.main", "describe", low], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80, done.stdout
+    assert any(line.strip().startswith("warning: preemption cycle (over_budget): Preempted 2 times") for line in lines)
+    table = lines[lines.index(next(line for line in lines if line.strip() == "preemptions")) :]
+    for n, high in enumerate(highs, 1):  # one line a preemption: nothing wraps
+        assert any(re.match(rf"│ {n} +│ \S+ \S+ +│ {high} \(language t1\) +│ preemption +│", line) for line in table), (
+            done.stdout
+        )

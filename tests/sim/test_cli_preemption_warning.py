@@ -81,3 +81,22 @@ def test_a_run_stopped_by_a_loop_guard_exits_3_naming_the_jobs(trace: Path, monk
     code, out, err = sim("run", "--trace", str(trace), "--gpus", "8", "--policy", "kueue")
     assert code == 3 and out == ""
     assert "kueue: the simulation stopped: 65 scheduling passes at t=10s" in " ".join(err.split())
+
+
+def test_jobs_in_a_preemption_cycle_are_counted_against_one_budget_for_every_policy(trace: Path) -> None:
+    """Under `slurm` (no thrash guard) the long job is preempted 4 times within 24 h, more than
+    DESIGN's budget of 3: one job over budget. The governed policy's guard stops at 3."""
+    code, out, _ = sim("compare", "--trace", str(trace), "--gpus", "8", "--policies", "slurm,governed", "--json")
+    assert code == 0
+    slurm, governed = json.loads(out)
+    assert slurm["preemption_cycles"] == {
+        "alternating": 0,
+        "over_budget": 1,
+        "jobs": 1,
+        "budget": {"count": 3, "per_s": 86400.0},
+    }
+    assert governed["preemptions"] <= 3 and governed["preemption_cycles"]["jobs"] == 0
+    code, out, _ = sim("compare", "--trace", str(trace), "--gpus", "8", "--policies", "slurm,governed")
+    assert code == 0 and "cycles" in out
+    rows = [line for line in out.splitlines() if line.lstrip("│ ").startswith(("slurm", "governed"))]
+    assert len(rows) == 2 and "1 / 0" in rows[0] and "0 / 0" in rows[1]

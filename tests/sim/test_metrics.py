@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from warden.sim.metrics import (
+    cycle_counts,
+    format_cycles,
     format_duration,
     format_gpu_hours,
     format_percent,
@@ -591,3 +593,27 @@ def test_bounds_hold_for_any_valid_run(run: SimRun) -> None:
     assert delivered == pytest.approx(s["admitted_gpu_hours"], abs=1e-5)
     assert_plain_json(s)
     json.dumps(s, allow_nan=False)
+
+
+def test_two_jobs_that_reclaimed_from_each_other_back_and_forth_are_both_counted_alternating() -> None:
+    def by(other: str) -> PreemptionCause:
+        return PreemptionCause(other, 3, "reclaim", False)
+
+    a = job(
+        "a",
+        0,
+        1,
+        (attempt(1, 0, 10, 1, preempted=True, cause=by("b")), attempt(2, 30, 40, 1, preempted=True, cause=by("b"))),
+        finished=None,
+        wait=0,
+    )
+    b = job(
+        "b", 0, 1, (attempt(1, 10, 20, 1, preempted=True, cause=by("a")), attempt(2, 40, 50, 1)), finished=50, wait=0
+    )
+    out = cycle_counts(simrun([a, b], gpus=1, ended=50))
+    assert out == {"alternating": 2, "over_budget": 0, "jobs": 2, "budget": {"count": 3, "per_s": 86400.0}}
+    assert format_cycles(out) == "0 / 2"
+    one_way = job(
+        "a", 0, 1, (attempt(1, 0, 10, 1, preempted=True, cause=by("b")), attempt(2, 30, 40, 1)), finished=40, wait=0
+    )
+    assert cycle_counts(simrun([one_way, b], gpus=1, ended=50))["jobs"] == 0  # a for b, b for a: no way back

@@ -246,6 +246,24 @@ def test_a_preemption_appears_on_the_timeline(server: Server, page: Page) -> Non
         page.until(lambda d: page.all(f'#caused tr[data-victim="{low}"]'), "the preemption it caused")
         assert page.console_errors() == []
 
+        # Preempted once more, then a budget of one per 24 h: the victim's page lists both
+        # preemptions and flags the cycle.
+        assert c.post(f"/v1/jobs/{high}/cancel").status_code == 202
+        until_state(c, low, "RUNNING", timeout=30)
+        again = submit(c, queue="language", tier=1, gpus=2, name="inference", command=SLEEPER)
+        until_state(c, again, "RUNNING", timeout=30)
+        stricter = POLICY.replace("{min_efficiency: 0}", "{min_efficiency: 0, max_preemptions: {per: 24h, count: 1}}")
+        assert c.put("/v1/policy", json={"source": stricter}).status_code == 200
+        page.go(f"#/jobs/{low}")
+        for n, by in ((1, high), (2, again)):
+            page.until(
+                lambda d, n=n, by=by: page.all(f'#preempted tr[data-attempt="{n}"][data-by="{by}"]'), f"preemption {n}"
+            )
+        page.until(lambda d: page.all('p.cycle-warning[data-cycle="over_budget"]'), "the preemption cycle")
+        assert "Preempted 2 times within" in page.css("p.cycle-warning").text
+        assert page.console_errors() == []
+        page.shot("job-preemptions")
+
 
 # ------------------------------------------------------------------------------ governance
 

@@ -197,7 +197,8 @@ def register(app: typer.Typer) -> None:
         token: TokenOpt = None,
         json_out: JsonOpt = False,
     ) -> None:
-        """Why a job waits (one sentence), its sort key, attempts and events."""
+        """Why a job waits (one sentence), its sort key, attempts, preemptions and events; a
+        warning when it is in a preemption cycle."""
         with client(url, token) as c:
             j = c.job(job_id)
         if json_out:
@@ -223,6 +224,9 @@ def register(app: typer.Typer) -> None:
             con.print(f"  sort key: {json.dumps(j['sort_key'])}")
         for w in j.get("warnings") or []:
             con.print(f"  [yellow]warning:[/yellow] {w}")
+        cycle = j.get("preemption_cycle")
+        if cycle:
+            con.print(f"  [bold yellow]warning: preemption cycle ({cycle['kind']}):[/bold yellow] {cycle['message']}")
         if j["attempts"]:
             t = Table("ATTEMPT", "STATE", "STARTED", "ENDED", "PLACEMENT", "EXIT", "REASON", title="attempts")
             for a in j["attempts"]:
@@ -235,6 +239,22 @@ def register(app: typer.Typer) -> None:
                     where,
                     ",".join(map(str, a["exit_codes"] or [])),
                     a["reason"] or "",
+                )
+            con.print(t)
+        if j.get("preemptions"):
+            t = Table("#", "WHEN", "BY", "KIND", "LOST GPU-H", "η", title="preemptions")
+            for p in j["preemptions"]:
+                by = p["by"] or "—"
+                if p["by_queue"] is not None:
+                    by += f" ({p['by_queue']} t{p['by_tier']})"
+                lost = p["lost_work_gpu_hours"]
+                t.add_row(
+                    str(p["attempt"]),
+                    _clock(p["at"]),
+                    by,
+                    p["kind"],
+                    "" if lost is None else f"{lost:.3f}",
+                    "" if p["efficiency"] is None else f"{p['efficiency']:.2f}",
                 )
             con.print(t)
         t = Table("TIME", "FROM", "TO", "ACTOR", "REASON", title="events")

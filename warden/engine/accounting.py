@@ -67,6 +67,26 @@ def assumed_startup(policy: Policy, reported: float | None) -> float:
     return policy.preemption.restart_overhead if reported is None else reported
 
 
+def eta(run_s: float, startup_s: float, checkpoint_s: float) -> float:
+    """An attempt's forward-progress efficiency η = (T_run − (T_startup + T_checkpoint)) / T_run
+    (DESIGN §4.3) after `run_s` seconds of running; 0 for a run of no length."""
+    if run_s <= 0:
+        return 0.0
+    return (run_s - (startup_s + checkpoint_s)) / run_s
+
+
+def attempt_eta(
+    started_at: float, sigterm_at: float | None, ended_at: float | None, startup_s: float, checkpoint_s: float
+) -> float | None:
+    """η of an attempt that stopped running: up to its SIGTERM (a preemption's or a cancel's:
+    what follows is its grace), else its exit. None while it runs, or for one that ran for
+    no time (nothing to measure)."""
+    stopped = sigterm_at if sigterm_at is not None else ended_at
+    if stopped is None or stopped <= started_at:
+        return None
+    return eta(stopped - started_at, startup_s, checkpoint_s)
+
+
 # -- waiting ----------------------------------------------------------------------------------
 
 

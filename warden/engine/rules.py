@@ -38,6 +38,7 @@ from warden.engine.accounting import (
     assumed_startup,
     effective_grace,
     effective_lease,
+    eta,
     predicted_lost_work,
     save_fits_grace,
     unsaved_since,
@@ -99,10 +100,7 @@ def efficiency(policy: Policy, job: Job, now: float) -> float:
     a = job.attempt
     if a is None:
         return 1.0
-    t_run = now - a.started_at
-    if t_run <= 0:
-        return 0.0
-    return (t_run - (startup_of(policy, job) + a.checkpoint_s)) / t_run
+    return eta(now - a.started_at, startup_of(policy, job), a.checkpoint_s)
 
 
 def at_risk_since(policy: Policy, job: Job) -> float | None:

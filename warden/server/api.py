@@ -28,6 +28,7 @@ from warden.server.errors import ApiError, ErrorBody, error_body, safe_value, sh
 from warden.server.export import PARQUET_HINT, to_csv, to_parquet
 from warden.server.history import MOST_SAMPLES, SPAN_MAX_S, history_view
 from warden.server.views import (
+    cycles_of,
     job_detail,
     job_summary,
     listed_jobs,
@@ -372,19 +373,23 @@ def build_router(service: "Service") -> APIRouter:
         page = rows[offset : offset + limit if limit is not None else None]
         now, policy = service.now(), service.policy
         view = service.forecasts.view
-        return [job_summary(job, now, attempt, policy, view(job)) for job, attempt in page]
+        cycles = cycles_of(service.store, (job for job, _ in page), policy)
+        return [job_summary(job, now, attempt, policy, view(job), job.id in cycles) for job, attempt in page]
 
     @r.get("/jobs/{job_id}", responses=errors(401, 404))
     def get_job(job_id: JobId, who: Caller) -> dict[str, Any]:
         job = service.job(job_id)
+        attempts = service.store.attempts(job.id)
         return job_detail(
             job,
             service.store.events(job.id),
-            service.store.attempts(job.id),
+            attempts,
             service.now(),
             service.policy,
             service.reconciler.ledger,
             service.forecasts.view(job),
+            links=service.store.preemption_links([job.id]),
+            preemptors=service.store.queues_and_tiers(a.preempted_for for a in attempts),
         )
 
     @r.post("/jobs/{job_id}/cancel", status_code=202, responses=errors(401, 403, 404, 409))

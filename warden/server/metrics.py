@@ -11,6 +11,10 @@ queue, tier, state or kind only, so the number of series stays bounded by the po
   `warden_gpus`, `warden_gpus_in_use`;
 - cost of the priority scheme: `warden_preemptions_total{queue,tier,kind}`,
   `warden_lost_work_gpu_seconds_total{queue}` (lost work per preemption is their ratio);
+- preemption cycles (`warden.engine.cycles`): `warden_jobs_in_preemption_cycle{kind}` (unfinished
+  jobs in a cycle of each kind, `over_budget` or `alternating`; a job in both counts under each)
+  and `warden_preemption_cycles_total{kind}` (jobs a preemption, reclaim or eviction put into a
+  cycle of a kind they were not in);
 - delivered GPU-seconds per queue: `warden_gpu_seconds_delivered_total{queue}`;
 - `warden_jobs{state}` and `warden_scheduling_pass_seconds` (histogram);
 - a failing engine: `warden_scheduling_pass_failures_total` (passes whose engine call raised)
@@ -28,7 +32,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from warden.engine.accounting import wait_time
+from warden.engine.cycles import CYCLE_KINDS
 from warden.engine.model import JobState
+from warden.server.views import cycles_of
 
 if TYPE_CHECKING:
     from warden.server.service import Service
@@ -61,6 +67,12 @@ class ServerMetrics:
         self.passes = Histogram(
             "warden_scheduling_pass_seconds", "Duration of one reconcile pass.", buckets=PASS_BUCKETS, registry=r
         )
+        self.cycles = Counter(
+            "warden_preemption_cycles",
+            "Jobs a preemption, reclaim or eviction put into a preemption cycle of this kind.",
+            ["kind"],
+            registry=r,
+        )
         self.pass_failures = Counter(
             "warden_scheduling_pass_failures", "Scheduling passes whose engine call raised.", registry=r
         )
@@ -72,6 +84,9 @@ class ServerMetrics:
 
     def preemption(self, queue: str, tier: int, kind: str) -> None:
         self.preemptions.labels(queue, str(tier), kind).inc()
+
+    def cycle_entered(self, kind: str) -> None:
+        self.cycles.labels(kind).inc()
 
     def lost_work(self, queue: str, gpu_s: float) -> None:
         """Measured at the victim's exit, from its checkpoint reports."""
@@ -128,6 +143,18 @@ class _Gauges:
         held.add_metric([], sum(1 for j in jobs if j.held_reason is not None and j.state.waiting))
         yield held
         policy = s.policy
+        in_cycle = GaugeMetricFamily(
+            "warden_jobs_in_preemption_cycle",
+            "Unfinished jobs in a preemption cycle, by kind (a job in both counts under each).",
+            labels=["kind"],
+        )
+        kinds = dict.fromkeys(CYCLE_KINDS, 0)
+        for cycles in cycles_of(s.store, jobs, policy).values():
+            for c in cycles:
+                kinds[c.kind] += 1
+        for kind, n in kinds.items():
+            in_cycle.add_metric([kind], n)
+        yield in_cycle
         longest = GaugeMetricFamily(
             "warden_queue_max_wait_seconds", "Longest current wait in each queue.", labels=["queue"]
         )

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from warden.engine.accounting import assumed_startup, effective_grace, measured_lost_work, wait_time
+from warden.engine.cycles import preemption_cycles
 from warden.engine.fairshare import accrue, accrue_rates, cluster_capacity, queue_rates
 from warden.engine.model import Job, JobState, Node, ReplicaPlacement, Snapshot
 from warden.engine.plan import Plan
@@ -642,7 +643,7 @@ class Reconciler:
         self.store.update_attempt(
             job.id, attempt.number, state="terminating", sigterm_at=now, kill_at=kill_at, preemption_kind="eviction"
         )
-        self.store.transition(
+        if self.store.transition(
             job.id,
             JobState.PREEMPTING,
             now=now,
@@ -650,7 +651,23 @@ class Reconciler:
             reason=f"evicted: {why}; the whole gang stops and is requeued; grace {grace:.0f}s, SIGKILL at {kill_at:.3f}",
             expect_state={job.state},
             expect_cancel_requested=False,
-        )
+        ):
+            self._count_cycles(job, None, now)
+
+    def _count_cycles(self, victim: StoredJob, by: str | None, at: float) -> None:
+        """Count the jobs the preemption of `victim` at `at` (for `by`) put into a preemption
+        cycle of a kind they were not in before it (`warden_preemption_cycles_total`)."""
+        if self.metrics is None:
+            return
+        ids = [victim.id, *([int(by)] if by is not None and by.isdigit() else [])]
+        links = self.store.preemption_links(ids)
+        before = [p for p in links if not (p.victim == victim.job_id and p.at == at)]
+        budget = self.policy.thrash.max_preemptions
+        for i in ids:
+            was = {c.kind for c in preemption_cycles(str(i), before, budget)}
+            for c in preemption_cycles(str(i), links, budget):
+                if c.kind not in was:
+                    self.metrics.cycle_entered(c.kind)
 
     # -- exits ------------------------------------------------------------------------------
     def _collect_exits(self, now: float) -> None:
@@ -768,6 +785,7 @@ class Reconciler:
             return  # cancelled meanwhile: its exit ends it CANCELLED
         if self.metrics is not None:
             self.metrics.preemption(job.queue, job.tier, kind)
+        self._count_cycles(job, for_job, now)
 
     def cancel(self, job: StoredJob, actor: str) -> str | None:
         """Cancel `job` as the caller read it under `lock` (which it holds, so no pass runs in

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from warden.engine import accounting
+from warden.engine.cycles import Preempted, PreemptionCycle, preemption_cycles
 from warden.engine.fairshare import fair_order
 from warden.engine.forecast import ASSUMES, Estimate
 from warden.engine.model import JobState, Node, UsageLedger
@@ -32,11 +33,13 @@ def job_summary(
     attempt: StoredAttempt | None = None,
     policy: Policy | None = None,
     expected_start: dict[str, Any] | None = None,
+    in_cycle: bool = False,
 ) -> dict[str, Any]:
     """A job as `GET /v1/jobs` lists it. Given its current `attempt` and the `policy`, a job
     that holds resources shows when it started, checkpointed, and may first be preempted
     (`lease_end_at`) or will be killed (`kill_at`), and its attempt's η; a waiting one its
-    `expected_start` as the forecast gives it (`Forecasts.view`)."""
+    `expected_start` as the forecast gives it (`Forecasts.view`); `in_cycle`: whether it is in
+    a preemption cycle (`cycles_of`)."""
     e = job.explanation or {}
     reason = e.get("reason") if job.state.waiting else None
     live = attempt if attempt is not None and attempt.number == job.attempt and attempt.ended_at is None else None
@@ -65,6 +68,7 @@ def job_summary(
         "lease_end_at": lease_end(policy, job, live) if live and policy and live.sigterm_at is None else None,
         "efficiency": round(efficiency(policy, job.to_engine(live), now), 4) if live and policy else None,
         "expected_start": expected_start if job.state.waiting else None,
+        "preemption_cycle": in_cycle,
     }
 
 
@@ -120,10 +124,14 @@ def job_detail(
     policy: Policy,
     ledger: UsageLedger | None = None,
     expected_start: dict[str, Any] | None = None,
+    links: Iterable[Preempted] = (),
+    preemptors: Mapping[int, tuple[str, int]] | None = None,
 ) -> dict[str, Any]:
     """A job with its events and attempts. A waiting job's sort key shows its wait and, given
     the ledger, its queue's fair-share ratios as they are now (the stored explanation keeps
-    them only as of its last change)."""
+    them only as of its last change). Its preemptions come from its attempts, with the queue
+    and tier of each preemptor from `preemptors`; its preemption cycle from `links` (what
+    `Store.preemption_links` returns for it)."""
     live = next((a for a in attempts if a.number == job.attempt and a.ended_at is None), None)
     out = job_summary(job, now, live, policy, expected_start)
     e = job.explanation or {}
@@ -148,11 +156,66 @@ def job_detail(
                 {"at": ev.at, "from": ev.from_state, "to": ev.to_state, "reason": ev.reason, "actor": ev.actor}
                 for ev in events
             ],
-            "attempts": [attempt_view(a) for a in attempts],
+            "attempts": [attempt_view(a, policy) for a in attempts],
+            "preemptions": preemption_history(attempts, policy, preemptors or {}),
         }
     )
+    cycles = preemption_cycles(job.job_id, links, policy.thrash.max_preemptions)
+    out["preemption_cycle"] = cycles[0].to_dict() if cycles else None
     out["warnings"] = warnings(job, attempts, now, policy)
     return out
+
+
+def preemption_history(
+    attempts: Iterable[StoredAttempt], policy: Policy, preemptors: Mapping[int, tuple[str, int]]
+) -> list[dict[str, Any]]:
+    """A job's preemptions, reclaims and evictions, oldest first: when, for which job (`by`;
+    null for an eviction) of which queue and tier, the work each threw away and the grace it
+    used (null while the job is still in its grace), and the η of the attempt it ended."""
+    out = []
+    for a in sorted(attempts, key=lambda a: a.number):
+        if a.preemption_kind is None or a.sigterm_at is None:
+            continue
+        key = int(a.preempted_for) if a.preempted_for and a.preempted_for.isdigit() else None
+        by = preemptors.get(key) if key is not None else None
+        out.append(
+            {
+                "attempt": a.number,
+                "at": a.sigterm_at,
+                "by": a.preempted_for,
+                "by_queue": by[0] if by else None,
+                "by_tier": by[1] if by else None,
+                "kind": a.preemption_kind,
+                "lost_work_gpu_hours": None if a.lost_work_gpu_s is None else round(a.lost_work_gpu_s / 3600, 6),
+                "grace_used_s": None if a.ended_at is None else round(a.ended_at - a.sigterm_at, 3),
+                "efficiency": attempt_efficiency(a, policy),
+            }
+        )
+    return out
+
+
+def attempt_efficiency(a: StoredAttempt, policy: Policy) -> float | None:
+    """η of an attempt up to its SIGTERM or exit (`accounting.attempt_eta`); null while it runs."""
+    startup = accounting.assumed_startup(policy, a.startup_s)
+    eta = accounting.attempt_eta(a.started_at, a.sigterm_at, a.ended_at, startup, a.checkpoint_s)
+    return None if eta is None else round(eta, 4)
+
+
+def cycles_of(store: Store, jobs: Iterable[StoredJob], policy: Policy) -> dict[int, tuple[PreemptionCycle, ...]]:
+    """The preemption cycles of each of `jobs` that is in one, read in one batch (a job that
+    never started was never preempted, and is not read)."""
+    ids = [j.id for j in jobs if j.attempt > 0]
+    if not ids:
+        return {}
+    wanted = set(ids)
+    involved: dict[int, list[Preempted]] = {}
+    for link in store.preemption_links(ids):
+        for side in {link.victim, link.by}:
+            if side is not None and side.isdigit() and int(side) in wanted:
+                involved.setdefault(int(side), []).append(link)
+    budget = policy.thrash.max_preemptions
+    found = {i: preemption_cycles(str(i), links, budget) for i, links in involved.items()}
+    return {i: c for i, c in found.items() if c}
 
 
 def _live_share(job: StoredJob, policy: Policy, ledger: UsageLedger | None) -> dict[str, Any]:
@@ -188,7 +251,7 @@ def warnings(job: StoredJob, attempts: Iterable[StoredAttempt], now: float, poli
     ]
 
 
-def attempt_view(a: StoredAttempt) -> dict[str, Any]:
+def attempt_view(a: StoredAttempt, policy: Policy) -> dict[str, Any]:
     return {
         "number": a.number,
         "state": a.state,
@@ -212,6 +275,7 @@ def attempt_view(a: StoredAttempt) -> dict[str, Any]:
         "checkpoints": a.checkpoints,
         "lost_work_gpu_s": a.lost_work_gpu_s,
         "preemption_kind": a.preemption_kind,
+        "efficiency": attempt_efficiency(a, policy),
     }
 
 

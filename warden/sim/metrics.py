@@ -35,6 +35,11 @@ Definitions (times in seconds, GPU amounts in whole GPUs, `makespan = ended_at -
   tier, the engine's kind (downward or reclaim) and whether the preemptor held a reservation
   in the pass before (it waited for the victim's protection to lift), each with the lost
   GPU-hours and the victims' restart startup GPU-hours.
+- *preemption cycles*: jobs in a preemption cycle (`warden.engine.cycles`: preempted more than a
+  thrash budget allows within its window, or alternating with one other job), by kind, with
+  the number of distinct jobs in either. Every policy is measured against the same budget,
+  DESIGN §4.3's 3 per 24 h (`CYCLE_BUDGET`), whatever its own guard says: the presets that
+  reproduce peers have none, and a count against their own budget would always be zero.
 - *η* of a finished job: useful GPU-seconds / admitted GPU-seconds over all its attempts (jobs
   that were never admitted for a positive time have none); `eta_p5`, `eta_p50` over finished jobs.
 - *delivered GPU-hours* of a queue: Σ admitted GPU-seconds of the attempts of its jobs of a
@@ -69,6 +74,8 @@ from rich.table import Table
 
 from warden.engine import accounting
 from warden.engine.accounting import waterfill  # noqa: F401  (re-exported: its tests import it from here)
+from warden.engine.cycles import CYCLE_KINDS, Preempted, preemption_cycles
+from warden.engine.policy import MaxPreemptions
 from warden.sim.records import SimAttempt, SimRun
 
 HOUR = 3600.0
@@ -291,6 +298,7 @@ def summarize(run: SimRun) -> dict[str, Any]:
     summary["per_queue"] = per_queue
     summary["per_tier"] = _per_tier(run, f)
     summary["preemptions_by_cause"] = preemption_causes(run)
+    summary["preemption_cycles"] = cycle_counts(run)
     summary["wall_s"] = _secs(run.wall_s)
     summary["passes"] = int(run.passes)
     summary["engine_s"] = _secs(run.engine_s)
@@ -404,6 +412,50 @@ def preemption_causes(run: SimRun) -> list[dict[str, Any]]:
         }
         for (by, tier, kind, reserved), (n, lost, startup) in ordered
     ]
+
+
+# ---------------------------------------------------------------------------- preemption cycles
+
+CYCLE_BUDGET = MaxPreemptions()
+"""The thrash budget every run's preemption cycles are counted against (DESIGN §4.3's default)."""
+
+
+def run_preemptions(run: SimRun) -> tuple[Preempted, ...]:
+    """Every preempted attempt of the run as the cycle rule reads it: when its SIGTERM came,
+    and for which job (None: for none, as a pod evicted without a preemptor)."""
+    out = []
+    for job in run.jobs:
+        for a in job.attempts:
+            if a.preempted:
+                at = a.sigterm_at if a.sigterm_at is not None else a.ended_at
+                c = a.cause
+                out.append(Preempted(at, job.job_id, c.by if c else None, c.kind if c else "eviction"))
+    return tuple(out)
+
+
+def cycle_counts(run: SimRun, budget: MaxPreemptions = CYCLE_BUDGET) -> dict[str, Any]:
+    """How many jobs were in a preemption cycle of each kind (a job in both counts under
+    each; `jobs` counts each once), against `budget`."""
+    involved: dict[str, list[Preempted]] = {}
+    for p in run_preemptions(run):
+        for side in {p.victim, p.by}:
+            if side is not None:
+                involved.setdefault(side, []).append(p)
+    counts = dict.fromkeys(CYCLE_KINDS, 0)
+    jobs = 0
+    for job, links in involved.items():
+        cycles = preemption_cycles(job, links, budget)
+        jobs += bool(cycles)
+        for c in cycles:
+            counts[c.kind] += 1
+    return {**counts, "jobs": jobs, "budget": {"count": budget.count, "per_s": budget.per}}
+
+
+def format_cycles(cycles: dict[str, Any] | None) -> str:
+    """`preemption_cycles` as "over budget / alternating"."""
+    if not cycles:
+        return "—"
+    return f"{cycles['over_budget']} / {cycles['alternating']}"
 
 
 # ---------------------------------------------------------------------------- preemption spread
@@ -585,6 +637,7 @@ TABLE_COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("goodput", "goodput", format_percent),
     ("preempt", "preemptions", _format_plain),
     ("preempt/job mean/p95/max", "preemptions_per_job", format_preemption_spread),
+    ("cycles over/alt", "preemption_cycles", format_cycles),
     ("lost GPU-h", "lost_gpu_hours", format_gpu_hours),
     ("worst queue max wait", "max_wait_least_served_queue_s", format_duration),
     ("breaches", "starvation_breaches", _format_plain),

@@ -39,6 +39,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import JSON
 
+from warden.engine.cycles import Preempted
 from warden.engine.model import DEFAULT_FLAVOR, Attempt, Job, JobState, Node, ReplicaPlacement, UsageLedger
 from warden.store.db import connect, migrate, writer
 from warden.store.schema import (
@@ -1122,16 +1123,11 @@ class Store:
             .order_by(ATTEMPTS.c.sigterm_at.desc(), ATTEMPTS.c.job_id.desc(), ATTEMPTS.c.number.desc())
             .limit(limit)
         )
-        preemptors: dict[int, tuple[str, int]] = {}
         events: dict[int, builtins.list[tuple[float, str]]] = {}
         with self._read() as conn:
             rows = conn.execute(query).all()
-            wanted = sorted({k for r in rows if r.preempted_for and (k := _job_key(r.preempted_for)) is not None})
+            preemptors = _queues_and_tiers(conn, (r.preempted_for for r in rows))
             victims = sorted({int(r.job_id) for r in rows})
-            for start in range(0, len(wanted), _READ_CHUNK):
-                chunk = wanted[start : start + _READ_CHUNK]
-                for i, q, t in conn.execute(select(JOBS.c.id, JOBS.c.queue, JOBS.c.tier).where(JOBS.c.id.in_(chunk))):
-                    preemptors[int(i)] = (str(q), int(t))
             for start in range(0, len(victims), _READ_CHUNK):
                 chunk = victims[start : start + _READ_CHUNK]
                 preempting = select(EVENTS.c.job_id, EVENTS.c.at, EVENTS.c.reason).where(
@@ -1165,9 +1161,56 @@ class Store:
             )
         return tuple(out)
 
+    def preemption_links(self, job_ids: Iterable[int | str]) -> tuple[Preempted, ...]:
+        """What `warden.engine.cycles` reads to tell whether these jobs are in a preemption
+        cycle: every preemption, reclaim or eviction of one of them, and every preemption one
+        of them caused of a job that also preempted one of them (the only ones that can make
+        a pair alternate), oldest first."""
+        ids = sorted({k for j in job_ids if (k := _job_key(j)) is not None})
+        kinds = ATTEMPTS.c.preemption_kind.is_not(None)
+        columns = (ATTEMPTS.c.sigterm_at, ATTEMPTS.c.job_id, ATTEMPTS.c.preempted_for, ATTEMPTS.c.preemption_kind)
+        links: builtins.list[Preempted] = []
+
+        def read(conn: Connection, where: Any) -> None:
+            for at, victim, by, kind in conn.execute(
+                select(*columns).where(kinds, ATTEMPTS.c.sigterm_at.is_not(None), where)
+            ):
+                links.append(Preempted(float(at), str(victim), by, str(kind)))
+
+        with self._read() as conn:
+            for start in range(0, len(ids), _READ_CHUNK):
+                read(conn, ATTEMPTS.c.job_id.in_(ids[start : start + _READ_CHUNK]))
+            # by the primary key: the jobs that preempted ours, and only what ours did to them
+            partners = sorted({k for p in links if p.by is not None and (k := _job_key(p.by)) is not None} - set(ids))
+            names = [str(i) for i in ids]
+            for start in range(0, len(partners), _READ_CHUNK):
+                for n in range(0, len(names), _READ_CHUNK):
+                    read(
+                        conn,
+                        ATTEMPTS.c.job_id.in_(partners[start : start + _READ_CHUNK])
+                        & ATTEMPTS.c.preempted_for.in_(names[n : n + _READ_CHUNK]),
+                    )
+        links.sort(key=lambda p: (p.at, int(p.victim)))
+        return tuple(links)
+
+    def queues_and_tiers(self, job_ids: Iterable[int | str | None]) -> dict[int, tuple[str, int]]:
+        """The queue and tier of each of these jobs that exists (ids that name none are left out)."""
+        with self._read() as conn:
+            return _queues_and_tiers(conn, job_ids)
+
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
+
+
+def _queues_and_tiers(conn: Connection, job_ids: Iterable[int | str | None]) -> dict[int, tuple[str, int]]:
+    wanted = sorted({k for j in job_ids if j is not None and (k := _job_key(j)) is not None})
+    out: dict[int, tuple[str, int]] = {}
+    for start in range(0, len(wanted), _READ_CHUNK):
+        chunk = wanted[start : start + _READ_CHUNK]
+        for i, q, t in conn.execute(select(JOBS.c.id, JOBS.c.queue, JOBS.c.tier).where(JOBS.c.id.in_(chunk))):
+            out[int(i)] = (str(q), int(t))
+    return out
 
 
 def evenly(items: Sequence[Any], most: int) -> builtins.list[Any]:

@@ -1,6 +1,7 @@
 // One job (GET /v1/jobs/{id}): why it waits, its attempts with placement, SIGTERM and SIGKILL
-// times and lost work, its events, and its logs followed live (GET /v1/jobs/{id}/logs with
-// offset). Cancel for its owner or an admin; approve and release for an admin.
+// times and lost work, its preemptions and preemption cycle, its events, and its logs followed
+// live (GET /v1/jobs/{id}/logs with offset). Cancel for its owner or an admin; approve and
+// release for an admin.
 
 import { ApiError, Unavailable, api, has } from "../api.js";
 import { facts, h, notice, swap, table } from "../dom.js";
@@ -60,7 +61,16 @@ export default {
       logState,
     );
     const caused = h("section", { "aria-labelledby": "caused-h", id: "caused" });
-    root.append(logSection, h("h2", { id: "caused-h" }, "Preemptions it caused"), caused, h("h2", { id: "events-h" }, "Events"), events);
+    const preempted = h("section", { "aria-labelledby": "preempted-h", id: "preempted" });
+    root.append(
+      logSection,
+      h("h2", { id: "preempted-h" }, "Its preemptions"),
+      preempted,
+      h("h2", { id: "caused-h" }, "Preemptions it caused"),
+      caused,
+      h("h2", { id: "events-h" }, "Events"),
+      events,
+    );
 
     function resetLogs() {
       logs.offset = 0;
@@ -244,6 +254,9 @@ export default {
             : null,
           last && last.kill_at != null && last.ended_at == null ? h("p", { class: "callout terminating-note" }, "In its grace: ", countdown(last.kill_at)) : null,
           (job.warnings || []).map((w) => h("p", { class: "notice notice-warn", role: "note" }, w)),
+          job.preemption_cycle
+            ? h("p", { class: "notice notice-warn cycle-warning", role: "note", dataset: { cycle: job.preemption_cycle.kind } }, `Preemption cycle (${job.preemption_cycle.kind.replace("_", " ")}): ${job.preemption_cycle.message}`)
+            : null,
           facts([
             ["user", job.user],
             ["queue", job.queue],
@@ -288,6 +301,24 @@ export default {
             ],
             [...(job.attempts || [])].reverse(),
             { rowAttrs: (a) => ({ dataset: { attempt: a.number } }), empty: "No attempt yet." },
+          ),
+        );
+        swap(
+          preempted,
+          table(
+            [
+              { label: "attempt", class: "num", cell: (p) => String(p.attempt) },
+              { label: "when", cell: (p) => when(p.at) },
+              { label: "for", cell: (p) => (p.by ? h("a", { href: `#/jobs/${encodeURIComponent(p.by)}` }, `#${p.by}`) : "—") },
+              { label: "its queue", cell: (p) => p.by_queue ?? "—" },
+              { label: "its tier", cell: (p) => (p.by_tier != null ? tierBadge(p.by_tier) : "—") },
+              { label: "kind", cell: (p) => p.kind },
+              { label: "grace used", class: "num", cell: (p) => (p.grace_used_s != null ? dur(p.grace_used_s) : "in its grace") },
+              { label: "lost work", class: "num", cell: (p) => (p.lost_work_gpu_hours != null ? `${p.lost_work_gpu_hours.toFixed(3)} GPU-h` : "—") },
+              { label: "η", class: "num", cell: (p) => (p.efficiency != null ? p.efficiency.toFixed(2) : "—") },
+            ],
+            job.preemptions || [],
+            { rowAttrs: (p) => ({ dataset: { attempt: p.attempt, by: p.by ?? "" } }), empty: "None." },
           ),
         );
         swap(
