@@ -249,6 +249,11 @@ export default {
                 reasonCell(job),
                 job.position != null ? h("p", null, `Position ${job.position} in the ranked list.`) : null,
                 h("p", null, "Expected start: ", expectedStart(job)),
+                job.expected_start && job.expected_start.at != null
+                  ? h("p", { class: "muted" }, `An estimate: it assumes ${job.expected_start.assumes}.`)
+                  : job.expected_start && job.expected_start.why
+                    ? h("p", { class: "muted" }, `No estimate: ${job.expected_start.why}.`)
+                    : null,
                 job.sort_key ? h("details", null, h("summary", null, "Sort key"), h("pre", { class: "json" }, JSON.stringify(job.sort_key, null, 2))) : null,
               )
             : null,

@@ -81,13 +81,13 @@ export function reasonCell(job) {
   );
 }
 
-/** When the job is expected to start: its reservation's due time; else when what it waits for ends. */
+/** When the job is expected to start, as the server's forecast estimates it (with what it
+ * assumes in the tooltip), or why nothing bounds it. */
 export function expectedStart(job) {
-  const d = (job.reason && job.reason.details) || {};
-  if (d.reserved_at != null) return h("span", { class: "expected", title: "its reservation is due" }, when(d.reserved_at));
-  const hint = d.earliest_at ?? d.eta ?? d.frees_at;
-  if (hint != null && hint > 1e9) return h("span", { class: "expected muted", title: "not before" }, "≥ ", when(hint));
-  return "—";
+  const e = job.expected_start;
+  if (!e) return "—";
+  if (e.at == null) return h("span", { class: "expected muted", title: e.why || "nothing bounds it" }, "unknown");
+  return h("span", { class: "expected", title: `an estimate: it assumes ${e.assumes}` }, "≈ ", when(e.at));
 }
 
 export function jobLink(job) {
