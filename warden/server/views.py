@@ -16,6 +16,7 @@ from warden.engine.fairshare import fair_order
 from warden.engine.model import JobState, Node, UsageLedger
 from warden.engine.policy import Policy
 from warden.engine.rules import efficiency
+from warden.server.explanations import rendered
 from warden.store.repo import EventRecord, PreemptionRecord, Store, StoredAttempt, StoredJob
 
 
@@ -31,7 +32,7 @@ def job_summary(
     that holds resources shows when it started, checkpointed, and may first be preempted
     (`lease_end_at`) or will be killed (`kill_at`), and its attempt's η."""
     e = job.explanation or {}
-    reason = e.get("reason") if job.state.waiting else None
+    reason = rendered(e.get("reason"), now, str(job.id)) if job.state.waiting else None
     live = attempt if attempt is not None and attempt.number == job.attempt and attempt.ended_at is None else None
     return {
         "id": str(job.id),
