@@ -29,7 +29,7 @@ from warden.engine.rules import binding, lease_of, startup_of
 
 
 class NextSteps:
-    __slots__ = ("_fits", "_frees", "_queue_ids", "open_tier", "state", "victims")
+    __slots__ = ("_done", "_fits", "_frees", "_queue_ids", "open_tier", "state", "victims")
 
     def __init__(self, state: PassState, victims: Victims) -> None:
         self.state = state
@@ -41,6 +41,10 @@ class NextSteps:
         frees that much of it, or None: for the pass."""
         self._fits: dict[tuple[object, ...], tuple[bool, int | None]] = {}
         """(shape, capacity version) → (fits with `any`, GPUs per replica of a split that fits)."""
+        self._done: dict[tuple[int, object], tuple[Reason, Reason]] = {}
+        """(id of a reason, what else its facts depend on) → (that reason, it with the facts):
+        the phases hand the same reason to many jobs (`Memo.capacity_seen`, `Memo.held_ok`,
+        `Memo.quota_seen`), and a pass adds the facts to each once."""
 
     def refused(self, job: Job, reason: Reason) -> Reason:
         """The admission phase's refusal with the facts of its next step."""
@@ -58,15 +62,29 @@ class NextSteps:
         reservations are all taken, or no time could be forecast)."""
         if not isinstance(reason, InsufficientCapacity) or reason.reserved_at is not None:
             return reason
-        if not taken:
-            return replace(reason, unreserved="no_forecast")
-        return replace(reason, reservations=self.state.policy.scheduling.reservations, unreserved="taken")
+        key = (id(reason), taken)
+        done = self._done.get(key)
+        if done is None:
+            if taken:
+                n = self.state.policy.scheduling.reservations
+                out = replace(reason, reservations=n, unreserved="taken")
+            else:
+                out = replace(reason, unreserved="no_forecast")
+            done = self._done[key] = (reason, out)
+        return done[1]
 
     # -- quota ------------------------------------------------------------------------------
     def _quota(self, job: Job, reason: QuotaExceeded | BorrowingLimit) -> Reason:
         """When enough of the named queue's usage frees (its running jobs' expected ends), and
         whether the job would fit now on idle GPUs at a tier quota does not charge."""
         state = self.state
+        idle = max((state.index.free_gpus(f) for f in state.flavors(job)), default=0)
+        tier = self.open_tier
+        fits = tier is not None and tier != job.tier and job.total_gpus <= idle
+        key = (id(reason), (idle, fits))
+        done = self._done.get(key)
+        if done is not None:
+            return done[1]
         quota = state.quota
         ids = self._queue_ids
         if ids is None:
@@ -75,16 +93,15 @@ class NextSteps:
         frees = None
         if q is not None and reason.resource in quota.resources:
             frees = self._frees_in(q, quota.resources.index(reason.resource), reason.requested - reason.available)
-        idle = max((state.index.free_gpus(f) for f in state.flavors(job)), default=0)
-        tier = self.open_tier
-        fits = tier is not None and tier != job.tier and job.total_gpus <= idle
-        return replace(
+        out = replace(
             reason,
             frees_at=None if frees is None else frees[0],
             frees_by=None if frees is None else frees[1],
             open_tier=tier if fits else None,
             idle=idle,
         )
+        self._done[key] = (reason, out)
+        return out
 
     def _frees_in(self, q: int, r: int, amount: float) -> tuple[float, str] | None:
         """The running job of queue `q` (or below it) by whose expected end `amount` of resource
@@ -147,11 +164,17 @@ class NextSteps:
         """The runtime under which the job could start in the held capacity now: before every
         hold is due (only reservations let a job in, a claim never does)."""
         state = self.state
-        holds = state.holds
-        if not holds or any(not h.backfill or h.due is None for h in holds):
-            return reason
-        left = min(h.due for h in holds if h.due is not None) - state.now
-        return reason if left <= 0 else replace(reason, backfill_s=left)
+        key = (id(reason), state.memo.hold_version)
+        done = self._done.get(key)
+        if done is None:
+            holds = state.holds
+            out: Reason = reason
+            if holds and all(h.backfill and h.due is not None for h in holds):
+                left = min(h.due for h in holds if h.due is not None) - state.now
+                if left > 0:
+                    out = replace(reason, backfill_s=left)
+            done = self._done[key] = (reason, out)
+        return done[1]
 
     # -- protection -------------------------------------------------------------------------
     def lease(self, victims: tuple[Job, ...], due: float) -> WaitingForLease:
@@ -159,14 +182,14 @@ class NextSteps:
         state = self.state
         ctx, policy = state.ctx, state.policy
         ids = tuple(v.id for v in victims)
-        held = None
-        for v in victims:
-            b = binding(ctx, v)
-            if b is not None and b.until != float("inf") and (held is None or b.until > held[1].until):
-                held = (v, b)
-        if held is None:
+        # The victim protected longest, by the protection the pass keeps per running job (the
+        # first on a tie); the rules are asked again only about it.
+        facts = self.victims.releases().facts
+        last = max(victims, key=lambda v: facts[v.id][0] if v.id in facts else 0.0)
+        b = binding(ctx, last)
+        if b is None or b.until == float("inf"):
             return WaitingForLease(ids, due)
-        v, b = held
+        v = last
         reason = WaitingForLease(ids, due, b.rule, v.id, lease_of(policy, v))
         a = v.attempt
         if b.rule == "efficiency" and a is not None:
