@@ -118,8 +118,8 @@ class QuotaExceeded(Reason):
     """The running job whose expected end frees enough."""
     open_tier: int | None = None
     """A tier not charged to quota (`charged: false`) on whose idle GPUs the job would fit as
-    it was looked at; None when there is no such tier or not enough idle GPUs."""
-    idle: int | None = None
+    it was looked at; None when there is no such tier or not enough idle GPUs. (How many are
+    idle is left out: it moves every pass, and a stored reason is rewritten when it changes.)"""
     """Idle GPUs of the job's flavor as it was looked at."""
 
     def render(self, at: TimeText = engine_time, job_id: str | None = None) -> str:
@@ -150,7 +150,6 @@ class BorrowingLimit(Reason):
     frees_by: str | None = None
     open_tier: int | None = None
     """As `QuotaExceeded.open_tier`."""
-    idle: int | None = None
 
     def render(self, at: TimeText = engine_time, job_id: str | None = None) -> str:
         usage = "" if self.used is None or self.limit is None else f" (it uses {self.used} of {self.limit})"
@@ -169,7 +168,7 @@ def _quota_next(r: QuotaExceeded | BorrowingLimit, at: TimeText) -> str:
         wait = f"; no running job of queue {r.queue} has a time limit that says when enough frees"
     if r.open_tier is None:
         return wait
-    return f"{wait}, or submit at tier {r.open_tier} to run on the {r.idle} idle GPUs now"
+    return f"{wait}, or submit at tier {r.open_tier} to run on idle GPUs now"
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,7 +81,7 @@ class NextSteps:
         idle = max((state.index.free_gpus(f) for f in state.flavors(job)), default=0)
         tier = self.open_tier
         fits = tier is not None and tier != job.tier and job.total_gpus <= idle
-        key = (id(reason), (idle, fits))
+        key = (id(reason), fits)
         done = self._done.get(key)
         if done is not None:
             return done[1]
@@ -98,7 +98,6 @@ class NextSteps:
             frees_at=None if frees is None else frees[0],
             frees_by=None if frees is None else frees[1],
             open_tier=tier if fits else None,
-            idle=idle,
         )
         self._done[key] = (reason, out)
         return out
