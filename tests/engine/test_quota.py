@@ -104,7 +104,7 @@ def test_borrowing_limit_caps_a_queue_above_nominal() -> None:
     assert v.fits and not v.in_quota
     v = t.verdict("a", gpu(13))
     assert not v.fits
-    assert v.reason == BorrowingLimit("a", "gpu", 13, 12)
+    assert v.reason == BorrowingLimit("a", "gpu", 13, 12, used=0, limit=12)
 
 
 def test_borrowing_limit_reason_counts_what_the_queue_already_uses() -> None:
@@ -123,7 +123,7 @@ def test_borrowing_limit_zero_means_quota_exceeded_at_nominal() -> None:
     assert t.verdict("a", gpu(2)).in_quota
     v = t.verdict("a", gpu(4))
     assert not v.fits
-    assert v.reason == QuotaExceeded("a", "gpu", 4, 2)
+    assert v.reason == QuotaExceeded("a", "gpu", 4, 2, used=6, limit=8)
 
 
 def test_borrowing_limit_on_a_department_caps_all_its_teams_together() -> None:
@@ -149,7 +149,7 @@ def test_borrowing_limit_on_a_department_caps_all_its_teams_together() -> None:
     assert t.verdict("language", gpu(2)).fits
     v = t.verdict("language", gpu(3))
     assert not v.fits
-    assert v.reason == BorrowingLimit("research", "gpu", 3, 2)
+    assert v.reason == BorrowingLimit("research", "gpu", 3, 2, used=10, limit=12)
 
 
 # ------------------------------------------------------------------------------- lending limit
@@ -405,7 +405,7 @@ def test_cpu_quota_is_checked_when_named() -> None:
     job = Job("j", "a", 3, submit=0.0, replicas=2, gpus=1, cpu=2500)  # 5000 millicores in all
     v = t.verdict("a", t.demand(job, "default"))
     assert not v.fits
-    assert v.reason == QuotaExceeded("a", "cpu", 5000, 4000)
+    assert v.reason == QuotaExceeded("a", "cpu", 5000, 4000, used=0, limit=4000)
 
 
 # ------------------------------------------------------------------------------ GPU flavors
@@ -429,7 +429,7 @@ def test_flavored_quota_counts_only_jobs_on_that_flavor() -> None:
     t.add("a", t.demand(job, "h100"))
     # a's 8 H100s are used: another H100 job exceeds them, the same job on A100s fits.
     v = t.verdict("a", t.demand(job, "h100"))
-    assert not v.fits and v.reason == QuotaExceeded("a", "gpu:h100", 8, 0)
+    assert not v.fits and v.reason == QuotaExceeded("a", "gpu:h100", 8, 0, used=8, limit=8)
     v = t.verdict("a", t.demand(job, "a100"))
     assert v.fits and v.in_quota
 

@@ -3,13 +3,16 @@ effective grace and lease, a held job's reason. Built on records a real store re
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from warden.engine.model import JobState, ReplicaPlacement
 from warden.engine.policy import parse_policy
+from warden.engine.reasons import AwaitingApproval, WaitingForLease
 from warden.server.views import job_detail, job_summary, warnings
 from warden.store.repo import Store, StoredAttempt, StoredJob
 
@@ -176,3 +179,31 @@ def test_queue_views_place_the_least_served_leaf_first_in_the_fair_share_order(s
     assert rows == {"cluster": None, "c": 1, "b": 2, "a": 3}
     even = {r["name"]: r["fair_share_position"] for r in queue_views(policy, store, UsageLedger(), nodes, 10.0)}
     assert even == {"cluster": None, "a": 1, "b": 1, "c": 1}  # nobody used anything: one rank
+
+
+def test_a_waiting_jobs_reason_is_rendered_when_it_is_read(store: Store) -> None:
+    """The stored sentence names engine seconds; the API renders it at the request's `now` in
+    local time and relative words, and leaves the details as stored."""
+    t0 = 1_796_130_000.0
+    stored = WaitingForLease(("1", "2"), t0 + 607, "efficiency", "2", 0.0, 60.0, False, 0.0, 0.9).to_dict()
+    assert "t=1796130607s" in stored["message"]
+    job_id = store.submit(name="", user="u", queue="team", tier=1, command=["true"], actor="u", now=t0)
+    store.set_explanations({job_id: {"reason": stored, "sort_key": None, "position": 1}})
+    job = store.get(job_id)
+    assert job is not None
+    early = job_summary(job, now=t0 + 7)["reason"]
+    late = job_detail(job, store.events(job_id), (), now=t0 + 307, policy=POLICY)["reason"]
+    clock = datetime.fromtimestamp(t0 + 607).strftime("%H:%M")
+    assert f"at {clock} (in 10 min)" in early["message"] and f"at {clock} (in 5 min)" in late["message"]
+    for shown in (early, late):
+        assert shown["code"] == "WaitingForLease" and shown["details"] == stored["details"]
+        assert not re.search(r"\d{10}", shown["message"])
+        assert "efficiency floor" in shown["message"] and "`preemption.restart_overhead`" in shown["message"]
+
+
+def test_an_approval_names_the_command_with_the_jobs_id(store: Store) -> None:
+    job_id = store.submit(name="", user="u", queue="team", tier=2, command=["true"], actor="u", now=10.0)
+    store.set_explanations({job_id: {"reason": AwaitingApproval(2).to_dict(), "sort_key": None, "position": 1}})
+    job = store.get(job_id)
+    assert job is not None
+    assert f"`warden approve {job_id}`" in job_summary(job, now=20.0)["reason"]["message"]

@@ -186,6 +186,13 @@ def test_a_pending_jobs_reason_follows_the_cluster(server: Server, page: Page) -
             lambda d: "needs 2" in page.css(f"{row} .reason-message").text, "the reason in the waiting job's row"
         )
         assert page.css(f"{row} .reason").get_attribute("data-code") == reason["code"]
+        # The page shows the sentence the API rendered, next step included.
+        page.until(
+            lambda d: (
+                page.css(f"{row} .reason-message").text == c.get(f"/v1/jobs/{waiting}").json()["reason"]["message"]
+            ),
+            "the API's rendered sentence in the row",
+        )
         assert page.css(f'#running tr[data-job="{filler}"]')
         assert '<img src=x onerror="window.__xss=1">' in page.css(f'#running tr[data-job="{filler}"]').text
         assert page.driver.execute_script("return window.__xss") is None and not page.all("#view img")

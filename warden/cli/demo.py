@@ -11,6 +11,7 @@ from rich.table import Table
 
 from warden.demo import NOW, demo_snapshot
 from warden.engine.plan import Plan
+from warden.engine.reasons import virtual_times
 from warden.engine.scheduler import schedule
 
 app = typer.Typer(help="Show the engine's decisions on a bundled busy cluster.")
@@ -90,10 +91,11 @@ def demo(json_out: bool = typer.Option(False, "--json", help="Print the plan as 
         for adm in plan.admissions:
             a.add_row(adm.job_id, ", ".join(f"{p.node}{list(p.gpus)}" for p in adm.placement), str(adm.borrowing))
         console.print(a)
+    at = virtual_times(NOW)  # the demo's clock is virtual: "t=…s (in 9 min)"
     w = Table(title="Why each job is pending")
     for col in ("#", "job", "tier", "queue", "reason", "explanation"):
         w.add_column(col)
     for e in sorted(plan.explanations.values(), key=lambda e: e.position):
         j = jobs[e.job_id]
-        w.add_row(str(e.position), e.job_id, str(j.tier), j.queue, e.reason.code, e.reason.message)
+        w.add_row(str(e.position), e.job_id, str(j.tier), j.queue, e.reason.code, e.reason.render(at, e.job_id))
     console.print(w)

@@ -335,7 +335,7 @@ class QuotaTree:
         name = self.resources[r]
         reason: Reason
         if self.in_quota(leaf, d):
-            reason = QuotaExceeded(self.names[q], name, int(amount), avail)
+            reason = QuotaExceeded(self.names[q], name, int(amount), avail, int(u), _whole(self.limit[q][r]))
         else:
             reason = BorrowingLimit(self.names[self.paths[leaf][0]], name, int(amount), avail)
         return QuotaVerdict(False, False, reason)
@@ -346,9 +346,10 @@ class QuotaTree:
     def _limit_reason(self, q: int, r: int, amount: float) -> Reason:
         avail = int(max(0.0, self.limit[q][r] - self.usage[q][r]))
         name = self.resources[r]
+        used, limit = int(self.usage[q][r]), _whole(self.limit[q][r])
         if self.limit[q][r] <= self.nominal[q][r]:
-            return QuotaExceeded(self.names[q], name, int(amount), avail)
-        return BorrowingLimit(self.names[q], name, int(amount), avail)
+            return QuotaExceeded(self.names[q], name, int(amount), avail, used, limit)
+        return BorrowingLimit(self.names[q], name, int(amount), avail, used, limit)
 
     def in_quota(self, leaf: str, d: tuple[float, ...], reclaim: bool = False) -> bool:
         """Would the demand stay within nominal on every queue below the root?
@@ -413,3 +414,8 @@ class QuotaTree:
 
     def leaves(self) -> Iterable[str]:
         return self.paths.keys()
+
+
+def _whole(limit: float) -> int | None:
+    """A limit as a reason states it: whole units, None where there is none (inf)."""
+    return None if limit == INF else int(limit)

@@ -1,32 +1,91 @@
 """Why a job is pending (DESIGN §4.5): one primary reason, a plain sentence, machine details.
 
 Codes are stable: they are shown by the CLI and API and matched by scripts. `details()` is
-JSON-ready; `message` is built only when somebody reads it, so a pass over a deep queue stays
-cheap.
+JSON-ready; the sentence is built only when somebody reads it, so a pass over a deep queue stays
+cheap. Every sentence ends with what the user can do, worked out from the details (true for the
+job it explains, never a stock hint), and names the rule that holds the job.
+
+The engine has no clock, so a sentence writes its times through a `TimeText`: `message` (the
+engine's own) writes `t=…s`; `render` takes the writer of the reader's moment: `virtual_times`
+("t=900s (in 9 min)", the simulator's virtual clock) or the server's wall-clock one
+(`warden.server.explanations.wall_times`: "at 14:05 (in 9 min)"). `from_dict` rebuilds a reason
+from the `{code, details}` a shell stored, so the shell renders it when it is read.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, ClassVar
 
+TimeText = Callable[[float], str]
+"""How a sentence writes a time (seconds on the caller's clock): "t=900s", "14:05 (in 9 min)"."""
 
-def _fmt_t(t: float | None) -> str:
-    return "an unknown time" if t is None else f"t={t:.0f}s"
+
+def engine_time(t: float) -> str:
+    """The engine's own way to write a time: its seconds, as the caller's clock counts them."""
+    return f"t={t:.0f}s"
 
 
-def _reserved_tail(reserved_at: float | None) -> str:
+def span(seconds: float) -> str:
+    """A duration as people say it: "45 s", "9 min", "2 h 5 min", "3 d 4 h"."""
+    s = max(0, round(seconds))
+    if s < 120:
+        return f"{s} s"
+    if s < 3600:
+        return f"{round(s / 60)} min"
+    if s < 86400:
+        h, m = divmod(round(s / 60), 60)
+        return f"{h} h" if not m else f"{h} h {m} min"
+    d, h = divmod(round(s / 3600), 24)
+    return f"{d} d" if not h else f"{d} d {h} h"
+
+
+def relative(t: float, now: float) -> str:
+    """`t` as seen from `now`: "in 9 min", "3 min ago", "now"."""
+    dt = t - now
+    if abs(dt) < 1:
+        return "now"
+    return f"in {span(dt)}" if dt > 0 else f"{span(-dt)} ago"
+
+
+def virtual_times(now: float) -> TimeText:
+    """The simulator's writer: its virtual seconds and how far they are from `now`."""
+
+    def text(t: float) -> str:
+        return f"{engine_time(t)} ({relative(t, now)})"
+
+    return text
+
+
+def _when(at: TimeText, t: float | None) -> str:
+    return "an unknown time" if t is None else at(t)
+
+
+def _ids(ids: tuple[str, ...], shown: int = 5) -> str:
+    """Job ids in a sentence: the first `shown`, then how many more."""
+    text = ", ".join(ids[:shown])
+    return text if len(ids) <= shown else f"{text} and {len(ids) - shown} more"
+
+
+def _reserved_tail(at: TimeText, reserved_at: float | None) -> str:
     """The end of a message for a job that may hold a reservation."""
-    return "" if reserved_at is None else f"; capacity is reserved for it from {_fmt_t(reserved_at)}"
+    return "" if reserved_at is None else f"; capacity is reserved for it from {at(reserved_at)}"
 
 
 @dataclass(frozen=True, slots=True)
 class Reason:
     code: ClassVar[str] = "Unknown"
 
+    def render(self, at: TimeText = engine_time, job_id: str | None = None) -> str:
+        """The sentence, its times written by `at`; `job_id` names the job where the next step
+        is a command about it."""
+        raise NotImplementedError
+
     @property
     def message(self) -> str:
-        raise NotImplementedError
+        """The sentence with the engine's times (`t=…s`)."""
+        return self.render()
 
     def details(self) -> dict[str, Any]:
         out = asdict(self)
@@ -48,13 +107,29 @@ class QuotaExceeded(Reason):
     resource: str
     requested: int
     available: int
+    used: int | None = None
+    """The queue's usage of the resource as the job was looked at."""
+    limit: int | None = None
+    """What the queue may use of it (its nominal quota)."""
+    frees_at: float | None = None
+    """When enough of the queue's usage is expected to end for the job to fit (the expected ends
+    of its running jobs), if any is known."""
+    frees_by: str | None = None
+    """The running job whose expected end frees enough."""
+    open_tier: int | None = None
+    """A tier not charged to quota (`charged: false`) on whose idle GPUs the job would fit as
+    it was looked at; None when there is no such tier or not enough idle GPUs. (How many are
+    idle is left out: it moves every pass, and a stored reason is rewritten when it changes.)"""
+    """Idle GPUs of the job's flavor as it was looked at."""
 
-    @property
-    def message(self) -> str:
-        return (
-            f"Queue {self.queue} has {self.available} {self.resource} left within its quota "
-            f"and the job needs {self.requested}."
-        )
+    def render(self, at: TimeText = engine_time, job_id: str | None = None) -> str:
+        if self.used is None or self.limit is None:
+            head = f"Queue {self.queue} has {self.available} {self.resource} left within its quota"
+        else:
+            head = (
+                f"Queue {self.queue} uses {self.used} of its {self.limit} {self.resource} quota ({self.available} left)"
+            )
+        return f"{head} and the job needs {self.requested}{_quota_next(self, at)}."
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,13 +141,34 @@ class BorrowingLimit(Reason):
     resource: str
     requested: int
     available: int
+    used: int | None = None
+    """The queue's usage of the resource as the job was looked at."""
+    limit: int | None = None
+    """What the queue may use of it: nominal plus borrowing limit."""
+    frees_at: float | None = None
+    """As `QuotaExceeded.frees_at`."""
+    frees_by: str | None = None
+    open_tier: int | None = None
+    """As `QuotaExceeded.open_tier`."""
 
-    @property
-    def message(self) -> str:
+    def render(self, at: TimeText = engine_time, job_id: str | None = None) -> str:
+        usage = "" if self.used is None or self.limit is None else f" (it uses {self.used} of {self.limit})"
         return (
-            f"Queue {self.queue} can borrow only {self.available} more {self.resource} "
-            f"and the job needs {self.requested}."
+            f"Queue {self.queue} can borrow only {self.available} more {self.resource}{usage} "
+            f"and the job needs {self.requested}{_quota_next(self, at)}."
         )
+
+
+def _quota_next(r: QuotaExceeded | BorrowingLimit, at: TimeText) -> str:
+    """What a job held by its queue's quota can do: wait for the queue's job whose expected end
+    frees enough, or run now on idle capacity at a tier quota does not charge."""
+    if r.frees_at is not None and r.frees_by is not None:
+        wait = f"; enough frees at {at(r.frees_at)} when job {r.frees_by} of the queue is expected to end"
+    else:
+        wait = f"; no running job of queue {r.queue} has a time limit that says when enough frees"
+    if r.open_tier is None:
+        return wait
+    return f"{wait}, or submit at tier {r.open_tier} to run on idle GPUs now"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,11 +181,35 @@ class InsufficientCapacity(Reason):
     free: int
     reserved_at: float | None = None
     """When this job's reservation is due, if it holds one."""
+    reservations: int | None = None
+    """`scheduling.reservations`, where they are all taken."""
+    unreserved: str | None = None
+    """Why it holds none: "taken" (higher-ranked blocked jobs hold every reservation) or
+    "no_forecast" (no time can be forecast: the running jobs it would wait for have no expected
+    end); None when it holds one or nothing was asked."""
 
-    @property
-    def message(self) -> str:
-        tail = _reserved_tail(self.reserved_at)
-        return f"The cluster has {self.free} free {self.resource} and the job needs {self.requested}{tail}."
+    def render(self, at: TimeText = engine_time, job_id: str | None = None) -> str:
+        head = f"The cluster has {self.free} free {self.resource} and the job needs {self.requested}"
+        if self.reserved_at is not None:
+            return (
+                f"{head}; capacity is reserved for it from {at(self.reserved_at)}, when it starts without any action."
+            )
+        if self.unreserved == "taken":
+            if not self.reservations:
+                return (
+                    f"{head}; no reservation can be taken (`scheduling.reservations` is {self.reservations}), "
+                    f"so it starts only once {self.requested} GPUs are free at once."
+                )
+            return (
+                f"{head}; all {self.reservations} reservations (`scheduling.reservations`) are taken by "
+                "higher-ranked blocked jobs, so it gets one once they start, or starts when enough frees first."
+            )
+        if self.unreserved == "no_forecast":
+            return (
+                f"{head}; there is no forecast of when enough frees (the running jobs it would wait for "
+                "have no time limit), so nothing is reserved and it starts as soon as they end."
+            )
+        return f"{head}."
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,30 +223,80 @@ class Fragmented(Reason):
     largest: int
     """Most GPUs free in one placement domain (a node for `pack`, a block for `block`)."""
     reserved_at: float | None = None
+    any_fits: bool = False
+    """Would the same gang fit now with `placement: any`?"""
+    split_gpus: int | None = None
+    """GPUs per replica with which the same total would fit now (`placement: any`): fewer than
+    the job asks; None when no such split was found."""
 
-    @property
-    def message(self) -> str:
-        tail = _reserved_tail(self.reserved_at)
-        return (
+    def render(self, at: TimeText = engine_time, job_id: str | None = None) -> str:
+        head = (
             f"{self.free} GPUs are free but scattered: no `{self.placement}` placement holds the "
-            f"gang's {self.requested} (the largest has {self.largest}){tail}."
+            f"gang's {self.requested} (the largest has {self.largest})"
         )
+        if self.any_fits:
+            step = "; it would fit now with `--placement any`"
+        elif self.split_gpus is not None:
+            step = f"; it would fit now as replicas of {self.split_gpus} GPUs each with `--placement any`"
+        else:
+            step = ""
+        return f"{head}{step}{_reserved_tail(at, self.reserved_at)}."
 
 
 @dataclass(frozen=True, slots=True)
 class WaitingForLease(Reason):
-    """Preempting would make room, but the victims are still inside their lease."""
+    """Preempting would make room, but the victims are still protected: by their lease, by the
+    efficiency floor that stretches it, or by their thrash budget (`rule`, the one that lifts
+    last, with its inputs)."""
 
     code: ClassVar[str] = "WaitingForLease"
     victims: tuple[str, ...]
     earliest_at: float
+    rule: str = "lease"
+    """The victim rule that holds the job longest: "lease", "efficiency" or "thrash_budget"."""
+    victim: str | None = None
+    """The victim it holds."""
+    lease_s: float | None = None
+    """That victim's lease (its own request, else its tier's)."""
+    startup_s: float | None = None
+    """efficiency: the victim's startup the floor counts, measured or assumed."""
+    startup_measured: bool | None = None
+    """efficiency: True when the victim reported it, False when it is `preemption.restart_overhead`."""
+    checkpoint_s: float | None = None
+    """efficiency: the victim's checkpoint seconds in this attempt."""
+    min_efficiency: float | None = None
+    """efficiency: `thrash.min_efficiency`."""
+    thrash_count: int | None = None
+    """thrash_budget: `thrash.max_preemptions.count`, used up within the window."""
+    thrash_window_s: float | None = None
+    """thrash_budget: `thrash.max_preemptions.per`."""
 
-    @property
-    def message(self) -> str:
-        return (
-            f"The job will preempt {', '.join(self.victims)} when their minimum-runtime lease "
-            f"ends at {_fmt_t(self.earliest_at)}."
-        )
+    def render(self, at: TimeText = engine_time, job_id: str | None = None) -> str:
+        when = at(self.earliest_at)
+        who = _ids(self.victims)
+        v = self.victim or (self.victims[-1] if self.victims else "?")
+        lease = "" if self.lease_s is None else f" of {span(self.lease_s)}"
+        tail = "; capacity is reserved for the job, so it starts then without any action"
+        if self.rule == "efficiency" and self.startup_s is not None:
+            if self.startup_measured:
+                startup = f"its measured startup of {span(self.startup_s)}"
+            else:
+                startup = (
+                    f"an assumed startup of {span(self.startup_s)} (`preemption.restart_overhead`: "
+                    f"job {v} has reported none)"
+                )
+            return (
+                f"The job will preempt {who} at {when}, when job {v}'s efficiency floor lifts: its lease{lease} "
+                f"is over, but with {startup} and {span(self.checkpoint_s or 0.0)} of checkpoints a preemption "
+                f"sooner would push its η below {self.min_efficiency:g} (`thrash.min_efficiency`){tail}."
+            )
+        if self.rule == "thrash_budget" and self.thrash_count is not None and self.thrash_window_s is not None:
+            return (
+                f"The job will preempt {who} at {when}, when job {v}'s thrash budget allows it again: "
+                f"it was preempted {self.thrash_count} times within {span(self.thrash_window_s)} "
+                f"(`thrash.max_preemptions`){tail}."
+            )
+        return f"The job will preempt {who} when job {v}'s minimum-runtime lease{lease} ends at {when}{tail}."
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,18 +314,17 @@ class PreemptionWouldNotPay(Reason):
     reserved_at: float | None = None
     """When this job's reservation is due, if it holds one."""
 
-    @property
-    def message(self) -> str:
-        tail = _reserved_tail(self.reserved_at)
+    def render(self, at: TimeText = engine_time, job_id: str | None = None) -> str:
+        tail = _reserved_tail(at, self.reserved_at)
         if not self.victims:
             return (
-                f"Capacity frees by itself at {_fmt_t(self.frees_at)}, before any job preempted now "
-                f"could be gone, so the job waits for it{tail}."
+                f"Capacity frees by itself at {at(self.frees_at)}, before any job preempted now "
+                f"could be gone, so the job waits for it (`preemption.only_if_it_pays`){tail}."
             )
         return (
-            f"Preempting {', '.join(self.victims)} would throw away {self.cost / 3600:.2f} GPU-hours of "
-            f"their work and restarts; capacity frees by itself at {_fmt_t(self.frees_at)}, sooner "
-            f"than that is worth, so the job waits for it{tail}."
+            f"Preempting {_ids(self.victims)} would throw away {self.cost / 3600:.2f} GPU-hours of "
+            f"their work and restarts; capacity frees by itself at {at(self.frees_at)}, sooner "
+            f"than that is worth, so the job waits for it (`preemption.only_if_it_pays`){tail}."
         )
 
 
@@ -167,9 +336,11 @@ class WaitingForGrace(Reason):
     victims: tuple[str, ...]
     eta: float | None
 
-    @property
-    def message(self) -> str:
-        return f"Waiting for {', '.join(self.victims)} to exit after SIGTERM (at the latest by {_fmt_t(self.eta)})."
+    def render(self, at: TimeText = engine_time, job_id: str | None = None) -> str:
+        return (
+            f"Waiting for {_ids(self.victims)} to exit after SIGTERM (at the latest by {_when(at, self.eta)}); "
+            "their GPUs are claimed for the job, so it starts then without any action."
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,13 +350,18 @@ class Reserved(Reason):
     code: ClassVar[str] = "Reserved"
     for_job: str
     due: float | None
+    backfill_s: float | None = None
+    """A runtime estimate (`--time-limit`) shorter than this lets the job start now in the held
+    capacity (it would end before every hold is due); None when no estimate would."""
 
-    @property
-    def message(self) -> str:
-        return (
-            f"The free capacity is reserved for job {self.for_job} (due {_fmt_t(self.due)}) "
-            "and this job would not end before then."
+    def render(self, at: TimeText = engine_time, job_id: str | None = None) -> str:
+        head = (
+            f"The free capacity is reserved for job {self.for_job} (due {_when(at, self.due)}) "
+            "and this job would not end before then"
         )
+        if self.backfill_s is None:
+            return f"{head}."
+        return f"{head}; a time limit under {span(self.backfill_s)} (`--time-limit`) would let it start now in that capacity."
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,9 +373,11 @@ class Position(Reason):
     ahead_by: str
     """The job at the head that blocks the queue."""
 
-    @property
-    def message(self) -> str:
-        return f"The job is number {self.n} in line behind job {self.ahead_by}, which must start first."
+    def render(self, at: TimeText = engine_time, job_id: str | None = None) -> str:
+        return (
+            f"The job is number {self.n} in line behind job {self.ahead_by}, which must start first "
+            "(`scheduling.head_of_line_blocking`); it moves once that job starts."
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,9 +385,9 @@ class AwaitingApproval(Reason):
     code: ClassVar[str] = "AwaitingApproval"
     tier: int
 
-    @property
-    def message(self) -> str:
-        return f"Tier {self.tier} jobs start only after an admin approves them."
+    def render(self, at: TimeText = engine_time, job_id: str | None = None) -> str:
+        command = "`warden approve` with the job's id" if job_id is None else f"`warden approve {job_id}`"
+        return f"Tier {self.tier} jobs start only after an admin approves them: an admin runs {command}."
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,9 +397,11 @@ class ThrashBackoff(Reason):
     code: ClassVar[str] = "ThrashBackoff"
     until: float
 
-    @property
-    def message(self) -> str:
-        return f"The job was preempted recently and may start again from {_fmt_t(self.until)}."
+    def render(self, at: TimeText = engine_time, job_id: str | None = None) -> str:
+        return (
+            f"The job was preempted recently and may start again from {at(self.until)} "
+            "(`thrash.requeue_backoff`); it is scheduled then without any action."
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,26 +410,51 @@ class UnknownQueue(Reason):
 
     code: ClassVar[str] = "UnknownQueue"
     queue: str
+    queues: tuple[str, ...] = ()
+    """The team (leaf) queues the policy has, by name."""
 
-    @property
-    def message(self) -> str:
-        return f"Queue {self.queue} is not a team queue of the current policy."
+    def render(self, at: TimeText = engine_time, job_id: str | None = None) -> str:
+        head = f"Queue {self.queue} is not a team queue of the current policy"
+        if not self.queues:
+            return f"{head}."
+        return f"{head}; submit it again to one that is: {_ids(self.queues, 8)}."
 
 
-REASON_CODES: tuple[str, ...] = tuple(
-    c.code
-    for c in (
-        QuotaExceeded,
-        BorrowingLimit,
-        InsufficientCapacity,
-        Fragmented,
-        WaitingForLease,
-        PreemptionWouldNotPay,
-        WaitingForGrace,
-        Reserved,
-        Position,
-        AwaitingApproval,
-        ThrashBackoff,
-        UnknownQueue,
-    )
+_CLASSES: tuple[type[Reason], ...] = (
+    QuotaExceeded,
+    BorrowingLimit,
+    InsufficientCapacity,
+    Fragmented,
+    WaitingForLease,
+    PreemptionWouldNotPay,
+    WaitingForGrace,
+    Reserved,
+    Position,
+    AwaitingApproval,
+    ThrashBackoff,
+    UnknownQueue,
 )
+REASON_CODES: tuple[str, ...] = tuple(c.code for c in _CLASSES)
+_BY_CODE: dict[str, type[Reason]] = {c.code: c for c in _CLASSES}
+
+
+def from_dict(stored: Mapping[str, Any]) -> Reason | None:
+    """The reason a shell stored as `to_dict()` (its `code` and `details`), rebuilt so it can be
+    rendered anew; None for a code the engine does not give (a shell's own, such as a held
+    job's) or details that do not fit it. Detail keys the class lacks are left out, lists become
+    tuples, and a field a stored row lacks takes its default."""
+    cls = _BY_CODE.get(str(stored.get("code")))
+    details = stored.get("details")
+    if cls is None or not isinstance(details, Mapping):
+        return None
+    kwargs: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name in details:
+            value = details[f.name]
+            kwargs[f.name] = tuple(value) if isinstance(value, list) else value
+        elif f.default is MISSING:
+            return None
+    try:
+        return cls(**kwargs)
+    except TypeError:
+        return None

@@ -365,6 +365,18 @@ def protection(ctx: RuleContext, v: Job) -> float:
     return until
 
 
+def binding(ctx: RuleContext, v: Job) -> Block | None:
+    """The victim rule whose protection of V lifts last (the one `protection` takes the time
+    of), or None when none protects it; on a tie, the first in `VICTIM_RULES`. What an
+    explanation names as the rule that holds a job (`reasons.WaitingForLease.rule`)."""
+    found: Block | None = None
+    for rule in VICTIM_RULES:
+        b = rule.check(ctx, v)
+        if b is not None and (found is None or b.until > found.until):
+            found = b
+    return found
+
+
 def allowed(ctx: RuleContext, p: Preemptor, v: Job) -> bool:
     """Do the pair rules let P take V (leaving time aside)?"""
     for rule in PAIR_RULES:  # noqa: SIM110 - a forecast asks per (tier, queue): no generator

@@ -33,6 +33,7 @@ from warden.engine.phases import order
 from warden.engine.phases.admit import Admit
 from warden.engine.phases.claim import Claim
 from warden.engine.phases.explain import Explain
+from warden.engine.phases.nextstep import NextSteps
 from warden.engine.phases.preempt import Preempt
 from warden.engine.phases.reserve import Reserve
 from warden.engine.phases.state import PassState
@@ -181,7 +182,8 @@ class Cycle:
         self.state = state = PassState(snapshot, now, alloc, terminating, claims or {})
         victims = Victims(state)
         self.admit = Admit(state)
-        self.reserve = Reserve(state, victims)
+        self.steps = NextSteps(state, victims)
+        self.reserve = Reserve(state, victims, self.steps)
         self.preempt = Preempt(state, victims, Claim(state, victims), self.reserve)
         self.explain = Explain(state)
         self.reservations = state.policy.scheduling.reservations
@@ -208,9 +210,14 @@ class Cycle:
             blocked = waiting  # it waits for what frees by itself: reserve that
         elif waiting is not None:
             return waiting
-        if len(self.state.reservations) < self.reservations:  # 5. reserve
+        else:
+            blocked = self.steps.refused(job, blocked)  # what the job can do instead
+        taken = len(self.state.reservations) >= self.reservations
+        if not taken:  # 5. reserve
             natural = blocked is waiting
             frees = self.preempt.frees
             first = frees[1] if natural and frees is not None and frees[0] == job.id else None
-            return self.reserve.attempt(job, blocked, natural, first) or blocked
-        return blocked
+            reserved = self.reserve.attempt(job, blocked, natural, first)
+            if reserved is not None:
+                return reserved
+        return self.steps.unreserved(blocked, taken)

@@ -19,6 +19,7 @@ from warden.engine.model import JobState, Node, UsageLedger
 from warden.engine.policy import Policy
 from warden.engine.rules import efficiency
 from warden.engine.whatif import Verdict
+from warden.server.explanations import rendered
 from warden.store.repo import EventRecord, PreemptionRecord, Store, StoredAttempt, StoredJob
 
 
@@ -41,7 +42,7 @@ def job_summary(
     `expected_start` as the forecast gives it (`Forecasts.view`); `in_cycle`: whether it is in
     a preemption cycle (`cycles_of`)."""
     e = job.explanation or {}
-    reason = e.get("reason") if job.state.waiting else None
+    reason = rendered(e.get("reason"), now, str(job.id)) if job.state.waiting else None
     live = attempt if attempt is not None and attempt.number == job.attempt and attempt.ended_at is None else None
     return {
         "id": str(job.id),
@@ -464,7 +465,7 @@ def verdict_view(v: Verdict, state: JobState, now: float) -> dict[str, Any]:
             }
             for x in v.victims
         ],
-        "reason": e.reason.to_dict() if e is not None else None,
+        "reason": rendered(e.reason.to_dict(), now, v.job_id) if e is not None else None,
         "position": e.position if e is not None else None,
         "sort_key": e.sort_key.to_dict() if e is not None else None,
         "expected_start": None if v.expected_start is None else estimate_view(v.expected_start, now),

@@ -35,7 +35,7 @@ class Admit:
         refuses it; `UnknownQueue` when no flavor can help."""
         quota = self.quota
         if job.queue not in quota.paths:
-            return UnknownQueue(job.queue)
+            return UnknownQueue(job.queue, tuple(sorted(quota.leaves())))
         charged = self.state.charged(job)
         shape = (job.replicas, job.gpus, job.cpu, job.memory, job.placement)
         first: Reason | None = None

@@ -14,10 +14,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from warden.engine.model import Job
+from warden.engine.phases.nextstep import NextSteps
 from warden.engine.phases.state import PassState
 from warden.engine.phases.victims import Victims
 from warden.engine.plan import Reservation
-from warden.engine.reasons import Fragmented, InsufficientCapacity, PreemptionWouldNotPay, Reason, WaitingForLease
+from warden.engine.reasons import Fragmented, InsufficientCapacity, PreemptionWouldNotPay, Reason
 from warden.engine.rules import Preemptor, allowed, preemptor
 
 INF = math.inf
@@ -40,11 +41,13 @@ class Forecast:
 
 
 class Reserve:
-    __slots__ = ("state", "victims")
+    __slots__ = ("state", "steps", "victims")
 
-    def __init__(self, state: PassState, victims: Victims) -> None:
+    def __init__(self, state: PassState, victims: Victims, steps: NextSteps) -> None:
         self.state = state
         self.victims = victims
+        self.steps = steps
+        """Names the rule that holds a job waiting for its victims' protection to lift."""
 
     def attempt(self, job: Job, blocked: Reason, natural: bool = False, first: Forecast | None = None) -> Reason | None:
         """Reserve for the job where capacity frees first (by itself alone, `natural`: the job
@@ -61,7 +64,7 @@ class Reserve:
             Reservation(job.id, best.due, tuple(dict.fromkeys(best.names)), tuple(j.id for j in best.waits_for))
         )
         if best.lease_victims:
-            return WaitingForLease(tuple(v.id for v in best.lease_victims), best.due)
+            return self.steps.lease(best.lease_victims, best.due)
         if isinstance(blocked, (InsufficientCapacity, Fragmented, PreemptionWouldNotPay)):
             return replace(blocked, reserved_at=best.due)
         return blocked

@@ -1,0 +1,86 @@
+"""Issue 16 against a real server: a tier-1 job held by the efficiency floor of a tier-3 job
+that reported no startup is told so, with the assumed startup and its knob, and with times in
+local time and relative words (never epoch seconds) in the API, `queue` and `describe`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from serverproc import ADMIN, Server, started, wait_for
+
+POLICY = """\
+min_grace: 2s
+thrash: {min_efficiency: 0.9}
+preemption: {restart_overhead: 60s}
+tiers:
+  1: {name: production-inference, preemptible: false, grace: 2s, requires_approval: true, scope: cluster}
+  2: {name: pretraining, lease: 1h, grace: 2s, requires_approval: true}
+  3: {name: experimentation, lease: 0s, grace: 2s}
+  4: {name: opportunistic, lease: 0s, grace: 2s, charged: false}
+queues:
+  name: cluster
+  children:
+    - {name: vision, nominal: {gpu: 2}}
+    - {name: language, nominal: {gpu: 2}}
+"""
+EPOCH = re.compile(r"\d{10}")
+
+
+def warden(server: Server, *args: str, columns: int = 80) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
+    env.update(WARDEN_URL=server.url, WARDEN_TOKEN=ADMIN, COLUMNS=str(columns))
+    done = subprocess.run(
+        [sys.executable, "-m", "warden.cli.main", *args], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    s = started(tmp_path, POLICY)
+    yield s
+    s.stop()
+
+
+def test_the_efficiency_floor_is_named_in_the_api_queue_and_describe(server: Server) -> None:
+    victim = warden(server, "submit", "-q", "vision", "-t", "3", "--gpus", "4", "--", "sleep", "600").split()[-1]
+    wait_for(lambda: json.loads(warden(server, "describe", victim, "--json"))["state"] == "RUNNING")
+    urgent = warden(server, "submit", "-q", "language", "-t", "1", "--gpus", "4", "--", "true").split()[-1]
+    job = wait_for(
+        lambda: (j := json.loads(warden(server, "describe", urgent, "--json")))["reason"] and j,
+        what="the tier-1 job's reason",
+    )
+    reason = job["reason"]
+    assert reason["code"] == "WaitingForLease"
+    d = reason["details"]
+    assert (d["rule"], d["victim"], d["lease_s"]) == ("efficiency", victim, 0.0)
+    assert (d["startup_s"], d["startup_measured"], d["min_efficiency"]) == (60.0, False, 0.9)
+    assert d["earliest_at"] > 1e9  # the details keep machine time
+    m = reason["message"]
+    assert "efficiency floor" in m and "assumed startup of 60 s (`preemption.restart_overhead`" in m
+    assert re.search(r"at \d\d:\d\d \(in (9|10) min\)", m) and not EPOCH.search(m)
+
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    listed = httpx.get(f"{server.url}/v1/jobs", headers=headers, timeout=10).json()
+    row = next(r for r in listed if r["id"] == urgent)
+    assert row["reason"]["details"] == d and "efficiency floor" in row["reason"]["message"]
+    assert not EPOCH.search(row["reason"]["message"])
+
+    assert "WaitingForLease" in warden(server, "queue", columns=200)
+    text = warden(server, "describe", urgent)
+    assert all(len(line) <= 80 for line in text.splitlines())
+    flat = " ".join(line.strip() for line in text.splitlines())
+    assert "why pending:" in flat and "efficiency floor" in flat and "`thrash.min_efficiency`" in flat
+    sentence = flat.split("why pending:")[1].split("(WaitingForLease")[0]
+    assert "efficiency floor" in sentence and not EPOCH.search(sentence)
+    warden(server, "cancel", urgent)
+    warden(server, "cancel", victim)

@@ -1,0 +1,54 @@
+"""A pending job's explanation as the API shows it: the stored reason rendered when it is read.
+
+The server stores each job's reason (`Reason.to_dict()`) when it changes; its sentence names
+times, and "in 9 min" is true only at the moment it is read. So the API rebuilds the reason
+from its stored code and details (`reasons.from_dict`) and renders the sentence with the
+request's `now`, times in the server's local time zone (`wall_times`). The details are returned
+as stored (machine-readable; times stay epoch seconds there). A code the engine does not give
+(a held job's `Held`) keeps its stored sentence.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+from warden.engine.reasons import TimeText, from_dict, relative
+
+
+@lru_cache(maxsize=4)
+def wall_times(now: float) -> TimeText:
+    """Epoch seconds as a person reads them at `now`: "14:05 (in 9 min)" today, "Dec 4 14:05
+    (in 1 d 2 h)" on another day, with the year when it is another year (local time). Kept for
+    the last few `now`s: a listing renders every job's reason at one."""
+    today = datetime.fromtimestamp(now)
+
+    def text(t: float) -> str:
+        if not math.isfinite(t):
+            return "an unknown time"
+        try:
+            at = datetime.fromtimestamp(t)
+        except (OverflowError, OSError, ValueError):
+            return "an unknown time"
+        if at.date() == today.date():
+            clock = at.strftime("%H:%M")
+        elif at.year == today.year:
+            clock = f"{at.strftime('%b')} {at.day} {at.strftime('%H:%M')}"
+        else:
+            clock = f"{at.strftime('%b')} {at.day} {at.year} {at.strftime('%H:%M')}"
+        return f"{clock} ({relative(t, now)})"
+
+    return text
+
+
+def rendered(reason: Mapping[str, Any] | None, now: float, job_id: str | None = None) -> dict[str, Any] | None:
+    """The stored reason with its `message` rendered at `now` (`code` and `details` as stored)."""
+    if reason is None:
+        return None
+    rebuilt = from_dict(reason)
+    if rebuilt is None:
+        return dict(reason)
+    return {**reason, "message": rebuilt.render(wall_times(now), job_id)}
