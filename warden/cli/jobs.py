@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from warden.client import ApiRefused, Client, Unreachable
 
@@ -170,7 +170,19 @@ def register(app: typer.Typer) -> None:
         if json_out:
             _dump(rows)
             return
-        t = Table("ID", "NAME", "USER", "QUEUE", "TIER", "STATE", "GPUS", "WAIT", "POS", "START", "REASON")
+        t = Table(
+            Column("ID", no_wrap=True, min_width=2),
+            Column("NAME", overflow="ellipsis", max_width=16),
+            Column("USER", overflow="ellipsis", max_width=12),
+            Column("QUEUE", overflow="ellipsis", max_width=12),
+            "TIER",
+            Column("STATE", no_wrap=True, min_width=7),
+            "GPUS",
+            "WAIT",
+            "POS",
+            Column("START", no_wrap=True),
+            Column("REASON", overflow="ellipsis"),
+        )
         now = time.time()
         for r in rows:
             reason = r.get("reason") or {}
