@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
-from serverproc import ADMIN, Server, started, wait_for
+from serverproc import ADMIN, Server, kill_leftovers, started, wait_for
 
 POLICY = """\
 min_grace: 2s
@@ -32,9 +32,11 @@ queues:
 
 
 def warden(
-    server: Server, *args: str, token: str | None = ADMIN, check: bool = False
+    server: Server, *args: str, token: str | None = ADMIN, check: bool = False, columns: int | None = None
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
+    if columns is not None:
+        env["COLUMNS"] = str(columns)
     env["WARDEN_URL"] = server.url
     if token:
         env["WARDEN_TOKEN"] = token
@@ -151,3 +153,37 @@ def test_the_server_runs_on_postgresql(tmp_path: Path, fresh_postgres_url: str) 
         assert warden(s, "logs", job, check=True).stdout == "42\n"
     finally:
         s.stop()
+
+
+def test_dry_run_and_expected_starts_at_80_columns(tmp_path: Path) -> None:
+    """`submit --dry-run` says what would happen and creates nothing; `queue` and `describe`
+    show a waiting job's expected start, and every line fits 80 columns."""
+    server = started(tmp_path, POLICY, args=("--forecast-interval", "1"))
+    try:
+        for queue in ("vision", "language"):
+            warden(server, "submit", "-q", queue, "-t", "3", "--gpus", "2", "--time-limit", "1h", "--", "sleep", "600")
+        wait_for(lambda: [r["state"] for r in json.loads(warden(server, "queue", "--json").stdout)] == ["RUNNING"] * 2)
+
+        job_args = ["-q", "vision", "-t", "3", "--gpus", "2", "--time-limit", "10m"]
+        dry = ["submit", "--dry-run", *job_args]
+        out = json.loads(warden(server, *dry, "--json", "--", "true", check=True).stdout)
+        assert out["dry_run"] is True and out["decision"] == "wait" and out["expected_start"]["at"] is not None
+        text = warden(server, *dry, "--", "true", columns=80, check=True).stdout
+        assert text.splitlines()[0].startswith("would wait")
+        assert "expected start:" in text and "in 60 min" in text and "an estimate" in text
+        assert all(len(line) <= 80 for line in text.splitlines()), text
+        assert len(json.loads(warden(server, "queue", "--json").stdout)) == 2  # nothing submitted
+
+        job = warden(server, "submit", *job_args, "--", "true", check=True).stdout.split()[-1]
+        wait_for(
+            lambda: (json.loads(warden(server, "describe", job, "--json").stdout)["expected_start"] or {}).get("at")
+        )
+        queue = warden(server, "queue", columns=80, check=True).stdout
+        row = next(line for line in queue.splitlines() if line.startswith(f"│ {job} "))
+        assert "in 60 min" in row or "in 59 min" in row, queue
+        described = warden(server, "describe", job, columns=80, check=True).stdout
+        assert "expected start:" in described and "an estimate" in described
+        assert all(len(line) <= 80 for line in queue.splitlines() + described.splitlines())
+    finally:
+        server.stop()
+        kill_leftovers(tmp_path)

@@ -427,44 +427,29 @@ def _clock(t: float | None) -> str:
     return "" if t is None else datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _when(t: float, now: float) -> str:
-    """A moment as local time and relative to now: `14:05 (in 9 min)`; the date when not today."""
-    at = datetime.fromtimestamp(t)
-    clock = at.strftime("%H:%M") if at.date() == datetime.fromtimestamp(now).date() else at.strftime("%Y-%m-%d %H:%M")
-    return f"{clock} ({_relative(t - now)})"
-
-
-def _relative(seconds: float) -> str:
-    """`in 9 min`, `3.5 h ago`: rounded as a person says it."""
-    s = abs(seconds)
-    if s < 30:
-        return "now"
-    if s < 90 * 60:
-        span = f"{max(1, round(s / 60))} min"
-    elif s < 48 * 3600:
-        span = f"{s / 3600:.1f} h"
-    else:
-        span = f"{s / 86400:.1f} days"
-    return f"in {span}" if seconds > 0 else f"{span} ago"
-
-
 def _expected_cell(expected: dict[str, Any] | None, now: float) -> str:
-    """A waiting job's expected start in a table cell: `in 14m`, `now`, or `?` when none is known."""
+    """A waiting job's expected start in a table cell: `in 14 min`, `now`, or `?` when none is known."""
     if not expected:
         return ""
     if expected.get("at") is None:
         return "?"
-    return _relative(expected["at"] - now)
+    from warden.engine.reasons import relative  # the engine: only where a time is shown
+
+    return relative(expected["at"], now)
 
 
 def _expected_line(expected: dict[str, Any], now: float) -> str:
     if expected.get("at") is None:
         return f"unknown: {expected.get('why') or 'nothing bounds it'}"
-    return f"{_when(expected['at'], now)}, an estimate\n    (it assumes {expected['assumes']})"
+    from warden.server.explanations import wall_times  # the engine: only where a time is shown
+
+    return f"{wall_times(now)(expected['at'])}, an estimate\n    (it assumes {expected['assumes']})"
 
 
 def _print_verdict(v: dict[str, Any]) -> None:
     """A dry run's answer as sentences: the decision, then what it rests on."""
+    from warden.engine.reasons import relative
+
     con = Console()
     now = time.time()
     state = f" ({v['state']})" if v["state"] != "PENDING" else ""
@@ -486,8 +471,8 @@ def _print_verdict(v: dict[str, Any]) -> None:
                 x["queue"],
                 str(x["tier"]),
                 str(x["gpus"]),
-                _relative(x["signal_at"] - now),
-                _relative(x["gone_by"] - now),
+                relative(x["signal_at"], now),
+                relative(x["gone_by"], now),
                 f"{x['lost_work_gpu_hours']:.2f}",
             )
         con.print(t)

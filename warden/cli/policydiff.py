@@ -9,7 +9,6 @@ for both policies, the metrics `warden.sim.metrics.summarize` computes, set side
 
 from __future__ import annotations
 
-import math
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from warden.cli.history import fail
 from warden.client import Client
 from warden.engine.model import Node
 from warden.engine.policy import PolicyError, format_duration, parse_policy
+from warden.engine.reasons import relative
 from warden.sim.experiment import prepare, run_policy, side_by_side
 from warden.sim.loaders import TraceError
 from warden.sim.metrics import format_duration as short_duration
@@ -225,11 +225,8 @@ def _setting(s: dict[str, Any], side: str) -> str:
 
 
 def _when(t: float | None, now: float) -> str:
-    if t is None:
-        return "never"
-    if t <= now or math.isclose(t, now):
-        return "now"
-    return "in " + short_duration(t - now)
+    """When a job becomes preemptible: never, now (already), or "in 9 min"."""
+    return "never" if t is None else relative(max(t, now), now)
 
 
 def _yes(flag: bool) -> str:
