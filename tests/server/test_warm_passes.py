@@ -110,7 +110,7 @@ def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
 def _fresh_jobs(active: tuple[ActiveJob, ...]) -> tuple[Job, ...]:
     """The engine form of every unfinished row but the held ones, converted anew (the culprit
     retry plans a snapshot without the job it has just held: the database holds it then)."""
-    return tuple(a.to_engine() for a in active if a.job.held_reason is None or not a.job.state.waiting)
+    return tuple(a.to_engine() for a in active if not a.job.held)
 
 
 @pytest.fixture

@@ -557,9 +557,7 @@ class Reconciler:
         when its row moved; `EngineJobs`)."""
         # Until `_plan` hands this snapshot to the engine, its next call must be a full one.
         basis, self._planned_on = self._planned_on, None
-        engine_jobs = self._engine_jobs.update(
-            a for a in active if a.job.held_reason is None or not a.job.state.waiting
-        )
+        engine_jobs = self._engine_jobs.update(a for a in active if not a.job.held)
         if self._holding is None:  # since the ledger was saved: the jobs that hold now, as before a restart
             self.ledger = accrue(
                 self.ledger,
@@ -583,8 +581,7 @@ class Reconciler:
         jobs = tuple(
             a.to_engine()
             for a in self.store.active()
-            if (a.job.held_reason is None or not a.job.state.waiting)
-            and not (a.job.cancel_requested and a.job.state in WAITING)
+            if not a.job.held and not (a.job.cancel_requested and a.job.state in WAITING)
         )
         capacity = cluster_capacity(self.nodes)
         if self._holding is None:

@@ -398,7 +398,7 @@ class Service:
         now = self.now()
 
         def act(job: StoredJob) -> bool | None:
-            if job.held_reason is None or not job.state.waiting:
+            if not job.held:
                 raise ApiError(409, "id", job_id, f"the job is not held ({job.state.value})")
             released = self.store.transition(
                 job.id,

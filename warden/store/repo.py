@@ -158,6 +158,11 @@ class StoredJob:
     def job_id(self) -> str:
         return str(self.id)
 
+    @property
+    def held(self) -> bool:
+        """Held out of scheduling: it waits, and no pass sees it until it is released."""
+        return self.held_reason is not None and self.state.waiting
+
     def to_engine(self, attempt: StoredAttempt | None = None) -> Job:
         """The engine's view of this job; `attempt` only counts while it is live (not exited)."""
         live = attempt if attempt is not None and attempt.state in LIVE_ATTEMPT_STATES else None
