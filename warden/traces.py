@@ -4,6 +4,8 @@ that neither imports the other."""
 
 from __future__ import annotations
 
+import math
+
 NATIVE_REQUIRED = ("job_id", "submit", "num_gpus", "duration")
 NATIVE_OPTIONAL = (
     "queue",
@@ -21,3 +23,16 @@ NATIVE_OPTIONAL = (
     "flavor",
 )
 NATIVE_COLUMNS = NATIVE_REQUIRED + NATIVE_OPTIONAL
+
+
+def native_cell(value: object) -> str:
+    """A value as a native CSV cell holds it: empty for none (or NaN), `true`/`false`, floats
+    written exactly (repr). The export writes cells so, and the loader reads a Parquet column
+    into the same text, so both files load alike."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return "" if math.isnan(value) else repr(value)
+    return str(value).strip()

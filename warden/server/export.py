@@ -31,7 +31,7 @@ from dataclasses import astuple, dataclass
 from warden.engine.accounting import assumed_startup
 from warden.engine.policy import Policy
 from warden.store.repo import StoredAttempt, StoredJob
-from warden.traces import NATIVE_COLUMNS
+from warden.traces import NATIVE_COLUMNS, native_cell
 
 FORMATS = ("native", "parquet")
 """`?format=`: native CSV (text/csv), or the same columns as Parquet."""
@@ -124,18 +124,8 @@ def to_csv(rows: Iterable[ExportedJob]) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(NATIVE_COLUMNS)
     for row in rows:
-        writer.writerow([_cell(v) for v in astuple(row)])
+        writer.writerow([native_cell(v) for v in astuple(row)])
     return out.getvalue()
-
-
-def _cell(value: object) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
 
 
 def to_parquet(rows: Sequence[ExportedJob]) -> bytes:

@@ -31,7 +31,7 @@ from typing import Any
 
 from warden.sim.enrich import FIELD_INDEX, FIELDS, FORMAT_GIVES, fill_fields
 from warden.sim.records import Trace, TraceJob
-from warden.traces import NATIVE_OPTIONAL, NATIVE_REQUIRED
+from warden.traces import NATIVE_OPTIONAL, NATIVE_REQUIRED, native_cell
 
 FORMATS = ("native", "philly", "philly-rfold", "pai2023")
 """The formats `load_trace` reads; `auto` picks one of them from the header or suffix."""
@@ -575,19 +575,8 @@ def _parquet_rows(path: Path, ctx: _Context) -> tuple[list[str], Iterator[tuple[
     except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
         raise ctx.error(f"not a readable Parquet file ({exc})") from exc
     header = [str(name).strip() for name in table.column_names]
-    columns = [[_cell(v) for v in table.column(i).to_pylist()] for i in range(table.num_columns)]
+    columns = [[native_cell(v) for v in table.column(i).to_pylist()] for i in range(table.num_columns)]
     return header, ((n, list(cells)) for n, cells in enumerate(zip(*columns), start=1))
-
-
-def _cell(value: object) -> str:
-    """A Parquet value as the text a CSV cell would hold (repr keeps floats exact)."""
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return "" if math.isnan(value) else repr(value)
-    return str(value).strip()
 
 
 def load_trace(
