@@ -20,7 +20,7 @@ from warden.engine.policy import Policy
 from warden.engine.rules import efficiency
 from warden.engine.whatif import Verdict
 from warden.server.explanations import rendered
-from warden.store.repo import EventRecord, PreemptionRecord, Store, StoredAttempt, StoredJob
+from warden.store.repo import EventRecord, PreemptionRecord, Store, StoredAttempt, StoredJob, job_key
 
 
 def wait_s(job: StoredJob, now: float) -> float:
@@ -177,7 +177,7 @@ def preemption_history(
     for a in sorted(attempts, key=lambda a: a.number):
         if a.preemption_kind is None or a.sigterm_at is None:
             continue
-        key = int(a.preempted_for) if a.preempted_for and a.preempted_for.isdigit() else None
+        key = job_key(a.preempted_for) if a.preempted_for else None
         by = preemptors.get(key) if key is not None else None
         out.append(
             {
@@ -212,8 +212,9 @@ def cycles_of(store: Store, jobs: Iterable[StoredJob], policy: Policy) -> dict[i
     involved: dict[int, list[Preempted]] = {}
     for link in store.preemption_links(ids):
         for side in {link.victim, link.by}:
-            if side is not None and side.isdigit() and int(side) in wanted:
-                involved.setdefault(int(side), []).append(link)
+            key = job_key(side) if side is not None else None
+            if key in wanted:
+                involved.setdefault(key, []).append(link)
     budget = policy.thrash.max_preemptions
     found = {i: preemption_cycles(str(i), links, budget) for i, links in involved.items()}
     return {i: c for i, c in found.items() if c}

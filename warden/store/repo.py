@@ -585,7 +585,7 @@ class Store:
             return _earlier_submission(conn, user, idempotency_key)
 
     def get(self, job_id: int | str) -> StoredJob | None:
-        key = _job_key(job_id)
+        key = job_key(job_id)
         if key is None:
             return None
         with self._read() as conn:
@@ -615,7 +615,7 @@ class Store:
 
     def events(self, job_id: int | str) -> tuple[EventRecord, ...]:
         """The job's transitions, oldest first (empty for an unknown job)."""
-        key = _job_key(job_id)
+        key = job_key(job_id)
         if key is None:
             return ()
         query = select(EVENTS).where(EVENTS.c.job_id == key).order_by(EVENTS.c.id)
@@ -734,7 +734,7 @@ class Store:
         """
         params = []
         for job_id, explanation in explanations.items():
-            key = _job_key(job_id)
+            key = job_key(job_id)
             if key is not None:
                 params.append({"b_id": key, "b_explanation": None if explanation is None else dict(explanation)})
         if not params:
@@ -790,7 +790,7 @@ class Store:
         there is no such attempt.
         """
         values = _attempt_updates(field_updates)
-        key = _job_key(job_id)
+        key = job_key(job_id)
         if key is None:
             return False
         if not values:
@@ -812,7 +812,7 @@ class Store:
         Returns False when there is no such attempt."""
         if reason not in END_REASONS:
             raise ValueError(f"reason: expected one of {sorted(END_REASONS)}, got {reason!r}")
-        key = _job_key(job_id)
+        key = job_key(job_id)
         if key is None:
             return False
         values = {"state": "exited", "ended_at": ended_at, "exit_codes": [int(c) for c in exit_codes], "reason": reason}
@@ -822,7 +822,7 @@ class Store:
             return _update_attempt(conn, key, number, values)
 
     def attempt(self, job_id: int | str, number: int) -> StoredAttempt | None:
-        key = _job_key(job_id)
+        key = job_key(job_id)
         if key is None:
             return None
         with self._read() as conn:
@@ -831,7 +831,7 @@ class Store:
 
     def attempts(self, job_id: int | str) -> tuple[StoredAttempt, ...]:
         """Every attempt of a job, first first."""
-        key = _job_key(job_id)
+        key = job_key(job_id)
         if key is None:
             return ()
         query = select(ATTEMPTS).where(ATTEMPTS.c.job_id == key).order_by(ATTEMPTS.c.number)
@@ -1142,7 +1142,7 @@ class Store:
                     events.setdefault(int(j), []).append((float(at), str(reason)))
         out = []
         for r in rows:
-            key = _job_key(r.preempted_for) if r.preempted_for else None
+            key = job_key(r.preempted_for) if r.preempted_for else None
             by = preemptors.get(key) if key is not None else None
             said = events.get(int(r.job_id))
             reason = min(said, key=lambda e: abs(e[0] - r.sigterm_at))[1] if said else r.reason
@@ -1171,7 +1171,7 @@ class Store:
         cycle: every preemption, reclaim or eviction of one of them, and every preemption one
         of them caused of a job that also preempted one of them (the only ones that can make
         a pair alternate), oldest first."""
-        ids = sorted({k for j in job_ids if (k := _job_key(j)) is not None})
+        ids = sorted({k for j in job_ids if (k := job_key(j)) is not None})
         kinds = ATTEMPTS.c.preemption_kind.is_not(None)
         columns = (ATTEMPTS.c.sigterm_at, ATTEMPTS.c.job_id, ATTEMPTS.c.preempted_for, ATTEMPTS.c.preemption_kind)
         links: builtins.list[Preempted] = []
@@ -1186,7 +1186,7 @@ class Store:
             for start in range(0, len(ids), _READ_CHUNK):
                 read(conn, ATTEMPTS.c.job_id.in_(ids[start : start + _READ_CHUNK]))
             # by the primary key: the jobs that preempted ours, and only what ours did to them
-            partners = sorted({k for p in links if p.by is not None and (k := _job_key(p.by)) is not None} - set(ids))
+            partners = sorted({k for p in links if p.by is not None and (k := job_key(p.by)) is not None} - set(ids))
             names = [str(i) for i in ids]
             for start in range(0, len(partners), _READ_CHUNK):
                 for n in range(0, len(names), _READ_CHUNK):
@@ -1209,7 +1209,7 @@ class Store:
 
 
 def _queues_and_tiers(conn: Connection, job_ids: Iterable[int | str | None]) -> dict[int, tuple[str, int]]:
-    wanted = sorted({k for j in job_ids if j is not None and (k := _job_key(j)) is not None})
+    wanted = sorted({k for j in job_ids if j is not None and (k := job_key(j)) is not None})
     out: dict[int, tuple[str, int]] = {}
     for start in range(0, len(wanted), _READ_CHUNK):
         chunk = wanted[start : start + _READ_CHUNK]
@@ -1367,7 +1367,7 @@ def _earlier_submission(conn: Connection, user: str, idempotency_key: str) -> Ea
     return EarlierSubmission(int(row.id), row.request_digest, str(first or JobState.PENDING.value))
 
 
-def _job_key(job_id: int | str) -> int | None:
+def job_key(job_id: int | str) -> int | None:
     """The database key of a user-facing id ("42" or 42); None when it cannot be one."""
     if isinstance(job_id, bool):
         return None
@@ -1381,7 +1381,7 @@ def _job_key(job_id: int | str) -> int | None:
 
 
 def _require_key(job_id: int | str) -> int:
-    key = _job_key(job_id)
+    key = job_key(job_id)
     if key is None:
         raise JobNotFound(job_id)
     return key
