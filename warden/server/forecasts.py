@@ -44,8 +44,9 @@ class Forecasts:
         """The last pass's snapshot and `now` (None before the first pass)."""
         self.interval_s = interval_s
         self.budget_s = budget_s
-        self.passes = MAX_PASSES
-        """Passes the next forecast runs at most (and a dry run's)."""
+        self.passes = MIN_PASSES
+        """Passes the next forecast runs at most (and a dry run's): few for the first one, whose
+        cost is not known yet, then as many as `budget_s` allows."""
         self.estimates: dict[str, Estimate] = {}
         self.as_of: float | None = None
         """The `now` of the pass the estimates start from."""
