@@ -103,3 +103,21 @@ def test_a_damaged_recorded_deadline_means_sigkill_now(h: Harness, recorded: obj
     second.adopt(handle)
     exit_ = h.wait_exit("damaged", executor=second)
     assert exit_.killed and exit_.killed_at is not None and exit_.killed_at - before < 1.0
+
+
+def test_sigkill_waits_for_the_wall_clock_deadline_terminate_reported(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pause between the wall and the monotonic clock reads (a starved CPU) or NTP slewing
+    leaves the reported deadline ahead of the monotonic one: SIGKILL still never comes before
+    the deadline terminate returned."""
+    import warden.executors.local as local
+
+    real = local.deadline_pair
+    monkeypatch.setattr(local, "deadline_pair", lambda grace_s: (real(grace_s)[0] + 0.3, real(grace_s)[1]))
+    h.start(h.spec("slewed", "ignore"))
+    h.wait_ready("slewed")
+    deadline = h.executor.terminate("slewed", 1, 0.2)
+    exit_ = h.wait_exit("slewed")
+    assert exit_.killed and exit_.killed_at is not None
+    assert deadline <= exit_.killed_at < deadline + 0.5

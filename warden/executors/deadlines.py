@@ -94,6 +94,27 @@ class KillTimer:
                 log.exception("SIGKILL of attempt %s of job %s failed", key[1], key[0])
 
 
+WALL_SLACK_S = 1.0
+"""How far SIGKILL waits for the wall clock to reach the deadline it reported once the
+monotonic deadline has passed: a pause between the two clock reads or NTP slewing. A larger
+step of the wall clock is not followed (the grace is timed by the monotonic clock)."""
+
+
+def deadline_pair(grace_s: float) -> tuple[float, float]:
+    """The SIGKILL deadline `grace_s` from now on the wall clock (what terminate returns and the
+    database keeps) and on the monotonic clock (what the timer waits on). The wall clock is read
+    first, so a pause between the reads moves the monotonic deadline later, never earlier."""
+    now = time.time()
+    return now + grace_s, time.monotonic() + grace_s
+
+
+def wall_lag(kill_at: float) -> float:
+    """Once the monotonic deadline has passed: how long the wall clock still needs to reach
+    `kill_at` (0 when it has, or when it lags by more than `WALL_SLACK_S`)."""
+    lag = kill_at - time.time()
+    return lag if 0 < lag <= WALL_SLACK_S else 0.0
+
+
 def adopted_deadline(given: Any) -> float | None:
     """A SIGKILL deadline read back at adoption (the database or control.json): a finite
     time, or now when the record is damaged (an attempt in its grace is never left unkilled)."""

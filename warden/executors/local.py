@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from warden.executors.base import Exit, Handle, LaunchError, LaunchSpec, ReplicaHandle, ReplicaLaunch
-from warden.executors.deadlines import KillTimer, adopted_deadline
+from warden.executors.deadlines import KillTimer, adopted_deadline, deadline_pair, wall_lag
 from warden.executors.identity import Identities, Identity
 from warden.executors.shim import group_alive, process_alive, read_json, start_ticks, write_json_atomic
 from warden.executors.tracking import AttemptTable
@@ -300,11 +300,9 @@ class LocalExecutor(AttemptTable[_Tracked]):
             if tracked.kill_at is not None:
                 return tracked.kill_at
             sent = _signal_groups(_live_groups(tracked.handle), signal.SIGTERM)
-            mono, now = time.monotonic(), time.time()
-            tracked.kill_at = now + grace_s
-            tracked.kill_mono = mono + grace_s
+            tracked.kill_at, tracked.kill_mono = deadline_pair(grace_s)
             if sent:  # else every group was gone already: it ended by itself, no SIGTERM
-                tracked.signalled_at = now
+                tracked.signalled_at = tracked.kill_at - grace_s
                 self._timer.arm(tracked.kill_mono, key)
             deadline = tracked.kill_at
         self._persist(tracked)
@@ -325,8 +323,14 @@ class LocalExecutor(AttemptTable[_Tracked]):
         with self._lock:
             for key in keys:
                 tracked = self._tracked.get(key)
-                if tracked is None or tracked.kill_mono is None or time.monotonic() < tracked.kill_mono:
-                    continue  # already reported, or re-armed later by adopt()
+                if tracked is None or tracked.kill_at is None or tracked.kill_mono is None:
+                    continue  # already reported
+                if time.monotonic() < tracked.kill_mono:
+                    continue  # re-armed later at adoption
+                lag = wall_lag(tracked.kill_at)
+                if lag > 0:  # the deadline terminate reported is not there yet
+                    self._timer.arm(time.monotonic() + lag, key)
+                    continue
                 if self._kill_locked(tracked):
                     killed.append(tracked)
         for tracked in killed:

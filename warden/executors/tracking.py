@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, Generic, Protocol, Self, TypeVar
 
 from warden.executors.base import Handle, LaunchError, LaunchSpec, UnknownAttempt, validate_spec
-from warden.executors.deadlines import KillTimer, adopted_deadline
+from warden.executors.deadlines import KillTimer, adopted_deadline, deadline_pair, wall_lag
 from warden.executors.records import read_job_json
 from warden.executors.shim import write_json_atomic
 
@@ -134,13 +134,12 @@ class RemoteAttemptTable(AttemptTable[S]):
     def _arm(self, key: Key, tracked: S, signalled_at: float, grace_s: float) -> float:
         """Record a SIGTERM that just went out and arm SIGKILL `grace_s` from now (after the
         last signal left, so no replica gets less). The first terminate's deadline stands."""
-        mono, now = time.monotonic(), time.time()
+        kill_at, kill_mono = deadline_pair(grace_s)
         with self._lock:
             if tracked.signalled_at is None:
                 tracked.signalled_at = signalled_at
             if tracked.kill_at is None:
-                tracked.kill_at = now + grace_s
-                tracked.kill_mono = mono + grace_s
+                tracked.kill_at, tracked.kill_mono = kill_at, kill_mono
                 self._timer.arm(tracked.kill_mono, key)
             deadline = tracked.kill_at
         self._persist(tracked)
@@ -184,7 +183,13 @@ class RemoteAttemptTable(AttemptTable[S]):
         for key in keys:
             with self._lock:
                 tracked = self._tracked.get(key)
-                if tracked is None or tracked.kill_mono is None or time.monotonic() < tracked.kill_mono:
+                if tracked is None or tracked.kill_at is None or tracked.kill_mono is None:
+                    continue
+                if time.monotonic() < tracked.kill_mono:
+                    continue  # re-armed later at adoption
+                lag = wall_lag(tracked.kill_at)
+                if lag > 0:  # the deadline terminate reported is not there yet
+                    self._timer.arm(time.monotonic() + lag, key)
                     continue
             self._kill(tracked)
 
