@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
+from rich.table import Column, Table
+
+MAX_SECONDS = 24 * 3600.0
+"""No wait of the check is longer than a day."""
 
 
 def register(app: typer.Typer) -> None:
@@ -17,35 +23,77 @@ def register(app: typer.Typer) -> None:
             list[str], typer.Argument(help="The command and its arguments (after --).", show_default=False)
         ],
         grace: Annotated[str, typer.Option("--grace", help="Grace period after SIGTERM.")] = "120s",
-        timeout: Annotated[str, typer.Option("--timeout", help="How long to wait for progress reports.")] = "5m",
+        timeout: Annotated[
+            str, typer.Option("--timeout", help="How long each run may show nothing observable before it fails.")
+        ] = "60s",
+        warmup: Annotated[
+            str | None,
+            typer.Option(
+                "--warmup",
+                help="SIGTERM after this long instead of at the first sign of progress.",
+                show_default=False,
+            ),
+        ] = None,
+        checkpoint: Annotated[
+            str | None,
+            typer.Option(
+                "--checkpoint",
+                help="Where the job saves, a directory, file or glob (default: $WARDEN_CHECKPOINT_DIR, "
+                "a fresh directory).",
+                show_default=False,
+            ),
+        ] = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
-        """Run CMD, wait for progress, send SIGTERM; check it saves, exits 0 within the grace,
-        and resumes from that checkpoint on a second run. Exit 0 only if it does all of it."""
+        """Run CMD, wait for progress, send SIGTERM; check it saves atomically, exits 0 within
+        the grace, and resumes from that checkpoint on a second run. With or without warden's
+        SDK: what the SDK does not report is watched from outside. Exit 0 only if it does all of it."""
         from warden.engine.policy import PolicyError, parse_duration
         from warden.workload.check import check_workload
 
-        values = {}
-        for name, text in (("--grace", grace), ("--timeout", timeout)):
+        values: dict[str, float | None] = {}
+        for name, text, least in (("--grace", grace, 0.0), ("--timeout", timeout, 1.0), ("--warmup", warmup, 0.0)):
+            if text is None:
+                values[name] = None
+                continue
             try:
-                values[name] = parse_duration(text)
+                value = parse_duration(text)
             except (ValueError, TypeError, PolicyError) as bad:
                 typer.echo(f"error: {name}: {text!r} is not a duration ({bad})", err=True)
                 raise typer.Exit(2) from None
+            if not least <= value <= MAX_SECONDS:
+                typer.echo(f"error: {name}: {text!r} must be between {least:g} s and 24h", err=True)
+                raise typer.Exit(2)
+            values[name] = value
+        if checkpoint is not None and not checkpoint.strip():
+            typer.echo("error: --checkpoint: '' names no path", err=True)
+            raise typer.Exit(2)
         err = Console(stderr=True)
         verdict = check_workload(
             command,
-            values["--grace"],
-            values["--timeout"],
+            grace=values["--grace"] or 0.0,
+            timeout=values["--timeout"] or 60.0,
+            checkpoint=checkpoint,
+            warmup=values["--warmup"],
+            workdir=Path.cwd(),
             say=lambda line: err.print(f"[dim]{line}[/dim]") if not json_out else None,
         )
         if json_out:
             typer.echo(json.dumps(verdict.to_dict(), indent=2))
         else:
-            t = Table("check", "result", "detail")
+            out = Console(highlight=False)
+            out.print(f"checkpoints watched in {escape(verdict.checkpoint)}")
+            t = Table(
+                "RESULT",
+                Column("CHECK", overflow="fold", ratio=3),
+                Column("OBSERVED BY", overflow="fold", ratio=1),
+                box=box.SIMPLE_HEAD,
+                expand=True,
+            )
             for c in verdict.checks:
-                t.add_row(c.name, "[green]pass[/green]" if c.ok else "[red]FAIL[/red]", c.detail)
-            Console().print(t)
+                result = "[green]pass[/green]" if c.ok else "[red]FAIL[/red]" if c.ok is False else "[dim]—[/dim]"
+                t.add_row(result, f"[bold]{escape(c.name)}[/bold]\n{escape(c.detail)}", escape(c.how))
+            out.print(t)
             Console().print(
                 "[green]the workload honours the preemption contract[/green]"
                 if verdict.ok
