@@ -131,3 +131,15 @@ def test_checkpoint_targets_name_a_directory_a_file_or_a_glob(tmp_path: Path) ->
     assert glob == Target(tmp_path / "runs", "*/ckpt-*.pt")
     assert glob.matches("a/ckpt-3.pt") and not glob.matches("a/ckpt-3.pt.tmp")
     assert Target.parse("/abs/x-*.bin", tmp_path) == Target(Path("/abs"), "x-*.bin")
+
+
+def test_a_tree_too_large_to_watch_is_refused_not_walked_forever(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import warden.workload.inotify as inotify
+
+    monkeypatch.setattr(inotify, "MAX_DIRECTORIES", 3)
+    for name in "abcd":
+        (tmp_path / name).mkdir()
+    with pytest.raises(inotify.WatchUnavailable, match="more than 3 directories under"):
+        DirWatch(tmp_path)

@@ -35,6 +35,9 @@ IGNORED = 0x8000
 ISDIR = 0x40000000
 _MASK = ACCESS | MODIFY | CLOSE_WRITE | CLOSE_NOWRITE | OPEN | MOVED_FROM | MOVED_TO | CREATE | DELETE
 _HEADER = struct.Struct("iIII")
+MAX_DIRECTORIES = 4096
+"""More directories than this under the root is not a checkpoint directory (each costs a
+kernel watch, and the per-user limit is shared with every other program)."""
 
 
 class WatchUnavailable(OSError):
@@ -106,7 +109,7 @@ class DirWatch:
         renamed after it was watched keeps reporting under its old name until then)."""
         with self._lock:
             self._paths.clear()
-        self._add_tree(self.root, "")
+        self._add_more(self.root, "")
 
     def close(self) -> None:
         if self._closed.is_set():
@@ -132,6 +135,9 @@ class DirWatch:
             raise WatchUnavailable(code, f"inotify_add_watch {directory}: {os.strerror(code)}")
         with self._lock:
             self._paths[wd] = rel
+            watched = len(self._paths)
+        if watched > MAX_DIRECTORIES:
+            raise WatchUnavailable(errno.ENOSPC, f"more than {MAX_DIRECTORIES} directories under {self.root}")
         try:
             children = [entry for entry in os.scandir(directory) if entry.is_dir(follow_symlinks=False)]
         except OSError:
@@ -178,4 +184,11 @@ class DirWatch:
                     if name and mask & ISDIR and mask & (CREATE | MOVED_TO):
                         new_dirs.append((self.root / rel, rel))
         for directory, rel in new_dirs:
+            self._add_more(directory, rel)
+
+    def _add_more(self, directory: Path, rel: str) -> None:
+        """Watch a directory that appeared; past the limit the record is incomplete."""
+        try:
             self._add_tree(directory, rel)
+        except WatchUnavailable:
+            self.overflowed = True
