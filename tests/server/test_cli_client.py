@@ -179,7 +179,7 @@ def test_dry_run_and_expected_starts_at_80_columns(tmp_path: Path) -> None:
             lambda: (json.loads(warden(server, "describe", job, "--json").stdout)["expected_start"] or {}).get("at")
         )
         queue = warden(server, "queue", columns=80, check=True).stdout
-        row = next(line for line in queue.splitlines() if line.startswith(f"│ {job} "))
+        row = next(line for line in queue.splitlines() if line.startswith(f"{job} "))
         assert "in 60 min" in row or "in 59 min" in row, queue
         described = warden(server, "describe", job, columns=80, check=True).stdout
         assert "expected start:" in described and "an estimate" in described

@@ -9,6 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from warden.cli import tables
+
 
 def register(app: typer.Typer) -> None:
     @app.command("check-workload", context_settings={"allow_interspersed_args": False})
@@ -42,11 +44,12 @@ def register(app: typer.Typer) -> None:
         if json_out:
             typer.echo(json.dumps(verdict.to_dict(), indent=2))
         else:
-            t = Table("check", "result", "detail")
+            out = tables.console()
+            t = Table(tables.fixed("check"), tables.fixed("result"), tables.text("detail"))
             for c in verdict.checks:
                 t.add_row(c.name, "[green]pass[/green]" if c.ok else "[red]FAIL[/red]", c.detail)
-            Console().print(t)
-            Console().print(
+            tables.show(out, t)
+            out.print(
                 "[green]the workload honours the preemption contract[/green]"
                 if verdict.ok
                 else "[red]the workload does not honour the preemption contract[/red]"
