@@ -78,7 +78,7 @@ QUEUES_COLUMNS = (
     Col("OWED GPU-h", "right"),
     Col("DELIVERED GPU-h", "right"),
 )
-AUDIT_COLUMNS = (Col("TIME"), Col("ACTOR"), Col("ACTION"), Col("TARGET"), Col("DETAILS", gives=1))
+AUDIT_COLUMNS = (Col("TIME"), Col("ACTOR"), Col("ACTION"), Col("TARGET", gives=1), Col("DETAILS", gives=2))
 ATTEMPT_COLUMNS = (
     Col("ATTEMPT", "right"),
     Col("STATE"),
@@ -331,6 +331,9 @@ def register(app: typer.Typer) -> None:
             [
                 n["name"],
                 n["flavor"],
+                n.get("block") or "",
+                str(n.get("cpu") or 0),
+                str(n.get("memory") or 0),
                 str(n["gpus"]),
                 str(n["gpus_used"]),
                 str(n["gpus_free"]),

@@ -96,6 +96,8 @@ def listing(columns: Sequence[Col], rows: Sequence[Sequence[str]], wide: bool = 
     the default columns, or all with `wide`, each as wide as its longest cell; when that is wider
     than `width()`, the `gives` columns wrap, in their order, until the row fits (with `wide`,
     only between words)."""
+    if any(len(r) != len(columns) for r in rows):
+        raise ValueError(f"a listing of {len(columns)} columns got a row of another length")
     shown = [i for i, c in enumerate(columns) if wide or not c.wide]
     widths = {i: max([cell_len(columns[i].header), *(_longest_line(r[i]) for r in rows)]) for i in shown}
     limit = width()
