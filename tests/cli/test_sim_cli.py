@@ -250,6 +250,13 @@ def test_sensitivity_reports_how_far_the_order_moved(trace: Path) -> None:
         "--json",
     )
     assert code == 0 and json.loads(out)["kendall_tau_distance"] == 0.0
+    args = ["sensitivity", "--trace", str(trace), "--gpus", "16", "--param", "tiers.3.lease", "--delta", "10m"]
+    data = json.loads(sim(*args, "--limit", "40", "--json")[1])
+    done = runner.invoke(app, ["sim", *args, "--limit", "40"], env={"COLUMNS": "80"})
+    assert done.exit_code == 0 and "…" not in done.stdout
+    assert all(len(line) <= 80 for line in done.stdout.splitlines()), done.stdout
+    rows = {_cells(line)[0]: _cells(line)[1:] for line in done.stdout.splitlines() if line.startswith("│")}
+    assert rows.keys() == data["base"].keys()
 
 
 @pytest.mark.parametrize(
