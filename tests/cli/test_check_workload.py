@@ -6,6 +6,7 @@ shows nothing fails with its reason (the last two at once, not after minutes).""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -288,3 +289,30 @@ def test_bad_options_are_refused_naming_the_option() -> None:
     ):
         done = check(*args, "--", "true")
         assert done.returncode == 2 and field in done.stderr and value in done.stderr, done.stderr
+
+
+def test_the_table_at_80_columns_says_how_each_check_was_observed(tmp_path: Path) -> None:
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN)
+    argv = [sys.executable, "-m", "warden.cli.main", "check-workload", "--grace", "10s", "--"]
+    done = subprocess.run(
+        [*argv, sys.executable, str(script), "rename"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert all(len(line.rstrip()) <= 80 for line in lines) and "…" not in done.stdout
+    assert lines[2].split() == ["RESULT", "CHECK", "OBSERVED", "BY"]
+    rows = [line.split(None, 1)[1] for line in lines if line.split()[:1] == ["pass"]]
+    assert [" ".join(row.split()) for row in rows] == [
+        "makes progress output",
+        "exits within the grace process status",
+        "saves a checkpoint on SIGTERM inotify",
+        "saves atomically inotify",
+        "resumes from the checkpoint inotify, output",
+    ]
+    assert "state.json appeared by rename from state.json.tmp" in done.stdout
+    assert lines[-1] == "the workload honours the preemption contract"

@@ -36,3 +36,20 @@ def test_demo_table_runs_as_a_command() -> None:
         [sys.executable, "-m", "warden.cli.main", "demo"], capture_output=True, text=True, timeout=60, check=True
     ).stdout
     assert "Preemptions" in out and "WaitingForGrace" in out and "AwaitingApproval" in out
+
+
+def test_demo_fits_80_columns_with_every_victim_and_explanation_whole() -> None:
+    plan = json.loads(CliRunner().invoke(app, ["demo", "--json"]).output)
+    result = CliRunner().invoke(app, ["demo"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert all(len(line) <= 80 for line in lines) and "…" not in result.output, result.output
+    for p in plan["preemptions"]:
+        row = next(line for line in lines if line.startswith(p["id"] + " "))
+        assert p["for_job"] in row and f"{p['lost_work_gpu_s'] / 60:.0f}" in row.split()
+    whole = CliRunner().invoke(app, ["demo"], env={"COLUMNS": None}).output  # a pipe: one line a job
+    flat = " ".join(result.output.split())
+    for p in plan["pending"]:
+        row = next(line for line in whole.splitlines() if f" {p['id']} " in line and p["reason"]["code"] in line)
+        explanation = row.split(p["reason"]["code"], 1)[1].strip()
+        assert explanation.startswith(p["reason"]["message"][:10]) and f"{p['reason']['code']} {explanation}" in flat

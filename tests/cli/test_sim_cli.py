@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from warden.cli.main import app
 from warden.sim.experiment import kendall_tau_distance, nudge
+from warden.sim.metrics import TABLE_COLUMNS, TABLE_NAMES, table_cells
 from warden.sim.presets import build_preset
 
 runner = CliRunner()
@@ -108,6 +109,38 @@ def test_compare_gives_one_object_a_policy_on_the_same_trace(trace: Path, tmp_pa
     assert by["fifo_strict"]["preemptions"] == 0 and by["slurm"]["preemptions"] > 0
     assert (report / "index.html").exists()
     assert json.loads((report / "summary.json").read_text()) == rows
+
+
+def _cells(line: str) -> list[str]:
+    bar = "┃" if "┃" in line else "│"
+    return [c.strip() for c in line.strip()[1:-1].split(bar)]
+
+
+def test_compare_at_80_columns_turns_the_table_on_its_side_with_every_value_whole(trace: Path) -> None:
+    args = ("compare", "--trace", str(trace), "--gpus", "16", "--limit", "40")
+    code, out, _ = sim(*args, "--json")
+    assert code == 0, out
+    expected = {r["policy"]: dict(zip((k for _, k, _ in TABLE_COLUMNS), table_cells(r))) for r in json.loads(out)}
+    done = runner.invoke(app, ["sim", *args], env={"COLUMNS": "80"})
+    assert done.exit_code == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines) and "…" not in done.stdout, done.stdout
+    seen = {}
+    name_of = {TABLE_NAMES[k]: k for _, k, _ in TABLE_COLUMNS if k in TABLE_NAMES}
+    for line in lines:
+        if line.startswith("┃ metric"):
+            policies = _cells(line)[1:]
+        elif line.startswith("│"):
+            name, *values = _cells(line)
+            for policy, value in zip(policies, values):
+                seen[policy, name_of[name]] = value
+    assert seen == {(p, k): cells[k] for p, cells in expected.items() for k in name_of.values()}
+    # A pipe with no width: the table as it was, one row a policy, every column whole.
+    piped = runner.invoke(app, ["sim", *args], env={"COLUMNS": None})
+    assert piped.exit_code == 0
+    for policy, cells in expected.items():
+        row = next(line for line in piped.stdout.splitlines() if line.startswith(f"│ {policy} "))
+        assert _cells(row) == list(cells.values())
 
 
 def test_a_policy_file_runs_when_it_names_the_trace_queues(trace: Path, tmp_path: Path) -> None:
@@ -217,6 +250,13 @@ def test_sensitivity_reports_how_far_the_order_moved(trace: Path) -> None:
         "--json",
     )
     assert code == 0 and json.loads(out)["kendall_tau_distance"] == 0.0
+    args = ["sensitivity", "--trace", str(trace), "--gpus", "16", "--param", "tiers.3.lease", "--delta", "10m"]
+    data = json.loads(sim(*args, "--limit", "40", "--json")[1])
+    done = runner.invoke(app, ["sim", *args, "--limit", "40"], env={"COLUMNS": "80"})
+    assert done.exit_code == 0 and "…" not in done.stdout
+    assert all(len(line) <= 80 for line in done.stdout.splitlines()), done.stdout
+    rows = {_cells(line)[0]: _cells(line)[1:] for line in done.stdout.splitlines() if line.startswith("│")}
+    assert rows.keys() == data["base"].keys()
 
 
 @pytest.mark.parametrize(

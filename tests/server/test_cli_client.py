@@ -14,6 +14,8 @@ import pytest
 from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
 from serverproc import ADMIN, Server, kill_leftovers, started, wait_for
 
+from warden.cli.jobs import QUEUE_COLUMNS
+
 POLICY = """\
 min_grace: 2s
 thrash: {min_efficiency: 0}
@@ -114,6 +116,20 @@ def test_nodes_queues_tokens_audit_and_policy_apply(server: Server, tmp_path: Pa
     actions = [a["action"] for a in json.loads(warden(server, "audit", "--json", check=True).stdout)]
     assert {"token.create", "approve", "policy.apply"} <= set(actions)
 
+    # The tables, at 80 columns: nothing past the edge, no cell cut, the values whole.
+    listed = {verb: warden(server, verb, columns=80, check=True).stdout for verb in ("nodes", "queues", "audit")}
+    for text in listed.values():
+        assert all(len(line) <= 80 for line in text.splitlines()) and "…" not in text, text
+    node = nodes[0]
+    assert listed["nodes"].splitlines()[1].split()[:3] == [node["name"], node["flavor"], "4"]
+    for name in queues:
+        assert any(line.split()[0] == name for line in listed["queues"].splitlines()), listed["queues"]
+    flat = " ".join(listed["audit"].split())
+    assert all(action in flat for action in actions) and '"queues": ["language"]' in flat
+    wide = warden(server, "nodes", "--wide", columns=80, check=True).stdout
+    assert wide.split()[:5] == ["NODE", "FLAVOR", "BLOCK", "CPU", "MEMORY"]
+    assert "WEIGHT" in warden(server, "queues", "-w", check=True).stdout and "WEIGHT" not in listed["queues"]
+
 
 @pytest.mark.parametrize(
     "args, words",
@@ -179,8 +195,14 @@ def test_dry_run_and_expected_starts_at_80_columns(tmp_path: Path) -> None:
             lambda: (json.loads(warden(server, "describe", job, "--json").stdout)["expected_start"] or {}).get("at")
         )
         queue = warden(server, "queue", columns=80, check=True).stdout
-        row = next(line for line in queue.splitlines() if line.startswith(f"│ {job} "))
+        assert queue.split()[:8] == ["ID", "NAME", "QUEUE", "TIER", "STATE", "GPUS", "START", "REASON"]
+        row = next(line for line in queue.splitlines() if line.startswith(f"{job} "))
         assert "in 60 min" in row or "in 59 min" in row, queue
+        assert row.split()[-1] in ("InsufficientCapacity", "QuotaExceeded") and "…" not in queue
+        wide = warden(server, "queue", "--wide", columns=80, check=True).stdout
+        row = next(line for line in wide.splitlines() if line.startswith(f"{job} "))
+        listed = next(r for r in json.loads(warden(server, "queue", "--json").stdout) if r["id"] == job)
+        assert wide.split()[:11] == [c.header for c in QUEUE_COLUMNS] and listed["user"] in row.split()
         described = warden(server, "describe", job, columns=80, check=True).stdout
         assert "expected start:" in described and "an estimate" in described
         assert all(len(line) <= 80 for line in queue.splitlines() + described.splitlines())

@@ -75,7 +75,8 @@ def test_the_efficiency_floor_is_named_in_the_api_queue_and_describe(server: Ser
     assert row["reason"]["details"] == d and "efficiency floor" in row["reason"]["message"]
     assert not EPOCH.search(row["reason"]["message"])
 
-    assert "WaitingForLease" in warden(server, "queue", columns=200)
+    listing = warden(server, "queue")
+    assert "WaitingForLease" in listing and all(len(line) <= 80 for line in listing.splitlines())
     text = warden(server, "describe", urgent)
     assert all(len(line) <= 80 for line in text.splitlines())
     flat = " ".join(line.strip() for line in text.splitlines())

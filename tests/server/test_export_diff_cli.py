@@ -40,7 +40,8 @@ def warden(server: Server, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def fits(text: str) -> bool:
-    return all(len(line) <= 80 for line in text.splitlines())
+    """Every line within 80 columns, and no cell cut to "…"."""
+    return all(len(line) <= 80 for line in text.splitlines()) and "…" not in text
 
 
 @pytest.fixture

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 
 import typer
-from rich.console import Console
 from rich.table import Table
+
+from warden.cli import tables
 
 app = typer.Typer(help="Measure warden's components on this machine.", no_args_is_help=True)
 
@@ -61,4 +62,4 @@ def engine(
     ]
     for name, value in rows:
         table.add_row(name, value)
-    Console().print(table)
+    tables.show(tables.console(), table)

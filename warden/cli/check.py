@@ -10,7 +10,9 @@ import typer
 from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Column, Table
+from rich.table import Table
+
+from warden.cli import tables
 
 MAX_SECONDS = 24 * 3600.0
 """No wait of the check is longer than a day."""
@@ -81,20 +83,20 @@ def register(app: typer.Typer) -> None:
         if json_out:
             typer.echo(json.dumps(verdict.to_dict(), indent=2))
         else:
-            out = Console(highlight=False)
+            out = tables.console(highlight=False)
             out.print(f"checkpoints watched in {escape(verdict.checkpoint)}")
             t = Table(
-                "RESULT",
-                Column("CHECK", overflow="fold", ratio=3),
-                Column("OBSERVED BY", overflow="fold", ratio=1),
+                tables.fixed("RESULT"),
+                tables.text("CHECK", ratio=3),
+                tables.text("OBSERVED BY", ratio=1),
                 box=box.SIMPLE_HEAD,
-                expand=True,
+                expand=tables.width() is not None,  # a pipe: as wide as the cells
             )
             for c in verdict.checks:
                 result = "[green]pass[/green]" if c.ok else "[red]FAIL[/red]" if c.ok is False else "[dim]—[/dim]"
                 t.add_row(result, f"[bold]{escape(c.name)}[/bold]\n{escape(c.detail)}", escape(c.how))
-            out.print(t)
-            Console().print(
+            tables.show(out, t)
+            out.print(
                 "[green]the workload honours the preemption contract[/green]"
                 if verdict.ok
                 else "[red]the workload does not honour the preemption contract[/red]"

@@ -6,9 +6,9 @@ import json
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
+from warden.cli import tables
+from warden.cli.tables import Col
 from warden.demo import NOW, demo_snapshot
 from warden.engine.plan import Plan
 from warden.engine.reasons import virtual_times
@@ -60,42 +60,62 @@ def demo(json_out: bool = typer.Option(False, "--json", help="Print the plan as 
     if json_out:
         typer.echo(json.dumps(plan_to_dict(plan), indent=2))
         return
-    console = Console()
+    console = tables.console()
     jobs = {j.id: j for j in snapshot.jobs}
     console.print(
         f"[bold]warden demo[/bold]: {len(snapshot.nodes)} nodes, "
         f"{sum(n.gpus for n in snapshot.nodes)} GPUs, "
         f"{sum(1 for j in snapshot.jobs if j.state.holds_resources)} running jobs, "
-        f"{sum(1 for j in snapshot.jobs if j.state.waiting)} waiting; one scheduling pass.\n"
+        f"{sum(1 for j in snapshot.jobs if j.state.waiting)} waiting; one scheduling pass."
     )
-    t = Table(title="Preemptions (victims chosen by the work they would lose)")
-    for col in ("victim", "tier", "queue", "for job", "kind", "grace", "lost work (GPU-min)", "cost (GPU-min)"):
-        t.add_column(col)
+    cells = []
     for p in plan.preemptions:
         v = jobs[p.job_id]
-        t.add_row(
-            p.job_id,
-            str(v.tier),
-            v.queue,
-            p.for_job,
-            p.kind,
-            f"{p.grace:.0f}s",
-            f"{p.lost_work / 60:.0f}",
-            f"{p.cost / 60:.0f}",
+        cells.append(
+            [
+                p.job_id,
+                str(v.tier),
+                v.queue,
+                p.for_job,
+                p.kind,
+                f"{p.grace:.0f}s",
+                f"{p.lost_work / 60:.0f}",
+                f"{p.cost / 60:.0f}",
+            ]
         )
-    console.print(t)
+    tables.titled(
+        console, "Preemptions (victims chosen by the work they would lose)", tables.listing(_PREEMPTIONS, cells)
+    )
     if plan.admissions:
-        a = Table(title="Admissions")
-        for col in ("job", "placement", "borrowing"):
-            a.add_column(col)
-        for adm in plan.admissions:
-            a.add_row(adm.job_id, ", ".join(f"{p.node}{list(p.gpus)}" for p in adm.placement), str(adm.borrowing))
-        console.print(a)
+        cells = [
+            [adm.job_id, ", ".join(f"{p.node}{list(p.gpus)}" for p in adm.placement), str(adm.borrowing)]
+            for adm in plan.admissions
+        ]
+        tables.titled(console, "Admissions", tables.listing(_ADMISSIONS, cells))
     at = virtual_times(NOW)  # the demo's clock is virtual: "t=…s (in 9 min)"
-    w = Table(title="Why each job is pending")
-    for col in ("#", "job", "tier", "queue", "reason", "explanation"):
-        w.add_column(col)
+    cells = []
     for e in sorted(plan.explanations.values(), key=lambda e: e.position):
         j = jobs[e.job_id]
-        w.add_row(str(e.position), e.job_id, str(j.tier), j.queue, e.reason.code, e.reason.render(at, e.job_id))
-    console.print(w)
+        cells.append([str(e.position), e.job_id, str(j.tier), j.queue, e.reason.code, e.reason.render(at, e.job_id)])
+    tables.titled(console, "Why each job is pending", tables.listing(_PENDING, cells))
+
+
+_PREEMPTIONS = (
+    Col("victim"),
+    Col("tier", "right"),
+    Col("queue"),
+    Col("for job"),
+    Col("kind"),
+    Col("grace", "right"),
+    Col("lost work (GPU-min)", "right", gives=1),
+    Col("cost (GPU-min)", "right", gives=1),
+)
+_ADMISSIONS = (Col("job"), Col("placement", gives=1), Col("borrowing"))
+_PENDING = (
+    Col("#", "right"),
+    Col("job"),
+    Col("tier", "right"),
+    Col("queue"),
+    Col("reason"),
+    Col("explanation", gives=1),
+)

@@ -19,8 +19,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Column, Table
+from rich.table import Table
 
+from warden.cli import tables
+from warden.cli.tables import Col
 from warden.client import ApiRefused, Client, Unreachable
 
 EXIT_REFUSED = 2
@@ -36,6 +38,74 @@ TokenOpt = Annotated[
     str | None, typer.Option("--token", help="Bearer token (default $WARDEN_TOKEN).", show_default=False)
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+WideOpt = Annotated[bool, typer.Option("--wide", "-w", help="Show every column, however wide.")]
+
+QUEUE_COLUMNS = (
+    Col("ID"),
+    Col("NAME", gives=1),
+    Col("USER", wide=True),
+    Col("QUEUE"),
+    Col("TIER", "right"),
+    Col("STATE"),
+    Col("GPUS", "right"),
+    Col("WAIT", "right", wide=True),
+    Col("POS", "right", wide=True),
+    Col("START"),
+    Col("REASON", gives=2),
+)
+"""`warden queue`'s columns: the default ones fit 80 columns with a 20-letter reason code; a
+long name gives way (wraps) before the reason does."""
+NODE_COLUMNS = (
+    Col("NODE"),
+    Col("FLAVOR"),
+    Col("BLOCK", wide=True),
+    Col("CPU", "right", wide=True),
+    Col("MEMORY", "right", wide=True),
+    Col("GPUS", "right"),
+    Col("USED", "right"),
+    Col("FREE", "right"),
+    Col("JOBS", gives=1),
+    Col("STATE", gives=2),
+)
+QUEUES_COLUMNS = (
+    Col("QUEUE"),
+    Col("PARENT"),
+    Col("WEIGHT", "right", wide=True),
+    Col("NOMINAL", gives=1),
+    Col("IN USE", "right"),
+    Col("PENDING", "right"),
+    Col("FAIR-SHARE USE", "right", wide=True),
+    Col("OWED GPU-h", "right"),
+    Col("DELIVERED GPU-h", "right"),
+)
+AUDIT_COLUMNS = (Col("TIME"), Col("ACTOR"), Col("ACTION"), Col("TARGET", gives=1), Col("DETAILS", gives=2))
+ATTEMPT_COLUMNS = (
+    Col("ATTEMPT", "right"),
+    Col("STATE"),
+    Col("STARTED", gives=2),
+    Col("ENDED", gives=2),
+    Col("PLACEMENT", gives=3),
+    Col("EXIT", "right"),
+    Col("REASON", gives=1),
+)
+PREEMPTION_COLUMNS = (
+    Col("#", "right"),
+    Col("WHEN", gives=2),
+    Col("BY", gives=1),
+    Col("KIND"),
+    Col("LOST GPU-H", "right"),
+    Col("η", "right"),
+)
+EVENT_COLUMNS = (Col("TIME", gives=2), Col("FROM"), Col("TO"), Col("ACTOR"), Col("REASON", gives=1))
+VICTIM_COLUMNS = (
+    Col("VICTIM"),
+    Col("QUEUE"),
+    Col("TIER", "right"),
+    Col("GPUS", "right"),
+    Col("SIGTERM"),
+    Col("GONE BY"),
+    Col("LOST GPU-H", "right"),
+)
 
 _err = Console(stderr=True)
 
@@ -160,47 +230,19 @@ def register(app: typer.Typer) -> None:
         ] = None,
         user: Annotated[str | None, typer.Option("--user", "-u", show_default=False)] = None,
         all_jobs: Annotated[bool, typer.Option("--all", "-a", help="Include finished jobs.")] = False,
+        wide: WideOpt = False,
         url: UrlOpt = None,
         token: TokenOpt = None,
         json_out: JsonOpt = False,
     ) -> None:
-        """List jobs like squeue: id, name, queue, tier, state, GPUs, wait, position, reason."""
+        """List jobs like squeue: id, name, queue, tier, state, GPUs, expected start, reason;
+        --wide adds user, wait and position."""
         with client(url, token) as c:
             rows = c.jobs(queue=queue, state=state, user=user, all=all_jobs)
         if json_out:
             _dump(rows)
             return
-        t = Table(
-            Column("ID", no_wrap=True, min_width=2),
-            Column("NAME", overflow="ellipsis", max_width=16),
-            Column("USER", overflow="ellipsis", max_width=12),
-            Column("QUEUE", overflow="ellipsis", max_width=12),
-            "TIER",
-            Column("STATE", no_wrap=True, min_width=7),
-            "GPUS",
-            "WAIT",
-            "POS",
-            Column("START", no_wrap=True),
-            Column("REASON", overflow="ellipsis"),
-        )
-        now = time.time()
-        for r in rows:
-            reason = r.get("reason") or {}
-            expected = r.get("expected_start")
-            t.add_row(
-                r["id"],
-                r["name"],
-                r["user"],
-                r["queue"],
-                str(r["tier"]),
-                r["state"],
-                str(r["gpus"]),
-                _age(r["wait_s"]),
-                str(r["position"] or ""),
-                _expected_cell(expected, now),
-                reason.get("code", ""),
-            )
-        Console().print(t)
+        tables.show(tables.console(), queue_table(rows, time.time(), wide))
 
     @app.command("describe")
     def describe(
@@ -216,63 +258,7 @@ def register(app: typer.Typer) -> None:
         if json_out:
             _dump(j)
             return
-        con = Console()
-        con.print(
-            f"[bold]job {j['id']}[/bold] {j['name']}  user {j['user']}  queue {j['queue']}  tier {j['tier']}  "
-            f"[bold]{j['state']}[/bold]"
-        )
-        con.print(
-            f"  {j['gpus']} GPU(s) as {j['replicas']} × {j['gpus_per_replica']}, placement {j['placement']}; "
-            f"lease {_age(j['lease_s'])}, grace {_age(j['grace_s'])}; command: {' '.join(j['command'])}"
-        )
-        reason = j.get("reason")
-        if reason:
-            where = f", position {j['position']}" if j.get("position") is not None else ""
-            con.print(f"  [bold]why pending:[/bold] {reason['message']} ({reason['code']}{where})")
-        expected = j.get("expected_start")
-        if expected:
-            con.print(f"  [bold]expected start:[/bold] {_expected_line(expected, time.time())}")
-        if j.get("sort_key"):
-            con.print(f"  sort key: {json.dumps(j['sort_key'])}")
-        for w in j.get("warnings") or []:
-            con.print(f"  [yellow]warning:[/yellow] {w}")
-        cycle = j.get("preemption_cycle")
-        if cycle:
-            con.print(f"  [bold yellow]warning: preemption cycle ({cycle['kind']}):[/bold yellow] {cycle['message']}")
-        if j["attempts"]:
-            t = Table("ATTEMPT", "STATE", "STARTED", "ENDED", "PLACEMENT", "EXIT", "REASON", title="attempts")
-            for a in j["attempts"]:
-                where = "; ".join(f"{p['node']}:{','.join(map(str, p['gpus']))}" for p in a["placement"])
-                t.add_row(
-                    str(a["number"]),
-                    a["state"],
-                    _clock(a["started_at"]),
-                    _clock(a["ended_at"]),
-                    where,
-                    ",".join(map(str, a["exit_codes"] or [])),
-                    a["reason"] or "",
-                )
-            con.print(t)
-        if j.get("preemptions"):
-            t = Table("#", "WHEN", "BY", "KIND", "LOST GPU-H", "η", title="preemptions")
-            for p in j["preemptions"]:
-                by = p["by"] or "—"
-                if p["by_queue"] is not None:
-                    by += f" ({p['by_queue']} t{p['by_tier']})"
-                lost = p["lost_work_gpu_hours"]
-                t.add_row(
-                    str(p["attempt"]),
-                    _clock(p["at"]),
-                    by,
-                    p["kind"],
-                    "" if lost is None else f"{lost:.3f}",
-                    "" if p["efficiency"] is None else f"{p['efficiency']:.2f}",
-                )
-            con.print(t)
-        t = Table("TIME", "FROM", "TO", "ACTOR", "REASON", title="events")
-        for e in j["events"]:
-            t.add_row(_clock(e["at"]), e["from"] or "", e["to"], e["actor"], e["reason"])
-        con.print(t)
+        _print_job(j)
 
     @app.command("cancel")
     def cancel(
@@ -334,47 +320,40 @@ def register(app: typer.Typer) -> None:
                     time.sleep(0.25)
 
     @app.command("nodes")
-    def nodes(url: UrlOpt = None, token: TokenOpt = None, json_out: JsonOpt = False) -> None:
+    def nodes(wide: WideOpt = False, url: UrlOpt = None, token: TokenOpt = None, json_out: JsonOpt = False) -> None:
         """The nodes, their GPUs and what runs on them."""
         with client(url, token) as c:
             rows = c.nodes()
         if json_out:
             _dump(rows)
             return
-        t = Table("NODE", "FLAVOR", "GPUS", "USED", "FREE", "JOBS", "STATE")
-        for n in rows:
-            t.add_row(
+        cells = [
+            [
                 n["name"],
                 n["flavor"],
+                n.get("block") or "",
+                str(n.get("cpu") or 0),
+                str(n.get("memory") or 0),
                 str(n["gpus"]),
                 str(n["gpus_used"]),
                 str(n["gpus_free"]),
-                ",".join(n["jobs"]),
+                ", ".join(n["jobs"]),
                 "up" if n.get("down") is None else f"down: {n['down']}",
-            )
-        Console().print(t)
+            ]
+            for n in rows
+        ]
+        tables.show(tables.console(), tables.listing(NODE_COLUMNS, cells, wide))
 
     @app.command("queues")
-    def queues(url: UrlOpt = None, token: TokenOpt = None, json_out: JsonOpt = False) -> None:
+    def queues(wide: WideOpt = False, url: UrlOpt = None, token: TokenOpt = None, json_out: JsonOpt = False) -> None:
         """Queues: quota, usage, fair share, owed vs delivered GPU-hours."""
         with client(url, token) as c:
             rows = c.queues()
         if json_out:
             _dump(rows)
             return
-        t = Table(
-            "QUEUE",
-            "PARENT",
-            "WEIGHT",
-            "NOMINAL",
-            "IN USE",
-            "PENDING",
-            "FAIR-SHARE USE",
-            "OWED GPU-h",
-            "DELIVERED GPU-h",
-        )
-        for q in rows:
-            t.add_row(
+        cells = [
+            [
                 q["name"],
                 q["parent"] or "",
                 f"{q['weight']:g}",
@@ -384,8 +363,10 @@ def register(app: typer.Typer) -> None:
                 f"{q['fair_share_usage']:.3g}",
                 f"{q['owed_gpu_hours']:.2f}",
                 f"{q['delivered_gpu_hours']:.2f}",
-            )
-        Console().print(t)
+            ]
+            for q in rows
+        ]
+        tables.show(tables.console(), tables.listing(QUEUES_COLUMNS, cells, wide))
 
     token_app = typer.Typer(help="Bearer tokens (admins only).", no_args_is_help=True)
     app.add_typer(token_app, name="token")
@@ -417,10 +398,90 @@ def register(app: typer.Typer) -> None:
         if json_out:
             _dump(rows)
             return
-        t = Table("TIME", "ACTOR", "ACTION", "TARGET", "DETAILS")
-        for a in rows:
-            t.add_row(_clock(a["at"]), a["actor"], a["action"], a["target"], json.dumps(a["details"]))
-        Console().print(t)
+        cells = [[_clock(a["at"]), a["actor"], a["action"], a["target"], json.dumps(a["details"])] for a in rows]
+        tables.show(tables.console(), tables.listing(AUDIT_COLUMNS, cells))
+
+
+def queue_table(rows: list[dict[str, Any]], now: float, wide: bool = False) -> Table:
+    """`warden queue`'s table of `GET /v1/jobs` rows."""
+    cells = [
+        [
+            r["id"],
+            r["name"],
+            r["user"],
+            r["queue"],
+            str(r["tier"]),
+            r["state"],
+            str(r["gpus"]),
+            _age(r["wait_s"]),
+            str(r["position"] or ""),
+            _expected_cell(r.get("expected_start"), now),
+            (r.get("reason") or {}).get("code", ""),
+        ]
+        for r in rows
+    ]
+    return tables.listing(QUEUE_COLUMNS, cells, wide)
+
+
+def _print_job(j: dict[str, Any]) -> None:
+    """`warden describe`: the job in sentences, then its attempts, preemptions and events."""
+    con = tables.console()
+    con.print(
+        f"[bold]job {j['id']}[/bold] {j['name']}  user {j['user']}  queue {j['queue']}  tier {j['tier']}  "
+        f"[bold]{j['state']}[/bold]"
+    )
+    con.print(
+        f"  {j['gpus']} GPU(s) as {j['replicas']} × {j['gpus_per_replica']}, placement {j['placement']}; "
+        f"lease {_age(j['lease_s'])}, grace {_age(j['grace_s'])}; command: {' '.join(j['command'])}"
+    )
+    reason = j.get("reason")
+    if reason:
+        where = f", position {j['position']}" if j.get("position") is not None else ""
+        con.print(f"  [bold]why pending:[/bold] {reason['message']} ({reason['code']}{where})")
+    expected = j.get("expected_start")
+    if expected:
+        con.print(f"  [bold]expected start:[/bold] {_expected_line(expected, time.time())}")
+    if j.get("sort_key"):
+        con.print(f"  sort key: {json.dumps(j['sort_key'])}")
+    for w in j.get("warnings") or []:
+        con.print(f"  [yellow]warning:[/yellow] {w}")
+    cycle = j.get("preemption_cycle")
+    if cycle:
+        con.print(f"  [bold yellow]warning: preemption cycle ({cycle['kind']}):[/bold yellow] {cycle['message']}")
+    if j["attempts"]:
+        cells = [
+            [
+                str(a["number"]),
+                a["state"],
+                _clock(a["started_at"]),
+                _clock(a["ended_at"]),
+                "; ".join(f"{p['node']}:{','.join(map(str, p['gpus']))}" for p in a["placement"]),
+                ",".join(map(str, a["exit_codes"] or [])),
+                a["reason"] or "",
+            ]
+            for a in j["attempts"]
+        ]
+        tables.titled(con, "attempts", tables.listing(ATTEMPT_COLUMNS, cells))
+    if j.get("preemptions"):
+        cells = []
+        for p in j["preemptions"]:
+            by = p["by"] or "—"
+            if p["by_queue"] is not None:
+                by += f" ({p['by_queue']} t{p['by_tier']})"
+            lost = p["lost_work_gpu_hours"]
+            cells.append(
+                [
+                    str(p["attempt"]),
+                    _clock(p["at"]),
+                    by,
+                    p["kind"],
+                    "" if lost is None else f"{lost:.3f}",
+                    "" if p["efficiency"] is None else f"{p['efficiency']:.2f}",
+                ]
+            )
+        tables.titled(con, "preemptions", tables.listing(PREEMPTION_COLUMNS, cells))
+    cells = [[_clock(e["at"]), e["from"] or "", e["to"], e["actor"], e["reason"]] for e in j["events"]]
+    tables.titled(con, "events", tables.listing(EVENT_COLUMNS, cells))
 
 
 def _clock(t: float | None) -> str:
@@ -450,7 +511,7 @@ def _print_verdict(v: dict[str, Any]) -> None:
     """A dry run's answer as sentences: the decision, then what it rests on."""
     from warden.engine.reasons import relative
 
-    con = Console()
+    con = tables.console()
     now = time.time()
     state = f" ({v['state']})" if v["state"] != "PENDING" else ""
     if v["decision"] == "start":
@@ -464,9 +525,8 @@ def _print_verdict(v: dict[str, Any]) -> None:
     if reason:
         con.print(f"  why: {reason['message']} ({reason['code']})")
     if v["victims"]:
-        t = Table("VICTIM", "QUEUE", "TIER", "GPUS", "SIGTERM", "GONE BY", "LOST GPU-H")
-        for x in v["victims"]:
-            t.add_row(
+        cells = [
+            [
                 x["id"],
                 x["queue"],
                 str(x["tier"]),
@@ -474,7 +534,9 @@ def _print_verdict(v: dict[str, Any]) -> None:
                 relative(x["signal_at"], now),
                 relative(x["gone_by"], now),
                 f"{x['lost_work_gpu_hours']:.2f}",
-            )
-        con.print(t)
+            ]
+            for x in v["victims"]
+        ]
+        tables.show(con, tables.listing(VICTIM_COLUMNS, cells))
     if v["decision"] != "start" and v.get("expected_start"):
         con.print(f"  expected start: {_expected_line(v['expected_start'], now)}")

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from warden.cli import tables
 from warden.engine.model import Node
 from warden.engine.overcommit import overcommitted
 from warden.engine.policy import (
@@ -131,7 +132,7 @@ def check(
     (`--gpus N` or `--cluster FILE`), also warn where its nominal quotas exceed the cluster."""
     policy = _load(file)
     nodes = _cluster(gpus, cluster)
-    Console(highlight=False).print(_summary(file, policy))
+    tables.show(tables.console(highlight=False), _summary(file, policy))
     if nodes is not None:
         warnings = overcommitted(policy, nodes)
         err = Console(stderr=True, highlight=False, soft_wrap=True)

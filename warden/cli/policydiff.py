@@ -19,6 +19,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from warden.cli import tables
 from warden.cli.history import fail
 from warden.client import Client
 from warden.engine.model import Node
@@ -83,14 +84,14 @@ def replay_history(c: Client, new_source: str, seconds: float) -> dict[str, Any]
 
 
 def print_diff(file: Path, out: dict[str, Any]) -> None:
-    con = Console(highlight=False)
+    con = tables.console(highlight=False)
     now = float(out["now"])
     settings = out.get("settings") or []
     if settings:
         t = Table("setting", "current", "new", title="settings that differ", title_justify="left", box=box.SIMPLE_HEAD)
         for s in settings:
             t.add_row(s["path"], _setting(s, "before"), _setting(s, "after"))
-        con.print(t)
+        tables.show(con, t)
     else:
         con.print(f"{file}: no setting differs from the policy in force")
     for job in out.get("queues_missing") or []:
@@ -114,7 +115,7 @@ def print_diff(file: Path, out: dict[str, Any]) -> None:
                 f"{_when(b['preemptible_from'], now)} → {_when(a['preemptible_from'], now)}",
                 f"{_yes(b['preempted'])} → {_yes(a['preempted'])}",
             )
-        con.print(t)
+        tables.show(con, t)
     pending = out.get("pending") or []
     if pending:
         t = Table("job", "queue", "tier", "position", "next pass", title="waiting jobs", title_justify="left")
@@ -130,7 +131,7 @@ def print_diff(file: Path, out: dict[str, Any]) -> None:
                 f"{b['position']} → {a['position']}{arrow}",
                 _outcome(a) if _outcome(a) == _outcome(b) else f"{_outcome(b)} → {_outcome(a)}",
             )
-        con.print(t)
+        tables.show(con, t)
         for p in pending:
             b, a = p["before"], p["after"]
             if p["reason_changed"] and a["reason"] is not None:
@@ -169,7 +170,7 @@ def _print_replay(con: Console, replay: dict[str, Any]) -> None:
             _difference(r["kind"], r["difference"]),
         )
         last = scope
-    con.print(t)
+    tables.show(con, t)
     for side in ("current", "new"):
         skipped = replay[side].get("skipped") or {}
         if skipped:

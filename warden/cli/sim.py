@@ -20,11 +20,12 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from warden.cli import tables
 from warden.engine.policy import PolicyError
 from warden.sim.cluster import ClusterError
 from warden.sim.experiment import Outcome, Setup, prepare, run_policy, sensitivity
 from warden.sim.loaders import FORMATS, TraceError
-from warden.sim.metrics import DEFAULT_MAX_PREEMPTIONS_PER_JOB, format_table
+from warden.sim.metrics import DEFAULT_MAX_PREEMPTIONS_PER_JOB, TABLE_COLUMNS, TABLE_NAMES, format_table
 from warden.sim.presets import PRESETS
 from warden.sim.report import write_report
 from warden.sim.simulator import SimulationLoopError
@@ -172,10 +173,9 @@ def _emit(outcomes: list[Outcome], as_json: bool, report: Path | None, many: boo
     if as_json:
         typer.echo(json.dumps(summaries if many else summaries[0], indent=2, allow_nan=False))
         return
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=200)  # a pipe or a file: keep every column whole
-    console.print(format_table(summaries))
+    console = tables.console()
+    names = {header: TABLE_NAMES[key] for header, key, _ in TABLE_COLUMNS if key in TABLE_NAMES}
+    tables.show(console, *tables.records(format_table(summaries), names, label="metric"))
     skipped = outcomes[0].summary.get("skipped") or {}
     if skipped:
         console.print("skipped trace jobs: " + ", ".join(f"{k} {v}" for k, v in sorted(skipped.items())))
@@ -281,7 +281,7 @@ def sensitivity_cmd(
 def _print_sensitivity(result: dict[str, Any]) -> None:
     from rich.table import Table
 
-    console = Console()
+    console = tables.console()
     console.print(
         f"{result['policy']}: {result['param']} {result['value']} → {result['moved_value']} ({result['jobs']} jobs)"
     )
@@ -289,10 +289,10 @@ def _print_sensitivity(result: dict[str, Any]) -> None:
         f"admission order moved: Kendall tau distance {result['kendall_tau_distance']:.4f} "
         "(0 = same order, 1 = reversed)"
     )
-    table = Table("metric", "as written", "moved")
+    table = Table("metric", tables.fixed("as written", justify="right"), tables.fixed("moved", justify="right"))
     for key, value in result["base"].items():
         table.add_row(key, _cell(value), _cell(result["moved"][key]))
-    console.print(table)
+    tables.show(console, table)
 
 
 def _cell(value: Any) -> str:

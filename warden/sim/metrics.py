@@ -645,6 +645,26 @@ TABLE_COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
 )
 """(header, summary key, formatter) of the human table; the HTML report uses the same."""
 
+TABLE_NAMES: dict[str, str] = {
+    "jobs": "jobs",
+    "avg_jct_s": "average job completion time",
+    "avg_wait_s": "average wait",
+    "p50_wait_s": "median wait (p50)",
+    "p95_wait_s": "95th percentile wait (p95)",
+    "makespan_s": "makespan",
+    "utilization": "GPU utilization",
+    "goodput": "goodput",
+    "preemptions": "preemptions",
+    "preemptions_per_job": "preemptions per job, mean / p95 / max",
+    "preemption_cycles": "cycles, over budget / alternating",
+    "lost_gpu_hours": "work lost to preemption, GPU-hours",
+    "max_wait_least_served_queue_s": "max wait of the least-served queue",
+    "starvation_breaches": "starvation breaches",
+    "eta_p5": "preemption efficiency η, p5",
+}
+"""Each `TABLE_COLUMNS` column named in full, by summary key: the row names of the table when
+it is turned on its side to fit a narrow terminal."""
+
 
 def table_cells(row: dict[str, Any]) -> list[str]:
     """One summary dict as the human table's cell texts, in `TABLE_COLUMNS` order."""
