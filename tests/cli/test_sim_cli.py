@@ -4,7 +4,9 @@ bad input."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -321,3 +323,46 @@ def test_the_installed_command_runs_a_simulation(trace: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["policy"] == "kueue"
+
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+ESTIMATE = re.compile(r"(<10 s|~\d+ s|~\d+ min|~\d+ h \d\d min) left")
+
+
+def sim_on_a_terminal(*args: str) -> subprocess.CompletedProcess[str]:
+    """`warden sim …` in its own process, its stderr taken for an 80-column terminal."""
+    env = {**os.environ, "FORCE_COLOR": "1", "COLUMNS": "80"}
+    return subprocess.run(
+        [sys.executable, "-m", "warden.cli.main", "sim", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def test_compare_shows_one_estimate_of_the_time_left_for_all_policies_on_stderr(trace: Path) -> None:
+    done = sim_on_a_terminal("compare", "--trace", str(trace), "--gpus", "16", "--policies", "governed,kueue")
+    assert done.returncode == 0, done.stderr
+    shown = ANSI.sub("", done.stderr)
+    assert "governed (1/2)" in shown and "kueue (2/2)" in shown and "120/120 jobs done" in shown
+    assert ESTIMATE.search(shown), shown
+    table = ANSI.sub("", done.stdout)
+    assert table.startswith("┏") and "left" not in table and "jobs done" not in table
+
+
+def test_sensitivity_counts_its_two_runs(trace: Path) -> None:
+    done = sim_on_a_terminal(
+        "sensitivity", "--trace", str(trace), "--gpus", "16", "--param", "tiers.3.lease", "--delta", "10%"
+    )
+    assert done.returncode == 0, done.stderr
+    shown = ANSI.sub("", done.stderr)
+    assert "governed as written (1/2)" in shown and "governed with tiers.3.lease 10% (2/2)" in shown
+    assert ESTIMATE.search(shown), shown
+
+
+def test_json_output_on_a_terminal_stays_one_document_without_progress(trace: Path) -> None:
+    done = sim_on_a_terminal("compare", "--trace", str(trace), "--gpus", "16", "--policies", "governed,kueue", "--json")
+    assert done.returncode == 0, done.stderr
+    assert [r["policy"] for r in json.loads(done.stdout)] == ["governed", "kueue"]
+    assert "jobs done" not in done.stderr and "left" not in done.stderr

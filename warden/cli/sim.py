@@ -11,6 +11,7 @@ one JSON document.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from warden.cli import tables
 from warden.engine.policy import PolicyError
@@ -27,6 +28,7 @@ from warden.sim.experiment import Outcome, Setup, prepare, run_policy, sensitivi
 from warden.sim.loaders import FORMATS, TraceError
 from warden.sim.metrics import DEFAULT_MAX_PREEMPTIONS_PER_JOB, TABLE_COLUMNS, TABLE_NAMES, format_table
 from warden.sim.presets import PRESETS
+from warden.sim.progress import SimProgress, describe_left, time_left
 from warden.sim.report import write_report
 from warden.sim.simulator import SimulationLoopError
 
@@ -114,42 +116,77 @@ def _setup(
 
 
 @contextmanager
-def _progress(label: str, quiet: bool) -> Iterator[Callable[[int, int], None]]:
-    """A progress bar on stderr for runs that take more than a moment."""
+def _progress(labels: list[str], quiet: bool) -> Iterator[Callable[[SimProgress], None] | None]:
+    """One display on stderr for the runs of a command, made one after the other: the current
+    run's bar and the time left for all of them (`progress.time_left`). None when quiet."""
+    if quiet:
+        yield None
+        return
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("jobs"),
+        TaskProgressColumn(),
+        TextColumn("{task.fields[jobs]}"),
         TimeElapsedColumn(),
+        TextColumn("{task.fields[left]}"),
         console=_err,
         transient=True,
-        disable=quiet,
+        refresh_per_second=4,  # each render (about 1 ms) holds the GIL the simulation runs on
     ) as bar:
-        task = bar.add_task(label, total=None)
+        runs = _Runs(bar, labels)
+        yield runs.update
 
-        def update(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
 
-        yield update
+class _Runs:
+    """Which run of the command is going and since when; a run is over at its `ended` report."""
+
+    def __init__(self, bar: Progress, labels: list[str]) -> None:
+        self.bar = bar
+        self.labels = labels
+        self.done = 0
+        self.started = self.run_started = time.monotonic()
+        self.task = bar.add_task(self._label(), total=1.0, jobs="", left=describe_left(None))
+
+    def _label(self) -> str:
+        k = min(self.done, len(self.labels) - 1)
+        return self.labels[k] if len(self.labels) == 1 else f"{self.labels[k]} ({k + 1}/{len(self.labels)})"
+
+    def update(self, p: SimProgress) -> None:
+        now = time.monotonic()
+        fraction, jobs = p.fraction, f"{p.finished:,}/{p.jobs:,} jobs done"
+        if p.ended:
+            self.done += 1
+            self.run_started = now
+            if self.done < len(self.labels):  # the next run starts; the estimate leans on the runs done
+                fraction, jobs = 0.0, ""
+        left = time_left(now - self.started, now - self.run_started, fraction, self.done, len(self.labels))
+        self.bar.update(
+            self.task,
+            description=self._label(),
+            completed=fraction,
+            jobs=jobs,
+            left=describe_left(left),
+            refresh=p.ended,
+        )
 
 
 def _run_all(
     setup: Setup, policies: list[str], quiet: bool, max_preemptions: int = DEFAULT_MAX_PREEMPTIONS_PER_JOB
 ) -> list[Outcome]:
     outcomes = []
-    for name in policies:
-        with _refusals(), _progress(name, quiet) as update:
-            try:
-                outcomes.append(run_policy(setup, name, update, max_preemptions))
-            except SimulationLoopError as err:
-                _err.print(
-                    f"[bold red]error:[/] {name}: the simulation stopped: {err}",
-                    highlight=False,
-                    markup=True,
-                    soft_wrap=True,
-                )
-                raise typer.Exit(EXIT_LOOP) from None
+    with _progress(policies, quiet) as update:
+        for name in policies:
+            with _refusals():
+                try:
+                    outcomes.append(run_policy(setup, name, update, max_preemptions))
+                except SimulationLoopError as err:
+                    _err.print(
+                        f"[bold red]error:[/] {name}: the simulation stopped: {err}",
+                        highlight=False,
+                        markup=True,
+                        soft_wrap=True,
+                    )
+                    raise typer.Exit(EXIT_LOOP) from None
     return outcomes
 
 
@@ -261,7 +298,8 @@ def sensitivity_cmd(
     """How much the admission order (Kendall tau distance) and the metrics change when one
     policy parameter moves a little."""
     setup = _setup(trace, format, gpus, cluster, seed, skip_invalid, limit, enrich)
-    with _refusals(), _progress(f"{policy} ±{param}", json_out) as update:
+    labels = [f"{policy} as written", f"{policy} with {param} {delta}"]
+    with _refusals(), _progress(labels, json_out) as update:
         try:
             result = sensitivity(setup, policy, param, delta, update)
         except SimulationLoopError as err:

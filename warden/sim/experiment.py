@@ -17,6 +17,7 @@ from warden.sim.cluster import load_cluster, pool, total_gpus
 from warden.sim.loaders import load_trace
 from warden.sim.metrics import DEFAULT_MAX_PREEMPTIONS_PER_JOB, natural_key, preemption_spread, summarize
 from warden.sim.presets import PRESETS, SimPolicy, entitlements, resolve_policy
+from warden.sim.progress import SimProgress
 from warden.sim.records import SimRun, Trace
 from warden.sim.simulator import simulate
 
@@ -67,7 +68,7 @@ class Outcome:
 def run_policy(
     setup: Setup,
     policy: str | SimPolicy,
-    on_progress: Callable[[int, int], None] | None = None,
+    on_progress: Callable[[SimProgress], None] | None = None,
     max_preemptions_per_job: int = DEFAULT_MAX_PREEMPTIONS_PER_JOB,
 ) -> Outcome:
     """Simulate one policy (a preset name, a policy file, or a resolved policy); the summary
@@ -205,7 +206,7 @@ def _inversions(seq: list[int]) -> int:
 
 
 def sensitivity(
-    setup: Setup, policy: str, path: str, delta: str, on_progress: Callable[[int, int], None] | None = None
+    setup: Setup, policy: str, path: str, delta: str, on_progress: Callable[[SimProgress], None] | None = None
 ) -> dict[str, Any]:
     """Run the policy as written and nudged; how far the admission order and metrics moved."""
     base_policy = resolve_policy(policy, setup.nominal, setup.gpus)

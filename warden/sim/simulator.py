@@ -29,6 +29,7 @@ from warden.engine.plan import Plan
 from warden.engine.scheduler import Engine
 from warden.runtime import tune_collector
 from warden.sim.presets import SimPolicy
+from warden.sim.progress import SimProgress
 from warden.sim.records import PreemptionCause, SimAttempt, SimJob, SimRun, Trace, TraceJob
 from warden.sim.workload import checkpoint_times, finish_time, progress_at, sigterm_exit
 
@@ -99,8 +100,10 @@ class Simulation:
     nodes: tuple[Node, ...]
     policy: SimPolicy
     entitlement: dict[str, float] = field(default_factory=dict)
-    on_progress: Callable[[int, int], None] | None = None
-    """Called now and then with (jobs arrived, jobs in the trace)."""
+    on_progress: Callable[[SimProgress], None] | None = None
+    """Told where the run stands: before the first event, at most once every
+    `progress_every_s` of wall time, and at the end (`SimProgress.ended`)."""
+    progress_every_s: float = 0.1
     skipped: dict[str, int] = field(default_factory=dict)
     """Trace jobs the cluster can never run, by reason."""
     on_pass: Callable[[Snapshot, Plan, float], None] | None = None
@@ -137,6 +140,7 @@ class Simulation:
         self.rates: dict[str, float] = {}
         self.ledger = UsageLedger()
         self.waiting = 0
+        self.finished = 0
         self.events: list[tuple[float, int, int, str, object, int]] = []
         self.seq = 0
         self.wakes: set[float] = set()
@@ -163,8 +167,11 @@ class Simulation:
         arrivals = [g.spec.submit for g in gangs]
         n, i = len(gangs), 0
         events = self.events
-        now = 0.0
-        report_every = max(1, n // 200)
+        now = arrivals[0] if n else 0.0
+        report = self.on_progress
+        if report is not None:
+            report(self._progress(now, i, arrivals))
+        next_report = time.perf_counter() + self.progress_every_s
         while i < n or events:
             now = min(arrivals[i] if i < n else math.inf, events[0][0] if events else math.inf)
             due_pass = False
@@ -180,16 +187,17 @@ class Simulation:
                 self._arrive(gangs[i], now)
                 i += 1
                 due_pass = True
-                if self.on_progress is not None and i % report_every == 0:
-                    self.on_progress(i, n)
             while events and events[0][0] == now and events[0][3] == _WAKE_K:
                 heapq.heappop(events)
                 self.wakes.discard(now)
                 due_pass = True
             if due_pass and self.waiting:
                 self._pass(now)
-        if self.on_progress is not None:
-            self.on_progress(n, n)
+            if report is not None and time.perf_counter() >= next_report:
+                report(self._progress(now, i, arrivals))
+                next_report = time.perf_counter() + self.progress_every_s
+        if report is not None:
+            report(replace(self._progress(now, i, arrivals), ended=True))
         records = tuple(self._record(g) for g in gangs)
         started = gangs[0].spec.submit if gangs else 0.0
         return SimRun(
@@ -211,6 +219,10 @@ class Simulation:
             passes=self.passes,
             engine_s=self.engine_s,
         )
+
+    def _progress(self, now: float, arrived: int, arrivals: list[float]) -> SimProgress:
+        first, last = (arrivals[0], arrivals[-1]) if arrivals else (0.0, 0.0)
+        return SimProgress(len(arrivals), arrived, self.finished, now, first, last)
 
     def _admissible(self) -> list[_Gang]:
         """The trace's jobs this cluster can run at all; the rest are counted in `skipped`.
@@ -498,6 +510,7 @@ class Simulation:
         p = progress_at(gang.spec, gang.segment_at, gang.saved, now)  # type: ignore[arg-type]
         self._segment_part(gang, now, gang.spec.duration, gang.spec.duration, p.checkpoint_s)
         gang.finished_at = now
+        self.finished += 1
         gang.token += 1
         for pod in gang.pods:
             self._release(pod, now)
@@ -683,7 +696,7 @@ def simulate(
     nodes: tuple[Node, ...],
     policy: SimPolicy,
     entitlement: dict[str, float] | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
+    on_progress: Callable[[SimProgress], None] | None = None,
 ) -> tuple[SimRun, dict[str, int]]:
     """Replay the trace; returns the run and the trace jobs skipped as impossible, by reason."""
     sim = Simulation(trace, nodes, policy, dict(entitlement or {}), on_progress)
