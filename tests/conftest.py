@@ -70,3 +70,12 @@ def ray_cluster() -> Iterator[object]:
     from raycluster import bring_up
 
     yield from bring_up()
+
+
+@pytest.fixture(autouse=True)
+def _no_terminal_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest-xdist's workers inherit COLUMNS=80 and LINES=24 where a plain pytest run has
+    none: the CLI lays its tables out by $COLUMNS, so every test starts without them and sets
+    the width it is about."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
