@@ -170,6 +170,14 @@ class _Runs:
         )
 
 
+def _stopped(name: str, err: SimulationLoopError) -> typer.Exit:
+    """Say that a loop guard stopped policy `name`'s run; the exit to raise."""
+    _err.print(
+        f"[bold red]error:[/] {name}: the simulation stopped: {err}", highlight=False, markup=True, soft_wrap=True
+    )
+    return typer.Exit(EXIT_LOOP)
+
+
 def _run_all(
     setup: Setup, policies: list[str], quiet: bool, max_preemptions: int = DEFAULT_MAX_PREEMPTIONS_PER_JOB
 ) -> list[Outcome]:
@@ -180,13 +188,7 @@ def _run_all(
                 try:
                     outcomes.append(run_policy(setup, name, update, max_preemptions))
                 except SimulationLoopError as err:
-                    _err.print(
-                        f"[bold red]error:[/] {name}: the simulation stopped: {err}",
-                        highlight=False,
-                        markup=True,
-                        soft_wrap=True,
-                    )
-                    raise typer.Exit(EXIT_LOOP) from None
+                    raise _stopped(name, err) from None
     return outcomes
 
 
@@ -303,13 +305,7 @@ def sensitivity_cmd(
         try:
             result = sensitivity(setup, policy, param, delta, update)
         except SimulationLoopError as err:
-            _err.print(
-                f"[bold red]error:[/] {policy}: the simulation stopped: {err}",
-                highlight=False,
-                markup=True,
-                soft_wrap=True,
-            )
-            raise typer.Exit(EXIT_LOOP) from None
+            raise _stopped(policy, err) from None
     if json_out:
         typer.echo(json.dumps(result, indent=2, allow_nan=False))
         return

@@ -108,11 +108,17 @@ def deadline_pair(grace_s: float) -> tuple[float, float]:
     return now + grace_s, time.monotonic() + grace_s
 
 
-def wall_lag(kill_at: float) -> float:
-    """Once the monotonic deadline has passed: how long the wall clock still needs to reach
-    `kill_at` (0 when it has, or when it lags by more than `WALL_SLACK_S`)."""
+def due(timer: KillTimer, key: Key, kill_at: float | None, kill_mono: float | None) -> bool:
+    """Whether the SIGKILL deadline armed for `key` has come: the monotonic one has passed and
+    so has the wall-clock one terminate reported (when that is at most `WALL_SLACK_S` further,
+    `key` is armed again for the rest). False too for no deadline, or one re-armed later."""
+    if kill_at is None or kill_mono is None or time.monotonic() < kill_mono:
+        return False
     lag = kill_at - time.time()
-    return lag if 0 < lag <= WALL_SLACK_S else 0.0
+    if 0 < lag <= WALL_SLACK_S:
+        timer.arm(time.monotonic() + lag, key)
+        return False
+    return True
 
 
 def adopted_deadline(given: Any) -> float | None:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from warden.executors.base import Exit, Handle, LaunchError, LaunchSpec, ReplicaHandle, ReplicaLaunch
-from warden.executors.deadlines import KillTimer, adopted_deadline, deadline_pair, wall_lag
+from warden.executors.deadlines import KillTimer, adopted_deadline, deadline_pair, due
 from warden.executors.identity import Identities, Identity
 from warden.executors.shim import group_alive, process_alive, read_json, start_ticks, write_json_atomic
 from warden.executors.tracking import AttemptTable
@@ -323,14 +323,8 @@ class LocalExecutor(AttemptTable[_Tracked]):
         with self._lock:
             for key in keys:
                 tracked = self._tracked.get(key)
-                if tracked is None or tracked.kill_at is None or tracked.kill_mono is None:
-                    continue  # already reported
-                if time.monotonic() < tracked.kill_mono:
-                    continue  # re-armed later at adoption
-                lag = wall_lag(tracked.kill_at)
-                if lag > 0:  # the deadline terminate reported is not there yet
-                    self._timer.arm(time.monotonic() + lag, key)
-                    continue
+                if tracked is None or not due(self._timer, key, tracked.kill_at, tracked.kill_mono):
+                    continue  # reported, re-armed later at adoption, or the wall clock not there yet
                 if self._kill_locked(tracked):
                     killed.append(tracked)
         for tracked in killed:

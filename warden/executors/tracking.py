@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, Generic, Protocol, Self, TypeVar
 
 from warden.executors.base import Handle, LaunchError, LaunchSpec, UnknownAttempt, validate_spec
-from warden.executors.deadlines import KillTimer, adopted_deadline, deadline_pair, wall_lag
+from warden.executors.deadlines import KillTimer, adopted_deadline, deadline_pair, due
 from warden.executors.records import read_job_json
 from warden.executors.shim import write_json_atomic
 
@@ -183,14 +183,8 @@ class RemoteAttemptTable(AttemptTable[S]):
         for key in keys:
             with self._lock:
                 tracked = self._tracked.get(key)
-                if tracked is None or tracked.kill_at is None or tracked.kill_mono is None:
-                    continue
-                if time.monotonic() < tracked.kill_mono:
-                    continue  # re-armed later at adoption
-                lag = wall_lag(tracked.kill_at)
-                if lag > 0:  # the deadline terminate reported is not there yet
-                    self._timer.arm(time.monotonic() + lag, key)
-                    continue
+                if tracked is None or not due(self._timer, key, tracked.kill_at, tracked.kill_mono):
+                    continue  # reported, re-armed later at adoption, or the wall clock not there yet
             self._kill(tracked)
 
     def _persist(self, tracked: S) -> None:
