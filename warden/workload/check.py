@@ -48,6 +48,8 @@ SAVES = "saves a checkpoint on SIGTERM"
 ATOMIC = "saves atomically"
 RESUMES = "resumes from the checkpoint"
 CHECKS = (PROGRESS, EXITS, SAVES, ATOMIC, RESUMES)
+INOTIFY = "inotify"
+"""How a file check was observed (the OBSERVED BY column)."""
 
 
 @dataclass(frozen=True)
@@ -134,8 +136,6 @@ class _Context:
             }
         )
         return Run(self.command, env, self.workdir)
-
-    inotify = "inotify"
 
     def events(self, mark: int) -> list[Event]:
         return self.watch.since(mark) if self.watch is not None else []
@@ -270,7 +270,7 @@ def _progress(ctx: _Context, run: Run, mark: int, attempt: int, since: float) ->
     for event in ctx.events(mark):
         new = event.at >= since and event.has(CREATE | MODIFY | MOVED_TO) and not event.is_dir
         if new and ctx.target.matches(event.path):
-            return ctx.inotify, f"{event.path} written"
+            return INOTIFY, f"{event.path} written"
     moments = run.output_since(since)
     if len(moments) >= OUTPUT_MOMENTS and moments[-1] - moments[0] >= OUTPUT_SPAN_S:
         return "output", f"output kept coming for {moments[-1] - moments[0]:.1f} s"
@@ -287,19 +287,19 @@ def _check_save(ctx: _Context, verdict: Verdict, mark: int, sigterm_at: float) -
     ways = {rel: way for rel in files(ctx.target) if (way := arrival(events, rel)) is not None}
     verdict.saved_files = sorted(ways)
     if finished:
-        how = "SDK checkpoint report" + (f", {ctx.inotify}" if ctx.watch is not None else "")
+        how = "SDK checkpoint report" + (f", {INOTIFY}" if ctx.watch is not None else "")
         took = f"step {verdict.saved_step}" + (f", save took {verdict.save_s:.3f} s" if verdict.save_s else "")
         verdict.add(SAVES, True, how, took + (f"; wrote {_names(ways)}" if ways else ""))
     elif ctx.watch is None:
         verdict.add(SAVES, False, "no SDK report", f"files could not be watched ({ctx.watch_error}) and no report")
         return []
     elif ways:
-        verdict.add(SAVES, True, ctx.inotify, f"wrote {_names(ways)} after SIGTERM")
+        verdict.add(SAVES, True, INOTIFY, f"wrote {_names(ways)} after SIGTERM")
     else:
         verdict.add(
             SAVES,
             False,
-            ctx.inotify,
+            INOTIFY,
             f"no file written in {ctx.target.describe()} after SIGTERM"
             + ("" if ctx.target.pattern else "; pass --checkpoint PATH/GLOB if it saves elsewhere"),
         )
@@ -307,15 +307,15 @@ def _check_save(ctx: _Context, verdict: Verdict, mark: int, sigterm_at: float) -
     if ctx.watch is None:
         verdict.add(ATOMIC, True, "SDK checkpoint report", "the SDK writes a temporary file and renames it")
     elif ctx.watch.overflowed:
-        verdict.add(ATOMIC, False, ctx.inotify, "too many file events to follow (inotify queue overflow)")
+        verdict.add(ATOMIC, False, INOTIFY, "too many file events to follow (inotify queue overflow)")
     else:
         torn = [how for ok, how in ways.values() if not ok]
         if torn:
-            verdict.add(ATOMIC, False, ctx.inotify, f"{torn[0]}: SIGKILL during that save would leave it half-written")
+            verdict.add(ATOMIC, False, INOTIFY, f"{torn[0]}: SIGKILL during that save would leave it half-written")
         else:
             hows = [how for _, how in ways.values()]
             verdict.add(
-                ATOMIC, True, ctx.inotify, "; ".join(hows[:2]) + (f"; {len(hows) - 2} more" if len(hows) > 2 else "")
+                ATOMIC, True, INOTIFY, "; ".join(hows[:2]) + (f"; {len(hows) - 2} more" if len(hows) > 2 else "")
             )
     return sorted(ways)
 
@@ -363,11 +363,11 @@ def _check_resume(ctx: _Context, verdict: Verdict, saved: list[str]) -> None:
                 if seen is None and ctx.warmup is not None and time.time() - opened.at >= ctx.warmup:
                     seen = ("--warmup", f"still running after {ctx.warmup:g} s")
                 if seen is not None:
-                    verdict.add(RESUMES, True, f"{ctx.inotify}, {seen[0]}", f"opened {opened.path}; then {seen[1]}")
+                    verdict.add(RESUMES, True, f"{INOTIFY}, {seen[0]}", f"opened {opened.path}; then {seen[1]}")
                     return
             if code is not None:
                 what = f"after opening {opened.path}" if opened else "without opening the checkpoint saved on SIGTERM"
-                verdict.add(RESUMES, False, ctx.inotify, f"run 2 {second.ended()} {what}")
+                verdict.add(RESUMES, False, INOTIFY, f"run 2 {second.ended()} {what}")
                 return
             if time.monotonic() >= deadline:
                 if opened is None:
@@ -376,7 +376,7 @@ def _check_resume(ctx: _Context, verdict: Verdict, saved: list[str]) -> None:
                     )
                 else:
                     detail = f"run 2 opened {opened.path} but showed no progress in {ctx.timeout:g} s"
-                verdict.add(RESUMES, False, ctx.inotify, detail)
+                verdict.add(RESUMES, False, INOTIFY, detail)
                 return
             time.sleep(_POLL_S)
     finally:
