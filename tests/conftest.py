@@ -1,9 +1,14 @@
 """Run as root (as CI does), warden runs every job as an unprivileged uid (docs/security.md).
-Such a job must be able to run this interpreter and to write where a test tells it to. So,
-under root, `tmp_path` lies in a directory of this session that every uid may pass through
-(pytest's own base is 0700 and reset by every pytest session that starts) and is open to
-everyone (0777); and the directories up to the interpreter and the repository are made
-passable (o+x, never o+r) once per session."""
+Such a job must be able to run this interpreter, import this checkout, and write where a test
+tells it to.
+
+The first two are what an admin does on a real machine (docs/security.md, "Setting it up"):
+`scripts/test` makes the directories above the interpreter and the checkout passable (o+x,
+never o+r), and a session that finds them closed stops at once saying so, rather than failing
+every job test. The third is a shared scratch directory, as an admin would give jobs: under
+root, `tmp_path` lies in a directory of this session every uid may pass through (0711) and is
+open to everyone (0777). Nothing else is prepared: a server's state directory is checked by
+the server itself, and tests/server/test_state_dir.py starts one on the real default path."""
 
 from __future__ import annotations
 
@@ -22,12 +27,30 @@ ROOT = os.geteuid() == 0
 REPO = Path(__file__).resolve().parents[1]
 
 
-def passable(path: Path) -> None:
-    """Let every uid pass through `path` and each directory above it (search, not list)."""
-    for directory in (path, *path.parents):
-        mode = directory.stat().st_mode
-        if not mode & stat.S_IXOTH:
-            os.chmod(directory, stat.S_IMODE(mode) | stat.S_IXOTH)
+def closed_above(path: Path) -> Path | None:
+    """The first directory at or above `path` that other uids may not pass through."""
+    for directory in reversed((path, *path.parents)):
+        if not directory.stat().st_mode & stat.S_IXOTH:
+            return directory
+    return None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not ROOT:
+        return
+    for what, path in (
+        ("this interpreter", Path(sys.executable).resolve().parent),
+        ("the Python environment", Path(sys.prefix)),
+        ("this checkout", REPO),
+    ):
+        closed = closed_above(path)
+        if closed is not None:
+            pytest.exit(
+                f"as root, warden runs jobs as other uids, and they cannot reach {what} ({path}): {closed} is "
+                f"{stat.filemode(closed.stat().st_mode)}. Run ./scripts/test (it makes the way passable, as "
+                "docs/security.md asks of an admin), or chmod o+x each directory above it.",
+                returncode=4,
+            )
 
 
 @pytest.fixture(scope="session")
@@ -35,12 +58,8 @@ def _jobs_base() -> Iterator[Path | None]:
     if not ROOT:
         yield None
         return
-    passable(Path(sys.prefix))
-    passable(Path(sys.executable).resolve().parent)
-    passable(REPO)
     base = Path(tempfile.mkdtemp(prefix="warden-tests-"))
     os.chmod(base, 0o711)
-    passable(base)
     yield base
     shutil.rmtree(base, ignore_errors=True)
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
+
+from warden.paths import default_state_dir
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 SUBMIT_BACKOFF_S = 0.5
@@ -45,12 +46,7 @@ class Unreachable(Exception):
 
 def local_token() -> str | None:
     """The admin token a server on this machine wrote at its first start, if readable."""
-    base = os.environ.get("WARDEN_STATE_DIR")
-    if base:
-        state = Path(base)
-    else:
-        xdg = os.environ.get("XDG_STATE_HOME")
-        state = (Path(xdg) if xdg else Path.home() / ".local" / "state") / "warden"
+    state = default_state_dir()
     try:
         return (state / "admin-token").read_text().strip() or None
     except OSError:

@@ -61,13 +61,16 @@ class Server:
     args: tuple[str, ...] = ()  # more options for `warden server`
     bootstrap: bool = True  # pass ADMIN in $WARDEN_BOOTSTRAP_TOKEN
     env: dict[str, str] = field(default_factory=dict)  # more environment (SLURM_CONF, WARDEN_EXECUTOR)
+    state_option: bool = True  # False: no --state-dir, the server picks its default (`state_dir` says which)
+    log_dir: Path | None = None  # where the server's log goes (default: the state directory)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> Server:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        if self.state_option:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
         args = [
             sys.executable,
             "-m",
@@ -76,8 +79,7 @@ class Server:
             "--port",
             str(self.port),
             *(("--fake-gpus", str(self.gpus)) if self.gpus is not None else ()),
-            "--state-dir",
-            str(self.state_dir),
+            *(("--state-dir", str(self.state_dir)) if self.state_option else ()),
             *(self.run_as if os.geteuid() == 0 else ()),
             *self.args,
         ]
@@ -85,7 +87,7 @@ class Server:
             args += ["--policy", str(self.policy)]
         if self.db is not None:
             args += ["--db", self.db]
-        self.log = self.state_dir / f"server-{self.port}-{time.monotonic_ns()}.log"
+        self.log = (self.log_dir or self.state_dir) / f"server-{self.port}-{time.monotonic_ns()}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
         env.update(self.env)
         if self.bootstrap:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import select as select_module
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
 from sqlalchemy import Engine, event, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
+from warden import paths
 from warden.engine.model import Attempt, Job, JobState, Node, ReplicaPlacement
 from warden.store import JobNotFound, NodeRecord, Store, connect, default_url, hash_token, migrate
 from warden.store.db import normalize_url, state_dir
@@ -690,11 +692,37 @@ def test_default_url_follows_the_state_directory(tmp_path: Path, monkeypatch: py
     assert default_url() == f"sqlite:///{tmp_path / 'explicit' / 'warden.db'}"
     assert (tmp_path / "explicit").is_dir()
     monkeypatch.delenv("WARDEN_STATE_DIR")
+    monkeypatch.setattr(paths.os, "geteuid", lambda: 1000)  # an ordinary user
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
     assert state_dir() == tmp_path / "xdg" / "warden"
     monkeypatch.delenv("XDG_STATE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert default_url() == f"sqlite:///{tmp_path / 'home' / '.local' / 'state' / 'warden' / 'warden.db'}"
+
+
+def test_missing_directories_above_the_state_directory_are_passable_whatever_the_umask(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(paths.os, "geteuid", lambda: 1000)
+    monkeypatch.delenv("WARDEN_STATE_DIR", raising=False)
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    old = os.umask(0o077)  # the server's
+    try:
+        made = state_dir()
+    finally:
+        os.umask(old)
+    for directory in (tmp_path / "home", tmp_path / "home" / ".local", tmp_path / "home" / ".local" / "state", made):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o755, directory
+
+
+def test_as_root_the_default_state_directory_is_var_lib_warden(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WARDEN_STATE_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", "/root/.local/state")  # a root login's own: not for the server
+    monkeypatch.setattr(paths.os, "geteuid", lambda: 0)
+    assert paths.default_state_dir() == Path("/var/lib/warden")
+    monkeypatch.setenv("WARDEN_STATE_DIR", "/srv/warden")
+    assert paths.default_state_dir() == Path("/srv/warden")
 
 
 def test_postgresql_urls_use_psycopg_3() -> None:

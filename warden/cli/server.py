@@ -110,7 +110,8 @@ def register(app: typer.Typer) -> None:
             Path | None,
             typer.Option(
                 "--state-dir",
-                help="Logs, checkpoints and the default database (default $WARDEN_STATE_DIR or ~/.local/state/warden).",
+                help="Logs, checkpoints and the default database (default $WARDEN_STATE_DIR; as root /var/lib/warden, "
+                "else ~/.local/state/warden).",
                 show_default=False,
             ),
         ] = None,
@@ -203,6 +204,7 @@ def register(app: typer.Typer) -> None:
         from warden.executors.ray import RayError
         from warden.executors.slurm import SlurmError
         from warden.server.app import Settings, serve
+        from warden.server.statedir import StateDirError
 
         if fake_gpus is not None and fake_gpus < 0:
             fail(f"--fake-gpus: {fake_gpus} must not be negative")
@@ -260,3 +262,5 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2) from None
         except (SlurmError, RayError) as err:
             fail(f"--executor {executor}: {err}")
+        except StateDirError as err:
+            fail(str(err))

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from warden import paths
 from warden.executors.base import Exit, Handle, LaunchError, LaunchSpec, ReplicaHandle, ReplicaLaunch
 from warden.executors.deadlines import KillTimer, adopted_deadline, deadline_pair, due
 from warden.executors.identity import Identities, Identity
@@ -527,16 +528,7 @@ def _prepare_dirs(spec: LaunchSpec, identity: Identity | None, others: set[int])
 def make_dirs(path: Path) -> None:
     """`mkdir -p`, the directories it creates 0711 (not the umask's 0700): a job that runs as
     another uid must be able to pass through them to its own directories."""
-    missing = []
-    while not path.exists():
-        missing.append(path)
-        path = path.parent
-    for directory in reversed(missing):
-        try:
-            directory.mkdir(mode=0o711)
-        except FileExistsError:
-            continue
-        os.chmod(directory, 0o711)
+    paths.make_dirs(path, 0o711)
 
 
 def _give(directory: Path, identity: Identity, others: set[int]) -> None:

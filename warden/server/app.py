@@ -24,14 +24,15 @@ from warden.executors.identity import DEFAULT_JOB_UIDS, Identities
 from warden.executors.local import LocalExecutor
 from warden.executors.ray import RayError, RayExecutor
 from warden.executors.slurm import SlurmExecutor
+from warden.paths import default_state_dir, make_dirs
 from warden.runtime import tune_collector
 from warden.server.api import build_router, install_error_handlers, install_request_limits, metrics_route
 from warden.server.forecasts import INTERVAL_S as FORECAST_INTERVAL_S
 from warden.server.history import INTERVAL_S as HISTORY_INTERVAL_S
 from warden.server.service import Service
+from warden.server.statedir import bind_database, check_reachable, interpreter_warning, lock_server
 from warden.server.ui import mount_ui
 from warden.store.db import connect, default_url, migrate, secure_sqlite_files
-from warden.store.db import state_dir as default_state_dir
 from warden.store.repo import NodeRecord, Store
 
 log = logging.getLogger("warden.server")
@@ -167,13 +168,19 @@ def build_service(settings: Settings, say: Callable[[str], None] = print) -> Ser
     import time
 
     state = settings.state_dir or default_state_dir()
-    state.mkdir(parents=True, exist_ok=True)
+    make_dirs(state)
     identities = job_identities(settings, say)
     secure_state_dir(state, identities.switching)
-    engine = connect(settings.db or default_url(state))
+    check_reachable(state, identities, say=lambda line: _warn(line, say))
+    warning = interpreter_warning(identities)
+    if warning is not None:
+        _warn(warning, say)
+    url = settings.db or default_url(state)
+    engine = connect(url)
     migrate(engine)
     secure_sqlite_files(engine)
     store = Store(engine)
+    bind_database(state, store.database_id(), url)
     now = time.time()
     executor: Executor
     inventory: Callable[[], Inventory] | None = None
@@ -197,14 +204,13 @@ def build_service(settings: Settings, say: Callable[[str], None] = print) -> Ser
     for w in overcommitted(policy, nodes):
         _warn(f"WARNING: the policy's quotas exceed this cluster. {w.message}", say)
     _tokens(store, settings.bootstrap_token, state, now, say)
-    url = f"http://{_reachable(settings.host)}:{settings.port}"
     service = Service(
         store,
         executor,
         nodes,
         policy,
         state,
-        url=url,
+        url=f"http://{_reachable(settings.host)}:{settings.port}",
         inventory=inventory,
         history_interval_s=settings.history_interval_s,
         forecast_interval_s=settings.forecast_interval_s,
@@ -246,10 +252,18 @@ def serve(settings: Settings, say: Callable[[str], None] = print) -> None:
 
     tune_collector()
     os.umask(0o077)  # whatever the server creates is its own: database, secrets, logs
+    state = settings.state_dir or default_state_dir()
+    make_dirs(state)
+    # Held until the process exits: the kernel releases them however it ends.
+    locks = lock_server(state, settings.db or default_url(state), settings.port)
     service = build_service(settings, say)
     gpus = sum(n.gpus for n in service.nodes)
     say(
         f"warden serving on http://{settings.host}:{settings.port} — {gpus} GPU(s), policy with "
         f"{len(service.policy.leaves())} leaf queue(s), state in {service.state_dir}"
     )
-    uvicorn.run(create_app(service), host=settings.host, port=settings.port, log_level="warning")
+    try:
+        uvicorn.run(create_app(service), host=settings.host, port=settings.port, log_level="warning")
+    finally:
+        for lock in locks:
+            lock.release()

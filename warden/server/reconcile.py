@@ -56,6 +56,7 @@ from warden.engine.policy import Policy
 from warden.engine.scheduler import Engine
 from warden.executors.base import Executor, Exit, Handle, Inventory, LaunchSpec, ReplicaLaunch, UnknownAttempt
 from warden.server.history import INTERVAL_S, History
+from warden.server.statedir import set_aside_stale
 from warden.store.repo import ActiveJob, NodeRecord, Store, StoredAttempt, StoredJob
 
 if TYPE_CHECKING:
@@ -375,6 +376,7 @@ class Reconciler:
             if self.inventory is not None:
                 self._follow_nodes(self.inventory(), now)
             active = self._cancel_marked(self.store.active(), now)
+            active = self._cancels_pending(active, now)
             snapshot = self._snapshot(active, now)
             plan = self._plan(snapshot, now)
             self._phase("planned")
@@ -836,12 +838,47 @@ class Reconciler:
                 f"{attempt.kill_at or 0:.3f}); it ends CANCELLED when its processes exit"
             )
         grace = effective_grace(self.policy, job.tier, job.grace_s)
+        kill_at = self._signal_cancelled(job, attempt, grace, now)
+        if kill_at is None:  # not started or not adopted yet: a later pass signals it
+            return f"marked cancelled while {job.state.value}; SIGTERM follows once its processes are tracked"
+        return f"SIGTERM sent while {job.state.value}; SIGKILL at {kill_at:.3f} (grace {grace:g}s)"
+
+    def _signal_cancelled(self, job: StoredJob, attempt: StoredAttempt, grace: float, now: float) -> float | None:
+        """SIGTERM a cancelled job's attempt (SIGKILL after `grace`); its SIGKILL deadline, or
+        None while the executor does not track its processes (not started or not adopted yet)."""
         try:
             kill_at = self.executor.terminate(str(job.id), attempt.number, grace)
-        except UnknownAttempt:  # not started or not adopted yet: its exit or recovery ends it
-            return f"marked cancelled while {job.state.value}; its processes are not tracked yet"
+        except UnknownAttempt:
+            return None
         self.store.update_attempt(job.id, attempt.number, state="terminating", sigterm_at=now, kill_at=kill_at)
-        return f"SIGTERM sent while {job.state.value}; SIGKILL at {kill_at:.3f} (grace {grace:g}s)"
+        return kill_at
+
+    def _cancels_pending(self, active: tuple[ActiveJob, ...], now: float) -> tuple[ActiveJob, ...]:
+        """Carry out every cancel that was recorded but never signalled: one sent while the
+        job's processes were not tracked yet, or before a server stopped (a restarted server
+        adopts the attempt, then this pass sends its SIGTERM). Returns `active` read again when
+        any was signalled."""
+        signalled = False
+        for a in active:
+            job, attempt = a.job, a.attempt
+            if not (job.cancel_requested and job.state.holds_resources) or attempt is None:
+                continue
+            if attempt.sigterm_at is not None or attempt.ended_at is not None or attempt.handle is None:
+                continue
+            grace = effective_grace(self.policy, job.tier, job.grace_s)
+            kill_at = self._signal_cancelled(job, attempt, grace, now)
+            if kill_at is None:
+                continue
+            signalled = True
+            self.store.transition(
+                job.id,
+                job.state,
+                reason=f"SIGTERM sent for the cancel requested earlier; SIGKILL at {kill_at:.3f} (grace {grace:g}s)",
+                actor="warden",
+                now=now,
+                expect_state={job.state},
+            )
+        return self.store.active() if signalled else active
 
     def _cancel_marked(self, active: tuple[ActiveJob, ...], now: float) -> tuple[ActiveJob, ...]:
         """Waiting jobs a cancel marked (an older server could requeue them) end CANCELLED
@@ -887,6 +924,11 @@ class Reconciler:
             },
         ):
             return None  # cancelled meanwhile
+        stale = set_aside_stale(self.state_dir, job.id, number)
+        if stale is not None:
+            log.warning(
+                "job %s attempt %d: a directory was already where its own goes; moved to %s", job.id, number, stale
+            )
         self._explained.pop(str(job.id), None)
         if self.metrics is not None:
             self.metrics.admission(job.queue, job.tier, waited)

@@ -18,6 +18,8 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import URL, Connection, make_url
 
+from warden.paths import default_state_dir, make_dirs
+
 SqliteSync = Literal["FULL", "NORMAL"]
 
 WRITE_OPTION = "warden_write"
@@ -31,16 +33,9 @@ MIGRATE_LOCK_KEY = 0x77617264656E  # "warden": PostgreSQL advisory lock serializ
 
 
 def state_dir() -> Path:
-    """The per-user state directory: $WARDEN_STATE_DIR, else $XDG_STATE_HOME/warden, else
-    ~/.local/state/warden (the XDG base-directory default). Created when missing."""
-    explicit = os.environ.get("WARDEN_STATE_DIR")
-    if explicit:
-        path = Path(explicit).expanduser()
-    else:
-        xdg = os.environ.get("XDG_STATE_HOME")
-        base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "state"
-        path = base / "warden"
-    path.mkdir(parents=True, exist_ok=True)
+    """The default state directory (`warden.paths.default_state_dir`), created when missing."""
+    path = default_state_dir()
+    make_dirs(path)
     return path
 
 

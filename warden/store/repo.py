@@ -48,6 +48,7 @@ from warden.store.schema import (
     EventRow,
     JobRow,
     LedgerRow,
+    MetaRow,
     NodeRow,
     PolicyRow,
     SampleRow,
@@ -63,6 +64,7 @@ POLICIES = cast(Table, PolicyRow.__table__)
 LEDGER = cast(Table, LedgerRow.__table__)
 NODES = cast(Table, NodeRow.__table__)
 SAMPLES = cast(Table, SampleRow.__table__)
+META = cast(Table, MetaRow.__table__)
 
 TERMINAL_STATES = frozenset(s.value for s in JobState if s.terminal)
 WAITING_STATES = frozenset(s.value for s in JobState if s.waiting)
@@ -943,6 +945,16 @@ class Store:
         """Every token's grant, revoked ones included, in creation order; never a secret."""
         with self._read() as conn:
             return tuple(_token(row) for row in conn.execute(select(TOKENS).order_by(TOKENS.c.id)))
+
+    # --- the database itself --------------------------------------------------------------------
+
+    def database_id(self) -> str:
+        """The database's identity, made once by its migration: what a state directory is bound to."""
+        with self._read() as conn:
+            value = conn.execute(select(META.c.value).where(META.c.key == "database_id")).scalar_one_or_none()
+        if value is None:
+            raise RuntimeError("the database has no database_id in its meta table: it was not migrated by warden")
+        return str(value)
 
     # --- audit ---------------------------------------------------------------------------------
 

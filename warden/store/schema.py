@@ -226,6 +226,16 @@ class LedgerRow(Base):
     at: Mapped[float] = mapped_column(Double)
 
 
+class MetaRow(Base):
+    """Facts about the database itself: `database_id`, the random identity a state directory
+    is bound to."""
+
+    __tablename__ = "meta"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
 class NodeRow(Base):
     """The cluster as discovered when the server started."""
 
