@@ -20,6 +20,7 @@ import pytest
 import typer.main
 import yaml
 
+from warden import paths
 from warden.cli.server import CONFIG_KEYS, _load_config
 from warden.engine.policy import parse_policy
 
@@ -246,7 +247,9 @@ def test_the_state_directory_is_the_documented_one() -> None:
     assert one(service, "StateDirectory") == "warden"
     assert one(service, "StateDirectoryMode") == "0711"  # the mode the server wants when jobs run as other uids
     state = Path("/var/lib") / one(service, "StateDirectory")  # StateDirectory= is relative to /var/lib
-    assert unit_environment(unit()).get("WARDEN_STATE_DIR") == str(state)
+    # The server's own default as root, so the unit needs no option or variable for it.
+    assert state == paths.ROOT_STATE_DIR
+    assert unit_environment(unit()).get("WARDEN_STATE_DIR", str(state)) == str(state)
     doc = DOC.read_text()
     assert f"In `{state}`: `StateDirectory=warden`" in doc
     assert f"{state}/admin-token" in doc
