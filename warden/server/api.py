@@ -76,6 +76,9 @@ def clean_text(text: str) -> str:
 Text = Annotated[str, AfterValidator(clean_text)]
 Name = Annotated[Text, Field(max_length=NAME_CHARS)]
 Count = Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]
+Positive = Annotated[int, Field(strict=True, ge=1, le=INT32_MAX)]
+"""A count of at least one. Its own type: a `Field(ge=1)` on a `Count` field loses to the
+`ge=0` inside `Count` (pydantic applies an Annotated type's constraints after the field's)."""
 BigCount = Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]
 """A counter a long run can take past 2³¹ (training steps, samples): a BigInteger column."""
 
@@ -93,7 +96,7 @@ class SubmitRequest(_Request):
     command: list[Text] = Field(min_length=1)
     name: Name = ""
     gpus: Count = Field(default=1, description="GPUs per replica")
-    replicas: Count = Field(default=1, ge=1)
+    replicas: Positive = Field(default=1, description="replicas of the gang, admitted and evicted whole")
     cpu: Count = Field(default=0, description="millicores per replica")
     memory: Count = Field(default=0, description="MiB per replica")
     flavor: Name | None = None
@@ -102,7 +105,9 @@ class SubmitRequest(_Request):
     grace: Duration | None = Field(
         default=None, description="grace period after SIGTERM, e.g. 300s; between the policy's min_grace and max_grace"
     )
-    time_limit: Duration | None = Field(default=None, description="runtime estimate, used for reservations")
+    time_limit: Duration | None = Field(
+        default=None, description="runtime estimate, used for reservations; more than 0 (leave it out for none)"
+    )
     workdir: Text | None = None
     env: dict[Text, Text] = Field(default_factory=dict)
 
@@ -436,9 +441,12 @@ def build_router(service: "Service") -> APIRouter:
     def history(
         who: Caller,
         since: Annotated[
-            float | None, Query(ge=0, le=TIME_MAX, description="unix seconds (default: until - 24h)")
+            float | None,
+            Query(ge=0, le=TIME_MAX, allow_inf_nan=False, description="unix seconds (default: until - 24h)"),
         ] = None,
-        until: Annotated[float | None, Query(ge=0, le=TIME_MAX, description="unix seconds (default: now)")] = None,
+        until: Annotated[
+            float | None, Query(ge=0, le=TIME_MAX, allow_inf_nan=False, description="unix seconds (default: now)")
+        ] = None,
     ) -> dict[str, Any]:
         """The samples taken from `since` to `until` (at most 31 days apart), oldest first; at
         most 2000, spread evenly over the span when it holds more."""
@@ -455,7 +463,7 @@ def build_router(service: "Service") -> APIRouter:
     def preemptions(
         who: Caller,
         since: Annotated[
-            float | None, Query(ge=0, le=TIME_MAX, description="unix seconds (default: now - 24h)")
+            float | None, Query(ge=0, le=TIME_MAX, allow_inf_nan=False, description="unix seconds (default: now - 24h)")
         ] = None,
         limit: Annotated[int, Query(ge=1, le=PAGE_MAX)] = 200,
     ) -> list[dict[str, Any]]:
@@ -500,7 +508,13 @@ def build_router(service: "Service") -> APIRouter:
     def export_history(
         who: Caller,
         since: Annotated[
-            float | None, Query(ge=0, le=TIME_MAX, description="unix seconds (default: now - 30d; at most 400d ago)")
+            float | None,
+            Query(
+                ge=0,
+                le=TIME_MAX,
+                allow_inf_nan=False,
+                description="unix seconds (default: now - 30d; at most 400d ago)",
+            ),
         ] = None,
         format: Annotated[Literal["native", "parquet"], Query(description="native CSV, or Parquet")] = "native",
     ) -> Response:
