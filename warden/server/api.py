@@ -25,6 +25,7 @@ from warden.engine.overcommit import overcommitted
 from warden.engine.policy import Duration
 from warden.server.auth import Principal, bearer
 from warden.server.errors import ApiError, ErrorBody, error_body, safe_value, shorten
+from warden.server.explanations import wall_times
 from warden.server.export import PARQUET_HINT, to_csv, to_parquet
 from warden.server.history import MOST_SAMPLES, SPAN_MAX_S, history_view
 from warden.server.views import (
@@ -450,12 +451,15 @@ def build_router(service: "Service") -> APIRouter:
     ) -> dict[str, Any]:
         """The samples taken from `since` to `until` (at most 31 days apart), oldest first; at
         most 2000, spread evenly over the span when it holds more."""
-        end = _finite("until", until) if until is not None else service.now()
+        now = service.now()
+        end = _finite("until", until) if until is not None else now
         start = _finite("since", since) if since is not None else end - DAY_S
         if start > end:
-            raise ApiError(422, "since", since, f"is after until ({end:.3f})")
+            raise ApiError(422, "since", since, f"is after until, {wall_times(now)(end)}")
         if end - start > SPAN_MAX_S:
-            raise ApiError(422, "since", since, f"is more than {SPAN_MAX_S / DAY_S:.0f} days before until ({end:.3f})")
+            raise ApiError(
+                422, "since", since, f"is more than {SPAN_MAX_S / DAY_S:.0f} days before until, {wall_times(now)(end)}"
+            )
         samples = service.store.samples(start, end, MOST_SAMPLES)
         return history_view(samples, service.reconciler.history.interval_s)
 
@@ -468,8 +472,9 @@ def build_router(service: "Service") -> APIRouter:
         limit: Annotated[int, Query(ge=1, le=PAGE_MAX)] = 200,
     ) -> list[dict[str, Any]]:
         """Preemptions, reclaims and evictions whose SIGTERM came at `since` or later, newest first."""
-        start = _finite("since", since) if since is not None else service.now() - DAY_S
-        return [preemption_view(p) for p in service.store.preemptions(start, limit)]
+        now = service.now()
+        start = _finite("since", since) if since is not None else now - DAY_S
+        return [preemption_view(p, now) for p in service.store.preemptions(start, limit)]
 
     @r.get("/queues", responses=errors(401))
     def queues(who: Caller) -> list[dict[str, Any]]:

@@ -55,6 +55,7 @@ from warden.engine.plan import Plan
 from warden.engine.policy import Policy
 from warden.engine.scheduler import Engine
 from warden.executors.base import Executor, Exit, Handle, Inventory, LaunchSpec, ReplicaLaunch, UnknownAttempt
+from warden.server.explanations import KILL_AT
 from warden.server.history import INTERVAL_S, History
 from warden.store.repo import ActiveJob, NodeRecord, Store, StoredAttempt, StoredJob
 
@@ -645,7 +646,8 @@ class Reconciler:
             JobState.PREEMPTING,
             now=now,
             actor="warden",
-            reason=f"evicted: {why}; the whole gang stops and is requeued; grace {grace:.0f}s, SIGKILL at {kill_at:.3f}",
+            reason=f"evicted: {why}; the whole gang stops and is requeued; grace {grace:.0f}s",
+            details={KILL_AT: kill_at, "grace_s": grace},
             expect_state={job.state},
             expect_cancel_requested=False,
         ):
@@ -774,8 +776,8 @@ class Reconciler:
             JobState.PREEMPTING,
             now=now,
             actor="warden",
-            reason=f"preempted for job {for_job} ({kind}); grace {grace:.0f}s, "
-            f"SIGKILL at {kill_at:.3f}; expected lost work {lost:.0f} GPU-s",
+            reason=f"preempted for job {for_job} ({kind}); expected lost work {lost:.0f} GPU-s; grace {grace:.0f}s",
+            details={KILL_AT: kill_at, "grace_s": grace, "expected_lost_gpu_s": lost},
             expect_state={job.state},
             expect_cancel_requested=False,
         ):
@@ -832,8 +834,8 @@ class Reconciler:
             return f"marked cancelled while {job.state.value} (its attempt has no processes)"
         if attempt.sigterm_at is not None:
             return (
-                f"marked cancelled while {job.state.value}: already terminating (SIGKILL at "
-                f"{attempt.kill_at or 0:.3f}); it ends CANCELLED when its processes exit"
+                f"marked cancelled while {job.state.value}: already terminating, its SIGKILL deadline "
+                "unchanged; it ends CANCELLED when its processes exit"
             )
         grace = effective_grace(self.policy, job.tier, job.grace_s)
         try:
@@ -841,7 +843,7 @@ class Reconciler:
         except UnknownAttempt:  # not started or not adopted yet: its exit or recovery ends it
             return f"marked cancelled while {job.state.value}; its processes are not tracked yet"
         self.store.update_attempt(job.id, attempt.number, state="terminating", sigterm_at=now, kill_at=kill_at)
-        return f"SIGTERM sent while {job.state.value}; SIGKILL at {kill_at:.3f} (grace {grace:g}s)"
+        return f"SIGTERM sent while {job.state.value}; SIGKILL when its grace of {grace:g}s is over"
 
     def _cancel_marked(self, active: tuple[ActiveJob, ...], now: float) -> tuple[ActiveJob, ...]:
         """Waiting jobs a cancel marked (an older server could requeue them) end CANCELLED
