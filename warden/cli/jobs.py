@@ -3,7 +3,8 @@
 
 Each talks to a warden server (`WARDEN_URL`, `WARDEN_TOKEN`; `--url`/`--token` override).
 Every listing has `--json`; rich tables otherwise. A refusal prints one line naming the field
-and the value and exits 2; an unreachable server exits 1.
+and the value and exits 2; an unreachable server exits 1. A number or duration outside what
+the API takes is refused the same way (exit 2) before anything is sent.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Annotated, Any
@@ -29,6 +30,45 @@ EXIT_REFUSED = 2
 SUBMIT_RETRIES = 2
 """How often `submit` sends a submission again (with its Idempotency-Key) when no answer came."""
 EXIT_UNREACHABLE = 1
+INT32_MAX = 2**31 - 1
+"""The largest count the API takes (`warden.server.api.INT32_MAX`)."""
+AUDIT_MAX = 10_000
+"""The most audit entries one request may ask for (`GET /v1/audit?limit=`)."""
+
+
+def _within(low: int, high: int) -> Callable[[str | int], int]:
+    """A whole-number option checked against the API's bounds: anything else is refused (exit
+    2, the option and the value named) before anything is sent."""
+
+    def parse(text: str | int) -> int:
+        if isinstance(text, int):  # a default
+            return text
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise typer.BadParameter(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise typer.BadParameter(f"{value} is below the least allowed, {low}")
+        if value > high:
+            raise typer.BadParameter(f"{value} is above the most allowed, {high}")
+        return value
+
+    return parse
+
+
+def _duration(value: str | None) -> str | None:
+    """A duration option (--lease, --grace, --time-limit) checked as the server checks it: a
+    bad one is refused (exit 2) before anything is sent; the server gets it as written."""
+    if value is None:
+        return None
+    from warden.engine.policy import PolicyError, parse_duration  # pydantic: only where one is given
+
+    try:
+        parse_duration(value)
+    except PolicyError as err:
+        raise typer.BadParameter(f"{value!r}: {err.issues[0].message}") from None
+    return value
+
 
 UrlOpt = Annotated[
     str | None,
@@ -162,23 +202,29 @@ def register(app: typer.Typer) -> None:
                 "-t",
                 help="1 production inference, 2 pre-training, 3 experimentation, 4 opportunistic.",
                 show_default=False,
+                parser=_within(1, 4),
             ),
         ],
-        gpus: Annotated[int, typer.Option("--gpus", help="GPUs per replica.")] = 1,
-        replicas: Annotated[int, typer.Option("--replicas", help="Replicas of the gang.")] = 1,
+        gpus: Annotated[int, typer.Option("--gpus", help="GPUs per replica.", parser=_within(0, INT32_MAX))] = 1,
+        replicas: Annotated[
+            int, typer.Option("--replicas", help="Replicas of the gang.", parser=_within(1, INT32_MAX))
+        ] = 1,
         placement: Annotated[str, typer.Option("--placement", help="pack, block or any.")] = "any",
         lease: Annotated[
-            str | None, typer.Option("--lease", help="Minimum runtime, e.g. 30m.", show_default=False)
+            str | None,
+            typer.Option("--lease", help="Minimum runtime, e.g. 30m.", show_default=False, callback=_duration),
         ] = None,
         grace: Annotated[
-            str | None, typer.Option("--grace", help="Grace after SIGTERM, e.g. 300s.", show_default=False)
+            str | None,
+            typer.Option("--grace", help="Grace after SIGTERM, e.g. 300s.", show_default=False, callback=_duration),
         ] = None,
         time_limit: Annotated[
-            str | None, typer.Option("--time-limit", help="Runtime estimate, e.g. 2h.", show_default=False)
+            str | None,
+            typer.Option("--time-limit", help="Runtime estimate, e.g. 2h.", show_default=False, callback=_duration),
         ] = None,
         name: Annotated[str, typer.Option("--name", help="A name to show.")] = "",
-        cpu: Annotated[int, typer.Option("--cpu", help="Millicores per replica.")] = 0,
-        memory: Annotated[int, typer.Option("--memory", help="MiB per replica.")] = 0,
+        cpu: Annotated[int, typer.Option("--cpu", help="Millicores per replica.", parser=_within(0, INT32_MAX))] = 0,
+        memory: Annotated[int, typer.Option("--memory", help="MiB per replica.", parser=_within(0, INT32_MAX))] = 0,
         flavor: Annotated[str | None, typer.Option("--flavor", help="GPU flavor.", show_default=False)] = None,
         env: Annotated[list[str], typer.Option("--env", "-e", help="KEY=VALUE for the job (repeatable).")] = [],
         dry_run: Annotated[
@@ -299,8 +345,10 @@ def register(app: typer.Typer) -> None:
     @app.command("logs")
     def logs(
         job_id: Annotated[str, typer.Argument(help="Job id.")],
-        attempt: Annotated[int | None, typer.Option("--attempt", show_default=False)] = None,
-        rank: Annotated[int, typer.Option("--rank")] = 0,
+        attempt: Annotated[
+            int | None, typer.Option("--attempt", show_default=False, parser=_within(1, INT32_MAX))
+        ] = None,
+        rank: Annotated[int, typer.Option("--rank", parser=_within(0, INT32_MAX))] = 0,
         follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the attempt ends.")] = False,
         url: UrlOpt = None,
         token: TokenOpt = None,
@@ -387,7 +435,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("audit")
     def audit(
-        limit: Annotated[int, typer.Option("--limit")] = 100,
+        limit: Annotated[int, typer.Option("--limit", parser=_within(1, AUDIT_MAX))] = 100,
         url: UrlOpt = None,
         token: TokenOpt = None,
         json_out: JsonOpt = False,

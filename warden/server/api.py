@@ -25,6 +25,7 @@ from warden.engine.overcommit import overcommitted
 from warden.engine.policy import Duration
 from warden.server.auth import Principal, bearer
 from warden.server.errors import ApiError, ErrorBody, error_body, safe_value, shorten
+from warden.server.explanations import wall_times
 from warden.server.export import PARQUET_HINT, to_csv, to_parquet
 from warden.server.history import MOST_SAMPLES, SPAN_MAX_S, history_view
 from warden.server.views import (
@@ -76,6 +77,9 @@ def clean_text(text: str) -> str:
 Text = Annotated[str, AfterValidator(clean_text)]
 Name = Annotated[Text, Field(max_length=NAME_CHARS)]
 Count = Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]
+Positive = Annotated[int, Field(strict=True, ge=1, le=INT32_MAX)]
+"""A count of at least one. Its own type: a `Field(ge=1)` on a `Count` field loses to the
+`ge=0` inside `Count` (pydantic applies an Annotated type's constraints after the field's)."""
 BigCount = Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]
 """A counter a long run can take past 2³¹ (training steps, samples): a BigInteger column."""
 
@@ -93,7 +97,7 @@ class SubmitRequest(_Request):
     command: list[Text] = Field(min_length=1)
     name: Name = ""
     gpus: Count = Field(default=1, description="GPUs per replica")
-    replicas: Count = Field(default=1, ge=1)
+    replicas: Positive = Field(default=1, description="replicas of the gang, admitted and evicted whole")
     cpu: Count = Field(default=0, description="millicores per replica")
     memory: Count = Field(default=0, description="MiB per replica")
     flavor: Name | None = None
@@ -102,7 +106,9 @@ class SubmitRequest(_Request):
     grace: Duration | None = Field(
         default=None, description="grace period after SIGTERM, e.g. 300s; between the policy's min_grace and max_grace"
     )
-    time_limit: Duration | None = Field(default=None, description="runtime estimate, used for reservations")
+    time_limit: Duration | None = Field(
+        default=None, description="runtime estimate, used for reservations; more than 0 (leave it out for none)"
+    )
     workdir: Text | None = None
     env: dict[Text, Text] = Field(default_factory=dict)
 
@@ -436,18 +442,24 @@ def build_router(service: "Service") -> APIRouter:
     def history(
         who: Caller,
         since: Annotated[
-            float | None, Query(ge=0, le=TIME_MAX, description="unix seconds (default: until - 24h)")
+            float | None,
+            Query(ge=0, le=TIME_MAX, allow_inf_nan=False, description="unix seconds (default: until - 24h)"),
         ] = None,
-        until: Annotated[float | None, Query(ge=0, le=TIME_MAX, description="unix seconds (default: now)")] = None,
+        until: Annotated[
+            float | None, Query(ge=0, le=TIME_MAX, allow_inf_nan=False, description="unix seconds (default: now)")
+        ] = None,
     ) -> dict[str, Any]:
         """The samples taken from `since` to `until` (at most 31 days apart), oldest first; at
         most 2000, spread evenly over the span when it holds more."""
-        end = _finite("until", until) if until is not None else service.now()
+        now = service.now()
+        end = _finite("until", until) if until is not None else now
         start = _finite("since", since) if since is not None else end - DAY_S
         if start > end:
-            raise ApiError(422, "since", since, f"is after until ({end:.3f})")
+            raise ApiError(422, "since", since, f"is after until, {wall_times(now)(end)}")
         if end - start > SPAN_MAX_S:
-            raise ApiError(422, "since", since, f"is more than {SPAN_MAX_S / DAY_S:.0f} days before until ({end:.3f})")
+            raise ApiError(
+                422, "since", since, f"is more than {SPAN_MAX_S / DAY_S:.0f} days before until, {wall_times(now)(end)}"
+            )
         samples = service.store.samples(start, end, MOST_SAMPLES)
         return history_view(samples, service.reconciler.history.interval_s)
 
@@ -455,13 +467,14 @@ def build_router(service: "Service") -> APIRouter:
     def preemptions(
         who: Caller,
         since: Annotated[
-            float | None, Query(ge=0, le=TIME_MAX, description="unix seconds (default: now - 24h)")
+            float | None, Query(ge=0, le=TIME_MAX, allow_inf_nan=False, description="unix seconds (default: now - 24h)")
         ] = None,
         limit: Annotated[int, Query(ge=1, le=PAGE_MAX)] = 200,
     ) -> list[dict[str, Any]]:
         """Preemptions, reclaims and evictions whose SIGTERM came at `since` or later, newest first."""
-        start = _finite("since", since) if since is not None else service.now() - DAY_S
-        return [preemption_view(p) for p in service.store.preemptions(start, limit)]
+        now = service.now()
+        start = _finite("since", since) if since is not None else now - DAY_S
+        return [preemption_view(p, now) for p in service.store.preemptions(start, limit)]
 
     @r.get("/queues", responses=errors(401))
     def queues(who: Caller) -> list[dict[str, Any]]:
@@ -500,7 +513,13 @@ def build_router(service: "Service") -> APIRouter:
     def export_history(
         who: Caller,
         since: Annotated[
-            float | None, Query(ge=0, le=TIME_MAX, description="unix seconds (default: now - 30d; at most 400d ago)")
+            float | None,
+            Query(
+                ge=0,
+                le=TIME_MAX,
+                allow_inf_nan=False,
+                description="unix seconds (default: now - 30d; at most 400d ago)",
+            ),
         ] = None,
         format: Annotated[Literal["native", "parquet"], Query(description="native CSV, or Parquet")] = "native",
     ) -> Response:

@@ -6,11 +6,16 @@ from its stored code and details (`reasons.from_dict`) and renders the sentence 
 request's `now`, times in the server's local time zone (`wall_times`). The details are returned
 as stored (machine-readable; times stay epoch seconds there). A code the engine does not give
 (a held job's `Held`) keeps its stored sentence.
+
+An event's sentence is rendered the same way (`event_message`): a SIGKILL deadline is kept as a
+number in the event's details (`kill_at`) and written in the sentence when it is read, in local
+time and relative to the reader's now; no sentence a person reads holds epoch seconds.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from datetime import datetime
 from functools import lru_cache
@@ -52,3 +57,23 @@ def rendered(reason: Mapping[str, Any] | None, now: float, job_id: str | None = 
     if rebuilt is None:
         return dict(reason)
     return {**reason, "message": rebuilt.render(wall_times(now), job_id)}
+
+
+KILL_AT = "kill_at"
+"""The detail of an event that holds its SIGKILL deadline (epoch seconds)."""
+_EPOCH_KILL = re.compile(r"SIGKILL at (\d{9,}(?:\.\d+)?)")
+"""An event text that holds its SIGKILL deadline as epoch seconds: written the same way when read."""
+
+
+def event_message(reason: str | None, details: Mapping[str, Any] | None, now: float) -> str | None:
+    """An event's sentence as a person reads it at `now`: its SIGKILL deadline (the `kill_at`
+    detail) ends it as ", SIGKILL at 14:05 (in 2 min)", in local time; a deadline an older
+    server wrote into the text as epoch seconds is written the same way. No text, no sentence."""
+    if reason is None:
+        return None
+    at = wall_times(now)
+    text, legacy = _EPOCH_KILL.subn(lambda m: f"SIGKILL at {at(float(m.group(1)))}", reason)
+    kill_at = (details or {}).get(KILL_AT)
+    if not legacy and isinstance(kill_at, int | float) and not isinstance(kill_at, bool):
+        text += f", SIGKILL at {at(float(kill_at))}"
+    return text

@@ -55,6 +55,7 @@ from warden.engine.plan import Plan
 from warden.engine.policy import Policy
 from warden.engine.scheduler import Engine
 from warden.executors.base import Executor, Exit, Handle, Inventory, LaunchSpec, ReplicaLaunch, UnknownAttempt
+from warden.server.explanations import KILL_AT
 from warden.server.history import INTERVAL_S, History
 from warden.server.statedir import set_aside_stale
 from warden.store.repo import ActiveJob, NodeRecord, Store, StoredAttempt, StoredJob
@@ -647,7 +648,8 @@ class Reconciler:
             JobState.PREEMPTING,
             now=now,
             actor="warden",
-            reason=f"evicted: {why}; the whole gang stops and is requeued; grace {grace:.0f}s, SIGKILL at {kill_at:.3f}",
+            reason=f"evicted: {why}; the whole gang stops and is requeued; grace {grace:.0f}s",
+            details={KILL_AT: kill_at, "grace_s": grace},
             expect_state={job.state},
             expect_cancel_requested=False,
         ):
@@ -776,8 +778,8 @@ class Reconciler:
             JobState.PREEMPTING,
             now=now,
             actor="warden",
-            reason=f"preempted for job {for_job} ({kind}); grace {grace:.0f}s, "
-            f"SIGKILL at {kill_at:.3f}; expected lost work {lost:.0f} GPU-s",
+            reason=f"preempted for job {for_job} ({kind}); expected lost work {lost:.0f} GPU-s; grace {grace:.0f}s",
+            details={KILL_AT: kill_at, "grace_s": grace, "expected_lost_gpu_s": lost},
             expect_state={job.state},
             expect_cancel_requested=False,
         ):
@@ -834,14 +836,14 @@ class Reconciler:
             return f"marked cancelled while {job.state.value} (its attempt has no processes)"
         if attempt.sigterm_at is not None:
             return (
-                f"marked cancelled while {job.state.value}: already terminating (SIGKILL at "
-                f"{attempt.kill_at or 0:.3f}); it ends CANCELLED when its processes exit"
+                f"marked cancelled while {job.state.value}: already terminating, its SIGKILL deadline "
+                "unchanged; it ends CANCELLED when its processes exit"
             )
         grace = effective_grace(self.policy, job.tier, job.grace_s)
         kill_at = self._signal_cancelled(job, attempt, grace, now)
         if kill_at is None:  # not started or not adopted yet: a later pass signals it
             return f"marked cancelled while {job.state.value}; SIGTERM follows once its processes are tracked"
-        return f"SIGTERM sent while {job.state.value}; SIGKILL at {kill_at:.3f} (grace {grace:g}s)"
+        return f"SIGTERM sent while {job.state.value}; SIGKILL when its grace of {grace:g}s is over"
 
     def _signal_cancelled(self, job: StoredJob, attempt: StoredAttempt, grace: float, now: float) -> float | None:
         """SIGTERM a cancelled job's attempt (SIGKILL after `grace`); its SIGKILL deadline, or
@@ -873,7 +875,8 @@ class Reconciler:
             self.store.transition(
                 job.id,
                 job.state,
-                reason=f"SIGTERM sent for the cancel requested earlier; SIGKILL at {kill_at:.3f} (grace {grace:g}s)",
+                reason=f"SIGTERM sent for the cancel requested earlier; grace {grace:g}s",
+                details={KILL_AT: kill_at, "grace_s": grace},
                 actor="warden",
                 now=now,
                 expect_state={job.state},

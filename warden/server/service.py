@@ -22,7 +22,7 @@ import yaml
 from prometheus_client import Counter
 
 from warden.engine.model import Job, JobState, Node
-from warden.engine.policy import Limits, Policy, PolicyError, parse_policy
+from warden.engine.policy import Limits, Policy, PolicyError, format_duration, parse_policy
 from warden.engine.whatif import Verdict, what_if
 from warden.executors.base import Executor, Inventory
 from warden.server.auth import CHALLENGE, Principal, bearer, forbidden
@@ -611,10 +611,15 @@ def _check_durations(req: SubmitRequest, policy: Policy) -> None:
         )
     if req.lease is not None and req.lease > policy.max_lease:
         raise ApiError(422, "lease", req.lease, f"is above the policy's maximum lease of {policy.max_lease:g} s")
+    if req.time_limit is not None and req.time_limit <= 0:
+        raise ApiError(422, "time_limit", req.time_limit, "is no runtime estimate: give one above 0 s, or leave it out")
     limit = policy.limits.max_time_limit
     if req.time_limit is not None and req.time_limit > limit:
         raise ApiError(
-            422, "time_limit", req.time_limit, f"is above the limit of {limit:g} s (the policy's limits.max_time_limit)"
+            422,
+            "time_limit",
+            req.time_limit,
+            f"is above the limit of {format_duration(limit)} (the policy's limits.max_time_limit)",
         )
 
 

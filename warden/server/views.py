@@ -19,7 +19,7 @@ from warden.engine.model import JobState, Node, UsageLedger
 from warden.engine.policy import Policy
 from warden.engine.rules import efficiency
 from warden.engine.whatif import Verdict
-from warden.server.explanations import rendered
+from warden.server.explanations import KILL_AT, event_message, rendered
 from warden.store.repo import EventRecord, PreemptionRecord, Store, StoredAttempt, StoredJob, job_key
 
 
@@ -154,7 +154,14 @@ def job_detail(
                 else None
             ),
             "events": [
-                {"at": ev.at, "from": ev.from_state, "to": ev.to_state, "reason": ev.reason, "actor": ev.actor}
+                {
+                    "at": ev.at,
+                    "from": ev.from_state,
+                    "to": ev.to_state,
+                    "reason": event_message(ev.reason, ev.details, now),
+                    "actor": ev.actor,
+                    "details": ev.details,
+                }
                 for ev in events
             ],
             "attempts": [attempt_view(a, policy) for a in attempts],
@@ -341,9 +348,10 @@ def holder(gpu: int | None, attempt: StoredAttempt, job: StoredJob | None) -> di
     }
 
 
-def preemption_view(p: PreemptionRecord) -> dict[str, Any]:
+def preemption_view(p: PreemptionRecord, now: float) -> dict[str, Any]:
     """One preemption, reclaim or eviction as `GET /v1/preemptions` lists it: `grace_used_s`
-    and the lost work are null while the victim is still in its grace."""
+    and the lost work are null while the victim is still in its grace; `reason` ends with the
+    SIGKILL deadline, written for a person reading it at `now`."""
     return {
         "at": p.sigterm_at,
         "victim": str(p.job_id),
@@ -354,7 +362,7 @@ def preemption_view(p: PreemptionRecord) -> dict[str, Any]:
         "preemptor_queue": p.preemptor_queue,
         "preemptor_tier": p.preemptor_tier,
         "kind": p.kind,
-        "reason": p.reason,
+        "reason": event_message(p.reason, {KILL_AT: p.kill_at}, now),
         "grace_s": None if p.kill_at is None else round(p.kill_at - p.sigterm_at, 3),
         "grace_used_s": None if p.ended_at is None else round(p.ended_at - p.sigterm_at, 3),
         "kill_at": p.kill_at,
