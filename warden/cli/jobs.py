@@ -15,7 +15,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from typing import Annotated, Any
 
 import typer
@@ -446,7 +445,8 @@ def register(app: typer.Typer) -> None:
         if json_out:
             _dump(rows)
             return
-        cells = [[_clock(a["at"]), a["actor"], a["action"], a["target"], json.dumps(a["details"])] for a in rows]
+        now = time.time()
+        cells = [[_clock(a["at"], now), a["actor"], a["action"], a["target"], json.dumps(a["details"])] for a in rows]
         tables.show(tables.console(), tables.listing(AUDIT_COLUMNS, cells))
 
 
@@ -474,6 +474,7 @@ def queue_table(rows: list[dict[str, Any]], now: float, wide: bool = False) -> T
 def _print_job(j: dict[str, Any]) -> None:
     """`warden describe`: the job in sentences, then its attempts, preemptions and events."""
     con = tables.console()
+    now = time.time()
     con.print(
         f"[bold]job {j['id']}[/bold] {j['name']}  user {j['user']}  queue {j['queue']}  tier {j['tier']}  "
         f"[bold]{j['state']}[/bold]"
@@ -488,7 +489,7 @@ def _print_job(j: dict[str, Any]) -> None:
         con.print(f"  [bold]why pending:[/bold] {reason['message']} ({reason['code']}{where})")
     expected = j.get("expected_start")
     if expected:
-        con.print(f"  [bold]expected start:[/bold] {_expected_line(expected, time.time())}")
+        con.print(f"  [bold]expected start:[/bold] {_expected_line(expected, now)}")
     if j.get("sort_key"):
         con.print(f"  sort key: {json.dumps(j['sort_key'])}")
     for w in j.get("warnings") or []:
@@ -501,8 +502,8 @@ def _print_job(j: dict[str, Any]) -> None:
             [
                 str(a["number"]),
                 a["state"],
-                _clock(a["started_at"]),
-                _clock(a["ended_at"]),
+                _clock(a["started_at"], now),
+                _clock(a["ended_at"], now),
                 "; ".join(f"{p['node']}:{','.join(map(str, p['gpus']))}" for p in a["placement"]),
                 ",".join(map(str, a["exit_codes"] or [])),
                 a["reason"] or "",
@@ -520,7 +521,7 @@ def _print_job(j: dict[str, Any]) -> None:
             cells.append(
                 [
                     str(p["attempt"]),
-                    _clock(p["at"]),
+                    _clock(p["at"], now),
                     by,
                     p["kind"],
                     "" if lost is None else f"{lost:.3f}",
@@ -528,12 +529,17 @@ def _print_job(j: dict[str, Any]) -> None:
                 ]
             )
         tables.titled(con, "preemptions", tables.listing(PREEMPTION_COLUMNS, cells))
-    cells = [[_clock(e["at"]), e["from"] or "", e["to"], e["actor"], e["reason"]] for e in j["events"]]
+    cells = [[_clock(e["at"], now), e["from"] or "", e["to"], e["actor"], e["reason"]] for e in j["events"]]
     tables.titled(con, "events", tables.listing(EVENT_COLUMNS, cells))
 
 
-def _clock(t: float | None) -> str:
-    return "" if t is None else datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+def _clock(t: float | None, now: float) -> str:
+    """A time in a table: local, to the second, and how long ago ("14:05:07 (3 min ago)")."""
+    if t is None:
+        return ""
+    from warden.server.explanations import wall_times  # the engine: only where a time is shown
+
+    return wall_times(now, seconds=True)(t)
 
 
 def _expected_cell(expected: dict[str, Any] | None, now: float) -> str:

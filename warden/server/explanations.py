@@ -25,11 +25,13 @@ from warden.engine.reasons import TimeText, from_dict, relative
 
 
 @lru_cache(maxsize=4)
-def wall_times(now: float) -> TimeText:
+def wall_times(now: float, seconds: bool = False) -> TimeText:
     """Epoch seconds as a person reads them at `now`: "14:05 (in 9 min)" today, "Dec 4 14:05
-    (in 1 d 2 h)" on another day, with the year when it is another year (local time). Kept for
+    (in 1 d 2 h)" on another day, with the year when it is another year (local time); with
+    `seconds`, "14:05:07 (3 s ago)" (an event log, whose entries come seconds apart). Kept for
     the last few `now`s: a listing renders every job's reason at one."""
     today = datetime.fromtimestamp(now)
+    hm = "%H:%M:%S" if seconds else "%H:%M"
 
     def text(t: float) -> str:
         if not math.isfinite(t):
@@ -39,11 +41,11 @@ def wall_times(now: float) -> TimeText:
         except (OverflowError, OSError, ValueError):
             return "an unknown time"
         if at.date() == today.date():
-            clock = at.strftime("%H:%M")
+            clock = at.strftime(hm)
         elif at.year == today.year:
-            clock = f"{at.strftime('%b')} {at.day} {at.strftime('%H:%M')}"
+            clock = f"{at.strftime('%b')} {at.day} {at.strftime(hm)}"
         else:
-            clock = f"{at.strftime('%b')} {at.day} {at.year} {at.strftime('%H:%M')}"
+            clock = f"{at.strftime('%b')} {at.day} {at.year} {at.strftime(hm)}"
         return f"{clock} ({relative(t, now)})"
 
     return text
