@@ -264,19 +264,19 @@ class WaitingForLease(Reason):
     """efficiency: True when the victim reported it, False when it is `preemption.restart_overhead`."""
     checkpoint_s: float | None = None
     """efficiency: the victim's checkpoint time the floor counts (`accounting.assumed_checkpoint`)."""
-    checkpoint_measured: bool | None = None
-    """efficiency: True when it is what the victim's attempt has spent saving; False when the
-    attempt has saved nothing yet and it is one save, the one a preemption forces."""
-    save_measured: bool | None = None
-    """efficiency, before the victim's first save: True when that save's duration is the
-    victim's own (reported, or given by its trace), False when it is
-    `preemption.checkpoint_overhead`."""
     min_efficiency: float | None = None
     """efficiency: `thrash.min_efficiency`."""
     thrash_count: int | None = None
     """thrash_budget: `thrash.max_preemptions.count`, used up within the window."""
     thrash_window_s: float | None = None
     """thrash_budget: `thrash.max_preemptions.per`."""
+    checkpoint_measured: bool | None = None
+    """efficiency: True when `checkpoint_s` is what the victim's attempt has spent saving; False when the
+    attempt has saved nothing yet and it is one save, the one a preemption forces."""
+    save_measured: bool | None = None
+    """efficiency, before the victim's first save: True when that save's duration is the
+    victim's own (reported, or given by its trace), False when it is
+    `preemption.checkpoint_overhead`."""
 
     def render(self, at: TimeText = engine_time, job_id: str | None = None) -> str:
         when = at(self.earliest_at)
