@@ -468,7 +468,12 @@ def check_preemptions(v: PassView) -> None:
         # η = (T_run − (T_startup + T_checkpoint)) / T_run ≥ min_efficiency, i.e. the attempt
         # has run at least overhead / (1 − min_efficiency) (also when nothing was spent yet).
         startup = a.startup_s if a.startup_s is not None else pol.preemption.restart_overhead
-        overhead = startup + a.checkpoint_s
+        # Before its first save, the one save the preemption forces: as long as the job's, else assumed.
+        if a.checkpoint_s > 0:
+            checkpoint = a.checkpoint_s
+        else:
+            checkpoint = a.sigterm_save_s if a.sigterm_save_s is not None else pol.preemption.checkpoint_overhead
+        overhead = startup + checkpoint
         floor = pol.thrash.min_efficiency
         eta = (ran - overhead) / ran if ran > 0 else (1.0 if overhead == 0 else -INF)
         # The rule lifts 1 µs early on purpose (binary floating point, rules.efficiency_floor):

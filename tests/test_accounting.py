@@ -16,7 +16,10 @@ from support import policy, running
 
 from warden.engine import rules
 from warden.engine.accounting import (
+    assumed_checkpoint,
     assumed_startup,
+    attempt_eta,
+    checkpoint_basis,
     effective_grace,
     effective_lease,
     held_gpu_seconds,
@@ -54,6 +57,23 @@ def test_the_lease_is_the_request_else_the_tiers_never_above_max_lease() -> None
 def test_an_unreported_startup_is_the_policys_restart_overhead() -> None:
     assert assumed_startup(POL, None) == 45.0
     assert assumed_startup(POL, 7.0) == 7.0
+
+
+def test_the_checkpoint_counted_is_the_measured_one_else_one_save_known_else_assumed() -> None:
+    assert POL.preemption.checkpoint_overhead == 30.0  # the default
+    # saved already: what the attempt has spent saving, whatever one save takes
+    assert (checkpoint_basis(47.4, 15.8), assumed_checkpoint(POL, 47.4, 15.8)) == ("measured", 47.4)
+    # not saved yet: one save, the one a preemption forces on SIGTERM
+    assert (checkpoint_basis(0.0, 15.8), assumed_checkpoint(POL, 0.0, 15.8)) == ("save", 15.8)
+    assert (checkpoint_basis(0.0, 0.0), assumed_checkpoint(POL, 0.0, 0.0)) == ("save", 0.0)
+    assert (checkpoint_basis(0.0, None), assumed_checkpoint(POL, 0.0, None)) == ("assumed", 30.0)
+    none = policy(preemption={"checkpoint_overhead": "0s"})
+    assert assumed_checkpoint(none, 0.0, None) == 0.0
+
+
+def test_an_ended_attempts_eta_counts_the_checkpoints_it_measured_not_the_assumption() -> None:
+    # ran 44 s to its SIGTERM with a startup of 10.9 s and no save: η counts no checkpoint
+    assert attempt_eta(0.0, 44.0, 60.0, 10.9, 0.0) == pytest.approx((44.0 - 10.9) / 44.0)
 
 
 # -------------------------------------------------------------------------------------- waiting
@@ -168,7 +188,7 @@ def test_a_queue_without_entitlement_is_owed_nothing_and_none_at_all_means_equal
 
 
 jobs_in_flight = st.builds(
-    lambda started, startup, ckpt, save, grace, tier: running(
+    lambda started, startup, ckpt, save, grace, tier, spent: running(
         "v",
         "a",
         tier,
@@ -176,6 +196,7 @@ jobs_in_flight = st.builds(
         started=started,
         startup_s=startup,
         sigterm_save_s=save,
+        checkpoint_s=spent,
         last_checkpoint_at=None if ckpt is None else started + ckpt,
         grace=grace,
     ),
@@ -185,6 +206,7 @@ jobs_in_flight = st.builds(
     save=st.one_of(st.none(), st.floats(0, 600)),
     grace=st.one_of(st.none(), st.floats(0, 600)),
     tier=st.sampled_from([2, 3, 4]),
+    spent=st.sampled_from([0.0, 0.0, 12.5, 300.0]),
 )
 
 
@@ -198,6 +220,7 @@ def test_the_engine_prices_a_victim_with_the_shared_definitions(job: Job, later:
     assert rules.grace_of(POL, job) == grace
     assert rules.lease_of(POL, job) == effective_lease(POL, job.tier, job.lease)
     assert rules.startup_of(POL, job) == assumed_startup(POL, a.startup_s)
+    assert rules.checkpoint_of(POL, job) == assumed_checkpoint(POL, a.checkpoint_s, a.sigterm_save_s)
     assert rules.lost_work(POL, job, now) == predicted_lost_work(
         job.total_gpus,
         now,

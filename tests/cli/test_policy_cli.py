@@ -116,6 +116,7 @@ def test_show_json_is_one_object_with_defaults_filled(tmp_path: Path) -> None:
     assert shown["min_grace"] == "2m" and shown["max_lease"] == "8h"
     assert shown["preemption"] == {
         "restart_overhead": "1m",
+        "checkpoint_overhead": "30s",
         "max_attempts_per_pass": 16,
         "victim_order": "cost",
         "only_if_it_pays": True,

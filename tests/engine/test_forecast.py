@@ -111,7 +111,7 @@ def test_with_no_arrivals_and_exact_runtimes_every_estimate_is_the_simulated_sta
             {
                 "tiers": {3: {"name": "experimentation", "lease": "0s", "grace": "120s"}},
                 "thrash": {"min_efficiency": 0},
-                "preemption": {"restart_overhead": "0s"},
+                "preemption": {"restart_overhead": "0s", "checkpoint_overhead": "0s"},
                 "queues": {"name": "cluster", "children": [{"name": "default", "nominal": {"gpu": gpus}}]},
             }
         ),

@@ -234,6 +234,7 @@ def policy_data(draw: st.DrawFn, cluster: tuple[Node, ...], pressure: bool, recl
         },
         "preemption": {
             "restart_overhead": draw(st.sampled_from([0, 30, 60, 300])),
+            "checkpoint_overhead": draw(st.sampled_from([0, 0, 30, 120])),
             "victim_order": draw(st.sampled_from(["cost", "cost", "newest", "smallest"])),
             "max_attempts_per_pass": draw(st.sampled_from([32, 32, 32, 1, 3])),
             "only_if_it_pays": draw(st.sampled_from([True, True, False])),

@@ -133,8 +133,9 @@ def test_waiting_for_lease_names_the_lease() -> None:
 
 
 def test_issue_16_the_efficiency_floor_is_named_with_its_assumed_startup_and_knob() -> None:
-    """Tier lease 0 s, restart_overhead 60 s: a tier-1 job waits ten minutes behind tier-3 jobs
-    that reported no startup, held by the efficiency floor (60 s / (1 − 0.9) = 600 s)."""
+    """Tier lease 0 s, restart_overhead 60 s, checkpoint_overhead 30 s: a tier-1 job waits 15
+    minutes behind tier-3 jobs that reported no startup and no save, held by the efficiency
+    floor ((60 s + 30 s) / (1 − 0.9) = 900 s)."""
     pol = policy(tiers=LEASE_0, preemption={"restart_overhead": "60s"})
     t0 = 1_796_130_000.0  # epoch seconds, as the server's clock counts
     v1 = running("1", "b", 3, ("n0", 4), started=t0, startup_s=None)
@@ -146,16 +147,62 @@ def test_issue_16_the_efficiency_floor_is_named_with_its_assumed_startup_and_kno
     r = why(plan, "p")
     assert r.code == "WaitingForLease" and r.victims == ("1", "2")  # type: ignore[attr-defined]
     assert (r.rule, r.victim, r.lease_s) == ("efficiency", "2", 0.0)  # type: ignore[attr-defined]
-    assert (r.startup_s, r.startup_measured, r.checkpoint_s, r.min_efficiency) == (60.0, False, 0.0, 0.9)  # type: ignore[attr-defined]
-    assert abs(r.earliest_at - (t0 + 7 + 600)) < 1e-3  # type: ignore[attr-defined]
+    assert (r.startup_s, r.startup_measured, r.min_efficiency) == (60.0, False, 0.9)  # type: ignore[attr-defined]
+    assert (r.checkpoint_s, r.checkpoint_measured, r.save_measured) == (30.0, False, False)  # type: ignore[attr-defined]
+    assert abs(r.earliest_at - (t0 + 7 + 900)) < 1e-3  # type: ignore[attr-defined]
     m = r.render(virtual_times(now))
     assert "efficiency floor" in m and "assumed startup of 60 s (`preemption.restart_overhead`" in m
-    assert "below 0.9 (`thrash.min_efficiency`)" in m and "(in 10 min)" in m
+    assert "an assumed save of 30 s (`preemption.checkpoint_overhead`: job 2 has reported none)" in m
+    assert "below 0.9 (`thrash.min_efficiency`)" in m and "(in 15 min)" in m
     assert "minimum-runtime lease" not in m
     # A measured startup is named as such, and moves the time.
     measured = [replace(v, attempt=replace(v.attempt, startup_s=30.0)) for v in (v1, v2)]  # type: ignore[arg-type]
     r = why(plan_for(pol, nodes(1), [*measured, p], now=now), "p")
     assert r.startup_measured is True and "measured startup of 30 s" in r.message  # type: ignore[attr-defined]
+
+
+def _held_by_the_floor(**attempt: object) -> Reason:
+    """Why a tier-1 job waits for a tier-3 job (lease 0 s, startup 10.9 s reported) that has run
+    44 s under `min_efficiency: 0.75`: the efficiency floor holds it."""
+    pol = policy(tiers=LEASE_0, thrash={"min_efficiency": 0.75})
+    v = running("v", "b", 3, ("n0", 8), started=NOW - 44, startup_s=10.9, **attempt)
+    p = pending("p", "a", 1, submit=NOW - 5)
+    plan = plan_for(pol, nodes(1), [v, p], now=NOW)
+    assert preempted(plan) == set()
+    r = why(plan, "p")
+    assert r.code == "WaitingForLease" and r.rule == "efficiency"  # type: ignore[attr-defined]
+    return r
+
+
+def test_the_efficiency_floor_names_an_assumed_save_before_the_first_one() -> None:
+    r = _held_by_the_floor()
+    assert (r.checkpoint_s, r.checkpoint_measured, r.save_measured) == (30.0, False, False)  # type: ignore[attr-defined]
+    assert abs(r.earliest_at - (NOW - 44 + (10.9 + 30.0) / 0.25)) < 1e-3  # type: ignore[attr-defined]
+    assert (
+        "with its measured startup of 11 s and an assumed save of 30 s (`preemption.checkpoint_overhead`: "
+        "job v has reported none) a preemption sooner would push its η below 0.75"
+    ) in r.message
+
+
+def test_the_efficiency_floor_names_one_save_of_the_reported_duration() -> None:
+    r = _held_by_the_floor(sigterm_save_s=15.8)
+    assert (r.checkpoint_s, r.checkpoint_measured, r.save_measured) == (15.8, False, True)  # type: ignore[attr-defined]
+    assert abs(r.earliest_at - (NOW - 44 + (10.9 + 15.8) / 0.25)) < 1e-3  # type: ignore[attr-defined]
+    assert "with its measured startup of 11 s and one save of 16 s, as long as its reported save takes" in r.message
+
+
+def test_the_efficiency_floor_names_the_measured_checkpoints_after_a_save() -> None:
+    r = _held_by_the_floor(checkpoint_s=15.8, sigterm_save_s=15.8, last_checkpoint_at=NOW - 10)
+    assert (r.checkpoint_s, r.checkpoint_measured, r.save_measured) == (15.8, True, None)  # type: ignore[attr-defined]
+    assert "with its measured startup of 11 s and its measured checkpoints of 16 s" in r.message
+
+
+def test_a_stored_efficiency_reason_from_before_the_assumed_save_still_renders() -> None:
+    old = {"code": "WaitingForLease", "details": {
+        "victims": ["v"], "earliest_at": 600.0, "rule": "efficiency", "victim": "v", "lease_s": 0.0,
+        "startup_s": 60.0, "startup_measured": False, "checkpoint_s": 0.0, "min_efficiency": 0.9,
+    }}  # fmt: skip
+    assert "and 0 s of checkpoints a preemption sooner" in from_dict(old).message
 
 
 def test_waiting_for_lease_names_the_thrash_budget() -> None:

@@ -187,11 +187,12 @@ def test_default_settings() -> None:
         p.thrash.max_preemptions.per,
         p.thrash.requeue_backoff,
     ) == (0.9, 3, 24 * H, 0)
-    assert (p.preemption.restart_overhead, p.preemption.max_attempts_per_pass, p.preemption.victim_order) == (
-        60,
-        16,
-        "cost",
-    )
+    assert (
+        p.preemption.restart_overhead,
+        p.preemption.checkpoint_overhead,
+        p.preemption.max_attempts_per_pass,
+        p.preemption.victim_order,
+    ) == (60, 30, 16, "cost")
     assert (p.scheduling.order, p.scheduling.head_of_line_blocking, p.scheduling.reservations) == ("governed", False, 1)
     assert p.queue_names() == ["cluster", "default"]
     assert [q.name for q in p.leaves()] == ["default"]
@@ -435,6 +436,14 @@ def test_lending_limit_above_nominal() -> None:
     assert i.value == 40 and "nominal gpu 32" in i.message
 
 
+@pytest.mark.parametrize("bad", ["-5s", -1, "5x"])
+def test_a_bad_checkpoint_overhead_is_refused_naming_the_field(bad: Any) -> None:
+    i = issue_at(refused({"preemption": {"checkpoint_overhead": bad}}), "preemption.checkpoint_overhead")
+    assert i.value == bad
+    assert parse_policy({"preemption": {"checkpoint_overhead": "0s"}}).preemption.checkpoint_overhead == 0.0
+    assert parse_policy({"preemption": {"checkpoint_overhead": "2m"}}).preemption.checkpoint_overhead == 120.0
+
+
 def test_bad_duration_in_a_file() -> None:
     i = issue_at(refused({"tiers": {3: {"lease": "5x"}}}), "tiers.3.lease")
     assert i.value == "5x" and i.allowed is not None and "1h30m" in i.allowed
@@ -592,12 +601,17 @@ def test_json_schema_validates_the_file_format() -> None:
     as_json = json.loads(json.dumps(example()))  # a JSON file keys tiers by "1".."4"
     assert not list(validator.iter_errors(as_json))
     assert not list(validator.iter_errors({"tiers": {"3": {"lease": "30m"}}}))
+    assert not list(validator.iter_errors({"preemption": {"checkpoint_overhead": "45s"}}))
+    described = schema["$defs"]["PreemptionSpec"]["properties"]["checkpoint_overhead"]
+    assert "checkpoint save is assumed to take" in described["description"]
     assert not list(validator.iter_errors({"queues": [{"name": "r"}, {"name": "a", "parent": "r"}]}))
     assert not list(validator.iter_errors(json.loads(json.dumps(parse_policy(EXAMPLE).to_dict()))))
     bad: dict[str, Any]
     for bad in (
         {"tiers": {"5": {}}},
         {"min_grace": "5x"},
+        {"preemption": {"checkpoint_overhead": "-30s"}},
+        {"preemption": {"checkpoint_overhead": -30}},
         {"bogus": 1},
         {"queues": {"name": "r", "nominal": {"tpu": 1}}},
         {"queues": {"name": "r", "nominal": {"gpu": -1}}},

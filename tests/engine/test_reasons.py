@@ -41,6 +41,13 @@ SAMPLES: list[Reason] = [
     R.WaitingForLease(("v1", "v2"), 3_700.0, "lease", "v2", 2_700.0),
     R.WaitingForLease(("v1",), 700.0, "efficiency", "v1", 0.0, 60.0, False, 5.0, 0.9),
     R.WaitingForLease(("v1",), 700.0, "efficiency", "v1", 0.0, 30.0, True, 0.0, 0.95),
+    R.WaitingForLease(
+        ("v1",), 900.0, "efficiency", "v1", 0.0, 60.0, False, 30.0, 0.9, checkpoint_measured=False, save_measured=False
+    ),
+    R.WaitingForLease(
+        ("v1",), 700.0, "efficiency", "v1", 0.0, 10.9, True, 15.8, 0.75, checkpoint_measured=False, save_measured=True
+    ),
+    R.WaitingForLease(("v1",), 800.0, "efficiency", "v1", 0.0, 10.9, True, 47.4, 0.75, checkpoint_measured=True),
     R.WaitingForLease(("v1",), 88_400.0, "thrash_budget", "v1", 0.0, thrash_count=3, thrash_window_s=86_400.0),
     R.Reserved("big", 1_000.0, backfill_s=540.0),
     R.UnknownQueue("nope", ("a", "b")),

@@ -28,6 +28,7 @@ from warden.engine.rules import (
     RuleContext,
     allowed,
     blocks,
+    checkpoint_of,
     direction,
     downward_key,
     efficiency,
@@ -269,8 +270,10 @@ def test_efficiency_formula() -> None:
     v = victim("a", 3, started=0.0, startup_s=600.0, checkpoint_s=300.0)
     assert efficiency(pol, v, 3_000.0) == pytest.approx((3_000 - 900) / 3_000)
     assert efficiency(pol, v, 9_000.0) == pytest.approx(0.9)
-    unknown = victim("a", 3, started=0.0, startup_s=None)  # restart_overhead 60 s assumed
-    assert efficiency(pol, unknown, 600.0) == pytest.approx(0.9)
+    # restart_overhead 60 s and, before a first save, one checkpoint_overhead of 30 s assumed
+    unknown = victim("a", 3, started=0.0, startup_s=None)
+    assert efficiency(pol, unknown, 600.0) == pytest.approx((600 - 90) / 600)
+    assert efficiency(pol, unknown, 900.0) == pytest.approx(0.9)
 
 
 def test_efficiency_floor_stretches_the_lease() -> None:
@@ -289,7 +292,49 @@ def test_efficiency_floor_uses_restart_overhead_when_startup_is_unknown() -> Non
     v = victim("a", 3, started=0.0, startup_s=None)
     assert startup_of(pol, v) == 300.0
     b = efficiency_floor(ctx(pol, now=100.0), v)
-    assert b is not None and b.until == pytest.approx(300.0 / 0.25)
+    # with one save of checkpoint_overhead (30 s): the job has not saved yet
+    assert b is not None and b.until == pytest.approx((300.0 + 30.0) / 0.25)
+
+
+def test_before_its_first_save_the_floor_counts_one_assumed_save() -> None:
+    pol = policy(preemption={"checkpoint_overhead": "40s"}, thrash={"min_efficiency": 0.8})
+    v = victim("a", 3, started=1_000.0, startup_s=60.0)
+    assert checkpoint_of(pol, v) == 40.0
+    until = 1_000.0 + (60.0 + 40.0) / 0.2
+    b = efficiency_floor(ctx(pol, now=1_100.0), v)
+    assert b is not None and b.until == pytest.approx(until)
+    assert efficiency_floor(ctx(pol, now=until - 1), v) is not None
+    assert efficiency_floor(ctx(pol, now=until), v) is None
+
+
+def test_before_its_first_save_a_known_save_duration_is_counted_once() -> None:
+    pol = policy(preemption={"checkpoint_overhead": "40s"}, thrash={"min_efficiency": 0.8})
+    v = victim("a", 3, started=1_000.0, startup_s=60.0, sigterm_save_s=15.0)
+    assert checkpoint_of(pol, v) == 15.0
+    b = efficiency_floor(ctx(pol, now=1_100.0), v)
+    assert b is not None and b.until == pytest.approx(1_000.0 + (60.0 + 15.0) / 0.2)
+
+
+def test_after_a_save_the_floor_counts_the_measured_checkpoint_time() -> None:
+    pol = policy(preemption={"checkpoint_overhead": "40s"}, thrash={"min_efficiency": 0.8})
+    v = victim("a", 3, started=1_000.0, startup_s=60.0, checkpoint_s=50.0, sigterm_save_s=25.0)
+    assert checkpoint_of(pol, v) == 50.0  # two saves of 25 s so far, neither the assumption
+    b = efficiency_floor(ctx(pol, now=1_100.0), v)
+    assert b is not None and b.until == pytest.approx(1_000.0 + (60.0 + 50.0) / 0.2)
+
+
+def test_a_gpu_trainer_without_a_save_is_not_preempted_before_its_save_is_paid_for() -> None:
+    """Startup 10.9 s reported, min_efficiency 0.75, no save reported yet: at 44 s a preemption
+    would force a save (assumed 30 s) and leave η far below the floor; it lifts at
+    (10.9 + 30) / (1 − 0.75) = 163.6 s."""
+    pol = policy(tiers={3: {"lease": "0s"}}, thrash={"min_efficiency": 0.75})
+    v = victim("a", 3, started=0.0, startup_s=10.9)
+    assert efficiency(pol, v, 44.0) == pytest.approx((44.0 - 40.9) / 44.0)
+    b = efficiency_floor(ctx(pol, now=44.0), v)
+    assert b is not None and b.until == pytest.approx((10.9 + 30.0) / 0.25)
+    assert protection(ctx(pol, now=44.0), v) == pytest.approx(163.6)
+    assert efficiency_floor(ctx(pol, now=163.6), v) is None
+    assert efficiency(pol, v, 163.6) == pytest.approx(0.75)
 
 
 def test_zero_min_efficiency_protects_only_the_overhead() -> None:
@@ -374,9 +419,10 @@ def test_blocks_is_zero_when_nothing_protects_the_victim() -> None:
 
 def test_blocks_is_the_latest_time_a_timed_rule_lifts() -> None:
     pol = policy()
-    # lease (45 min) lifts at 2,700; the efficiency floor at 600 / 0.1 = 6,000.
+    # lease (45 min) lifts at 2,700; the efficiency floor, counting one assumed save of 30 s
+    # (no save reported yet), at (600 + 30) / 0.1 = 6,300.
     v = victim("a", 3, started=0.0, startup_s=600.0)
-    assert blocks(ctx(pol, now=1_000.0), pre(pending("p", "b", 2)), v) == pytest.approx(6_000.0)
+    assert blocks(ctx(pol, now=1_000.0), pre(pending("p", "b", 2)), v) == pytest.approx(6_300.0)
     # Add a spent thrash budget that lifts later still.
     now = 1_000.0
     spent = replace(v, preempted_at=(now - 100.0, now - 50.0, now - 10.0))

@@ -265,13 +265,15 @@ def test_efficiency_floor_stretches_the_lease() -> None:
     cluster = nodes(1)
     victim = running("v", "a", 3, ("n0", 8), started=0.0, startup_s=600.0)
     p = pending("p", "b", 2, submit=2_900.0)
-    # Past the 45-minute lease, but η = (3000 − 600) / 3000 = 0.8 < 0.9: protected until
-    # 600 / (1 − 0.9) = 6,000 s.
+    # Past the 45-minute lease, but with the save a preemption forces (assumed 30 s: none
+    # reported yet) η = (3000 − 600 − 30) / 3000 = 0.79 < 0.9: protected until
+    # (600 + 30) / (1 − 0.9) = 6,300 s.
     plan = plan_for(pol, cluster, [victim, p], now=3_000.0)
     assert preempted(plan) == set()
     r = plan.explanations["p"].reason
-    assert r.code == "WaitingForLease" and abs(r.earliest_at - 6_000.0) < 1e-6
-    assert preempted(plan_for(pol, cluster, [victim, p], now=6_000.0)) == {"v"}
+    assert r.code == "WaitingForLease" and abs(r.earliest_at - 6_300.0) < 1e-6
+    assert preempted(plan_for(pol, cluster, [victim, p], now=6_000.0)) == set()
+    assert preempted(plan_for(pol, cluster, [victim, p], now=6_300.0)) == {"v"}
 
 
 def test_thrash_loop_long_job_is_preempted_at_most_budget_times() -> None:

@@ -38,7 +38,7 @@ from warden.store.repo import Store
 POLICY = """\
 min_grace: 1s
 thrash: {min_efficiency: 0}
-preemption: {restart_overhead: 0s}
+preemption: {restart_overhead: 0s, checkpoint_overhead: 0s}
 tiers:
   3: {name: experimentation, lease: 0s, grace: 1s}
   4: {name: opportunistic, lease: 0s, grace: 1s, charged: false}

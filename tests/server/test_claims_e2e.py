@@ -25,7 +25,7 @@ from serverproc import Server, kill_leftovers, started, submit, until_state, wai
 POLICY = """\
 min_grace: 3s
 thrash: {{min_efficiency: 0, max_preemptions: {{per: 24h, count: 20}}}}
-preemption: {{restart_overhead: 0s}}
+preemption: {{restart_overhead: 0s, checkpoint_overhead: 0s}}
 tiers:
   1: {{name: production-inference, preemptible: false, grace: 3s, requires_approval: true, scope: cluster}}
   2: {{name: pretraining, lease: {lease}, grace: 3s, requires_approval: true}}

@@ -19,7 +19,7 @@ from warden.cli.jobs import QUEUE_COLUMNS
 POLICY = """\
 min_grace: 2s
 thrash: {min_efficiency: 0}
-preemption: {restart_overhead: 0s}
+preemption: {restart_overhead: 0s, checkpoint_overhead: 0s}
 tiers:
   3: {name: experimentation, lease: 1s, grace: 2s}
   4: {name: opportunistic, lease: 0s, grace: 2s, charged: false}

@@ -37,7 +37,7 @@ NODE = Node("node-0", 4, 16_000, 64_000)
 POLICY = {
     "min_grace": "120s",
     "thrash": {"min_efficiency": 0, "max_preemptions": {"per": "24h", "count": 100}},
-    "preemption": {"restart_overhead": "0s"},
+    "preemption": {"restart_overhead": "0s", "checkpoint_overhead": "0s"},
     "tiers": {
         2: {"name": "pretraining", "lease": "0s", "requires_approval": False},
         3: {"name": "experimentation", "lease": "0s"},

@@ -18,7 +18,7 @@ from serverproc import ADMIN, Server, kill_leftovers, started, submit, until_sta
 POLICY = """\
 min_grace: 2s
 thrash: {min_efficiency: 0}
-preemption: {restart_overhead: 0s}
+preemption: {restart_overhead: 0s, checkpoint_overhead: 0s}
 tiers:
   3: {name: experimentation, lease: 1h, grace: 2s}
   4: {name: opportunistic, lease: 0s, grace: 2s, charged: false}

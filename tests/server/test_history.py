@@ -33,7 +33,7 @@ T0 = 1_000_000.0
 POLICY = {
     "min_grace": "120s",
     "thrash": {"min_efficiency": 0},
-    "preemption": {"restart_overhead": "0s"},
+    "preemption": {"restart_overhead": "0s", "checkpoint_overhead": "0s"},
     "tiers": {3: {"name": "experimentation", "lease": "0s"}},
     "queues": {
         "name": "cluster",

@@ -21,7 +21,7 @@ from serverproc import ADMIN, Server, kill_leftovers, started, submit, until_sta
 POLICY = """\
 min_grace: 2s
 thrash: {min_efficiency: 0}
-preemption: {restart_overhead: 0s}
+preemption: {restart_overhead: 0s, checkpoint_overhead: 0s}
 tiers:
   1: {name: production-inference, preemptible: false, grace: 2s, requires_approval: true, scope: cluster}
   3: {name: experimentation, lease: 1s, grace: 2s}

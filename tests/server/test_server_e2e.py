@@ -15,11 +15,11 @@ import pytest
 from serverproc import Server, kill_leftovers, started, submit, until_state, wait_for
 
 # Short leases and graces so the tests run in seconds; no efficiency floor and no assumed
-# restart overhead (together they would stretch a 1 s lease to a minute).
+# restart or checkpoint overhead (together they would stretch a 1 s lease to a minute).
 POLICY = """\
 min_grace: 2s
 thrash: {min_efficiency: 0}
-preemption: {restart_overhead: 0s}
+preemption: {restart_overhead: 0s, checkpoint_overhead: 0s}
 tiers:
   1: {name: production-inference, preemptible: false, grace: 2s, requires_approval: true, scope: cluster}
   2: {name: pretraining, lease: 1h, grace: 2s, requires_approval: true}

@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 POLICY = """\
 min_grace: 2s
 thrash: {min_efficiency: 0}
-preemption: {restart_overhead: 0s}
+preemption: {restart_overhead: 0s, checkpoint_overhead: 0s}
 tiers:
   1: {name: production-inference, preemptible: false, grace: 2s, scope: cluster}
   2: {name: pretraining, lease: 1h, grace: 2s}

@@ -207,3 +207,27 @@ def test_an_approval_names_the_command_with_the_jobs_id(store: Store) -> None:
     job = store.get(job_id)
     assert job is not None
     assert f"`warden approve {job_id}`" in job_summary(job, now=20.0)["reason"]["message"]
+
+
+@pytest.mark.parametrize(
+    "facts, counted",
+    [
+        ({}, 45.0),  # no save reported: one of `preemption.checkpoint_overhead`
+        ({"sigterm_save_s": 20.0}, 20.0),  # one save as long as the job's
+        ({"checkpoint_s": 50.0, "sigterm_save_s": 25.0, "last_checkpoint_at": 1_400.0}, 50.0),  # what it saved
+    ],
+)
+def test_the_lease_end_counts_the_save_the_efficiency_floor_counts(
+    store: Store, facts: dict[str, float], counted: float
+) -> None:
+    """Tier 3's lease is 45 min; a 1 h startup stretches it to (startup + save) / (1 − 0.9)."""
+    pol = parse_policy(
+        {
+            "preemption": {"restart_overhead": "30s", "checkpoint_overhead": "45s"},
+            "queues": {"name": "cluster", "children": [{"name": "team"}]},
+        }
+    )
+    job, attempt = running_job(store, startup_s=3_600.0, **facts)
+    shown = job_summary(job, 2_000.0, attempt, pol)
+    assert shown["lease_end_at"] == pytest.approx(1_000.0 + (3_600.0 + counted) / 0.1)
+    assert shown["efficiency"] == pytest.approx(round((1_000.0 - 3_600.0 - counted) / 1_000.0, 4))

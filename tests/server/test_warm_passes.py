@@ -36,7 +36,7 @@ from warden.store.repo import ActiveJob, Store
 POLICY = """\
 min_grace: 1s
 thrash: {{min_efficiency: 0, max_preemptions: {{per: 1h, count: 50}}}}
-preemption: {{restart_overhead: 0s}}
+preemption: {{restart_overhead: 0s, checkpoint_overhead: 0s}}
 scheduling: {{reservations: 2}}
 tiers:
   2: {{name: pretraining, lease: 0s, grace: 1s, requires_approval: true}}

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser")]
 POLICY = """\
 min_grace: 2s
 thrash: {min_efficiency: 0}
-preemption: {restart_overhead: 0s}
+preemption: {restart_overhead: 0s, checkpoint_overhead: 0s}
 tiers:
   1: {name: production-inference, preemptible: false, grace: 2s, requires_approval: true, scope: cluster}
   2: {name: pretraining, lease: 1h, grace: 2s, requires_approval: true}

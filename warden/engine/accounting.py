@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 if TYPE_CHECKING:
     import numpy as np
@@ -67,6 +67,26 @@ def assumed_startup(policy: Policy, reported: float | None) -> float:
     return policy.preemption.restart_overhead if reported is None else reported
 
 
+def checkpoint_basis(checkpoint_s: float, save_s: float | None) -> Literal["measured", "save", "assumed"]:
+    """What `assumed_checkpoint` counts for an attempt: its measured checkpoint time
+    ("measured", once it has saved), else one save of its known duration ("save"), else one of
+    the policy's checkpoint overhead ("assumed")."""
+    if checkpoint_s > 0:
+        return "measured"
+    return "assumed" if save_s is None else "save"
+
+
+def assumed_checkpoint(policy: Policy, checkpoint_s: float, save_s: float | None) -> float:
+    """The checkpoint time the efficiency floor counts for an attempt (DESIGN §4.3): what it has
+    spent saving (`checkpoint_s`) once it has saved; before its first save, one save — the one
+    a preemption forces on SIGTERM — of its known duration (`save_s`: reported by the job,
+    or given by a trace), else the policy's checkpoint overhead (what a save is assumed to take
+    until the job says otherwise)."""
+    if checkpoint_basis(checkpoint_s, save_s) == "measured":
+        return checkpoint_s
+    return policy.preemption.checkpoint_overhead if save_s is None else save_s
+
+
 def eta(run_s: float, startup_s: float, checkpoint_s: float) -> float:
     """An attempt's forward-progress efficiency η = (T_run − (T_startup + T_checkpoint)) / T_run
     (DESIGN §4.3) after `run_s` seconds of running; 0 for a run of no length."""
@@ -80,7 +100,11 @@ def attempt_eta(
 ) -> float | None:
     """η of an attempt that stopped running: up to its SIGTERM (a preemption's or a cancel's:
     what follows is its grace), else its exit. None while it runs, or for one that ran for
-    no time (nothing to measure)."""
+    no time (nothing to measure).
+
+    What happened, not what was assumed: `checkpoint_s` is the checkpoint time the attempt
+    has measured (a save on SIGTERM included once reported), never `assumed_checkpoint`, which is the floor's
+    guess ahead of a preemption."""
     stopped = sigterm_at if sigterm_at is not None else ended_at
     if stopped is None or stopped <= started_at:
         return None

@@ -431,6 +431,11 @@ class PreemptionSpec(_Spec):
     restart_overhead: Duration = Field(
         default=60.0, description="Startup time assumed for a job that has not reported one."
     )
+    checkpoint_overhead: Duration = Field(
+        default=30.0,
+        description="The time one checkpoint save is assumed to take for a job that has not reported one "
+        "(what the efficiency floor counts for the save a preemption forces before the job's first).",
+    )
     max_attempts_per_pass: int = Field(default=16, ge=0)
     victim_order: Literal["cost", "newest", "smallest"] = "cost"
     only_if_it_pays: bool = Field(

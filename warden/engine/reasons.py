@@ -263,13 +263,20 @@ class WaitingForLease(Reason):
     startup_measured: bool | None = None
     """efficiency: True when the victim reported it, False when it is `preemption.restart_overhead`."""
     checkpoint_s: float | None = None
-    """efficiency: the victim's checkpoint seconds in this attempt."""
+    """efficiency: the victim's checkpoint time the floor counts (`accounting.assumed_checkpoint`)."""
     min_efficiency: float | None = None
     """efficiency: `thrash.min_efficiency`."""
     thrash_count: int | None = None
     """thrash_budget: `thrash.max_preemptions.count`, used up within the window."""
     thrash_window_s: float | None = None
     """thrash_budget: `thrash.max_preemptions.per`."""
+    checkpoint_measured: bool | None = None
+    """efficiency: True when `checkpoint_s` is what the victim's attempt has spent saving; False when the
+    attempt has saved nothing yet and it is one save, the one a preemption forces."""
+    save_measured: bool | None = None
+    """efficiency, before the victim's first save: True when that save's duration is the
+    victim's own (reported, or given by its trace), False when it is
+    `preemption.checkpoint_overhead`."""
 
     def render(self, at: TimeText = engine_time, job_id: str | None = None) -> str:
         when = at(self.earliest_at)
@@ -278,17 +285,10 @@ class WaitingForLease(Reason):
         lease = "" if self.lease_s is None else f" of {span(self.lease_s)}"
         tail = "; capacity is reserved for the job, so it starts then without any action"
         if self.rule == "efficiency" and self.startup_s is not None:
-            if self.startup_measured:
-                startup = f"its measured startup of {span(self.startup_s)}"
-            else:
-                startup = (
-                    f"an assumed startup of {span(self.startup_s)} (`preemption.restart_overhead`: "
-                    f"job {v} has reported none)"
-                )
             return (
                 f"The job will preempt {who} at {when}, when job {v}'s efficiency floor lifts: its lease{lease} "
-                f"is over, but with {startup} and {span(self.checkpoint_s or 0.0)} of checkpoints a preemption "
-                f"sooner would push its η below {self.min_efficiency:g} (`thrash.min_efficiency`){tail}."
+                f"is over, but with {self._overheads(v)} a preemption sooner would push its η below "
+                f"{self.min_efficiency:g} (`thrash.min_efficiency`){tail}."
             )
         if self.rule == "thrash_budget" and self.thrash_count is not None and self.thrash_window_s is not None:
             return (
@@ -297,6 +297,27 @@ class WaitingForLease(Reason):
                 f"(`thrash.max_preemptions`){tail}."
             )
         return f"The job will preempt {who} when job {v}'s minimum-runtime lease{lease} ends at {when}{tail}."
+
+    def _overheads(self, v: str) -> str:
+        """The startup and checkpoint time the efficiency floor counts, and where each is from."""
+        startup_s, checkpoint_s = self.startup_s or 0.0, self.checkpoint_s or 0.0
+        if self.startup_measured:
+            startup = f"its measured startup of {span(startup_s)}"
+        else:
+            startup = (
+                f"an assumed startup of {span(startup_s)} (`preemption.restart_overhead`: job {v} has reported none)"
+            )
+        if self.checkpoint_measured is None:  # a reason stored before the floor counted a save
+            checkpoint = f"{span(checkpoint_s)} of checkpoints"
+        elif self.checkpoint_measured:
+            checkpoint = f"its measured checkpoints of {span(checkpoint_s)}"
+        elif self.save_measured:
+            checkpoint = f"one save of {span(checkpoint_s)}, as long as its reported save takes"
+        else:
+            checkpoint = (
+                f"an assumed save of {span(checkpoint_s)} (`preemption.checkpoint_overhead`: job {v} has reported none)"
+            )
+        return f"{startup} and {checkpoint}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from warden.engine.accounting import (
+    assumed_checkpoint,
     assumed_startup,
     effective_grace,
     effective_lease,
@@ -95,12 +96,23 @@ def startup_of(policy: Policy, job: Job) -> float:
     return assumed_startup(policy, None if job.attempt is None else job.attempt.startup_s)
 
 
+def checkpoint_of(policy: Policy, job: Job) -> float:
+    """The attempt's checkpoint time the efficiency floor counts (`accounting.assumed_checkpoint`):
+    its measured checkpoints, else one save of its known duration, else the policy's
+    checkpoint overhead."""
+    a = job.attempt
+    if a is None:
+        return 0.0
+    return assumed_checkpoint(policy, a.checkpoint_s, a.sigterm_save_s)
+
+
 def efficiency(policy: Policy, job: Job, now: float) -> float:
-    """η of the current attempt: (T_run − (T_startup + T_checkpoint)) / T_run."""
+    """η of the current attempt as the efficiency floor counts it: (T_run − (T_startup +
+    T_checkpoint)) / T_run, with `startup_of` and `checkpoint_of`."""
     a = job.attempt
     if a is None:
         return 1.0
-    return eta(now - a.started_at, startup_of(policy, job), a.checkpoint_s)
+    return eta(now - a.started_at, startup_of(policy, job), checkpoint_of(policy, job))
 
 
 def at_risk_since(policy: Policy, job: Job) -> float | None:
@@ -300,12 +312,14 @@ def thrash_budget(ctx: RuleContext, v: Job) -> Block | None:
 
 
 def efficiency_floor(ctx: RuleContext, v: Job) -> Block | None:
-    """Stretch the lease so a preemption never pushes the attempt's η below min_efficiency."""
+    """Stretch the lease so a preemption never pushes the attempt's η below min_efficiency,
+    counting the startup and checkpoint time the attempt reported, or the policy's assumptions
+    where it reported none (`startup_of`, `checkpoint_of`)."""
     a = v.attempt
     if a is None:
         return Block("efficiency")
     floor = ctx.policy.thrash.min_efficiency
-    overhead = startup_of(ctx.policy, v) + a.checkpoint_s
+    overhead = startup_of(ctx.policy, v) + checkpoint_of(ctx.policy, v)
     # With a little slack: 1 − 0.9 is not exactly 0.1 in binary floating point. The slack is in
     # the time the block names too, so a protection worked out at an earlier `now` lifts at
     # exactly the instant this rule, asked anew, stops blocking (warm passes equal fresh ones).

@@ -75,9 +75,13 @@ def job_summary(
 
 def lease_end(policy: Policy, job: StoredJob, attempt: StoredAttempt) -> float:
     """When the attempt may first be preempted: its lease, stretched so that a preemption
-    never pushes its η below `thrash.min_efficiency` (the engine's lease and efficiency rules)."""
+    never pushes its η below `thrash.min_efficiency` (the engine's lease and efficiency rules),
+    counting the startup and checkpoint time the floor counts (`accounting.assumed_startup`,
+    `accounting.assumed_checkpoint`)."""
     lease = accounting.effective_lease(policy, job.tier, job.lease_s)
-    overhead = accounting.assumed_startup(policy, attempt.startup_s) + attempt.checkpoint_s
+    overhead = accounting.assumed_startup(policy, attempt.startup_s) + accounting.assumed_checkpoint(
+        policy, attempt.checkpoint_s, attempt.sigterm_save_s
+    )
     return attempt.started_at + max(lease, overhead / (1.0 - policy.thrash.min_efficiency))
 
 

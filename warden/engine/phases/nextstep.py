@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from warden.engine.accounting import checkpoint_basis
 from warden.engine.model import Job
 from warden.engine.phases.state import PassState
 from warden.engine.phases.victims import Victims
@@ -25,7 +26,7 @@ from warden.engine.reasons import (
     Reserved,
     WaitingForLease,
 )
-from warden.engine.rules import binding, lease_of, startup_of
+from warden.engine.rules import binding, checkpoint_of, lease_of, startup_of
 
 
 class NextSteps:
@@ -192,11 +193,14 @@ class NextSteps:
         reason = WaitingForLease(ids, due, b.rule, v.id, lease_of(policy, v))
         a = v.attempt
         if b.rule == "efficiency" and a is not None:
+            basis = checkpoint_basis(a.checkpoint_s, a.sigterm_save_s)
             return replace(
                 reason,
                 startup_s=startup_of(policy, v),
                 startup_measured=a.startup_s is not None,
-                checkpoint_s=a.checkpoint_s,
+                checkpoint_s=checkpoint_of(policy, v),
+                checkpoint_measured=basis == "measured",
+                save_measured=None if basis == "measured" else basis == "save",
                 min_efficiency=policy.thrash.min_efficiency,
             )
         if b.rule == "thrash_budget":
