@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 from warden.engine.model import Node
 
 _EMPTY_ENV: Mapping[str, str] = MappingProxyType({})
+_EMPTY_COUNTS: Mapping[str, int] = MappingProxyType({})
 
 
 class UnknownAttempt(KeyError):
@@ -179,6 +180,10 @@ class Exit:
     killed: bool  # warden sent SIGKILL (at the grace deadline, or by kill())
     killed_at: float | None = None  # wall clock when that SIGKILL was sent
     error: str | None = None  # why a replica has no exit status (not started, supervisor lost)
+    ended_by: str | None = None
+    """What ended the attempt behind warden's back, in words (a Slurm job cancelled by another
+    user, a placement group removed, its node lost): the attempt is evicted and its job requeued,
+    never failed for it. None: the attempt's own processes ended (or warden ended them)."""
 
     @property
     def succeeded(self) -> bool:
@@ -192,6 +197,9 @@ class Inventory:
 
     nodes: tuple[Node, ...]
     down: Mapping[str, str] = field(default_factory=lambda: _EMPTY_ENV)
+    foreign: Mapping[str, int] = field(default_factory=lambda: _EMPTY_COUNTS)
+    """GPUs per node held by work that is not warden's (a Slurm job an admin submitted, a Ray
+    actor or placement group warden did not make): never free for warden's jobs."""
 
     @property
     def usable(self) -> tuple[Node, ...]:
