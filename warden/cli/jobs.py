@@ -385,7 +385,7 @@ def register(app: typer.Typer) -> None:
                 str(n["gpus_used"]),
                 str(n["gpus_free"]),
                 ", ".join(n["jobs"]),
-                "up" if n.get("down") is None else f"down: {n['down']}",
+                _node_state(n),
             ]
             for n in rows
         ]
@@ -531,6 +531,13 @@ def _print_job(j: dict[str, Any]) -> None:
         tables.titled(con, "preemptions", tables.listing(PREEMPTION_COLUMNS, cells))
     cells = [[_clock(e["at"], now), e["from"] or "", e["to"], e["actor"], e["reason"]] for e in j["events"]]
     tables.titled(con, "events", tables.listing(EVENT_COLUMNS, cells))
+
+
+def _node_state(n: dict[str, Any]) -> str:
+    """`warden nodes`' STATE: up or down with why, and the GPUs held outside warden."""
+    state = "up" if n.get("down") is None else f"down: {n['down']}"
+    foreign = n.get("gpus_foreign") or 0
+    return f"{state}; {foreign} GPU(s) held outside warden" if foreign else state
 
 
 def _clock(t: float | None, now: float) -> str:

@@ -436,7 +436,8 @@ def build_router(service: "Service") -> APIRouter:
         for job_id in {a.job_id for a in attempts} - jobs.keys():  # it ended between the two reads
             if (job := service.store.get(job_id)) is not None:
                 jobs[job_id] = job
-        return node_views(service.nodes, attempts, service.reconciler.cluster.down, jobs)
+        cluster = service.reconciler.cluster
+        return node_views(service.nodes, attempts, cluster.down, jobs, cluster.foreign)
 
     @r.get("/history", responses=errors(401))
     def history(

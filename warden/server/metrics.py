@@ -129,6 +129,12 @@ class _Gauges:
         gpus = GaugeMetricFamily("warden_gpus", "GPUs in the cluster.")
         gpus.add_metric([], sum(n.gpus for n in s.nodes))
         yield gpus
+        foreign = GaugeMetricFamily(
+            "warden_gpus_foreign", "GPUs held by work that is not warden's, by node (never scheduled).", labels=["node"]
+        )
+        for node, count in sorted(s.reconciler.cluster.foreign.items()):
+            foreign.add_metric([node], count)
+        yield foreign
         in_use = GaugeMetricFamily("warden_gpus_in_use", "GPUs held by jobs (a job in its grace period included).")
         in_use.add_metric([], sum(j.gpus * j.replicas for j in jobs if j.state.holds_resources))
         yield in_use

@@ -158,6 +158,18 @@ class EngineJobs:
         return tuple(out)
 
 
+def without_foreign(node: Node, foreign: int, held: set[int]) -> Node:
+    """`node` as the engine may use it when `foreign` of its GPUs are held by work that is not
+    warden's: that many fewer. The engine names GPUs by index below the node's count, so the
+    count never drops below one past the highest index warden's own attempts hold there; while
+    they hold the top ones, up to that many foreign GPUs stay offered until those attempts end
+    (a job placed on them waits in Slurm or Ray, which never give one GPU to two jobs)."""
+    if foreign <= 0:
+        return node
+    floor = max(held) + 1 if held else 0
+    return replace(node, gpus=max(node.gpus - foreign, floor, 0))
+
+
 def _holding(
     snapshot: Snapshot, plan: Plan | None, policy: Policy, capacity: tuple[int, int, int]
 ) -> tuple[dict[str, float], dict[str, int]]:
@@ -337,7 +349,7 @@ class Reconciler:
                 attempt=max(0, job.attempt - 1),
             )
             return
-        if last.reason in ("preempted", "killed") and not job.cancel_requested:
+        if last.reason in ("preempted", "killed", "evicted") and not job.cancel_requested:
             self.store.transition(
                 job.id,
                 JobState.REQUEUED,
@@ -598,16 +610,24 @@ class Reconciler:
         """Take the executor's current nodes. A gang with a replica on a node that is down
         (DOWN, DRAIN, not responding) is evicted whole: SIGTERM, its grace, SIGKILL, then it is
         requeued. The snapshot keeps a down node only while jobs still hold resources on it,
-        shrunk to exactly what they hold, so that nothing new is placed there."""
+        shrunk to exactly what they hold, so that nothing new is placed there. GPUs that work
+        which is not warden's holds (`Inventory.foreign`) are never offered: the node is shrunk
+        by them (`without_foreign`)."""
         if inventory.nodes != self.cluster.nodes:
             self.store.replace_nodes(NodeRecord.from_engine(n, updated_at=now) for n in inventory.nodes)
         for name in inventory.down.keys() - self.cluster.down.keys():
             log.warning("node %s takes no jobs: %s", name, inventory.down[name])
+        for name, gpus in sorted(inventory.foreign.items()):
+            if gpus != self.cluster.foreign.get(name, 0):
+                log.warning(
+                    "node %s: %d GPU(s) held by work that is not warden's are kept out of scheduling", name, gpus
+                )
         self.cluster = inventory
-        if not inventory.down:
+        if not inventory.down and not inventory.foreign:
             self.nodes = inventory.nodes
             return
         held: dict[str, list[int]] = {}
+        indices: dict[str, set[int]] = {}
         for active in self.store.active():
             job, attempt = active.job, active.attempt
             if not job.state.holds_resources or attempt is None or attempt.ended_at is not None:
@@ -617,13 +637,14 @@ class Reconciler:
                 h[0] += job.gpus
                 h[1] += job.cpu
                 h[2] += job.memory
+                indices.setdefault(part.node, set()).update(part.gpus)
             lost = sorted({p.node for p in attempt.assignment} & inventory.down.keys())
             if lost and attempt.sigterm_at is None:
                 self._evict(job, attempt, ", ".join(f"node {n} is {inventory.down[n]}" for n in lost), now)
         nodes = []
         for node in inventory.nodes:
             if node.name not in inventory.down:
-                nodes.append(node)
+                nodes.append(without_foreign(node, inventory.foreign.get(node.name, 0), indices.get(node.name, set())))
             elif node.name in held:
                 gpus, cpu, memory = held[node.name]
                 nodes.append(replace(node, gpus=gpus, cpu=min(cpu, node.cpu), memory=min(memory, node.memory)))
@@ -680,10 +701,12 @@ class Reconciler:
         job = self.store.get(int(ex.job_id))
         if job is None or attempt is None or attempt.ended_at is not None:
             return
-        if attempt.sigterm_at is not None:
+        # Work is lost from a SIGTERM, or from the moment something else ended the attempt.
+        stopped_at = attempt.sigterm_at if attempt.sigterm_at is not None else ex.ended_at if ex.ended_by else None
+        if stopped_at is not None:
             lost = measured_lost_work(
                 job.gpus * job.replicas,
-                attempt.sigterm_at,
+                stopped_at,
                 attempt.started_at,
                 assumed_startup(self.policy, attempt.startup_s),
                 attempt.last_checkpoint_at,
@@ -712,6 +735,8 @@ class Reconciler:
             reason, to = "cancelled", JobState.CANCELLED
         elif attempt.sigterm_at is not None:
             reason, to = ("killed" if ex.killed else "preempted"), JobState.REQUEUED
+        elif ex.ended_by is not None:
+            reason, to = "evicted", JobState.REQUEUED
         elif all(c == 0 for c in codes):
             reason, to = "completed", JobState.SUCCEEDED
         else:
@@ -726,7 +751,10 @@ class Reconciler:
             return self.store.transition(
                 job.id, to, reason=f"{reason}: exit {_codes(codes)}", actor="warden", now=now, exit_code=code, **read
             )
-        detail = f"exited {_codes(codes)} after SIGTERM" + (" and SIGKILL at the deadline" if ex.killed else "")
+        if reason == "evicted":
+            detail = f"evicted: {ex.ended_by} (exit {_codes(codes)}); the job is requeued"
+        else:
+            detail = f"exited {_codes(codes)} after SIGTERM" + (" and SIGKILL at the deadline" if ex.killed else "")
         if not self.store.transition(
             job.id,
             JobState.REQUEUED,

@@ -297,11 +297,14 @@ def node_views(
     attempts: Iterable[StoredAttempt],
     down: Mapping[str, str] | None = None,
     jobs: Mapping[int, StoredJob] | None = None,
+    foreign: Mapping[str, int] | None = None,
 ) -> list[dict[str, Any]]:
     """Each node with what runs on it; `down` says why a node takes no job now (Slurm's state).
     `holders` names the job on each GPU held (`jobs`: the attempts' jobs, for their queue,
-    tier, user and state); a job holding no GPU on a node is listed there once, `gpu` null."""
+    tier, user and state); a job holding no GPU on a node is listed there once, `gpu` null.
+    `foreign`: GPUs per node held by work that is not warden's (`gpus_foreign`), never free."""
     down = down or {}
+    foreign = foreign or {}
     jobs = jobs or {}
     used: dict[str, list[int]] = {}
     on: dict[str, list[str]] = {}
@@ -321,7 +324,8 @@ def node_views(
             "name": n.name,
             "gpus": n.gpus,
             "gpus_used": len(used.get(n.name, [])),
-            "gpus_free": n.gpus - len(used.get(n.name, [])),
+            "gpus_free": max(0, n.gpus - len(used.get(n.name, [])) - foreign.get(n.name, 0)),
+            "gpus_foreign": foreign.get(n.name, 0),
             "gpu_indices_used": sorted(used.get(n.name, [])),
             "flavor": n.flavor,
             "block": n.block,

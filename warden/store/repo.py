@@ -73,7 +73,7 @@ PLACEMENTS = frozenset({"pack", "block", "any"})
 ROLES = frozenset({"user", "admin"})
 ATTEMPT_STATES = frozenset({"running", "terminating", "exited"})
 LIVE_ATTEMPT_STATES = frozenset({"running", "terminating"})
-END_REASONS = frozenset({"completed", "failed", "preempted", "cancelled", "killed"})
+END_REASONS = frozenset({"completed", "failed", "preempted", "cancelled", "killed", "evicted"})
 PREEMPTION_KINDS = frozenset({"preemption", "reclaim", "eviction"})
 """Why an attempt got SIGTERM when no cancel sent it (`attempts.preemption_kind`)."""
 ANY_QUEUE = "*"
@@ -810,7 +810,7 @@ class Store:
         *,
         preempted_for: str | None = None,
     ) -> bool:
-        """Mark an attempt exited, with why (completed|failed|preempted|cancelled|killed).
+        """Mark an attempt exited, with why (completed|failed|preempted|cancelled|killed|evicted).
         Returns False when there is no such attempt."""
         if reason not in END_REASONS:
             raise ValueError(f"reason: expected one of {sorted(END_REASONS)}, got {reason!r}")

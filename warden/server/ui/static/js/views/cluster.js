@@ -88,6 +88,7 @@ function nodeCard(node) {
         { class: "node-meta" },
         `${node.gpus} GPU${node.gpus === 1 ? "" : "s"} · ${free} free`,
         node.down != null ? h("span", { class: "badge badge-down" }, `down: ${node.down}`) : null,
+        node.gpus_foreign ? h("span", { class: "badge", dataset: { foreign: node.gpus_foreign } }, `${node.gpus_foreign} held outside warden`) : null,
       ),
     ),
     h("ul", { class: "gpus", "aria-label": `GPUs of ${node.name}` }, cells),
@@ -107,19 +108,21 @@ function summary(nodes) {
   let used = 0;
   let down = 0;
   let terminating = 0;
+  let foreign = 0;
   const byTier = { 1: 0, 2: 0, 3: 0, 4: 0 };
   for (const n of nodes) {
     total += n.gpus;
     const nUsed = n.gpus_used ?? (n.gpu_indices_used || []).length;
     used += nUsed;
     if (n.down != null) down += n.gpus - nUsed;
+    else foreign += n.gpus_foreign || 0;
     for (const holder of n.holders || []) {
       if (holder.gpu === null || holder.gpu === undefined) continue;
       if (holder.tier != null) byTier[holder.tier] = (byTier[holder.tier] || 0) + 1;
       if (holder.kill_at != null) terminating += 1;
     }
   }
-  const free = total - used - down;
+  const free = total - used - down - foreign;
   return h(
     "dl",
     { class: "stats" },
@@ -127,6 +130,7 @@ function summary(nodes) {
     stat("in use", used),
     stat("free", free, "free"),
     stat("down", down, "down"),
+    foreign ? stat("outside warden", foreign) : null,
     stat("in grace", terminating),
     Object.entries(byTier).map(([t, n]) => stat(h("span", null, tierBadge(Number(t)), " GPUs"), n)),
   );

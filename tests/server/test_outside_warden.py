@@ -1,0 +1,148 @@
+"""What happens outside warden on the cluster it governs, as the reconcile loop sees it through
+its executor: GPUs held by work that is not warden's are never offered to a job, and are shown
+(`GET /v1/nodes`, `warden_gpus_foreign`); an attempt that something else ended (an external
+`scancel`, a removed placement group) is evicted and its job requeued with what happened, never
+failed. The executors' side is tested on real Slurm and Ray clusters (tests/executors); here a
+real local executor runs the job and the cluster's report is the input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from serverproc import end_everything, wait_for
+
+from warden.engine.model import JobState, Node
+from warden.engine.policy import parse_policy
+from warden.executors.base import Exit, Inventory
+from warden.executors.local import LocalExecutor
+from warden.server.app import create_app
+from warden.server.reconcile import without_foreign
+from warden.server.service import Service
+from warden.store import Store
+
+POLICY = {
+    "min_grace": "120s",
+    "thrash": {"min_efficiency": 0},
+    "preemption": {"restart_overhead": "0s", "checkpoint_overhead": "0s"},
+    "queues": {"name": "cluster", "children": [{"name": "vision"}]},
+}
+NODE = Node("node-0", 4, 16_000, 64_000)
+
+
+class EndedOutside(LocalExecutor):
+    """The local executor, whose exits say an attempt was ended by something else once the
+    test has said so: what the Slurm executor reports after another user's `scancel`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outside: dict[tuple[str, int], str] = {}
+
+    def exits(self) -> list[Exit]:
+        return [
+            dataclasses.replace(ex, ended_by=self.outside[(ex.job_id, ex.attempt)])
+            if (ex.job_id, ex.attempt) in self.outside
+            else ex
+            for ex in super().exits()
+        ]
+
+
+@asynccontextmanager
+async def no_lifespan(_: Any) -> AsyncIterator[None]:
+    yield
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    opened = Store.open(f"sqlite:///{tmp_path / 'warden.db'}")
+    yield opened
+    opened.close()
+
+
+def submit(store: Store, gpus: int, command: list[str]) -> int:
+    return store.submit(
+        name="", user="ana", queue="vision", tier=3, command=command, workdir="/", actor="ana",
+        now=time.time(), gpus=gpus,
+    )  # fmt: skip
+
+
+def test_gpus_held_outside_warden_are_never_offered_and_are_shown(store: Store, tmp_path: Path) -> None:
+    seen = [Inventory((NODE,), foreign={"node-0": 3})]
+    (tmp_path / "state").mkdir()
+    svc = Service(store, LocalExecutor(), (NODE,), parse_policy(POLICY), tmp_path / "state", inventory=lambda: seen[0])
+    token = store.create_token("admin", "admin", ["*"], "test", time.time())
+    app = create_app(svc)
+    app.router.lifespan_context = no_lifespan
+    try:
+        two = submit(store, 2, ["sleep", "600"])
+        one = submit(store, 1, ["sleep", "600"])
+        with TestClient(app, headers={"Authorization": f"Bearer {token}"}) as c:
+
+            def states() -> tuple[JobState, JobState]:
+                svc.reconciler.reconcile()
+                a, b = store.get(two), store.get(one)
+                assert a is not None and b is not None
+                return a.state, b.state
+
+            # 1 GPU left to warden: the 1-GPU job runs, the 2-GPU job waits.
+            wait_for(lambda: states() == (JobState.PENDING, JobState.RUNNING), what="only the 1-GPU job running")
+            for _ in range(3):
+                assert states()[0] is JobState.PENDING
+            node = c.get("/v1/nodes").json()[0]
+            assert (node["gpus"], node["gpus_used"], node["gpus_foreign"], node["gpus_free"]) == (4, 1, 3, 0)
+            assert 'warden_gpus_foreign{node="node-0"} 3.0' in c.get("/metrics").text
+            # The outside work ends: its GPUs are warden's again.
+            seen[0] = Inventory((NODE,))
+            wait_for(lambda: states() == (JobState.RUNNING, JobState.RUNNING), what="both jobs running")
+            assert c.get("/v1/nodes").json()[0]["gpus_foreign"] == 0
+    finally:
+        end_everything(svc)
+
+
+def test_a_node_is_never_shrunk_below_the_gpus_warden_holds_there() -> None:
+    assert without_foreign(NODE, 3, set()).gpus == 1
+    assert without_foreign(NODE, 3, {0}).gpus == 1
+    assert without_foreign(NODE, 3, {2, 3}).gpus == 4  # warden holds the top two: indices stay in range
+    assert without_foreign(NODE, 9, set()).gpus == 0
+    assert without_foreign(NODE, 0, {3}) is NODE
+
+
+def test_an_attempt_ended_outside_warden_is_evicted_and_requeued_not_failed(store: Store, tmp_path: Path) -> None:
+    executor = EndedOutside()
+    (tmp_path / "state").mkdir()
+    svc = Service(store, executor, (NODE,), parse_policy(POLICY), tmp_path / "state")
+    try:
+        job = submit(store, 2, ["sleep", "600"])
+
+        def state() -> JobState:
+            svc.reconciler.reconcile()
+            got = store.get(job)
+            assert got is not None
+            return got.state
+
+        wait_for(lambda: state() is JobState.RUNNING, what="the job running")
+        executor.outside[(str(job), 1)] = "Slurm job 123 cancelled by uid 65534"
+        statuses = list((tmp_path / "state" / "jobs" / str(job) / "attempt-1").glob("rank-*.status.json"))
+        assert statuses
+        for status in statuses:  # what an outside scancel does to the job's processes
+            os.killpg(int(json.loads(status.read_text())["pgid"]), signal.SIGKILL)
+        wait_for(lambda: state() and store.attempts(job)[0].ended_at is not None, what="the exit recorded")
+        first = store.attempts(job)[0]
+        assert first.reason == "evicted" and list(first.exit_codes or ()) == [-9]
+        assert first.lost_work_gpu_s is not None and first.lost_work_gpu_s >= 0
+        reasons = [e.reason for e in store.events(job)]
+        assert "evicted: Slurm job 123 cancelled by uid 65534 (exit -9); the job is requeued" in reasons, reasons
+        got = store.get(job)
+        assert got is not None and not got.preempted_at  # no preemption: the thrash guard does not count it
+        wait_for(lambda: state() is JobState.RUNNING and len(store.attempts(job)) == 2, what="the second attempt")
+    finally:
+        end_everything(svc)
