@@ -35,7 +35,7 @@ LOCAL = r"(\w{3} \d{1,2} )?(\d{4} )?\d\d:\d\d \((in [^)]+|now|[^)]+ ago)\)"
 POLICY = """\
 min_grace: 1s
 thrash: {min_efficiency: 0}
-preemption: {restart_overhead: 0s}
+preemption: {restart_overhead: 0s, checkpoint_overhead: 0s}
 tiers:
   3: {name: experimentation, lease: 0s, grace: 1s}
   4: {name: opportunistic, lease: 0s, grace: 5m, charged: false}

@@ -8,6 +8,7 @@ jobs and reports."""
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -129,9 +130,11 @@ def stored(api: Api) -> tuple[Any, ...]:
 
 
 @pytest.fixture(scope="module")
-def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
-    """The server, its one job with a running attempt 1 (so that reports and logs reach it)."""
-    tmp = tmp_path_factory.mktemp("bounds")
+def running(tmp_path_factory: pytest.TempPathFactory, _jobs_base: Path | None) -> Iterator[Api]:
+    """The server, its one job with a running attempt 1 (so that reports and logs reach it);
+    under root, in the session's directory job uids can pass through (tests/conftest.py)."""
+    tmp = Path(tempfile.mkdtemp(prefix="bounds-", dir=_jobs_base)) if _jobs_base else tmp_path_factory.mktemp("bounds")
+    tmp.chmod(0o711)
     policy = tmp / "policy.yaml"
     policy.write_text(POLICY)
     service = build_service(

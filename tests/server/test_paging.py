@@ -108,8 +108,9 @@ def test_jobs_come_in_pages_running_first_then_in_rank_order_with_the_total(
 
     run = listed[0]
     assert run["started_at"] == T0 and run["kill_at"] is None and run["last_checkpoint_at"] is None
-    assert run["lease_end_at"] == T0 + 3600  # the lease; the efficiency floor needs only 60 s / 0.5
-    assert run["efficiency"] == pytest.approx((100 - 60) / 100)  # η with the assumed 60 s startup
+    assert run["lease_end_at"] == T0 + 3600  # the lease; the efficiency floor needs only (60 + 30) s / 0.5
+    # η with the assumed 60 s startup and the assumed 30 s save (no save reported yet)
+    assert run["efficiency"] == pytest.approx((100 - 60 - 30) / 100)
     assert all(j["started_at"] is None and j["efficiency"] is None for j in listed[1:])
 
 
