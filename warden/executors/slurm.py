@@ -16,6 +16,12 @@ A gang whose nodes do not all run the same number of replicas becomes one Slurm 
 distinct count (Slurm's heterogeneous jobs are started only by its backfill pass, every 30 s
 by default); the jobs of an attempt are signalled, killed and reported together.
 
+Only warden submits to the partition or changes its jobs (warden's job_submit.lua, checked at
+start); every job warden submits carries its mark (`AdminComment=warden`, which only root and
+SlurmUser may set) before it is released, and a job without it is never taken for warden's.
+What a job writes (its `job/` subdirectory of the attempt's) is believed only as far as Slurm's
+own job states agree.
+
 The nodes and their states come from `sinfo` (GRES types are flavors, the leaf switches of
 `topology/tree` are blocks), polled with the jobs' states by one thread. See
 docs/executors.md and docs/slurm.md.
@@ -805,12 +811,13 @@ def _groups(replicas: Sequence[ReplicaLaunch]) -> list[tuple[list[str], int]]:
 
 
 def _submitted_at(handle: Handle) -> float:
-    """When an adopted attempt was submitted: its launch file's time (the server wrote it, in
-    the server's own directory), else 0."""
+    """When an adopted attempt was submitted, at the latest: its launch file's change time (the
+    server wrote and chowned it in its own directory; its owner, the job's account, may set its
+    mtime but only ever move its ctime later), else 0."""
     if handle.control_path is None:
         return 0.0
     try:
-        return os.stat(handle.control_path.parent / LAUNCH_FILE, follow_symlinks=False).st_mtime
+        return os.stat(handle.control_path.parent / LAUNCH_FILE, follow_symlinks=False).st_ctime
     except OSError:
         return 0.0
 
