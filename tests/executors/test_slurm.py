@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pwd
 import select
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ from slurmcluster import Cluster, bring_up
 
 from warden.engine.model import Node
 from warden.executors.base import Exit, Handle, LaunchSpec, ReplicaLaunch
+from warden.executors.identity import Identities
 from warden.executors.records import read_job_json, write_json_safely
 from warden.executors.slurm import (
     Slurm,
@@ -265,7 +267,18 @@ def test_recover_finds_a_submission_by_name_and_unowned_jobs_are_cancelled(
     ).strip()
     # Named like the live attempt, but without warden's mark: never adopted, cancelled.
     impostor = slurm_cluster.run(
-        "sbatch", "--parsable", "-J", job_name("45", 1), "-p", "main", "-w", "n3", "--wrap", "sleep 100"
+        "sbatch",
+        "--parsable",
+        "-J",
+        job_name("45", 1),
+        "-p",
+        "main",
+        "-w",
+        "n3",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "sleep 100",
     ).strip()
     wait_for("the impostor running", lambda: slurm_cluster.jobs()[impostor][1] == "RUNNING")
     found = executor.recover("45", 1, s.log_dir, 1)
@@ -459,3 +472,51 @@ def test_the_attempt_directory_is_the_servers_and_the_jobs_part_is_apart(
     assert s.log_dir.stat().st_uid == os.getuid() and s.log_dir.stat().st_mode & 0o022 == 0
     assert handle.control_path == s.log_dir / "control.json"
     assert all(r.exit_path.parent == s.log_dir / "job" for r in handle.replicas)
+
+
+PLANTER = """\
+import json, os, sys, time
+attempt, out = sys.argv[1], sys.argv[2]
+tried = {}
+for name in ("control.json", ".control.json.1.tmp", "rank-0.exit.json"):
+    try:
+        os.symlink(os.path.join(out, "victim"), os.path.join(attempt, name))
+        tried[name] = "planted"
+    except OSError as err:
+        tried[name] = err.strerror
+with open(os.path.join(out, "planted.json"), "w") as f:
+    json.dump({"uid": os.getuid(), "tried": tried}, f)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_job_run_as_its_account_cannot_plant_links_where_the_server_writes(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("running jobs as another account needs a root server")
+    ex = SlurmExecutor(conf=slurm_cluster.conf, identities=Identities("user", user_map={"*": "nobody"}))
+    try:
+        s = spec(tmp_path, "50", [("n1", (0,))])
+        (tmp_path / "planter.py").write_text(PLANTER)
+        os.chmod(tmp_path / "out", 0o777)
+        victim = tmp_path / "out" / "victim"
+        victim.write_text("untouched")
+        command = (sys.executable, str(tmp_path / "planter.py"), str(s.log_dir), str(tmp_path / "out"))
+        ex.start(dataclasses.replace(s, command=command))
+        planted = tmp_path / "out" / "planted.json"
+        wait_for("the job's attempt to plant links", planted.exists)
+        report = json.loads(planted.read_text())
+        assert report["uid"] == pwd.getpwnam("nobody").pw_uid
+        assert set(report["tried"].values()) == {"Permission denied"}, report
+        ex.terminate("50", 1, 0.5)  # the server writes control.json
+        ended = exit_of(ex)
+        assert ended.exit_codes == (-15,) and ended.ended_by is None  # warden's SIGTERM: no eviction
+        assert victim.read_text() == "untouched"
+        assert read_job_json(s.log_dir / "control.json") is not None
+    finally:
+        for job_id, attempt in ex.running():
+            ex.kill(job_id, attempt)
+        ex.close()
+        slurm_cluster.cancel_all()
