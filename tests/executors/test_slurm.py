@@ -33,6 +33,7 @@ from warden.executors.slurm import (
     job_name,
     parse_gres,
     parse_sinfo,
+    parse_squeue_json,
     parse_topology,
 )
 
@@ -104,6 +105,26 @@ def test_records_a_job_wrote_are_read_without_following_links_or_trusting_their_
         assert read_job_json(tmp_path / name) is None
     os.mkfifo(tmp_path / "fifo.json")
     assert read_job_json(tmp_path / "fifo.json") is None  # never blocks on a FIFO
+
+
+def test_squeue_json_gives_marks_and_gpus_per_node_of_the_partitions_jobs() -> None:
+    text = json.dumps(
+        {
+            "jobs": [
+                {
+                    "job_id": 7, "name": "warden.1.1", "job_state": "RUNNING", "state_reason": "None",
+                    "partition": "main", "admin_comment": "warden", "gres_detail": ["gpu:4(IDX:0-3)", "gpu:1(IDX:0)"],
+                    "job_resources": {"allocated_nodes": [{"nodename": "n0"}, {"nodename": "n1"}]},
+                },
+                {"job_id": 8, "name": "warden.1.2", "job_state": "PENDING", "partition": "main", "admin_comment": ""},
+                {"job_id": 9, "name": "x", "job_state": "RUNNING", "partition": "other"},
+            ]
+        }
+    )  # fmt: skip
+    jobs = parse_squeue_json(text, "main")
+    assert set(jobs) == {"7", "8"}
+    assert jobs["7"].marked and dict(jobs["7"].gpus) == {"n0": 4, "n1": 1} and jobs["7"].state == "RUNNING"
+    assert not jobs["8"].marked and not jobs["8"].gpus
 
 
 def test_leaf_switches_are_blocks() -> None:

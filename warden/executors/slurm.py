@@ -542,7 +542,10 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
         except SlurmError:
             log.exception("releasing Slurm jobs %s failed; they are released one by one", ",".join(ids))
             for one in ids:  # one that was cancelled meanwhile must not keep the others held
-                self.slurm.run("scontrol", "update", f"JobId={one}", f"AdminComment={MARK}", check=False)
+                try:
+                    self.slurm.run("scontrol", "update", f"JobId={one}", f"AdminComment={MARK}")
+                except SlurmError:
+                    continue  # never released unmarked: it stays held, its attempt pending in Slurm
                 self.slurm.run("scontrol", "release", one, check=False)
 
     def _identity(self, spec: LaunchSpec) -> Identity | None:
