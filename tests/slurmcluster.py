@@ -1,5 +1,6 @@
 """A real Slurm cluster on this machine for the tests that need one (scripts/slurm-cluster):
-4 nodes of 8 fake GPUs, every 2 nodes under one leaf switch, brought up once per test session.
+4 nodes of 8 fake GPUs, every 2 nodes under one leaf switch, brought up once per test session,
+closed as warden requires: munge, warden's job_submit.lua, PrivateData=jobs.
 
 Without Slurm's binaries (and no way to install them) those tests skip, unless
 WARDEN_REQUIRE_SLURM=1 (CI sets it), where they fail: CI must never pass by skipping.

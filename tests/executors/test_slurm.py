@@ -5,20 +5,25 @@ parsers of Slurm's output are tested on their own first."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import pwd
 import select
+import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from slurmcluster import Cluster
+from slurmcluster import Cluster, bring_up
 
 from warden.engine.model import Node
 from warden.executors.base import Exit, Handle, LaunchSpec, ReplicaLaunch
-from warden.executors.records import read_job_json
+from warden.executors.identity import Identities
+from warden.executors.records import read_job_json, write_json_safely
 from warden.executors.slurm import (
     Slurm,
     SlurmError,
@@ -28,6 +33,7 @@ from warden.executors.slurm import (
     job_name,
     parse_gres,
     parse_sinfo,
+    parse_squeue_json,
     parse_topology,
 )
 
@@ -99,6 +105,26 @@ def test_records_a_job_wrote_are_read_without_following_links_or_trusting_their_
         assert read_job_json(tmp_path / name) is None
     os.mkfifo(tmp_path / "fifo.json")
     assert read_job_json(tmp_path / "fifo.json") is None  # never blocks on a FIFO
+
+
+def test_squeue_json_gives_marks_and_gpus_per_node_of_the_partitions_jobs() -> None:
+    text = json.dumps(
+        {
+            "jobs": [
+                {
+                    "job_id": 7, "name": "warden.1.1", "job_state": "RUNNING", "state_reason": "None",
+                    "partition": "main", "admin_comment": "warden", "gres_detail": ["gpu:4(IDX:0-3)", "gpu:1(IDX:0)"],
+                    "job_resources": {"allocated_nodes": [{"nodename": "n0"}, {"nodename": "n1"}]},
+                },
+                {"job_id": 8, "name": "warden.1.2", "job_state": "PENDING", "partition": "main", "admin_comment": ""},
+                {"job_id": 9, "name": "x", "job_state": "RUNNING", "partition": "other"},
+            ]
+        }
+    )  # fmt: skip
+    jobs = parse_squeue_json(text, "main")
+    assert set(jobs) == {"7", "8"}
+    assert jobs["7"].marked and dict(jobs["7"].gpus) == {"n0": 4, "n1": 1} and jobs["7"].state == "RUNNING"
+    assert not jobs["8"].marked and not jobs["8"].gpus
 
 
 def test_leaf_switches_are_blocks() -> None:
@@ -216,7 +242,7 @@ def test_sigterm_reaches_batch_and_replicas_together_and_sigkill_comes_at_the_de
         for fd in ready:
             gone[fd] = time.time()
     terms = [float((tmp_path / "out" / f"term-{r}").read_text().split()[0]) for r in range(2)]
-    batch = float((s.log_dir / "batch.signals").read_text().split()[0])
+    batch = float((s.log_dir / "job" / "batch.signals").read_text().split()[0])
     told = [*terms, batch]
     assert max(told) - min(told) < 0.1, told  # one instant
     lateness = [t - deadline for t in gone.values()]
@@ -224,6 +250,7 @@ def test_sigterm_reaches_batch_and_replicas_together_and_sigkill_comes_at_the_de
     ended = exit_of(executor)
     assert ended.exit_codes == (-9, -9) and ended.killed and ended.signalled_at is not None
     assert ended.killed_at is not None and ended.killed_at >= deadline
+    assert ended.ended_by is None  # warden's own end is no eviction
 
 
 def test_a_restarted_executor_adopts_the_attempt_and_keeps_its_deadline(slurm_cluster: Cluster, tmp_path: Path) -> None:
@@ -259,8 +286,27 @@ def test_recover_finds_a_submission_by_name_and_unowned_jobs_are_cancelled(
     stray = slurm_cluster.run(
         "sbatch", "--parsable", "--hold", "-J", job_name("999", 1), "-p", "main", "--wrap", "sleep 100"
     ).strip()
-    assert executor.cancel_unowned([("45", 1)]) == [stray]
+    # Named like the live attempt, but without warden's mark: never adopted, cancelled.
+    impostor = slurm_cluster.run(
+        "sbatch",
+        "--parsable",
+        "-J",
+        job_name("45", 1),
+        "-p",
+        "main",
+        "-w",
+        "n3",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "sleep 100",
+    ).strip()
+    wait_for("the impostor running", lambda: slurm_cluster.jobs()[impostor][1] == "RUNNING")
+    found = executor.recover("45", 1, s.log_dir, 1)
+    assert found is not None and found.external == handle.external
+    assert sorted(executor.cancel_unowned([("45", 1)])) == sorted([stray, impostor])
     assert wait_for("the stray job cancelled", lambda: slurm_cluster.jobs()[stray][1] == "CANCELLED")
+    assert wait_for("the impostor cancelled", lambda: slurm_cluster.jobs()[impostor][1] == "CANCELLED")
     assert slurm_cluster.jobs()[handle.external[0]][1] == "RUNNING"  # an owned one is left alone
 
 
@@ -286,11 +332,212 @@ def test_the_start_check_refuses_a_partition_slurm_would_decide_in(slurm_cluster
         with pytest.raises(SlurmError) as err:
             SlurmExecutor(conf=slurm_cluster.conf, partition="open")
         text = str(err.value)
-        assert "MaxTime=01:00:00" in text and "OverSubscribe=FORCE:2" in text and "anyone may submit" in text
+        assert "MaxTime=01:00:00" in text and "OverSubscribe=FORCE:2" in text
+        assert "job_submit.lua has no job_submit rules of warden's for partition 'open'" in text
         with pytest.raises(SlurmError, match=r"nodes n3 are also in partition 'open'"):
             SlurmExecutor(conf=slurm_cluster.conf, partition="main")
     finally:
         slurm_cluster.run("scontrol", "delete", "PartitionName=open")
     with pytest.raises(SlurmError, match="partition 'nope' does not exist"):
         SlurmExecutor(conf=slurm_cluster.conf, partition="nope")
-    check_cluster(Slurm(slurm_cluster.conf), "main")  # the real one passes
+    check_cluster(Slurm(slurm_cluster.conf), "main", run_as_user=True)  # the real one passes
+    slurm_cluster.run("scontrol", "update", "PartitionName=main", "RootOnly=YES")
+    try:  # Slurm would never start a job of another account there
+        with pytest.raises(SlurmError, match=r"RootOnly=YES: Slurm never starts a job of another account"):
+            check_cluster(Slurm(slurm_cluster.conf), "main", run_as_user=True)
+    finally:
+        slurm_cluster.run("scontrol", "update", "PartitionName=main", "RootOnly=NO")
+
+
+def test_the_start_check_refuses_a_partition_open_to_direct_submission() -> None:
+    for cluster in bring_up("--job-submit", "none"):
+        with pytest.raises(SlurmError) as err:
+            check_cluster(Slurm(cluster.conf), "main")
+        assert "JobSubmitPlugins=(null) has no lua: any account may submit to it" in str(err.value)
+        assert "deploy/slurm/job_submit.lua" in str(err.value)
+
+
+# -- only warden governs the partition -------------------------------------------------------
+
+
+def as_nobody(cluster: Cluster, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        list(argv), env={**cluster.env, **(env or {})}, capture_output=True, text=True, timeout=30,
+        user="nobody", group="nogroup", extra_groups=[], cwd="/",
+    )  # fmt: skip
+
+
+def test_a_jobs_account_cannot_submit_to_the_partition_or_change_its_jobs_or_see_others(
+    slurm_cluster: Cluster,
+) -> None:
+    for partition in (["-p", "main"], []):  # named, or the default partition
+        done = as_nobody(slurm_cluster, "sbatch", *partition, "--gres=gpu:4", "-o", "/dev/null", "--wrap", "sleep 60")
+        assert done.returncode != 0 and "governed by warden" in done.stderr, done
+    # A job of the same account, as warden submits them: no hold, no new time limit, no mark.
+    ours = slurm_cluster.run(
+        "sbatch", "--parsable", "-p", "main", "--uid=nobody", "--gid=nogroup", "-J", job_name("70", 1),
+        "-o", "/dev/null", "--chdir=/", "--wrap", "sleep 100",
+    ).strip()  # fmt: skip
+    root_job = slurm_cluster.run("sbatch", "--parsable", "-p", "main", "-o", "/dev/null", "--wrap", "sleep 100").strip()
+    try:
+        for change in (
+            ["hold", ours],
+            ["update", f"JobId={ours}", "TimeLimit=5"],
+            ["update", f"JobId={ours}", "AdminComment=warden"],
+        ):
+            done = as_nobody(slurm_cluster, "scontrol", *change)
+            assert done.returncode != 0 and "denied" in done.stderr, (change, done)
+        listed = as_nobody(slurm_cluster, "squeue", "-h", "-o", "%A").stdout.split()
+        assert ours in listed and root_job not in listed  # PrivateData=jobs
+        done = as_nobody(slurm_cluster, "scontrol", "update", "PartitionName=main", "AllowGroups=ALL")
+        assert done.returncode != 0
+        assert "AllowGroups=ALL" not in slurm_cluster.run("scontrol", "-o", "show", "partition", "main")
+    finally:
+        slurm_cluster.run("scancel", ours, root_job, check=False)
+
+
+SPOOF_UID = "#include <sys/types.h>\nuid_t getuid(void){return 0;}\nuid_t geteuid(void){return 0;}\n"
+
+
+def test_a_client_claiming_uid_0_is_not_believed(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    """Under munge the controller learns a client's uid from munged, not from the client."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the uid-spoofing library")
+    (tmp_path / "spoof.c").write_text(SPOOF_UID)
+    library = tmp_path / "spoof.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library), str(tmp_path / "spoof.c")], check=True)
+    os.chmod(tmp_path, 0o755)
+    os.chmod(library, 0o755)
+    claimed = as_nobody(slurm_cluster, "sh", "-c", "id -u", env={"LD_PRELOAD": str(library)})
+    assert claimed.stdout.strip() == "0", claimed  # the library does lie about the uid
+    done = as_nobody(
+        slurm_cluster, "scontrol", "update", "PartitionName=main", "MaxTime=5", env={"LD_PRELOAD": str(library)}
+    )
+    assert done.returncode != 0, done
+    assert "MaxTime=UNLIMITED" in slurm_cluster.run("scontrol", "-o", "show", "partition", "main")
+
+
+# -- what ended an attempt, and GPUs that are not warden's -----------------------------------
+
+
+def test_a_slurm_job_cancelled_behind_wardens_back_is_an_eviction(
+    executor: SlurmExecutor, slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    handle = executor.start(spec(tmp_path, "46", [("n1", (0,))]))
+    running(tmp_path, 1)
+    slurm_cluster.run("scancel", handle.external[0])
+    ended = exit_of(executor)
+    assert ended.ended_by is not None
+    assert f"Slurm job {handle.external[0]} cancelled by someone other than warden" in ended.ended_by
+
+
+def test_gpus_held_by_jobs_that_are_not_wardens_are_foreign(
+    executor: SlurmExecutor, slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    executor.start(spec(tmp_path, "47", [("n3", (0, 1))]))
+    running(tmp_path, 1)
+    admin = slurm_cluster.run(
+        "sbatch", "--parsable", "-p", "main", "-w", "n2", "--gres=gpu:4", "-o", "/dev/null", "--wrap", "sleep 100"
+    ).strip()  # fmt: skip
+    try:
+        assert wait_for("the admin's GPUs foreign", lambda: executor.inventory().foreign == {"n2": 4})
+    finally:
+        slurm_cluster.run("scancel", admin, check=False)
+    assert wait_for("n2's GPUs back", lambda: not executor.inventory().foreign)
+
+
+# -- what a job writes ------------------------------------------------------------------------
+
+FORGER = """\
+import json, os, sys
+out = os.path.join(sys.argv[1], "job", "rank-0.exit.json")
+with open(out, "w") as f:
+    json.dump({"exit_code": 0, "ended_at": 1000.0}, f)
+os.kill(os.getppid(), 9)  # the supervisor, which would write the true record
+"""
+
+
+def test_a_forged_exit_record_is_not_believed(executor: SlurmExecutor, tmp_path: Path) -> None:
+    s = spec(tmp_path, "48", [("n0", (0,))])
+    (tmp_path / "forger.py").write_text(FORGER)
+    s = dataclasses.replace(s, command=(sys.executable, str(tmp_path / "forger.py"), str(s.log_dir)))
+    before = time.time()
+    executor.start(s)
+    ended = exit_of(executor)
+    assert before <= ended.ended_at <= time.time()
+    assert ended.exit_codes != (0,) and not ended.succeeded
+
+
+def test_the_server_never_writes_through_a_link_a_job_planted(tmp_path: Path) -> None:
+    target = tmp_path / "victim"
+    target.write_text("untouched")
+    where = tmp_path / "attempt"
+    where.mkdir()
+    (where / "control.json").symlink_to(target)
+    for pid in range(8):  # every name a predictable temp file could have
+        (where / f".control.json.{pid}.tmp").symlink_to(tmp_path / f"created-{pid}")
+    write_json_safely(where / "control.json", {"kill_at": 1.0})
+    assert target.read_text() == "untouched"
+    assert not list(tmp_path.glob("created-*"))
+    assert read_job_json(where / "control.json") == {"kill_at": 1.0}
+    assert not (where / "control.json").is_symlink()
+
+
+def test_the_attempt_directory_is_the_servers_and_the_jobs_part_is_apart(
+    executor: SlurmExecutor, tmp_path: Path
+) -> None:
+    s = spec(tmp_path, "49", [("n0", (0,))])
+    handle = executor.start(s)
+    running(tmp_path, 1)
+    assert s.log_dir.stat().st_uid == os.getuid() and s.log_dir.stat().st_mode & 0o022 == 0
+    assert handle.control_path == s.log_dir / "control.json"
+    assert all(r.exit_path.parent == s.log_dir / "job" for r in handle.replicas)
+
+
+PLANTER = """\
+import json, os, sys, time
+attempt, out = sys.argv[1], sys.argv[2]
+tried = {}
+for name in ("control.json", ".control.json.1.tmp", "rank-0.exit.json"):
+    try:
+        os.symlink(os.path.join(out, "victim"), os.path.join(attempt, name))
+        tried[name] = "planted"
+    except OSError as err:
+        tried[name] = err.strerror
+with open(os.path.join(out, "planted.json"), "w") as f:
+    json.dump({"uid": os.getuid(), "tried": tried}, f)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_job_run_as_its_account_cannot_plant_links_where_the_server_writes(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("running jobs as another account needs a root server")
+    ex = SlurmExecutor(conf=slurm_cluster.conf, identities=Identities("user", user_map={"*": "nobody"}))
+    try:
+        s = spec(tmp_path, "50", [("n1", (0,))])
+        (tmp_path / "planter.py").write_text(PLANTER)
+        os.chmod(tmp_path / "out", 0o777)
+        victim = tmp_path / "out" / "victim"
+        victim.write_text("untouched")
+        command = (sys.executable, str(tmp_path / "planter.py"), str(s.log_dir), str(tmp_path / "out"))
+        ex.start(dataclasses.replace(s, command=command))
+        planted = tmp_path / "out" / "planted.json"
+        wait_for("the job's attempt to plant links", planted.exists)
+        report = json.loads(planted.read_text())
+        assert report["uid"] == pwd.getpwnam("nobody").pw_uid
+        assert set(report["tried"].values()) == {"Permission denied"}, report
+        ex.terminate("50", 1, 0.5)  # the server writes control.json
+        ended = exit_of(ex)
+        assert ended.exit_codes == (-15,) and ended.ended_by is None  # warden's SIGTERM: no eviction
+        assert victim.read_text() == "untouched"
+        assert read_job_json(s.log_dir / "control.json") is not None
+    finally:
+        for job_id, attempt in ex.running():
+            ex.kill(job_id, attempt)
+        ex.close()
+        slurm_cluster.cancel_all()

@@ -137,7 +137,7 @@ def test_tier1_preempts_a_tier3_gang_with_one_sigterm_instant_sigkill_on_time_an
         assert first["last_checkpoint_at"] is not None  # the SDK's report reached the server from the node
         assert first["kill_at"] - first["sigterm_at"] == pytest.approx(2.0, abs=0.05)
         terms = [float((tmp_path / "low" / f"term-1-{r}").read_text().split()[0]) for r in range(2)]
-        terms.append(float((Path(first["log_dir"]) / "batch.signals").read_text().split()[0]))
+        terms.append(float((Path(first["log_dir"]) / "job" / "batch.signals").read_text().split()[0]))
         assert max(terms) - min(terms) < 0.1, terms  # both replicas and the batch supervisor
         lateness = [t - first["kill_at"] for t in gone]
         assert all(0.0 <= late <= 0.5 for late in lateness), lateness
@@ -283,9 +283,9 @@ def test_a_root_server_refuses_to_run_slurm_jobs_as_uids_no_node_knows(slurm_clu
 def test_a_server_killed_mid_launch_adopts_the_held_job_and_cancels_strays(
     slurm_cluster: Cluster, trainer: Path, tmp_path: Path
 ) -> None:
-    """The server died after `sbatch --hold` and before it stored the handle or released the job:
-    the restarted server finds the job by name, releases it and runs it once; a Slurm job named
-    as warden's that no attempt owns is cancelled."""
+    """The server died after `sbatch --hold` and marking the job as warden's, before it stored the
+    handle or released it: the restarted server finds the job by name and mark, releases it and
+    runs it once; a Slurm job named as warden's that no attempt owns is cancelled."""
     server = slurm_server(tmp_path, slurm_cluster)
     server.start()
     try:
@@ -299,15 +299,16 @@ def test_a_server_killed_mid_launch_adopts_the_held_job_and_cancels_strays(
         slurm_cluster.run("scancel", "--signal=KILL", f"{ours}.0")
         wait_for(lambda: slurm_cluster.jobs()[ours][1] not in ("RUNNING", "COMPLETING"), 30, "the first job gone")
         log_dir = tmp_path / "state" / "jobs" / job_id / "attempt-1"
-        for stale in log_dir.glob("rank-*"):
+        for stale in (log_dir / "job").glob("rank-*"):
             stale.unlink()
         (tmp_path / "one" / "pid-1-0").unlink()
         resubmitted = slurm_cluster.run(
             "sbatch", "--parsable", "--hold", f"--job-name={job_name(job_id, 1)}", "-p", "main", "-w", "n0",
-            "--gres=gpu:2", "--no-requeue", "--export=NONE", f"--output={log_dir / 'batch.log'}", f"--chdir={log_dir}",
+            "--gres=gpu:2", "--no-requeue", "--export=NONE", f"--output={log_dir / 'job' / 'batch.log'}", f"--chdir={log_dir / 'job'}",
             f"--wrap=PYTHONPATH={Path(__file__).resolve().parents[2]} exec {sys.executable} "
             f"-m warden.executors.slurm_launch batch {log_dir}",
         ).strip()  # fmt: skip
+        slurm_cluster.run("scontrol", "update", f"JobId={resubmitted}", "AdminComment=warden")
         stray = slurm_cluster.run(
             "sbatch", "--parsable", "--hold", f"--job-name={job_name('999999', 1)}", "-p", "main", "--wrap", "sleep 60"
         ).strip()  # fmt: skip

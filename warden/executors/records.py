@@ -7,9 +7,11 @@ file, at most JOB_FILE_MAX bytes, and every field is checked before it is believ
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import secrets
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -51,3 +53,36 @@ def record_ended_at(record: Mapping[str, Any], default: float) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
     return default
+
+
+def write_json_safely(path: Path, data: Mapping[str, Any], mode: int = 0o600) -> None:
+    """Write `data` to `path` atomically (temp file, fsync, rename, fsync the directory) without
+    following a symbolic link anywhere a job could have planted one: the directory is opened
+    without following a link, the temp file is created in it by a fresh random name with
+    O_EXCL|O_NOFOLLOW, and the rename replaces whatever `path` names (a link included) instead of
+    writing through it. Safe even in a directory the job's account can write."""
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        raw = json.dumps(dict(data)).encode()
+        for _ in range(8):
+            tmp = f".{path.name}.{secrets.token_hex(8)}.tmp"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=dir_fd)
+            except FileExistsError:
+                continue
+            break
+        else:
+            raise FileExistsError(f"no free temporary name for {path}")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(raw)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

@@ -16,6 +16,12 @@ A gang whose nodes do not all run the same number of replicas becomes one Slurm 
 distinct count (Slurm's heterogeneous jobs are started only by its backfill pass, every 30 s
 by default); the jobs of an attempt are signalled, killed and reported together.
 
+Only warden submits to the partition or changes its jobs (warden's job_submit.lua, checked at
+start); every job warden submits carries its mark (`AdminComment=warden`, which only root and
+SlurmUser may set) before it is released, and a job without it is never taken for warden's.
+What a job writes (its `job/` subdirectory of the attempt's) is believed only as far as Slurm's
+own job states agree.
+
 The nodes and their states come from `sinfo` (GRES types are flavors, the leaf switches of
 `topology/tree` are blocks), polled with the jobs' states by one thread. See
 docs/executors.md and docs/slurm.md.
@@ -23,6 +29,7 @@ docs/executors.md and docs/slurm.md.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -35,7 +42,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from warden.engine.model import DEFAULT_FLAVOR, Node
 from warden.executors.base import Exit, Handle, Inventory, LaunchError, LaunchSpec, ReplicaHandle, ReplicaLaunch
@@ -46,9 +53,8 @@ from warden.executors.local import (
     job_environment,
     make_dirs,
 )
-from warden.executors.records import read_job_json, record_ended_at, record_exit_code
-from warden.executors.shim import write_json_atomic
-from warden.executors.slurm_launch import BATCH_SIGNALS, LAUNCH_FILE
+from warden.executors.records import read_job_json, record_ended_at, record_exit_code, write_json_safely
+from warden.executors.slurm_launch import BATCH_SIGNALS, JOB_DIR, LAUNCH_FILE
 from warden.executors.tracking import Key, RemoteAttemptTable
 
 log = logging.getLogger("warden.executors.slurm")
@@ -57,6 +63,17 @@ JOB_PREFIX = "warden"
 """Every Slurm job warden submits is named `warden.<job>.<attempt>`: how a restarted server
 finds its jobs, and how it tells them from anybody else's."""
 NAME_RE = re.compile(r"warden\.([0-9]+)\.([0-9]+)")
+MARK = "warden"
+"""The AdminComment warden sets on every job it submits (`scontrol update`, before releasing
+it): only root and SlurmUser may set one, so a job named like an attempt but submitted by anyone
+else is never taken for warden's (never adopted, cancelled at restart)."""
+JOB_SUBMIT_MARKER = "warden job_submit rules"
+"""The line that identifies warden's job_submit.lua (deploy/slurm/job_submit.lua)."""
+OUTSIDE_ENDS = frozenset({"BOOT_FAIL", "CANCELLED", "DEADLINE", "NODE_FAIL", "PREEMPTED", "REVOKED", "TIMEOUT"})
+"""Slurm job states that only something other than the job's own processes brings about: when
+warden did not signal the attempt, the attempt was ended behind its back (evicted, not failed)."""
+HOLDING = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING", "CONFIGURING"})
+"""Slurm job states in which a job holds its nodes' GPUs."""
 ENDED = frozenset(
     {
         "BOOT_FAIL",
@@ -251,6 +268,51 @@ def parse_squeue(text: str) -> dict[str, tuple[str, str, str]]:
     return jobs
 
 
+class SlurmJob(NamedTuple):
+    """One job as `squeue --json` shows it."""
+
+    name: str
+    state: str
+    reason: str
+    marked: bool  # its AdminComment is warden's mark
+    gpus: Mapping[str, int]  # GPUs allocated per node (empty until it runs)
+    partition: str = ""
+
+
+def parse_squeue_json(text: str, partition: str) -> dict[str, SlurmJob]:
+    """`squeue --json` (22.05's, which ignores squeue's filters) -> the jobs of `partition` by
+    Slurm id, with warden's mark and the GPUs each holds per node (`gres_detail`, one entry per
+    allocated node in `job_resources`' order)."""
+    jobs: dict[str, SlurmJob] = {}
+    for job in json.loads(text).get("jobs", []):
+        if partition not in str(job.get("partition", "")).split(","):
+            continue
+        state = job.get("job_state", "")
+        state = str(state[0] if isinstance(state, list) and state else state)
+        nodes = [n.get("nodename", "") for n in (job.get("job_resources") or {}).get("allocated_nodes", []) or []]
+        gpus: dict[str, int] = {}
+        for node, gres in zip(nodes, job.get("gres_detail") or []):
+            count, _ = _gres_count(str(gres))
+            if count:
+                gpus[node] = gpus.get(node, 0) + count
+        jobs[str(job.get("job_id", ""))] = SlurmJob(
+            str(job.get("name", "")),
+            state,
+            str(job.get("state_reason", "")),
+            job.get("admin_comment") == MARK,
+            gpus,
+            str(job.get("partition", "")),
+        )
+    return jobs
+
+
+def _gres_count(gres: str) -> tuple[int, str | None]:
+    try:
+        return parse_gres(re.sub(r"\(IDX:[^)]*\)", "", gres))
+    except ValueError:
+        return 0, None
+
+
 def parse_keyvalues(line: str) -> dict[str, str]:
     """`scontrol -o show ...` output: `Key=Value` words (a value holds no blank)."""
     return dict(word.split("=", 1) for word in line.split() if "=" in word)
@@ -272,6 +334,7 @@ class _Tracked:
     started: bool = False  # every replica's status file is written: reported by `started()`
     warned: bool = False  # the log said it is still pending in Slurm
     ended_mono: float | None = None
+    floor: float = 0.0  # the earliest an exit of it can be: its submission (wall clock)
 
 
 @dataclass(slots=True)
@@ -279,8 +342,17 @@ class _Poll:
     """What the poller saw last: job states and nodes, and when the poll began."""
 
     began: float = 0.0
-    jobs: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+    jobs: dict[str, SlurmJob] = field(default_factory=dict)
     nodes: tuple[SlurmNode, ...] = ()
+
+    def foreign(self) -> dict[str, int]:
+        """GPUs per node held by the partition's jobs that do not carry warden's mark."""
+        held: dict[str, int] = {}
+        for job in self.jobs.values():
+            if not job.marked and job.state in HOLDING:
+                for node, count in job.gpus.items():
+                    held[node] = held.get(node, 0) + count
+        return held
 
 
 def job_name(job_id: str, attempt: int) -> str:
@@ -318,7 +390,7 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
         self.slurm = Slurm(conf)
         self.partition = partition or self._default_partition()
         if check:
-            check_cluster(self.slurm, self.partition)
+            check_cluster(self.slurm, self.partition, run_as_user=identities is not None and identities.mode == "user")
         self._base_env = base_env
         self._python = python
         self._poll_s = poll_s
@@ -351,13 +423,15 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
 
     def inventory(self) -> Inventory:
         """The partition's nodes as last polled; a node that is down, drained, draining, not
-        responding or powered off is in `down` with its state and Slurm's reason."""
+        responding or powered off is in `down` with its state and Slurm's reason; GPUs that jobs
+        without warden's mark hold (an admin's) are in `foreign`."""
         with self._lock:
             nodes = self._poll.nodes
+            foreign = self._poll.foreign()
         down = {
             n.node.name: f"{n.state.upper()}" + (f" ({n.reason})" if n.reason else "") for n in nodes if not n.usable
         }
-        return Inventory(tuple(n.node for n in nodes), down)
+        return Inventory(tuple(n.node for n in nodes), down, foreign=foreign)
 
     def _addresses(self) -> dict[str, str]:
         with self._lock:
@@ -378,7 +452,7 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
 
     def _poll_once(self) -> None:
         began = time.monotonic()
-        jobs = parse_squeue(self.slurm.run("squeue", "-h", "-t", "all", "-p", self.partition, "-o", "%A|%j|%T|%r"))
+        jobs = self._read_jobs()
         nodes = parse_sinfo(self.slurm.run("sinfo", "-h", "-N", "-p", self.partition, "-o", SINFO_FORMAT), self._blocks)
         with self._lock:
             changed = (jobs, tuple(nodes)) != (self._poll.jobs, self._poll.nodes)
@@ -386,6 +460,12 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
             self._polled.notify_all()
         if changed:  # a job started or ended, a node changed state
             self._woken()
+
+    def _read_jobs(self) -> dict[str, SlurmJob]:
+        try:
+            return parse_squeue_json(self.slurm.run("squeue", "--json"), self.partition)
+        except (ValueError, AttributeError, TypeError) as err:
+            raise SlurmError(f"squeue --json: unreadable output: {err}") from err
 
     def wait_poll(self, timeout_s: float = 10.0) -> None:
         """Block until a poll that began after this call has finished (tests, and `recover`)."""
@@ -399,19 +479,29 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
         """Submit the attempt held, pinned where warden placed it; a thread releases it at once
         (with whatever else was submitted meanwhile)."""
         identity = self._identity(spec)
-        make_dirs(spec.log_dir)
+        make_dirs(spec.log_dir)  # the server's: 0711, the job passes through it and reads launch.json
         make_dirs(spec.checkpoint_dir)
-        for stale in [*spec.log_dir.glob("*.json"), spec.log_dir / BATCH_SIGNALS]:
+        if spec.log_dir.is_symlink() or spec.log_dir.stat().st_uid != os.getuid():
+            raise LaunchError(f"job {spec.job_id!r}: {spec.log_dir} is not the server's own directory")
+        os.chmod(spec.log_dir, 0o711)
+        out = spec.log_dir / JOB_DIR
+        for stale in [spec.log_dir / LAUNCH_FILE, spec.log_dir / "control.json"]:
             stale.unlink(missing_ok=True)
+        if out.is_dir() and not out.is_symlink():  # an earlier try of this attempt: its records are stale
+            for stale in [*out.glob("*.json"), out / BATCH_SIGNALS]:
+                stale.unlink(missing_ok=True)  # unlink never follows a link
+        else:
+            out.unlink(missing_ok=True)
+            out.mkdir(0o700)
         launch = spec.log_dir / LAUNCH_FILE
-        write_json_atomic(launch, self._launch(spec, identity))
-        os.chmod(launch, 0o600)  # the submission's environment is in it (the server's umask is 077)
-        if identity is not None:  # its tasks write their logs and records there
-            for path in (spec.log_dir, launch, spec.checkpoint_dir):
+        write_json_safely(launch, self._launch(spec, identity))  # 0600: the submission's environment
+        if identity is not None:  # its tasks read launch.json and write their logs and records in out
+            for path in (out, launch, spec.checkpoint_dir):
                 os.chown(path, identity.uid, identity.gid, follow_symlinks=False)
-            os.chmod(spec.log_dir, 0o700)
+            os.chmod(out, 0o700)
             os.chmod(spec.checkpoint_dir, 0o700)
         ids: list[str] = []
+        submitted = time.time()
         try:
             for nodes, per_node in _groups(spec.replicas):
                 ids.append(self._submit(spec, nodes, per_node, identity))
@@ -422,12 +512,12 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
         handle = Handle(
             spec.job_id,
             spec.attempt,
-            tuple(ReplicaHandle.in_dir(spec.log_dir, r.rank) for r in sorted(spec.replicas, key=lambda r: r.rank)),
+            tuple(ReplicaHandle.in_dir(out, r.rank) for r in sorted(spec.replicas, key=lambda r: r.rank)),
             control_path=spec.log_dir / "control.json",
             external=tuple(ids),
         )
         with self._lock:
-            self._tracked[key] = _Tracked(handle, tuple(ids), time.monotonic())
+            self._tracked[key] = _Tracked(handle, tuple(ids), time.monotonic(), floor=submitted)
             self._to_release.extend(ids)
             self._release_due.notify()
         return handle
@@ -441,12 +531,22 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
                 if self._closed:
                     return
                 ids, self._to_release = self._to_release, []
-            try:
-                self.slurm.run("scontrol", "release", ",".join(ids))
-            except SlurmError:
-                log.exception("releasing Slurm jobs %s failed; they are released one by one", ",".join(ids))
-                for one in ids:  # one that was cancelled meanwhile must not keep the others held
-                    self.slurm.run("scontrol", "release", one, check=False)
+            self._mark_and_release(ids)
+
+    def _mark_and_release(self, ids: Sequence[str]) -> None:
+        """Set warden's mark on held jobs warden submitted, then release them (a job is never
+        running without the mark)."""
+        try:
+            self.slurm.run("scontrol", "update", f"JobId={','.join(ids)}", f"AdminComment={MARK}")
+            self.slurm.run("scontrol", "release", ",".join(ids))
+        except SlurmError:
+            log.exception("releasing Slurm jobs %s failed; they are released one by one", ",".join(ids))
+            for one in ids:  # one that was cancelled meanwhile must not keep the others held
+                try:
+                    self.slurm.run("scontrol", "update", f"JobId={one}", f"AdminComment={MARK}")
+                except SlurmError:
+                    continue  # never released unmarked: it stays held, its attempt pending in Slurm
+                self.slurm.run("scontrol", "release", one, check=False)
 
     def _identity(self, spec: LaunchSpec) -> Identity | None:
         """The account the attempt runs as (None: the server's); LaunchError when the
@@ -464,7 +564,7 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
     def _launch(self, spec: LaunchSpec, identity: Identity | None) -> dict[str, Any]:
         """launch.json: what every task needs to run its replica."""
         base = inherited_environment(os.environ) if self._base_env is None else dict(self._base_env)
-        who = identity_environment(identity, spec.log_dir / "home")
+        who = identity_environment(identity, spec.log_dir / JOB_DIR / "home")
         ordered = sorted(spec.replicas, key=lambda r: r.rank)
         master = self._addresses().get(ordered[0].node, ordered[0].node)
         replicas = []
@@ -473,7 +573,7 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
                 spec,
                 r,
                 master_port=spec.master_port,
-                log_path=spec.log_dir / f"rank-{r.rank}.log",
+                log_path=spec.log_dir / JOB_DIR / f"rank-{r.rank}.log",
                 base=base,
                 identity=who,
                 master_addr=master,
@@ -506,8 +606,8 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
             "--no-kill",
             "--export=NONE",
             "--time=UNLIMITED",
-            f"--chdir={spec.log_dir}",
-            f"--output={spec.log_dir / 'batch.log'}",
+            f"--chdir={spec.log_dir / JOB_DIR}",
+            f"--output={spec.log_dir / JOB_DIR / 'batch.log'}",
             f"--nodes={len(nodes)}",
             f"--nodelist={','.join(nodes)}",
             f"--ntasks-per-node={per_node}",
@@ -537,7 +637,7 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
                 return tracked.kill_at
             ids, ran = tracked.slurm_ids, self._ran(tracked)
         if not ran:  # the last poll may be half a second old: ask Slurm now
-            states = {state for _, state, _ in self._jobs(ids).values()}
+            states = {job.state for job in self._jobs(ids).values()}
             ran = bool(states - {"PENDING"} - ENDED)
         if not ran:
             self.slurm.run("scancel", *ids, check=False)
@@ -566,10 +666,10 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
     def _ran(self, tracked: _Tracked) -> bool:
         """Did any job of the attempt start (under the lock)?"""
         if not tracked.ran:
-            states = [self._poll.jobs.get(i, ("", "", ""))[1] for i in tracked.slurm_ids]
-            tracked.ran = any(
-                s in ("RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING") for s in states
-            ) or any(r.status_path.exists() for r in tracked.handle.replicas)
+            states = [job.state for job in (self._poll.jobs.get(i) for i in tracked.slurm_ids) if job is not None]
+            tracked.ran = any(s in HOLDING for s in states) or any(
+                r.status_path.exists() for r in tracked.handle.replicas
+            )
         return tracked.ran
 
     # -- exits -----------------------------------------------------------------------------
@@ -584,15 +684,15 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
         for key, tracked in candidates:
             if poll.began < tracked.submitted_mono:
                 continue  # that poll may not show its jobs yet
-            seen = [poll.jobs.get(i) for i in tracked.slurm_ids]
-            if all(s is None or s[1] in ENDED for s in seen):
+            seen = {i: poll.jobs.get(i) for i in tracked.slurm_ids}
+            if all(s is None or s.state in ENDED for s in seen.values()):
                 done.append((key, tracked, seen))
                 continue
             with self._lock:
                 ran = self._ran(tracked)
             if not ran and not tracked.warned and time.monotonic() - tracked.submitted_mono > self._pending_warning_s:
                 tracked.warned = True
-                reasons = ", ".join(sorted({s[2] for s in seen if s is not None}))
+                reasons = ", ".join(sorted({s.reason for s in seen.values() if s is not None}))
                 log.warning(
                     "attempt %s of job %s is still pending in Slurm after %g s (reason: %s)",
                     tracked.handle.attempt,
@@ -634,48 +734,56 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
                     kill_at=control.get("kill_at"),
                     killed_at=control.get("killed_at"),
                     started=True,  # the server recovered its state itself
+                    floor=_submitted_at(handle),
                 )
                 self._tracked[key] = tracked
             deadline = self._rearm(key, tracked, kill_at)
-        held = [i for i, (_, _, reason) in self._jobs(handle.external).items() if reason == "JobHeldUser"]
-        if held and deadline is None:
-            self.slurm.run("scontrol", "release", ",".join(held), check=False)
+        held = [i for i, job in self._jobs(handle.external).items() if job.reason == "JobHeldUser"]
+        if held and deadline is None:  # the ids are the server's own record: mark them if it could not
+            self._mark_and_release(held)
 
-    def _jobs(self, ids: Iterable[str]) -> dict[str, tuple[str, str, str]]:
+    def _jobs(self, ids: Iterable[str]) -> dict[str, SlurmJob]:
         wanted = set(ids)
         if not wanted:
             return {}
-        out = self.slurm.run("squeue", "-h", "-t", "all", "-p", self.partition, "-o", "%A|%j|%T|%r", check=False)
-        return {i: v for i, v in parse_squeue(out).items() if i in wanted}
+        try:
+            jobs = self._read_jobs()
+        except SlurmError:
+            return {}
+        return {i: v for i, v in jobs.items() if i in wanted}
 
     def recover(self, job_id: str, attempt: int, log_dir: Path, replicas: int) -> Handle | None:
         """The handle of an attempt whose submission the server may not have seen return: its
-        Slurm jobs, found by name. None when Slurm has none (it was never submitted)."""
+        Slurm jobs, found by name and warden's mark (a job that only looks like one is never
+        taken). None when Slurm has none (it was never submitted, or never marked: the restart's
+        clean-up cancels it)."""
         name = job_name(job_id, attempt)
-        out = self.slurm.run("squeue", "-h", "-t", "all", "-p", self.partition, "-n", name, "-o", "%A|%j|%T|%r")
-        ids = tuple(sorted(i for i, (n, _, _) in parse_squeue(out).items() if n == name))
+        ids = tuple(sorted(i for i, job in self._read_jobs().items() if job.name == name and job.marked))
         if not ids:
             return None
         return Handle(
             job_id,
             attempt,
-            tuple(ReplicaHandle.in_dir(Path(log_dir), rank) for rank in range(replicas)),
+            tuple(ReplicaHandle.in_dir(Path(log_dir) / JOB_DIR, rank) for rank in range(replicas)),
             control_path=Path(log_dir) / "control.json",
             external=ids,
         )
 
     def cancel_unowned(self, owned: Iterable[tuple[str, int]]) -> list[str]:
         """Cancel the live Slurm jobs named as warden's whose attempt is not in `owned` (a
-        submission the server never recorded, a database restored from a backup). Returns
-        their Slurm ids."""
+        submission the server never recorded, a database restored from a backup), and those
+        named like an attempt without warden's mark (not warden's: only warden may use its
+        partition), unless they are a tracked attempt's own jobs. Returns their Slurm ids."""
         keep = set(owned)
         with self._lock:
             keep |= set(self._tracked)
-        out = self.slurm.run("squeue", "-h", "-p", self.partition, "-o", "%A|%j|%T|%r")
+            mine = {i for t in self._tracked.values() for i in t.slurm_ids}
         orphans = []
-        for slurm_id, (name, state, _) in parse_squeue(out).items():
-            match = NAME_RE.fullmatch(name)
-            if match and state not in ENDED and (match[1], int(match[2])) not in keep:
+        for slurm_id, job in self._read_jobs().items():
+            match = NAME_RE.fullmatch(job.name)
+            if not match or job.state in ENDED or slurm_id in mine:
+                continue
+            if not job.marked or (match[1], int(match[2])) not in keep:
                 orphans.append(slurm_id)
         if orphans:
             log.warning("cancelling Slurm jobs no attempt owns: %s", ", ".join(orphans))
@@ -705,24 +813,56 @@ def _groups(replicas: Sequence[ReplicaLaunch]) -> list[tuple[list[str], int]]:
     return [(nodes, count) for count, nodes in groups.items()]
 
 
-def _exit(tracked: _Tracked, seen: Sequence[tuple[str, str, str] | None]) -> Exit:
+def _submitted_at(handle: Handle) -> float:
+    """When an adopted attempt was submitted, at the latest: its launch file's change time (the
+    server wrote and chowned it in its own directory; its owner, the job's account, may set its
+    mtime but only ever move its ctime later), else 0."""
+    if handle.control_path is None:
+        return 0.0
+    try:
+        return os.stat(handle.control_path.parent / LAUNCH_FILE, follow_symlinks=False).st_ctime
+    except OSError:
+        return 0.0
+
+
+def _exit(tracked: _Tracked, seen: Mapping[str, SlurmJob | None]) -> Exit:
+    """The attempt's exit from its ranks' records, believed only as far as Slurm agrees: the
+    records are the job's to write. An end time outside [submission, now] is replaced by now;
+    an exit code 0 of a Slurm job that did not end COMPLETED is not believed; a Slurm job ended
+    by someone else (cancelled while warden never signalled it, timed out, its node failed) sets
+    `ended_by`."""
     codes: list[int | None] = []
     ended = []
     errors: list[str] = []
     now = time.time()
+    states = {i: job.state for i, job in seen.items() if job is not None}
+    completed = bool(states) and all(state == "COMPLETED" for state in states.values())
     for replica in tracked.handle.replicas:
         record = read_job_json(replica.exit_path)
         if record is not None:
-            codes.append(record_exit_code(record))
-            ended.append(min(record_ended_at(record, now), now))
+            code = record_exit_code(record)
+            if code == 0 and states and not completed:
+                code = None
+                errors.append(f"rank {replica.rank}: its record says exit code 0, Slurm says {_describe(seen)}")
+            codes.append(code)
+            at = record_ended_at(record, now)
+            ended.append(at if tracked.floor <= at <= now else now)
             if record.get("error"):
                 errors.append(f"rank {replica.rank}: {str(record['error'])[:500]}")
         elif tracked.killed_at is not None:
             codes.append(-9)
         else:
             codes.append(None)
-            states = ", ".join(f"{s[1]} ({s[2]})" for s in seen if s is not None) or "gone from squeue"
-            errors.append(f"rank {replica.rank}: no exit record; Slurm: {states}")
+            errors.append(f"rank {replica.rank}: no exit record; Slurm: {_describe(seen)}")
+    ended_by = None
+    if tracked.signalled_at is None and tracked.kill_at is None:
+        outside = sorted((i, state) for i, state in states.items() if state in OUTSIDE_ENDS)
+        if outside:
+            ended_by = "; ".join(
+                f"Slurm job {i} {_ENDED_BY.get(state, state.lower())}"
+                + (f" ({seen[i].reason})" if seen[i] is not None and seen[i].reason not in ("", "None") else "")  # type: ignore[union-attr]
+                for i, state in outside
+            )
     return Exit(
         job_id=tracked.handle.job_id,
         attempt=tracked.handle.attempt,
@@ -732,16 +872,34 @@ def _exit(tracked: _Tracked, seen: Sequence[tuple[str, str, str] | None]) -> Exi
         killed=tracked.killed_at is not None,
         killed_at=tracked.killed_at,
         error="; ".join(errors) or None,
+        ended_by=ended_by,
     )
+
+
+_ENDED_BY = {
+    "CANCELLED": "cancelled by someone other than warden",
+    "TIMEOUT": "ended by Slurm at its time limit",
+    "DEADLINE": "ended by Slurm at its deadline",
+    "NODE_FAIL": "ended by Slurm: a node of it failed",
+    "BOOT_FAIL": "ended by Slurm: a node of it failed to boot",
+    "PREEMPTED": "preempted by Slurm",
+    "REVOKED": "revoked by Slurm",
+}
+
+
+def _describe(seen: Mapping[str, SlurmJob | None]) -> str:
+    return ", ".join(f"{s.state} ({s.reason})" for s in seen.values() if s is not None) or "gone from squeue"
 
 
 # -- the start check -------------------------------------------------------------------------
 
 
-def check_cluster(slurm: Slurm, partition: str) -> None:
+def check_cluster(slurm: Slurm, partition: str, *, run_as_user: bool = False) -> None:
     """Refuse (SlurmError naming the setting) a partition where Slurm would decide behind
     warden's back: preemption, a time limit, forced or exclusive node sharing, nodes shared
-    with another partition, a partition anyone may submit to, or jobs warden did not start."""
+    with another partition, a partition open to direct submission (no job_submit.lua with
+    warden's rules for it, or jobs listed to every account), RootOnly with jobs run as their
+    users' accounts (Slurm would never start them), or jobs warden did not start."""
     lines = slurm.run("scontrol", "-o", "show", "partition", partition, check=False).strip().splitlines()
     if not lines or not lines[0].startswith("PartitionName="):
         raise SlurmError(f"partition {partition!r} does not exist in this Slurm cluster")
@@ -758,13 +916,12 @@ def check_cluster(slurm: Slurm, partition: str) -> None:
             + ("stack jobs on the same cores" if sharing == "FORCE" else "give each job whole nodes")
             + " (set OverSubscribe=NO)"
         )
-    if p.get("RootOnly") != "YES" and all(
-        p.get(k, "ALL") == "ALL" for k in ("AllowGroups", "AllowAccounts", "AllowQos")
-    ):
+    if run_as_user and p.get("RootOnly") == "YES":
         problems.append(
-            "anyone may submit to it (RootOnly=NO, AllowGroups, AllowAccounts and AllowQos ALL): jobs warden does "
-            "not know would take its GPUs (restrict it to warden's account or group)"
+            "RootOnly=YES: Slurm never starts a job of another account there, and warden runs jobs as their "
+            "users' accounts (--run-as user); set RootOnly=NO (warden's job_submit.lua keeps the partition warden's)"
         )
+    problems += _closed_problems(slurm, partition)
     mine = set(expand_hostlist(p.get("Nodes", "")))
     for line in slurm.run("scontrol", "-o", "show", "partition").splitlines():
         other = parse_keyvalues(line)
@@ -787,3 +944,39 @@ def check_cluster(slurm: Slurm, partition: str) -> None:
         problems.append(f"it runs jobs warden did not start: {', '.join(foreign[:10])}")
     if problems:
         raise SlurmError(f"Slurm partition {partition!r} is not warden's to govern: " + "; ".join(problems))
+
+
+def _closed_problems(slurm: Slurm, partition: str) -> list[str]:
+    """What leaves the partition open to anyone but warden: job_submit/lua not loaded, no
+    job_submit.lua next to slurm.conf with warden's rules naming the partition, or jobs listed
+    to every account (PrivateData without jobs)."""
+    config = {}
+    for line in slurm.run("scontrol", "show", "config").splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            config[key.strip()] = value.strip()
+    problems = []
+    plugins = [p.strip().removeprefix("job_submit/") for p in config.get("JobSubmitPlugins", "").split(",")]
+    script = Path(config.get("SLURM_CONF", "/etc/slurm/slurm.conf")).parent / "job_submit.lua"
+    fix = f"install deploy/slurm/job_submit.lua as {script} with {partition!r} in its GOVERNED list"
+    if "lua" not in plugins:
+        problems.append(
+            f"JobSubmitPlugins={config.get('JobSubmitPlugins') or '(null)'} has no lua: any account may submit to it "
+            f"or change warden's jobs there (set JobSubmitPlugins=lua and {fix})"
+        )
+    else:
+        try:
+            text = script.read_text(errors="replace")
+        except OSError as err:
+            problems.append(f"{script} cannot be read ({err.strerror}): {fix}")
+        else:
+            governed = re.search(r"^local GOVERNED = \{(.*?)\}", text, re.M)
+            names = re.findall(r'"([^"]*)"', governed[1]) if governed else []
+            if JOB_SUBMIT_MARKER not in text or partition not in names:
+                problems.append(f"{script} has no job_submit rules of warden's for partition {partition!r}: {fix}")
+    if "jobs" not in config.get("PrivateData", "").split(","):
+        problems.append(
+            f"PrivateData={config.get('PrivateData') or 'none'}: every account sees warden's jobs "
+            "(add jobs to PrivateData)"
+        )
+    return problems

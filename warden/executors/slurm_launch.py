@@ -10,7 +10,13 @@ Slurm would end the job and kill every step after its own `KillWait`, cutting th
 grace short. srun is never signalled by warden either: an srun that gets SIGTERM aborts its
 step at once.
 
-A task finds its replica in `launch.json` (written by the executor, 0600) by the node it runs
+ATTEMPT_DIR is the server's (root's when it runs jobs as their users' accounts, which the job
+may pass through but not write): it holds `launch.json` (written by the executor, 0600, the
+job's to read) and the server's `control.json`. Everything the job writes goes to the job-owned
+subdirectory `ATTEMPT_DIR/job/`: the batch log, `batch.signals`, `master.json` and the ranks'
+logs and records, none of which the server trusts more than Slurm's own word.
+
+A task finds its replica in `launch.json` by the node it runs
 on and its index among the tasks there, and runs the job command under the same supervision as
 the local executor's shim (`warden.executors.shim.supervise`): a process group of its own,
 orphans kept as its children, `rank-N.status.json` once it runs and `rank-N.exit.json` once
@@ -35,6 +41,8 @@ from typing import Any
 from warden.executors.shim import read_json, supervise, write_json_atomic
 
 LAUNCH_FILE = "launch.json"
+JOB_DIR = "job"
+"""The attempt's subdirectory the job's own account writes (everything but the server's files)."""
 MASTER_FILE = "master.json"
 BATCH_SIGNALS = "batch.signals"
 RENDEZVOUS_TIMEOUT_S = 120.0
@@ -58,7 +66,7 @@ def _free_port() -> int:
 
 def _master_port(attempt_dir: Path, replica: dict[str, Any]) -> int:
     """Rank 0 publishes a port free on its node; every other rank waits for it."""
-    path = attempt_dir / MASTER_FILE
+    path = attempt_dir / JOB_DIR / MASTER_FILE
     if replica["rank"] == 0:
         port = _free_port()
         write_json_atomic(path, {"port": port})
@@ -78,15 +86,14 @@ def task(attempt_dir: Path) -> int:
     if launch is None:
         raise FileNotFoundError(f"{attempt_dir / LAUNCH_FILE} is missing")
     node = os.environ["SLURMD_NODENAME"]
+    out = attempt_dir / JOB_DIR
     replica = replica_for(launch, node, int(os.environ["SLURM_LOCALID"]))
     rank = replica["rank"]
     bound = os.environ.get("SLURM_STEP_GPUS", os.environ.get("SLURM_JOB_GPUS", ""))
     if replica["gpus"] and not set(replica["gpus"]) <= {int(g) for g in bound.split(",") if g.strip().isdigit()}:
         # The job would use GPUs Slurm gave someone else (or may deny it, with cgroups).
         error = f"Slurm bound GPUs {bound or 'none'} on node {node}, but warden placed rank {rank} on {replica['gpus']}"
-        write_json_atomic(
-            attempt_dir / f"rank-{rank}.exit.json", {"exit_code": None, "ended_at": time.time(), "error": error}
-        )
+        write_json_atomic(out / f"rank-{rank}.exit.json", {"exit_code": None, "ended_at": time.time(), "error": error})
         raise LookupError(error)
     env = dict(replica["env"])
     if launch["world_size"] > 1 and "MASTER_PORT" not in env:
@@ -96,9 +103,9 @@ def task(attempt_dir: Path) -> int:
             "argv": launch["argv"],
             "cwd": launch["cwd"],
             "env": env,
-            "log": str(attempt_dir / f"rank-{rank}.log"),
-            "status": str(attempt_dir / f"rank-{rank}.status.json"),
-            "exit": str(attempt_dir / f"rank-{rank}.exit.json"),
+            "log": str(out / f"rank-{rank}.log"),
+            "status": str(out / f"rank-{rank}.status.json"),
+            "exit": str(out / f"rank-{rank}.exit.json"),
             "extra_status": {
                 "node": node,
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
@@ -110,7 +117,7 @@ def task(attempt_dir: Path) -> int:
 
 def batch(attempt_dir: Path) -> int:
     """Run the attempt's one step and wait for it; SIGTERM is recorded, not obeyed."""
-    signals = attempt_dir / BATCH_SIGNALS
+    signals = attempt_dir / JOB_DIR / BATCH_SIGNALS
 
     def record(signum: int, _frame: object) -> None:
         with open(signals, "a", encoding="utf-8") as out:
