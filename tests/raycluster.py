@@ -67,7 +67,13 @@ def require_ray() -> None:
 
 
 def run_script(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
+    """Run scripts/ray-cluster. Its nodes, and so their workers (warden's launchers and shims),
+    import warden from this checkout first, whatever else is installed: the code under test."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
@@ -136,6 +142,8 @@ class RayCluster:
         import ray
         from ray._raylet import AuthenticationTokenLoader, Config
 
+        if ray.is_initialized() and all(os.environ.get(k) == v for k, v in auth_env(self.token_path).items()):
+            return  # already with this cluster's token (the session's cluster: the tests' usual case)
         ray.shutdown()
         for k in AUTH_VARS:
             os.environ.pop(k, None)

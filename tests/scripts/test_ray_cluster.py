@@ -149,8 +149,12 @@ def test_up_then_down_stops_every_process_of_the_cluster_and_again(
         "up", "--nodes", "1", "--gpus-per-node", "1", "--cpus-per-node", "1", "--dir", str(root), timeout=180
     )
     assert up.returncode == 0, up.stderr
-    address, workers = parse_up(up.stdout)
-    assert re.fullmatch(r"export WARDEN_RAY_ADDRESS=127\.0\.0\.2:\d+\nworker w1 \d+\n", up.stdout), up.stdout
+    address, workers, token_path = parse_up(up.stdout)
+    assert re.fullmatch(
+        r"export WARDEN_RAY_ADDRESS=127\.0\.0\.2:\d+\n"
+        r"export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=/tmp/wray-\w+/auth_token\nworker w1 \d+\n",
+        up.stdout,
+    ), up.stdout
     assert running(workers["w1"]) and comm(workers["w1"]) == "raylet"
     recorded = json.loads((root / "cluster.json").read_text())
     try:
@@ -158,7 +162,7 @@ def test_up_then_down_stops_every_process_of_the_cluster_and_again(
             [sys.executable, "-c", LAUNCH, address, SUPERVISOR],
             capture_output=True,
             text=True,
-            env=ray_env(address),
+            env=ray_env(address, token_path),
             timeout=120,
         )
         assert launched.returncode == 0, launched.stderr

@@ -52,7 +52,7 @@ def ray_server(tmp_path: Path, cluster: RayCluster) -> Server:
         policy=policy,
         gpus=None,  # Ray's nodes; as root, jobs run as `nobody` (serverproc.AS_NOBODY)
         args=("--executor", "ray"),
-        env={"WARDEN_RAY_ADDRESS": cluster.address, "RAY_USAGE_STATS_ENABLED": "0"},
+        env={k: v for k, v in cluster.env.items() if k.startswith(("WARDEN_RAY_", "RAY_"))},
     )
 
 
@@ -86,8 +86,11 @@ def ray_query(cluster: RayCluster, code: str) -> Any:
     """Run `code` in a driver of its own (the test process stays out of Ray); its last line
     prints JSON."""
     prelude = (
-        "import json, ray\n"
-        f"ray.init(address={cluster.address!r}, namespace='warden', log_to_driver=False, logging_level='ERROR')\n"
+        "import json, ray, warden\n"
+        # warden's launchers load by import, never from the GCS: a driver that takes their handles must too.
+        "code = ray.job_config.JobConfig(code_search_path=[warden.__path__[0].rsplit('/', 1)[0]])\n"
+        f"ray.init(address={cluster.address!r}, namespace='warden', log_to_driver=False, logging_level='ERROR', "
+        "job_config=code)\n"
         "from ray.util.placement_group import placement_group_table\n"
     )
     done = subprocess.run(

@@ -165,6 +165,7 @@ class RayNode:
     addr: str
     alive: bool
     reason: str = ""
+    port: int = 0  # its raylet's (NodeManagerPort)
 
 
 def parse_nodes(raw: Iterable[Mapping[str, Any]], known: Mapping[str, Node] | None = None) -> list[RayNode]:
@@ -198,21 +199,22 @@ def parse_nodes(raw: Iterable[Mapping[str, Any]], known: Mapping[str, Node] | No
                     block=labels.get(BLOCK_LABEL) or None,
                 ),
                 "" if alive else str(n.get("DeathReasonMessage") or "dead"),
+                int(n.get("NodeManagerPort") or 0),
             )
         )
     live_names: dict[str, int] = {}
-    for name, _, _, alive, _, _ in entries:
+    for name, _, _, alive, _, _, _ in entries:
         if alive:
             live_names[name] = live_names.get(name, 0) + 1
     nodes: dict[str, RayNode] = {}
-    for name, node_id, addr, alive, node, reason in sorted(entries, key=lambda e: (not e[3], e[1])):
+    for name, node_id, addr, alive, node, reason, port in sorted(entries, key=lambda e: (not e[3], e[1])):
         if alive and live_names[name] > 1:
             name = f"{name}-{node_id[:8]}"
         if name in nodes:
             continue  # a dead incarnation of a node that is alive (or dead) under another id
         if not alive and known and node_id in known:
             node = known[node_id]
-        nodes[name] = RayNode(_named(node, name), node_id, addr, alive, reason)
+        nodes[name] = RayNode(_named(node, name), node_id, addr, alive, reason, port)
     return sorted(nodes.values(), key=lambda n: n.node.name)
 
 
@@ -680,13 +682,16 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
         ]
         if not orphans:
             return None
-        gone = [
-            rank
-            for rank in orphans
-            if _actor(launcher_name(tracked.handle.job_id, tracked.handle.attempt, rank)) is None
-        ]
-        if gone:
-            return f"the launcher of rank {gone[0]} (Ray actor {name}.{gone[0]}) was killed outside warden"
+        with self._lock:
+            by_id = {n.node_id: n for n in self._nodes}
+        index = {r.rank: i for i, r in enumerate(tracked.handle.replicas)}
+        # A raylet that is gone: its node is dying, and Ray declares it dead soon.
+        silent = [rank for rank in orphans if not _raylet_answers(by_id.get(tracked.node_ids[index[rank]]))]
+        if not silent:
+            job_id, attempt = tracked.handle.job_id, tracked.handle.attempt
+            gone = [rank for rank in orphans if _actor(launcher_name(job_id, attempt, rank)) is None]
+            if gone:
+                return f"the launcher of rank {gone[0]} (Ray actor {name}.{gone[0]}) was killed outside warden"
         now = time.monotonic()
         with self._lock:
             if tracked.orphaned_mono is None:
@@ -694,6 +699,9 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
             waited = now - tracked.orphaned_mono
         if waited < ORPHAN_SETTLE_S:
             return _UNSETTLED
+        if silent:
+            node = tracked.node_names[index[silent[0]]]
+            return f"node {node} was lost (its raylet no longer answers; Ray has not declared it dead)"
         return f"the launcher of rank {orphans[0]} (Ray actor {name}.{orphans[0]}) was lost"
 
     def _group_removed(self, tracked: _Tracked) -> bool:
@@ -926,6 +934,18 @@ def _actor(name: str) -> Any:
         return ray.get_actor(name, namespace=NAMESPACE)
     except ValueError:
         return None
+
+
+def _raylet_answers(node: RayNode | None, timeout_s: float = 1.0) -> bool:
+    """Whether the node's raylet takes a connection: a raylet that died refuses it at once,
+    long before Ray declares its node dead."""
+    if node is None or not node.alive or not node.addr or not node.port:
+        return False
+    try:
+        socket.create_connection((node.addr, node.port), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
 
 
 def _kill_actor(actor: Any) -> None:
