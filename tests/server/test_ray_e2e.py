@@ -351,3 +351,30 @@ def test_a_server_without_a_reachable_cluster_says_so(tmp_path: Path) -> None:
     with pytest.raises(AssertionError, match="server exited 2") as err:
         server.start()
     assert "--executor ray: cannot connect to the Ray cluster at '127.0.0.2:1'" in str(err.value)
+
+
+def test_a_cluster_without_token_authentication_is_refused_unless_trusted_by_name(tmp_path: Path) -> None:
+    """On a cluster of its own, brought up without Ray's token authentication."""
+    clusters = bring_up("--nodes", "1", "--gpus-per-node", "1", "--cpus-per-node", "1", "--no-auth")
+    cluster = next(clusters)
+    try:
+        assert cluster.token_path is None
+        for name in ("refused", "trusted"):
+            (tmp_path / name).mkdir()
+        refused = ray_server(tmp_path / "refused", cluster)
+        with pytest.raises(AssertionError, match="server exited 2") as err:
+            refused.start()
+        message = " ".join(str(err.value).split())
+        assert "accepts clients without a token" in message and "runs as root on every node" in message, message
+        assert "--ray-trust-unauthenticated" in message
+        trusted = ray_server(tmp_path / "trusted", cluster)
+        trusted.args = (*trusted.args, "--ray-trust-unauthenticated")
+        trusted.start()
+        try:
+            with trusted.client() as c:
+                assert [n["name"] for n in c.get("/v1/nodes").json()] == ["w1"]
+            assert trusted.log is not None and "governing it anyway" in trusted.log.read_text()
+        finally:
+            trusted.stop()
+    finally:
+        clusters.close()
