@@ -567,3 +567,21 @@ def test_a_job_finds_the_cluster_token_nowhere_and_the_gcs_refuses_it(ray_cluste
     assert str(ray_cluster.token_path) in json.loads(tagged(done.stdout, "snoop"))["found"], done.stderr
     for record in (handle.replicas[0].status_path, handle.replicas[0].exit_path):
         assert record.stat().st_mode & 0o777 == 0o600, record  # the attempt's records: the server's alone
+
+
+FUNCTION_TABLE = """
+from ray._raylet import GcsClient
+client = GcsClient(address=sys.argv[1])
+keys = client.internal_kv_keys(b"", b"fun", timeout=10)
+print("exported", json.dumps(sorted(k.decode(errors="replace") for k in keys
+      if b"ray_launch" in (client.internal_kv_get(k, b"fun", timeout=10) or b""))))
+"""
+
+
+@pytest.mark.slow
+def test_the_launcher_is_imported_on_the_nodes_never_exported_to_the_function_table(
+    executor: RayExecutor, ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    executor.start(spec(tmp_path, "26", [("w2", (1,))], STUBBORN))
+    wait(lambda: ("26", 1) in executor.started(), 60, "the replica running")  # a launcher ran
+    assert json.loads(tagged(driver(ray_cluster, FUNCTION_TABLE), "exported")) == []

@@ -378,3 +378,12 @@ def test_a_cluster_without_token_authentication_is_refused_unless_trusted_by_nam
             trusted.stop()
     finally:
         clusters.close()
+
+
+def test_trusting_an_unauthenticated_cluster_needs_the_ray_executor(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    server = Server(tmp_path / "state", policy=policy, args=("--ray-trust-unauthenticated",))
+    with pytest.raises(AssertionError, match="server exited 2") as err:
+        server.start()
+    assert "--ray-trust-unauthenticated: the executor is 'local' (add --executor ray)" in str(err.value)
