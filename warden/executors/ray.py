@@ -18,6 +18,17 @@ server evicts the rest of the gang (DESIGN §5.4); the bundles are pinned to tha
 so Ray cannot re-place them anywhere behind warden's back, and the group is removed once the
 survivors are gone.
 
+The cluster must run with Ray's token authentication (`RAY_AUTH_MODE=token`, the token in the
+file `RAY_AUTH_TOKEN_PATH` names, read by Ray from this process's environment): a cluster
+whose GCS answers a client without a token is refused (`refuses_unauthenticated`) unless
+`trust_unauthenticated`, since any job could then govern it and replace the code root's
+workers run. The launcher is imported from the installed package on the nodes (a code search
+path), never exported to the GCS's function table.
+
+An attempt ended behind warden's back (its node died, its placement group was removed, a
+launcher killed by someone else) exits with `ended_by` saying so. GPUs held by actors and
+placement groups that are not warden's are the inventory's `foreign`.
+
 The nodes come from `ray.nodes()`: GPUs, CPUs and memory from their resources, the flavor
 from an `accelerator_type:<X>` resource, the topology block from the `warden.io/block`
 label. The attempt's directory (logs, status and exit records, checkpoints) must be on a
