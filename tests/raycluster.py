@@ -67,21 +67,38 @@ def require_ray() -> None:
 
 
 def run_script(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
+    """Run scripts/ray-cluster. Its nodes, and so their workers (warden's launchers and shims),
+    import warden from this checkout first, whatever else is installed: the code under test."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
-def ray_env(address: str) -> dict[str, str]:
-    return {**os.environ, "WARDEN_RAY_ADDRESS": address, "RAY_USAGE_STATS_ENABLED": "0"}
+AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
 
-def ray_nodes(address: str) -> list[dict[str, Any]]:
+def auth_env(token_path: Path | None) -> dict[str, str]:
+    """Ray's variables that present the cluster's token (`disabled`: a cluster without one)."""
+    if token_path is None:
+        return {"RAY_AUTH_MODE": "disabled"}
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path)}
+
+
+def ray_env(address: str, token_path: Path | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in AUTH_VARS}
+    return {**env, "WARDEN_RAY_ADDRESS": address, "RAY_USAGE_STATS_ENABLED": "0", **auth_env(token_path)}
+
+
+def ray_nodes(address: str, token_path: Path | None = None) -> list[dict[str, Any]]:
     """`ray.nodes()` of the cluster at `address`, asked by a driver in a process of its own
     (never this one: no Ray state stays behind in the test process)."""
     done = subprocess.run(
         [sys.executable, "-c", NODES_SCRIPT, address],
         capture_output=True,
         text=True,
-        env=ray_env(address),
+        env=ray_env(address, token_path),
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
@@ -103,14 +120,36 @@ class RayCluster:
     address: str
     workers: dict[str, int]
     """Node name (w1, w2, ...) -> the pid of its raylet."""
+    token_path: Path | None = None
+    """The file of the cluster's token (Ray's RAY_AUTH_TOKEN_PATH); None: no authentication."""
 
     @property
     def env(self) -> dict[str, str]:
-        """This environment, pointed at the cluster."""
-        return ray_env(self.address)
+        """This environment, pointed at the cluster, with its token."""
+        return ray_env(self.address, self.token_path)
+
+    @property
+    def temp_dir(self) -> Path:
+        """Ray's temp dir of the cluster (cluster.json)."""
+        return Path(json.loads((self.root / "cluster.json").read_text())["temp_dir"])
 
     def nodes(self) -> list[dict[str, Any]]:
-        return ray_nodes(self.address)
+        return ray_nodes(self.address, self.token_path)
+
+    def connect(self) -> None:
+        """Point this process's Ray at the cluster's token (and drop what Ray cached of another
+        cluster's): for the tests that drive the cluster from the test process itself."""
+        import ray
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        if ray.is_initialized() and all(os.environ.get(k) == v for k, v in auth_env(self.token_path).items()):
+            return  # already with this cluster's token (the session's cluster: the tests' usual case)
+        ray.shutdown()
+        for k in AUTH_VARS:
+            os.environ.pop(k, None)
+        os.environ.update(auth_env(self.token_path))
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
 
     def kill_worker(self, name: str) -> None:
         """SIGKILL the raylet of node `name`: the node dies as when its machine fails (its
@@ -118,16 +157,19 @@ class RayCluster:
         os.kill(self.workers[name], signal.SIGKILL)
 
 
-def parse_up(stdout: str) -> tuple[str, dict[str, int]]:
-    """The address and the workers' raylet pids that `up` printed."""
+def parse_up(stdout: str) -> tuple[str, dict[str, int], Path | None]:
+    """The address, the workers' raylet pids and the token's file that `up` printed."""
     lines = stdout.strip().splitlines()
     assert lines and lines[0].startswith("export WARDEN_RAY_ADDRESS="), stdout
+    token_path = None
+    if len(lines) > 1 and lines[1].startswith("export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="):
+        token_path = Path(lines.pop(1).split("RAY_AUTH_TOKEN_PATH=", 1)[1])
     workers = {}
     for line in lines[1:]:
         word, name, pid = line.split()
         assert word == "worker", stdout
         workers[name] = int(pid)
-    return lines[0].split("=", 1)[1], workers
+    return lines[0].split("=", 1)[1], workers, token_path
 
 
 def bring_up(*extra: str) -> Iterator[RayCluster]:
@@ -152,8 +194,8 @@ def bring_up(*extra: str) -> Iterator[RayCluster]:
     )
     try:
         assert up.returncode == 0, up.stderr
-        address, workers = parse_up(up.stdout)
-        yield RayCluster(root, address, workers)
+        address, workers, token_path = parse_up(up.stdout)
+        yield RayCluster(root, address, workers, token_path)
     finally:
         run_script("down", "--dir", str(root))
         shutil.rmtree(root, ignore_errors=True)

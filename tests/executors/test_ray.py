@@ -6,14 +6,16 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from raycluster import RayCluster
+from raycluster import RayCluster, bring_up, tagged
 
 from warden.engine.model import DEFAULT_FLAVOR, Node
 from warden.executors.base import Exit, LaunchError, LaunchSpec, ReplicaLaunch
@@ -98,6 +100,7 @@ def test_an_address_that_is_not_host_port_is_refused_naming_it(address: str, mes
 def test_connecting_leaves_this_process_signal_handlers_alone(ray_cluster: RayCluster) -> None:
     import ray
 
+    ray_cluster.connect()
     ray.shutdown()  # connect afresh: ray.init installs its handlers only when it connects
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     with RayExecutor(address=ray_cluster.address):
@@ -131,6 +134,7 @@ STUBBORN = (
 
 @pytest.fixture
 def executor(ray_cluster: RayCluster) -> Iterator[RayExecutor]:
+    ray_cluster.connect()
     ex = RayExecutor(address=ray_cluster.address, poll_s=0.1)
     try:
         yield ex
@@ -214,6 +218,7 @@ def test_a_gang_runs_where_warden_placed_it_with_the_contract_environment_only(
     executor.terminate("11", 1, 1.0)
     ended = exit_of(executor, "11")
     assert ended.exit_codes == (-15,) * 6 and not ended.killed
+    assert ended.ended_by is None  # warden ended it
     assert ray_groups()[group_name("11", 1)] == "REMOVED"
     wait(lambda: ray.available_resources().get("GPU") == 12, 10, "Ray's GPUs free again")
 
@@ -231,7 +236,7 @@ def test_sigterm_reaches_every_rank_at_once_and_sigkill_comes_at_the_deadline(
     ended = exit_of(executor, "12")
     terms = [float(Path(f"{r.log_path}.term").read_text()) for r in handle.replicas]
     assert max(terms) - min(terms) < 0.1, terms
-    assert ended.killed and ended.exit_codes == (-9,) * 4
+    assert ended.killed and ended.exit_codes == (-9,) * 4 and ended.ended_by is None
     assert ended.killed_at is not None and 0.0 <= ended.killed_at - deadline <= 0.5
     assert ended.signalled_at is not None and deadline - ended.signalled_at >= 1.5  # never before the grace
     control = json.loads((s.log_dir / "control.json").read_text())
@@ -255,6 +260,7 @@ def test_a_placement_on_a_node_ray_does_not_have_is_refused(executor: RayExecuto
 
 @pytest.mark.slow
 def test_a_gang_ray_cannot_place_fails_after_the_start_timeout(ray_cluster: RayCluster, tmp_path: Path) -> None:
+    ray_cluster.connect()
     with RayExecutor(address=ray_cluster.address, poll_s=0.1, start_timeout_s=2.0) as ex:
         s = spec(tmp_path, "15", [("w1", (0, 1, 2, 3, 4))], STUBBORN)  # five GPUs on a node of four
         ex.start(s)
@@ -281,6 +287,7 @@ def test_terminate_while_the_ranks_are_starting_leaves_nothing_running(executor:
 def test_a_second_executor_adopts_an_attempt_and_kills_it_on_the_recorded_deadline(
     ray_cluster: RayCluster, tmp_path: Path
 ) -> None:
+    ray_cluster.connect()
     first = RayExecutor(address=ray_cluster.address, poll_s=0.1)
     s = spec(tmp_path, "17", [("w2", (3,)), ("w3", (3,))], STUBBORN)
     handle = first.start(s)
@@ -301,6 +308,7 @@ def test_a_second_executor_adopts_an_attempt_and_kills_it_on_the_recorded_deadli
 def test_groups_no_attempt_owns_are_removed_and_their_jobs_die_with_their_launchers(
     ray_cluster: RayCluster, tmp_path: Path
 ) -> None:
+    ray_cluster.connect()
     first = RayExecutor(address=ray_cluster.address, poll_s=0.1)
     s = spec(tmp_path, "18", [("w1", (0,)), ("w2", (0,))], STUBBORN)
     handle = first.start(s)
@@ -322,3 +330,258 @@ def _alive(pid: int) -> bool:
     from warden.executors.shim import process_alive
 
     return process_alive(pid)
+
+
+# -- behind warden's back --------------------------------------------------------------------
+
+DRIVER = """
+import json, sys, time
+import ray, warden
+config = ray.job_config.JobConfig()
+if sys.argv[2] == "warden-code":  # warden's launchers load by import, never from the GCS: so must a driver's handles
+    config = ray.job_config.JobConfig(code_search_path=[warden.__path__[0].rsplit("/", 1)[0]])
+ray.init(address=sys.argv[1], namespace="warden", log_to_driver=False, logging_level="ERROR", job_config=config)
+sys.argv[1:3] = sys.argv[1:2]
+"""
+
+
+def driver(cluster: RayCluster, code: str, *args: str, warden_code: bool = False) -> str:
+    """Run `code` in a driver of its own, as root with the cluster's token (anybody but warden);
+    `warden_code`: one that loads classes by import (to take a handle of warden's launchers)."""
+    mode = "warden-code" if warden_code else "own-code"
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER + code, cluster.address, mode, *args],
+        capture_output=True,
+        text=True,
+        env=cluster.env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture
+def own_cluster() -> Iterator[RayCluster]:
+    """A cluster of the test's own, free to break: 2 worker nodes of 2 GPUs."""
+    import ray
+
+    clusters = bring_up("--nodes", "2", "--gpus-per-node", "2", "--cpus-per-node", "2")
+    cluster = next(clusters)
+    try:
+        cluster.connect()
+        yield cluster
+    finally:
+        ray.shutdown()  # the next test connects afresh, to the session's cluster
+        clusters.close()
+
+
+@pytest.mark.slow
+def test_a_single_node_gang_whose_node_dies_ended_by_the_node_not_by_warden(
+    own_cluster: RayCluster, tmp_path: Path
+) -> None:
+    with RayExecutor(address=own_cluster.address, poll_s=0.1) as ex:
+        s = spec(tmp_path, "21", [("w1", (0,)), ("w1", (1,))], STUBBORN)
+        handle = ex.start(s)
+        wait(lambda: ("21", 1) in ex.started(), 60, "every replica running")
+        wait(lambda: all(Path(f"{r.log_path}.up").exists() for r in handle.replicas), 10, "the jobs up")
+        own_cluster.kill_worker("w1")
+        ended = exit_of(ex, "21", 60)
+        assert ended.ended_by is not None and ended.ended_by.startswith("node w1 died (Ray: "), ended
+        assert not ended.killed and ended.signalled_at is None
+
+
+@pytest.mark.slow
+def test_a_placement_group_removed_by_another_driver_is_ended_by_it(
+    executor: RayExecutor, ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    s = spec(tmp_path, "22", [("w2", (2,))], STUBBORN)
+    handle = executor.start(s)
+    wait(lambda: ("22", 1) in executor.started(), 60, "the replica running")
+    wait(lambda: Path(f"{handle.replicas[0].log_path}.up").exists(), 10, "the job up")
+    driver(
+        ray_cluster,
+        "from ray.util.placement_group import get_placement_group, remove_placement_group\n"
+        "remove_placement_group(get_placement_group(sys.argv[2]))\n",
+        group_name("22", 1),
+    )
+    ended = exit_of(executor, "22")
+    assert ended.ended_by == f"placement group {group_name('22', 1)} removed outside warden", ended
+
+
+@pytest.mark.slow
+def test_a_launcher_killed_by_another_driver_is_ended_by_it(
+    executor: RayExecutor, ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    s = spec(tmp_path, "23", [("w3", (2,))], STUBBORN)
+    handle = executor.start(s)
+    wait(lambda: ("23", 1) in executor.started(), 60, "the replica running")
+    wait(lambda: Path(f"{handle.replicas[0].log_path}.up").exists(), 10, "the job up")
+    driver(
+        ray_cluster,
+        "ray.kill(ray.get_actor(sys.argv[2], namespace='warden'))\n",
+        f"{group_name('23', 1)}.0",
+        warden_code=True,
+    )
+    ended = exit_of(executor, "23")
+    assert ended.ended_by is not None and "rank 0" in ended.ended_by and "outside warden" in ended.ended_by, ended
+
+
+FOREIGN = """
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+node = {n["NodeName"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}[sys.argv[2]]
+
+@ray.remote
+class Squatter:
+    def ping(self):
+        return True
+
+actor = Squatter.options(
+    name="squatter", namespace="elsewhere", lifetime="detached", num_cpus=0, num_gpus=int(sys.argv[3]),
+    scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+).remote()
+print("up", ray.get(actor.ping.remote(), timeout=60))
+"""
+
+
+@pytest.mark.slow
+def test_gpus_a_detached_actor_that_is_not_warden_s_holds_are_foreign(
+    executor: RayExecutor, ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    ours = executor.start(spec(tmp_path, "24", [("w3", (0,))], STUBBORN))  # warden's own GPU there is not foreign
+    wait(lambda: ("24", 1) in executor.started(), 60, "warden's replica running")
+    assert executor.inventory().foreign == {}
+    try:
+        assert "up True" in driver(ray_cluster, FOREIGN, "w3", "2")
+        assert wait(lambda: executor.inventory().foreign, 10, "the foreign GPUs seen") == {"w3": 2}
+    finally:
+        driver(ray_cluster, "ray.kill(ray.get_actor('squatter', namespace='elsewhere'))\n")
+    wait(lambda: executor.inventory().foreign == {}, 10, "the foreign GPUs free again")
+    assert ours.job_id == "24"
+
+
+# -- the token -------------------------------------------------------------------------------
+
+SNOOP = r"""
+import hashlib, json, os, re, stat, sys
+want, token_path, temp_dir, address = sys.argv[1:5]
+HEX = re.compile(rb"[0-9a-f]{64}")
+report = {"found": [], "read": 0, "denied": 0, "raylet_cmdline": False}
+
+def look(where, data):
+    report["read"] += 1
+    if any(hashlib.sha256(m).hexdigest() == want for m in HEX.findall(data)):
+        report["found"].append(where)
+
+def read(path):
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        report["denied"] += 1
+        return
+    with os.fdopen(fd, "rb") as f:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            try:
+                look(path, f.read(1 << 20))
+            except OSError:
+                report["denied"] += 1
+
+def walk(top):
+    if not os.access(top, os.R_OK | os.X_OK):
+        report["denied"] += 1
+    for root, _, files in os.walk(top, onerror=lambda e: report.__setitem__("denied", report["denied"] + 1)):
+        for name in files:
+            read(os.path.join(root, name))
+
+look("environ", b"\0".join(f"{k}={v}".encode() for k, v in os.environ.items()))
+for top in (os.environ.get("HOME", "/"), os.getcwd(), temp_dir, os.path.dirname(token_path), "/root/.ray"):
+    walk(top)
+read(token_path)
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    for part in ("environ", "cmdline"):
+        read(f"/proc/{pid}/{part}")
+    try:
+        report["raylet_cmdline"] |= b"raylet" in open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        pass
+from ray._raylet import GcsClient
+try:
+    client = GcsClient(address=address)
+    client.internal_kv_put(b"Launcher", b"not warden's", True, b"fun", timeout=10)
+    report["gcs"] = "accepted"
+except Exception as err:
+    report["gcs"] = type(err).__name__
+print("snoop " + json.dumps(report), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_job_finds_the_cluster_token_nowhere_and_the_gcs_refuses_it(ray_cluster: RayCluster, tmp_path: Path) -> None:
+    import hashlib
+    import os
+
+    from warden.executors.identity import Identities
+
+    if os.geteuid() != 0:
+        pytest.skip("jobs run as another account only under root")
+    assert ray_cluster.token_path is not None
+    token = ray_cluster.token_path.read_bytes()
+    assert len(token) == 64 and ray_cluster.token_path.stat().st_mode & 0o777 == 0o600
+    assert ray_cluster.token_path.parent.stat().st_mode & 0o777 == 0o700
+    workdir = Path(tempfile.mkdtemp(prefix="warden-snoop-"))
+    os.chmod(workdir, 0o755)
+    ray_cluster.connect()
+    with RayExecutor(
+        address=ray_cluster.address, poll_s=0.1, identities=Identities("user", user_map={"*": "nobody"})
+    ) as ex:
+        s = spec(
+            tmp_path,
+            "25",
+            [("w1", (3,))],
+            SNOOP,
+            hashlib.sha256(token).hexdigest(),
+            str(ray_cluster.token_path),
+            str(ray_cluster.temp_dir),
+            ray_cluster.address,
+        )
+        s = LaunchSpec(**{**{f: getattr(s, f) for f in s.__dataclass_fields__}, "workdir": workdir, "user": "alice"})
+        handle = ex.start(s)
+        ended = exit_of(ex, "25", 120)
+        log = handle.replicas[0].log_path.read_text()
+        assert ended.exit_codes == (0,), log
+    report = json.loads(tagged(log, "snoop"))
+    assert report["found"] == [], report
+    assert report["gcs"] == "AuthenticationError", report  # KV namespace `fun` (Ray's function table) included
+    assert report["raylet_cmdline"] and report["read"] > 10, report  # it did look: Ray's processes are there
+    assert report["denied"] > 0, report
+    # The same search, as root, finds the token (in its file): it is a search that can find it.
+    env = {k: v for k, v in ray_cluster.env.items() if not k.startswith("RAY_AUTH_")}
+    args = [hashlib.sha256(token).hexdigest(), str(ray_cluster.token_path), str(ray_cluster.temp_dir)]
+    done = subprocess.run(
+        [sys.executable, "-c", SNOOP, *args, ray_cluster.address],
+        capture_output=True,
+        text=True,
+        env={**env, "RAY_AUTH_MODE": "disabled", "HOME": str(workdir)},
+        cwd=workdir,
+        timeout=120,
+    )
+    assert str(ray_cluster.token_path) in json.loads(tagged(done.stdout, "snoop"))["found"], done.stderr
+    for record in (handle.replicas[0].status_path, handle.replicas[0].exit_path):
+        assert record.stat().st_mode & 0o777 == 0o600, record  # the attempt's records: the server's alone
+
+
+FUNCTION_TABLE = """
+from ray._raylet import GcsClient
+client = GcsClient(address=sys.argv[1])
+keys = client.internal_kv_keys(b"", b"fun", timeout=10)
+print("exported", json.dumps(sorted(k.decode(errors="replace") for k in keys
+      if b"ray_launch" in (client.internal_kv_get(k, b"fun", timeout=10) or b""))))
+"""
+
+
+@pytest.mark.slow
+def test_the_launcher_is_imported_on_the_nodes_never_exported_to_the_function_table(
+    executor: RayExecutor, ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    executor.start(spec(tmp_path, "26", [("w2", (1,))], STUBBORN))
+    wait(lambda: ("26", 1) in executor.started(), 60, "the replica running")  # a launcher ran
+    assert json.loads(tagged(driver(ray_cluster, FUNCTION_TABLE), "exported")) == []

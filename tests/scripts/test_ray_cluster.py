@@ -95,6 +95,14 @@ def test_the_session_cluster_has_the_nodes_gpus_cpus_and_blocks_asked(ray_cluste
     recorded = json.loads((ray_cluster.root / "cluster.json").read_text())
     assert recorded["address"] == ray_cluster.address
     assert Path(recorded["temp_dir"]).parent == Path("/tmp") and Path(recorded["temp_dir"]).is_dir()
+    # Ray's token authentication: the token in Ray's temp dir, both this account's alone.
+    assert ray_cluster.token_path == Path(recorded["token_path"]) == Path(recorded["temp_dir"]) / "auth_token"
+    assert Path(recorded["temp_dir"]).stat().st_mode & 0o777 == 0o700
+    token = ray_cluster.token_path.stat()
+    assert token.st_mode & 0o777 == 0o600 and token.st_uid == os.geteuid()
+    assert re.fullmatch(r"[0-9a-f]{64}", ray_cluster.token_path.read_text())
+    for node in recorded["nodes"]:  # the token is never on a command line
+        assert ray_cluster.token_path.read_text() not in " ".join(node["ray_start"])
     nodes = {n["name"]: n for n in recorded["nodes"]}
     assert sorted(nodes) == ["head", "w1", "w2", "w3"]
     for name, pid in ray_cluster.workers.items():
@@ -149,8 +157,12 @@ def test_up_then_down_stops_every_process_of_the_cluster_and_again(
         "up", "--nodes", "1", "--gpus-per-node", "1", "--cpus-per-node", "1", "--dir", str(root), timeout=180
     )
     assert up.returncode == 0, up.stderr
-    address, workers = parse_up(up.stdout)
-    assert re.fullmatch(r"export WARDEN_RAY_ADDRESS=127\.0\.0\.2:\d+\nworker w1 \d+\n", up.stdout), up.stdout
+    address, workers, token_path = parse_up(up.stdout)
+    assert re.fullmatch(
+        r"export WARDEN_RAY_ADDRESS=127\.0\.0\.2:\d+\n"
+        r"export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=/tmp/wray-\w+/auth_token\nworker w1 \d+\n",
+        up.stdout,
+    ), up.stdout
     assert running(workers["w1"]) and comm(workers["w1"]) == "raylet"
     recorded = json.loads((root / "cluster.json").read_text())
     try:
@@ -158,7 +170,7 @@ def test_up_then_down_stops_every_process_of_the_cluster_and_again(
             [sys.executable, "-c", LAUNCH, address, SUPERVISOR],
             capture_output=True,
             text=True,
-            env=ray_env(address),
+            env=ray_env(address, token_path),
             timeout=120,
         )
         assert launched.returncode == 0, launched.stderr

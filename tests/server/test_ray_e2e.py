@@ -52,7 +52,7 @@ def ray_server(tmp_path: Path, cluster: RayCluster) -> Server:
         policy=policy,
         gpus=None,  # Ray's nodes; as root, jobs run as `nobody` (serverproc.AS_NOBODY)
         args=("--executor", "ray"),
-        env={"WARDEN_RAY_ADDRESS": cluster.address, "RAY_USAGE_STATS_ENABLED": "0"},
+        env={k: v for k, v in cluster.env.items() if k.startswith(("WARDEN_RAY_", "RAY_"))},
     )
 
 
@@ -86,8 +86,11 @@ def ray_query(cluster: RayCluster, code: str) -> Any:
     """Run `code` in a driver of its own (the test process stays out of Ray); its last line
     prints JSON."""
     prelude = (
-        "import json, ray\n"
-        f"ray.init(address={cluster.address!r}, namespace='warden', log_to_driver=False, logging_level='ERROR')\n"
+        "import json, ray, warden\n"
+        # warden's launchers load by import, never from the GCS: a driver that takes their handles must too.
+        "code = ray.job_config.JobConfig(code_search_path=[warden.__path__[0].rsplit('/', 1)[0]])\n"
+        f"ray.init(address={cluster.address!r}, namespace='warden', log_to_driver=False, logging_level='ERROR', "
+        "job_config=code)\n"
         "from ray.util.placement_group import placement_group_table\n"
     )
     done = subprocess.run(
@@ -348,3 +351,39 @@ def test_a_server_without_a_reachable_cluster_says_so(tmp_path: Path) -> None:
     with pytest.raises(AssertionError, match="server exited 2") as err:
         server.start()
     assert "--executor ray: cannot connect to the Ray cluster at '127.0.0.2:1'" in str(err.value)
+
+
+def test_a_cluster_without_token_authentication_is_refused_unless_trusted_by_name(tmp_path: Path) -> None:
+    """On a cluster of its own, brought up without Ray's token authentication."""
+    clusters = bring_up("--nodes", "1", "--gpus-per-node", "1", "--cpus-per-node", "1", "--no-auth")
+    cluster = next(clusters)
+    try:
+        assert cluster.token_path is None
+        for name in ("refused", "trusted"):
+            (tmp_path / name).mkdir()
+        refused = ray_server(tmp_path / "refused", cluster)
+        with pytest.raises(AssertionError, match="server exited 2") as err:
+            refused.start()
+        message = " ".join(str(err.value).split())
+        assert "accepts clients without a token" in message and "runs as root on every node" in message, message
+        assert "--ray-trust-unauthenticated" in message
+        trusted = ray_server(tmp_path / "trusted", cluster)
+        trusted.args = (*trusted.args, "--ray-trust-unauthenticated")
+        trusted.start()
+        try:
+            with trusted.client() as c:
+                assert [n["name"] for n in c.get("/v1/nodes").json()] == ["w1"]
+            assert trusted.log is not None and "governing it anyway" in trusted.log.read_text()
+        finally:
+            trusted.stop()
+    finally:
+        clusters.close()
+
+
+def test_trusting_an_unauthenticated_cluster_needs_the_ray_executor(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    server = Server(tmp_path / "state", policy=policy, args=("--ray-trust-unauthenticated",))
+    with pytest.raises(AssertionError, match="server exited 2") as err:
+        server.start()
+    assert "--ray-trust-unauthenticated: the executor is 'local' (add --executor ray)" in str(err.value)

@@ -48,6 +48,7 @@ CONFIG_KEYS = (
     "executor",
     "slurm_partition",
     "ray_address",
+    "ray_trust_unauthenticated",
     "history_interval",
     "forecast_interval",
 )
@@ -173,6 +174,18 @@ def register(app: typer.Typer) -> None:
                 show_default=False,
             ),
         ] = None,
+        ray_trust_unauthenticated: Annotated[
+            bool,
+            typer.Option(
+                "--ray-trust-unauthenticated",
+                envvar="WARDEN_RAY_TRUST_UNAUTHENTICATED",
+                help=(
+                    "With --executor ray: govern a cluster without Ray's token authentication, trusting every "
+                    "process that can reach its ports (a job among them can kill any job and run code as the "
+                    "cluster's workers). Refused by default."
+                ),
+            ),
+        ] = False,
         history_interval: Annotated[
             float,
             typer.Option(
@@ -225,6 +238,8 @@ def register(app: typer.Typer) -> None:
             fail("--ray-address: the ray executor needs the cluster's address (HOST:PORT, or $WARDEN_RAY_ADDRESS)")
         if ray_address is not None and executor != "ray":
             fail(f"--ray-address: given {ray_address!r}, but the executor is {executor!r} (add --executor ray)")
+        if ray_trust_unauthenticated and executor != "ray":
+            fail(f"--ray-trust-unauthenticated: the executor is {executor!r} (add --executor ray)")
         if run_as not in ("dynamic", "user"):
             fail(f"--run-as: expected 'dynamic' or 'user', got {run_as!r}")
         try:
@@ -251,6 +266,7 @@ def register(app: typer.Typer) -> None:
                     executor="slurm" if executor == "slurm" else "ray" if executor == "ray" else "local",
                     slurm_partition=slurm_partition,
                     ray_address=ray_address,
+                    ray_trust_unauthenticated=ray_trust_unauthenticated,
                     history_interval_s=history_interval,
                     forecast_interval_s=forecast_interval,
                 ),

@@ -18,6 +18,17 @@ server evicts the rest of the gang (DESIGN §5.4); the bundles are pinned to tha
 so Ray cannot re-place them anywhere behind warden's back, and the group is removed once the
 survivors are gone.
 
+The cluster must run with Ray's token authentication (`RAY_AUTH_MODE=token`, the token in the
+file `RAY_AUTH_TOKEN_PATH` names, read by Ray from this process's environment): a cluster
+whose GCS answers a client without a token is refused (`refuses_unauthenticated`) unless
+`trust_unauthenticated`, since any job could then govern it and replace the code root's
+workers run. The launcher is imported from the installed package on the nodes (a code search
+path), never exported to the GCS's function table.
+
+An attempt ended behind warden's back (its node died, its placement group was removed, a
+launcher killed by someone else) exits with `ended_by` saying so. GPUs held by actors and
+placement groups that are not warden's are the inventory's `foreign`.
+
 The nodes come from `ray.nodes()`: GPUs, CPUs and memory from their resources, the flavor
 from an `accelerator_type:<X>` resource, the topology block from the `warden.io/block`
 label. The attempt's directory (logs, status and exit records, checkpoints) must be on a
@@ -27,11 +38,16 @@ docs/ray.md.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import os
 import re
 import signal
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -65,6 +81,13 @@ how a restarted server finds them, and tells them from anybody else's."""
 CPU_FLOOR = 0.001
 """Ray refuses an empty bundle: a replica that asks for nothing reserves this much CPU."""
 CALL_TIMEOUT_S = 10.0
+ORPHAN_SETTLE_S = 90.0
+"""How long an attempt whose replica was killed with its lost launcher waits for Ray to say
+why (its node declared dead: about 14 s with Ray's default health checks, 64 s for a hung
+node), before it is reported as ended by a lost launcher."""
+_UNSETTLED = "unsettled"
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+"""The directory warden's package is imported from (Ray's code search path)."""
 
 
 class RayError(RuntimeError):
@@ -81,6 +104,56 @@ def probe(address: str, timeout_s: float = 5.0) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as err:
         raise RayError(f"cannot connect to the Ray cluster at {address!r}: {err.strerror or err}") from err
+
+
+UNAUTHENTICATED = (
+    "the Ray cluster at {address} accepts clients without a token (Ray's token authentication is off): "
+    "any job that reaches its GCS port can drain nodes, kill warden's jobs and replace the launcher code that "
+    "runs as root on every node (Ray's function table). Start every node of the cluster, and this server, with "
+    "RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN_PATH; docs/ray.md), or pass "
+    "--ray-trust-unauthenticated to govern it anyway, trusting every process that can reach it"
+)
+AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+"""Ray's token authentication (Ray >= 2.52): the mode, and the token itself or its file
+(else ~/.ray/auth_token). The server's own; never a job's (its environment is an allow-list)."""
+PROBE = """
+import sys
+from ray._raylet import GcsClient
+from ray.exceptions import AuthenticationError
+try:
+    GcsClient(address=sys.argv[1]).internal_kv_get(b"warden-probe", b"warden", timeout=10)
+except AuthenticationError:
+    print("refused")
+else:
+    print("open")
+"""
+"""A client without a token: the GCS of a cluster with token authentication refuses it."""
+PROBE_TIMEOUT_S = 60.0
+
+
+def refuses_unauthenticated(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether the cluster's GCS refuses a client that presents no token, asked by a process
+    of its own with Ray's token authentication disabled and no token anywhere it looks (this
+    process's Ray keeps its own configuration)."""
+    env = {k: v for k, v in os.environ.items() if k not in AUTH_VARS}
+    with tempfile.TemporaryDirectory(prefix="warden-ray-probe-") as home:
+        env.update({"RAY_AUTH_MODE": "disabled", "HOME": home, "RAY_USAGE_STATS_ENABLED": "0"})
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", PROBE, address],
+                capture_output=True,
+                text=True,
+                env=env,
+                cwd=home,
+                timeout=timeout_s,
+            )
+        except subprocess.TimeoutExpired as err:
+            raise RayError(f"cannot tell whether the Ray cluster at {address!r} authenticates its clients") from err
+    answer = done.stdout.strip().splitlines()[-1:] if done.returncode == 0 else []
+    if answer not in (["refused"], ["open"]):
+        tail = " ".join(done.stderr.strip().splitlines()[-1:])
+        raise RayError(f"cannot tell whether the Ray cluster at {address!r} authenticates its clients: {tail}")
+    return answer == ["refused"]
 
 
 def group_name(job_id: str, attempt: int) -> str:
@@ -103,6 +176,7 @@ class RayNode:
     addr: str
     alive: bool
     reason: str = ""
+    port: int = 0  # its raylet's (NodeManagerPort)
 
 
 def parse_nodes(raw: Iterable[Mapping[str, Any]], known: Mapping[str, Node] | None = None) -> list[RayNode]:
@@ -136,21 +210,22 @@ def parse_nodes(raw: Iterable[Mapping[str, Any]], known: Mapping[str, Node] | No
                     block=labels.get(BLOCK_LABEL) or None,
                 ),
                 "" if alive else str(n.get("DeathReasonMessage") or "dead"),
+                int(n.get("NodeManagerPort") or 0),
             )
         )
     live_names: dict[str, int] = {}
-    for name, _, _, alive, _, _ in entries:
+    for name, _, _, alive, _, _, _ in entries:
         if alive:
             live_names[name] = live_names.get(name, 0) + 1
     nodes: dict[str, RayNode] = {}
-    for name, node_id, addr, alive, node, reason in sorted(entries, key=lambda e: (not e[3], e[1])):
+    for name, node_id, addr, alive, node, reason, port in sorted(entries, key=lambda e: (not e[3], e[1])):
         if alive and live_names[name] > 1:
             name = f"{name}-{node_id[:8]}"
         if name in nodes:
             continue  # a dead incarnation of a node that is alive (or dead) under another id
         if not alive and known and node_id in known:
             node = known[node_id]
-        nodes[name] = RayNode(_named(node, name), node_id, addr, alive, reason)
+        nodes[name] = RayNode(_named(node, name), node_id, addr, alive, reason, port)
     return sorted(nodes.values(), key=lambda n: n.node.name)
 
 
@@ -204,6 +279,8 @@ class _Tracked:
     killed_at: float | None = None
     started: bool = False
     ended_mono: float | None = None
+    dropped: bool = False  # warden killed its launchers itself (a failed start)
+    orphaned_mono: float | None = None  # when a replica was first seen killed with its lost launcher
 
 
 class RayExecutor(RemoteAttemptTable[_Tracked]):
@@ -222,6 +299,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
         identities: Identities | None = None,
         poll_s: float = 0.25,
         start_timeout_s: float = 120.0,
+        trust_unauthenticated: bool = False,
     ) -> None:
         if identities is not None and identities.mode == "dynamic":
             raise RayError(
@@ -240,6 +318,12 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
         self._start_timeout_s = start_timeout_s
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         probe(address)
+        if not refuses_unauthenticated(address):
+            if not trust_unauthenticated:
+                raise RayError(UNAUTHENTICATED.format(address=address))
+            log.warning(
+                "governing it anyway (--ray-trust-unauthenticated): %s", UNAUTHENTICATED.format(address=address)
+            )
         # ray.init makes SIGTERM (and SIGINT) exit the process; how this process stops is its own.
         main = threading.current_thread() is threading.main_thread()
         handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
@@ -250,6 +334,9 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
                 log_to_driver=False,
                 logging_level=logging.WARNING,
                 ignore_reinit_error=True,
+                # Workers import the launcher from the installed package; the driver then never
+                # exports its pickle to the GCS's function table.
+                job_config=ray.job_config.JobConfig(code_search_path=[PACKAGE_ROOT]),
             )
         except Exception as err:  # ConnectionError, RuntimeError, TimeoutError, ...
             raise RayError(f"cannot connect to the Ray cluster at {address!r}: {err}") from err
@@ -260,6 +347,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
         self._launcher: Any = ray.remote(Launcher)
         super().__init__()
         self._nodes: tuple[RayNode, ...] = ()
+        self._foreign: dict[str, int] = {}  # node name -> GPUs held by what is not warden's
         self._known: dict[str, Node] = {}  # node id -> the node as last seen alive
         self._ended_seen: set[Key] = set()  # attempts the poller saw end, until `exits()` reports them
         self._polled_at = 0.0
@@ -274,7 +362,8 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
         """The cluster's nodes as last polled (see `inventory_of`)."""
         with self._lock:
             held = {(name, node_id) for t in self._tracked.values() for name, node_id in zip(t.node_names, t.node_ids)}
-            return inventory_of(self._nodes, held, self._known)
+            inventory = inventory_of(self._nodes, held, self._known)
+            return dataclasses.replace(inventory, foreign=dict(self._foreign))
 
     def _alive(self) -> dict[str, RayNode]:
         with self._lock:
@@ -316,9 +405,11 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
 
         began = time.monotonic()
         nodes = tuple(parse_nodes(ray.nodes(), self._known))
+        foreign = _foreign_gpus(nodes)
         with self._lock:
             self._known.update((n.node_id, n.node) for n in nodes if n.alive)
             self._nodes = nodes
+            self._foreign = foreign
             self._polled_at = began
             self._polled.notify_all()
 
@@ -546,6 +637,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
                 return
             launchers = list(tracked.launchers)
             unstarted = set(tracked.starts)
+            tracked.dropped = tracked.dropped or drop_launchers or bool(unstarted)
         _send(launchers, signal.SIGKILL, awaited=())  # a deadline due next must not wait on these answers
         for rank, launcher in enumerate(launchers):
             if launcher is not None and (drop_launchers or rank in unstarted):
@@ -567,14 +659,71 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
             ranks = [self._rank_end(tracked, i, dead) for i in range(len(tracked.handle.replicas))]
             if any(r is None for r in ranks):
                 continue
+            ended_by = self._ended_by(tracked, dead)
+            if ended_by is _UNSETTLED:
+                continue  # a launcher was lost, and Ray does not say yet how: asked again next time
             with self._lock:
                 if self._tracked.pop(key, None) is None:
                     continue
                 tracked.ended_mono = time.monotonic()
                 self._ended_seen.discard(key)
             self._remove(tracked.handle.external[0], len(tracked.handle.replicas), tracked)
-            reported.append(_exit(tracked, [r for r in ranks if r is not None]))
+            reported.append(_exit(tracked, [r for r in ranks if r is not None], ended_by))
         return reported
+
+    def _ended_by(self, tracked: _Tracked, dead: set[str]) -> str | None:
+        """What ended an attempt behind warden's back, once every replica is gone: its node
+        died, its placement group was removed, or a launcher was killed by someone else (its
+        shim then killed the replica). None when warden ended it (a signal, a kill, a failed
+        start) or its replicas ended by themselves. _UNSETTLED while a replica was killed with
+        its lost launcher and Ray does not say yet why (a dead node is declared dead seconds
+        after its workers are gone), for at most ORPHAN_SETTLE_S."""
+        if tracked.signalled_at is not None or tracked.killed_at is not None or tracked.dropped:
+            return None
+        with self._lock:
+            reasons = {n.node_id: n.reason for n in self._nodes if not n.alive}
+        for node_id, name in zip(tracked.node_ids, tracked.node_names):
+            if node_id in dead:
+                return f"node {name or node_id} died (Ray: {reasons.get(node_id) or 'no longer listed'})"
+        name = tracked.handle.external[0] if tracked.handle.external else "?"
+        if self._group_removed(tracked):
+            return f"placement group {name} removed outside warden"
+        orphans = [
+            r.rank for r in tracked.handle.replicas if (read_job_json(r.exit_path) or {}).get("orphaned") is True
+        ]
+        if not orphans:
+            return None
+        with self._lock:
+            by_id = {n.node_id: n for n in self._nodes}
+        index = {r.rank: i for i, r in enumerate(tracked.handle.replicas)}
+        # A raylet that is gone: its node is dying, and Ray declares it dead soon.
+        silent = [rank for rank in orphans if not _raylet_answers(by_id.get(tracked.node_ids[index[rank]]))]
+        if not silent:
+            job_id, attempt = tracked.handle.job_id, tracked.handle.attempt
+            gone = [rank for rank in orphans if _actor(launcher_name(job_id, attempt, rank)) is None]
+            if gone:
+                return f"the launcher of rank {gone[0]} (Ray actor {name}.{gone[0]}) was killed outside warden"
+        now = time.monotonic()
+        with self._lock:
+            if tracked.orphaned_mono is None:
+                tracked.orphaned_mono = now
+            waited = now - tracked.orphaned_mono
+        if waited < ORPHAN_SETTLE_S:
+            return _UNSETTLED
+        if silent:
+            node = tracked.node_names[index[silent[0]]]
+            return f"node {node} was lost (its raylet no longer answers; Ray has not declared it dead)"
+        return f"the launcher of rank {orphans[0]} (Ray actor {name}.{orphans[0]}) was lost"
+
+    def _group_removed(self, tracked: _Tracked) -> bool:
+        from ray.util.placement_group import placement_group_table
+
+        if tracked.group is None:
+            return False
+        try:
+            return placement_group_table(tracked.group).get("state") == "REMOVED"
+        except Exception:  # Ray no longer knows it
+            return True
 
     def _rank_end(self, tracked: _Tracked, index: int, dead: set[str]) -> tuple[int | None, float, str | None] | None:
         """(exit code, when, error) of a replica that is gone, None while it may still run."""
@@ -716,6 +865,46 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
         self._poller.join(timeout=self._poll_s + CALL_TIMEOUT_S)
 
 
+def _foreign_gpus(nodes: Sequence[RayNode]) -> dict[str, int]:
+    """GPUs per live node held by work that is not warden's (a detached actor, a placement
+    group warden did not make): the node's GPUs, less those Ray has free, less those of
+    warden's placement groups placed there. warden's groups are read before and after the
+    free GPUs, and a group in either read counts as warden's, so that a group of warden's
+    created or removed meanwhile is never taken for foreign work (the count errs low, for one
+    poll). A fraction of a GPU held counts as the whole GPU."""
+    import ray._private.state
+    from ray.util.placement_group import placement_group_table
+
+    before = _warden_gpus(placement_group_table())
+    free = ray._private.state.available_resources_per_node()
+    after = _warden_gpus(placement_group_table())
+    out: dict[str, int] = {}
+    for n in nodes:
+        if not n.alive or n.node.gpus <= 0:
+            continue
+        ours = max(before.get(n.node_id, 0.0), after.get(n.node_id, 0.0))
+        held = n.node.gpus - float((free.get(n.node_id) or {}).get("GPU", 0.0)) - ours
+        count = min(n.node.gpus, math.ceil(held - 1e-6))
+        if count > 0:
+            out[n.node.name] = count
+    return out
+
+
+def _warden_gpus(table: Mapping[str, Any]) -> dict[str, float]:
+    """GPUs per Ray node id reserved by warden's placement groups (`warden.<job>.<attempt>`)."""
+    out: dict[str, float] = {}
+    for entry in table.values():
+        match = NAME_RE.fullmatch(str(entry.get("name") or ""))
+        if match is None or match[3] is not None or entry.get("state") != "CREATED":
+            continue
+        where = entry.get("bundles_to_node_id") or {}
+        for index, bundle in (entry.get("bundles") or {}).items():
+            node_id = where.get(index)
+            if node_id:
+                out[str(node_id)] = out.get(str(node_id), 0.0) + float(bundle.get("GPU", 0.0))
+    return out
+
+
 def _bundle(spec: LaunchSpec, gpus: int) -> dict[str, float]:
     bundle: dict[str, float] = {}
     if gpus:
@@ -758,6 +947,18 @@ def _actor(name: str) -> Any:
         return None
 
 
+def _raylet_answers(node: RayNode | None, timeout_s: float = 1.0) -> bool:
+    """Whether the node's raylet takes a connection: a raylet that died refuses it at once,
+    long before Ray declares its node dead."""
+    if node is None or not node.alive or not node.addr or not node.port:
+        return False
+    try:
+        socket.create_connection((node.addr, node.port), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
 def _kill_actor(actor: Any) -> None:
     import ray
 
@@ -767,7 +968,7 @@ def _kill_actor(actor: Any) -> None:
         pass
 
 
-def _exit(tracked: _Tracked, ranks: Sequence[tuple[int | None, float, str | None]]) -> Exit:
+def _exit(tracked: _Tracked, ranks: Sequence[tuple[int | None, float, str | None]], ended_by: str | None) -> Exit:
     now = time.time()
     errors = [f"rank {i}: {error}" for i, (_, _, error) in enumerate(ranks) if error]
     return Exit(
@@ -779,4 +980,5 @@ def _exit(tracked: _Tracked, ranks: Sequence[tuple[int | None, float, str | None
         killed=tracked.killed_at is not None,
         killed_at=tracked.killed_at,
         error="; ".join(errors) or None,
+        ended_by=ended_by,
     )

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,7 @@ class Launcher:
                 stdout=subprocess.DEVNULL,
                 stderr=log,
                 cwd="/",
+                env=shim_environment(os.environ),
                 start_new_session=True,
                 close_fds=True,
             )
@@ -130,6 +132,13 @@ class Launcher:
 
     def ping(self) -> int:
         return os.getpid()
+
+
+def shim_environment(worker_env: Mapping[str, str]) -> dict[str, str]:
+    """The shim's environment: the Ray worker's, without Ray's own variables (the cluster's
+    token, RAY_AUTH_TOKEN or its file, among them). The job gets none of it either way: its
+    environment is the one the server built."""
+    return {k: v for k, v in worker_env.items() if not k.startswith("RAY_")}
 
 
 def _ray_gpus() -> list[str]:

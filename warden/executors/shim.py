@@ -50,9 +50,12 @@ _SUPERVISOR_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write `data` so that a reader sees either nothing or the whole file, even after a crash
-    or power loss: temp file, fsync, rename, fsync the directory."""
+    or power loss: temp file, fsync, rename, fsync the directory. The file is 0600, whatever
+    the writer's umask (a Ray worker's is 022)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)  # a temp file left by a crash keeps its old mode otherwise
+    with open(fd, "w", encoding="utf-8") as handle:
         json.dump(data, handle)
         handle.flush()
         os.fsync(handle.fileno())
@@ -293,7 +296,8 @@ def supervise(launch: dict[str, Any], ready_fd: int | None = None) -> int:
     )
     proc.returncode = code  # reaped by wait_for_group; keeps Popen from waiting again
     why = f"its owner (pid {owner['pid']}) was gone, so it was killed" if orphaned and owner else None
-    write_json_atomic(exit_path, {"exit_code": code, "ended_at": ended_at, "error": why, "escaped_killed": escaped})
+    record = {"exit_code": code, "ended_at": ended_at, "error": why, "escaped_killed": escaped, "orphaned": orphaned}
+    write_json_atomic(exit_path, record)
     return 0
 
 

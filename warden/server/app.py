@@ -53,6 +53,7 @@ class Settings:
     executor: Literal["local", "slurm", "ray"] = "local"
     slurm_partition: str | None = None  # default: the cluster's default partition
     ray_address: str | None = None  # the Ray cluster's head, for executor="ray"
+    ray_trust_unauthenticated: bool = False  # govern a Ray cluster without token authentication
     history_interval_s: float = HISTORY_INTERVAL_S  # between the samples of GET /v1/history
     forecast_interval_s: float = FORECAST_INTERVAL_S  # between two forecasts of expected starts
 
@@ -192,7 +193,11 @@ def build_service(settings: Settings, say: Callable[[str], None] = print) -> Ser
     elif settings.executor == "ray":
         if not settings.ray_address:
             raise RayError("no cluster address given (--ray-address)")
-        cluster = RayExecutor(address=settings.ray_address, identities=identities)
+        cluster = RayExecutor(
+            address=settings.ray_address,
+            identities=identities,
+            trust_unauthenticated=settings.ray_trust_unauthenticated,
+        )
         executor, inventory = cluster, cluster.inventory
         nodes = cluster.inventory().nodes
         say(f"executor ray: cluster {settings.ray_address}, {len(nodes)} node(s)")
