@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,19 +24,27 @@ REQUIRE_ENV = "WARDEN_REQUIRE_SLURM"
 NEEDED = ("slurmctld", "slurmd", "sinfo", "sbatch", "srun", "squeue", "scancel")
 
 
+def cluster_dir() -> Path:
+    """A directory for a cluster that the munge account and job accounts can pass through
+    (pytest's own base is 0700), with a short path (Slurm's socket paths must fit)."""
+    root = Path(tempfile.mkdtemp(prefix="wslurm-"))
+    os.chmod(root, 0o755)
+    return root
+
+
 def slurm_available() -> bool:
     """Slurm is installed, or the script can install it (root with apt-get)."""
     return all(shutil.which(b) for b in NEEDED) or (os.geteuid() == 0 and shutil.which("apt-get") is not None)
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+def cluster() -> Iterator[dict[str, str]]:
     if not slurm_available():
         hint = "Slurm is not installed (apt-get install slurm-wlm) and cannot be installed here"
         if os.environ.get(REQUIRE_ENV) == "1":
             pytest.fail(f"{REQUIRE_ENV}=1 but {hint}", pytrace=False)
         pytest.skip(f"{hint} (set {REQUIRE_ENV}=1 to make its absence an error)")
-    root = tmp_path_factory.mktemp("slurm")
+    root = cluster_dir()
     up = run("up", "--nodes", "2", "--gpus-per-node", "4", "--dir", str(root), timeout=300)
     assert up.returncode == 0, up.stderr
     assert up.stdout.strip() == f"export SLURM_CONF={root / 'slurm.conf'}"
@@ -44,6 +53,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
         yield env
     finally:
         run("down", "--dir", str(root))
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -103,9 +113,9 @@ def test_a_job_pinned_to_a_node_gets_the_gpus_it_asked_for_in_every_step(
 
 
 def test_down_cancels_running_jobs_and_leaves_no_process_of_the_cluster(
-    cluster: dict[str, str], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+    cluster: dict[str, str], tmp_path: Path
 ) -> None:
-    root = tmp_path_factory.mktemp("down")  # a second cluster beside the module's
+    root = cluster_dir()  # a second cluster beside the module's
     assert run("up", "--nodes", "1", "--gpus-per-node", "1", "--dir", str(root), timeout=300).returncode == 0
     env = {**os.environ, "SLURM_CONF": str(root / "slurm.conf")}
     marker = tmp_path / "started"
@@ -124,6 +134,7 @@ def test_down_cancels_running_jobs_and_leaves_no_process_of_the_cluster(
     left = [p for p in daemons if running(p)] + [p for p in all_pids() if mentions(p, root)]
     assert left == [], f"processes of the cluster still running: {left}"
     assert not any("sleep 600" in cmdline(p) for p in all_pids() if running(p))
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def test_bad_arguments_name_the_option_and_the_value() -> None:
