@@ -146,3 +146,34 @@ def test_an_attempt_ended_outside_warden_is_evicted_and_requeued_not_failed(stor
         wait_for(lambda: state() is JobState.RUNNING and len(store.attempts(job)) == 2, what="the second attempt")
     finally:
         end_everything(svc)
+
+
+class ForgedEnd(LocalExecutor):
+    """The local executor, whose exits carry an end time a job could have written in a record:
+    long before the attempt began, or in the future."""
+
+    def __init__(self, ended_at: float) -> None:
+        super().__init__()
+        self.ended_at = ended_at
+
+    def exits(self) -> list[Exit]:
+        return [dataclasses.replace(ex, ended_at=self.ended_at) for ex in super().exits()]
+
+
+@pytest.mark.parametrize("ended_at", [1000.0, float("nan"), 4e9])
+def test_an_exit_time_outside_the_attempt_is_never_recorded(store: Store, tmp_path: Path, ended_at: float) -> None:
+    (tmp_path / "state").mkdir()
+    svc = Service(store, ForgedEnd(ended_at), (NODE,), parse_policy(POLICY), tmp_path / "state")
+    try:
+        job = submit(store, 2, ["true"])
+
+        def ended() -> bool:
+            svc.reconciler.reconcile()
+            got = store.get(job)
+            return got is not None and got.state.terminal
+
+        wait_for(ended, what="the job finished")
+        attempt = store.attempts(job)[0]
+        assert attempt.ended_at is not None and attempt.started_at <= attempt.ended_at <= time.time()
+    finally:
+        end_everything(svc)

@@ -327,3 +327,59 @@ def test_a_server_killed_mid_launch_adopts_the_held_job_and_cancels_strays(
     finally:
         server.stop()
         slurm_cluster.cancel_all()
+
+
+def test_gpus_a_job_outside_warden_holds_are_never_given_to_a_warden_job(
+    server: Server, slurm_cluster: Cluster, trainer: Path, tmp_path: Path
+) -> None:
+    """An admin's own Slurm job (submitted as root, not through warden) holds all 8 GPUs of
+    three nodes: warden places its 8-GPU job on the fourth, and a second one waits rather than
+    land on a node whose GPUs are taken."""
+    outside = [
+        slurm_cluster.run(
+            "sbatch", "--parsable", "-p", "main", "-w", node, "--gres=gpu:8", "-o", "/dev/null", "--wrap", "sleep 600"
+        ).strip()
+        for node in ("n0", "n1", "n2")
+    ]
+    with server.client() as c:
+        wait_for(
+            lambda: (
+                {n["name"]: n["gpus_foreign"] for n in c.get("/v1/nodes").json()}
+                == {"n0": 8, "n1": 8, "n2": 8, "n3": 0}
+            ),
+            30,
+            "the outside jobs' GPUs seen as foreign",
+        )
+        first = run_trainer(c, trainer, tmp_path / "first", queue="vision", tier=3, gpus=8)
+        until_state(c, first, "RUNNING", timeout=60)
+        assert [p["node"] for p in job(c, first)["attempts"][0]["placement"]] == ["n3"]
+        second = run_trainer(c, trainer, tmp_path / "second", queue="language", tier=3, gpus=8)
+        waiting = wait_for(lambda: (j := job(c, second))["reason"] is not None and j, 30, "the second job's reason")
+        assert waiting["state"] == "PENDING" and not waiting["attempts"], waiting
+        metrics = c.get("/metrics").text
+        assert 'warden_gpus_foreign{node="n0"} 8.0' in metrics
+        slurm_cluster.run("scancel", *outside)
+        until_state(c, second, "RUNNING", timeout=60)  # the GPUs came back to warden
+        assert job(c, second)["attempts"][0]["placement"][0]["node"] in ("n0", "n1", "n2")
+
+
+def test_a_warden_job_cancelled_outside_warden_is_requeued_with_what_happened(
+    server: Server, slurm_cluster: Cluster, trainer: Path, tmp_path: Path
+) -> None:
+    with server.client() as c:
+        victim = run_trainer(c, trainer, tmp_path / "victim", queue="vision", tier=3, gpus=1)
+        until_state(c, victim, "RUNNING")
+        running_pids(tmp_path / "victim", 1, 1)
+        ids = [i for i, (name, state, _) in slurm_cluster.jobs().items() if name == f"warden.{victim}.1"]
+        assert ids
+        slurm_cluster.run("scancel", *ids)  # an operator's scancel, not warden's
+        detail = wait_for(
+            lambda: (j := job(c, victim))["attempts"][0]["state"] == "exited" and len(j["attempts"]) and j,
+            60,
+            "the attempt ended",
+        )
+        assert detail["attempts"][0]["reason"] == "evicted", detail["attempts"][0]
+        requeued = [e for e in job(c, victim)["events"] if e["to"] == "REQUEUED"]
+        assert requeued and "cancelled by someone other than warden" in requeued[0]["reason"], requeued
+        assert job(c, victim)["state"] != "FAILED"
+        until_state(c, victim, "RUNNING", timeout=60)  # it runs again

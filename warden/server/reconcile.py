@@ -701,6 +701,10 @@ class Reconciler:
         job = self.store.get(int(ex.job_id))
         if job is None or attempt is None or attempt.ended_at is not None:
             return
+        # An end outside the attempt's life is no fact (a record a job could write): never
+        # before it started, never after now, so no charge or lost work comes out negative.
+        if not attempt.started_at <= ex.ended_at <= now:  # NaN included
+            ex = replace(ex, ended_at=attempt.started_at if ex.ended_at < attempt.started_at else now)
         # Work is lost from a SIGTERM, or from the moment something else ended the attempt.
         stopped_at = attempt.sigterm_at if attempt.sigterm_at is not None else ex.ended_at if ex.ended_by else None
         if stopped_at is not None:
