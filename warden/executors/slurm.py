@@ -899,7 +899,8 @@ def check_cluster(slurm: Slurm, partition: str, *, run_as_user: bool = False) ->
     warden's back: preemption, a time limit, forced or exclusive node sharing, nodes shared
     with another partition, a partition open to direct submission (no job_submit.lua with
     warden's rules for it, or jobs listed to every account), RootOnly with jobs run as their
-    users' accounts (Slurm would never start them), or jobs warden did not start."""
+    users' accounts (Slurm would never start them). Jobs an admin runs there are no reason to
+    refuse: their GPUs are reported as foreign (`Inventory.foreign`) and never offered."""
     lines = slurm.run("scontrol", "-o", "show", "partition", partition, check=False).strip().splitlines()
     if not lines or not lines[0].startswith("PartitionName="):
         raise SlurmError(f"partition {partition!r} does not exist in this Slurm cluster")
@@ -933,15 +934,6 @@ def check_cluster(slurm: Slurm, partition: str, *, run_as_user: bool = False) ->
                 f"its nodes {','.join(sorted(shared))} are also in partition {other['PartitionName']!r}: "
                 "jobs there would take GPUs warden counts as free"
             )
-    foreign = [
-        f"{slurm_id} ({name})"
-        for slurm_id, (name, state, _) in parse_squeue(
-            slurm.run("squeue", "-h", "-p", partition, "-o", "%A|%j|%T|%r")
-        ).items()
-        if state not in ENDED and not NAME_RE.fullmatch(name)
-    ]
-    if foreign:
-        problems.append(f"it runs jobs warden did not start: {', '.join(foreign[:10])}")
     if problems:
         raise SlurmError(f"Slurm partition {partition!r} is not warden's to govern: " + "; ".join(problems))
 
