@@ -10,6 +10,7 @@ from typing import Annotated, NoReturn
 import typer
 import yaml
 
+from warden.engine.safeyaml import load_yaml
 from warden.executors.identity import DEFAULT_JOB_UIDS, parse_uid_range, parse_user_map
 
 
@@ -61,7 +62,7 @@ def _load_config(ctx: typer.Context, _param: object, path: Path | None) -> Path 
     if path is None:
         return None
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except OSError as err:
         fail(f"--config: cannot read {str(path)!r}: {err.strerror or err}")
     except yaml.YAMLError as err:

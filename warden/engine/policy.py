@@ -38,6 +38,8 @@ from pydantic import (
     model_validator,
 )
 
+from warden.engine.safeyaml import AliasRefused, SafeLoader
+
 __all__ = [
     "Aging",
     "Duration",
@@ -790,8 +792,9 @@ class Policy(_Spec):
 # ------------------------------------------------------------------------------------- loading
 
 
-class _StrictLoader(yaml.SafeLoader):  # type: ignore[misc, unused-ignore]  # Any, without the hints
-    """PyYAML keeps the last of duplicate keys silently; a policy file must not lose settings."""
+class _StrictLoader(SafeLoader):  # type: ignore[misc, unused-ignore]  # Any, without the hints
+    """PyYAML keeps the last of duplicate keys silently; a policy file must not lose settings.
+    Aliases are refused (`warden.engine.safeyaml`)."""
 
 
 def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -820,9 +823,13 @@ def _load_yaml(text: str, source: str) -> Any:
         return yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(err, "problem", None) or str(err)
-        issue = PolicyIssue("<file>", MISSING, f"YAML syntax error at {where}{problem}")
+        if isinstance(err, AliasRefused):
+            message = f"{problem} ({where})" if where else problem
+        else:
+            message = f"YAML syntax error at {where}: {problem}" if where else f"YAML syntax error: {problem}"
+        issue = PolicyIssue("<file>", MISSING, message)
         raise PolicyError([issue], source) from None
 
 

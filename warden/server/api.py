@@ -24,6 +24,7 @@ from warden.engine.model import JobState
 from warden.engine.overcommit import overcommitted
 from warden.engine.policy import Duration
 from warden.server.auth import Principal, bearer
+from warden.server.busy import PerUserLimit
 from warden.server.errors import ApiError, ErrorBody, error_body, safe_value, shorten
 from warden.server.explanations import wall_times
 from warden.server.export import PARQUET_HINT, to_csv, to_parquet
@@ -162,6 +163,7 @@ _ANSWERS = {
     409: "the job is in the wrong state, or an Idempotency-Key was used for another request",
     413: "the request body is larger than the policy's limits.max_body_bytes",
     422: "a field, parameter or header is invalid or above a limit",
+    429: "the user already has as many of these requests in progress as one user may (`warden.server.busy`)",
 }
 
 
@@ -302,6 +304,7 @@ IdempotencyKey = Annotated[
 def build_router(service: "Service") -> APIRouter:
     """The /v1 routes over a `warden.server.service.Service` (the state behind the API)."""
     r = APIRouter(prefix=f"/{API_VERSION}")
+    diffs, exports = PerUserLimit("policy diffs"), PerUserLimit("history exports")
 
     def principal(authorization: Annotated[str | None, Header()] = None) -> Principal:
         return service.authenticate(authorization)
@@ -498,17 +501,19 @@ def build_router(service: "Service") -> APIRouter:
         """Where the policy in force promises more than the cluster has (`overcommitted`)."""
         return [w.to_dict() for w in overcommitted(service.policy, service.nodes)]
 
-    @r.post("/policy/diff", responses=errors(401))
+    @r.post("/policy/diff", responses=errors(401, 429))
     def diff_policy(req: PolicyRequest, who: Caller) -> dict[str, Any]:
         """What the policy `source` would change for the jobs in the system now, were it
-        applied: validated as `PUT /v1/policy` validates it; nothing is changed."""
-        return service.diff_policy(req.source)
+        applied: validated as `PUT /v1/policy` validates it; nothing is changed. One in
+        progress per user at a time (429)."""
+        with diffs.hold(who.user):
+            return service.diff_policy(req.source)
 
     @r.get(
         "/history/export",
         responses={
             200: {"content": {"text/csv": {}, "application/vnd.apache.parquet": {}}, "description": "the trace"},
-            **errors(401),
+            **errors(401, 429),
         },
     )
     def export_history(
@@ -525,12 +530,16 @@ def build_router(service: "Service") -> APIRouter:
         format: Annotated[Literal["native", "parquet"], Query(description="native CSV, or Parquet")] = "native",
     ) -> Response:
         """The jobs submitted at `since` or later that have run, as a native trace
-        (docs/traces.md) that `warden sim run --trace` loads as it is."""
+        (docs/traces.md) that `warden sim run --trace` loads as it is. One in progress per
+        user at a time (429)."""
         now = service.now()
         start = _finite("since", since) if since is not None else now - EXPORT_DEFAULT_S
         if now - start > EXPORT_MAX_S:
             raise ApiError(422, "since", since, f"is more than {EXPORT_MAX_S / DAY_S:.0f} days ago")
-        rows = service.export_history(start)
+        with exports.hold(who.user):
+            return _export(service.export_history(start), format)
+
+    def _export(rows: list[Any], format: str) -> Response:
         headers = {"X-Total-Count": str(len(rows))}
         if format == "native":
             headers["Content-Disposition"] = 'attachment; filename="warden-trace.csv"'

@@ -23,6 +23,7 @@ from prometheus_client import Counter
 
 from warden.engine.model import Job, JobState, Node
 from warden.engine.policy import Limits, Policy, PolicyError, format_duration, parse_policy
+from warden.engine.safeyaml import AliasRefused, load_yaml
 from warden.engine.whatif import Verdict, what_if
 from warden.executors.base import Executor, Inventory
 from warden.server.auth import CHALLENGE, Principal, bearer, forbidden
@@ -564,10 +565,13 @@ def _parse_source(source: str) -> Policy:
             422, "source", source, "is empty; send the whole policy (`warden policy show` prints the defaults)"
         )
     try:
-        data = yaml.safe_load(source)
+        data = load_yaml(source)  # aliases refused: a few bytes of them expand without bound
         if data is None:
             raise ApiError(422, "source", source, "holds no settings, only comments or an empty document")
         return parse_policy(source, "policy")  # the policy's own loader: duplicate keys are refused
+    except AliasRefused as err:
+        mark = err.problem_mark
+        raise ApiError(422, "source", None, f"{err.problem} (line {mark.line + 1}, column {mark.column + 1})") from None
     except yaml.YAMLError as err:
         raise ApiError(422, "source", None, f"not valid YAML: {shorten(str(err), 500)}") from None
     except PolicyError as err:

@@ -23,6 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from warden.engine.model import DEFAULT_FLAVOR, Node
+from warden.engine.safeyaml import load_yaml
 
 
 class ClusterError(ValueError):
@@ -84,7 +85,7 @@ def load_cluster(path: str | Path) -> tuple[Node, ...]:
     except OSError as err:
         raise ClusterError(f"--cluster: cannot read {str(p)!r}: {err.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as err:
         raise ClusterError(f"{p}: not valid YAML: {err}") from None
     return parse_cluster(data, str(p))
