@@ -97,6 +97,20 @@ def test_yaml_syntax_error_exits_2_with_the_line(tmp_path: Path) -> None:
     assert result.stderr.startswith(f"{path}: <file>: YAML syntax error at line 3")
 
 
+def test_an_alias_bomb_exits_2_naming_the_alias_at_once(tmp_path: Path) -> None:
+    """Twelve levels of aliases, each repeating the one below four times: refused at the
+    first alias, before anything is expanded."""
+    lines = ['l0: &l0 ["lol", "lol", "lol", "lol"]']
+    lines += [f"l{i}: &l{i} [*l{i - 1}, *l{i - 1}, *l{i - 1}, *l{i - 1}]" for i in range(1, 12)]
+    lines.append("queues: {name: cluster, children: [{name: team, quota: *l11}]}")
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    result = runner.invoke(app, ["policy", "check", str(path)])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"{path}: <file>: YAML aliases (*l0) are not accepted (line 2, column 10)")
+    assert "Traceback" not in result.output
+
+
 def test_show_json_is_one_object_with_defaults_filled(tmp_path: Path) -> None:
     path = tmp_path / "minimal.yaml"
     path.write_text("tiers: {3: {lease: 30m}}\n")
@@ -210,3 +224,13 @@ def test_check_refuses_a_bad_cluster_by_name(tmp_path: Path, args: list[str], wo
     assert result.exit_code == 2
     for w in words:
         assert w in result.stderr
+
+
+def test_check_refuses_a_cluster_file_with_aliases(tmp_path: Path) -> None:
+    path = tmp_path / "over.yaml"
+    path.write_text(OVER)
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("node: &n {name: n0, gpus: 8}\nnodes: [*n]\n")
+    result = runner.invoke(app, ["policy", "check", str(path), "--cluster", str(cluster)])
+    assert result.exit_code == 2
+    assert "YAML aliases (*n) are not accepted" in result.stderr

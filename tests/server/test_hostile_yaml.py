@@ -1,0 +1,170 @@
+"""Hostile policy YAML and expensive requests: an alias bomb is refused before it expands,
+quickly and without the server's memory growing; `POST /v1/policy/diff` and
+`GET /v1/history/export` are limited to one in progress per user. In process, on the real app
+and store; the reconcile loop is not started."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from warden.server.app import Settings, build_service, create_app
+from warden.server.service import Service
+
+TOKEN = "hostile-admin-token"
+POLICY = "queues:\n  name: cluster\n  children:\n    - {name: team}\n"
+
+
+def alias_bomb(levels: int) -> str:
+    """A few hundred bytes that stand for 4**levels strings: each level repeats the one below
+    four times by alias. Twelve levels: some 16 million strings once expanded."""
+    lines = ['l0: &l0 ["lol", "lol", "lol", "lol"]']
+    lines += [f"l{i}: &l{i} [*l{i - 1}, *l{i - 1}, *l{i - 1}, *l{i - 1}]" for i in range(1, levels)]
+    lines.append(f"queues: {{name: cluster, children: [{{name: team, quota: *l{levels - 1}}}]}}")
+    return "\n".join(lines) + "\n"
+
+
+BOMB = alias_bomb(12)
+
+
+def rss_bytes() -> int:
+    """This process's resident memory, as the kernel counts it now."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+@asynccontextmanager
+async def no_lifespan(_: Any) -> AsyncIterator[None]:
+    yield
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[Service]:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    svc = build_service(
+        Settings(policy=policy, fake_gpus=2, state_dir=tmp_path / "state", bootstrap_token=TOKEN), say=lambda _: None
+    )
+    try:
+        yield svc
+    finally:
+        svc.executor.close()
+        svc.store.close()
+
+
+def client_for(svc: Service, token: str) -> TestClient:
+    app = create_app(svc)
+    app.router.lifespan_context = no_lifespan  # no reconcile loop
+    return TestClient(app, headers={"Authorization": f"Bearer {token}"}, raise_server_exceptions=False)
+
+
+def test_the_bomb_is_small_and_really_expands() -> None:
+    """The input the tests below send: under a kilobyte, and a bomb (each level's aliases are
+    four times the level below), so that refusing it is what keeps it cheap."""
+    import yaml
+
+    assert len(BOMB.encode()) < 1024
+    small = yaml.safe_load(alias_bomb(3))
+    assert len(str(small["queues"]["children"][0]["quota"]).split("lol")) - 1 == 4**3
+
+
+@pytest.mark.parametrize("role", ["user", "admin"])
+def test_an_alias_bomb_is_refused_fast_and_without_memory(service: Service, role: str) -> None:
+    token = service.store.create_token(f"ana-{role}", role, ["*"], "test", time.time())
+    client = client_for(service, token)
+    version = service.store.current_policy()
+    before = rss_bytes()
+    started = time.monotonic()
+    answers = [
+        client.post("/v1/policy/diff", json={"source": BOMB}),
+        client.put("/v1/policy", json={"source": BOMB}),
+    ]
+    elapsed = time.monotonic() - started
+    grown = rss_bytes() - before
+    client.close()
+    diff, apply = answers
+    assert diff.status_code == 422, diff.text
+    assert diff.json()["error"]["field"] == "source"
+    assert "YAML aliases (*l0) are not accepted" in diff.json()["error"]["message"]
+    if role == "admin":
+        assert apply.status_code == 422, apply.text
+        assert "YAML aliases (*l0) are not accepted" in apply.json()["error"]["message"]
+    else:
+        assert apply.status_code == 403, apply.text
+    assert service.store.current_policy() == version
+    assert elapsed < 2.0, f"{elapsed:.1f}s to refuse {len(BOMB)} bytes"
+    assert grown < 50 << 20, f"the server grew by {grown >> 20} MiB"
+
+
+def test_anchors_without_aliases_are_still_accepted(service: Service) -> None:
+    client = client_for(service, TOKEN)
+    source = "queues: &root\n  name: cluster\n  children:\n    - {name: team, weight: 2}\n"
+    answer = client.post("/v1/policy/diff", json={"source": source})
+    client.close()
+    assert answer.status_code == 200, answer.text
+
+
+class Gate:
+    """Holds every call made through it until released; says when the first has entered."""
+
+    def __init__(self, result: Any) -> None:
+        self.result = result
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, *_: Any) -> Any:
+        self.entered.set()
+        assert self.release.wait(20), "the test never released the gate"
+        return self.result
+
+
+@pytest.mark.parametrize(
+    ("method", "attribute", "result", "request_args"),
+    [
+        ("diff_policy", "diff_policy", {"changes": []}, ("POST", "/v1/policy/diff", {"source": POLICY})),
+        ("export_history", "export_history", [], ("GET", "/v1/history/export", None)),
+    ],
+    ids=["policy-diff", "history-export"],
+)
+def test_one_expensive_request_per_user_at_a_time(
+    service: Service,
+    monkeypatch: pytest.MonkeyPatch,
+    method: str,
+    attribute: str,
+    result: Any,
+    request_args: tuple[str, str, dict[str, Any] | None],
+) -> None:
+    verb, path, body = request_args
+    gate = Gate(result)
+    monkeypatch.setattr(service, attribute, gate)
+    ana = client_for(service, service.store.create_token("ana", "user", ["*"], "test", time.time()))
+    bob = client_for(service, service.store.create_token("bob", "user", ["*"], "test", time.time()))
+    answers: list[httpx.Response] = []
+    first = threading.Thread(target=lambda: answers.append(ana.request(verb, path, json=body)))
+    first.start()
+    try:
+        assert gate.entered.wait(20), f"the first {method} never started"
+        second = ana.request(verb, path, json=body)
+        assert second.status_code == 429, second.text
+        assert second.json()["error"]["field"] == "user"
+        assert "at most 1 at once per user" in second.json()["error"]["message"]
+        assert second.headers["retry-after"] == "1"
+        gate.release.set()  # bob is another user: his goes through the gate freely
+        assert bob.request(verb, path, json=body).status_code == 200
+    finally:
+        gate.release.set()
+        first.join(20)
+    assert [a.status_code for a in answers] == [200]
+    assert ana.request(verb, path, json=body).status_code == 200  # the slot is free again
+    ana.close()
+    bob.close()
