@@ -243,6 +243,10 @@ def create_app(service: Service) -> FastAPI:
         version="0.1.0",
         lifespan=lifespan,
         description="A scheduler for shared GPU clusters that governs preemption.",
+        # FastAPI's /docs and /redoc pages load their scripts from a CDN; nothing on this origin
+        # does. `/openapi.json` describes the API.
+        docs_url=None,
+        redoc_url=None,
     )
     install_error_handlers(app)
     install_request_limits(app, service)
