@@ -4,6 +4,8 @@ HTTP API and the local executor — until interrupted."""
 from __future__ import annotations
 
 import os
+import stat
+import sys
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -21,11 +23,11 @@ def fail(message: str) -> NoReturn:
 
 def _bootstrap_token(path: Path | None) -> str | None:
     """The bootstrap token, from the file or else $WARDEN_BOOTSTRAP_TOKEN; never from the
-    command line. The variable is removed from this process's environment, so that nothing
-    it starts inherits it."""
-    from_env = os.environ.pop("WARDEN_BOOTSTRAP_TOKEN", None)
+    command line. The variable never stays in this process's environment, not even in the
+    block the kernel shows in /proc/PID/environ (`_token_from_environment`)."""
+    from_env = _token_from_environment()
     if path is None:
-        return from_env or None
+        return from_env
     try:
         token = path.read_text().strip()
     except OSError as err:
@@ -33,6 +35,63 @@ def _bootstrap_token(path: Path | None) -> str | None:
     if not token:
         fail(f"--bootstrap-token-file: {str(path)!r} is empty")
     return token
+
+
+HANDED_FD = "WARDEN_BOOTSTRAP_FD"
+"""The variable naming the pipe through which this command handed the bootstrap token to
+itself across `exec` (`_token_from_environment`)."""
+
+_MOST_TOKEN_BYTES = 4096  # what one write to an empty pipe takes whole (PIPE_BUF)
+
+
+def _token_from_environment() -> str | None:
+    """$WARDEN_BOOTSTRAP_TOKEN, gone from the process. Removing it from `os.environ` leaves it
+    in the environment block the process started with, which /proc/PID/environ shows for as
+    long as the process lives. So when the variable is set, the command writes the token into
+    a pipe and execs itself again (same pid, same arguments, before any thread or server
+    starts) with the variable removed and the pipe's read end named by $WARDEN_BOOTSTRAP_FD;
+    that start reads the token from the pipe and closes it. Nothing is written to disk."""
+    handed = os.environ.pop(HANDED_FD, None)
+    token = os.environ.pop("WARDEN_BOOTSTRAP_TOKEN", None)
+    if token:
+        _exec_without(token)
+    if handed is None:
+        return token or None
+    return _read_handed(handed) or None
+
+
+def _exec_without(token: str) -> NoReturn:
+    data = token.encode()
+    if len(data) > _MOST_TOKEN_BYTES:
+        fail(f"$WARDEN_BOOTSTRAP_TOKEN: longer than {_MOST_TOKEN_BYTES} bytes")
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, data)
+    finally:
+        os.close(write_end)
+    os.set_inheritable(read_end, True)
+    env = {**os.environ, HANDED_FD: str(read_end)}  # `os.environ` no longer holds the token
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
+def _read_handed(value: str) -> str:
+    try:
+        fd = int(value)
+    except ValueError:
+        fail(f"${HANDED_FD}: {value!r} is no file descriptor")
+    chunks: list[bytes] = []
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            os.close(fd)
+            fail(f"${HANDED_FD}: file descriptor {fd} is no pipe")
+        with os.fdopen(fd, "rb") as pipe:
+            while chunk := pipe.read(_MOST_TOKEN_BYTES):
+                chunks.append(chunk)
+    except OSError as err:
+        fail(f"${HANDED_FD}: cannot read file descriptor {fd}: {err.strerror or err}")
+    return b"".join(chunks).decode()
 
 
 CONFIG_KEYS = (
