@@ -32,7 +32,7 @@ class SafeLoader(yaml.SafeLoader):  # type: ignore[misc, unused-ignore]  # Any, 
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
+            event = self.peek_event()  # type: ignore[no-untyped-call, unused-ignore]
             raise AliasRefused(event.anchor, event.start_mark)
         return super().compose_node(parent, index)
 

@@ -571,7 +571,8 @@ def _parse_source(source: str) -> Policy:
         return parse_policy(source, "policy")  # the policy's own loader: duplicate keys are refused
     except AliasRefused as err:
         mark = err.problem_mark
-        raise ApiError(422, "source", None, f"{err.problem} (line {mark.line + 1}, column {mark.column + 1})") from None
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ApiError(422, "source", None, f"{err.problem}{where}") from None
     except yaml.YAMLError as err:
         raise ApiError(422, "source", None, f"not valid YAML: {shorten(str(err), 500)}") from None
     except PolicyError as err:
