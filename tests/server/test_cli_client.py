@@ -278,3 +278,26 @@ def test_a_bad_token_lifetime_stops_the_server(tmp_path: Path, lifetime: str) ->
         timeout=60,
     )
     assert done.returncode == 2 and "--token-lifetime" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("private_data", ["jobs", "none"])
+def test_describe_and_logs_of_another_users_job(tmp_path: Path, private_data: str) -> None:
+    s = started(tmp_path, POLICY, args=("--private-data", private_data))
+    try:
+        ana = warden(s, "token", "create", "--user", "ana", "--queues", "vision", check=True).stdout.strip()
+        bo = warden(s, "token", "create", "--user", "bo", "--queues", "language", check=True).stdout.strip()
+        out = warden(s, "submit", "-q", "language", "-t", "3", "--", "echo", "bo-secret-arg", token=bo, check=True)
+        job = out.stdout.split()[-1]
+        wait_for(lambda: json.loads(warden(s, "describe", job, "--json", token=bo).stdout)["state"] == "SUCCEEDED")
+        assert warden(s, "logs", job, token=bo, check=True).stdout == "bo-secret-arg\n"
+        seen = warden(s, "describe", job, token=ana, check=True).stdout
+        logs = warden(s, "logs", job, token=ana)
+        if private_data == "jobs":
+            assert "hidden" in seen and "bo-secret-arg" not in seen and "SUCCEEDED" in seen and "language" in seen
+            assert logs.returncode == 2 and "--private-data" in logs.stderr and "bo-secret-arg" not in logs.stdout
+        else:
+            assert "bo-secret-arg" in seen and logs.stdout == "bo-secret-arg\n"
+        assert "bo-secret-arg" in warden(s, "describe", job, check=True).stdout  # the admin reads it
+    finally:
+        s.stop()
+        kill_leftovers(tmp_path)

@@ -550,13 +550,14 @@ def _print_job(j: dict[str, Any]) -> None:
     """`warden describe`: the job in sentences, then its attempts, preemptions and events."""
     con = tables.console()
     now = time.time()
+    command = " ".join(j["command"]) if "command" in j else "hidden (another user's job)"
     con.print(
         f"[bold]job {j['id']}[/bold] {j['name']}  user {j['user']}  queue {j['queue']}  tier {j['tier']}  "
         f"[bold]{j['state']}[/bold]"
     )
     con.print(
         f"  {j['gpus']} GPU(s) as {j['replicas']} × {j['gpus_per_replica']}, placement {j['placement']}; "
-        f"lease {_age(j['lease_s'])}, grace {_age(j['grace_s'])}; command: {' '.join(j['command'])}"
+        f"lease {_age(j['lease_s'])}, grace {_age(j['grace_s'])}; command: {command}"
     )
     reason = j.get("reason")
     if reason:

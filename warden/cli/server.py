@@ -70,6 +70,7 @@ CONFIG_KEYS = (
     "history_interval",
     "forecast_interval",
     "token_lifetime",
+    "private_data",
 )
 """What a server config file may set: the options of `warden server`, by their names with '_'."""
 
@@ -227,6 +228,14 @@ def register(app: typer.Typer) -> None:
                 "up to 3650d, or 'never' (or 0). The bootstrap and first admin tokens never expire.",
             ),
         ] = "90d",
+        private_data: Annotated[
+            str,
+            typer.Option(
+                "--private-data",
+                help="What users may not read of other users' jobs: 'jobs', their command, workdir and logs "
+                "(only the owner and admins may); 'none', everything.",
+            ),
+        ] = "jobs",
         config: Annotated[
             Path | None,
             typer.Option(
@@ -275,6 +284,8 @@ def register(app: typer.Typer) -> None:
         except ValueError as err:
             fail(str(err))
         lifetime = _token_lifetime(str(token_lifetime))
+        if private_data not in ("jobs", "none"):
+            fail(f"--private-data: expected 'jobs' or 'none', got {private_data!r}")
         token = _bootstrap_token(bootstrap_token_file)
         if state_dir is not None:
             os.environ["WARDEN_STATE_DIR"] = str(state_dir)
@@ -298,6 +309,7 @@ def register(app: typer.Typer) -> None:
                     history_interval_s=history_interval,
                     forecast_interval_s=forecast_interval,
                     token_lifetime_s=lifetime,
+                    private_data="none" if private_data == "none" else "jobs",
                 ),
                 say=lambda line: typer.echo(line, err=True),
             )

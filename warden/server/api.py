@@ -43,6 +43,9 @@ from warden.store.repo import TokenInfo
 if TYPE_CHECKING:
     from warden.server.service import Service
 
+PRIVATE_FIELDS = ("command", "workdir")
+"""What `GET /v1/jobs/{id}` leaves out of another user's job under `--private-data jobs`."""
+
 API_VERSION = "v1"
 INT32_MAX = 2**31 - 1
 """The largest count the database holds in an Integer column on every backend."""
@@ -405,9 +408,11 @@ def build_router(service: "Service") -> APIRouter:
 
     @r.get("/jobs/{job_id}", responses=errors(401, 404))
     def get_job(job_id: JobId, who: Caller) -> dict[str, Any]:
+        """One job; another user's without its command and workdir under `--private-data
+        jobs` (`private` true then)."""
         job = service.job(job_id)
         attempts = service.store.attempts(job.id)
-        return job_detail(
+        out = job_detail(
             job,
             service.store.events(job.id),
             attempts,
@@ -418,6 +423,12 @@ def build_router(service: "Service") -> APIRouter:
             links=service.store.preemption_links([job.id]),
             preemptors=service.store.queues_and_tiers(a.preempted_for for a in attempts),
         )
+        readable = service.may_read(who, job)
+        if not readable:
+            for name in PRIVATE_FIELDS:
+                out.pop(name, None)
+        out["private"] = not readable
+        return out
 
     @r.post("/jobs/{job_id}/cancel", status_code=202, responses=errors(401, 403, 404, 409))
     def cancel(job_id: JobId, who: Caller) -> dict[str, Any]:
@@ -440,7 +451,7 @@ def build_router(service: "Service") -> APIRouter:
     ) -> dict[str, Any]:
         return service.report(job_id, authorization, req)
 
-    @r.get("/jobs/{job_id}/logs", responses=errors(401, 404))
+    @r.get("/jobs/{job_id}/logs", responses=errors(401, 403, 404))
     def logs(
         job_id: JobId,
         who: Caller,
@@ -448,7 +459,7 @@ def build_router(service: "Service") -> APIRouter:
         rank: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
         offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
     ) -> dict[str, Any]:
-        return service.logs(job_id, attempt, rank, offset)
+        return service.logs(job_id, attempt, rank, offset, who)
 
     @r.get("/nodes", responses=errors(401))
     def nodes(who: Caller) -> list[dict[str, Any]]:

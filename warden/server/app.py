@@ -58,6 +58,7 @@ class Settings:
     history_interval_s: float = HISTORY_INTERVAL_S  # between the samples of GET /v1/history
     forecast_interval_s: float = FORECAST_INTERVAL_S  # between two forecasts of expected starts
     token_lifetime_s: float | None = DEFAULT_TOKEN_LIFETIME_S  # of a token created without one; None: never
+    private_data: Literal["jobs", "none"] = "jobs"  # "jobs": other users' commands, workdirs and logs hidden
 
 
 DEFAULT_FAKE_GPUS = 4
@@ -225,6 +226,7 @@ def build_service(settings: Settings, say: Callable[[str], None] = print) -> Ser
         history_interval_s=settings.history_interval_s,
         forecast_interval_s=settings.forecast_interval_s,
         token_lifetime_s=settings.token_lifetime_s,
+        private_data=settings.private_data,
     )
     _chmod(state / "report-secret", 0o600)
     return service

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
 import yaml
 from prometheus_client import Counter
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from warden.server.api import ReportRequest, SubmitRequest, TokenRequest
 
 TOKEN_CACHE_S = 1.0
+PrivateData = Literal["jobs", "none"]
 THREAD_PREFIX = "warden-"
 """The name prefix of the server's helper threads, watched by `Service._watch_threads`."""
 log = logging.getLogger("warden.server")
@@ -83,8 +84,12 @@ class Service:
         history_interval_s: float = HISTORY_INTERVAL_S,
         forecast_interval_s: float = FORECAST_INTERVAL_S,
         token_lifetime_s: float | None = DEFAULT_TOKEN_LIFETIME_S,
+        private_data: PrivateData = "jobs",
     ) -> None:
         self.store = store
+        self.private_data: PrivateData = private_data
+        """What a user may not read of other users' jobs: "jobs", their command, workdir and
+        logs (only the owner and admins read them); "none", everything is readable."""
         self.token_lifetime_s = token_lifetime_s
         """The lifetime of a token created without one; None: such a token never expires."""
         self.executor = executor
@@ -266,9 +271,10 @@ class Service:
         self.reconciler.poke()
         return Submitted(job_id, state)
 
-    def _check_submission(self, req: SubmitRequest, who: Principal) -> Checked:
+    def _check_submission(self, req: SubmitRequest, who: Principal, dry_run: bool = False) -> Checked:
         """Refuse a submission the policy, the caller's grants or the cluster do not allow;
-        else what storing it would record."""
+        else what storing it would record. A user's dry run does not check that the workdir
+        exists; an admin's does."""
         policy = self.policy
         leaves = [q.name for q in policy.leaves()]
         if req.queue not in leaves:
@@ -280,7 +286,9 @@ class Service:
         tier = policy.tier(req.tier)
         _check_durations(req, policy)
         workdir = req.workdir or os.getcwd()
-        if not _is_dir(workdir):
+        if (who.is_admin or not dry_run) and not _is_dir(workdir):
+            # A user's dry run does not look: as the server (root) it would tell them whether
+            # any path on the machine exists, without leaving a trace.
             raise ApiError(422, "workdir", workdir, "is not a directory on the server's machine")
         state = JobState.AWAITING_APPROVAL if policy.needs_approval(req.tier, who.is_admin) else JobState.PENDING
         # The lease is fixed at submission: a later policy keeps this job's lease (and its tier).
@@ -290,7 +298,7 @@ class Service:
         """What the engine would decide for this submission now, on the live snapshot: it is
         checked as `submit` checks it, planned as the next pass would plan it, and nothing is
         stored, signalled or started. The job gets the id the store would give it next."""
-        checked = self._check_submission(req, who)
+        checked = self._check_submission(req, who, dry_run=True)
         # One dry run at a time, planned outside the loop's lock: a storm of them costs the
         # API's callers, not the reconcile loop.
         with self._dry_runs:
@@ -436,10 +444,26 @@ class Service:
         return self.store.get(job.id) or job
 
     # -- logs -------------------------------------------------------------------------------
-    def logs(self, job_id: str, attempt: int | None, rank: int, offset: int) -> dict[str, Any]:
+    def may_read(self, who: Principal, job: StoredJob) -> bool:
+        """Whether `who` may read the job's command, workdir and logs: its owner and admins
+        always, anyone under `--private-data none`."""
+        return who.is_admin or who.user == job.user or self.private_data == "none"
+
+    def private(self, who: Principal, job: StoredJob, what: str) -> ApiError:
+        return ApiError(
+            403,
+            "id",
+            str(job.id),
+            f"user {who.user!r} may not read {what} of job {job.id}, which is {job.user!r}'s "
+            "(the server's --private-data jobs: only a job's owner and admins do)",
+        )
+
+    def logs(self, job_id: str, attempt: int | None, rank: int, offset: int, who: Principal) -> dict[str, Any]:
         """Up to 1 MiB of one replica's output from `offset` (the API bounds `attempt` >= 1,
-        `rank` >= 0 and `offset` to int64)."""
+        `rank` >= 0 and `offset` to int64); 403 for another user's job under `--private-data jobs`."""
         job = self.job(job_id)
+        if not self.may_read(who, job):
+            raise self.private(who, job, "the logs")
         if rank >= job.replicas:
             raise ApiError(422, "rank", rank, f"the job has ranks 0..{job.replicas - 1}")
         number = attempt if attempt is not None else job.attempt
