@@ -83,7 +83,7 @@ def test_the_server_default_lifetime_applies_and_none_means_never(setup: tuple[S
     assert c.post("/v1/tokens", json={"user": "ana"}).json()["expires_at"] == T0 + 90 * 86400
     svc.token_lifetime_s = None
     assert c.post("/v1/tokens", json={"user": "bo"}).json()["expires_at"] is None
-    for bad in (0, -1, 3650 * 86400 + 1):
+    for bad in (0, 5e-324, 0.5, -1, 3650 * 86400 + 1):
         r = c.post("/v1/tokens", json={"user": "cy", "expires_in_s": bad})
         assert r.status_code == 422 and "expires_in_s" in r.text, r.text
 

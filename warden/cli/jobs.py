@@ -70,7 +70,7 @@ def _duration(value: str | None) -> str | None:
 
 
 def _lifetime(value: str | None) -> str | None:
-    """--expires: a duration (30d, 12h), more than 0 and at most 10 years; refused (exit 2)
+    """--expires: a duration (30d, 12h), from 1 second to 10 years; refused (exit 2)
     before anything is sent."""
     if value is None:
         return None
@@ -81,8 +81,8 @@ def _lifetime(value: str | None) -> str | None:
         seconds = parse_duration(value)
     except PolicyError as err:
         raise typer.BadParameter(f"{value!r}: {err.issues[0].message}") from None
-    if not 0 < seconds <= TOKEN_LIFETIME_MAX_S:
-        raise typer.BadParameter(f"{value!r} is not more than 0s and at most 3650d (10 years)")
+    if not 1 <= seconds <= TOKEN_LIFETIME_MAX_S:
+        raise typer.BadParameter(f"{value!r} is not between 1s and 3650d (10 years)")
     return value
 
 

@@ -47,7 +47,7 @@ def _token_lifetime(text: str) -> float | None:
         fail(f"--token-lifetime: {text!r} is not a duration ({err.issues[0].message}); e.g. 90d, or 'never'")
     if seconds == 0:
         return None
-    if not 0 < seconds <= TOKEN_LIFETIME_MAX_S:
+    if not 1 <= seconds <= TOKEN_LIFETIME_MAX_S:
         fail(f"--token-lifetime: {text!r} is not between 1s and 3650d (10 years); 'never' for no expiry")
     return seconds
 

@@ -152,9 +152,10 @@ class TokenRequest(_Request):
     queues: list[Name] = Field(default_factory=lambda: ["*"], max_length=10_000)
     expires_in_s: float | None = Field(
         default=None,
-        gt=0,
+        ge=1,
         le=TOKEN_LIFETIME_MAX_S,
-        description="seconds until the token expires, at most 10 years; default: the server's --token-lifetime",
+        allow_inf_nan=False,
+        description="seconds until the token expires, 1 to 10 years; default: the server's --token-lifetime",
     )
 
 
