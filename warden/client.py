@@ -148,8 +148,19 @@ class Client:
             params["since"] = since
         return self._send("GET", "/v1/history/export", params=params).content
 
-    def create_token(self, user: str, role: str, queues: list[str]) -> dict[str, Any]:
-        return self._call("POST", "/v1/tokens", json={"user": user, "role": role, "queues": queues})
+    def create_token(
+        self, user: str, role: str, queues: list[str], expires_in_s: float | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"user": user, "role": role, "queues": queues}
+        if expires_in_s is not None:
+            body["expires_in_s"] = expires_in_s
+        return self._call("POST", "/v1/tokens", json=body)
+
+    def tokens(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/tokens")
+
+    def revoke_token(self, token_id: int) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/tokens/{token_id}")
 
     def audit(self, limit: int = 100) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/audit", params={"limit": limit})

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -208,4 +209,95 @@ def test_dry_run_and_expected_starts_at_80_columns(tmp_path: Path) -> None:
         assert all(len(line) <= 80 for line in queue.splitlines() + described.splitlines())
     finally:
         server.stop()
+        kill_leftovers(tmp_path)
+
+
+def test_tokens_expire_are_listed_and_revoked(server: Server) -> None:
+    made = json.loads(
+        warden(server, "token", "create", "--user", "dora", "--expires", "30d", "--json", check=True).stdout
+    )
+    dora = made["token"]
+    assert made["expires_at"] == pytest.approx(time.time() + 30 * 86400, abs=60)
+    assert warden(server, "queue", token=dora, check=True).returncode == 0
+    default = json.loads(warden(server, "token", "create", "--user", "eve", "--json", check=True).stdout)
+    assert default["expires_at"] == pytest.approx(time.time() + 90 * 86400, abs=60)  # the server's default
+
+    listed = json.loads(warden(server, "token", "list", "--json", check=True).stdout)
+    by_user = {t["user"]: t for t in listed}
+    assert by_user["admin"]["expires_at"] is None  # the bootstrap token never expires
+    assert by_user["dora"]["expires_at"] == made["expires_at"] and by_user["dora"]["revoked_at"] is None
+    assert not any(dora in json.dumps(t) for t in listed) and "token_hash" not in json.dumps(listed)
+    table = warden(server, "token", "list", check=True).stdout
+    assert "dora" in table and "never" in table and dora not in table
+    assert warden(server, "token", "list", token=dora).returncode == 2  # admins only
+    assert warden(server, "token", "revoke", str(by_user["admin"]["id"]), token=dora).returncode == 2
+
+    # Revoked: refused on the very next request, though the grant was cached a moment ago.
+    revoked = warden(server, "token", "revoke", str(by_user["dora"]["id"]), check=True)
+    assert "revoked" in revoked.stdout
+    refused = warden(server, "queue", token=dora)
+    assert refused.returncode == 2 and "token revoked" in refused.stderr
+    again = warden(server, "token", "revoke", str(by_user["dora"]["id"]))
+    assert again.returncode == 2 and "revoked already" in again.stderr
+    assert warden(server, "token", "revoke", "999999").returncode == 2
+    after = {t["user"]: t for t in json.loads(warden(server, "token", "list", "--json", check=True).stdout)}
+    assert after["dora"]["revoked_at"] is not None and after["eve"]["revoked_at"] is None
+
+    # Expired: a token of one second works, then is refused saying when it expired.
+    with server.client() as admin:
+        short = admin.post("/v1/tokens", json={"user": "fay", "expires_in_s": 1}).json()
+    with server.client(short["token"]) as fay:
+        first = fay.get("/v1/jobs")
+        if time.time() < short["expires_at"]:
+            assert first.status_code == 200, first.text
+        gone = wait_for(lambda: (r := fay.get("/v1/jobs")).status_code == 401 and r, what="the token to expire")
+    assert time.time() >= short["expires_at"]
+    assert "token expired at" in gone.text and " ago)" in gone.text, gone.text
+    assert gone.headers["WWW-Authenticate"] == "Bearer"
+
+    audit = json.loads(warden(server, "audit", "--json", check=True).stdout)
+    creates = [a for a in audit if a["action"] == "token.create" and a["target"] == "user/dora"]
+    assert [a["details"]["expires_at"] for a in creates] == [made["expires_at"]]
+    revokes = [a for a in audit if a["action"] == "token.revoke"]
+    assert [(a["target"], a["details"]["user"]) for a in revokes] == [(f"token/{by_user['dora']['id']}", "dora")]
+
+
+@pytest.mark.parametrize("expires", ["0s", "0.5s", "3651d", "-1d", "soon"])
+def test_a_bad_expires_is_refused_before_sending(tmp_path: Path, expires: str) -> None:
+    nowhere = Server(tmp_path / "none")  # never started: a refusal must not need the server
+    done = warden(nowhere, "token", "create", "--user", "x", "--expires", expires)
+    assert done.returncode == 2 and "--expires" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("lifetime", ["-1d", "3651d", "soon"])
+def test_a_bad_token_lifetime_stops_the_server(tmp_path: Path, lifetime: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "warden.cli.main", "server", "--state-dir", str(tmp_path), "--token-lifetime", lifetime],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "--token-lifetime" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("private_data", ["jobs", "none"])
+def test_describe_and_logs_of_another_users_job(tmp_path: Path, private_data: str) -> None:
+    s = started(tmp_path, POLICY, args=("--private-data", private_data))
+    try:
+        ana = warden(s, "token", "create", "--user", "ana", "--queues", "vision", check=True).stdout.strip()
+        bo = warden(s, "token", "create", "--user", "bo", "--queues", "language", check=True).stdout.strip()
+        out = warden(s, "submit", "-q", "language", "-t", "3", "--", "echo", "bo-secret-arg", token=bo, check=True)
+        job = out.stdout.split()[-1]
+        wait_for(lambda: json.loads(warden(s, "describe", job, "--json", token=bo).stdout)["state"] == "SUCCEEDED")
+        assert warden(s, "logs", job, token=bo, check=True).stdout == "bo-secret-arg\n"
+        seen = warden(s, "describe", job, token=ana, check=True).stdout
+        logs = warden(s, "logs", job, token=ana)
+        if private_data == "jobs":
+            assert "hidden" in seen and "bo-secret-arg" not in seen and "SUCCEEDED" in seen and "language" in seen
+            assert logs.returncode == 2 and "--private-data" in logs.stderr and "bo-secret-arg" not in logs.stdout
+        else:
+            assert "bo-secret-arg" in seen and logs.stdout == "bo-secret-arg\n"
+        assert "bo-secret-arg" in warden(s, "describe", job, check=True).stdout  # the admin reads it
+    finally:
+        s.stop()
         kill_leftovers(tmp_path)

@@ -528,6 +528,21 @@ def test_tokens_store_only_a_hash(store: Store, db_url: str) -> None:
         store.create_token("ana", "superuser", ["*"], created_by="root", now=T0)
 
 
+def test_a_token_keeps_its_expiry_and_a_revoked_one_is_still_found(store: Store) -> None:
+    lasting = store.create_token("ana", "user", ["*"], created_by="root", now=T0)
+    brief = store.create_token("bo", "user", ["*"], created_by="root", now=T0, expires_at=T0 + 60)
+    assert [t.expires_at for t in store.list_tokens()] == [None, T0 + 60]
+    info = store.token_for(brief)
+    assert info is not None and info.expires_at == T0 + 60 and store.token_by_id(info.id) == info
+    assert store.revoke_token(info.id, now=T0 + 1)
+    assert store.token_for(brief) is None
+    found = store.lookup_token(brief)
+    assert found is not None and (found.revoked_at, found.expires_at) == (T0 + 1, T0 + 60)
+    assert store.lookup_token(lasting + "x") is None and store.token_by_id(999) is None
+    with pytest.raises(ValueError):
+        store.create_token("cy", "user", ["*"], created_by="root", now=T0, expires_at=T0)
+
+
 def test_ensure_token_is_idempotent_and_never_revives(store: Store) -> None:
     bootstrap = "operator-given-bootstrap-token-0123456789"
     first = store.ensure_token(bootstrap, "root", "admin", ["*"], now=T0)

@@ -312,3 +312,17 @@ def test_approval_is_for_admins_and_a_user_sees_only_what_the_api_shows(server: 
         page.until(lambda d: not page.all(approve), "the job gone from the approvals")
         page.until(lambda d: "approve" in [e.text for e in page.all("#audit td code")], "the approval in the audit log")
         assert page.console_errors() == []
+
+
+def test_another_users_job_page_shows_its_command_and_logs_as_hidden(server: Server, page: Page) -> None:
+    page = at(page, server)
+    with server.client() as admin:
+        alice = token_for(admin, "alice", ["vision"])
+        job = submit(admin, queue="vision", tier=3, gpus=1, name="admins-run", command=SLEEPER)
+        page.sign_in(alice, "jobs")
+        page.go(f"#/jobs/{job}")
+        page.until(lambda d: "hidden (another user's job)" in page.css("#view").text, "the command shown as hidden")
+        page.until(lambda d: "--private-data" in page.css("#view").text, "the logs refused, naming the setting")
+        assert "undefined" not in page.css("#view").text and " ".join(SLEEPER) not in page.css("#view").text
+        assert not page.all("#cancel")
+        assert page.console_errors() == []

@@ -1,5 +1,5 @@
 """The user's verbs, as Slurm and kubectl users know them: `submit`, `queue`, `describe`,
-`cancel`, `approve`, `release`, `logs`, `nodes`, `queues`, `token create`, `audit`.
+`cancel`, `approve`, `release`, `logs`, `nodes`, `queues`, `token create|list|revoke`, `audit`.
 
 Each talks to a warden server (`WARDEN_URL`, `WARDEN_TOKEN`; `--url`/`--token` override).
 Every listing has `--json`; rich tables otherwise. A refusal prints one line naming the field
@@ -69,6 +69,23 @@ def _duration(value: str | None) -> str | None:
     return value
 
 
+def _lifetime(value: str | None) -> str | None:
+    """--expires: a duration (30d, 12h), from 1 second to 10 years; refused (exit 2)
+    before anything is sent."""
+    if value is None:
+        return None
+    from warden.engine.policy import PolicyError, parse_duration
+    from warden.server.auth import TOKEN_LIFETIME_MAX_S
+
+    try:
+        seconds = parse_duration(value)
+    except PolicyError as err:
+        raise typer.BadParameter(f"{value!r}: {err.issues[0].message}") from None
+    if not 1 <= seconds <= TOKEN_LIFETIME_MAX_S:
+        raise typer.BadParameter(f"{value!r} is not between 1s and 3650d (10 years)")
+    return value
+
+
 UrlOpt = Annotated[
     str | None,
     typer.Option("--url", help="Server URL (default $WARDEN_URL or http://127.0.0.1:8765).", show_default=False),
@@ -116,6 +133,15 @@ QUEUES_COLUMNS = (
     Col("FAIR-SHARE USE", "right", wide=True),
     Col("OWED GPU-h", "right"),
     Col("DELIVERED GPU-h", "right"),
+)
+TOKEN_COLUMNS = (
+    Col("ID"),
+    Col("USER"),
+    Col("ROLE"),
+    Col("QUEUES", gives=1),
+    Col("CREATED"),
+    Col("EXPIRES"),
+    Col("REVOKED"),
 )
 AUDIT_COLUMNS = (Col("TIME"), Col("ACTOR"), Col("ACTION"), Col("TARGET", gives=1), Col("DETAILS", gives=2))
 ATTEMPT_COLUMNS = (
@@ -423,14 +449,63 @@ def register(app: typer.Typer) -> None:
         user: Annotated[str, typer.Option("--user", help="Who the token stands for.", show_default=False)],
         role: Annotated[str, typer.Option("--role", help="user or admin.")] = "user",
         queues: Annotated[str, typer.Option("--queues", help="Comma-separated leaf queues, or *.")] = "*",
+        expires: Annotated[
+            str | None,
+            typer.Option(
+                "--expires",
+                help="Lifetime, e.g. 30d (at most 3650d); default: the server's --token-lifetime.",
+                show_default=False,
+                callback=_lifetime,
+            ),
+        ] = None,
         url: UrlOpt = None,
         token: TokenOpt = None,
         json_out: JsonOpt = False,
     ) -> None:
         """Create a token; prints it (it is shown only once)."""
+        from warden.engine.policy import parse_duration
+
+        lifetime = None if expires is None else parse_duration(expires)
         with client(url, token) as c:
-            out = c.create_token(user, role, [q.strip() for q in queues.split(",") if q.strip()])
+            out = c.create_token(user, role, [q.strip() for q in queues.split(",") if q.strip()], lifetime)
         _dump(out) if json_out else typer.echo(out["token"])
+
+    @token_app.command("list")
+    def token_list(
+        wide: WideOpt = False, url: UrlOpt = None, token: TokenOpt = None, json_out: JsonOpt = False
+    ) -> None:
+        """Every token: id, user, role, queues, when created, expires and was revoked; never a secret."""
+        with client(url, token) as c:
+            rows = c.tokens()
+        if json_out:
+            _dump(rows)
+            return
+        now = time.time()
+        cells = [
+            [
+                str(t["id"]),
+                t["user"],
+                t["role"],
+                ",".join(t["queues"]),
+                _clock(t["created_at"], now),
+                "never" if t["expires_at"] is None else _clock(t["expires_at"], now),
+                _clock(t["revoked_at"], now),
+            ]
+            for t in rows
+        ]
+        tables.show(tables.console(), tables.listing(TOKEN_COLUMNS, cells, wide))
+
+    @token_app.command("revoke")
+    def token_revoke(
+        token_id: Annotated[int, typer.Argument(help="The token's id, as 'warden token list' shows it.")],
+        url: UrlOpt = None,
+        token: TokenOpt = None,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Revoke a token: the server refuses it from the next request on."""
+        with client(url, token) as c:
+            out = c.revoke_token(token_id)
+        _dump(out) if json_out else typer.echo(f"token {out['id']} of {out['user']} revoked")
 
     @app.command("audit")
     def audit(
@@ -475,13 +550,14 @@ def _print_job(j: dict[str, Any]) -> None:
     """`warden describe`: the job in sentences, then its attempts, preemptions and events."""
     con = tables.console()
     now = time.time()
+    command = " ".join(j["command"]) if "command" in j else "hidden (another user's job)"
     con.print(
         f"[bold]job {j['id']}[/bold] {j['name']}  user {j['user']}  queue {j['queue']}  tier {j['tier']}  "
         f"[bold]{j['state']}[/bold]"
     )
     con.print(
         f"  {j['gpus']} GPU(s) as {j['replicas']} × {j['gpus_per_replica']}, placement {j['placement']}; "
-        f"lease {_age(j['lease_s'])}, grace {_age(j['grace_s'])}; command: {' '.join(j['command'])}"
+        f"lease {_age(j['lease_s'])}, grace {_age(j['grace_s'])}; command: {command}"
     )
     reason = j.get("reason")
     if reason:

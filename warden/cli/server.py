@@ -94,6 +94,24 @@ def _read_handed(value: str) -> str:
     return b"".join(chunks).decode()
 
 
+def _token_lifetime(text: str) -> float | None:
+    """--token-lifetime: a duration (30d, 12h), at most 10 years; 0 or 'never' for none."""
+    from warden.engine.policy import PolicyError, parse_duration
+    from warden.server.auth import TOKEN_LIFETIME_MAX_S
+
+    if text.strip().lower() == "never":
+        return None
+    try:
+        seconds = parse_duration(text)
+    except PolicyError as err:
+        fail(f"--token-lifetime: {text!r} is not a duration ({err.issues[0].message}); e.g. 90d, or 'never'")
+    if seconds == 0:
+        return None
+    if not 1 <= seconds <= TOKEN_LIFETIME_MAX_S:
+        fail(f"--token-lifetime: {text!r} is not between 1s and 3650d (10 years); 'never' for no expiry")
+    return seconds
+
+
 CONFIG_KEYS = (
     "db",
     "policy",
@@ -111,6 +129,8 @@ CONFIG_KEYS = (
     "ray_trust_unauthenticated",
     "history_interval",
     "forecast_interval",
+    "token_lifetime",
+    "private_data",
 )
 """What a server config file may set: the options of `warden server`, by their names with '_'."""
 
@@ -260,6 +280,22 @@ def register(app: typer.Typer) -> None:
                 help="Seconds between two forecasts of the waiting jobs' expected starts, 1 to 3600.",
             ),
         ] = 10.0,
+        token_lifetime: Annotated[
+            str,
+            typer.Option(
+                "--token-lifetime",
+                help="How long a token made by 'warden token create' lives unless --expires says: a duration "
+                "up to 3650d, or 'never' (or 0). The bootstrap and first admin tokens never expire.",
+            ),
+        ] = "90d",
+        private_data: Annotated[
+            str,
+            typer.Option(
+                "--private-data",
+                help="What users may not read of other users' jobs: 'jobs', their command, workdir and logs "
+                "(only the owner and admins may); 'none', everything.",
+            ),
+        ] = "jobs",
         config: Annotated[
             Path | None,
             typer.Option(
@@ -307,6 +343,9 @@ def register(app: typer.Typer) -> None:
             mapping = tuple(parse_user_map(user_map or ()).items())
         except ValueError as err:
             fail(str(err))
+        lifetime = _token_lifetime(str(token_lifetime))
+        if private_data not in ("jobs", "none"):
+            fail(f"--private-data: expected 'jobs' or 'none', got {private_data!r}")
         token = _bootstrap_token(bootstrap_token_file)
         if state_dir is not None:
             os.environ["WARDEN_STATE_DIR"] = str(state_dir)
@@ -329,6 +368,8 @@ def register(app: typer.Typer) -> None:
                     ray_trust_unauthenticated=ray_trust_unauthenticated,
                     history_interval_s=history_interval,
                     forecast_interval_s=forecast_interval,
+                    token_lifetime_s=lifetime,
+                    private_data="none" if private_data == "none" else "jobs",
                 ),
                 say=lambda line: typer.echo(line, err=True),
             )

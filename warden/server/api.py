@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from warden.engine.model import JobState
 from warden.engine.overcommit import overcommitted
 from warden.engine.policy import Duration
-from warden.server.auth import Principal, bearer
+from warden.server.auth import TOKEN_LIFETIME_MAX_S, Principal, bearer
 from warden.server.busy import PerUserLimit
 from warden.server.errors import ApiError, ErrorBody, error_body, safe_value, shorten
 from warden.server.explanations import wall_times
@@ -39,9 +39,13 @@ from warden.server.views import (
     queue_views,
     verdict_view,
 )
+from warden.store.repo import TokenInfo
 
 if TYPE_CHECKING:
     from warden.server.service import Service
+
+PRIVATE_FIELDS = ("command", "workdir")
+"""What `GET /v1/jobs/{id}` leaves out of another user's job under `--private-data jobs`."""
 
 API_VERSION = "v1"
 INT32_MAX = 2**31 - 1
@@ -147,20 +151,41 @@ class TokenRequest(_Request):
     user: str = Field(min_length=1, max_length=NAME_CHARS, pattern=r"^[A-Za-z0-9_.@-]+$")
     role: Literal["user", "admin"] = "user"
     queues: list[Name] = Field(default_factory=lambda: ["*"], max_length=10_000)
+    expires_in_s: float | None = Field(
+        default=None,
+        ge=1,
+        le=TOKEN_LIFETIME_MAX_S,
+        allow_inf_nan=False,
+        description="seconds until the token expires, 1 to 10 years; default: the server's --token-lifetime",
+    )
 
 
 class PolicyRequest(_Request):
     source: Text = Field(description="the policy YAML, as written; not empty")
 
 
+def _token_view(t: TokenInfo) -> dict[str, Any]:
+    """A token's grant as `GET /v1/tokens` lists it; never the secret (only its hash is kept)."""
+    return {
+        "id": t.id,
+        "user": t.user,
+        "role": t.role,
+        "queues": list(t.queues),
+        "created_at": t.created_at,
+        "created_by": t.created_by,
+        "expires_at": t.expires_at,
+        "revoked_at": t.revoked_at,
+    }
+
+
 # -- refusals -----------------------------------------------------------------------------------
 
 _ANSWERS = {
     400: "malformed request: the body is not JSON, not UTF-8, or nested too deeply",
-    401: "no token, or an unknown or revoked one",
+    401: "no token, or an unknown, expired or revoked one",
     403: "the token's role or queues do not allow this",
-    404: "no such job or attempt",
-    409: "the job is in the wrong state, or an Idempotency-Key was used for another request",
+    404: "no such job, attempt or token",
+    409: "the job is in the wrong state, the token is revoked already, or an Idempotency-Key was used for another request",
     413: "the request body is larger than the policy's limits.max_body_bytes",
     422: "a field, parameter or header is invalid or above a limit",
     429: "the user already has as many of these requests in progress as one user may (`warden.server.busy`)",
@@ -387,9 +412,11 @@ def build_router(service: "Service") -> APIRouter:
 
     @r.get("/jobs/{job_id}", responses=errors(401, 404))
     def get_job(job_id: JobId, who: Caller) -> dict[str, Any]:
+        """One job; another user's without its command and workdir under `--private-data
+        jobs` (`private` true then)."""
         job = service.job(job_id)
         attempts = service.store.attempts(job.id)
-        return job_detail(
+        out = job_detail(
             job,
             service.store.events(job.id),
             attempts,
@@ -400,6 +427,12 @@ def build_router(service: "Service") -> APIRouter:
             links=service.store.preemption_links([job.id]),
             preemptors=service.store.queues_and_tiers(a.preempted_for for a in attempts),
         )
+        readable = service.may_read(who, job)
+        if not readable:
+            for name in PRIVATE_FIELDS:
+                out.pop(name, None)
+        out["private"] = not readable
+        return out
 
     @r.post("/jobs/{job_id}/cancel", status_code=202, responses=errors(401, 403, 404, 409))
     def cancel(job_id: JobId, who: Caller) -> dict[str, Any]:
@@ -422,7 +455,7 @@ def build_router(service: "Service") -> APIRouter:
     ) -> dict[str, Any]:
         return service.report(job_id, authorization, req)
 
-    @r.get("/jobs/{job_id}/logs", responses=errors(401, 404))
+    @r.get("/jobs/{job_id}/logs", responses=errors(401, 403, 404))
     def logs(
         job_id: JobId,
         who: Caller,
@@ -430,7 +463,7 @@ def build_router(service: "Service") -> APIRouter:
         rank: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
         offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
     ) -> dict[str, Any]:
-        return service.logs(job_id, attempt, rank, offset)
+        return service.logs(job_id, attempt, rank, offset, who)
 
     @r.get("/nodes", responses=errors(401))
     def nodes(who: Caller) -> list[dict[str, Any]]:
@@ -553,8 +586,18 @@ def build_router(service: "Service") -> APIRouter:
 
     @r.post("/tokens", status_code=201, responses=errors(401, 403))
     def create_token(req: TokenRequest, who: Caller) -> dict[str, Any]:
-        token = service.create_token(req, who)
-        return {"user": req.user, "role": req.role, "queues": req.queues, "token": token}
+        token, expires_at = service.create_token(req, who)
+        return {"user": req.user, "role": req.role, "queues": req.queues, "expires_at": expires_at, "token": token}
+
+    @r.get("/tokens", responses=errors(401, 403))
+    def list_tokens(who: Caller) -> list[dict[str, Any]]:
+        """Every token's grant, revoked and expired ones included; never a secret."""
+        return [_token_view(t) for t in service.list_tokens(who)]
+
+    @r.delete("/tokens/{token_id}", responses=errors(401, 403, 404, 409))
+    def revoke_token(token_id: int, who: Caller) -> dict[str, Any]:
+        """Revoke a token (by its id in `GET /v1/tokens`): refused from the next request on."""
+        return _token_view(service.revoke_token(token_id, who))
 
     @r.get("/audit", responses=errors(401, 403))
     def audit(who: Caller, limit: int = Query(default=100, ge=1, le=10000)) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from warden.executors.slurm import SlurmExecutor
 from warden.paths import default_state_dir, make_dirs
 from warden.runtime import tune_collector
 from warden.server.api import build_router, install_error_handlers, install_request_limits, metrics_route
+from warden.server.auth import DEFAULT_TOKEN_LIFETIME_S
 from warden.server.forecasts import INTERVAL_S as FORECAST_INTERVAL_S
 from warden.server.history import INTERVAL_S as HISTORY_INTERVAL_S
 from warden.server.service import Service
@@ -56,6 +57,8 @@ class Settings:
     ray_trust_unauthenticated: bool = False  # govern a Ray cluster without token authentication
     history_interval_s: float = HISTORY_INTERVAL_S  # between the samples of GET /v1/history
     forecast_interval_s: float = FORECAST_INTERVAL_S  # between two forecasts of expected starts
+    token_lifetime_s: float | None = DEFAULT_TOKEN_LIFETIME_S  # of a token created without one; None: never
+    private_data: Literal["jobs", "none"] = "jobs"  # "jobs": other users' commands, workdirs and logs hidden
 
 
 DEFAULT_FAKE_GPUS = 4
@@ -151,6 +154,9 @@ def _chmod(path: Path, mode: int) -> None:
 
 
 def _tokens(store: Store, bootstrap: str | None, state: Path, now: float, say: Callable[[str], None]) -> None:
+    """The operator's admin token: the bootstrap token, else one made at the first start into
+    `admin-token`. Neither expires (`--token-lifetime` is for the tokens made through the
+    API): either can be revoked (`warden token revoke`)."""
     if bootstrap:
         store.ensure_token(bootstrap, "admin", "admin", ["*"], now)
         return
@@ -219,6 +225,8 @@ def build_service(settings: Settings, say: Callable[[str], None] = print) -> Ser
         inventory=inventory,
         history_interval_s=settings.history_interval_s,
         forecast_interval_s=settings.forecast_interval_s,
+        token_lifetime_s=settings.token_lifetime_s,
+        private_data=settings.private_data,
     )
     _chmod(state / "report-secret", 0o600)
     return service

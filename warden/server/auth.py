@@ -1,7 +1,8 @@
 """Who is calling: a bearer token bound to a user, their queues and a role.
 
 Users may submit only to their queues and cancel only their own jobs; admins may do anything,
-and only admins approve tier-1/2 jobs, apply policies, create tokens and read the audit log.
+and only admins approve tier-1/2 jobs, apply policies, create, list and revoke tokens and read
+the audit log. A token may expire (`expires_at`); an expired or revoked one is refused.
 """
 
 from __future__ import annotations
@@ -11,6 +12,11 @@ from dataclasses import dataclass
 from warden.server.errors import ApiError
 
 CHALLENGE = {"WWW-Authenticate": "Bearer"}
+TOKEN_LIFETIME_MAX_S = 3650 * 86400.0
+"""The longest lifetime a token may be given: 10 years (of 365 days)."""
+DEFAULT_TOKEN_LIFETIME_S = 90 * 86400.0
+"""How long a token `POST /v1/tokens` makes lives when neither the request nor the server's
+`--token-lifetime` says."""
 
 
 @dataclass(frozen=True, slots=True)

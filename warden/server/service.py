@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
 import yaml
 from prometheus_client import Counter
@@ -26,7 +26,7 @@ from warden.engine.policy import Limits, Policy, PolicyError, format_duration, p
 from warden.engine.safeyaml import AliasRefused, load_yaml
 from warden.engine.whatif import Verdict, what_if
 from warden.executors.base import Executor, Inventory
-from warden.server.auth import CHALLENGE, Principal, bearer, forbidden
+from warden.server.auth import CHALLENGE, DEFAULT_TOKEN_LIFETIME_S, Principal, bearer, forbidden
 from warden.server.errors import ApiError, shorten
 from warden.server.export import ExportedJob, export_rows
 from warden.server.forecasts import INTERVAL_S as FORECAST_INTERVAL_S
@@ -35,12 +35,13 @@ from warden.server.history import INTERVAL_S as HISTORY_INTERVAL_S
 from warden.server.metrics import ServerMetrics
 from warden.server.policydiff import policy_diff
 from warden.server.reconcile import Reconciler
-from warden.store.repo import DuplicateSubmission, EarlierSubmission, Store, StoredJob
+from warden.store.repo import DuplicateSubmission, EarlierSubmission, Store, StoredJob, TokenInfo
 
 if TYPE_CHECKING:
     from warden.server.api import ReportRequest, SubmitRequest, TokenRequest
 
 TOKEN_CACHE_S = 1.0
+PrivateData = Literal["jobs", "none"]
 THREAD_PREFIX = "warden-"
 """The name prefix of the server's helper threads, watched by `Service._watch_threads`."""
 log = logging.getLogger("warden.server")
@@ -83,8 +84,15 @@ class Service:
         inventory: Callable[[], Inventory] | None = None,
         history_interval_s: float = HISTORY_INTERVAL_S,
         forecast_interval_s: float = FORECAST_INTERVAL_S,
+        token_lifetime_s: float | None = DEFAULT_TOKEN_LIFETIME_S,
+        private_data: PrivateData = "jobs",
     ) -> None:
         self.store = store
+        self.private_data: PrivateData = private_data
+        """What a user may not read of other users' jobs: "jobs", their command, workdir and
+        logs (only the owner and admins read them); "none", everything is readable."""
+        self.token_lifetime_s = token_lifetime_s
+        """The lifetime of a token created without one; None: such a token never expires."""
         self.executor = executor
         self.state_dir = state_dir
         self.clock = clock
@@ -99,7 +107,8 @@ class Service:
         self.metrics = ServerMetrics(self)
         self.reconciler.metrics = self.metrics
         self._stop = threading.Event()
-        self._tokens: dict[str, tuple[Principal, float]] = {}
+        self._tokens: dict[str, tuple[Principal, float, TokenInfo]] = {}
+        self._tokens_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._forecast_thread: threading.Thread | None = None
         self._dry_runs = threading.Lock()
@@ -180,21 +189,30 @@ class Service:
     # -- who --------------------------------------------------------------------------------
     def authenticate(self, header: str | None) -> Principal:
         """The caller of a request. A token's grant is remembered for `TOKEN_CACHE_S`, so a
-        storm of requests does not read the tokens table every time; a revoked token stops
-        working within that time."""
+        storm of requests does not read the tokens table every time; its expiry is checked on
+        every request, cached or not. `revoke_token` drops the token from the cache at once; a
+        token revoked in the database by other means stops working within `TOKEN_CACHE_S`."""
         token = bearer(header)
         now = time.monotonic()
         cached = self._tokens.get(token)
         if cached is not None and cached[1] > now:
-            return cached[0]
-        info = self.store.token_for(token)
-        if info is None:
-            self._tokens.pop(token, None)
-            raise ApiError(401, "Authorization", "Bearer ***", "unknown or revoked token", CHALLENGE)
-        who = Principal(info.user, info.role, tuple(info.queues))
-        if len(self._tokens) > 10_000:
-            self._tokens.clear()
-        self._tokens[token] = (who, now + TOKEN_CACHE_S)
+            who, info = cached[0], cached[2]
+        else:
+            found = self.store.lookup_token(token)
+            if found is None or found.revoked_at is not None:
+                self._tokens.pop(token, None)
+                why = "unknown token" if found is None else "token revoked"
+                raise ApiError(401, "Authorization", "Bearer ***", why, CHALLENGE)
+            info = found
+            who = Principal(info.user, info.role, tuple(info.queues))
+            with self._tokens_lock:
+                if len(self._tokens) > 10_000:
+                    self._tokens.clear()
+                self._tokens[token] = (who, now + TOKEN_CACHE_S, info)
+        wall = self.now()
+        if info.expires_at is not None and wall >= info.expires_at:
+            message = f"token expired at {_clock(info.expires_at)} ({_ago(wall - info.expires_at)} ago)"
+            raise ApiError(401, "Authorization", "Bearer ***", message, CHALLENGE)
         return who
 
     def require_admin(self, who: Principal, what: str) -> None:
@@ -254,9 +272,10 @@ class Service:
         self.reconciler.poke()
         return Submitted(job_id, state)
 
-    def _check_submission(self, req: SubmitRequest, who: Principal) -> Checked:
+    def _check_submission(self, req: SubmitRequest, who: Principal, dry_run: bool = False) -> Checked:
         """Refuse a submission the policy, the caller's grants or the cluster do not allow;
-        else what storing it would record."""
+        else what storing it would record. A user's dry run does not check that the workdir
+        exists; an admin's does."""
         policy = self.policy
         leaves = [q.name for q in policy.leaves()]
         if req.queue not in leaves:
@@ -268,7 +287,9 @@ class Service:
         tier = policy.tier(req.tier)
         _check_durations(req, policy)
         workdir = req.workdir or os.getcwd()
-        if not _is_dir(workdir):
+        if (who.is_admin or not dry_run) and not _is_dir(workdir):
+            # A user's dry run does not look: as the server (root) it would tell them whether
+            # any path on the machine exists, without leaving a trace.
             raise ApiError(422, "workdir", workdir, "is not a directory on the server's machine")
         state = JobState.AWAITING_APPROVAL if policy.needs_approval(req.tier, who.is_admin) else JobState.PENDING
         # The lease is fixed at submission: a later policy keeps this job's lease (and its tier).
@@ -278,7 +299,7 @@ class Service:
         """What the engine would decide for this submission now, on the live snapshot: it is
         checked as `submit` checks it, planned as the next pass would plan it, and nothing is
         stored, signalled or started. The job gets the id the store would give it next."""
-        checked = self._check_submission(req, who)
+        checked = self._check_submission(req, who, dry_run=True)
         # One dry run at a time, planned outside the loop's lock: a storm of them costs the
         # API's callers, not the reconcile loop.
         with self._dry_runs:
@@ -424,10 +445,26 @@ class Service:
         return self.store.get(job.id) or job
 
     # -- logs -------------------------------------------------------------------------------
-    def logs(self, job_id: str, attempt: int | None, rank: int, offset: int) -> dict[str, Any]:
+    def may_read(self, who: Principal, job: StoredJob) -> bool:
+        """Whether `who` may read the job's command, workdir and logs: its owner and admins
+        always, anyone under `--private-data none`."""
+        return who.is_admin or who.user == job.user or self.private_data == "none"
+
+    def private(self, who: Principal, job: StoredJob, what: str) -> ApiError:
+        return ApiError(
+            403,
+            "id",
+            str(job.id),
+            f"user {who.user!r} may not read {what} of job {job.id}, which is {job.user!r}'s "
+            "(the server's --private-data jobs: only a job's owner and admins do)",
+        )
+
+    def logs(self, job_id: str, attempt: int | None, rank: int, offset: int, who: Principal) -> dict[str, Any]:
         """Up to 1 MiB of one replica's output from `offset` (the API bounds `attempt` >= 1,
-        `rank` >= 0 and `offset` to int64)."""
+        `rank` >= 0 and `offset` to int64); 403 for another user's job under `--private-data jobs`."""
         job = self.job(job_id)
+        if not self.may_read(who, job):
+            raise self.private(who, job, "the logs")
         if rank >= job.replicas:
             raise ApiError(422, "rank", rank, f"the job has ranks 0..{job.replicas - 1}")
         number = attempt if attempt is not None else job.attempt
@@ -545,16 +582,55 @@ class Service:
         (`warden.server.export`)."""
         return export_rows(self.store.ran_since(since), self.policy, self.now())
 
-    def create_token(self, req: TokenRequest, who: Principal) -> str:
+    def create_token(self, req: TokenRequest, who: Principal) -> tuple[str, float | None]:
+        """A new token and when it expires (None: never): after `req.expires_in_s`, else the
+        server's `token_lifetime_s`."""
         self.require_admin(who, "create tokens")
         leaves = {q.name for q in self.policy.leaves()}
         unknown = [q for q in req.queues if q != "*" and q not in leaves]
         if unknown:
             raise ApiError(422, "queues", unknown[0], f"is not a leaf queue; allowed: {', '.join(sorted(leaves))}")
         now = self.now()
-        token = self.store.create_token(req.user, req.role, list(req.queues), who.user, now)
-        self.store.audit(who.user, "token.create", f"user/{req.user}", {"role": req.role, "queues": req.queues}, now)
-        return token
+        lifetime = req.expires_in_s if req.expires_in_s is not None else self.token_lifetime_s
+        expires_at = None if lifetime is None else now + lifetime
+        token = self.store.create_token(req.user, req.role, list(req.queues), who.user, now, expires_at)
+        details = {"role": req.role, "queues": req.queues, "expires_at": expires_at}
+        self.store.audit(who.user, "token.create", f"user/{req.user}", details, now)
+        return token, expires_at
+
+    def list_tokens(self, who: Principal) -> tuple[TokenInfo, ...]:
+        self.require_admin(who, "list tokens")
+        return self.store.list_tokens()
+
+    def revoke_token(self, token_id: int, who: Principal) -> TokenInfo:
+        """Revoke a token by id; it is refused from the next request on (the cache forgets it
+        here). 404 when there is no such token, 409 when it is revoked already."""
+        self.require_admin(who, "revoke tokens")
+        if self.store.token_by_id(token_id) is None:
+            raise ApiError(404, "id", token_id, "no such token")
+        now = self.now()
+        if not self.store.revoke_token(token_id, now):
+            raise ApiError(409, "id", token_id, "the token is revoked already")
+        with self._tokens_lock:
+            for secret in [k for k, v in self._tokens.items() if v[2].id == token_id]:
+                self._tokens.pop(secret, None)
+        info = self.store.token_by_id(token_id)
+        assert info is not None
+        self.store.audit(who.user, "token.revoke", f"token/{token_id}", {"user": info.user, "role": info.role}, now)
+        return info
+
+
+def _clock(at: float) -> str:
+    """A moment as the server's messages show it: UTC, to the second."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
+
+
+def _ago(seconds: float) -> str:
+    """A past span, roughly: '40 s', '12 min', '2 h', '3 d'."""
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
+        if seconds >= size:
+            return f"{int(seconds // size)} {unit}"
+    return f"{int(seconds)} s"
 
 
 def _parse_source(source: str) -> Policy:

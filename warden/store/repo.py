@@ -275,6 +275,8 @@ class TokenInfo:
     created_at: float
     created_by: str
     revoked_at: float | None
+    expires_at: float | None = None
+    """When the token stops working (epoch seconds); None: never."""
 
     @property
     def is_admin(self) -> bool:
@@ -894,12 +896,25 @@ class Store:
 
     # --- tokens --------------------------------------------------------------------------------
 
-    def create_token(self, user: str, role: str, queues: Sequence[str], created_by: str, now: float) -> str:
-        """Mint a token; return it. Only its SHA-256 is stored: this is the one time it is seen."""
+    def create_token(
+        self,
+        user: str,
+        role: str,
+        queues: Sequence[str],
+        created_by: str,
+        now: float,
+        expires_at: float | None = None,
+    ) -> str:
+        """Mint a token, good until `expires_at` (None: until revoked); return it. Only its
+        SHA-256 is stored: this is the one time it is seen."""
+        if expires_at is not None and not expires_at > now:
+            raise ValueError(f"expires_at: {expires_at!r} is not after now ({now!r})")
         token = secrets.token_urlsafe(32)
         values = _token_values(token, user, role, queues)
         with self._write() as conn:
-            conn.execute(insert(TOKENS), {**values, "created_at": now, "created_by": created_by})
+            conn.execute(
+                insert(TOKENS), {**values, "created_at": now, "created_by": created_by, "expires_at": expires_at}
+            )
         return token
 
     def ensure_token(
@@ -929,10 +944,21 @@ class Store:
         return _token(row)
 
     def token_for(self, token: str) -> TokenInfo | None:
-        """Who presents this token, or None when it is unknown or revoked."""
-        query = select(TOKENS).where(TOKENS.c.token_hash == hash_token(token), TOKENS.c.revoked_at.is_(None))
+        """Who presents this token, or None when it is unknown or revoked (an expired one is
+        returned: its `expires_at` says so)."""
+        info = self.lookup_token(token)
+        return None if info is None or info.revoked_at is not None else info
+
+    def lookup_token(self, token: str) -> TokenInfo | None:
+        """The grant of this token, revoked or not; None when it is unknown."""
+        query = select(TOKENS).where(TOKENS.c.token_hash == hash_token(token))
         with self._read() as conn:
             row = conn.execute(query).first()
+        return None if row is None else _token(row)
+
+    def token_by_id(self, token_id: int) -> TokenInfo | None:
+        with self._read() as conn:
+            row = conn.execute(select(TOKENS).where(TOKENS.c.id == token_id)).first()
         return None if row is None else _token(row)
 
     def revoke_token(self, token_id: int, now: float) -> bool:
@@ -1531,7 +1557,14 @@ def _attempt_from(m: Mapping[Any, Any]) -> StoredAttempt:
 def _token(row: Row[Any]) -> TokenInfo:
     m = row._mapping
     return TokenInfo(
-        m["id"], m["user"], m["role"], tuple(m["queues"]), m["created_at"], m["created_by"], m["revoked_at"]
+        m["id"],
+        m["user"],
+        m["role"],
+        tuple(m["queues"]),
+        m["created_at"],
+        m["created_by"],
+        m["revoked_at"],
+        m["expires_at"],
     )
 
 

@@ -187,6 +187,8 @@ class TokenRow(Base):
     created_at: Mapped[float] = mapped_column(Double)
     created_by: Mapped[str] = mapped_column(String(255))
     revoked_at: Mapped[float | None] = mapped_column(Double)
+    expires_at: Mapped[float | None] = mapped_column(Double)
+    """When the token stops working (epoch seconds); None: never."""
 
 
 class AuditRow(Base):

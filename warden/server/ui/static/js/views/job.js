@@ -161,6 +161,11 @@ export default {
         swap(logState, "The job has not run yet.");
         return;
       }
+      if (job.private) {
+        // Another user's job under the server's --private-data jobs: its logs are refused (403).
+        swap(logState, "Hidden: another user's logs (the server's --private-data jobs).");
+        return;
+      }
       const latest = count;
       if (logs.attempt === null || (!logs.chosen && logs.attempt !== latest)) {
         logs.attempt = latest;
@@ -280,8 +285,8 @@ export default {
             ["exit code", job.exit_code != null ? String(job.exit_code) : null],
             ["finished", job.finished_at != null ? when(job.finished_at) : null],
             ["held", job.held_reason],
-            ["command", job.command ? h("code", { class: "command" }, job.command.join(" ")) : null, true],
-            ["workdir", job.workdir ? h("code", null, job.workdir) : null, true],
+            ["command", job.private ? "hidden (another user's job)" : job.command ? h("code", { class: "command" }, job.command.join(" ")) : null, true],
+            ["workdir", job.private ? "hidden (another user's job)" : job.workdir ? h("code", null, job.workdir) : null, true],
           ]),
         );
         swap(
