@@ -487,12 +487,31 @@ class Service:
                 raise ApiError(409, "attempt", req.attempt, f"is not a running attempt of job {job_id}")
             at = min(req.at if req.at is not None else self.now(), self.now())
             fields: dict[str, Any] = {}
+            clamped: list[tuple[str, float, float, str]] = []
             if req.kind == "startup":
-                fields["startup_s"] = req.startup_s if req.startup_s is not None else max(0.0, at - attempt.started_at)
+                # No startup lasts longer than the attempt has run (by `at`, never after now).
+                ran = max(0.0, at - attempt.started_at)
+                fields["startup_s"] = ran if req.startup_s is None else min(req.startup_s, ran)
+                if req.startup_s is not None and req.startup_s > ran:
+                    clamped.append(("startup", req.startup_s, ran, "the time the attempt has run"))
             elif req.kind == "progress":
                 fields.update(progress_step=req.step, progress_samples=req.samples, progress_at=at)
             elif req.kind == "checkpoint_finished":
-                duration = req.duration_s or 0.0
+                # No save lasts longer than the time since the attempt started, nor since the
+                # end of the previous save it reported.
+                since = attempt.started_at
+                last = attempt.last_checkpoint_at
+                if last is not None and since <= last <= at:
+                    since = last
+                bound = max(0.0, at - since)
+                duration = min(req.duration_s or 0.0, bound)
+                if (req.duration_s or 0.0) > bound:
+                    what = (
+                        "the time since its previous checkpoint"
+                        if since > attempt.started_at
+                        else "the time the attempt has run"
+                    )
+                    clamped.append(("checkpoint", req.duration_s or 0.0, bound, what))
                 # A job that saves through the SDK saves the same state on SIGTERM: its latest save
                 # time is the best estimate of what a preemption's save will take.
                 fields.update(
@@ -505,7 +524,24 @@ class Service:
                     fields["progress_step"] = max(req.step, attempt.progress_step or 0)
             if fields:
                 self.store.update_attempt(job.id, req.attempt, **fields)
+            for what, reported, kept, bound_by in clamped:
+                self._record_clamp(job, req.attempt, what, reported, kept, bound_by)
         return {"id": job_id, "attempt": req.attempt, "kind": req.kind}
+
+    def _record_clamp(self, job: StoredJob, attempt: int, what: str, reported: float, kept: float, why: str) -> None:
+        """A report that claimed more than warden saw leaves a trace in the job's events."""
+        now = self.now()
+        job = self._reread(job)  # under the reconcile lock: its state cannot change meanwhile
+        self.store.transition(
+            job.id,
+            job.state,
+            expect_state={job.state},
+            reason=f"{what} report of {reported:.6g} s clamped to {kept:.3f} s, {why}",
+            actor="warden",
+            now=now,
+            details={"attempt": attempt, "report": what, "reported_s": reported, "kept_s": kept},
+        )
+        log.warning("job %s attempt %s: %s report of %.6g s clamped to %.3f s", job.id, attempt, what, reported, kept)
 
     # -- admin ------------------------------------------------------------------------------
     def apply_policy(self, source: str, who: Principal) -> tuple[int, bool]:
