@@ -75,3 +75,21 @@ def test_a_startup_claimed_longer_than_the_attempt_has_run_buys_no_protection(se
         assert preemption["preemptor"] == urgent
         until_state(admin, urgent, "RUNNING")
         assert admin.get(f"/v1/jobs/{honest}").json()["state"] == "RUNNING"
+
+
+def test_a_checkpoint_claimed_longer_than_the_time_since_the_last_one_is_clamped(server: Server) -> None:
+    with server.client() as c:
+        job = submit(c, queue="vision", tier=3, gpus=1, command=SLEEP)
+        until_state(c, job, "RUNNING")
+        for _ in range(2):
+            r = c.post(f"/v1/jobs/{job}/reports", json={"attempt": 1, "kind": "checkpoint_finished", "duration_s": 1e9})
+            assert r.status_code == 202, r.text
+        detail = c.get(f"/v1/jobs/{job}").json()
+        [attempt] = detail["attempts"]
+        first, second = [e for e in detail["events"] if "clamped" in e["reason"]]
+        assert first["reason"].startswith("checkpoint report of 1e+09 s clamped to ")
+        assert first["reason"].endswith("the time the attempt has run")
+        assert second["reason"].endswith("the time since its previous checkpoint")
+        kept = first["details"]["kept_s"] + second["details"]["kept_s"]
+        assert attempt["checkpoint_s"] == pytest.approx(kept)
+        assert kept <= attempt["last_checkpoint_at"] - attempt["started_at"] + 1e-6
