@@ -8,6 +8,7 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -28,6 +29,7 @@ from warden.executors.base import Executor, Inventory
 from warden.server.auth import CHALLENGE, Principal, bearer, forbidden
 from warden.server.errors import ApiError, shorten
 from warden.server.export import ExportedJob, export_rows
+from warden.server.fairuse import SubmissionRate
 from warden.server.forecasts import INTERVAL_S as FORECAST_INTERVAL_S
 from warden.server.forecasts import Forecasts
 from warden.server.history import INTERVAL_S as HISTORY_INTERVAL_S
@@ -44,6 +46,8 @@ THREAD_PREFIX = "warden-"
 """The name prefix of the server's helper threads, watched by `Service._watch_threads`."""
 log = logging.getLogger("warden.server")
 ACTION_TRIES = 3
+WAITING = (JobState.AWAITING_APPROVAL, JobState.PENDING, JobState.REQUEUED)
+"""What the pending limits count: jobs waiting to be admitted, or approved first."""
 """How often a user action re-reads a job whose compare-and-set lost before it answers 409."""
 
 T = TypeVar("T")
@@ -102,6 +106,9 @@ class Service:
         self._thread: threading.Thread | None = None
         self._forecast_thread: threading.Thread | None = None
         self._dry_runs = threading.Lock()
+        self._submitting = threading.Lock()
+        """Held from counting a user's and a queue's waiting jobs to storing the new one."""
+        self.submission_rate = SubmissionRate()
         self._dead: dict[str, str] = {}
         self._unwatch: Callable[[], None] = lambda: None
         """Helper threads that died, and of what: scheduling stopped then (`dead_threads`)."""
@@ -218,7 +225,60 @@ class Service:
             earlier = self.store.find_submission(who.user, idempotency_key)
             if earlier is not None:
                 return self._replay(idempotency_key, earlier, digest)
+        limits = self.policy.limits
+        self._check_rate(who, limits)
+        try:
+            with self._submitting:
+                return self._store_submission(req, who, idempotency_key, digest, limits)
+        except BaseException:
+            self.submission_rate.give_back(who.user, limits.submission_burst_per_user)
+            raise
+
+    def _check_rate(self, who: Principal, limits: Limits) -> None:
+        """Each user's submissions are limited to a rate with a burst (`limits.
+        submissions_per_second_per_user`, `limits.submission_burst_per_user`); admins' are not."""
+        if who.is_admin:
+            return
+        rate, burst = limits.submissions_per_second_per_user, limits.submission_burst_per_user
+        wait = self.submission_rate.take(who.user, rate, burst)
+        if wait is not None:
+            raise ApiError(
+                429,
+                "user",
+                who.user,
+                f"submits faster than the limit of {rate:g} jobs per second after a burst of {burst} (the "
+                f"policy's limits.submissions_per_second_per_user and limits.submission_burst_per_user); "
+                f"retry in {wait:.2f} s",
+                {"Retry-After": str(max(1, math.ceil(wait)))},
+            )
+
+    def _check_pending(self, req: SubmitRequest, who: Principal, limits: Limits) -> None:
+        """At most `limits.max_pending_per_user` waiting jobs per user and
+        `limits.max_pending_per_queue` per queue; counted under the submission lock."""
+        mine = self.store.count_jobs(WAITING, user=who.user)
+        if mine >= limits.max_pending_per_user:
+            raise ApiError(
+                429,
+                "user",
+                who.user,
+                f"has {mine} jobs waiting, the limit of {limits.max_pending_per_user} (the policy's "
+                "limits.max_pending_per_user); submit more once some have started or been cancelled",
+            )
+        queued = self.store.count_jobs(WAITING, queue=req.queue)
+        if queued >= limits.max_pending_per_queue:
+            raise ApiError(
+                429,
+                "queue",
+                req.queue,
+                f"has {queued} jobs waiting, the limit of {limits.max_pending_per_queue} (the policy's "
+                "limits.max_pending_per_queue); submit more once some have started or been cancelled",
+            )
+
+    def _store_submission(
+        self, req: SubmitRequest, who: Principal, idempotency_key: str | None, digest: str | None, limits: Limits
+    ) -> Submitted:
         checked = self._check_submission(req, who)
+        self._check_pending(req, who, limits)
         state, tier, workdir = checked.state, self.policy.tier(req.tier), checked.workdir
         try:
             job_id = self.store.submit(
@@ -249,6 +309,7 @@ class Service:
             )
         except DuplicateSubmission as dup:  # a concurrent retry with the same key got there first
             assert idempotency_key is not None
+            self.submission_rate.give_back(who.user, limits.submission_burst_per_user)  # one job: one token
             return self._replay(idempotency_key, dup.earlier, digest)
         self.reconciler.poke()
         return Submitted(job_id, state)
