@@ -511,13 +511,13 @@ class Limits(_Spec):
         default=1000,
         ge=1,
         le=_INT32_MAX,
-        description="Jobs one user may have waiting (pending or awaiting approval); a submission beyond is refused.",
+        description="Jobs one user may have waiting (pending or awaiting approval; admins are exempt).",
     )
     max_pending_per_queue: int = Field(
         default=5000,
         ge=1,
         le=_INT32_MAX,
-        description="Jobs that may wait in one queue, every user together; a submission beyond is refused.",
+        description="Jobs that may wait in one queue, every user (admins too) together.",
     )
     submissions_per_second_per_user: float = Field(
         default=20.0,
