@@ -310,8 +310,9 @@ class Service:
             )
         except DuplicateSubmission as dup:  # a concurrent retry with the same key got there first
             assert idempotency_key is not None
+            replayed = self._replay(idempotency_key, dup.earlier, digest)
             self.submission_rate.give_back(who.user, limits.submission_burst_per_user)  # one job: one token
-            return self._replay(idempotency_key, dup.earlier, digest)
+            return replayed
         self.reconciler.poke()
         return Submitted(job_id, state)
 
