@@ -25,6 +25,13 @@
   times, each followed by a restart: `accepted` (answered 201), `lost` (accepted but not
   stored), `duplicated` (one request stored twice), `in_doubt` (no answer: stored or not).
 
+- `flood`: for each count of `--flood-users` (default 1 and 4), that many users submit as fast as they can for `--flood-seconds` with their own
+  tokens (Python threads), every accepted job waiting: `accepted`, `refused_rate` (429: the
+  user's rate), `refused_pending` (429: the user's or the queue's waiting jobs) and the mean
+  pass time during the flood and
+  in the quiet second after it; with the policy's default `limits` (`limited`) and with them
+  out of reach (`unlimited`).
+
 Each runs against a real server process (SQLite, fake GPUs) in a temporary directory.
 Medians over the runs; the whole list is in `*_all`. `--only` picks sections.
 """
@@ -59,6 +66,7 @@ queues:
   name: cluster
   children:
     - {name: team}
+limits: {max_pending_per_user: 1000000, max_pending_per_queue: 1000000}
 """
 
 STUBBORN = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nopen('{mark}', 'w').write('up')\ntime.sleep(3600)\n"
@@ -369,6 +377,92 @@ def kill9(runs: int, clients: int) -> dict[str, Any]:
     }
 
 
+def _pass_totals(c: httpx.Client) -> tuple[float, float]:
+    """(seconds, count) of every reconcile pass so far, from `/metrics`."""
+    total = count = 0.0
+    for line in c.get("/metrics").text.splitlines():
+        if line.startswith("warden_scheduling_pass_seconds_sum "):
+            total = float(line.split()[1])
+        elif line.startswith("warden_scheduling_pass_seconds_count "):
+            count = float(line.split()[1])
+    return total, count
+
+
+def _mean_pass(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+    passes = after[1] - before[1]
+    return round((after[0] - before[0]) / passes, 4) if passes > 0 else None
+
+
+def flood(users: int, seconds: float, limited: bool) -> dict[str, Any]:
+    """`users` users (user tokens, one thread each) submit as fast as they can for `seconds`
+    while one running job holds the only GPU, so every accepted job waits. With the policy's
+    default `limits` (`limited`), or with every fair-use limit out of reach. The mean pass time
+    is over the flood, then over a quiet second after it (the backlog it left)."""
+    text = (
+        POLICY
+        if not limited
+        else POLICY.replace("limits: {max_pending_per_user: 1000000, max_pending_per_queue: 1000000}\n", "")
+    )
+    if not limited:
+        text = text.replace(
+            "max_pending_per_queue: 1000000}",
+            "max_pending_per_queue: 1000000, "
+            "submissions_per_second_per_user: 1000000, submission_burst_per_user: 1000000}",
+        )
+    with tempfile.TemporaryDirectory() as d:
+        Path(d).chmod(0o755)  # jobs run as other uids when the server runs as root
+        policy = Path(d) / "policy.yaml"
+        policy.write_text(text)
+        s = Server(Path(d) / "state", policy=policy, gpus=1).start()
+        try:
+            with s.client() as admin:
+                admin.post("/v1/jobs", json=_job(d, ["sleep", "600"]))
+                tokens = [
+                    admin.post("/v1/tokens", json={"user": f"user{i}", "role": "user"}).json()["token"]
+                    for i in range(users)
+                ]
+                counts: dict[str, int] = {}
+                lock = threading.Lock()
+                stop = time.perf_counter() + seconds
+
+                def work(token: str) -> None:
+                    mine: dict[str, int] = {}
+                    with s.client(token) as c:
+                        while time.perf_counter() < stop:
+                            r = c.post("/v1/jobs", json=_job(d, ["true"]))
+                            key = str(r.status_code)
+                            if r.status_code == 429:
+                                key = "rate" if "per second" in r.json()["error"]["message"] else "pending"
+                            mine[key] = mine.get(key, 0) + 1
+                    with lock:
+                        for k, v in mine.items():
+                            counts[k] = counts.get(k, 0) + v
+
+                threads = [threading.Thread(target=work, args=(t,)) for t in tokens]
+                before = _pass_totals(admin)
+                t0 = time.perf_counter()
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                wall = time.perf_counter() - t0
+                during = _pass_totals(admin)
+                time.sleep(1.0)
+                quiet = _pass_totals(admin)
+                return {
+                    "users": users,
+                    "wall_s": round(wall, 2),
+                    "accepted": counts.get("201", 0),
+                    "refused_rate": counts.get("rate", 0),
+                    "refused_pending": counts.get("pending", 0),
+                    "answers": counts,
+                    "pass_s_during": _mean_pass(before, during),
+                    "pass_s_after": _mean_pass(during, quiet),
+                }
+        finally:
+            s.stop()
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--submissions", type=int, default=2000)
@@ -381,7 +475,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--queue-runs", type=int, default=5)
     p.add_argument("--race-trials", type=int, default=100)
     p.add_argument("--kill9-runs", type=int, default=20)
-    p.add_argument("--only", default="submit,latency,sigkill,backlog,cancel_races,kill9")
+    p.add_argument("--flood-users", default="1,4", help="comma-separated: one flood per count")
+    p.add_argument("--flood-seconds", type=float, default=4.3)
+    p.add_argument("--only", default="submit,latency,sigkill,backlog,cancel_races,kill9,flood")
     args = p.parse_args(argv)
     sections = {
         "submit": lambda: submissions(args.submissions, args.clients, args.seconds),
@@ -390,6 +486,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "backlog": lambda: backlog(args.pending, args.backlog_clients, args.seconds, args.queue_runs),
         "cancel_races": lambda: cancel_races(args.race_trials, 1500),
         "kill9": lambda: kill9(args.kill9_runs, 4),
+        "flood": lambda: {
+            f"{n}_users": {
+                "limited": flood(n, args.flood_seconds, True),
+                "unlimited": flood(n, args.flood_seconds, False),
+            }
+            for n in (int(u) for u in args.flood_users.split(","))
+        },
     }
     result: dict[str, Any] = {}
     for name in args.only.split(","):

@@ -604,3 +604,41 @@ def test_a_borrower_in_quota_only_after_reclaim_searches_both_ways() -> None:
     assert [(w.in_quota, w.reclaims) for w in ways] == [(True, True), (False, False)]
     assert len(preemptors(c, pending("p", "language", 1), (8.0,))) == 1
     assert len(preemptors(ctx(parse_policy({"queues": DESIGN_QUEUES})), job, (8.0,))) == 1
+
+
+# ------------------------------------------------------------------- self-reported figures
+
+
+def test_the_efficiency_counts_a_reported_span_at_most_the_attempts_age() -> None:
+    pol = policy()
+    liar = running("v", "a", 3, ("n0", 8), 0.0, startup_s=1e9)
+    honest = running("v", "a", 3, ("n0", 8), 0.0, startup_s=500.0)
+    assert efficiency(pol, liar, 500.0) == efficiency(pol, honest, 500.0)
+    saver = running("v", "a", 3, ("n0", 8), 0.0, checkpoint_s=1e9)
+    assert efficiency(pol, saver, 500.0) == efficiency(
+        pol, running("v", "a", 3, ("n0", 8), 0.0, checkpoint_s=500.0), 500.0
+    )
+    assumed = pol.preemption.checkpoint_overhead
+    assert efficiency(pol, honest, 1000.0) == pytest.approx((1000.0 - 500.0 - assumed) / 1000.0)
+
+
+@pytest.mark.parametrize("min_efficiency", [0.0, 0.5, 0.9])
+def test_a_startup_claimed_beyond_the_attempts_age_chooses_the_victim_a_startup_of_its_age_does(
+    min_efficiency: float,
+) -> None:
+    pol = policy(thrash={"min_efficiency": min_efficiency}, tiers={3: {"lease": "0s"}})
+    now = 10_000.0
+    cluster = nodes(2)
+    urgent = pending("p", "a", 1, gpus=8, submit=now - 1)
+
+    def victims(startup: float) -> set[str]:
+        jobs = [
+            running("claimant", "b", 3, ("n0", 8), 2_000.0, startup_s=startup),
+            running("other", "a", 3, ("n1", 8), 0.0),
+            urgent,
+        ]
+        return preempted(plan_for(pol, cluster, jobs, now))
+
+    # Claimed or of its age, the startup protects the claimant by the efficiency floor: the
+    # other job goes either way.
+    assert victims(1e9) == victims(now - 2_000.0) == {"other"}

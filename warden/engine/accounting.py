@@ -67,6 +67,12 @@ def assumed_startup(policy: Policy, reported: float | None) -> float:
     return policy.preemption.restart_overhead if reported is None else reported
 
 
+def within_attempt(seconds: float, started_at: float, now: float) -> float:
+    """A self-reported span of an attempt (its startup, its checkpoint time) bounded by the
+    attempt's age at `now`: no part of a run lasts longer than the run."""
+    return min(seconds, max(0.0, now - started_at))
+
+
 def checkpoint_basis(checkpoint_s: float, save_s: float | None) -> Literal["measured", "save", "assumed"]:
     """What `assumed_checkpoint` counts for an attempt: its measured checkpoint time
     ("measured", once it has saved), else one save of its known duration ("save"), else one of

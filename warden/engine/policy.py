@@ -509,6 +509,31 @@ class Limits(_Spec):
     max_path_chars: int = Field(default=4096, ge=1, le=1 << 16, description="Characters of a job's workdir.")
     max_replicas: int = Field(default=1024, ge=1, le=_INT32_MAX, description="Replicas of one job.")
     max_time_limit: Duration = Field(default=365 * 86400.0, description="The longest runtime estimate of a job.")
+    max_pending_per_user: int = Field(
+        default=1000,
+        ge=1,
+        le=_INT32_MAX,
+        description="Jobs one user may have waiting (pending or awaiting approval; admins are exempt).",
+    )
+    max_pending_per_queue: int = Field(
+        default=5000,
+        ge=1,
+        le=_INT32_MAX,
+        description="Jobs that may wait in one queue, every user (admins too) together.",
+    )
+    submissions_per_second_per_user: float = Field(
+        default=20.0,
+        gt=0,
+        le=1e6,
+        allow_inf_nan=False,
+        description="Sustained submissions per second of one user (a token bucket; admins are exempt).",
+    )
+    submission_burst_per_user: int = Field(
+        default=100,
+        ge=1,
+        le=_INT32_MAX,
+        description="Submissions one user may make at once before the per-second rate applies.",
+    )
 
 
 # ------------------------------------------------------------------------- flat form of queues

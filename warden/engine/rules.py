@@ -43,6 +43,7 @@ from warden.engine.accounting import (
     predicted_lost_work,
     save_fits_grace,
     unsaved_since,
+    within_attempt,
 )
 from warden.engine.model import Job
 
@@ -108,11 +109,14 @@ def checkpoint_of(policy: Policy, job: Job) -> float:
 
 def efficiency(policy: Policy, job: Job, now: float) -> float:
     """η of the current attempt as the efficiency floor counts it: (T_run − (T_startup +
-    T_checkpoint)) / T_run, with `startup_of` and `checkpoint_of`."""
+    T_checkpoint)) / T_run, with `startup_of` and `checkpoint_of`, each at most the attempt's
+    age (`accounting.within_attempt`)."""
     a = job.attempt
     if a is None:
         return 1.0
-    return eta(now - a.started_at, startup_of(policy, job), checkpoint_of(policy, job))
+    startup = within_attempt(startup_of(policy, job), a.started_at, now)
+    checkpoint = within_attempt(checkpoint_of(policy, job), a.started_at, now)
+    return eta(now - a.started_at, startup, checkpoint)
 
 
 def at_risk_since(policy: Policy, job: Job) -> float | None:

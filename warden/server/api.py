@@ -188,7 +188,10 @@ _ANSWERS = {
     409: "the job is in the wrong state, the token is revoked already, or an Idempotency-Key was used for another request",
     413: "the request body is larger than the policy's limits.max_body_bytes",
     422: "a field, parameter or header is invalid or above a limit",
-    429: "the user already has as many of these requests in progress as one user may (`warden.server.busy`)",
+    429: (
+        "a limit of the user's is reached: it submits faster than its limit, too many jobs of the user or "
+        "queue wait, or it already has as many of these requests in progress as one user may"
+    ),
 }
 
 
@@ -361,7 +364,7 @@ def build_router(service: "Service") -> APIRouter:
                 "description": "a replay: the job first submitted with this Idempotency-Key; or, with "
                 "dry_run=true, what the scheduler would decide for the job now (nothing is stored)"
             },
-            **errors(401, 403, 409),
+            **errors(401, 403, 409, 429),
         },
     )
     def submit(

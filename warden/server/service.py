@@ -8,6 +8,7 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -29,6 +30,7 @@ from warden.executors.base import Executor, Inventory
 from warden.server.auth import CHALLENGE, DEFAULT_TOKEN_LIFETIME_S, Principal, bearer, forbidden
 from warden.server.errors import ApiError, shorten
 from warden.server.export import ExportedJob, export_rows
+from warden.server.fairuse import SubmissionRate
 from warden.server.forecasts import INTERVAL_S as FORECAST_INTERVAL_S
 from warden.server.forecasts import Forecasts
 from warden.server.history import INTERVAL_S as HISTORY_INTERVAL_S
@@ -46,6 +48,8 @@ THREAD_PREFIX = "warden-"
 """The name prefix of the server's helper threads, watched by `Service._watch_threads`."""
 log = logging.getLogger("warden.server")
 ACTION_TRIES = 3
+WAITING = (JobState.AWAITING_APPROVAL, JobState.PENDING, JobState.REQUEUED)
+"""What the pending limits count: jobs waiting to be admitted, or approved first."""
 """How often a user action re-reads a job whose compare-and-set lost before it answers 409."""
 
 T = TypeVar("T")
@@ -112,6 +116,9 @@ class Service:
         self._thread: threading.Thread | None = None
         self._forecast_thread: threading.Thread | None = None
         self._dry_runs = threading.Lock()
+        self._submitting = threading.Lock()
+        """Held from counting a user's and a queue's waiting jobs to storing the new one."""
+        self.submission_rate = SubmissionRate()
         self._dead: dict[str, str] = {}
         self._unwatch: Callable[[], None] = lambda: None
         """Helper threads that died, and of what: scheduling stopped then (`dead_threads`)."""
@@ -237,7 +244,61 @@ class Service:
             earlier = self.store.find_submission(who.user, idempotency_key)
             if earlier is not None:
                 return self._replay(idempotency_key, earlier, digest)
+        limits = self.policy.limits
+        self._check_rate(who, limits)
+        try:
+            with self._submitting:
+                return self._store_submission(req, who, idempotency_key, digest, limits)
+        except BaseException:
+            self.submission_rate.give_back(who.user, limits.submission_burst_per_user)
+            raise
+
+    def _check_rate(self, who: Principal, limits: Limits) -> None:
+        """Each user's submissions are limited to a rate with a burst (`limits.
+        submissions_per_second_per_user`, `limits.submission_burst_per_user`); admins' are not."""
+        if who.is_admin:
+            return
+        rate, burst = limits.submissions_per_second_per_user, limits.submission_burst_per_user
+        wait = self.submission_rate.take(who.user, rate, burst)
+        if wait is not None:
+            raise ApiError(
+                429,
+                "user",
+                who.user,
+                f"submits faster than the limit of {rate:g} jobs per second after a burst of {burst} (the "
+                f"policy's limits.submissions_per_second_per_user and limits.submission_burst_per_user); "
+                f"retry in {wait:.2f} s",
+                {"Retry-After": str(max(1, math.ceil(wait)))},
+            )
+
+    def _check_pending(self, req: SubmitRequest, who: Principal, limits: Limits) -> None:
+        """At most `limits.max_pending_per_user` waiting jobs per user (admins are exempt) and
+        `limits.max_pending_per_queue` per queue (admins' jobs too); counted under the
+        submission lock."""
+        mine = 0 if who.is_admin else self.store.count_jobs(WAITING, user=who.user)
+        if mine >= limits.max_pending_per_user:
+            raise ApiError(
+                429,
+                "user",
+                who.user,
+                f"has {mine} jobs waiting, the limit of {limits.max_pending_per_user} (the policy's "
+                "limits.max_pending_per_user); submit more once some have started or been cancelled",
+            )
+        queued = self.store.count_jobs(WAITING, queue=req.queue)
+        if queued >= limits.max_pending_per_queue:
+            raise ApiError(
+                429,
+                "queue",
+                req.queue,
+                f"has {queued} jobs waiting, the limit of {limits.max_pending_per_queue} (the policy's "
+                "limits.max_pending_per_queue); submit more once some have started or been cancelled",
+            )
+
+    def _store_submission(
+        self, req: SubmitRequest, who: Principal, idempotency_key: str | None, digest: str | None, limits: Limits
+    ) -> Submitted:
         checked = self._check_submission(req, who)
+        self._check_pending(req, who, limits)
         state, tier, workdir = checked.state, self.policy.tier(req.tier), checked.workdir
         try:
             job_id = self.store.submit(
@@ -268,7 +329,9 @@ class Service:
             )
         except DuplicateSubmission as dup:  # a concurrent retry with the same key got there first
             assert idempotency_key is not None
-            return self._replay(idempotency_key, dup.earlier, digest)
+            replayed = self._replay(idempotency_key, dup.earlier, digest)
+            self.submission_rate.give_back(who.user, limits.submission_burst_per_user)  # one job: one token
+            return replayed
         self.reconciler.poke()
         return Submitted(job_id, state)
 
@@ -525,12 +588,31 @@ class Service:
                 raise ApiError(409, "attempt", req.attempt, f"is not a running attempt of job {job_id}")
             at = min(req.at if req.at is not None else self.now(), self.now())
             fields: dict[str, Any] = {}
+            clamped: list[tuple[str, float, float, str]] = []
             if req.kind == "startup":
-                fields["startup_s"] = req.startup_s if req.startup_s is not None else max(0.0, at - attempt.started_at)
+                # No startup lasts longer than the attempt has run (by `at`, never after now).
+                ran = max(0.0, at - attempt.started_at)
+                fields["startup_s"] = ran if req.startup_s is None else min(req.startup_s, ran)
+                if req.startup_s is not None and req.startup_s > ran:
+                    clamped.append(("startup", req.startup_s, ran, "the time the attempt has run"))
             elif req.kind == "progress":
                 fields.update(progress_step=req.step, progress_samples=req.samples, progress_at=at)
             elif req.kind == "checkpoint_finished":
-                duration = req.duration_s or 0.0
+                # No save lasts longer than the time since the attempt started, nor since the
+                # end of the previous save it reported.
+                since = attempt.started_at
+                last = attempt.last_checkpoint_at
+                if last is not None and since <= last <= at:
+                    since = last
+                bound = max(0.0, at - since)
+                duration = min(req.duration_s or 0.0, bound)
+                if (req.duration_s or 0.0) > bound:
+                    what = (
+                        "the time since its previous checkpoint"
+                        if since > attempt.started_at
+                        else "the time the attempt has run"
+                    )
+                    clamped.append(("checkpoint", req.duration_s or 0.0, bound, what))
                 # A job that saves through the SDK saves the same state on SIGTERM: its latest save
                 # time is the best estimate of what a preemption's save will take.
                 fields.update(
@@ -543,7 +625,24 @@ class Service:
                     fields["progress_step"] = max(req.step, attempt.progress_step or 0)
             if fields:
                 self.store.update_attempt(job.id, req.attempt, **fields)
+            for what, reported, kept, bound_by in clamped:
+                self._record_clamp(job, req.attempt, what, reported, kept, bound_by)
         return {"id": job_id, "attempt": req.attempt, "kind": req.kind}
+
+    def _record_clamp(self, job: StoredJob, attempt: int, what: str, reported: float, kept: float, why: str) -> None:
+        """A report that claimed more than warden saw leaves a trace in the job's events."""
+        now = self.now()
+        job = self._reread(job)  # under the reconcile lock: its state cannot change meanwhile
+        self.store.transition(
+            job.id,
+            job.state,
+            expect_state={job.state},
+            reason=f"{what} report of {reported:.6g} s clamped to {kept:.3f} s, {why}",
+            actor="warden",
+            now=now,
+            details={"attempt": attempt, "report": what, "reported_s": reported, "kept_s": kept},
+        )
+        log.warning("job %s attempt %s: %s report of %.6g s clamped to %.3f s", job.id, attempt, what, reported, kept)
 
     # -- admin ------------------------------------------------------------------------------
     def apply_policy(self, source: str, who: Principal) -> tuple[int, bool]:

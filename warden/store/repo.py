@@ -617,6 +617,16 @@ class Store:
         with self._read() as conn:
             return tuple(_job(row) for row in conn.execute(query))
 
+    def count_jobs(self, states: Iterable[JobState | str], *, user: str | None = None, queue: str | None = None) -> int:
+        """How many jobs are in one of `states`, of `user` and in `queue` where given."""
+        query = select(func.count()).select_from(JOBS).where(JOBS.c.state.in_(sorted(_state_set(states) or ())))
+        if user is not None:
+            query = query.where(JOBS.c.user == user)
+        if queue is not None:
+            query = query.where(JOBS.c.queue == queue)
+        with self._read() as conn:
+            return int(conn.execute(query).scalar_one())
+
     def events(self, job_id: int | str) -> tuple[EventRecord, ...]:
         """The job's transitions, oldest first (empty for an unknown job)."""
         key = job_key(job_id)
