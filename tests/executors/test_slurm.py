@@ -505,8 +505,9 @@ for name in ("control.json", ".control.json.1.tmp", "rank-0.exit.json"):
         tried[name] = "planted"
     except OSError as err:
         tried[name] = err.strerror
-with open(os.path.join(out, "planted.json"), "w") as f:
+with open(os.path.join(out, "planted.json.part"), "w") as f:
     json.dump({"uid": os.getuid(), "tried": tried}, f)
+os.rename(os.path.join(out, "planted.json.part"), os.path.join(out, "planted.json"))
 while True:
     time.sleep(0.05)
 """

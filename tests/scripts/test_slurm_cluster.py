@@ -120,7 +120,7 @@ def test_down_cancels_running_jobs_and_leaves_no_process_of_the_cluster(
     env = {**os.environ, "SLURM_CONF": str(root / "slurm.conf")}
     marker = tmp_path / "started"
     job = subprocess.run(
-        ["sbatch", "--parsable", f"--output={tmp_path / 'out'}", "--wrap", f"touch {marker}; srun sleep 600"],
+        ["sbatch", "--parsable", f"--output={tmp_path / 'out'}", "--wrap", f"touch {marker}; srun sleep 6011"],
         env=env,
         capture_output=True,
         text=True,
@@ -133,7 +133,8 @@ def test_down_cancels_running_jobs_and_leaves_no_process_of_the_cluster(
     assert down.returncode == 0, down.stderr
     left = [p for p in daemons if running(p)] + [p for p in all_pids() if mentions(p, root)]
     assert left == [], f"processes of the cluster still running: {left}"
-    assert not any("sleep 600" in cmdline(p) for p in all_pids() if running(p))
+    # A command of this test alone: other tests run `sleep 600` of their own meanwhile.
+    assert not any("sleep 6011" in cmdline(p) for p in all_pids() if running(p))
     shutil.rmtree(root, ignore_errors=True)
 
 
