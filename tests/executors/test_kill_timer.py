@@ -15,7 +15,7 @@ import pytest
 from executors.test_local import Harness, wait_until
 
 from warden.executors.deadlines import KillTimer
-from warden.executors.shim import write_json_atomic
+from warden.executors.records import write_json_atomic
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the local executor needs Linux")
 

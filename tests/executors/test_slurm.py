@@ -23,7 +23,7 @@ from slurmcluster import Cluster, bring_up
 from warden.engine.model import Node
 from warden.executors.base import Exit, Handle, LaunchSpec, ReplicaLaunch
 from warden.executors.identity import Identities
-from warden.executors.records import read_job_json, write_json_safely
+from warden.executors.records import read_job_json, write_json_atomic
 from warden.executors.slurm import (
     Slurm,
     SlurmError,
@@ -477,7 +477,7 @@ def test_the_server_never_writes_through_a_link_a_job_planted(tmp_path: Path) ->
     (where / "control.json").symlink_to(target)
     for pid in range(8):  # every name a predictable temp file could have
         (where / f".control.json.{pid}.tmp").symlink_to(tmp_path / f"created-{pid}")
-    write_json_safely(where / "control.json", {"kill_at": 1.0})
+    write_json_atomic(where / "control.json", {"kill_at": 1.0})
     assert target.read_text() == "untouched"
     assert not list(tmp_path.glob("created-*"))
     assert read_job_json(where / "control.json") == {"kill_at": 1.0}

@@ -37,7 +37,8 @@ from warden import paths
 from warden.executors.base import Exit, Handle, LaunchError, LaunchSpec, ReplicaHandle, ReplicaLaunch
 from warden.executors.deadlines import KillTimer, adopted_deadline, deadline_pair, due
 from warden.executors.identity import Identities, Identity
-from warden.executors.shim import group_alive, process_alive, read_json, start_ticks, write_json_atomic
+from warden.executors.records import write_json_atomic
+from warden.executors.shim import group_alive, process_alive, read_json, start_ticks
 from warden.executors.tracking import AttemptTable
 
 Key = tuple[str, int]

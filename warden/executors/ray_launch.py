@@ -35,7 +35,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from warden.executors.shim import read_json, start_ticks, write_json_atomic
+from warden.executors.records import write_json_atomic
+from warden.executors.shim import read_json, start_ticks
 
 NAMESPACE = "warden"
 START_TIMEOUT_S = 60.0

@@ -55,8 +55,10 @@ def record_ended_at(record: Mapping[str, Any], default: float) -> float:
     return default
 
 
-def write_json_safely(path: Path, data: Mapping[str, Any], mode: int = 0o600) -> None:
-    """Write `data` to `path` atomically (temp file, fsync, rename, fsync the directory) without
+def write_json_atomic(path: Path, data: Mapping[str, Any], mode: int = 0o600) -> None:
+    """Write `data` so that a reader sees either nothing or the whole file, even after a crash
+    or power loss (temp file, fsync, rename, fsync the directory; the file `mode` whatever the
+    writer's umask), without
     following a symbolic link anywhere a job could have planted one: the directory is opened
     without following a link, the temp file is created in it by a fresh random name with
     O_EXCL|O_NOFOLLOW, and the rename replaces whatever `path` names (a link included) instead of

@@ -35,10 +35,11 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from warden.executors.records import write_json_atomic
 
 PR_SET_CHILD_SUBREAPER = 36
 # How often the shim looks at the job's process group when no child exited (a member whose
@@ -46,25 +47,6 @@ PR_SET_CHILD_SUBREAPER = 36
 # seen at once through SIGCHLD.
 POLL_S = 0.2
 _SUPERVISOR_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write `data` so that a reader sees either nothing or the whole file, even after a crash
-    or power loss: temp file, fsync, rename, fsync the directory. The file is 0600, whatever
-    the writer's umask (a Ray worker's is 022)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    os.fchmod(fd, 0o600)  # a temp file left by a crash keeps its old mode otherwise
-    with open(fd, "w", encoding="utf-8") as handle:
-        json.dump(data, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

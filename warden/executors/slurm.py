@@ -53,7 +53,7 @@ from warden.executors.local import (
     job_environment,
     make_dirs,
 )
-from warden.executors.records import read_job_json, record_ended_at, record_exit_code, write_json_safely
+from warden.executors.records import read_job_json, record_ended_at, record_exit_code, write_json_atomic
 from warden.executors.slurm_launch import BATCH_SIGNALS, JOB_DIR, LAUNCH_FILE
 from warden.executors.tracking import Key, RemoteAttemptTable
 
@@ -494,7 +494,7 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
             out.unlink(missing_ok=True)
             out.mkdir(0o700)
         launch = spec.log_dir / LAUNCH_FILE
-        write_json_safely(launch, self._launch(spec, identity))  # 0600: the submission's environment
+        write_json_atomic(launch, self._launch(spec, identity))  # 0600: the submission's environment
         if identity is not None:  # its tasks read launch.json and write their logs and records in out
             for path in (out, launch, spec.checkpoint_dir):
                 os.chown(path, identity.uid, identity.gid, follow_symlinks=False)

@@ -38,7 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from warden.executors.shim import read_json, supervise, write_json_atomic
+from warden.executors.records import write_json_atomic
+from warden.executors.shim import read_json, supervise
 
 LAUNCH_FILE = "launch.json"
 JOB_DIR = "job"

@@ -13,7 +13,7 @@ from typing import Any, Generic, Protocol, Self, TypeVar
 
 from warden.executors.base import Handle, LaunchError, LaunchSpec, UnknownAttempt, validate_spec
 from warden.executors.deadlines import KillTimer, adopted_deadline, deadline_pair, due
-from warden.executors.records import read_job_json, write_json_safely
+from warden.executors.records import read_job_json, write_json_atomic
 
 Key = tuple[str, int]
 
@@ -192,7 +192,7 @@ class RemoteAttemptTable(AttemptTable[S]):
             return
         with self._lock:
             record = {"signalled_at": tracked.signalled_at, "kill_at": tracked.kill_at, "killed_at": tracked.killed_at}
-        write_json_safely(tracked.handle.control_path, record)  # never through a link a job planted
+        write_json_atomic(tracked.handle.control_path, record)  # never through a link a job planted
 
     @staticmethod
     def _control(handle: Handle) -> dict[str, Any]:
