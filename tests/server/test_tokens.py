@@ -18,6 +18,7 @@ from warden.engine.policy import parse_policy
 from warden.executors.local import LocalExecutor
 from warden.server import service as service_module
 from warden.server.app import create_app
+from warden.server.explanations import wall_times
 from warden.server.service import Service
 from warden.store import Store
 
@@ -75,7 +76,9 @@ def test_a_cached_token_is_refused_once_it_expires(setup: tuple[Service, TestCli
     clock.t = T0 + 7200 + 2 * 3600 + 60
     refused = c.get("/v1/whoami", headers=ana)
     assert refused.status_code == 401 and refused.headers["WWW-Authenticate"] == "Bearer"
-    assert "token expired at 1970-01-12 15:46:40 UTC (2 h ago)" in refused.text, refused.text
+    # The expiry in local time and how long ago, as every time a person reads.
+    assert f"token expired at {wall_times(clock.t)(T0 + 7200)}" in refused.text, refused.text
+    assert "(2 h 1 min ago)" in refused.text, refused.text
 
 
 def test_the_server_default_lifetime_applies_and_none_means_never(setup: tuple[Service, TestClient, Clock]) -> None:

@@ -29,6 +29,7 @@ from warden.engine.whatif import Verdict, what_if
 from warden.executors.base import Executor, Inventory
 from warden.server.auth import CHALLENGE, DEFAULT_TOKEN_LIFETIME_S, Principal, bearer, forbidden
 from warden.server.errors import ApiError, shorten
+from warden.server.explanations import wall_times
 from warden.server.export import ExportedJob, export_rows
 from warden.server.fairuse import SubmissionRate
 from warden.server.forecasts import INTERVAL_S as FORECAST_INTERVAL_S
@@ -48,9 +49,9 @@ THREAD_PREFIX = "warden-"
 """The name prefix of the server's helper threads, watched by `Service._watch_threads`."""
 log = logging.getLogger("warden.server")
 ACTION_TRIES = 3
+"""How often a user action re-reads a job whose compare-and-set lost before it answers 409."""
 WAITING = (JobState.AWAITING_APPROVAL, JobState.PENDING, JobState.REQUEUED)
 """What the pending limits count: jobs waiting to be admitted, or approved first."""
-"""How often a user action re-reads a job whose compare-and-set lost before it answers 409."""
 
 T = TypeVar("T")
 
@@ -218,7 +219,7 @@ class Service:
                 self._tokens[token] = (who, now + TOKEN_CACHE_S, info)
         wall = self.now()
         if info.expires_at is not None and wall >= info.expires_at:
-            message = f"token expired at {_clock(info.expires_at)} ({_ago(wall - info.expires_at)} ago)"
+            message = f"token expired at {wall_times(wall)(info.expires_at)}"
             raise ApiError(401, "Authorization", "Bearer ***", message, CHALLENGE)
         return who
 
@@ -717,19 +718,6 @@ class Service:
         assert info is not None
         self.store.audit(who.user, "token.revoke", f"token/{token_id}", {"user": info.user, "role": info.role}, now)
         return info
-
-
-def _clock(at: float) -> str:
-    """A moment as the server's messages show it: UTC, to the second."""
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
-
-
-def _ago(seconds: float) -> str:
-    """A past span, roughly: '40 s', '12 min', '2 h', '3 d'."""
-    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
-        if seconds >= size:
-            return f"{int(seconds // size)} {unit}"
-    return f"{int(seconds)} s"
 
 
 def _parse_source(source: str) -> Policy:
