@@ -53,8 +53,9 @@ names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA
          "WARDEN_NODE", "WARDEN_JOB_ID", "WARDEN_ATTEMPT", "WARDEN_CHECKPOINT_DIR", "SLURM_JOB_ID")
 with open(f"{out}/env-{rank}.json", "w") as f:
     json.dump({k: os.environ.get(k) for k in names}, f)
-with open(f"{out}/pid-{rank}", "w") as f:
+with open(f"{out}/.pid-{rank}", "w") as f:
     f.write(str(os.getpid()))
+os.rename(f"{out}/.pid-{rank}", f"{out}/pid-{rank}")  # whole when it appears
 while True:
     time.sleep(0.01)
 """

@@ -30,7 +30,8 @@ names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA
 attempt = os.environ["WARDEN_ATTEMPT"]
 (out / f"env-{attempt}-{rank}.json").write_text(json.dumps({k: os.environ.get(k) for k in names}))
 (out / f"resumed-{attempt}-{rank}").write_text("none" if latest is None else str(latest[0]))
-(out / f"pid-{attempt}-{rank}").write_text(str(os.getpid()))
+(out / f".pid-{attempt}-{rank}").write_text(str(os.getpid()))
+(out / f".pid-{attempt}-{rank}").rename(out / f"pid-{attempt}-{rank}")  # whole when it appears
 print(f"rank {rank} of attempt {attempt} runs", flush=True)
 step = 0 if latest is None else latest[0]
 saved = False
