@@ -22,6 +22,7 @@ from random import Random
 from types import MappingProxyType
 from typing import Any
 
+from warden.engine import lifecycle
 from warden.engine.model import (
     DEFAULT_FLAVOR,
     Attempt,
@@ -609,20 +610,14 @@ def run_churn_bench(
         now += step_s
         changed: list[Job] = []
         for adm in plan.admissions:
-            job = replace(
-                jobs[adm.job_id],
-                state=JobState.RUNNING,
-                pending_since=None,
-                attempt=Attempt(1, now, adm.placement, borrowing=adm.borrowing),
-            )
+            attempt = Attempt(1, now, adm.placement, borrowing=adm.borrowing)
+            job = lifecycle.admitted(jobs[adm.job_id], now, attempt, starts=True)
             jobs[job.id] = job
             changed.append(job)
         for pre in plan.preemptions:
             v = jobs[pre.job_id]
             assert v.attempt is not None
-            job = replace(
-                v, state=JobState.PREEMPTING, attempt=replace(v.attempt, sigterm_at=now, kill_at=now + pre.grace)
-            )
+            job = lifecycle.signalled(v, now, now + pre.grace)
             jobs[job.id] = job
             changed.append(job)
         done = rng.sample(
@@ -634,7 +629,7 @@ def run_churn_bench(
             k=churn,
         )
         for job_id in done:
-            changed.append(replace(jobs.pop(job_id), state=JobState.SUCCEEDED))
+            changed.append(lifecycle.finished(jobs.pop(job_id)))
         for j in fresh_jobs[step * churn : (step + 1) * churn]:
             job = replace(j, id=f"new-{step:03d}-{j.id}", submit=now, pending_since=now)
             jobs[job.id] = job

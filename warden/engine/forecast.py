@@ -24,6 +24,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from warden.engine import lifecycle
 from warden.engine.accounting import expected_end, save_fits_grace
 from warden.engine.fairshare import accrue, cluster_capacity
 from warden.engine.model import Attempt, Job, JobState, Snapshot
@@ -186,20 +187,11 @@ class _Forecast:
         for p in plan.preemptions:
             v = jobs[p.job_id]
             assert v.attempt is not None
-            v = replace(v, state=JobState.PREEMPTING, attempt=replace(v.attempt, sigterm_at=t, kill_at=t + p.grace))
-            changed.append(self._put(v, t))
+            changed.append(self._put(lifecycle.signalled(v, t, t + p.grace), t))
         for a in plan.admissions:
             j = jobs[a.job_id]
             number = 1 if j.attempt is None else j.attempt.number + 1
-            j = replace(
-                j,
-                state=JobState.RUNNING,
-                waited=j.wait_at(t),
-                pending_since=None,
-                not_before=None,
-                claim=False,
-                attempt=Attempt(number, t, a.placement, a.borrowing),
-            )
+            j = lifecycle.admitted(j, t, Attempt(number, t, a.placement, a.borrowing), starts=True)
             changed.append(self._put(j, t))
         claims = plan.claims
         for i in self.claimed | claims:
@@ -240,18 +232,11 @@ class _Forecast:
             del version[job_id]
             job = jobs.pop(job_id)
             if kind == _END:
-                changed.append(replace(job, state=JobState.SUCCEEDED, claim=False))
+                changed.append(lifecycle.finished(job))
                 continue
             assert job.attempt is not None and job.attempt.sigterm_at is not None
-            requeued = replace(
-                job,
-                state=JobState.PENDING,
-                attempt=None,
-                pending_since=t,
-                not_before=t + backoff if backoff > 0 else None,
-                preempted_at=(*job.preempted_at, job.attempt.sigterm_at),
-                claim=False,
-            )
+            gone = lifecycle.exited(job, JobState.REQUEUED, preempted_at=job.attempt.sigterm_at)
+            requeued = lifecycle.requeued(gone, t, backoff=backoff)
             jobs[job_id] = requeued
             changed.append(requeued)
             if requeued.not_before is not None:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from warden.engine import lifecycle
 from warden.engine.fairshare import accrue_rates, dominant_share
 from warden.engine.model import Attempt, Job, JobState, Node, Snapshot, UsageLedger
 from warden.engine.plan import Plan
@@ -454,8 +455,10 @@ class Simulation:
             startup_s=spec.startup_seconds,
             sigterm_save_s=spec.checkpoint_seconds if spec.resumable else None,
         )
-        waited = job.waited + (now - job.pending_since if job.pending_since is not None else 0.0)
-        self._update(pod, _started(job, attempt, waited, finish_time(spec, 0.0, gang.saved)))
+        self._update(
+            pod,
+            lifecycle.admitted(job, now, attempt, starts=True, expected_duration=finish_time(spec, 0.0, gang.saved)),
+        )
         self.waiting -= 1
         gang.waiting -= 1
         if gang.waiting == 0:
@@ -514,7 +517,7 @@ class Simulation:
         gang.token += 1
         for pod in gang.pods:
             self._release(pod, now)
-            self._update(pod, _succeeded(pod.job))
+            self._update(pod, lifecycle.finished(pod.job))
         return True
 
     def _signal(self, pod: _Pod, now: float, grace: float) -> None:
@@ -523,11 +526,7 @@ class Simulation:
         kill_at = now + grace
         if self.grace_poll:
             kill_at = math.ceil(kill_at / self.grace_poll) * self.grace_poll
-        a = pod.job.attempt
-        assert a is not None
-        self._update(
-            pod, replace(pod.job, state=JobState.PREEMPTING, attempt=replace(a, sigterm_at=now, kill_at=kill_at))
-        )
+        self._update(pod, lifecycle.signalled(pod.job, now, kill_at))
         pod.sigterm_at = now
         pod.preempted = True
         gang.preemptions += 1
@@ -549,20 +548,10 @@ class Simulation:
         assert pod.sigterm_at is not None
         self._release(pod, now)
         job = pod.job
-        not_before = now + self.backoff if self.backoff > 0 else None
-        waited = 0.0 if self.behaviour.requeue_restarts_age else job.waited
-        self._update(
-            pod,
-            replace(
-                job,
-                state=JobState.PENDING,
-                attempt=None,
-                pending_since=now,
-                not_before=not_before,
-                waited=waited,
-                preempted_at=(*job.preempted_at, pod.sigterm_at),
-            ),
-        )
+        gone = lifecycle.exited(job, JobState.REQUEUED, preempted_at=pod.sigterm_at)
+        requeued = lifecycle.requeued(gone, now, backoff=self.backoff, restart_age=self.behaviour.requeue_restarts_age)
+        self._update(pod, requeued)
+        not_before = requeued.not_before
         gang = pod.gang
         if gang.waiting == 0:
             gang.wait_since = now
@@ -618,20 +607,10 @@ class Simulation:
         )
 
 
-# The commonest changes to a pod's job, as calls of the real constructors with every field:
-# `dataclasses.replace` looks each field up by name, which costs more than the job is worth
-# at one checkpoint, start or finish per pod (tests/sim/test_simulator.py checks that these
-# give what `replace` gives, and that they name every field).
-
-
-def _started(job: Job, attempt: Attempt, waited: float, expected_duration: float) -> Job:
-    """`job`, RUNNING in `attempt`, with its wait so far and the runtime left."""
-    return _job(job, JobState.RUNNING, attempt, expected_duration, waited, None, None, False)
-
-
 def _checkpointed(job: Job, a: Attempt, checkpoint_s: float, at: float) -> Job:
     """`job` whose attempt `a` has spent `checkpoint_s` checkpointing, the newest save ending
-    `at`."""
+    `at`: the commonest change to a pod's job, written out field by field (`dataclasses.replace`
+    costs more than the job is worth at one checkpoint per pod)."""
     attempt = Attempt(
         a.number,
         a.started_at,
@@ -644,51 +623,7 @@ def _checkpointed(job: Job, a: Attempt, checkpoint_s: float, at: float) -> Job:
         a.sigterm_at,
         a.kill_at,
     )
-    j = job
-    return _job(j, j.state, attempt, j.expected_duration, j.waited, j.pending_since, j.not_before, j.claim)
-
-
-def _succeeded(job: Job) -> Job:
-    """`job`, SUCCEEDED."""
-    j = job
-    return _job(j, JobState.SUCCEEDED, j.attempt, j.expected_duration, j.waited, j.pending_since, j.not_before, j.claim)
-
-
-def _job(
-    j: Job,
-    state: JobState,
-    attempt: Attempt | None,
-    expected_duration: float | None,
-    waited: float,
-    pending_since: float | None,
-    not_before: float | None,
-    claim: bool,
-) -> Job:
-    """`j` with the fields the simulator changes as given: the constructor called with every
-    field in order, which costs a fraction of `dataclasses.replace` (the tests compare the two)."""
-    return Job(
-        j.id,
-        j.queue,
-        j.tier,
-        j.submit,
-        state,
-        j.replicas,
-        j.gpus,
-        j.cpu,
-        j.memory,
-        j.flavor,
-        j.placement,
-        j.user,
-        j.lease,
-        j.grace,
-        expected_duration,
-        waited,
-        pending_since,
-        not_before,
-        j.preempted_at,
-        claim,
-        attempt,
-    )
+    return lifecycle.reported(job, attempt)
 
 
 def simulate(

@@ -1,0 +1,178 @@
+"""The job lifecycle (`warden.engine.lifecycle`): the table is DESIGN §5, every edge is walked by
+the function of its event, every pair the table lacks is refused, and the functions change
+exactly the fields they say."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import fields, replace
+
+import pytest
+
+from warden.engine import lifecycle as lc
+from warden.engine.lifecycle import EDGES, Event, IllegalTransition
+from warden.engine.model import Attempt, Job, JobState, ReplicaPlacement
+
+S = JobState
+PLACED = (ReplicaPlacement("n0", (0, 1)),)
+
+
+def job_in(state: JobState, *, signalled: bool = False) -> Job:
+    attempt = None
+    if state.holds_resources:
+        attempt = Attempt(3, 100.0, PLACED, True, 30.0, 4.0, 150.0, 6.0)
+        if signalled or state is S.PREEMPTING:
+            attempt = replace(attempt, sigterm_at=200.0, kill_at=320.0)
+    return Job(
+        "7", "q", 3, 1.0, state, 2, 2, 500, 1024, "a100", "pack", "ana",
+        600.0, 90.0, 3600.0, 12.0, 50.0 if state.waiting else None, 70.0 if state.waiting else None,
+        (3.0,), state.waiting, attempt,
+    )  # fmt: skip
+
+
+def walk(event: Event, job: Job, target: JobState) -> Job:
+    """The lifecycle's function for `event`, asked to reach `target` (where it may choose)."""
+    now = 500.0
+    if event is Event.ADMITTED:
+        return lc.admitted(job, now, Attempt(4, now, PLACED), starts=target is S.RUNNING)
+    if event is Event.EXITED:
+        return lc.exited(job, target, preempted_at=None)
+    calls = {
+        Event.APPROVED: lambda: lc.approved(job),
+        Event.LAUNCHED: lambda: lc.launched(job),
+        Event.STARTED: lambda: lc.started(job),
+        Event.SIGNALLED: lambda: lc.signalled(job, now, now + 120.0),
+        Event.REQUEUED: lambda: lc.requeued(job, now, backoff=30.0),
+        Event.UNSTARTED: lambda: lc.unstarted(job, now),
+        Event.CANCELLED: lambda: lc.cancelled(job),
+    }
+    return calls[event]()
+
+
+def test_the_table_holds_design_section_5() -> None:
+    """`(AWAITING_APPROVAL →) PENDING → ADMITTED → STARTING → RUNNING → {SUCCEEDED | FAILED |
+    CANCELLED}`, with `RUNNING → PREEMPTING → REQUEUED → PENDING` on preemption."""
+    path = [
+        (S.AWAITING_APPROVAL, S.PENDING), (S.PENDING, S.ADMITTED), (S.ADMITTED, S.STARTING),
+        (S.STARTING, S.RUNNING), (S.RUNNING, S.SUCCEEDED), (S.RUNNING, S.FAILED), (S.RUNNING, S.CANCELLED),
+        (S.RUNNING, S.PREEMPTING), (S.PREEMPTING, S.REQUEUED), (S.REQUEUED, S.PENDING),
+    ]  # fmt: skip
+    for source, target in path:
+        assert [e for e in lc.events_between(source, target) if e is not Event.NOTED], (source, target)
+    for state in lc.TERMINAL:  # nothing leaves a terminal state
+        assert all(not lc.allows(e.event, state, t) for e in EDGES for t in JobState)
+
+
+@pytest.mark.parametrize(
+    ("event", "source", "target"),
+    [
+        (e.event, s, t)
+        for e in EDGES
+        if e.event is not Event.SUBMITTED
+        for s in sorted(e.source)
+        for t in sorted(e.target)
+    ],
+    ids=lambda v: v.value if hasattr(v, "value") else str(v),
+)
+def test_every_edge_is_walked_by_its_events_function(event: Event, source: JobState, target: JobState) -> None:
+    job = job_in(source)
+    moved = walk(event, job, target)
+    assert moved.state is target
+    assert (moved.id, moved.queue, moved.tier, moved.submit, moved.replicas, moved.gpus) == (
+        job.id, job.queue, job.tier, job.submit, job.replicas, job.gpus,
+    )  # fmt: skip
+
+
+def test_every_pair_the_table_lacks_is_refused() -> None:
+    allowed = {(e.event, s, t) for e in EDGES for s in e.source for t in e.target}
+    for event, source, target in itertools.product(Event, JobState, JobState):
+        if event is Event.NOTED:
+            assert lc.allows(event, source, target) is (source is target)
+            continue
+        expected = (event, source, target) in allowed
+        assert lc.allows(event, source, target) is expected, (event, source, target)
+        if not expected:
+            with pytest.raises(IllegalTransition, match=f"no {event.value} edge from {source.value}"):
+                lc.check(event, source, target)
+    assert lc.allows(Event.SUBMITTED, None, S.PENDING) and not lc.allows(Event.SUBMITTED, None, S.RUNNING)
+    assert not lc.allows(Event.APPROVED, None, S.PENDING)
+
+
+def test_a_function_called_from_the_wrong_state_refuses() -> None:
+    with pytest.raises(IllegalTransition):
+        lc.admitted(job_in(S.RUNNING), 1.0, Attempt(4, 1.0, PLACED), starts=True)
+    with pytest.raises(IllegalTransition):
+        lc.signalled(job_in(S.PREEMPTING), 1.0, 2.0)
+    with pytest.raises(IllegalTransition):
+        lc.requeued(job_in(S.PREEMPTING), 1.0, backoff=0.0)  # it passes through REQUEUED first
+    with pytest.raises(IllegalTransition):
+        lc.cancelled(job_in(S.RUNNING))  # a job that holds resources ends CANCELLED by its exit
+
+
+def test_each_function_changes_what_it_says_and_nothing_else() -> None:
+    now = 500.0
+    pending = job_in(S.PENDING)
+    attempt = Attempt(4, now, PLACED, True)
+    # admitted: its wait so far kept, back-off and claim over, nothing else changed
+    assert lc.admitted(pending, now, attempt, starts=False) == replace(
+        pending, state=S.ADMITTED, attempt=attempt, waited=12.0 + (now - 50.0),
+        pending_since=None, not_before=None, claim=False,
+    )  # fmt: skip
+    assert lc.admitted(pending, now, attempt, starts=True, expected_duration=99.0) == replace(
+        pending, state=S.RUNNING, attempt=attempt, waited=12.0 + (now - 50.0),
+        pending_since=None, not_before=None, claim=False, expected_duration=99.0,
+    )  # fmt: skip
+    running = job_in(S.RUNNING)
+    assert running.attempt is not None
+    assert lc.signalled(running, now, now + 120.0) == replace(
+        running, state=S.PREEMPTING, attempt=replace(running.attempt, sigterm_at=now, kill_at=now + 120.0)
+    )
+    signalled = lc.signalled(running, now, now + 120.0)
+    # a preemption's exit: the attempt left behind, the SIGTERM in the thrash guard's record
+    gone = lc.exited(signalled, S.REQUEUED, preempted_at=now)
+    assert gone == replace(signalled, state=S.REQUEUED, attempt=None, preempted_at=(3.0, now), claim=False)
+    # an eviction (its node went down) is no preemption: the record is unchanged
+    assert lc.exited(running, S.REQUEUED, preempted_at=None).preempted_at == (3.0,)
+    back = lc.requeued(gone, now + 5.0, backoff=30.0)
+    assert back == replace(gone, state=S.PENDING, pending_since=now + 5.0, not_before=now + 35.0)
+    assert lc.requeued(gone, now + 5.0, backoff=0.0).not_before is None
+    assert lc.requeued(gone, now + 5.0, backoff=0.0, restart_age=True).waited == 0.0
+    assert lc.finished(running) == replace(running, state=S.SUCCEEDED)
+    assert lc.unstarted(job_in(S.ADMITTED), now) == replace(
+        job_in(S.ADMITTED), state=S.PENDING, attempt=None, pending_since=now, not_before=None, claim=False
+    )
+    reported = replace(running.attempt, checkpoint_s=9.0)
+    assert lc.reported(running, reported) == replace(running, attempt=reported)
+
+
+def test_the_written_out_constructor_names_every_field() -> None:
+    """The functions build a job field by field (cheaper than `replace`): a field added to `Job`
+    must be added there too, or this fails."""
+    assert [f.name for f in fields(Job)] == [
+        "id", "queue", "tier", "submit", "state", "replicas", "gpus", "cpu", "memory", "flavor",
+        "placement", "user", "lease", "grace", "expected_duration", "waited", "pending_since",
+        "not_before", "preempted_at", "claim", "attempt",
+    ]  # fmt: skip
+    assert [f.name for f in fields(Attempt)] == [
+        "number", "started_at", "assignment", "borrowing", "startup_s", "checkpoint_s",
+        "last_checkpoint_at", "sigterm_save_s", "sigterm_at", "kill_at",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("cancel", "signalled", "killed", "evicted", "codes", "state", "reason"),
+    [
+        (True, True, False, False, [0], S.CANCELLED, "cancelled"),
+        (False, True, False, False, [0, 0], S.REQUEUED, "preempted"),
+        (False, True, True, False, [-9], S.REQUEUED, "killed"),
+        (False, False, False, True, [-9], S.REQUEUED, "evicted"),
+        (False, False, False, False, [0, 0], S.SUCCEEDED, "completed"),
+        (False, False, False, False, [0, 3], S.FAILED, "failed"),
+        (False, False, False, False, [None], S.FAILED, "failed"),
+    ],
+)
+def test_an_exit_means_what_its_circumstances_say(
+    cancel: bool, signalled: bool, killed: bool, evicted: bool, codes: list[int | None], state: JobState, reason: str
+) -> None:
+    got = lc.outcome(cancel_requested=cancel, signalled=signalled, killed=killed, evicted=evicted, exit_codes=codes)
+    assert (got.state, got.reason) == (state, reason)

@@ -1,0 +1,324 @@
+"""The job lifecycle of DESIGN §5, as data and as the functions that move a job along it.
+
+`EDGES` is the state machine: each event with the states it may leave and the states it may
+reach. The store refuses a transition the table lacks (`check`), and the server, the simulator,
+the forecast and the benchmarks change a job's state only through the functions below, so the
+three shells cannot drift apart: what a requeue does to a job (its attempt closed, the thrash
+guard's record of the preemption, the back-off, its age) is written once, here.
+
+The shells differ in what they know, and those differences are the functions' arguments: the
+server admits a job before its processes exist (`starts=False`, ADMITTED then STARTING and
+RUNNING as the executor reports them) and passes a requeue through REQUEUED in its own
+transaction, so that a cancel landing in between ends the job; the simulator and the forecast
+start an admitted job at once and requeue it in one step (`exited` then `requeued`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from warden.engine.model import Attempt, Job, JobState
+
+_S = JobState
+HOLDING = frozenset(s for s in JobState if s.holds_resources)
+WAITING = frozenset(s for s in JobState if s.waiting)
+TERMINAL = frozenset(s for s in JobState if s.terminal)
+
+
+class Event(str, Enum):
+    """What happened to a job; each is an edge (or a set of edges) of the state machine."""
+
+    SUBMITTED = "submitted"
+    APPROVED = "approved"
+    ADMITTED = "admitted"
+    LAUNCHED = "launched"
+    STARTED = "started"
+    SIGNALLED = "signalled"
+    EXITED = "exited"
+    REQUEUED = "requeued"
+    UNSTARTED = "unstarted"
+    CANCELLED = "cancelled"
+    NOTED = "noted"
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """An event, the states it may leave (empty: the job is created by it) and those it may
+    reach; `why` is the sentence docs/engine.md shows."""
+
+    event: Event
+    source: frozenset[JobState]
+    target: frozenset[JobState]
+    why: str
+
+
+EDGES: tuple[Edge, ...] = (
+    Edge(
+        Event.SUBMITTED,
+        frozenset(),
+        frozenset({_S.AWAITING_APPROVAL, _S.PENDING}),
+        "a job is created; tier 1 and 2 wait for an admin's approval",
+    ),
+    Edge(Event.APPROVED, frozenset({_S.AWAITING_APPROVAL}), frozenset({_S.PENDING}), "an admin approved it"),
+    Edge(
+        Event.ADMITTED,
+        frozenset({_S.PENDING, _S.REQUEUED}),
+        frozenset({_S.ADMITTED, _S.RUNNING}),
+        "a pass admitted it: ADMITTED where processes start later (server), RUNNING where they "
+        "start at once (simulator, forecast)",
+    ),
+    Edge(Event.LAUNCHED, frozenset({_S.ADMITTED}), frozenset({_S.STARTING}), "handed to the executor"),
+    Edge(Event.STARTED, frozenset({_S.STARTING}), frozenset({_S.RUNNING}), "its processes run"),
+    Edge(
+        Event.SIGNALLED,
+        frozenset({_S.ADMITTED, _S.STARTING, _S.RUNNING}),
+        frozenset({_S.PREEMPTING}),
+        "SIGTERM for a preemption or reclaim: its grace runs, SIGKILL at the deadline",
+    ),
+    Edge(
+        Event.EXITED,
+        HOLDING,
+        frozenset({_S.REQUEUED, *TERMINAL}),
+        "its processes are gone: REQUEUED after SIGTERM or an eviction, CANCELLED once a cancel "
+        "marked it, else by the exit codes (a launch that failed is FAILED)",
+    ),
+    Edge(Event.REQUEUED, frozenset({_S.REQUEUED}), frozenset({_S.PENDING}), "back in the queue, age kept"),
+    Edge(
+        Event.UNSTARTED,
+        HOLDING,
+        frozenset({_S.PENDING}),
+        "the server stopped before the job's processes started: admitted again later",
+    ),
+    Edge(Event.CANCELLED, WAITING, frozenset({_S.CANCELLED}), "cancelled while it waited"),
+)
+
+NOTED = Edge(
+    Event.NOTED,
+    frozenset(JobState),
+    frozenset(JobState),
+    "an event without a change of state (a cancel mark, a hold, a release, a claim, a clamped "
+    "report): its state stays what it is",
+)
+
+
+class IllegalTransition(ValueError):
+    """A change of state the lifecycle has no edge for: a bug in the caller, never user input."""
+
+
+def edge(event: Event) -> Edge:
+    if event is Event.NOTED:
+        return NOTED
+    return _BY_EVENT[event]
+
+
+_BY_EVENT = {e.event: e for e in EDGES}
+
+
+def check(event: Event, source: JobState | None, target: JobState) -> None:
+    """Raise IllegalTransition unless `event` may move a job from `source` (None: a new job) to
+    `target`."""
+    if not allows(event, source, target):
+        raise IllegalTransition(f"no {event.value} edge from {source.value if source else 'nothing'} to {target.value}")
+
+
+def allows(event: Event, source: JobState | None, target: JobState) -> bool:
+    """Has the table an `event` edge from `source` (None: a new job) to `target`?"""
+    if event is Event.NOTED:
+        return source is not None and source is target
+    e = edge(event)
+    leaves = not e.source if source is None else source in e.source
+    return leaves and target in e.target
+
+
+def events_between(source: JobState, target: JobState) -> tuple[Event, ...]:
+    """Every event that may move a job from `source` to `target`."""
+    found = tuple(e.event for e in EDGES if source in e.source and target in e.target)
+    return (*found, Event.NOTED) if source is target else found
+
+
+# -- what each event changes on a job ------------------------------------------------------------
+
+
+def admitted(job: Job, now: float, attempt: Attempt, *, starts: bool, expected_duration: float | None = None) -> Job:
+    """A waiting job admitted at `now` into `attempt`: its wait so far kept (aging carries over
+    the next requeue), its back-off and claim over. `starts`: its processes start at once
+    (RUNNING) rather than being handed to an executor (ADMITTED). `expected_duration`: what is
+    left of its runtime, where the caller knows it better than the job did."""
+    target = _S.RUNNING if starts else _S.ADMITTED
+    check(Event.ADMITTED, job.state, target)
+    duration = job.expected_duration if expected_duration is None else expected_duration
+    return _job(job, target, attempt, duration, job.wait_at(now), None, None, False, job.preempted_at)
+
+
+def launched(job: Job) -> Job:
+    """An admitted job handed to its executor."""
+    check(Event.LAUNCHED, job.state, _S.STARTING)
+    return _moved(job, _S.STARTING)
+
+
+def started(job: Job) -> Job:
+    """A job whose processes run."""
+    check(Event.STARTED, job.state, _S.RUNNING)
+    return _moved(job, _S.RUNNING)
+
+
+def signalled(job: Job, now: float, kill_at: float) -> Job:
+    """SIGTERM at `now` for a preemption: the job holds its resources until it exits, by
+    `kill_at` at the latest."""
+    a = job.attempt
+    assert a is not None, f"job {job.id} is signalled without an attempt"
+    check(Event.SIGNALLED, job.state, _S.PREEMPTING)
+    attempt = Attempt(
+        a.number,
+        a.started_at,
+        a.assignment,
+        a.borrowing,
+        a.startup_s,
+        a.checkpoint_s,
+        a.last_checkpoint_at,
+        a.sigterm_save_s,
+        now,
+        kill_at,
+    )
+    return _job(
+        job,
+        _S.PREEMPTING,
+        attempt,
+        job.expected_duration,
+        job.waited,
+        job.pending_since,
+        job.not_before,
+        job.claim,
+        job.preempted_at,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How an attempt ended: the job's next state and the word its event and attempt record."""
+
+    state: JobState
+    reason: str
+
+
+def outcome(
+    *, cancel_requested: bool, signalled: bool, killed: bool, evicted: bool, exit_codes: Sequence[int | None]
+) -> Outcome:
+    """What an exit means: CANCELLED once a cancel marked the job (never requeued), REQUEUED
+    after SIGTERM (`preempted`, or `killed` when SIGKILL came) or an eviction by the substrate,
+    else SUCCEEDED when every process exited 0 and FAILED otherwise."""
+    if cancel_requested:
+        return Outcome(_S.CANCELLED, "cancelled")
+    if signalled:
+        return Outcome(_S.REQUEUED, "killed" if killed else "preempted")
+    if evicted:
+        return Outcome(_S.REQUEUED, "evicted")
+    if all(c == 0 for c in exit_codes):
+        return Outcome(_S.SUCCEEDED, "completed")
+    return Outcome(_S.FAILED, "failed")
+
+
+def exited(job: Job, to: JobState, *, preempted_at: float | None) -> Job:
+    """The job's processes are gone and it moves `to` (see `outcome`). A requeued job leaves its
+    attempt behind; `preempted_at`, when a preemption's SIGTERM at that time made it go (not
+    its node going down, nor a cancel), joins the record the thrash guard's budget counts
+    (`Job.preempted_at`)."""
+    check(Event.EXITED, job.state, to)
+    if to is not _S.REQUEUED:
+        return _moved(job, to)
+    record = job.preempted_at if preempted_at is None else (*job.preempted_at, preempted_at)
+    return _job(
+        job, _S.REQUEUED, None, job.expected_duration, job.waited, job.pending_since, job.not_before, False, record
+    )
+
+
+def requeued(job: Job, now: float, *, backoff: float, restart_age: bool = False) -> Job:
+    """A requeued job back in PENDING at `now`: admitted no earlier than the thrash guard's
+    back-off, with the age it had (`restart_age`: from zero, as a Slurm requeue resets it)."""
+    check(Event.REQUEUED, job.state, _S.PENDING)
+    return _pending(job, now, backoff, 0.0 if restart_age else job.waited)
+
+
+def unstarted(job: Job, now: float) -> Job:
+    """A job admitted whose processes never started (the server stopped in between): waiting
+    again from `now`, its attempt given up."""
+    check(Event.UNSTARTED, job.state, _S.PENDING)
+    return _pending(job, now, 0.0, job.waited)
+
+
+def approved(job: Job) -> Job:
+    check(Event.APPROVED, job.state, _S.PENDING)
+    return _moved(job, _S.PENDING)
+
+
+def cancelled(job: Job) -> Job:
+    """A waiting job cancelled."""
+    check(Event.CANCELLED, job.state, _S.CANCELLED)
+    return _moved(job, _S.CANCELLED)
+
+
+def finished(job: Job) -> Job:
+    """A job that ran to its end (simulator, forecast): SUCCEEDED."""
+    return exited(job, _S.SUCCEEDED, preempted_at=None)
+
+
+def reported(job: Job, attempt: Attempt) -> Job:
+    """`job` with its attempt's facts as the job last reported them (startup, saves): no change
+    of state (the NOTED edge)."""
+    j = job
+    return _job(
+        j, j.state, attempt, j.expected_duration, j.waited, j.pending_since, j.not_before, j.claim, j.preempted_at
+    )
+
+
+def _pending(job: Job, now: float, backoff: float, waited: float) -> Job:
+    not_before = now + backoff if backoff > 0 else None
+    return _job(job, _S.PENDING, None, job.expected_duration, waited, now, not_before, False, job.preempted_at)
+
+
+def _moved(job: Job, state: JobState) -> Job:
+    j = job
+    return _job(
+        j, state, j.attempt, j.expected_duration, j.waited, j.pending_since, j.not_before, j.claim, j.preempted_at
+    )
+
+
+def _job(
+    j: Job,
+    state: JobState,
+    attempt: Attempt | None,
+    expected_duration: float | None,
+    waited: float,
+    pending_since: float | None,
+    not_before: float | None,
+    claim: bool,
+    preempted_at: tuple[float, ...],
+) -> Job:
+    """`j` with the fields a change of state touches as given: the constructor called with every
+    field in order, a fraction of what `dataclasses.replace` costs at the simulator's rate of
+    one change per pod event (tests/engine/test_lifecycle.py compares the two)."""
+    return Job(
+        j.id,
+        j.queue,
+        j.tier,
+        j.submit,
+        state,
+        j.replicas,
+        j.gpus,
+        j.cpu,
+        j.memory,
+        j.flavor,
+        j.placement,
+        j.user,
+        j.lease,
+        j.grace,
+        expected_duration,
+        waited,
+        pending_since,
+        not_before,
+        preempted_at,
+        claim,
+        attempt,
+    )
