@@ -176,3 +176,10 @@ def test_an_exit_means_what_its_circumstances_say(
 ) -> None:
     got = lc.outcome(cancel_requested=cancel, signalled=signalled, killed=killed, evicted=evicted, exit_codes=codes)
     assert (got.state, got.reason) == (state, reason)
+
+
+def test_docs_show_the_table_the_engine_holds() -> None:
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "engine.md").read_text()
+    assert lc.table() in docs, "docs/engine.md: paste `warden.engine.lifecycle.table()` under 'The job lifecycle'"

@@ -59,7 +59,7 @@ EDGES: tuple[Edge, ...] = (
         Event.SUBMITTED,
         frozenset(),
         frozenset({_S.AWAITING_APPROVAL, _S.PENDING}),
-        "a job is created; tier 1 and 2 wait for an admin's approval",
+        "a job is created, AWAITING_APPROVAL where its tier needs an admin's approval",
     ),
     Edge(Event.APPROVED, frozenset({_S.AWAITING_APPROVAL}), frozenset({_S.PENDING}), "an admin approved it"),
     Edge(
@@ -108,6 +108,7 @@ class IllegalTransition(ValueError):
 
 
 def edge(event: Event) -> Edge:
+    """The edge of `event` (NOTED: any state to itself)."""
     if event is Event.NOTED:
         return NOTED
     return _BY_EVENT[event]
@@ -249,6 +250,7 @@ def unstarted(job: Job, now: float) -> Job:
 
 
 def approved(job: Job) -> Job:
+    """A job an admin approved: it waits like any other."""
     check(Event.APPROVED, job.state, _S.PENDING)
     return _moved(job, _S.PENDING)
 
@@ -322,3 +324,18 @@ def _job(
         claim,
         attempt,
     )
+
+
+def table() -> str:
+    """The state machine as the Markdown table docs/engine.md shows (a test keeps them equal)."""
+
+    def states(found: frozenset[JobState]) -> str:
+        order = list(JobState)
+        return ", ".join(s.value for s in sorted(found, key=order.index)) if found else "—"
+
+    rows = ["| event | from | to | what it means |", "|---|---|---|---|"]
+    for e in (*EDGES, NOTED):
+        source = "any" if e is NOTED else states(e.source)
+        target = "the same" if e is NOTED else states(e.target)
+        rows.append(f"| `{e.event.value}` | {source} | {target} | {e.why} |")
+    return "\n".join(rows)
