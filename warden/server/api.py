@@ -39,7 +39,7 @@ from warden.server.views import (
     queue_views,
     verdict_view,
 )
-from warden.store.repo import TokenInfo
+from warden.store.tokens import TokenInfo
 
 if TYPE_CHECKING:
     from warden.server.service import Service

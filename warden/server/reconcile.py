@@ -58,7 +58,9 @@ from warden.executors.base import Executor, Exit, Handle, Inventory, LaunchSpec,
 from warden.server.explanations import KILL_AT
 from warden.server.history import INTERVAL_S, History
 from warden.server.statedir import set_aside_stale
-from warden.store.repo import ActiveJob, NodeRecord, Store, StoredAttempt, StoredJob
+from warden.store.jobs import ActiveJob, StoredAttempt, StoredJob
+from warden.store.nodes import NodeRecord
+from warden.store.repo import Store
 
 if TYPE_CHECKING:
     from warden.server.metrics import ServerMetrics

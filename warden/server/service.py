@@ -38,7 +38,9 @@ from warden.server.history import INTERVAL_S as HISTORY_INTERVAL_S
 from warden.server.metrics import ServerMetrics
 from warden.server.policydiff import policy_diff
 from warden.server.reconcile import Reconciler
-from warden.store.repo import DuplicateSubmission, EarlierSubmission, Store, StoredJob, TokenInfo
+from warden.store.jobs import DuplicateSubmission, EarlierSubmission, StoredJob
+from warden.store.repo import Store
+from warden.store.tokens import TokenInfo
 
 if TYPE_CHECKING:
     from warden.server.api import ReportRequest, SubmitRequest, TokenRequest
