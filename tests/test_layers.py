@@ -1,7 +1,9 @@
 """The architecture of DESIGN §1, checked on the source: the engine imports nothing of warden
 outside itself, and the control plane (server, store, executors) never imports the simulator.
 What both shells share lives in the engine (`warden.engine.accounting`). Imports under
-`TYPE_CHECKING` count too: a type-only dependency is still one."""
+`TYPE_CHECKING` count too: a type-only dependency is still one. Within the server, no module
+imports another that imports it back, however indirectly: each can be read, and loaded, on its
+own terms."""
 
 from __future__ import annotations
 
@@ -46,6 +48,42 @@ def _is(name: str, package: str) -> bool:
     return name == package or name.startswith(package + ".")
 
 
+def module_name(path: Path) -> str:
+    parts = path.relative_to(WARDEN.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if path.name == "__init__.py" else parts)
+
+
+def import_graph(*packages: str) -> dict[str, set[str]]:
+    """For each module of `packages`, the modules of `packages` it imports: at the top, inside a
+    function or under `TYPE_CHECKING` alike."""
+    paths = {module_name(p): p for p in modules(*packages)}
+    return {name: {m for m in imported(path) if m in paths and m != name} for name, path in paths.items()}
+
+
+def cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of `graph`, its modules in import order and the first repeated last;
+    None when there is none."""
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            return [*path[path.index(node) :], node]
+        if node in done:
+            return None
+        for target in sorted(graph.get(node, ())):
+            found = visit(target, [*path, node])
+            if found:
+                return found
+        done.add(node)
+        return None
+
+    for node in sorted(graph):
+        found = visit(node, [])
+        if found:
+            return found
+    return None
+
+
 @pytest.mark.parametrize("path", modules("server", "store", "executors"), ids=lambda p: str(p.relative_to(WARDEN)))
 def test_the_control_plane_does_not_import_the_simulator(path: Path) -> None:
     assert not {m for m in imported(path) if _is(m, "warden.sim")}
@@ -57,9 +95,30 @@ def test_the_engine_imports_nothing_of_warden_but_itself(path: Path) -> None:
     assert not outside
 
 
+def test_the_server_modules_import_each_other_in_no_cycle() -> None:
+    """A cycle dodged by a function-local or a `TYPE_CHECKING` import is still a cycle."""
+    found = cycle(import_graph("server"))
+    assert found is None, " -> ".join(found or ())
+
+
 def test_the_checks_see_imports_of_every_form() -> None:
     """Absolute, `from` and relative imports are all seen (else the checks above prove nothing)."""
     source = "import warden.sim.metrics\nfrom warden import sim\nfrom ..sim.records import SimRun\n"
     found = imports_of(source, "warden.server")
     assert {"warden.sim.metrics", "warden.sim", "warden.sim.records"} <= found
     assert imports_of("from . import rules\n", "warden.engine") >= {"warden.engine", "warden.engine.rules"}
+
+
+def test_the_cycle_check_sees_type_only_and_local_imports() -> None:
+    """Imports under `TYPE_CHECKING` and inside functions are edges, and a cycle through them is
+    found (else the cycle check above proves nothing)."""
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from warden.server.b import B\n"
+        "def f():\n"
+        "    from warden.server import c\n"
+    )
+    assert {"warden.server.b", "warden.server.c"} <= imports_of(source, "warden.server")
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None

@@ -24,10 +24,10 @@ from serverproc import end_everything
 from warden.engine.model import JobState, Node
 from warden.engine.policy import parse_policy
 from warden.executors.local import LocalExecutor
-from warden.server.api import SubmitRequest
 from warden.server.app import create_app
 from warden.server.auth import Principal
 from warden.server.errors import ApiError
+from warden.server.requests import SubmitRequest
 from warden.server.service import Service
 from warden.store.repo import Store
 

@@ -27,7 +27,7 @@ from warden.server.history import KEEP_S, take_sample
 from warden.server.service import Service
 from warden.store import Store, connect, migrate
 from warden.store.db import alembic_config
-from warden.store.repo import SAMPLES, HistorySample
+from warden.store.history import SAMPLES, HistorySample
 
 T0 = 1_000_000.0
 POLICY = {

@@ -14,7 +14,8 @@ from warden.engine.model import JobState, ReplicaPlacement
 from warden.engine.policy import parse_policy
 from warden.engine.reasons import AwaitingApproval, WaitingForLease
 from warden.server.views import job_detail, job_summary, warnings
-from warden.store.repo import Store, StoredAttempt, StoredJob
+from warden.store.jobs import StoredAttempt, StoredJob
+from warden.store.repo import Store
 
 POLICY = parse_policy(
     {

@@ -31,7 +31,8 @@ from warden.server.auth import Principal
 from warden.server.errors import ApiError
 from warden.server.reconcile import EngineJobs
 from warden.server.service import Service
-from warden.store.repo import ActiveJob, Store
+from warden.store.jobs import ActiveJob
+from warden.store.repo import Store
 
 POLICY = """\
 min_grace: 1s

@@ -30,7 +30,7 @@ SUBMIT_RETRIES = 2
 """How often `submit` sends a submission again (with its Idempotency-Key) when no answer came."""
 EXIT_UNREACHABLE = 1
 INT32_MAX = 2**31 - 1
-"""The largest count the API takes (`warden.server.api.INT32_MAX`)."""
+"""The largest count the API takes (`warden.server.requests.INT32_MAX`)."""
 AUDIT_MAX = 10_000
 """The most audit entries one request may ask for (`GET /v1/audit?limit=`)."""
 

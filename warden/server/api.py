@@ -12,23 +12,23 @@ import json
 import logging
 import math
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from warden.engine.model import JobState
 from warden.engine.overcommit import overcommitted
-from warden.engine.policy import Duration
-from warden.server.auth import TOKEN_LIFETIME_MAX_S, Principal, bearer
+from warden.server.auth import Principal, bearer
 from warden.server.busy import PerUserLimit
 from warden.server.errors import ApiError, ErrorBody, error_body, safe_value, shorten
 from warden.server.explanations import wall_times
 from warden.server.export import PARQUET_HINT, to_csv, to_parquet
 from warden.server.history import MOST_SAMPLES, SPAN_MAX_S, history_view
+from warden.server.requests import INT32_MAX, INT64_MAX, Name, PolicyRequest, ReportRequest, SubmitRequest, TokenRequest
+from warden.server.service import Service
 from warden.server.views import (
     cycles_of,
     job_detail,
@@ -39,22 +39,12 @@ from warden.server.views import (
     queue_views,
     verdict_view,
 )
-from warden.store.repo import TokenInfo
-
-if TYPE_CHECKING:
-    from warden.server.service import Service
+from warden.store.tokens import TokenInfo
 
 PRIVATE_FIELDS = ("command", "workdir")
 """What `GET /v1/jobs/{id}` leaves out of another user's job under `--private-data jobs`."""
 
 API_VERSION = "v1"
-INT32_MAX = 2**31 - 1
-"""The largest count the database holds in an Integer column on every backend."""
-INT64_MAX = 2**63 - 1
-NAME_CHARS = 255
-"""Names, queues, flavors and users are String(255) columns."""
-SECONDS_MAX = 1e9
-"""About 30 years: the longest duration a report may state."""
 TIME_MAX = 1e11
 """The latest time (unix seconds, about the year 5100) a request may name."""
 DAY_S = 86400.0
@@ -66,102 +56,6 @@ EXPORT_MAX_S = 400 * 86400.0
 """How far back `GET /v1/history/export` reaches by default, and at most."""
 
 log = logging.getLogger("warden.server")
-
-
-def clean_text(text: str) -> str:
-    """Text the database, the JSON encoder and `exec` all accept: no NUL, no lone surrogate."""
-    if "\x00" in text:
-        raise ValueError("contains a NUL character")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("contains a lone surrogate, which is not Unicode text") from None
-    return text
-
-
-Text = Annotated[str, AfterValidator(clean_text)]
-Name = Annotated[Text, Field(max_length=NAME_CHARS)]
-Count = Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]
-Positive = Annotated[int, Field(strict=True, ge=1, le=INT32_MAX)]
-"""A count of at least one. Its own type: a `Field(ge=1)` on a `Count` field loses to the
-`ge=0` inside `Count` (pydantic applies an Annotated type's constraints after the field's)."""
-BigCount = Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]
-"""A counter a long run can take past 2³¹ (training steps, samples): a BigInteger column."""
-
-
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-
-class SubmitRequest(_Request):
-    """A job: a command run as `replicas` × (`gpus`, `cpu`, `memory`), admitted and evicted whole.
-    The policy's `limits` bound its sizes; the cluster's largest node bounds each replica."""
-
-    queue: Name = Field(min_length=1)
-    tier: int = Field(strict=True, ge=1, le=4)
-    command: list[Text] = Field(min_length=1)
-    name: Name = ""
-    gpus: Count = Field(default=1, description="GPUs per replica")
-    replicas: Positive = Field(default=1, description="replicas of the gang, admitted and evicted whole")
-    cpu: Count = Field(default=0, description="millicores per replica")
-    memory: Count = Field(default=0, description="MiB per replica")
-    flavor: Name | None = None
-    placement: Literal["pack", "block", "any"] = "any"
-    lease: Duration | None = Field(default=None, description="minimum runtime, e.g. 30m")
-    grace: Duration | None = Field(
-        default=None, description="grace period after SIGTERM, e.g. 300s; between the policy's min_grace and max_grace"
-    )
-    time_limit: Duration | None = Field(
-        default=None, description="runtime estimate, used for reservations; more than 0 (leave it out for none)"
-    )
-    workdir: Text | None = None
-    env: dict[Text, Text] = Field(default_factory=dict)
-
-    @field_validator("command")
-    @classmethod
-    def _non_empty_program(cls, v: list[str]) -> list[str]:
-        if not v[0]:
-            raise ValueError("the program (first word) is empty")
-        return v
-
-    @field_validator("env")
-    @classmethod
-    def _variable_names(cls, v: dict[str, str]) -> dict[str, str]:
-        for key in v:
-            if not key or "=" in key:
-                raise ValueError(f"{shorten(key, 60)!r} is not a variable name (non-empty, without '=')")
-        return v
-
-
-class ReportRequest(_Request):
-    """What the workload SDK tells the server about the attempt it runs in."""
-
-    attempt: int = Field(strict=True, ge=1, le=INT32_MAX)
-    kind: Literal["startup", "progress", "checkpoint_started", "checkpoint_finished"]
-    at: float | None = Field(default=None, ge=0, le=1e11)
-    startup_s: float | None = Field(default=None, ge=0, le=SECONDS_MAX)
-    step: BigCount | None = None
-    samples: BigCount | None = None
-    duration_s: float | None = Field(default=None, ge=0, le=SECONDS_MAX)
-    size_bytes: int | None = Field(default=None, strict=True, ge=0, le=INT64_MAX)
-    on_sigterm: bool | None = None
-
-
-class TokenRequest(_Request):
-    user: str = Field(min_length=1, max_length=NAME_CHARS, pattern=r"^[A-Za-z0-9_.@-]+$")
-    role: Literal["user", "admin"] = "user"
-    queues: list[Name] = Field(default_factory=lambda: ["*"], max_length=10_000)
-    expires_in_s: float | None = Field(
-        default=None,
-        ge=1,
-        le=TOKEN_LIFETIME_MAX_S,
-        allow_inf_nan=False,
-        description="seconds until the token expires, 1 to 10 years; default: the server's --token-lifetime",
-    )
-
-
-class PolicyRequest(_Request):
-    source: Text = Field(description="the policy YAML, as written; not empty")
 
 
 def _token_view(t: TokenInfo) -> dict[str, Any]:
@@ -313,7 +207,7 @@ async def _too_large(send: Callable[[MutableMapping[str, Any]], Awaitable[None]]
     await send({"type": "http.response.body", "body": payload})
 
 
-def install_request_limits(app: FastAPI, service: "Service") -> None:
+def install_request_limits(app: FastAPI, service: Service) -> None:
     """Bound every request body by the policy in force (`limits.max_body_bytes`)."""
     app.add_middleware(BodyLimit, limit=lambda: service.policy.limits.max_body_bytes)
 
@@ -329,7 +223,7 @@ IdempotencyKey = Annotated[
 ]
 
 
-def build_router(service: "Service") -> APIRouter:
+def build_router(service: Service) -> APIRouter:
     """The /v1 routes over a `warden.server.service.Service` (the state behind the API)."""
     r = APIRouter(prefix=f"/{API_VERSION}")
     diffs, exports = PerUserLimit("policy diffs"), PerUserLimit("history exports")
@@ -632,7 +526,7 @@ def _states(state: list[str] | None, include_finished: bool) -> set[str] | None:
     return {s.value for s in JobState if not s.terminal}
 
 
-def metrics_route(app: FastAPI, service: "Service") -> None:
+def metrics_route(app: FastAPI, service: Service) -> None:
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:
         body, content_type = service.metrics.render()

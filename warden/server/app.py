@@ -34,7 +34,8 @@ from warden.server.service import Service
 from warden.server.statedir import bind_database, check_reachable, interpreter_warning, lock_server
 from warden.server.ui import mount_ui
 from warden.store.db import connect, default_url, migrate, secure_sqlite_files
-from warden.store.repo import NodeRecord, Store
+from warden.store.nodes import NodeRecord
+from warden.store.repo import Store
 
 log = logging.getLogger("warden.server")
 

@@ -30,7 +30,7 @@ from dataclasses import astuple, dataclass
 
 from warden.engine.accounting import assumed_startup
 from warden.engine.policy import Policy
-from warden.store.repo import StoredAttempt, StoredJob
+from warden.store.jobs import StoredAttempt, StoredJob
 from warden.traces import NATIVE_COLUMNS, native_cell
 
 FORMATS = ("native", "parquet")

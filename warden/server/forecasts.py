@@ -19,7 +19,7 @@ from typing import Any
 from warden.engine.forecast import MAX_PASSES, Estimate, expected_starts
 from warden.engine.model import Snapshot
 from warden.server.views import estimate_view
-from warden.store.repo import StoredJob
+from warden.store.jobs import StoredJob
 
 log = logging.getLogger("warden.server")
 

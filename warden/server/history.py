@@ -18,7 +18,8 @@ from warden.engine.model import UsageLedger
 from warden.engine.policy import Policy
 from warden.executors.base import Inventory
 from warden.server.views import queue_views, wait_s
-from warden.store.repo import HistorySample, Store
+from warden.store.history import HistorySample
+from warden.store.repo import Store
 
 INTERVAL_S = 60.0
 """How often a sample is taken by default (`Service(history_interval_s=…)` for tests)."""

@@ -25,7 +25,7 @@ queue, tier, state or kind only, so the number of series stays bounded by the po
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -33,18 +33,44 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from warden.engine.accounting import wait_time
 from warden.engine.cycles import CYCLE_KINDS
-from warden.engine.model import JobState
+from warden.engine.model import JobState, Node
+from warden.engine.policy import Policy
+from warden.executors.base import Inventory
 from warden.server.views import cycles_of
-
-if TYPE_CHECKING:
-    from warden.server.service import Service
+from warden.store.repo import Store
 
 WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 28800, 86400, 259200)
 PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
+class _Inventoried(Protocol):
+    @property
+    def cluster(self) -> Inventory: ...
+
+
+class Scraped(Protocol):
+    """What the gauges read of the server at scrape time; `warden.server.service.Service` is
+    one. A protocol, not the service itself: the service imports this module (and the reconcile
+    loop, which this module feeds), so naming the service here would make the two import each
+    other."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def nodes(self) -> tuple[Node, ...]: ...
+
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def reconciler(self) -> _Inventoried: ...
+
+    def now(self) -> float: ...
+
+
 class ServerMetrics:
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Scraped) -> None:
         self.service = service
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -116,7 +142,7 @@ class ServerMetrics:
 class _Gauges:
     """Values read from the database at scrape time."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Scraped) -> None:
         self.service = service
 
     def describe(self) -> list[GaugeMetricFamily]:

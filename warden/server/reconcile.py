@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from warden.engine.accounting import assumed_startup, effective_grace, measured_lost_work, wait_time
 from warden.engine.cycles import preemption_cycles
@@ -57,11 +57,11 @@ from warden.engine.scheduler import Engine
 from warden.executors.base import Executor, Exit, Handle, Inventory, LaunchSpec, ReplicaLaunch, UnknownAttempt
 from warden.server.explanations import KILL_AT
 from warden.server.history import INTERVAL_S, History
+from warden.server.metrics import ServerMetrics
 from warden.server.statedir import set_aside_stale
-from warden.store.repo import ActiveJob, NodeRecord, Store, StoredAttempt, StoredJob
-
-if TYPE_CHECKING:
-    from warden.server.metrics import ServerMetrics
+from warden.store.jobs import ActiveJob, StoredAttempt, StoredJob
+from warden.store.nodes import NodeRecord
+from warden.store.repo import Store
 
 log = logging.getLogger("warden.reconcile")
 

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import yaml
 from prometheus_client import Counter
@@ -38,10 +38,10 @@ from warden.server.history import INTERVAL_S as HISTORY_INTERVAL_S
 from warden.server.metrics import ServerMetrics
 from warden.server.policydiff import policy_diff
 from warden.server.reconcile import Reconciler
-from warden.store.repo import DuplicateSubmission, EarlierSubmission, Store, StoredJob, TokenInfo
-
-if TYPE_CHECKING:
-    from warden.server.api import ReportRequest, SubmitRequest, TokenRequest
+from warden.server.requests import ReportRequest, SubmitRequest, TokenRequest
+from warden.store.jobs import DuplicateSubmission, EarlierSubmission, StoredJob
+from warden.store.repo import Store
+from warden.store.tokens import TokenInfo
 
 TOKEN_CACHE_S = 1.0
 PrivateData = Literal["jobs", "none"]

@@ -20,7 +20,9 @@ from warden.engine.policy import Policy
 from warden.engine.rules import efficiency
 from warden.engine.whatif import Verdict
 from warden.server.explanations import KILL_AT, event_message, rendered
-from warden.store.repo import EventRecord, PreemptionRecord, Store, StoredAttempt, StoredJob, job_key
+from warden.store.history import PreemptionRecord
+from warden.store.jobs import EventRecord, StoredAttempt, StoredJob, job_key
+from warden.store.repo import Store
 
 
 def wait_s(job: StoredJob, now: float) -> float:
