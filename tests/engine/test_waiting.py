@@ -38,7 +38,7 @@ def test_a_kept_index_equals_a_fresh_one_as_jobs_come_and_go(seed: int) -> None:
             jobs[job.id] = job
             index.apply([job])
         for cls in index.classes.values():
-            if cls.key[8] == BY_ESTIMATE and rng.random() < 0.5:
+            if cls.key.estimate == BY_ESTIMATE and rng.random() < 0.5:
                 cls.estimate_range()  # kept from here on, as a pass does
         index.check()
         fresh = WaitingIndex(index.mode)

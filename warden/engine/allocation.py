@@ -21,10 +21,21 @@ if TYPE_CHECKING:
     from warden.engine.policy import Policy
 
 
-VictimFacts = tuple[Job, float, float, "float | None", float, tuple[tuple[str, int], ...], int, int, float, str, float]
+VictimFacts = tuple[
+    Job,
+    float,
+    float,
+    "float | None",
+    float,
+    tuple[tuple[str, int], ...],
+    int,
+    "tuple[float | int | str, ...]",
+    str,
+    float,
+]
 """(the job as seen, seen at, protected until, progress at risk since, restart cost, GPUs freed
-per node, GPUs, −tier, −started, flavor, expected end): what pricing a running job as a victim
-needs that does not change with time."""
+per node, GPUs, victim-order ties, flavor, expected end): what pricing a running job as a victim
+needs that does not change with time (the ties: `preemption.ties`, its victim key after cost)."""
 
 
 class Allocation:

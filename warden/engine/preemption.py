@@ -187,15 +187,54 @@ class Eligible:
         return bool(self.leaving or self.lower or self.same)
 
 
+def _lower_tier_first(job: Job) -> int:
+    return -job.tier
+
+
+def _newest_first(job: Job) -> float:
+    """The most recently started attempt first."""
+    return -(job.attempt.started_at if job.attempt is not None else 0.0)
+
+
+def _smallest_first(job: Job) -> int:
+    return job.total_gpus
+
+
+def _by_id(job: Job) -> str:
+    return job.id
+
+
+class VictimOrder(NamedTuple):
+    """One victim order: least cost first or not, then tie-breaks on the job alone.
+
+    Cost is the only part of the key that moves with time, so it can only lead: everything
+    after it is worked out once per running job and kept between passes (`ties`), and the
+    pass sorts its rows by (cost or 0.0, ties) (`phases.victims.Victims._price`).
+    """
+
+    by_cost: bool
+    tie_breaks: tuple[Callable[[Job], float | int | str], ...]
+    """In order; the last is the id, which is unique, so no two keys are ever equal."""
+
+
+VICTIM_ORDERS: dict[str, VictimOrder] = {
+    "cost": VictimOrder(True, (_lower_tier_first, _newest_first, _by_id)),
+    "newest": VictimOrder(False, (_lower_tier_first, _newest_first, _by_id)),
+    "smallest": VictimOrder(False, (_lower_tier_first, _smallest_first, _newest_first, _by_id)),
+}
+"""`preemption.victim_order` → its key. `cost`: least cost, then lower tier first, then the most
+recently started; `newest` and `smallest` reproduce Kueue's and Slurm's choices."""
+
+
+def ties(order: str, job: Job) -> tuple[float | int | str, ...]:
+    """The part of the job's victim key that does not move with time."""
+    return tuple([f(job) for f in VICTIM_ORDERS[order].tie_breaks])
+
+
 def victim_key(order: str, job: Job, cost: float) -> tuple[float | int | str, ...]:
-    """The one comparator: smaller goes first. `cost`: least cost, then lower tier first, then
-    the most recently started; `newest` and `smallest` reproduce Kueue's and Slurm's choices."""
-    started = job.attempt.started_at if job.attempt is not None else 0.0
-    if order == "newest":
-        return (-job.tier, -started, job.id)
-    if order == "smallest":
-        return (-job.tier, job.total_gpus, -started, job.id)
-    return (cost, -job.tier, -started, job.id)
+    """The one comparator: smaller goes first (`VICTIM_ORDERS`)."""
+    t = ties(order, job)
+    return (cost, *t) if VICTIM_ORDERS[order].by_cost else t
 
 
 class Workspace(Protocol):

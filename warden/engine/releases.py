@@ -17,21 +17,23 @@ from bisect import bisect_left, insort
 from collections.abc import Callable
 
 from warden.engine.model import Job
+from warden.engine.rules import PairKey, pair_key
 
 INF = math.inf
 
-Kind = tuple[int, str]
-"""(tier, queue): all the pair rules read of a victim (`rules.pair_key`)."""
+Kind = PairKey
+"""What the pair rules read of a victim (`rules.pair_key`; today its tier and queue): the
+jobs of one kind are allowed or refused together."""
 Facts = Callable[[Job], tuple[float, float]]
 """A job's (protected until, expected end): when the victim rules let it go and when it ends."""
 
 
 class ReleaseIndex:
-    """The jobs that hold resources by expected end, and per (tier, queue) by when their
+    """The jobs that hold resources by expected end, and per kind (`Kind`) by when their
     protection lifts; which of them the victim rules let go at the last `refresh`.
 
-    Per (tier, queue), because the pair rules decide per (tier, queue) whether a preemptor may
-    take a victim at all: a forecast walks only the kinds it may take. Jobs in their grace
+    Per kind, because the pair rules decide per kind whether a preemptor may take a victim at
+    all: a forecast walks only the kinds it may take. Jobs in their grace
     period stay indexed (they still hold their capacity): readers skip them, as they skip
     jobs a claimant counts on.
     """
@@ -51,11 +53,11 @@ class ReleaseIndex:
         """(protected until, id) of the jobs the rules did not let go at the last refresh (and
         will some day), sorted: what the next refresh may let go."""
         self.protected_of: dict[Kind, list[tuple[float, str]]] = {}
-        """`protected`, per (tier, queue)."""
+        """`protected`, per kind."""
         self.lifted: dict[Kind, list[str]] = {}
-        """Per (tier, queue), the ids of the jobs the rules let go at the last refresh, sorted."""
+        """Per kind, the ids of the jobs the rules let go at the last refresh, sorted."""
         self.kinds: dict[Kind, set[str]] = {}
-        """Per (tier, queue), every indexed job."""
+        """Per kind, every indexed job."""
         self.at = -INF
         """The `now` of the last refresh."""
 
@@ -65,7 +67,7 @@ class ReleaseIndex:
         refresh (its facts are priced then, with the pass's rules)."""
         self.forget(job.id)
         self.jobs[job.id] = job
-        self.kinds.setdefault((job.tier, job.queue), set()).add(job.id)
+        self.kinds.setdefault(pair_key(job), set()).add(job.id)
         self.dirty.add(job.id)
 
     def forget(self, job_id: str) -> None:
@@ -74,7 +76,7 @@ class ReleaseIndex:
         if job is None:
             return
         self.dirty.discard(job_id)
-        kind = (job.tier, job.queue)
+        kind = pair_key(job)
         self.kinds[kind].discard(job_id)
         facts = self.facts.pop(job_id, None)
         if facts is None:
@@ -108,7 +110,7 @@ class ReleaseIndex:
         if lifts:
             for entry in protected[:lifts]:
                 job = self.jobs[entry[1]]
-                kind = (job.tier, job.queue)
+                kind = pair_key(job)
                 _remove(self.protected_of[kind], entry)
                 insort(self.lifted.setdefault(kind, []), job.id)
             del protected[:lifts]
@@ -116,7 +118,7 @@ class ReleaseIndex:
     def _index(self, job: Job, facts: tuple[float, float], now: float) -> None:
         protected, end = facts
         self.facts[job.id] = facts
-        kind = (job.tier, job.queue)
+        kind = pair_key(job)
         if end < INF:
             insort(self.ending, (end, job.id))
         if protected <= now:
@@ -127,7 +129,7 @@ class ReleaseIndex:
 
     # -- reading ------------------------------------------------------------------------------
     def kind_jobs(self) -> dict[Kind, Job]:
-        """One indexed job of each (tier, queue)."""
+        """One indexed job of each kind."""
         jobs = self.jobs
         return {kind: jobs[next(iter(ids))] for kind, ids in self.kinds.items() if ids}
 

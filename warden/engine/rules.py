@@ -10,9 +10,12 @@ everything the pass needs to ask the rules cheaply is derived from those declara
   per running job (`protection`: when V may go) and keeps the answer between passes;
 - a *pair rule* (`PairRule`: direction, scope) reads P and V, and declares which fields of V it
   reads (`reads`): victims alike in those share an answer, so a search asks the pair rules once
-  per (tier, queue) rather than once per victim (`allowed_for`, `pair_key`). It also declares
-  what it reads of P when V is of a strictly lower tier (`downward`): preemptors with the same
-  `downward_key` share one list of lower-tier victims for the whole pass;
+  per (tier, queue) rather than once per victim (`allowed_for`, `pair_key`, and the release
+  index's kinds). It declares which fields of P it reads (`of_preemptor`): preemptors alike in
+  those are allowed the same victims (`preemptor_key`, which keys the pass's memo of "has P
+  any victim at all?"). And it declares what it reads of P when V is of a strictly lower tier
+  (`downward`): preemptors with the same `downward_key` share one list of lower-tier victims
+  for the whole pass;
 - every rule gives a necessary condition on the two tiers alone (`tiers`), from which the
   pass's cheap test "could this P take any running job at all?" follows (`could_preempt`).
 
@@ -22,9 +25,10 @@ victims whose blocks all lift at a known time, which is how a job learns it is
 evicted whole (`Preemption` names the job, and every replica is signalled at once).
 
 To add a rule: write its check next to the others, wrap it in a `VictimRule` or `PairRule` with
-its declarations, and add it to `VICTIM_RULES` or `PAIR_RULES`. `tests/engine/test_rules.py`
+its declarations, and add it to `VICTIM_RULES` or `PAIR_RULES`; the keys the pass's fast paths
+use (`pair_key`, `preemptor_key`) are built from the declarations. `tests/engine/test_rules.py`
 checks every declaration against its check on random jobs (a pair rule that reads a field of V
-it does not declare would make victims share answers they must not).
+or P it does not declare would make victims or preemptors share answers they must not).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
 
 from warden.engine.accounting import (
     assumed_checkpoint,
@@ -200,6 +205,9 @@ class PairRule:
     check: PairCheck
     reads: tuple[str, ...]
     """The fields of V the check reads: two victims equal in them get the same answer."""
+    of_preemptor: tuple[str, ...]
+    """The fields of P the check reads (attribute paths of `Preemptor`, as `operator.attrgetter`
+    takes them), beyond the quota usage: two preemptors equal in them get the same answer."""
     downward: Callable[[RuleContext, Preemptor], tuple[object, ...]]
     """What the check reads of P when V is of a strictly lower tier (beyond P's tier); it must
     not read the quota usage then, so one list of lower-tier victims serves the whole pass."""
@@ -336,9 +344,16 @@ LEASE = VictimRule("lease", lease, lifts=True)
 THRASH_BUDGET = VictimRule("thrash_budget", thrash_budget, lifts=True)
 EFFICIENCY_FLOOR = VictimRule("efficiency", efficiency_floor, lifts=True)
 DIRECTION = PairRule(
-    "direction", direction, reads=("tier", "queue"), downward=_direction_downward, tiers=_direction_tiers
+    "direction",
+    direction,
+    reads=("tier", "queue"),
+    of_preemptor=("job.tier", "job.queue", "in_quota"),
+    downward=_direction_downward,
+    tiers=_direction_tiers,
 )
-SCOPE = PairRule("scope", scope, reads=("queue",), downward=_scope_downward)
+SCOPE = PairRule(
+    "scope", scope, reads=("queue",), of_preemptor=("job.tier", "job.queue", "in_quota"), downward=_scope_downward
+)
 
 VICTIM_RULES: tuple[VictimRule, ...] = (PREEMPTIBLE, LEASE, THRASH_BUDGET, EFFICIENCY_FLOOR)
 PAIR_RULES: tuple[PairRule, ...] = (DIRECTION, SCOPE)
@@ -346,26 +361,33 @@ RULES: tuple[VictimRule | PairRule, ...] = (*VICTIM_RULES, *PAIR_RULES)
 
 PAIR_READS: tuple[str, ...] = tuple(dict.fromkeys(f for rule in PAIR_RULES for f in rule.reads))
 """Every field of V a pair rule reads, in rule order."""
+PREEMPTOR_READS: tuple[str, ...] = tuple(dict.fromkeys(f for rule in PAIR_RULES for f in rule.of_preemptor))
+"""Every field of P a pair rule reads, in rule order."""
+
+PairKey = tuple[Any, ...]
+"""A victim's values of `PAIR_READS` (`pair_key`)."""
 
 
-def pair_key(v: Job) -> tuple[int, str]:
-    """V's values of `PAIR_READS`: victims with the same key get the same answer from `allowed`
-    (while the quota usage stays as it is).
+def getter(fields: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """A function reading `fields` (attribute paths) of an object, as one tuple.
 
-    Written out rather than built from `PAIR_READS` (`operator.attrgetter`): the pass computes
-    it for every victim it filters, and attribute reads compiled into the caller cost a small
-    fraction of a generic getter's. The hot loops that do (`allowed_for`,
-    `phases.victims.Victims._price`, `phases.reserve.Reserve._freeing`) inline it; the check
-    below keeps all of them reading what the rules declare.
+    An `operator.attrgetter`: the pass calls these keys for every victim it filters, and the
+    getter runs in C, within a few nanoseconds of attribute reads written into the caller.
     """
-    return v.tier, v.queue
+    if len(fields) == 1:
+        one = attrgetter(fields[0])
+        return lambda obj: (one(obj),)
+    return attrgetter(*fields)
 
 
-if PAIR_READS != ("tier", "queue"):
-    raise ImportError(
-        f"the pair rules read {PAIR_READS} of a victim: make `pair_key` and the "
-        "loops that inline it read exactly those fields"
-    )
+pair_key: Callable[[Job], PairKey] = getter(PAIR_READS)
+"""V's values of `PAIR_READS`: victims with the same key get the same answer from `allowed`
+(while the quota usage stays as it is). The pass groups victims by it (`allowed_for`, the
+release index's kinds, `phases.reserve.Reserve._freeing`)."""
+
+preemptor_key: Callable[[Preemptor], tuple[Any, ...]] = getter(PREEMPTOR_READS)
+"""P's values of `PREEMPTOR_READS`: preemptors with the same key are allowed the same victims
+(while the quota usage stays as it is)."""
 
 
 # -- what the pass asks, derived from the rules -----------------------------------------------
@@ -409,10 +431,11 @@ def allowed_for(ctx: RuleContext, p: Preemptor) -> Callable[[Job], bool]:
     The caller keeps the quota usage unchanged while it uses the function: a pass over
     thousands of victims asks the rules a few dozen times.
     """
-    seen: dict[tuple[int, str], bool] = {}
+    seen: dict[PairKey, bool] = {}
+    key_of = pair_key
 
     def ok(v: Job) -> bool:
-        key = (v.tier, v.queue)  # `pair_key`, inlined
+        key = key_of(v)
         answer = seen.get(key)
         if answer is None:
             answer = seen[key] = allowed(ctx, p, v)

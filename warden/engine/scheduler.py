@@ -17,7 +17,7 @@ jobs hold between them. A pass (`Cycle`) runs the same fixed sequence of phases,
    it only if they end before it is due, or are tier 4;
 6. **explain** — every job that still waits gets one primary reason, its sort key and position.
 
-Phases 3–6 run job by job in the walk over the ranking (`phases.explain.Explain.walk`), which
+Phases 3–6 run job by job in the walk over the ranking (`phases.walk.Walker.run`), which
 also reuses the reason of a job like one that already failed in the pass, and never visits the
 jobs whose reason it reuses: the engine keeps the waiting jobs between passes in classes of
 jobs that fail alike, each in rank order (`warden.engine.waiting`).

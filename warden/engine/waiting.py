@@ -1,7 +1,7 @@
 """The waiting jobs, kept between passes in classes of jobs that fail alike (`WaitingIndex`).
 
 A pass ranks the waiting jobs and answers most of them from a job like one that already
-failed (`phases.explain`). Both would cost a walk over every waiting job if the jobs were a
+failed (`phases.walk`). Both would cost a walk over every waiting job if the jobs were a
 flat list; here they are grouped by what a pass's outcome for them depends on — queue, tier,
 flavor asked for, shape, CPU and memory, and how their runtime estimate meets a reservation
 (`JobClass`) — and each class keeps its members in rank order between passes. That order is
@@ -21,20 +21,44 @@ import heapq
 from bisect import bisect_left, insort
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from warden.engine.model import Job, JobState
 
 _AWAITING = JobState.AWAITING_APPROVAL
+_new = tuple.__new__
 
 Entry = tuple[float, float, str, Job]
 """(anchor, second, id, job): a member of a class, in rank order within it."""
-ClassKey = tuple[str, int, str | None, int, int, str, int, int, int, int]
-"""(queue, tier, flavor asked for, replicas, gpus, placement, cpu, memory, estimate kind, gate)."""
+
+
+class ClassKey(NamedTuple):
+    """What a pass's outcome for a waiting job depends on: jobs with one key are one class.
+
+    Built with `tuple.__new__` (`class_key`): a named tuple's own constructor is a Python
+    function, and every waiting job gets a key as it is indexed.
+    """
+
+    queue: str
+    tier: int
+    flavor: str | None
+    """The flavor asked for (None: any)."""
+    replicas: int
+    gpus: int
+    placement: str
+    cpu: int
+    memory: int
+    estimate: int
+    """How its runtime estimate meets a reservation (`ANY_RESERVATION`, `NO_RESERVATION`,
+    `BY_ESTIMATE`)."""
+    gate: int
+    """Whether its members are considered (`OPEN`, `AWAITING`, `BACKOFF`)."""
+
 
 OPEN, AWAITING, BACKOFF = 0, 1, 2
 """A class's gate: its members are considered, await approval, or are in requeue back-off."""
 ANY_RESERVATION, NO_RESERVATION, BY_ESTIMATE = 0, 1, 2
-"""How a job meets a reservation (`Explain.usable`): a tier-4 job may use every one, a job
+"""How a job meets a reservation (`phases.walk.usable_of`): a tier-4 job may use every one, a job
 without a runtime estimate none, any other job those its estimate ends before."""
 
 
@@ -76,15 +100,15 @@ class JobClass:
 
     @property
     def queue(self) -> str:
-        return self.key[0]
+        return self.key.queue
 
     @property
     def tier(self) -> int:
-        return self.key[1]
+        return self.key.tier
 
     @property
     def gate(self) -> int:
-        return self.key[9]
+        return self.key.gate
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,19 +126,27 @@ class OrderMode:
         return (stamp, 0.0, job.id, job)
 
 
-def class_key(job: Job, now: float) -> ClassKey:
-    """The class of a waiting job at `now` (its gate is the one part that moves with time)."""
+def gate_of(job: Job, now: float) -> int:
+    """The gate of a waiting job at `now` (`ClassKey.gate`): the one part of its class that
+    moves with time."""
     if job.state is _AWAITING:
-        gate = AWAITING
-    elif job.not_before is not None and job.not_before > now:
-        gate = BACKOFF
-    else:
-        gate = OPEN
+        return AWAITING
+    if job.not_before is not None and job.not_before > now:
+        return BACKOFF
+    return OPEN
+
+
+def class_key(job: Job, now: float) -> ClassKey:
+    """The class of a waiting job at `now`."""
+    gate = gate_of(job, now)
     if job.tier == 4:
         kind = ANY_RESERVATION
     else:
         kind = NO_RESERVATION if job.expected_duration is None else BY_ESTIMATE
-    return (job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.placement, job.cpu, job.memory, kind, gate)
+    return _new(
+        ClassKey,
+        (job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.placement, job.cpu, job.memory, kind, gate),
+    )
 
 
 class WaitingIndex:
@@ -192,7 +224,7 @@ class WaitingIndex:
             cls.members.append(entry)
             cls.estimates = None
         self._where[job.id] = (cls, entry)
-        if key[9] == BACKOFF:
+        if key.gate == BACKOFF:
             assert job.not_before is not None
             if in_order:
                 heapq.heappush(self._backoff, (job.not_before, job.id))

@@ -10,6 +10,7 @@ what it found in one `memo.Memo`:
 4. preempt — `preempt`: the victim search (over `victims`: what running jobs could give),
    then `claim`: signal the victims and hold the placement;
 5. reserve — `reserve`: forecast where capacity frees first, and hold it;
-6. explain — `explain`: walk the ranking giving every waiting job its reason (deciding the
-   jobs no gate or remembered outcome answers: admit, else preempt, else reserve), and the plan.
+6. explain — `walk`: walk the ranking giving every waiting job its reason (deciding the
+   jobs no gate or remembered outcome answers: admit, else preempt, else reserve); `explain`:
+   the plan, and the explanations worked out from what the walk left.
 """

@@ -30,7 +30,7 @@ PreemptKey = tuple[str, int, str | None, int, int, int, int, str]
 BackfillKey = tuple[str, int, int, int, int, str, tuple[int, ...]]
 """(flavor, *shape, the `id`s of the reservations the job may use)."""
 Usable = bool | tuple[bool, ...] | None
-"""Which reservations a job may backfill (`Explain.usable`): None when there are none, a bool
+"""Which reservations a job may backfill (`walk.usable_of`): None when there are none, a bool
 for one (the usual case), else one bool per reservation."""
 OutcomeKey = tuple[str, int, str | None, int, int, str, Usable]
 """(queue, tier, flavor asked for, replicas, gpus, placement, usable): the jobs that fail alike."""
@@ -71,7 +71,7 @@ class Memo:
     """(flavor, `id`s of some holds) → (hold version, their parts on and off the flavor): until
     the holds change."""
     outcomes: dict[OutcomeKey, list[Outcome]] = field(default_factory=dict)
-    """Why jobs alike failed (`Explain.walk`): at most 8 fronts of (CPU, memory) per key. A job
+    """Why jobs alike failed (`walk.Walker`): at most 8 fronts of (CPU, memory) per key. A job
     asking at least that much fails the same way for the pass; a `Reserved` outcome, or any
     outcome where quota governs CPU or memory (the reason names the amounts), only for a job
     asking exactly that much, and a `Reserved` one only at its hold version."""
@@ -82,10 +82,11 @@ class Memo:
     """Jobs whose victims would not pay (`Preempt.declined`) → why: for the pass. Free capacity
     only shrinks, so what frees by itself comes no sooner later in the pass: a job alike
     declines again at once instead of searching again (at worst it waits a pass longer)."""
-    eligible: dict[tuple[int, str, bool], tuple[int, int, bool]] = field(default_factory=dict)
-    """(P's tier, queue, in-quota: what the pair rules read of P) → (quota version, hold
-    version, `Victims.any_eligible`): until quota usage or the holds change (a claim signals
-    its victims and holds capacity in one go)."""
+    eligible: dict[tuple[object, ...], tuple[int, int, bool]] = field(default_factory=dict)
+    """What `Victims.any_eligible` reads of P (what the pair rules declare they read,
+    `rules.PREEMPTOR_READS`, with its tier and in-quota) → (quota version, hold version, the
+    answer): until quota usage or the holds change (a claim signals its victims and holds
+    capacity in one go)."""
     victim_tiers: tuple[int, ...] | None = None
     """Tiers with a running job not already leaving when the pass began: for the pass."""
     candidates: CandidatePool | None = None

@@ -4,7 +4,7 @@ worked out in the pass that refuses it, from what the pass already holds.
 Each question is answered at most once a pass for each thing it depends on: when a queue's
 usage frees enough (one walk of the running jobs by expected end per queue, resource and
 amount), whether a gang fits with another placement (per shape, while free capacity is
-unchanged). Jobs alike share one reason (`phases.explain`), so each fact is one that holds for
+unchanged). Jobs alike share one reason (`phases.walk`), so each fact is one that holds for
 every job that reuses it.
 """
 

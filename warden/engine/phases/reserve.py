@@ -19,7 +19,7 @@ from warden.engine.phases.state import PassState
 from warden.engine.phases.victims import Victims
 from warden.engine.plan import Reservation
 from warden.engine.reasons import Fragmented, InsufficientCapacity, PreemptionWouldNotPay, Reason
-from warden.engine.rules import Preemptor, allowed, preemptor
+from warden.engine.rules import Preemptor, allowed, pair_key, preemptor
 
 INF = math.inf
 
@@ -145,6 +145,7 @@ class Reserve:
         may = {kind: allowed(state.ctx, p, v) for kind, v in index.kind_jobs().items()}
         claimed, terminating, now = state.claimed, state.terminating, state.now
         jobs, facts = index.jobs, index.facts
+        kind_of = pair_key  # what `may` is keyed by: the index's kinds
         leaving = self._leaving()
 
         def ending() -> Iterator[Freeing]:
@@ -154,7 +155,7 @@ class Reserve:
                 protected = facts[i][0]
                 v = jobs[i]
                 # Taken from the lifting orders instead: its protection lifts before it ends.
-                if (0.0 if protected <= now else protected) < end and may[v.tier, v.queue]:
+                if (0.0 if protected <= now else protected) < end and may[kind_of(v)]:
                     continue
                 yield end, i, v, False
 
@@ -167,7 +168,7 @@ class Reserve:
         overdue = (
             (end, i, jobs[i], True)
             for end, i in self.victims.overdue()
-            if end > 0.0 and may[jobs[i].tier, jobs[i].queue] and free(i)
+            if end > 0.0 and may[kind_of(jobs[i])] and free(i)
         )
         lifted = [
             ((now, i, jobs[i], True) for i in index.lifted.get(kind, ()) if _after(facts[i][1], now) and free(i))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from operator import itemgetter
 from typing import Any
 
 from warden.engine.accounting import expected_end
@@ -20,11 +19,31 @@ from warden.engine.allocation import VictimFacts
 from warden.engine.model import Job
 from warden.engine.phases.memo import Part
 from warden.engine.phases.state import PassState
-from warden.engine.preemption import Candidate, CandidatePool, freed_gpus, victim_key
+from warden.engine.preemption import VICTIM_ORDERS, Candidate, CandidatePool, freed_gpus, ties
 from warden.engine.releases import ReleaseIndex
-from warden.engine.rules import Preemptor, allowed_for, at_risk_since, may_reclaim, protection, startup_of
+from warden.engine.rules import (
+    PREEMPTOR_READS,
+    Preemptor,
+    allowed_for,
+    at_risk_since,
+    getter,
+    may_reclaim,
+    protection,
+    startup_of,
+)
 
 INF = math.inf
+
+Row = tuple[float, tuple[Any, ...], Job, float, float, tuple[tuple[str, int], ...], str]
+"""(cost or 0.0, ties, job, cost, lost work, GPUs freed per node, flavor): a priced victim.
+
+Its first two fields are the job's victim key (`preemption.victim_key`: cost leads when the
+order is by cost, and the rest, `preemption.ties`, ends with the unique id), so rows sort as
+plain tuples in victim order: no key function, and nothing after the ties is ever compared."""
+
+_ELIGIBLE_READS = getter(tuple(dict.fromkeys((*PREEMPTOR_READS, "job.tier", "in_quota"))))
+"""What `Victims.any_eligible` reads of P: what the pair rules read (`rules.PREEMPTOR_READS`),
+and its tier and whether it is in-quota (which tiers it may take, `rules.may_reclaim`)."""
 
 
 class Victims:
@@ -40,28 +59,26 @@ class Victims:
         memo = self.memo
         if memo.candidates is None:
             rows, held_on, nonnegative = self._price()
-            by_cost = self.state.policy.preemption.victim_order == "cost"
+            by_cost = VICTIM_ORDERS[self.state.policy.preemption.victim_order].by_cost
             memo.candidates = CandidatePool(
-                _in_victim_order(rows, by_cost), held_on, by_cost=by_cost, ascending=by_cost and nonnegative
+                _in_victim_order(rows), held_on, by_cost=by_cost, ascending=by_cost and nonnegative
             )
         return memo.candidates
 
-    def _price(self) -> tuple[list[tuple[Any, ...]], dict[str, int], bool]:
+    def _price(self) -> tuple[list[Row], dict[str, int], bool]:
         """One walk over the running jobs not signalled: a row per job the victim rules let go
-        now (its victim key, or the key's fields, first), the GPUs those hold per node, and
-        whether every cost is nonnegative.
+        now (`Row`), the GPUs those hold per node, and whether every cost is nonnegative.
 
         This loop runs once per running job and pass, so it inlines the cost (`rules.cost_at`:
         same arithmetic, same floats; tests/engine/test_victims.py compares the two).
         """
         state = self.state
-        order = state.policy.preemption.victim_order
-        by_cost = order == "cost"
+        by_cost = VICTIM_ORDERS[state.policy.preemption.victim_order].by_cost
         now = state.now
         known = state.victim_facts
         terminating = state.terminating
         claimed = state.claimed
-        rows: list[tuple[Any, ...]] = []
+        rows: list[Row] = []
         held_on: dict[str, int] = {}
         nonnegative = True
         for v in state.holding.values():
@@ -70,7 +87,7 @@ class Victims:
             facts = known.get(v.id)
             if facts is None or facts[0] is not v or facts[1] > now:
                 facts = self.facts(v)
-            _, _, protected, since, restart, freed, gpus, neg_tier, neg_started, flavor, _ = facts
+            _, _, protected, since, restart, freed, gpus, tie, flavor, _ = facts
             if protected <= now:
                 if since is None:
                     lost = 0.0
@@ -80,12 +97,7 @@ class Victims:
                 cost = lost + restart
                 if not cost >= 0.0:  # negative, or NaN
                     nonnegative = False
-                if by_cost:
-                    # `victim_key` leads the row, so rows sort as tuples (no key function;
-                    # the id is unique, so nothing after it is ever compared).
-                    rows.append((cost, neg_tier, neg_started, v.id, v, lost, freed, flavor))
-                else:
-                    rows.append((victim_key(order, v, cost), v, cost, lost, freed, flavor))
+                rows.append((cost if by_cost else 0.0, tie, v, cost, lost, freed, flavor))
                 for node, g in freed:
                     held_on[node] = held_on.get(node, 0) + g
         return rows, held_on, nonnegative
@@ -100,7 +112,7 @@ class Victims:
 
     def _protected_and_end(self, v: Job) -> tuple[float, float]:
         facts = self.facts(v)
-        return facts[2], facts[10]
+        return facts[2], facts[9]
 
     def any_eligible(self, p: Preemptor) -> bool:
         """Could a search for `p` take any running job now (`CandidatePool.eligible` without
@@ -108,10 +120,10 @@ class Victims:
         where `p` may reclaim — of its own, that the pair rules let `p` take. Asked before the
         candidates are priced: most searches of a deep queue have nothing to take.
 
-        Remembered per what the pair rules read of P (`Memo.eligible`): the answer reads
-        nothing else of P, and of the pass only quota usage and the claims."""
+        Remembered per what it reads of P (`Memo.eligible`, `_ELIGIBLE_READS`): the answer
+        reads nothing else of P, and of the pass only quota usage and the claims."""
         memo = self.memo
-        key = (p.job.tier, p.job.queue, p.in_quota)
+        key = _ELIGIBLE_READS(p)
         seen = memo.eligible.get(key)
         if seen is not None and seen[0] == memo.quota_version and seen[1] == memo.hold_version:
             return seen[2]
@@ -133,8 +145,8 @@ class Victims:
         return False
 
     def lifted(self) -> dict[int, list[tuple[list[str], Job]]]:
-        """`ReleaseIndex.lifted` brought up to `now`, by tier: per (tier, queue) with a job the
-        rules let go, those jobs' ids and one of them (what the pair rules read). Once a pass:
+        """`ReleaseIndex.lifted` brought up to `now`, by tier: per kind (`rules.pair_key`) with a
+        job the rules let go, those jobs' ids and one of them (what the pair rules read). Once a pass:
         the index changes only between passes, and a search for a job asks only the tiers it
         may take."""
         memo = self.memo
@@ -142,16 +154,17 @@ class Victims:
             index = self.releases()
             jobs = index.jobs
             by_tier: dict[int, list[tuple[list[str], Job]]] = {}
-            for (t, _), ids in index.lifted.items():
+            for ids in index.lifted.values():
                 if ids:
-                    by_tier.setdefault(t, []).append((ids, jobs[ids[0]]))
+                    one = jobs[ids[0]]
+                    by_tier.setdefault(one.tier, []).append((ids, one))
             memo.lifted = by_tier
         return memo.lifted
 
     def facts(self, v: Job) -> VictimFacts:
         """What pricing a running job as a victim needs that does not change with time, kept
         between passes per job: (job, seen at, protected until, at risk since, restart cost,
-        GPUs freed per node, GPUs, −tier, −started, flavor, expected end).
+        GPUs freed per node, GPUs, victim-order ties, flavor, expected end).
 
         A job's protection only ever lifts as time passes (a lease or stretched lease runs
         out, old preemptions leave the budget window), so what was computed at an earlier
@@ -160,7 +173,6 @@ class Victims:
         state = self.state
         facts = state.victim_facts.get(v.id)
         if facts is None or facts[0] is not v or facts[1] > state.now:
-            started = v.attempt.started_at if v.attempt is not None else 0.0
             end = expected_end(v)
             facts = (
                 v,
@@ -170,8 +182,7 @@ class Victims:
                 startup_of(state.policy, v) * v.total_gpus,
                 freed_gpus(v),
                 v.total_gpus,
-                -v.tier,
-                -started,
+                ties(state.policy.preemption.victim_order, v),
                 state.flavor_of_job[v.id],
                 end,
             )
@@ -228,17 +239,11 @@ class Victims:
         return memo.overdue
 
 
-def _in_victim_order(rows: list[tuple[Any, ...]], by_cost: bool) -> list[Candidate]:
+def _in_victim_order(rows: list[Row]) -> list[Candidate]:
     """The priced rows as candidates, sorted by the victim key, each with its rank."""
     new = tuple.__new__  # Candidate's own constructor is a Python function; this is C
-    if by_cost:
-        rows.sort()
-        return [
-            new(Candidate, (v, cost, lost, 0.0, flavor, rank, freed, False, None, 0.0))
-            for rank, (cost, _, _, _, v, lost, freed, flavor) in enumerate(rows)
-        ]
-    rows.sort(key=itemgetter(0))
+    rows.sort()
     return [
         new(Candidate, (v, cost, lost, 0.0, flavor, rank, freed, False, None, 0.0))
-        for rank, (_, v, cost, lost, freed, flavor) in enumerate(rows)
+        for rank, (_, _, v, cost, lost, freed, flavor) in enumerate(rows)
     ]

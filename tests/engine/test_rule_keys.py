@@ -1,0 +1,67 @@
+"""The keys the pass's fast paths group by are the rules' own declarations: preemptors alike in
+what the pair rules declare they read of P get the same answers (`rules.preemptor_key`, which
+keys `Memo.eligible`), and the pass's victim rows sort as `preemption.victim_key` does."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from random import Random
+
+import pytest
+from test_rules import _cases, _random_preemptor, _random_victim
+from test_victims import _policy, _victims
+
+from warden.engine.allocation import Allocation
+from warden.engine.model import Snapshot
+from warden.engine.phases.state import PassState
+from warden.engine.phases.victims import Victims
+from warden.engine.preemption import VICTIM_ORDERS, victim_key
+from warden.engine.rules import PAIR_RULES, PREEMPTOR_READS, allowed, pair_key, preemptor_key, victim_cost
+
+
+def _with(p: object, path: str, value: object) -> object:
+    """`p` with the attribute at `path` (dotted) replaced by `value`."""
+    head, _, rest = path.partition(".")
+    return replace(p, **{head: _with(getattr(p, head), rest, value) if rest else value})  # type: ignore[type-var]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_pair_rules_read_only_the_fields_of_the_preemptor_they_declare(seed: int) -> None:
+    rng = Random(seed + 200)
+    for c, p, v in _cases(seed):
+        other = _random_preemptor(rng, c)
+        for rule in PAIR_RULES:
+            alike = other
+            for path in rule.of_preemptor:
+                alike = _with(alike, path, _get(p, path))  # type: ignore[assignment]
+            assert rule.check(c, alike, v) == rule.check(c, p, v), (rule.name, p, alike)
+        same = other
+        for path in PREEMPTOR_READS:
+            same = _with(same, path, _get(p, path))  # type: ignore[assignment]
+        assert preemptor_key(same) == preemptor_key(p)
+        w = _random_victim(rng, "w")
+        assert allowed(c, same, w) == allowed(c, p, w)
+        assert pair_key(w) == (w.tier, w.queue)
+
+
+def _get(obj: object, path: str) -> object:
+    for name in path.split("."):
+        obj = getattr(obj, name)
+    return obj
+
+
+@pytest.mark.parametrize("order", sorted(VICTIM_ORDERS))
+@pytest.mark.parametrize("seed", range(2))
+def test_the_pass_takes_victims_in_victim_key_order(order: str, seed: int) -> None:
+    rng = Random(seed)
+    pol = _policy(order)
+    cluster, jobs = _victims(rng, 300)
+    snap = Snapshot(cluster, tuple(jobs), pol)
+    alloc = Allocation(cluster, pol)
+    alloc.sync(jobs)
+    now = 60_000.0
+    pool = Victims(PassState(snap, now, alloc, {}, {})).pool().free_now
+    assert pool
+    expected = sorted(pool, key=lambda c: victim_key(order, c.job, victim_cost(pol, c.job, now)[0]))
+    assert [c.job.id for c in pool] == [c.job.id for c in expected]
+    assert [c.rank for c in pool] == list(range(len(pool)))
