@@ -63,3 +63,21 @@ def test_the_checks_see_imports_of_every_form() -> None:
     found = imports_of(source, "warden.server")
     assert {"warden.sim.metrics", "warden.sim", "warden.sim.records"} <= found
     assert imports_of("from . import rules\n", "warden.engine") >= {"warden.engine", "warden.engine.rules"}
+
+
+LOOP_DUTIES = sorted(
+    p
+    for p in modules("server")
+    if p.stem in {"apply", "cancels", "charging", "context", "engineguard", "exits", "nodes", "preempt", "recovery"}
+)
+
+
+@pytest.mark.parametrize("path", LOOP_DUTIES, ids=lambda p: str(p.relative_to(WARDEN)))
+def test_the_reconcile_loops_duties_never_import_the_loop(path: Path) -> None:
+    """`Reconciler` hands each duty the shared context; a duty that reached back into the loop
+    would make the two one module again."""
+    assert not {m for m in imported(path) if _is(m, "warden.server.reconcile")}
+
+
+def test_every_duty_of_the_reconcile_loop_is_checked() -> None:
+    assert len(LOOP_DUTIES) == 9
