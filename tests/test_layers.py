@@ -122,3 +122,21 @@ def test_the_cycle_check_sees_type_only_and_local_imports() -> None:
     assert {"warden.server.b", "warden.server.c"} <= imports_of(source, "warden.server")
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+LOOP_DUTIES = sorted(
+    p
+    for p in modules("server")
+    if p.stem in {"apply", "cancels", "charging", "context", "engineguard", "exits", "nodes", "preempt", "recovery"}
+)
+
+
+@pytest.mark.parametrize("path", LOOP_DUTIES, ids=lambda p: str(p.relative_to(WARDEN)))
+def test_the_reconcile_loops_duties_never_import_the_loop(path: Path) -> None:
+    """`Reconciler` hands each duty the shared context; a duty that reached back into the loop
+    would make the two one module again."""
+    assert not {m for m in imported(path) if _is(m, "warden.server.reconcile")}
+
+
+def test_every_duty_of_the_reconcile_loop_is_checked() -> None:
+    assert len(LOOP_DUTIES) == 9

@@ -26,7 +26,7 @@ from warden.engine.policy import parse_policy
 from warden.executors.base import Exit, Inventory
 from warden.executors.local import LocalExecutor
 from warden.server.app import create_app
-from warden.server.reconcile import without_foreign
+from warden.server.nodes import without_foreign
 from warden.server.service import Service
 from warden.store import Store
 

@@ -28,8 +28,8 @@ from warden.engine.policy import parse_policy
 from warden.engine.scheduler import Engine
 from warden.executors.local import LocalExecutor
 from warden.server.auth import Principal
+from warden.server.engineguard import EngineJobs
 from warden.server.errors import ApiError
-from warden.server.reconcile import EngineJobs
 from warden.server.service import Service
 from warden.store.jobs import ActiveJob
 from warden.store.repo import Store

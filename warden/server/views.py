@@ -15,9 +15,10 @@ from warden.engine import accounting
 from warden.engine.cycles import Preempted, PreemptionCycle, preemption_cycles
 from warden.engine.fairshare import fair_order
 from warden.engine.forecast import ASSUMES, Estimate
-from warden.engine.model import JobState, Node, UsageLedger
+from warden.engine.model import Job, JobState, Node, UsageLedger
 from warden.engine.policy import Policy
-from warden.engine.rules import efficiency
+from warden.engine.quota import QuotaTree
+from warden.engine.rules import RuleContext, efficiency, protection
 from warden.engine.whatif import Verdict
 from warden.server.explanations import KILL_AT, event_message, rendered
 from warden.store.history import PreemptionRecord
@@ -46,6 +47,11 @@ def job_summary(
     e = job.explanation or {}
     reason = rendered(e.get("reason"), now, str(job.id)) if job.state.waiting else None
     live = attempt if attempt is not None and attempt.number == job.attempt and attempt.ended_at is None else None
+    lease_end_at = eta = None
+    if live is not None and policy is not None:
+        engine_job = job.to_engine(live)
+        lease_end_at = lease_end(policy, engine_job) if live.sigterm_at is None else None
+        eta = round(efficiency(policy, engine_job, now), 4)
     return {
         "id": str(job.id),
         "name": job.name,
@@ -68,23 +74,40 @@ def job_summary(
         "started_at": live.started_at if live else None,
         "last_checkpoint_at": live.last_checkpoint_at if live else None,
         "kill_at": live.kill_at if live and live.sigterm_at is not None else None,
-        "lease_end_at": lease_end(policy, job, live) if live and policy and live.sigterm_at is None else None,
-        "efficiency": round(efficiency(policy, job.to_engine(live), now), 4) if live and policy else None,
+        "lease_end_at": lease_end_at,
+        "efficiency": eta,
         "expected_start": expected_start if job.state.waiting else None,
         "preemption_cycle": in_cycle,
     }
 
 
-def lease_end(policy: Policy, job: StoredJob, attempt: StoredAttempt) -> float:
-    """When the attempt may first be preempted: its lease, stretched so that a preemption
-    never pushes its η below `thrash.min_efficiency` (the engine's lease and efficiency rules),
-    counting the startup and checkpoint time the floor counts (`accounting.assumed_startup`,
-    `accounting.assumed_checkpoint`)."""
-    lease = accounting.effective_lease(policy, job.tier, job.lease_s)
-    overhead = accounting.assumed_startup(policy, attempt.startup_s) + accounting.assumed_checkpoint(
-        policy, attempt.checkpoint_s, attempt.sigterm_save_s
-    )
-    return attempt.started_at + max(lease, overhead / (1.0 - policy.thrash.min_efficiency))
+def lease_end(policy: Policy, job: Job) -> float | None:
+    """When the job's attempt may first be preempted, as the engine's victim rules say
+    (`rules.protection`: preemptible tier, lease, thrash budget, efficiency floor), asked as of
+    the attempt's start. Each of those protections only lifts as time passes, so that is the
+    moment the last one lifts: the time a pass asking now would name while the job is still
+    protected, and the time it stopped being so once it is not. The attempt's start when no
+    rule protected it; None when one protects it for good (a tier that is not preemptible) or
+    it has no live attempt."""
+    a = job.attempt
+    if a is None:
+        return None
+    until = protection(victim_rules(policy, a.started_at), job)
+    return None if math.isinf(until) else max(until, a.started_at)
+
+
+_trees: dict[int, tuple[Policy, QuotaTree]] = {}
+
+
+def victim_rules(policy: Policy, now: float) -> RuleContext:
+    """The context the victim rules are asked in at `now`. They never read the quota usage, so
+    one tree of `policy` serves every job a listing shows (building one per job would cost a
+    page of running jobs more than the rest of its listing)."""
+    seen = _trees.get(id(policy))
+    if seen is None or seen[0] is not policy:
+        _trees.clear()
+        seen = _trees[id(policy)] = (policy, QuotaTree(policy))
+    return RuleContext(policy, seen[1], now)
 
 
 def listing_order(job: StoredJob) -> tuple[int, float, int]:

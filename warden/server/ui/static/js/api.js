@@ -159,21 +159,3 @@ export async function identity() {
   if (who.user) sessionStorage.setItem(USER, who.user);
   return who;
 }
-
-/** Run `fn` over `items` with at most `limit` calls in flight. */
-export async function pool(items, limit, fn) {
-  const out = new Array(items.length);
-  let next = 0;
-  async function worker() {
-    while (next < items.length) {
-      const i = next++;
-      try {
-        out[i] = await fn(items[i]);
-      } catch (err) {
-        out[i] = err;
-      }
-    }
-  }
-  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
-  return out;
-}

@@ -2,16 +2,15 @@
 // the running ones with their lease end and last checkpoint, a page at a time
 // (GET /v1/jobs?limit=&offset=, X-Total-Count), so that 5,000 pending jobs stay fast.
 
-import { api, hasParam, paramEnum, pool } from "../api.js";
+import { api, hasParam, paramEnum } from "../api.js";
 import { h, notice, swap, table } from "../dom.js";
 import { tierBadge } from "../palette.js";
-import { countdown, dur, humanizeMessage, nowS, when } from "../time.js";
+import { countdown, dur, humanizeMessage, when } from "../time.js";
 
 export const WAITING = ["AWAITING_APPROVAL", "PENDING", "REQUEUED"];
 export const HOLDING = ["ADMITTED", "STARTING", "RUNNING", "PREEMPTING"];
 const PENDING_PAGE = 100;
 const RUNNING_PAGE = 50;
-const DETAIL_TTL_S = 15;
 
 /** The query parameter and value that sort jobs by rank, where the server offers one. */
 function rankOrder() {
@@ -125,7 +124,6 @@ export default {
     let pendingOffset = 0;
     let runningOffset = 0;
     let queue = "";
-    const details = new Map(); // id → {at, detail}
     const filter = h("select", { id: "jobs-queue", dataset: { key: "jobs-queue" } }, h("option", { value: "" }, "all queues"));
     filter.addEventListener("change", () => {
       queue = filter.value;
@@ -153,14 +151,6 @@ export default {
       } catch {
         // the filter stays "all queues"
       }
-    }
-
-    async function detailOf(id) {
-      const cached = details.get(id);
-      if (cached && nowS() - cached.at < DETAIL_TTL_S) return cached.detail;
-      const detail = await api(`/jobs/${encodeURIComponent(id)}`, { template: "/v1/jobs/{job_id}" });
-      details.set(id, { at: nowS(), detail });
-      return detail;
     }
 
     return {
@@ -202,24 +192,6 @@ export default {
         if (r instanceof Error) swap(running, notice("error", `The running jobs are not available: ${r.message}`));
         else {
           const rows = [...r.jobs].sort((a, b) => Number(a.id) - Number(b.id));
-          // A server whose listing carries the attempt's times (started_at, lease_end_at,
-          // last_checkpoint_at, kill_at) needs no call per job; an older one is asked per job.
-          const listed = rows.every((j) => "lease_end_at" in j && "started_at" in j);
-          const full = listed ? [] : await pool(rows.map((j) => j.id), 6, detailOf);
-          const byId = new Map(rows.map((j, i) => [j.id, listed || full[i] instanceof Error ? null : full[i]]));
-          const live = (j) => {
-            if (listed) return j;
-            const d = byId.get(j.id);
-            const a = d && d.attempts && d.attempts.length ? d.attempts[d.attempts.length - 1] : null;
-            if (!a || a.ended_at != null) return {};
-            return {
-              started_at: a.started_at,
-              last_checkpoint_at: a.last_checkpoint_at,
-              kill_at: a.sigterm_at != null ? a.kill_at : null,
-              lease_end_at: a.sigterm_at == null && a.started_at != null && d.lease_s != null ? a.started_at + d.lease_s : null,
-              progress_step: a.progress_step,
-            };
-          };
           swap(
             running,
             pager("running", runningOffset, RUNNING_PAGE, r.total, rows.length, (o) => {
@@ -233,10 +205,10 @@ export default {
                 { label: "queue", cell: (j) => j.queue },
                 { label: "tier", cell: (j) => tierBadge(j.tier) },
                 { label: "GPUs", class: "num", cell: (j) => (j.replicas > 1 ? `${j.replicas}×${j.gpus_per_replica}` : String(j.gpus)) },
-                { label: "state", cell: (j) => [stateBadge(j.state), live(j).kill_at != null ? [" ", countdown(live(j).kill_at)] : null] },
-                { label: "started", cell: (j) => when(live(j).started_at) },
-                { label: "lease ends", cell: (j) => (live(j).kill_at != null ? "—" : when(live(j).lease_end_at)) },
-                { label: "last checkpoint", cell: (j) => when(live(j).last_checkpoint_at) },
+                { label: "state", cell: (j) => [stateBadge(j.state), j.kill_at != null ? [" ", countdown(j.kill_at)] : null] },
+                { label: "started", cell: (j) => when(j.started_at) },
+                { label: "lease ends", cell: (j) => (j.kill_at != null ? "—" : when(j.lease_end_at)) },
+                { label: "last checkpoint", cell: (j) => when(j.last_checkpoint_at) },
                 {
                   label: "η",
                   class: "num",
@@ -247,7 +219,6 @@ export default {
               { rowAttrs: (j) => ({ dataset: { job: j.id, state: j.state } }), empty: "No job is running." },
             ),
           );
-          for (const id of details.keys()) if (!byId.has(id)) details.delete(id);
         }
         if (p instanceof Error) throw p;
         if (r instanceof Error) throw r;

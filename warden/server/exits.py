@@ -1,0 +1,113 @@
+"""Exits: an attempt whose every process is gone ends, and its job moves on — requeued after a
+preemption or an eviction, CANCELLED once a cancel marked it, else SUCCEEDED or FAILED by the
+exit codes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from warden.engine.accounting import assumed_startup, measured_lost_work
+from warden.engine.model import JobState
+from warden.executors.base import Exit
+from warden.server.context import CAS_TRIES, Duty, _codes, log
+from warden.store.jobs import StoredAttempt, StoredJob
+
+
+class Exits(Duty):
+    """Collects the executor's exits each pass and ends each attempt and its job."""
+
+    def collect(self, now: float) -> None:
+        for ex in self.executor.exits():
+            self._ended(ex, now)
+
+    def _ended(self, ex: Exit, now: float) -> None:
+        attempt = self.store.attempt(int(ex.job_id), ex.attempt)
+        job = self.store.get(int(ex.job_id))
+        if job is None or attempt is None or attempt.ended_at is not None:
+            return
+        # An end outside the attempt's life is no fact (a record a job could write): never
+        # before it started, never after now, so no charge or lost work comes out negative.
+        if not attempt.started_at <= ex.ended_at <= now:  # NaN included
+            ex = replace(ex, ended_at=attempt.started_at if ex.ended_at < attempt.started_at else now)
+        # Work is lost from a SIGTERM, or from the moment something else ended the attempt.
+        stopped_at = attempt.sigterm_at if attempt.sigterm_at is not None else ex.ended_at if ex.ended_by else None
+        if stopped_at is not None:
+            lost = measured_lost_work(
+                job.gpus * job.replicas,
+                stopped_at,
+                attempt.started_at,
+                assumed_startup(self.policy, attempt.startup_s),
+                attempt.last_checkpoint_at,
+                ex.ended_at,
+            )
+            self.store.update_attempt(job.id, ex.attempt, lost_work_gpu_s=lost)
+            if self.metrics is not None and not job.cancel_requested:
+                self.metrics.lost_work(job.queue, lost)
+        for _ in range(CAS_TRIES):
+            self._phase("exit")
+            if self._end(job, attempt, ex, now):
+                break
+            job = self.store.get(job.id) or job
+        else:
+            log.error("job %s: its exit could not be recorded (it kept changing); the next restart finishes it", job.id)
+        self.stats.finished += 1
+
+    def _end(self, job: StoredJob, attempt: StoredAttempt, ex: Exit, now: float) -> bool:
+        """End the attempt and move the job as `job` (just read) says: CANCELLED once a cancel
+        marked it, REQUEUED after SIGTERM, else by the exit codes. The move is a
+        compare-and-set on the state and cancel mark read, so a cancel landing in between
+        makes it fail (False) rather than requeue a cancelled job."""
+        codes = list(ex.exit_codes)
+        first_bad = next((c for c in codes if c != 0), None)
+        if job.cancel_requested:
+            reason, to = "cancelled", JobState.CANCELLED
+        elif attempt.sigterm_at is not None:
+            reason, to = ("killed" if ex.killed else "preempted"), JobState.REQUEUED
+        elif ex.ended_by is not None:
+            reason, to = "evicted", JobState.REQUEUED
+        elif all(c == 0 for c in codes):
+            reason, to = "completed", JobState.SUCCEEDED
+        else:
+            reason, to = "failed", JobState.FAILED
+        # An exit status nobody could read (the supervisor was lost) is recorded as -1.
+        self.store.end_attempt(
+            job.id, ex.attempt, ended_at=ex.ended_at, exit_codes=[-1 if c is None else c for c in codes], reason=reason
+        )
+        read: dict[str, Any] = {"expect_state": {job.state}, "expect_cancel_requested": job.cancel_requested}
+        if to is not JobState.REQUEUED:
+            code = first_bad if first_bad is not None else 0
+            return self.store.transition(
+                job.id, to, reason=f"{reason}: exit {_codes(codes)}", actor="warden", now=now, exit_code=code, **read
+            )
+        if reason == "evicted":
+            detail = f"evicted: {ex.ended_by} (exit {_codes(codes)}); the job is requeued"
+        else:
+            detail = f"exited {_codes(codes)} after SIGTERM" + (" and SIGKILL at the deadline" if ex.killed else "")
+        if not self.store.transition(
+            job.id,
+            JobState.REQUEUED,
+            reason=detail,
+            actor="warden",
+            now=now,
+            # an eviction from a node that went down is no preemption (the thrash guard's count)
+            preempted_at=[*job.preempted_at, attempt.sigterm_at] if attempt.preempted_for else job.preempted_at,
+            **read,
+        ):
+            return False
+        backoff = self.policy.thrash.requeue_backoff
+        # A cancel between the two moves finds the job REQUEUED (waiting) and ends it: then
+        # this one does nothing.
+        self.store.transition(
+            job.id,
+            JobState.PENDING,
+            reason="requeued",
+            actor="warden",
+            now=now,
+            expect_state={JobState.REQUEUED},
+            expect_cancel_requested=False,
+            pending_since=now,
+            not_before=now + backoff if backoff > 0 else None,
+        )
+        return True

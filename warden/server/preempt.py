@@ -1,0 +1,92 @@
+"""Preemptions and evictions: a running gang stopped for another job, or because one of its
+nodes went down — SIGTERM, its grace, SIGKILL, then requeued once its processes are gone.
+"""
+
+from __future__ import annotations
+
+from warden.engine.accounting import effective_grace
+from warden.engine.cycles import preemption_cycles
+from warden.engine.model import JobState
+from warden.executors.base import UnknownAttempt
+from warden.server.context import Duty
+from warden.server.explanations import KILL_AT
+from warden.store.jobs import StoredAttempt, StoredJob
+
+
+class Preemptions(Duty):
+    """Signals the victims a plan chose and the gangs a lost node strands, and counts the
+    preemption cycles each stop starts."""
+
+    def preempt(
+        self, job: StoredJob, attempt: StoredAttempt, grace: float, for_job: str, kind: str, lost: float, now: float
+    ) -> None:
+        """SIGTERM a victim the plan chose from the snapshot, unless it changed since (a cancel
+        marked it: it is terminating already, and must end CANCELLED)."""
+        current = self.store.get(job.id)
+        if current is None or current.state is not job.state or current.cancel_requested:
+            return
+        kill_at = self.executor.terminate(str(job.id), attempt.number, grace)
+        self.store.update_attempt(
+            job.id,
+            attempt.number,
+            state="terminating",
+            sigterm_at=now,
+            kill_at=kill_at,
+            preempted_for=for_job,
+            preemption_kind="reclaim" if kind == "reclaim" else "preemption",
+        )
+        if not self.store.transition(
+            job.id,
+            JobState.PREEMPTING,
+            now=now,
+            actor="warden",
+            reason=f"preempted for job {for_job} ({kind}); expected lost work {lost:.0f} GPU-s; grace {grace:.0f}s",
+            details={KILL_AT: kill_at, "grace_s": grace, "expected_lost_gpu_s": lost},
+            expect_state={job.state},
+            expect_cancel_requested=False,
+        ):
+            return  # cancelled meanwhile: its exit ends it CANCELLED
+        if self.metrics is not None:
+            self.metrics.preemption(job.queue, job.tier, kind)
+        self._count_cycles(job, for_job, now)
+
+    def evict(self, job: StoredJob, attempt: StoredAttempt, why: str, now: float) -> None:
+        """Stop a gang one of whose nodes went down, the way a preemption does (grace, then
+        SIGKILL), but for no other job: it is requeued when its processes are gone, and the
+        thrash guard does not count it as a preemption."""
+        if job.cancel_requested:
+            return
+        grace = effective_grace(self.policy, job.tier, job.grace_s)
+        try:
+            kill_at = self.executor.terminate(str(job.id), attempt.number, grace)
+        except UnknownAttempt:
+            return  # not tracked yet: its exit or recovery ends it
+        self.store.update_attempt(
+            job.id, attempt.number, state="terminating", sigterm_at=now, kill_at=kill_at, preemption_kind="eviction"
+        )
+        if self.store.transition(
+            job.id,
+            JobState.PREEMPTING,
+            now=now,
+            actor="warden",
+            reason=f"evicted: {why}; the whole gang stops and is requeued; grace {grace:.0f}s",
+            details={KILL_AT: kill_at, "grace_s": grace},
+            expect_state={job.state},
+            expect_cancel_requested=False,
+        ):
+            self._count_cycles(job, None, now)
+
+    def _count_cycles(self, victim: StoredJob, by: str | None, at: float) -> None:
+        """Count the jobs the preemption of `victim` at `at` (for `by`) put into a preemption
+        cycle of a kind they were not in before it (`warden_preemption_cycles_total`)."""
+        if self.metrics is None:
+            return
+        ids = [victim.id, *([int(by)] if by is not None and by.isdigit() else [])]
+        links = self.store.preemption_links(ids)
+        before = [p for p in links if not (p.victim == victim.job_id and p.at == at)]
+        budget = self.policy.thrash.max_preemptions
+        for i in ids:
+            was = {c.kind for c in preemption_cycles(str(i), before, budget)}
+            for c in preemption_cycles(str(i), links, budget):
+                if c.kind not in was:
+                    self.metrics.cycle_entered(c.kind)
