@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from warden.engine.lifecycle import EDGES, Event
 from warden.engine.model import Attempt, Job, JobState, Node, ReplicaPlacement, Snapshot, UsageLedger
 from warden.engine.plan import Plan
 from warden.engine.policy import Policy, parse_policy
@@ -100,3 +101,39 @@ def preempted(plan: Plan) -> set[str]:
 
 def reason(plan: Plan, job_id: str) -> str:
     return plan.explanations[job_id].reason.code
+
+
+def steps(source: JobState, target: JobState) -> list[tuple[Event, JobState]]:
+    """The shortest walk of the lifecycle's edges from `source` to `target` (breadth first, edges
+    in table order): how a test puts a stored job where it needs it, as the server would."""
+    if source is target:
+        return [(Event.NOTED, target)]
+    paths: dict[JobState, list[tuple[Event, JobState]]] = {source: []}
+    frontier = [source]
+    while frontier:
+        later = []
+        for state in frontier:
+            for edge in EDGES:
+                if state not in edge.source:
+                    continue
+                for nxt in sorted(edge.target, key=list(JobState).index):
+                    if nxt not in paths:
+                        paths[nxt] = [*paths[state], (edge.event, nxt)]
+                        later.append(nxt)
+        frontier = later
+    if target not in paths:
+        raise ValueError(f"the lifecycle has no way from {source.value} to {target.value}")
+    return paths[target]
+
+
+def move(store: Any, job_id: int | str, to: JobState | str, **kw: Any) -> bool:
+    """`store.transition` to `to` through the lifecycle's shortest walk from where the job is;
+    `kw` (reason, actor, now, fields) goes with the last step, the others carry `reason`, `actor`
+    and `now` alone."""
+    job = store.get(job_id)
+    walk = steps(job.state, JobState(to))
+    plain = {k: kw[k] for k in ("reason", "actor", "now")}
+    for event, state in walk[:-1]:
+        store.transition(job_id, state, event=event, **plain)
+    event, state = walk[-1]
+    return bool(store.transition(job_id, state, event=event, **kw))

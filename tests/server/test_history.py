@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
 from serverproc import end_everything, wait_for
 from sqlalchemy import insert, text
+from support import move
 
 from warden.engine.model import JobState, Node, ReplicaPlacement
 from warden.engine.policy import parse_policy
@@ -175,7 +176,7 @@ def preempted_attempt(
     exited with that much lost work."""
     job = submit(store, sigterm_at - 100, queue=queue, gpus=2)
     store.start_attempt(job, 1, started_at=sigterm_at - 50, assignment=[ReplicaPlacement("node-0", (0, 1))])
-    store.transition(job, JobState.RUNNING, reason="running", actor="warden", now=sigterm_at - 50)
+    move(store, job, JobState.RUNNING, reason="running", actor="warden", now=sigterm_at - 50)
     store.update_attempt(
         job,
         1,

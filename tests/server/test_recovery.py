@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from serverproc import wait_for
+from support import move
 
 from warden.engine.model import JobState, ReplicaPlacement
 from warden.executors.base import LaunchSpec, ReplicaLaunch
@@ -51,7 +52,7 @@ def finished(svc: Service, job_id: int) -> JobState:
 def test_admitted_without_an_attempt_is_requeued_and_runs(tmp_path: Path) -> None:
     svc = service(tmp_path)
     job = submit(svc, [sys.executable, "-c", "pass"])
-    svc.store.transition(job, JobState.ADMITTED, reason="admitted", actor="warden", now=svc.now(), attempt=1)
+    move(svc.store, job, JobState.ADMITTED, reason="admitted", actor="warden", now=svc.now(), attempt=1)
     svc.executor.close()
     again = service(tmp_path)
     again.reconciler.recover()
@@ -70,7 +71,7 @@ def test_processes_started_but_the_handle_was_never_stored_are_adopted(tmp_path:
     job = submit(svc, [sys.executable, "-c", code])
     now = svc.now()
     log_dir = tmp_path / "state" / "jobs" / str(job) / "attempt-1"
-    svc.store.transition(job, JobState.ADMITTED, reason="admitted", actor="warden", now=now, attempt=1)
+    move(svc.store, job, JobState.ADMITTED, reason="admitted", actor="warden", now=now, attempt=1)
     svc.store.start_attempt(
         job, 1, started_at=now, assignment=[ReplicaPlacement(svc.nodes[0].name, (0, 1))], log_dir=str(log_dir)
     )
@@ -113,7 +114,7 @@ def test_an_ended_attempt_whose_job_was_not_moved_on(tmp_path: Path, reason: str
     job = submit(svc, ["true"])
     now = svc.now()
     for state in (JobState.ADMITTED, JobState.STARTING, JobState.RUNNING):
-        svc.store.transition(job, state, reason="x", actor="warden", now=now, attempt=1)
+        move(svc.store, job, state, reason="x", actor="warden", now=now, attempt=1)
     svc.store.start_attempt(
         job, 1, started_at=now, assignment=[ReplicaPlacement(svc.nodes[0].name, (0, 1))], log_dir=str(tmp_path)
     )

@@ -9,6 +9,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from support import move
 
 from warden.engine.model import JobState, ReplicaPlacement
 from warden.engine.policy import parse_policy
@@ -47,7 +48,7 @@ def running_job(store: Store, *, grace_s: float | None = None, **facts: object) 
         gpus=4,
         grace_s=grace_s,
     )
-    store.transition(job_id, JobState.RUNNING, reason="running", actor="warden", now=1000.0, attempt=1)
+    move(store, job_id, JobState.RUNNING, reason="running", actor="warden", now=1000.0, attempt=1)
     store.start_attempt(
         job_id,
         1,
@@ -107,7 +108,8 @@ def test_the_grace_shown_is_the_one_the_job_gets_never_below_min_grace(store: St
 def test_a_held_job_shows_its_hold_as_the_reason_it_waits(store: Store) -> None:
     job_id = store.submit(name="", user="u", queue="team", tier=3, command=["true"], actor="u", now=10.0)
     reason = "quarantined: scheduling passes failed with ValueError: boom while this job waited"
-    store.transition(
+    move(
+        store,
         job_id,
         JobState.PENDING,
         reason=reason,
@@ -157,7 +159,7 @@ def test_queue_views_owe_a_tier_4_job_nothing_and_count_none_of_its_gpus_deliver
     opportunistic = store.submit(
         name="scavenge", user="u", queue="spare", tier=4, command=["true"], actor="u", now=900.0, gpus=8
     )
-    store.transition(opportunistic, JobState.RUNNING, reason="running", actor="warden", now=1000.0, attempt=1)
+    move(store, opportunistic, JobState.RUNNING, reason="running", actor="warden", now=1000.0, attempt=1)
     store.start_attempt(opportunistic, 1, started_at=1000.0, assignment=[ReplicaPlacement("n1", tuple(range(8)))])
     rows = {r["name"]: r for r in queue_views(policy, store, UsageLedger(), nodes, 4600.0)}
     H = 3600.0

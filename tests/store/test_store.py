@@ -21,8 +21,10 @@ import pytest
 from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
 from sqlalchemy import Engine, event, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
+from support import move
 
 from warden import paths
+from warden.engine.lifecycle import Event, IllegalTransition
 from warden.engine.model import Attempt, Job, JobState, Node, ReplicaPlacement
 from warden.store import JobNotFound, NodeRecord, Store, connect, default_url, hash_token, migrate
 from warden.store.db import normalize_url, state_dir
@@ -182,7 +184,7 @@ def test_list_filters(store: Store) -> None:
     a = submit(store, queue="vision", user="ana")
     b = submit(store, queue="vision", user="bo", state="AWAITING_APPROVAL", tier=1)
     c = submit(store, queue="language", user="ana")
-    store.transition(c, JobState.RUNNING, reason="start", actor="warden", now=T0 + 1)
+    move(store, c, JobState.RUNNING, reason="start", actor="warden", now=T0 + 1)
 
     def ids(**kw: Any) -> list[int]:
         return [j.id for j in store.list(**kw)]
@@ -212,6 +214,7 @@ def test_transition_is_a_compare_and_set_with_an_event(store: Store) -> None:
     assert store.transition(
         job_id,
         JobState.ADMITTED,
+        event=Event.ADMITTED,
         reason="admitted",
         actor="warden",
         now=T0 + 5,
@@ -227,6 +230,7 @@ def test_transition_is_a_compare_and_set_with_an_event(store: Store) -> None:
     assert not store.transition(
         job_id,
         JobState.CANCELLED,
+        event=Event.CANCELLED,
         reason="cancel",
         actor="bo",
         now=T0 + 6,
@@ -242,7 +246,9 @@ def test_transition_is_a_compare_and_set_with_an_event(store: Store) -> None:
     assert events[1].details == {"nodes": ["n0"]} and events[1].at == T0 + 5
 
     # Terminal: finished_at defaults to now.
-    assert store.transition(str(job_id), "SUCCEEDED", reason="exited", actor="warden", now=T0 + 9, exit_code=0)
+    assert store.transition(
+        str(job_id), "SUCCEEDED", event=Event.EXITED, reason="exited", actor="warden", now=T0 + 9, exit_code=0
+    )
     done = store.get(job_id)
     assert done is not None and (done.state, done.finished_at, done.exit_code, done.version) == (
         JobState.SUCCEEDED,
@@ -255,21 +261,38 @@ def test_transition_is_a_compare_and_set_with_an_event(store: Store) -> None:
 def test_transition_refuses_unknown_jobs_and_fields(store: Store) -> None:
     job_id = submit(store)
     with pytest.raises(JobNotFound):
-        store.transition(999, "RUNNING", reason="x", actor="warden", now=T0)
+        store.transition(999, "RUNNING", event=Event.ADMITTED, reason="x", actor="warden", now=T0)
     with pytest.raises(JobNotFound):
-        store.transition("abc", "RUNNING", reason="x", actor="warden", now=T0)
+        store.transition("abc", "RUNNING", event=Event.ADMITTED, reason="x", actor="warden", now=T0)
     for field in ({"tier": 1}, {"version": 9}, {"nonsense": 1}, {"submit_at": 0.0}):
         with pytest.raises(ValueError):
-            store.transition(job_id, "RUNNING", reason="x", actor="warden", now=T0, **field)
+            store.transition(job_id, "RUNNING", event=Event.ADMITTED, reason="x", actor="warden", now=T0, **field)
     with pytest.raises(ValueError):
-        store.transition(job_id, "SLEEPING", reason="x", actor="warden", now=T0)
+        store.transition(job_id, "SLEEPING", event=Event.ADMITTED, reason="x", actor="warden", now=T0)
     assert store.get(job_id).version == 1  # type: ignore[union-attr]
     assert len(store.events(job_id)) == 1
 
 
+def test_transition_refuses_a_change_the_lifecycle_lacks(store: Store) -> None:
+    """The lifecycle's table is the only way a state changes: an edge it lacks is a bug in the
+    caller, refused before anything is written."""
+    job_id = submit(store)
+    with pytest.raises(IllegalTransition, match="no exited edge from PENDING to SUCCEEDED"):
+        store.transition(job_id, "SUCCEEDED", event=Event.EXITED, reason="x", actor="warden", now=T0)
+    with pytest.raises(IllegalTransition, match="no approved edge from PENDING"):
+        store.transition(job_id, "PENDING", event=Event.APPROVED, reason="x", actor="warden", now=T0)
+    assert store.transition(job_id, "PENDING", event=Event.NOTED, reason="a note", actor="warden", now=T0)
+    with pytest.raises(ValueError, match="a job is submitted PENDING or AWAITING_APPROVAL"):
+        store.submit(name="", user="u", queue="q", tier=3, command=["true"], actor="u", now=T0, state="RUNNING")
+    job = store.get(job_id)
+    assert job is not None and job.state is JobState.PENDING and job.version == 2
+    assert [e.reason for e in store.events(job_id)] == ["submitted", "a note"]
+
+
 def test_requeue_fields_round_trip(store: Store) -> None:
     job_id = submit(store)
-    assert store.transition(
+    assert move(
+        store,
         job_id,
         "REQUEUED",
         reason="preempted",
@@ -401,11 +424,11 @@ def test_active_jobs_carry_their_live_attempt_and_convert_to_engine_jobs(store: 
     requeued = submit(store)
     done = submit(store)
     store.start_attempt(running, 1, T0 + 5, [ReplicaPlacement("n0", (0, 1))], borrowing=True, startup_s=3.0)
-    store.transition(running, "RUNNING", reason="started", actor="warden", now=T0 + 5)
+    move(store, running, "RUNNING", reason="started", actor="warden", now=T0 + 5)
     store.start_attempt(requeued, 1, T0 + 5, [ReplicaPlacement("n1", (0,))])
     store.end_attempt(requeued, 1, T0 + 8, [0], "preempted")
-    store.transition(requeued, "PENDING", reason="requeued", actor="warden", now=T0 + 8, preempted_at=[T0 + 6])
-    store.transition(done, "CANCELLED", reason="cancelled", actor="ana", now=T0 + 9)
+    move(store, requeued, "PENDING", reason="requeued", actor="warden", now=T0 + 8, preempted_at=[T0 + 6])
+    move(store, done, "CANCELLED", reason="cancelled", actor="ana", now=T0 + 9)
 
     active = store.active()
     assert [a.job.id for a in active] == [pending, running, requeued]
@@ -789,7 +812,7 @@ def test_active_read_again_only_where_rows_changed_equals_a_whole_read(store: St
             j = rng.choice(waiting)
             n = store.get(j).attempt + 1  # type: ignore[union-attr]
             store.start_attempt(j, n, now, [ReplicaPlacement("n0", (0,))])
-            store.transition(j, JobState.RUNNING, reason="start", actor="warden", now=now)
+            move(store, j, JobState.RUNNING, reason="start", actor="warden", now=now)
             attempts[j] = n
         elif op == "progress" and running:
             j = rng.choice(running)
@@ -798,7 +821,7 @@ def test_active_read_again_only_where_rows_changed_equals_a_whole_read(store: St
             j = rng.choice(running)
             store.end_attempt(j, attempts.pop(j), now, [0], "completed")
             state = rng.choice([JobState.SUCCEEDED, JobState.PENDING])
-            store.transition(j, state, reason="exit", actor="warden", now=now)
+            move(store, j, state, reason="exit", actor="warden", now=now)
             if state is JobState.SUCCEEDED:
                 jobs.remove(j)
         elif op == "explain" and waiting:

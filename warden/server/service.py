@@ -22,6 +22,7 @@ from typing import Any, Literal, NamedTuple, TypeVar
 import yaml
 from prometheus_client import Counter
 
+from warden.engine.lifecycle import Event
 from warden.engine.model import Job, JobState, Node
 from warden.engine.policy import Limits, Policy, PolicyError, format_duration, parse_policy
 from warden.engine.safeyaml import AliasRefused, load_yaml
@@ -462,6 +463,7 @@ class Service:
             approved = self.store.transition(
                 job.id,
                 JobState.PENDING,
+                event=Event.APPROVED,
                 reason=f"approved by {who.user}",
                 actor=who.user,
                 now=now,
@@ -489,6 +491,7 @@ class Service:
             released = self.store.transition(
                 job.id,
                 job.state,
+                event=Event.NOTED,
                 reason=f"released by {who.user}",
                 actor=who.user,
                 now=now,
@@ -637,6 +640,7 @@ class Service:
         self.store.transition(
             job.id,
             job.state,
+            event=Event.NOTED,
             expect_state={job.state},
             reason=f"{what} report of {reported:.6g} s clamped to {kept:.3f} s, {why}",
             actor="warden",

@@ -14,6 +14,8 @@ from typing import Any, NamedTuple, cast
 from sqlalchemy import Connection, Engine, Row, Table, bindparam, func, insert, select, update
 from sqlalchemy.types import JSON
 
+from warden.engine import lifecycle
+from warden.engine.lifecycle import Event
 from warden.engine.model import Attempt, Job, JobState, ReplicaPlacement
 from warden.store.base import _READ_CHUNK, StoreBase, _advisory_lock, _new_id, _record, _str_list
 from warden.store.schema import AttemptRow, EventRow, JobRow
@@ -24,7 +26,6 @@ EVENTS = cast(Table, EventRow.__table__)
 
 TERMINAL_STATES = frozenset(s.value for s in JobState if s.terminal)
 WAITING_STATES = frozenset(s.value for s in JobState if s.waiting)
-SUBMIT_STATES = frozenset({JobState.PENDING.value, JobState.AWAITING_APPROVAL.value})
 PLACEMENTS = frozenset({"pack", "block", "any"})
 ATTEMPT_STATES = frozenset({"running", "terminating", "exited"})
 LIVE_ATTEMPT_STATES = frozenset({"running", "terminating"})
@@ -137,6 +138,32 @@ class StoredJob:
             claim=self.claim and self.state.waiting,
             attempt=None if live is None else live.to_engine(),
         )
+
+    def moved(self, after: Job) -> dict[str, Any]:
+        """The row's fields a lifecycle function changed on this job's engine view (`after`), as
+        `transition` takes them: what the server writes is what the lifecycle says."""
+        before = self.to_engine()
+        return {
+            column: _stored(getattr(after, name))
+            for name, column in _MOVED
+            if getattr(after, name) != getattr(before, name)
+        }
+
+
+# A job's fields the lifecycle may change, and their columns (state and attempt are written by
+# `transition` itself and by the attempt rows).
+_MOVED = (
+    ("waited", "waited_s"),
+    ("pending_since", "pending_since"),
+    ("not_before", "not_before"),
+    ("preempted_at", "preempted_at"),
+    ("claim", "claim"),
+    ("expected_duration", "expected_duration_s"),
+)
+
+
+def _stored(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
 
 
 @dataclass(frozen=True, slots=True)
@@ -466,6 +493,7 @@ class JobStore(StoreBase):
         to_state: JobState | str,
         /,
         *,
+        event: Event,
         reason: str,
         actor: str,
         now: float,
@@ -476,7 +504,7 @@ class JobStore(StoreBase):
         new_attempt: Mapping[str, Any] | None = None,
         **field_updates: Any,
     ) -> bool:
-        """Move a job to `to_state` if it is in `expect_state` (any state when None) and, when
+        """Move a job to `to_state` by `event` if it is in `expect_state` (any state when None) and, when
         `expect_cancel_requested` is given, its cancel flag has that value (a cancel of a job
         that holds resources marks it without changing its state). In the same transaction,
         `new_attempt` (the arguments of `start_attempt` but the job id) records a new attempt and
@@ -487,7 +515,9 @@ class JobStore(StoreBase):
         actor got there first). Otherwise applies `field_updates`, bumps `version` and records
         the event, in one transaction. Unless given: entering a terminal state sets
         `finished_at = now`; leaving the waiting states clears the pending `explanation`.
-        Raises JobNotFound for an unknown id.
+        Raises JobNotFound for an unknown id, and `lifecycle.IllegalTransition` when the job's
+        state has no `event` edge to `to_state` (a bug in the caller: the lifecycle's table is the
+        only way a state changes).
         """
         target = JobState(to_state).value
         expected = _state_set(expect_state)
@@ -508,6 +538,7 @@ class JobStore(StoreBase):
                 return False
             if expect_cancel_requested is not None and bool(cancel_requested) is not expect_cancel_requested:
                 return False
+            lifecycle.check(event, JobState(current), JobState(target))
             conn.execute(
                 update(JOBS).where(JOBS.c.id == key).values(state=target, version=JOBS.c.version + 1, **values)
             )
@@ -835,7 +866,7 @@ def _require_key(job_id: int | str) -> int:
 
 def _submit_state(state: JobState | str) -> str:
     value = JobState(state).value
-    if value not in SUBMIT_STATES:
+    if not lifecycle.allows(Event.SUBMITTED, None, JobState(value)):
         raise ValueError(f"state: a job is submitted PENDING or AWAITING_APPROVAL, got {value!r}")
     return value
 
