@@ -140,3 +140,56 @@ def test_the_reconcile_loops_duties_never_import_the_loop(path: Path) -> None:
 
 def test_every_duty_of_the_reconcile_loop_is_checked() -> None:
     assert len(LOOP_DUTIES) == 9
+
+
+def state_writes(source: str, filename: str = "<source>") -> list[str]:
+    """Where `source` changes a job's state other than through the lifecycle: a `replace` with
+    `state=`, an assignment to a `.state` attribute, a store `transition` that names no `event`,
+    or a jobs-table write (`.values(state=...)`) outside the store's own transition."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            keywords = {k.arg for k in node.keywords}
+            if name == "replace" and "state" in keywords:
+                found.append((node.lineno, "replace(..., state=...)"))
+            elif name == "transition" and "event" not in keywords:
+                found.append((node.lineno, "transition(...) without event="))
+            elif name == "values" and "state" in keywords:
+                found.append((node.lineno, ".values(state=...)"))
+        elif isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Attribute) and t.attr == "state" and _a_job(t.value) for t in targets):
+                found.append((node.lineno, ".state = ..."))
+    return [f"line {line}: {what}" for line, what in sorted(found)]
+
+
+def _a_job(value: ast.expr) -> bool:
+    """`job.state = …`, `pod.job.state = …`: the receiver is named for a job."""
+    name = value.attr if isinstance(value, ast.Attribute) else getattr(value, "id", "")
+    return "job" in name
+
+
+# The lifecycle itself, and the one store method that carries a checked transition out.
+LIFECYCLE_HOMES = {"engine/lifecycle.py", "store/jobs.py"}
+
+
+@pytest.mark.parametrize("path", modules("."), ids=lambda p: str(p.relative_to(WARDEN)))
+def test_no_module_changes_a_jobs_state_but_through_the_lifecycle(path: Path) -> None:
+    if str(path.relative_to(WARDEN)) in LIFECYCLE_HOMES:
+        return
+    assert not state_writes(path.read_text(), str(path))
+
+
+def test_the_state_write_check_sees_every_form() -> None:
+    source = """
+from dataclasses import replace
+a = replace(job, state=JobState.RUNNING)
+store.transition(1, JobState.PENDING, reason="x")
+conn.execute(update(JOBS).values(state="PENDING"))
+pod.job.state = JobState.FAILED
+ok = replace(job, claim=True)
+store.transition(1, JobState.PENDING, event=Event.REQUEUED, reason="x")
+self.state = 3
+"""
+    assert [w.split(":")[0] for w in state_writes(source)] == ["line 3", "line 4", "line 5", "line 6"]

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from serverproc import end_everything
+from support import move
 
 from warden.engine import accounting
 from warden.engine.model import JobState, Node, ReplicaPlacement
@@ -75,8 +76,15 @@ def running(svc: Service, tier: int, gpu: int, preempted_at: tuple[float, ...] =
     job_id = store.submit(
         name="", user="ana", queue="team", tier=tier, command=["true"], workdir="/", actor="ana", now=T0 - 100
     )
-    store.transition(
-        job_id, JobState.RUNNING, reason="running", actor="warden", now=T0, attempt=1, preempted_at=list(preempted_at)
+    move(
+        store,
+        job_id,
+        JobState.RUNNING,
+        reason="running",
+        actor="warden",
+        now=T0,
+        attempt=1,
+        preempted_at=list(preempted_at),
     )
     store.start_attempt(job_id, 1, started_at=T0, assignment=[ReplicaPlacement("n0", (gpu,))])
     if facts:

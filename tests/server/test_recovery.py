@@ -107,7 +107,12 @@ def test_processes_started_but_the_handle_was_never_stored_are_adopted(tmp_path:
 
 @pytest.mark.parametrize(
     "reason, expected",
-    [("completed", JobState.SUCCEEDED), ("failed", JobState.FAILED), ("preempted", JobState.PENDING)],
+    [
+        ("completed", JobState.SUCCEEDED),
+        ("failed", JobState.FAILED),
+        ("preempted", JobState.PENDING),
+        ("evicted", JobState.PENDING),
+    ],
 )
 def test_an_ended_attempt_whose_job_was_not_moved_on(tmp_path: Path, reason: str, expected: JobState) -> None:
     svc = service(tmp_path)
@@ -119,7 +124,9 @@ def test_an_ended_attempt_whose_job_was_not_moved_on(tmp_path: Path, reason: str
         job, 1, started_at=now, assignment=[ReplicaPlacement(svc.nodes[0].name, (0, 1))], log_dir=str(tmp_path)
     )
     if reason == "preempted":
-        svc.store.update_attempt(job, 1, sigterm_at=now, kill_at=now + 120)
+        svc.store.update_attempt(job, 1, sigterm_at=now, kill_at=now + 120, preempted_for="9")
+    if reason == "evicted":  # its node went down: no preemption
+        svc.store.update_attempt(job, 1, sigterm_at=now, kill_at=now + 120, preemption_kind="eviction")
     svc.store.end_attempt(job, 1, ended_at=now, exit_codes=[0 if reason != "failed" else 4], reason=reason)
     svc.executor.close()
     again = service(tmp_path)
@@ -129,5 +136,6 @@ def test_an_ended_attempt_whose_job_was_not_moved_on(tmp_path: Path, reason: str
     if expected is JobState.FAILED:
         assert after.exit_code == 4
     if expected is JobState.PENDING:
-        assert after.preempted_at == (now,)
+        # as when the exit is collected live: only a preemption counts for the thrash guard
+        assert after.preempted_at == ((now,) if reason == "preempted" else ())
     again.executor.close()

@@ -275,6 +275,17 @@ def reported(job: Job, attempt: Attempt) -> Job:
     )
 
 
+def left(job: Job) -> Job:
+    """The engine's last view of a job that left its snapshot (it finished, or an admin or the
+    engine guard held it out of scheduling), as a warm `Engine` is told to drop it: in a
+    terminal state. A view for the engine, not a change of the job's recorded state, which the
+    event that made it leave has already written."""
+    j = job
+    return _job(
+        j, _S.CANCELLED, j.attempt, j.expected_duration, j.waited, j.pending_since, j.not_before, False, j.preempted_at
+    )
+
+
 def _pending(job: Job, now: float, backoff: float, waited: float) -> Job:
     not_before = now + backoff if backoff > 0 else None
     return _job(job, _S.PENDING, None, job.expected_duration, waited, now, not_before, False, job.preempted_at)

@@ -9,11 +9,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from warden.engine.accounting import effective_grace, wait_time
-from warden.engine.model import JobState, ReplicaPlacement
+from warden.engine import lifecycle
+from warden.engine.accounting import effective_grace
+from warden.engine.lifecycle import Event
+from warden.engine.model import Attempt, JobState, ReplicaPlacement
 from warden.engine.plan import Plan
 from warden.executors.base import LaunchSpec, ReplicaLaunch
-from warden.server.context import WAITING, Duty, ReconcileContext, log
+from warden.server.context import Duty, ReconcileContext, log
 from warden.server.statedir import set_aside_stale
 from warden.store.jobs import ActiveJob, StoredJob
 
@@ -36,19 +38,19 @@ class PlanApplier(Duty):
         database before any process exists. Returns what to launch (None: cancelled meanwhile)."""
         number = job.attempt + 1
         attempt_dir = self.state_dir / "jobs" / str(job.id) / f"attempt-{number}"
-        waited = wait_time(job.waited_s, job.pending_since, job.submit_at, now)
+        admitted = lifecycle.admitted(job.to_engine(), now, Attempt(number, now, placement, borrowing), starts=False)
+        waited = admitted.waited
         if not self.store.transition(
             job.id,
-            JobState.ADMITTED,
+            admitted.state,
+            event=Event.ADMITTED,
             reason=_placed(placement, borrowing),
             actor="warden",
             now=now,
             expect_state={job.state},
             expect_cancel_requested=False,
             attempt=number,
-            waited_s=waited,
-            pending_since=None,
-            claim=False,
+            **job.moved(admitted),
             # The attempt row holds the GPUs in the database before any process exists.
             new_attempt={
                 "number": number,
@@ -103,6 +105,7 @@ class PlanApplier(Duty):
             self.store.transition(
                 job_id,
                 JobState.FAILED,
+                event=Event.EXITED,
                 reason=f"could not start: {err}",
                 actor="warden",
                 now=now,
@@ -113,6 +116,7 @@ class PlanApplier(Duty):
         self.store.transition(
             job_id,
             JobState.STARTING,
+            event=Event.LAUNCHED,
             reason="handed to the executor",
             actor="warden",
             now=now,
@@ -127,6 +131,7 @@ class PlanApplier(Duty):
                 self.store.transition(
                     job.id,
                     JobState.RUNNING,
+                    event=Event.STARTED,
                     reason="processes running",
                     actor="warden",
                     now=now,
@@ -140,7 +145,7 @@ class PlanApplier(Duty):
         admitted = {a.job_id for a in plan.admissions}
         for job_id, active in by_id.items():
             job = active.job
-            if job.state not in WAITING or job_id in admitted:
+            if not job.state.waiting or job_id in admitted:
                 continue
             want = job_id in plan.claims
             if job.claim == want:
@@ -152,7 +157,14 @@ class PlanApplier(Duty):
             else:
                 reason = "claim ended"
             self.store.transition(
-                job.id, job.state, reason=reason, actor="warden", now=now, expect_state={job.state}, claim=want
+                job.id,
+                job.state,
+                event=Event.NOTED,
+                reason=reason,
+                actor="warden",
+                now=now,
+                expect_state={job.state},
+                claim=want,
             )
 
     def explain(self, plan: Plan) -> None:

@@ -6,9 +6,10 @@ a cancel marked (`cancel_marked`). A cancelled job always ends CANCELLED, never 
 from __future__ import annotations
 
 from warden.engine.accounting import effective_grace
+from warden.engine.lifecycle import Event
 from warden.engine.model import JobState
 from warden.executors.base import UnknownAttempt
-from warden.server.context import WAITING, Duty
+from warden.server.context import Duty
 from warden.server.explanations import KILL_AT
 from warden.store.jobs import ActiveJob, StoredAttempt, StoredJob
 
@@ -25,7 +26,7 @@ class Cancels(Duty):
         what was done, or None when a write found the job changed: read it again and retry."""
         if job.state.terminal:
             return None
-        if job.state in WAITING:
+        if job.state.waiting:
             return self._cancel_waiting(job, actor, self.clock())
         if job.cancel_requested:
             return "nothing: a cancel is already under way"
@@ -35,6 +36,7 @@ class Cancels(Duty):
         done = self.store.transition(
             job.id,
             JobState.CANCELLED,
+            event=Event.CANCELLED,
             reason=f"cancelled by {actor}",
             actor=actor,
             now=now,
@@ -48,6 +50,7 @@ class Cancels(Duty):
         if not self.store.transition(
             job.id,
             job.state,
+            event=Event.NOTED,
             reason=f"cancel requested by {actor}",
             actor=actor,
             now=now,
@@ -100,6 +103,7 @@ class Cancels(Duty):
             self.store.transition(
                 job.id,
                 job.state,
+                event=Event.NOTED,
                 reason=f"SIGTERM sent for the cancel requested earlier; grace {grace:g}s",
                 details={KILL_AT: kill_at, "grace_s": grace},
                 actor="warden",
@@ -111,7 +115,7 @@ class Cancels(Duty):
     def cancel_marked(self, active: tuple[ActiveJob, ...], now: float) -> tuple[ActiveJob, ...]:
         """Waiting jobs a cancel marked (an older server could requeue them) end CANCELLED
         here instead of being scheduled."""
-        marked = {a.job.id: a.job for a in active if a.job.cancel_requested and a.job.state in WAITING}
+        marked = {a.job.id: a.job for a in active if a.job.cancel_requested and a.job.state.waiting}
         for job in marked.values():
             self._cancel_waiting(job, "warden", now)
         return tuple(a for a in active if a.job.id not in marked) if marked else active

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from warden.engine.model import JobState, Node
+from warden.engine.model import Node
 from warden.engine.policy import Policy
 from warden.executors.base import Executor, Inventory
 from warden.server.metrics import ServerMetrics
@@ -24,7 +24,6 @@ from warden.store.repo import Store
 log = logging.getLogger("warden.reconcile")
 """Every duty logs under the loop's name: an operator follows one logger for the whole pass."""
 
-WAITING = frozenset(s for s in JobState if s.waiting)
 CAS_TRIES = 3
 """How often an exit is re-read and decided again when its compare-and-set lost."""
 

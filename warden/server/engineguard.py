@@ -16,7 +16,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from warden.engine.model import Job, JobState, Node, Snapshot
+from warden.engine import lifecycle
+from warden.engine.lifecycle import Event
+from warden.engine.model import Job, Node, Snapshot
 from warden.engine.plan import Plan
 from warden.engine.policy import Policy
 from warden.engine.scheduler import Engine
@@ -92,7 +94,7 @@ class EngineJobs:
             current[row.id] = (row.version, job)
             out.append(job)
         if changed or len(current) != len(known):  # else every known job is still here
-            changed.extend(_left(job) for i, (_, job) in known.items() if i not in current)
+            changed.extend(lifecycle.left(job) for i, (_, job) in known.items() if i not in current)
         self.jobs, self.changed = current, changed
         return tuple(out)
 
@@ -242,6 +244,7 @@ class EngineGuard(Duty):
         held = self.store.transition(
             int(job.id),
             job.state,
+            event=Event.NOTED,
             reason=reason,
             actor="warden",
             now=now,
@@ -252,12 +255,6 @@ class EngineGuard(Duty):
         self._explained.pop(job.id, None)
         if held:
             log.error("job %s held: %s", job.id, reason)
-
-
-def _left(job: Job) -> Job:
-    """A job that left the snapshot (it finished, or is held), as the engine drops it: in a
-    terminal state."""
-    return replace(job, state=JobState.CANCELLED, claim=False)
 
 
 def _ids(ids: Sequence[str]) -> str:

@@ -8,11 +8,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from warden.engine import lifecycle
 from warden.engine.accounting import assumed_startup, measured_lost_work
+from warden.engine.lifecycle import Event
 from warden.engine.model import JobState
 from warden.executors.base import Exit
 from warden.server.context import CAS_TRIES, Duty, _codes, log
-from warden.store.jobs import StoredAttempt, StoredJob
+from warden.store.jobs import StoredAttempt, StoredJob, moved
 
 
 class Exits(Duty):
@@ -61,25 +63,34 @@ class Exits(Duty):
         makes it fail (False) rather than requeue a cancelled job."""
         codes = list(ex.exit_codes)
         first_bad = next((c for c in codes if c != 0), None)
-        if job.cancel_requested:
-            reason, to = "cancelled", JobState.CANCELLED
-        elif attempt.sigterm_at is not None:
-            reason, to = ("killed" if ex.killed else "preempted"), JobState.REQUEUED
-        elif ex.ended_by is not None:
-            reason, to = "evicted", JobState.REQUEUED
-        elif all(c == 0 for c in codes):
-            reason, to = "completed", JobState.SUCCEEDED
-        else:
-            reason, to = "failed", JobState.FAILED
+        out = lifecycle.outcome(
+            cancel_requested=job.cancel_requested,
+            signalled=attempt.sigterm_at is not None,
+            killed=ex.killed,
+            evicted=ex.ended_by is not None,
+            exit_codes=codes,
+        )
+        reason = out.reason
         # An exit status nobody could read (the supervisor was lost) is recorded as -1.
         self.store.end_attempt(
             job.id, ex.attempt, ended_at=ex.ended_at, exit_codes=[-1 if c is None else c for c in codes], reason=reason
         )
         read: dict[str, Any] = {"expect_state": {job.state}, "expect_cancel_requested": job.cancel_requested}
-        if to is not JobState.REQUEUED:
+        # an eviction from a node that went down is no preemption (the thrash guard's count)
+        before = job.to_engine()
+        gone = lifecycle.exited(before, out.state, preempted_at=attempt.sigterm_at if attempt.preempted_for else None)
+        if out.state is not JobState.REQUEUED:
             code = first_bad if first_bad is not None else 0
             return self.store.transition(
-                job.id, to, reason=f"{reason}: exit {_codes(codes)}", actor="warden", now=now, exit_code=code, **read
+                job.id,
+                out.state,
+                event=Event.EXITED,
+                reason=f"{reason}: exit {_codes(codes)}",
+                actor="warden",
+                now=now,
+                exit_code=code,
+                **moved(before, gone),
+                **read,
             )
         if reason == "evicted":
             detail = f"evicted: {ex.ended_by} (exit {_codes(codes)}); the job is requeued"
@@ -88,26 +99,26 @@ class Exits(Duty):
         if not self.store.transition(
             job.id,
             JobState.REQUEUED,
+            event=Event.EXITED,
             reason=detail,
             actor="warden",
             now=now,
-            # an eviction from a node that went down is no preemption (the thrash guard's count)
-            preempted_at=[*job.preempted_at, attempt.sigterm_at] if attempt.preempted_for else job.preempted_at,
+            **moved(before, gone),
             **read,
         ):
             return False
-        backoff = self.policy.thrash.requeue_backoff
+        back = lifecycle.requeued(gone, now, backoff=self.policy.thrash.requeue_backoff)
         # A cancel between the two moves finds the job REQUEUED (waiting) and ends it: then
         # this one does nothing.
         self.store.transition(
             job.id,
             JobState.PENDING,
+            event=Event.REQUEUED,
             reason="requeued",
             actor="warden",
             now=now,
             expect_state={JobState.REQUEUED},
             expect_cancel_requested=False,
-            pending_since=now,
-            not_before=now + backoff if backoff > 0 else None,
+            **moved(gone, back),
         )
         return True

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from warden.engine.accounting import effective_grace
 from warden.engine.cycles import preemption_cycles
+from warden.engine.lifecycle import Event
 from warden.engine.model import JobState
 from warden.executors.base import UnknownAttempt
 from warden.server.context import Duty
@@ -38,6 +39,7 @@ class Preemptions(Duty):
         if not self.store.transition(
             job.id,
             JobState.PREEMPTING,
+            event=Event.SIGNALLED,
             now=now,
             actor="warden",
             reason=f"preempted for job {for_job} ({kind}); expected lost work {lost:.0f} GPU-s; grace {grace:.0f}s",
@@ -67,6 +69,7 @@ class Preemptions(Duty):
         if self.store.transition(
             job.id,
             JobState.PREEMPTING,
+            event=Event.SIGNALLED,
             now=now,
             actor="warden",
             reason=f"evicted: {why}; the whole gang stops and is requeued; grace {grace:.0f}s",

@@ -58,7 +58,7 @@ from warden.executors.base import Executor, Inventory
 from warden.server.apply import PlanApplier
 from warden.server.cancels import Cancels
 from warden.server.charging import Charging
-from warden.server.context import WAITING, PassStats, ReconcileContext
+from warden.server.context import PassStats, ReconcileContext
 from warden.server.engineguard import EngineGuard, EngineJobs
 from warden.server.exits import Exits
 from warden.server.history import INTERVAL_S, History
@@ -278,7 +278,7 @@ class Reconciler:
         jobs: tuple[Job, ...] = tuple(
             a.to_engine()
             for a in self.store.active()
-            if not a.job.held and not (a.job.cancel_requested and a.job.state in WAITING)
+            if not a.job.held and not (a.job.cancel_requested and a.job.state.waiting)
         )
         return Snapshot(self.nodes, jobs, self.policy, self.charging.ledger_at(jobs, now))
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from warden.engine import lifecycle
+from warden.engine.lifecycle import Event
 from warden.engine.model import JobState
 from warden.executors.base import Handle
 from warden.server.context import Duty, _codes
-from warden.store.jobs import StoredJob
+from warden.store.jobs import StoredJob, moved
 
 
 class Recovery(Duty):
@@ -39,19 +41,20 @@ class Recovery(Duty):
                     self.store.transition(
                         job.id,
                         JobState.PENDING,
+                        event=Event.UNSTARTED,
                         reason="requeued: the server stopped before the job's processes started",
                         actor="warden",
                         now=now,
-                        pending_since=now,
+                        **job.moved(lifecycle.unstarted(job.to_engine(), now)),
                     )
                     continue
                 handle = recovered.to_dict()
                 self.store.update_attempt(job.id, attempt.number, handle=handle)
             self.executor.adopt(Handle.from_dict(handle), self.bounded_kill_at(attempt.sigterm_at, attempt.kill_at))
-            for state in (JobState.STARTING, JobState.RUNNING):
+            for state, event in ((JobState.STARTING, Event.LAUNCHED), (JobState.RUNNING, Event.STARTED)):
                 if job.state in (JobState.ADMITTED, JobState.STARTING) and job.state is not state:
                     self.store.transition(
-                        job.id, state, reason="processes started (recovered)", actor="warden", now=now
+                        job.id, state, event=event, reason="processes started (recovered)", actor="warden", now=now
                     )
                     job = self.store.get(job.id) or job
         self.executor.cancel_unowned(self.executor.running())
@@ -71,24 +74,37 @@ class Recovery(Duty):
             self.store.transition(
                 job.id,
                 JobState.PENDING,
+                event=Event.UNSTARTED,
                 reason="requeued: the server stopped before the job started",
                 actor="warden",
                 now=now,
-                pending_since=now,
                 attempt=max(0, job.attempt - 1),
+                **job.moved(lifecycle.unstarted(job.to_engine(), now)),
             )
             return
+        before = job.to_engine()
         if last.reason in ("preempted", "killed", "evicted") and not job.cancel_requested:
+            # as an exit collected live (`Exits`): only a preemption counts for the thrash guard
+            preempted_at = (last.sigterm_at or now) if last.preempted_for else None
+            gone = lifecycle.exited(before, JobState.REQUEUED, preempted_at=preempted_at)
             self.store.transition(
                 job.id,
                 JobState.REQUEUED,
+                event=Event.EXITED,
                 reason=f"{last.reason} (recovered)",
                 actor="warden",
                 now=now,
-                preempted_at=[*job.preempted_at, last.sigterm_at or now],
+                **moved(before, gone),
             )
+            back = lifecycle.requeued(gone, now, backoff=self.policy.thrash.requeue_backoff)
             self.store.transition(
-                job.id, JobState.PENDING, reason="requeued", actor="warden", now=now, pending_since=now
+                job.id,
+                JobState.PENDING,
+                event=Event.REQUEUED,
+                reason="requeued",
+                actor="warden",
+                now=now,
+                **moved(gone, back),
             )
             return
         codes = list(last.exit_codes or ())
@@ -99,6 +115,7 @@ class Recovery(Duty):
         self.store.transition(
             job.id,
             to,
+            event=Event.EXITED,
             reason=f"{last.reason} (recovered): exit {_codes(codes)}",
             actor="warden",
             now=now,

@@ -22,7 +22,7 @@ from typing import Any, Literal, NamedTuple, TypeVar
 import yaml
 from prometheus_client import Counter
 
-from warden.engine.lifecycle import Event
+from warden.engine.lifecycle import WAITING, Event
 from warden.engine.model import Job, JobState, Node
 from warden.engine.policy import Limits, Policy, PolicyError, format_duration, parse_policy
 from warden.engine.safeyaml import AliasRefused, load_yaml
@@ -51,8 +51,6 @@ THREAD_PREFIX = "warden-"
 log = logging.getLogger("warden.server")
 ACTION_TRIES = 3
 """How often a user action re-reads a job whose compare-and-set lost before it answers 409."""
-WAITING = (JobState.AWAITING_APPROVAL, JobState.PENDING, JobState.REQUEUED)
-"""What the pending limits count: jobs waiting to be admitted, or approved first."""
 
 T = TypeVar("T")
 

@@ -140,14 +140,19 @@ class StoredJob:
         )
 
     def moved(self, after: Job) -> dict[str, Any]:
-        """The row's fields a lifecycle function changed on this job's engine view (`after`), as
-        `transition` takes them: what the server writes is what the lifecycle says."""
-        before = self.to_engine()
-        return {
-            column: _stored(getattr(after, name))
-            for name, column in _MOVED
-            if getattr(after, name) != getattr(before, name)
-        }
+        """The row's fields a lifecycle function changed on this job's engine view, as
+        `transition` takes them (`moved`)."""
+        return moved(self.to_engine(), after)
+
+
+def moved(before: Job, after: Job) -> dict[str, Any]:
+    """The job-row fields a lifecycle function changed from `before` to `after`, named as the
+    jobs table names them: what the server writes is what the lifecycle says."""
+    return {
+        column: _stored(getattr(after, name))
+        for name, column in _MOVED
+        if getattr(after, name) != getattr(before, name)
+    }
 
 
 # A job's fields the lifecycle may change, and their columns (state and attempt are written by
