@@ -9,28 +9,25 @@ that changes one queue's weight names exactly the waiting jobs the engine ranks 
 from __future__ import annotations
 
 import io
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
+from apiclient import Clock, api_service
 from fastapi.testclient import TestClient
-from serverproc import end_everything, wait_for
+from serverproc import wait_for
 
 from warden.engine.model import Node
 from warden.engine.policy import parse_policy
 from warden.engine.scheduler import rank
 from warden.executors.base import Exit
 from warden.executors.local import LocalExecutor
-from warden.server.app import create_app
 from warden.server.service import Service
 from warden.sim.experiment import prepare, run_policy
 from warden.sim.loaders import load_trace
 from warden.sim.presets import sim_policy
-from warden.store import Store
 
 T0 = 1_000_000.0
 NODE = Node("node-0", 4, 16_000, 64_000)
@@ -47,14 +44,6 @@ POLICY = {
 }
 
 
-class Clock:
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
 class ClockedExecutor(LocalExecutor):
     """The local executor, its exits dated by the test's clock (the pass that collects an exit
     is the moment the test chose for it), so that every time of the run is the clock's."""
@@ -67,29 +56,12 @@ class ClockedExecutor(LocalExecutor):
         return [replace(e, ended_at=self.clock()) for e in super().exits()]
 
 
-@asynccontextmanager
-async def no_lifespan(_: Any) -> AsyncIterator[None]:
-    yield
-
-
 @pytest.fixture
 def setup(tmp_path: Path) -> Iterator[tuple[Service, TestClient, Clock]]:
     clock = Clock(T0)
-    store = Store.open(f"sqlite:///{tmp_path / 'warden.db'}")
-    store.save_ledger(T0, {"a": 1000.0, "b": 2000.0, "c": 3000.0})
-    (tmp_path / "state").mkdir()
-    svc = Service(store, ClockedExecutor(clock), (NODE,), parse_policy(POLICY), tmp_path / "state", clock)
-    token = store.create_token("admin", "admin", ["*"], "test", T0)
-    app = create_app(svc)
-    app.router.lifespan_context = no_lifespan  # the test runs the passes
-    client = TestClient(app, headers={"Authorization": f"Bearer {token}"}, raise_server_exceptions=False)
-    try:
-        yield svc, client, clock
-    finally:
-        client.close()
-        end_everything(svc)
-        svc.stop()
-        store.close()
+    ledger = {"a": 1000.0, "b": 2000.0, "c": 3000.0}
+    with api_service(tmp_path, POLICY, (NODE,), clock, ClockedExecutor(clock), ledger) as (svc, client):
+        yield svc, client, clock  # the test runs the passes
 
 
 def submit(svc: Service, done: Path, queue: str, tier: int, gpus: int, seconds: float | None = None) -> str:

@@ -4,21 +4,16 @@ service (SQLite, the local executor) on a clock the test moves, its passes run b
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from apiclient import Clock, api_service
 from fastapi.testclient import TestClient
-from serverproc import end_everything
 
 from warden.engine.model import JobState, Node
-from warden.engine.policy import parse_policy
-from warden.executors.local import LocalExecutor
-from warden.server.app import create_app
 from warden.server.service import Service
-from warden.store import Store
 
 T0 = 1_000_000.0
 POLICY = {
@@ -29,38 +24,11 @@ POLICY = {
 }
 
 
-class Clock:
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@asynccontextmanager
-async def no_lifespan(_: Any) -> AsyncIterator[None]:
-    yield
-
-
 @pytest.fixture
 def setup(tmp_path: Path) -> Iterator[tuple[Service, TestClient, Clock]]:
     clock = Clock(T0)
-    store = Store.open(f"sqlite:///{tmp_path / 'warden.db'}")
-    (tmp_path / "state").mkdir()
-    svc = Service(
-        store, LocalExecutor(), (Node("node-0", 2, 16_000, 64_000),), parse_policy(POLICY), tmp_path / "state", clock
-    )
-    token = store.create_token("admin", "admin", ["*"], "test", T0)
-    app = create_app(svc)
-    app.router.lifespan_context = no_lifespan  # the test runs the passes
-    client = TestClient(app, headers={"Authorization": f"Bearer {token}"}, raise_server_exceptions=False)
-    try:
-        yield svc, client, clock
-    finally:
-        client.close()
-        end_everything(svc)
-        svc.stop()
-        store.close()
+    with api_service(tmp_path, POLICY, (Node("node-0", 2, 16_000, 64_000),), clock) as (svc, client):
+        yield svc, client, clock  # the test runs the passes
 
 
 def submit(svc: Service, tier: int, gpus: int = 1, queue: str = "team") -> str:

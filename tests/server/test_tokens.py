@@ -4,61 +4,28 @@ expiry, and a token revoked through the API on the very next request."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+from apiclient import Clock, api_service
 from fastapi.testclient import TestClient
-from serverproc import end_everything
 
 from warden.engine.model import Node
-from warden.engine.policy import parse_policy
-from warden.executors.local import LocalExecutor
 from warden.server import service as service_module
-from warden.server.app import create_app
 from warden.server.explanations import wall_times
 from warden.server.service import Service
-from warden.store import Store
 
 T0 = 1_000_000.0
 POLICY = {"queues": {"name": "cluster", "children": [{"name": "team"}]}}
-
-
-class Clock:
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@asynccontextmanager
-async def no_lifespan(_: Any) -> AsyncIterator[None]:
-    yield
 
 
 @pytest.fixture
 def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Service, TestClient, Clock]]:
     monkeypatch.setattr(service_module, "TOKEN_CACHE_S", 3600.0)
     clock = Clock(T0)
-    store = Store.open(f"sqlite:///{tmp_path / 'warden.db'}")
-    (tmp_path / "state").mkdir()
-    svc = Service(
-        store, LocalExecutor(), (Node("node-0", 2, 16_000, 64_000),), parse_policy(POLICY), tmp_path / "state", clock
-    )
-    token = store.create_token("admin", "admin", ["*"], "test", T0)
-    app = create_app(svc)
-    app.router.lifespan_context = no_lifespan
-    client = TestClient(app, headers={"Authorization": f"Bearer {token}"}, raise_server_exceptions=False)
-    try:
+    with api_service(tmp_path, POLICY, (Node("node-0", 2, 16_000, 64_000),), clock) as (svc, client):
         yield svc, client, clock
-    finally:
-        client.close()
-        end_everything(svc)
-        svc.stop()
-        store.close()
 
 
 def bearer(token: str) -> dict[str, str]:

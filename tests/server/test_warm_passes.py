@@ -55,8 +55,9 @@ NODES = (
     Node("n1", 4, 16_000, 64_000, block="b0"),
     Node("n2", 4, 16_000, 64_000, block="b1"),
 )
-SAVES_ON_SIGTERM = ("sh", "-c", "trap 'sleep 0.3; exit 0' TERM; sleep 30 & wait")
-"""Runs until SIGTERM, then takes 0.3 s to exit: it is seen PREEMPTING."""
+SAVES_ON_SIGTERM = ("sh", "-c", "trap 'sleep 0.8; exit 0' TERM; sleep 30 & wait")
+"""Runs until SIGTERM, then takes 0.8 s of its 1 s grace to exit: the pass after the one that
+preempted it sees it PREEMPTING even when a loaded machine makes a pass slow."""
 ROOT = Principal("root", "admin", ("*",))
 TRIGGER_CPU = 777
 """A waiting job that asks for this many millicores makes the engine raise (while `broken`)."""

@@ -11,10 +11,11 @@ from typing import Any
 from warden.engine import lifecycle
 from warden.engine.accounting import assumed_startup, measured_lost_work
 from warden.engine.lifecycle import Event
-from warden.engine.model import JobState
+from warden.engine.model import Job, JobState
 from warden.executors.base import Exit
 from warden.server.context import CAS_TRIES, Duty, _codes, log
 from warden.store.jobs import StoredAttempt, StoredJob, moved
+from warden.store.repo import Store
 
 
 class Exits(Duty):
@@ -107,18 +108,23 @@ class Exits(Duty):
             **read,
         ):
             return False
-        back = lifecycle.requeued(gone, now, backoff=self.policy.thrash.requeue_backoff)
-        # A cancel between the two moves finds the job REQUEUED (waiting) and ends it: then
-        # this one does nothing.
-        self.store.transition(
-            job.id,
-            JobState.PENDING,
-            event=Event.REQUEUED,
-            reason="requeued",
-            actor="warden",
-            now=now,
-            expect_state={JobState.REQUEUED},
-            expect_cancel_requested=False,
-            **moved(gone, back),
-        )
+        requeue(self.store, job.id, gone, backoff=self.policy.thrash.requeue_backoff, now=now)
         return True
+
+
+def requeue(store: Store, job_id: int, gone: Job, *, backoff: float, now: float) -> None:
+    """REQUEUED → PENDING for a job its exit left REQUEUED (`gone`): it waits again, not before
+    the thrash guard's back-off. A cancel between the two moves finds the job REQUEUED (waiting)
+    and ends it: then this does nothing."""
+    back = lifecycle.requeued(gone, now, backoff=backoff)
+    store.transition(
+        job_id,
+        JobState.PENDING,
+        event=Event.REQUEUED,
+        reason="requeued",
+        actor="warden",
+        now=now,
+        expect_state={JobState.REQUEUED},
+        expect_cancel_requested=False,
+        **moved(gone, back),
+    )

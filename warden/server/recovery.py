@@ -15,6 +15,7 @@ from warden.engine.lifecycle import Event
 from warden.engine.model import JobState
 from warden.executors.base import Handle
 from warden.server.context import Duty, _codes
+from warden.server.exits import requeue
 from warden.store.jobs import StoredJob, moved
 
 
@@ -96,16 +97,7 @@ class Recovery(Duty):
                 now=now,
                 **moved(before, gone),
             )
-            back = lifecycle.requeued(gone, now, backoff=self.policy.thrash.requeue_backoff)
-            self.store.transition(
-                job.id,
-                JobState.PENDING,
-                event=Event.REQUEUED,
-                reason="requeued",
-                actor="warden",
-                now=now,
-                **moved(gone, back),
-            )
+            requeue(self.store, job.id, gone, backoff=self.policy.thrash.requeue_backoff, now=now)
             return
         codes = list(last.exit_codes or ())
         if job.cancel_requested:
