@@ -116,10 +116,13 @@ def test_an_address_where_nothing_listens_is_refused_at_once() -> None:
 
 # -- on a real cluster -----------------------------------------------------------------------
 
+# A job's marks are written under a temporary name and renamed, so a test that polls for one
+# never reads it half-written.
 ENV_DUMP = (
     "import json, os, sys, time\n"
     "out = os.environ['WARDEN_LOG_FILE'] + '.env.json'\n"
-    "open(out, 'w').write(json.dumps(dict(os.environ)))\n"
+    "open(out + '.tmp', 'w').write(json.dumps(dict(os.environ)))\n"
+    "os.rename(out + '.tmp', out)\n"
     "time.sleep(float(sys.argv[1]))\n"
 )
 STUBBORN = (
@@ -127,7 +130,8 @@ STUBBORN = (
     "def term(*_):\n"
     "    open(os.environ['WARDEN_LOG_FILE'] + '.term', 'w').write(repr(time.time()))\n"
     "signal.signal(signal.SIGTERM, term)\n"
-    "open(os.environ['WARDEN_LOG_FILE'] + '.up', 'w').write(str(os.getpid()))\n"
+    "open(os.environ['WARDEN_LOG_FILE'] + '.up.tmp', 'w').write(str(os.getpid()))\n"
+    "os.rename(os.environ['WARDEN_LOG_FILE'] + '.up.tmp', os.environ['WARDEN_LOG_FILE'] + '.up')\n"
     "time.sleep(600)\n"
 )
 
