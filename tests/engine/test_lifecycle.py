@@ -30,6 +30,10 @@ def job_in(state: JobState, *, signalled: bool = False) -> Job:
     )  # fmt: skip
 
 
+STATE_ONLY = {Event.APPROVED, Event.LAUNCHED, Event.STARTED, Event.CANCELLED}
+"""Events that change a job's state alone: no function of their own."""
+
+
 def walk(event: Event, job: Job, target: JobState) -> Job:
     """The lifecycle's function for `event`, asked to reach `target` (where it may choose)."""
     now = 500.0
@@ -37,14 +41,13 @@ def walk(event: Event, job: Job, target: JobState) -> Job:
         return lc.admitted(job, now, Attempt(4, now, PLACED), starts=target is S.RUNNING)
     if event is Event.EXITED:
         return lc.exited(job, target, preempted_at=None)
+    if event in STATE_ONLY:  # the edge is the whole rule: the store checks it and moves the state
+        lc.check(event, job.state, target)
+        return replace(job, state=target)
     calls = {
-        Event.APPROVED: lambda: lc.approved(job),
-        Event.LAUNCHED: lambda: lc.launched(job),
-        Event.STARTED: lambda: lc.started(job),
         Event.SIGNALLED: lambda: lc.signalled(job, now, now + 120.0),
         Event.REQUEUED: lambda: lc.requeued(job, now, backoff=30.0),
         Event.UNSTARTED: lambda: lc.unstarted(job, now),
-        Event.CANCELLED: lambda: lc.cancelled(job),
     }
     return calls[event]()
 
@@ -58,7 +61,7 @@ def test_the_table_holds_design_section_5() -> None:
         (S.RUNNING, S.PREEMPTING), (S.PREEMPTING, S.REQUEUED), (S.REQUEUED, S.PENDING),
     ]  # fmt: skip
     for source, target in path:
-        assert [e for e in lc.events_between(source, target) if e is not Event.NOTED], (source, target)
+        assert any(lc.allows(e.event, source, target) for e in EDGES), (source, target)
     for state in lc.TERMINAL:  # nothing leaves a terminal state
         assert all(not lc.allows(e.event, state, t) for e in EDGES for t in JobState)
 
@@ -105,8 +108,8 @@ def test_a_function_called_from_the_wrong_state_refuses() -> None:
         lc.signalled(job_in(S.PREEMPTING), 1.0, 2.0)
     with pytest.raises(IllegalTransition):
         lc.requeued(job_in(S.PREEMPTING), 1.0, backoff=0.0)  # it passes through REQUEUED first
-    with pytest.raises(IllegalTransition):
-        lc.cancelled(job_in(S.RUNNING))  # a job that holds resources ends CANCELLED by its exit
+    with pytest.raises(IllegalTransition):  # a job that holds resources ends CANCELLED by its exit
+        lc.check(Event.CANCELLED, S.RUNNING, S.CANCELLED)
 
 
 def test_each_function_changes_what_it_says_and_nothing_else() -> None:

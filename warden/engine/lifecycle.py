@@ -1,10 +1,12 @@
 """The job lifecycle of DESIGN §5, as data and as the functions that move a job along it.
 
 `EDGES` is the state machine: each event with the states it may leave and the states it may
-reach. The store refuses a transition the table lacks (`check`), and the server, the simulator,
-the forecast and the benchmarks change a job's state only through the functions below, so the
-three shells cannot drift apart: what a requeue does to a job (its attempt closed, the thrash
-guard's record of the preemption, the back-off, its age) is written once, here.
+reach. The store refuses a transition the table lacks (`check`). An event that changes more
+than the state has a function below, and the server, the simulator, the forecast and the
+benchmarks move a job through it, so the shells cannot drift apart: what a requeue does to a job
+(its attempt closed, the thrash guard's record of the preemption, the back-off, its age) is
+written once, here. An event that changes the state alone (approved, launched, started,
+cancelled) is the table's edge and nothing more: the store's check is its whole rule.
 
 The shells differ in what they know, and those differences are the functions' arguments: the
 server admits a job before its processes exist (`starts=False`, ADMITTED then STARTING and
@@ -107,13 +109,6 @@ class IllegalTransition(ValueError):
     """A change of state the lifecycle has no edge for: a bug in the caller, never user input."""
 
 
-def edge(event: Event) -> Edge:
-    """The edge of `event` (NOTED: any state to itself)."""
-    if event is Event.NOTED:
-        return NOTED
-    return _BY_EVENT[event]
-
-
 _BY_EVENT = {e.event: e for e in EDGES}
 
 
@@ -128,15 +123,9 @@ def allows(event: Event, source: JobState | None, target: JobState) -> bool:
     """Has the table an `event` edge from `source` (None: a new job) to `target`?"""
     if event is Event.NOTED:
         return source is not None and source is target
-    e = edge(event)
+    e = _BY_EVENT[event]
     leaves = not e.source if source is None else source in e.source
     return leaves and target in e.target
-
-
-def events_between(source: JobState, target: JobState) -> tuple[Event, ...]:
-    """Every event that may move a job from `source` to `target`."""
-    found = tuple(e.event for e in EDGES if source in e.source and target in e.target)
-    return (*found, Event.NOTED) if source is target else found
 
 
 # -- what each event changes on a job ------------------------------------------------------------
@@ -151,18 +140,6 @@ def admitted(job: Job, now: float, attempt: Attempt, *, starts: bool, expected_d
     check(Event.ADMITTED, job.state, target)
     duration = job.expected_duration if expected_duration is None else expected_duration
     return _job(job, target, attempt, duration, job.wait_at(now), None, None, False, job.preempted_at)
-
-
-def launched(job: Job) -> Job:
-    """An admitted job handed to its executor."""
-    check(Event.LAUNCHED, job.state, _S.STARTING)
-    return _moved(job, _S.STARTING)
-
-
-def started(job: Job) -> Job:
-    """A job whose processes run."""
-    check(Event.STARTED, job.state, _S.RUNNING)
-    return _moved(job, _S.RUNNING)
 
 
 def signalled(job: Job, now: float, kill_at: float) -> Job:
@@ -247,18 +224,6 @@ def unstarted(job: Job, now: float) -> Job:
     again from `now`, its attempt given up."""
     check(Event.UNSTARTED, job.state, _S.PENDING)
     return _pending(job, now, 0.0, job.waited)
-
-
-def approved(job: Job) -> Job:
-    """A job an admin approved: it waits like any other."""
-    check(Event.APPROVED, job.state, _S.PENDING)
-    return _moved(job, _S.PENDING)
-
-
-def cancelled(job: Job) -> Job:
-    """A waiting job cancelled."""
-    check(Event.CANCELLED, job.state, _S.CANCELLED)
-    return _moved(job, _S.CANCELLED)
 
 
 def finished(job: Job) -> Job:
