@@ -17,7 +17,7 @@ from warden.engine.plan import Plan
 from warden.executors.base import LaunchSpec, ReplicaLaunch
 from warden.server.context import Duty, ReconcileContext, log
 from warden.server.statedir import set_aside_stale
-from warden.store.jobs import ActiveJob, StoredJob
+from warden.store.jobs import ActiveJob, StoredJob, moved
 
 LAUNCHERS = 8
 """How many admitted attempts are handed to the executor at once."""
@@ -38,7 +38,8 @@ class PlanApplier(Duty):
         database before any process exists. Returns what to launch (None: cancelled meanwhile)."""
         number = job.attempt + 1
         attempt_dir = self.state_dir / "jobs" / str(job.id) / f"attempt-{number}"
-        admitted = lifecycle.admitted(job.to_engine(), now, Attempt(number, now, placement, borrowing), starts=False)
+        before = job.to_engine()
+        admitted = lifecycle.admitted(before, now, Attempt(number, now, placement, borrowing), starts=False)
         waited = admitted.waited
         if not self.store.transition(
             job.id,
@@ -50,7 +51,7 @@ class PlanApplier(Duty):
             expect_state={job.state},
             expect_cancel_requested=False,
             attempt=number,
-            **job.moved(admitted),
+            **moved(before, admitted),
             # The attempt row holds the GPUs in the database before any process exists.
             new_attempt={
                 "number": number,

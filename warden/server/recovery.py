@@ -9,6 +9,7 @@ jobs: an attempt row holds its GPUs until it ends.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from warden.engine import lifecycle
 from warden.engine.lifecycle import Event
@@ -46,7 +47,7 @@ class Recovery(Duty):
                         reason="requeued: the server stopped before the job's processes started",
                         actor="warden",
                         now=now,
-                        **job.moved(lifecycle.unstarted(job.to_engine(), now)),
+                        **_unstarted(job, now),
                     )
                     continue
                 handle = recovered.to_dict()
@@ -80,7 +81,7 @@ class Recovery(Duty):
                 actor="warden",
                 now=now,
                 attempt=max(0, job.attempt - 1),
-                **job.moved(lifecycle.unstarted(job.to_engine(), now)),
+                **_unstarted(job, now),
             )
             return
         before = job.to_engine()
@@ -113,3 +114,9 @@ class Recovery(Duty):
             now=now,
             exit_code=next((c for c in codes if c != 0), 0),
         )
+
+
+def _unstarted(job: StoredJob, now: float) -> dict[str, Any]:
+    """The fields `lifecycle.unstarted` changes on `job`, as the store writes them."""
+    before = job.to_engine()
+    return moved(before, lifecycle.unstarted(before, now))

@@ -139,11 +139,6 @@ class StoredJob:
             attempt=None if live is None else live.to_engine(),
         )
 
-    def moved(self, after: Job) -> dict[str, Any]:
-        """The row's fields a lifecycle function changed on this job's engine view, as
-        `transition` takes them (`moved`)."""
-        return moved(self.to_engine(), after)
-
 
 def moved(before: Job, after: Job) -> dict[str, Any]:
     """The job-row fields a lifecycle function changed from `before` to `after`, named as the
