@@ -277,7 +277,7 @@ class TierSpec(_Spec):
     lease: Duration = 0.0
     grace: Duration = 120.0
     requires_approval: bool = False
-    scope: Literal["quota", "cluster"] = "quota"
+    scope: Literal["quota", "cluster", "queue"] = "quota"
     charged: bool = True
 
 
@@ -429,6 +429,31 @@ class Thrash(_Spec):
     requeue_backoff: Duration = 0.0
 
 
+class ReclaimSpec(_Spec):
+    """Taking back borrowed capacity (DESIGN §4.3): which reclaims a pass may make."""
+
+    nominal: Literal["any", "not_higher", "never"] = Field(
+        default="any",
+        description="Nominal reclaim: a job within its queue's nominal takes back capacity another queue "
+        "borrows from it. `any`: whatever the victim's tier (preemptible tiers only); `not_higher`: only "
+        "victims of its own or a lower tier; `never`: no nominal reclaim.",
+    )
+    fair_share: Literal["final", "final_then_initial", "never"] = Field(
+        default="final",
+        description="Fair-share reclaim between borrowers: a queue below its owed share takes capacity back "
+        "from a queue above its share. `final`: only while, after the eviction, the claimant's share is at "
+        "most 1 and at most the victim queue's (Kueue's LessThanOrEqualToFinalShare); "
+        "`final_then_initial`: also where the claimant's share after is below the victim queue's before "
+        "(Kueue's LessThanInitialShare fallback); `never`: none.",
+    )
+    starvation_shield: Literal["max_lease", "always", "off"] = Field(
+        default="max_lease",
+        description="A starving job (it has waited escalate_at × max_wait in all) is no reclaim's victim. "
+        "`max_lease`: for the first max_lease of each of its attempts; `always`: for its whole attempt; "
+        "`off`: never shielded.",
+    )
+
+
 class PreemptionSpec(_Spec):
     restart_overhead: Duration = Field(
         default=60.0, description="Startup time assumed for a job that has not reported one."
@@ -439,7 +464,7 @@ class PreemptionSpec(_Spec):
         "(what the efficiency floor counts for the save a preemption forces before the job's first).",
     )
     max_attempts_per_pass: int = Field(default=16, ge=0)
-    victim_order: Literal["cost", "newest", "smallest"] = "cost"
+    victim_order: Literal["cost", "newest", "smallest", "share"] = "cost"
     only_if_it_pays: bool = Field(
         default=True,
         description=(
@@ -448,6 +473,7 @@ class PreemptionSpec(_Spec):
             "victims would be gone, than the victims lose in work and restart."
         ),
     )
+    reclaim: ReclaimSpec = ReclaimSpec()
 
 
 class SchedulingSpec(_Spec):
