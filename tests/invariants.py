@@ -489,19 +489,36 @@ def check_preemptions(v: PassView) -> None:
         assert 0 <= p.lost_work <= p.cost + EPS
         # -- 2: direction and scope
         pre_in_quota = any(lenient.in_quota(pre, f) for f in v.candidate_flavors(pre))
-        if pol.tier(pre.tier).scope == "quota" and victim.queue != pre.queue:
-            assert pre_in_quota, f"{where}: scope quota, but the preemptor is not in-quota"
-        if victim.tier > pre.tier:
-            assert p.kind == "downward", f"{where}: kind {p.kind} for a lower-tier victim"
+        scope = pol.tier(pre.tier).scope
+        if p.kind == "downward":
+            assert victim.tier > pre.tier, f"{where}: kind downward for a victim of tier {victim.tier}"
+            if victim.queue != pre.queue:
+                assert scope != "queue", f"{where}: scope queue, but the victim is in another queue"
+                if scope == "quota":
+                    assert pre_in_quota, f"{where}: scope quota, but the preemptor is not in-quota"
             continue
-        assert p.kind == "reclaim" and victim.tier == pre.tier, f"{where}: same or higher tier preempted ({p.kind})"
+        assert p.kind in ("reclaim", "fair_share"), f"{where}: unknown kind {p.kind}"
         assert victim.queue != pre.queue, f"{where}: reclaim inside one queue"
         assert v.quota.charged(victim), f"{where}: reclaim of an uncharged job"
-        # Reclaim takes back what P's queue is entitled to: P is in-quota once the other branches
-        # on its path give back their borrowing (`scope: quota` asked for more, above).
-        assert any(lenient.entitled(pre, f) for f in v.candidate_flavors(pre)), (
-            f"{where}: reclaim by a preemptor its queue's nominal does not entitle"
-        )
+        # -- 9: a starving job is no reclaim's victim (while the shield lasts)
+        shield = pol.preemption.reclaim.starvation_shield
+        if shield != "off" and victim.waited >= pol.fair_share.aging.escalate_at * pol.max_wait_for(victim.queue):
+            assert shield == "max_lease" and now >= a.started_at + pol.max_lease, (
+                f"{where}: a starving job (waited {victim.waited}s) reclaimed"
+            )
+        reclaim = pol.preemption.reclaim
+        if p.kind == "fair_share":
+            assert reclaim.fair_share != "never", f"{where}: fair-share reclaim where the policy has none"
+            assert victim.tier >= pre.tier, f"{where}: fair-share reclaim of a higher tier"
+        else:
+            assert reclaim.nominal != "never", f"{where}: nominal reclaim where the policy has none"
+            if reclaim.nominal == "not_higher":
+                assert victim.tier >= pre.tier, f"{where}: nominal reclaim of a higher tier"
+            # Reclaim takes back what P's queue is entitled to: P is in-quota once the other
+            # branches on its path give back their borrowing.
+            assert any(lenient.entitled(pre, f) for f in v.candidate_flavors(pre)), (
+                f"{where}: reclaim by a preemptor its queue's nominal does not entitle"
+            )
         pa, pb = v.quota.path(pre.queue), v.quota.path(victim.queue)
         common = next(q for q in pb if q in pa)
         side = pb[pb.index(common) - 1]
@@ -586,12 +603,14 @@ def check_minimal_victims(v: PassView) -> None:
                 claimed_before.update(plan.explanations[jid].reason.victims)  # type: ignore[attr-defined]
         exact = not earlier
 
-        # A `scope: quota` preemptor taking victims outside its own queue must be in-quota once
-        # they are gone (DESIGN §4.3): a victim that only that needs is needed too.
+        # A `scope: quota` preemptor taking victims outside its own queue, other than by
+        # fair-share reclaim, must be in-quota once they are gone (DESIGN §4.3): a victim that
+        # only that needs is needed too.
+        kinds = {x.job_id: x.kind for x in plan.preemptions if x.for_job == pid}
         in_quota_too = (
             v.snapshot.policy.tier(pre.tier).scope == "quota"
             and quota.charged(pre)
-            and any(v.jobs[x].queue != pre.queue for x in mine)
+            and any(v.jobs[x].queue != pre.queue and kinds.get(x) != "fair_share" for x in mine)
         )
 
         def fits_without(

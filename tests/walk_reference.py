@@ -10,6 +10,7 @@ as a different plan.
 from __future__ import annotations
 
 from warden.engine.allocation import Allocation
+from warden.engine.demand import Demand, cluster_gpus
 from warden.engine.model import Job, JobState, Snapshot
 from warden.engine.phases.explain import _UNKNOWN, _reuse, usable_of
 from warden.engine.phases.order import Order, borrowing_test, mode_of
@@ -36,7 +37,10 @@ def one_by_one(snapshot: Snapshot, now: float) -> Plan:
     alloc.sync(holding)
     index = WaitingIndex(mode_of(policy))
     index.sync(waiting.values(), now)
-    cycle = Cycle(snapshot, now, alloc, index, waiting.values(), terminating, claims)
+    demand = Demand()
+    demand.sync(policy, snapshot.jobs)
+    owed = demand.owed(policy, alloc.quota, cluster_gpus(snapshot.nodes)) if alloc.quota.gpu >= 0 else None
+    cycle = Cycle(snapshot, now, alloc, index, waiting.values(), terminating, claims, owed)
     state = cycle.state
     state.count_leaving()
     order = Order(

@@ -102,9 +102,12 @@ def test_reclaim_needs_the_preemptor_in_quota() -> None:
     assert b is not None and b.until == INF
 
 
-def test_reclaim_never_takes_a_higher_tier() -> None:
+def test_nominal_reclaim_takes_any_tier_unless_the_policy_says_not_higher() -> None:
+    """Borrowed capacity is reclaimable by its lender whatever the borrower's tier (DESIGN §4.3)."""
     c = ctx(policy(), usage={"a": 16})
-    assert direction(c, pre(pending("p", "b", 3)), victim("a", 2)) is not None
+    assert direction(c, pre(pending("p", "b", 3)), victim("a", 2)) is None
+    pol = policy(preemption={"reclaim": {"nominal": "not_higher"}})
+    assert direction(ctx(pol, usage={"a": 16}), pre(pending("p", "b", 3)), victim("a", 2)) is not None
 
 
 def test_same_tier_same_queue_is_never_preempted() -> None:

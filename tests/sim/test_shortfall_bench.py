@@ -24,10 +24,11 @@ spec.loader.exec_module(shortfall)
 
 
 def test_a_lenders_wait_for_a_borrowers_lease_is_its_shortfall_and_is_below_its_nominal() -> None:
-    """8 GPUs; `a` and `b` have a nominal of 4 each. `a` borrows all 8 at t=0 with a tier-3 job
-    (lease 45 min); at t=60 `b` asks for 4: it is owed 4 (half the pool) and holds none until
-    the lease ends and it reclaims. That whole stretch is short, below b's nominal, waiting for
-    the lease; then b holds its share and a, reclaimed, is short while it waits. A tier-4 job of `b` is owed
+    """8 GPUs; `a` and `b` have a nominal of 4 each. `a` takes all 8 at t=0 with two tier-3 jobs
+    of 4 (lease 45 min), borrowing 4; at t=60 `b` asks for 4: it is owed 4 (half the pool) and
+    holds none until the lease ends and it reclaims what `a` borrows. That whole stretch is
+    short, below b's nominal, waiting for the lease; then each holds its share, and `a`, left
+    with its nominal, is not short while its reclaimed job waits. A tier-4 job of `b` is owed
     nothing."""
     data = {
         "queues": {
@@ -38,21 +39,22 @@ def test_a_lenders_wait_for_a_borrowers_lease_is_its_shortfall_and_is_below_its_
     }
     sp = SimPolicy("lease", parse_policy(data, "<test>"))
     jobs = (
-        TraceJob("a1", 0.0, 8, 7200.0, queue="a", gpus_per_replica=8, seq=0),
-        TraceJob("b1", 60.0, 4, 600.0, queue="b", gpus_per_replica=4, seq=1),
-        TraceJob("b4", 60.0, 8, 600.0, queue="b", tier=4, gpus_per_replica=8, seq=2),
+        TraceJob("a1", 0.0, 4, 7200.0, queue="a", gpus_per_replica=4, seq=0),
+        TraceJob("a2", 0.0, 4, 7200.0, queue="a", gpus_per_replica=4, seq=1),
+        TraceJob("b1", 60.0, 4, 600.0, queue="b", gpus_per_replica=4, seq=2),
+        TraceJob("b4", 60.0, 8, 600.0, queue="b", tier=4, gpus_per_replica=8, seq=3),
     )
     hook = shortfall.Shortfall(["a", "b"], {"a": 0.5, "b": 0.5}, 8, {"a": 4.0, "b": 4.0}, {1, 2, 3})
     run = Simulation(Trace(jobs, "hand", "native"), pool(8), sp, on_pass=hook).run()
     result = hook.result(run.ended_at)
     lease_end = 45 * 60.0
     b = result["b"]
-    # a1 saves in no time on SIGTERM at its lease's end and exits at once: b starts then
+    # the reclaimed job saves in no time on SIGTERM at its lease's end and exits at once: b starts then
     assert b["short_gpu_hours"] == pytest.approx(4 * (lease_end - 60.0) / 3600, abs=0.05)
     assert b["short_while_at_nominal_share"] == 0.0  # all of it below its quota: reclaim's job
-    assert b["below_nominal_borrowed_by"] == {"tier 3": 1.0}  # a1 borrowed the other 4 GPUs
+    assert b["below_nominal_borrowed_by"] == {"tier 3": 1.0}  # a borrowed the other 4 GPUs
     (main,) = [p for p in b["short_by_reason"] if p["share_of_short"] > 0.5]
     assert (main["reason"], main["tier"]) == ("WaitingForLease", 3)
     assert all(p["tier"] != 4 for p in b["short_by_reason"])
-    # a1, reclaimed whole, needs all 8 GPUs again: owed half the pool while b1 runs, it holds none
-    assert result["a"]["short_gpu_hours"] == pytest.approx(4 * 600.0 / 3600, abs=0.05)
+    # a reclaim never takes a below its nominal: it holds its owed half while b1 runs
+    assert result["a"]["short_gpu_hours"] == pytest.approx(0.0, abs=0.05)

@@ -256,6 +256,29 @@ def waterfill(demand: NDArray[np.float64], weights: NDArray[np.float64], capacit
     return alloc
 
 
+def owed_now(demand: Mapping[str, float], entitlement: Mapping[str, float], capacity: float) -> dict[str, float]:
+    """GPUs each queue is owed at one instant: the cluster's `capacity` water-filled over the
+    queues' charged demand now (`waterfill`, weights `queue_weights`), the integrand of
+    `owed_gpu_seconds`. The engine's fair-share reclaim enforces it, the simulator integrates it,
+    `GET /v1/queues` shows it: one definition of what a queue is owed.
+
+    `demand` names every queue to share among (a queue missing from `entitlement` has weight 0
+    unless none has one, and is then owed nothing, as in `owed_gpu_seconds`)."""
+    import numpy as np
+
+    queues = list(demand)
+    if not queues or capacity <= 0:
+        return dict.fromkeys(queues, 0.0)
+    weights = queue_weights(entitlement, queues)
+    keep = np.flatnonzero(weights > 0)
+    owed = dict.fromkeys(queues, 0.0)
+    if keep.size:
+        d = np.array([[max(0.0, float(demand[queues[int(i)]])) for i in keep]], dtype=np.float64)
+        for i, x in zip(keep, waterfill(d, weights[keep], float(capacity))[0]):
+            owed[queues[int(i)]] = float(x)
+    return owed
+
+
 def owed_gpu_seconds(
     queues: Sequence[str],
     job_queue: ArrayLike,

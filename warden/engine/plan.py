@@ -63,7 +63,8 @@ class Preemption:
     job_id: str
     for_job: str
     kind: str
-    """`downward` (strictly lower tier) or `reclaim` (capacity borrowed from the preemptor's side)."""
+    """`downward` (strictly lower tier, by priority), `reclaim` (nominal reclaim: capacity borrowed
+    from the preemptor's side) or `fair_share` (fair-share reclaim between borrowers)."""
     grace: float
     cost: float
     """Lost work + restart overhead, in GPU-seconds (DESIGN §4.4)."""

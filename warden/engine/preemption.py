@@ -25,7 +25,15 @@ from itertools import chain, islice
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from warden.engine.model import Job
-from warden.engine.rules import Preemptor, allowed_for, downward_key, may_reclaim, reclaimable
+from warden.engine.rules import (
+    Preemptor,
+    allowed_for,
+    downward_allowed,
+    downward_key,
+    may_take_back,
+    reclaim_kind,
+    reclaim_of,
+)
 
 if TYPE_CHECKING:
     from warden.engine.placement import CapacityIndex
@@ -123,20 +131,33 @@ class CandidatePool:
         """Victims the rules let `p` take now, in victim order, after the jobs already `leaving`.
 
         The pair rules read only a victim's tier and queue (`allowed_for`), so they are
-        evaluated once per (tier, queue), not once per victim. Victims of a lower tier are
-        kept per `downward_key` for the pass; same-tier (reclaim) victims depend on the quota
-        state and are listed anew, from the pass's per-tier lists.
+        evaluated once per (tier, queue), not once per victim. Victims of a lower tier taken by
+        priority are kept per `downward_key` for the pass; victims of a reclaim (of any tier,
+        `rules.reclaim_kind`) depend on the quota state and are listed anew, from the pass's
+        per-tier lists.
         """
         key = downward_key(ctx, p)
         lower = self._downward.get(key)
-        ok = allowed_for(ctx, p)
         if lower is None:
             tier = p.job.tier
-            lower = self._downward[key] = [c for c in self.free_now if c.job.tier > tier and ok(c.job)]
-        same: list[Candidate] = []
-        if may_reclaim(ctx, p):
-            same = [c for c in self._tiers().get(p.job.tier, ()) if ok(c.job)]
-        return Eligible(leaving, lower, same)
+            ok = allowed_for(ctx, p)
+            lower = self._downward[key] = [
+                c for c in self.free_now if c.job.tier > tier and downward_allowed(ctx, p, c.job) and ok(c.job)
+            ]
+        taken_back: list[Candidate] = []
+        if may_take_back(ctx, p):
+            kinds: dict[tuple[int, str], bool] = {}
+            for t, members in sorted(self._tiers().items()):
+                for c in members:
+                    v = c.job
+                    k = (t, v.queue)
+                    may = kinds.get(k)
+                    if may is None:
+                        may = kinds[k] = not downward_allowed(ctx, p, v) and reclaim_kind(ctx, p, v) is not None
+                    if may:
+                        taken_back.append(c)
+            taken_back.sort(key=_rank)
+        return Eligible(leaving, lower, taken_back)
 
     def _tiers(self) -> dict[int, list[Candidate]]:
         """`free_now` by tier, in victim order."""
@@ -204,36 +225,56 @@ def _by_id(job: Job) -> str:
     return job.id
 
 
-class VictimOrder(NamedTuple):
-    """One victim order: least cost first or not, then tie-breaks on the job alone.
+def _least_waited(job: Job) -> float:
+    """The job that has waited least over all its attempts first."""
+    return job.waited
 
-    Cost is the only part of the key that moves with time, so it can only lead: everything
-    after it is worked out once per running job and kept between passes (`ties`), and the
-    pass sorts its rows by (cost or 0.0, ties) (`phases.victims.Victims._price`).
+
+class VictimOrder(NamedTuple):
+    """One victim order: least cost first or not, then tie-breaks.
+
+    Cost is the only part of the key that moves with time, so it can only lead: the tie-breaks
+    on the job alone are worked out once per running job and kept between passes (`ties`); the
+    share of the victim's queue (`rules.share`, furthest above what it is owed first) is worked
+    out once per pass and goes in at `share_at` (`phases.victims.Victims._price` sorts its rows
+    by (cost or 0.0, ties with the share)).
     """
 
     by_cost: bool
     tie_breaks: tuple[Callable[[Job], float | int | str], ...]
     """In order; the last is the id, which is unique, so no two keys are ever equal."""
+    share_at: int | None = None
+    """Where the (negated) share of the victim's queue goes among the tie-breaks; None: nowhere."""
 
 
 VICTIM_ORDERS: dict[str, VictimOrder] = {
-    "cost": VictimOrder(True, (_lower_tier_first, _newest_first, _by_id)),
+    "cost": VictimOrder(True, (_lower_tier_first, _least_waited, _newest_first, _by_id), share_at=1),
     "newest": VictimOrder(False, (_lower_tier_first, _newest_first, _by_id)),
     "smallest": VictimOrder(False, (_lower_tier_first, _smallest_first, _newest_first, _by_id)),
+    "share": VictimOrder(False, (_lower_tier_first, _newest_first, _by_id), share_at=0),
 }
-"""`preemption.victim_order` → its key. `cost`: least cost, then lower tier first, then the most
-recently started; `newest` and `smallest` reproduce Kueue's and Slurm's choices."""
+"""`preemption.victim_order` → its key. `cost` (DESIGN §4.4): least cost, then lower tier first,
+then the queue furthest above its owed share, then the job that has waited least in all, then
+the most recently started; `newest` and `smallest` reproduce Kueue's and Slurm's choices without
+fair sharing, `share` those of Kueue's Fair Sharing and KAI (the queue furthest above its share
+first, then lower priority, then the newest)."""
 
 
 def ties(order: str, job: Job) -> tuple[float | int | str, ...]:
-    """The part of the job's victim key that does not move with time."""
+    """The part of the job's victim key that moves neither with time nor with the pass."""
     return tuple([f(job) for f in VICTIM_ORDERS[order].tie_breaks])
 
 
-def victim_key(order: str, job: Job, cost: float) -> tuple[float | int | str, ...]:
-    """The one comparator: smaller goes first (`VICTIM_ORDERS`)."""
-    t = ties(order, job)
+def with_share(order: str, tie: tuple[float | int | str, ...], share: float) -> tuple[float | int | str, ...]:
+    """The tie-breaks with the share of the victim's queue in its place (`VictimOrder.share_at`)."""
+    at = VICTIM_ORDERS[order].share_at
+    return tie if at is None else (*tie[:at], -share, *tie[at:])
+
+
+def victim_key(order: str, job: Job, cost: float, share: float = 0.0) -> tuple[float | int | str, ...]:
+    """The one comparator: smaller goes first (`VICTIM_ORDERS`). `share`: of the victim's queue
+    (`rules.share`) in this pass."""
+    t = with_share(order, ties(order, job), share)
     return (cost, *t) if VICTIM_ORDERS[order].by_cost else t
 
 
@@ -243,6 +284,8 @@ class Workspace(Protocol):
     index: CapacityIndex
     quota: QuotaTree
     ctx: RuleContext
+    kinds: dict[str, str]
+    """How the rules let the last search take each victim: "downward", "reclaim", "fair_share"."""
 
     def release(self, c: Candidate) -> None: ...
 
@@ -277,7 +320,7 @@ def search(ws: Workspace, p: Preemptor, flavor: str, pool: CandidatePool, leavin
     if not ws.placeable(job, flavor):
         slots = _cheapest_slots(ws, job, flavor, eligible, pool.by_cost, pool.ascending, _held_on(pool, leaving))
         for c in slots:
-            if _takeable(ws.ctx, p, c):
+            if _takeable(ws, p, c):
                 ws.release(c)
                 victims.append(c)
                 chosen.add(c.job.id)
@@ -314,11 +357,22 @@ def _held_on(pool: CandidatePool, leaving: Sequence[Candidate]) -> dict[str, int
     return held
 
 
-def _takeable(ctx: RuleContext, p: Preemptor, c: Candidate) -> bool:
-    """May the search take the candidate now? Reclaim takes back only what is borrowed: a
-    same-tier victim only while its side still borrows (`rules.reclaimable`, asked again now:
-    every victim taken before it lowered what its side borrows)."""
-    return c.leaving or c.job.tier > p.job.tier or reclaimable(ctx, p, c.job)
+def _takeable(ws: Workspace, p: Preemptor, c: Candidate) -> bool:
+    """May the search take the candidate now? A reclaim takes back only what is borrowed and
+    only while the swap is fair (`rules.reclaim_of`, asked again now: every victim taken before
+    it lowered what its side borrows). Notes how the rules let P take it (`Workspace.kinds`)."""
+    v = c.job
+    if c.leaving:
+        return True
+    if downward_allowed(ws.ctx, p, v):
+        ws.kinds[v.id] = "downward"
+        return True
+    d = ws.quota.demand(v, c.flavor) if ws.ctx.policy.tier(v.tier).charged else ()
+    kind = reclaim_of(ws.ctx, p, v, d)
+    if kind is None:
+        return False
+    ws.kinds[v.id] = kind
+    return True
 
 
 def _cheapest_slots(
@@ -638,7 +692,7 @@ def _fill(
         in_subtree = short is not None and ws.frees_quota_in(c, short)
         if not in_subtree and not (on_flavor and (gpu_short > 0 or short is None)):
             continue
-        if not _takeable(ws.ctx, p, c):
+        if not _takeable(ws, p, c):
             continue
         ws.release(c)
         victims.append(c)

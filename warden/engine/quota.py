@@ -47,6 +47,7 @@ class QuotaTree:
         "child_held",
         "children",
         "depth",
+        "gpu",
         "held",
         "index",
         "kept",
@@ -62,6 +63,8 @@ class QuotaTree:
 
     def __init__(self, policy: Policy) -> None:
         self.resources: tuple[str, ...] = tuple(policy.governed_resources())
+        self.gpu = self.resources.index("gpu") if "gpu" in self.resources else -1
+        """Where GPUs are in a demand vector (−1: GPUs are not governed)."""
         self.names: list[str] = []
         self.index: dict[str, int] = {}
         self.parent: list[int] = []
@@ -399,6 +402,25 @@ class QuotaTree:
     def over_nominal(self, q: int) -> bool:
         """Is the queue above its nominal once the usage already leaving is gone (borrowing)?"""
         return any(u - left > n + 1e-9 for u, left, n in zip(self.usage[q], self.leaving[q], self.nominal[q]))
+
+    def stays_at_nominal(self, leaf: str, upto: int, d: tuple[float, ...]) -> bool:
+        """Would every queue from `leaf` up to `upto` that borrows (`over_nominal`) still hold at
+        least its nominal of each resource it borrows once `d` is gone, and does each borrow?
+        What a nominal reclaim may take from a queue: what it borrows, never more (DESIGN §4.3)."""
+        usage, leaving, nominal = self.usage, self.leaving, self.nominal
+        for q in self.paths[leaf]:
+            over = False
+            for r, x in enumerate(d):
+                held = usage[q][r] - leaving[q][r]
+                if held > nominal[q][r] + 1e-9:
+                    over = True
+                    if held - x < nominal[q][r] - 1e-9:
+                        return False
+            if not over:
+                return False
+            if q == upto:
+                return True
+        return False
 
     def lowest_common_ancestor(self, a: str, b: str) -> tuple[int, int, int]:
         """(ancestor, child of it on a's side, child of it on b's side) for two leaves."""

@@ -34,7 +34,7 @@ or P it does not declare would make victims or preemptors share answers they mus
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
@@ -85,6 +85,10 @@ class RuleContext:
     """The pass's quota usage: the pair rules read it (reclaim), so their answers hold only
     while it is unchanged."""
     now: float
+    owed: Sequence[float] | None = None
+    """GPUs owed now to each queue of the quota tree (by its index; an inner queue: the sum over
+    its leaves), `accounting.owed_now` over the charged demand of the pass; None where no owed
+    share is known (no governed GPU quota, or a forecast): fair-share reclaim is then off."""
 
 
 def lease_of(policy: Policy, job: Job) -> float:
@@ -215,33 +219,124 @@ class PairRule:
 
 
 def direction(ctx: RuleContext, p: Preemptor, v: Job) -> Block | None:
-    """Downward (strictly lower tier), or reclaim of capacity borrowed from P's side."""
-    if v.tier > p.job.tier:
-        return None
-    if v.tier >= p.job.tier and reclaimable(ctx, p, v):
+    """Downward (strictly lower tier), or a reclaim of borrowed capacity (`reclaim_kind`)."""
+    if v.tier > p.job.tier or reclaim_kind(ctx, p, v) is not None:
         return None
     return Block("direction")
 
 
-def reclaimable(ctx: RuleContext, p: Preemptor, v: Job) -> bool:
-    """V's side of the common ancestor is above nominal while P's side would stay within it.
+def reclaim_kind(ctx: RuleContext, p: Preemptor, v: Job) -> str | None:
+    """How P may take V back as a borrower's capacity, judged on the queues alone: "reclaim"
+    (nominal reclaim), "fair_share" (fair-share reclaim), or None.
 
-    Part of `direction`, and asked again by the search before it takes each same-tier victim:
-    reclaim takes back only what is borrowed, and every victim taken lowers what still is.
+    A necessary condition, read off V's tier and queue and the pass's usage: what depends on V
+    itself (its size: never below its queue's nominal, never past the swap; whether it starves)
+    the search asks before it takes V (`reclaim_of`), when the victims taken before it have
+    lowered what its side borrows.
     """
     q = ctx.quota
-    if not may_reclaim(ctx, p) or v.queue == p.job.queue:
+    if v.queue == p.job.queue or not q.governed() or not ctx.policy.tier(v.tier).charged:
+        return None
+    if v.queue not in q.paths or p.job.queue not in q.paths:
+        return None
+    reclaim = ctx.policy.preemption.reclaim
+    _, p_side, v_side = q.lowest_common_ancestor(p.job.queue, v.queue)
+    if v_side < 0 or p_side < 0 or not q.over_nominal(v_side):
+        return None
+    if may_reclaim(ctx, p) and _nominal_tiers(reclaim.nominal, p.job.tier, v.tier):
+        return "reclaim"
+    if v.tier >= p.job.tier and _fair_share_before(ctx, p, p_side, v_side, q.index[v.queue]):
+        return "fair_share"
+    return None
+
+
+def _nominal_tiers(mode: str, p_tier: int, v_tier: int) -> bool:
+    """May nominal reclaim take a victim of `v_tier` for a preemptor of `p_tier`?"""
+    return mode == "any" or (mode == "not_higher" and v_tier >= p_tier)
+
+
+def share(ctx: RuleContext, queue: int, delta: float = 0.0) -> float:
+    """s(X): GPUs the queue holds (less what is already leaving), plus `delta`, ÷ GPUs owed to
+    it now; inf for GPUs held where none are owed (DESIGN §4.3, fair-share reclaim)."""
+    q, owed = ctx.quota, ctx.owed
+    g = q.gpu
+    if owed is None or g < 0:
+        return 0.0
+    held = q.usage[queue][g] - q.leaving[queue][g] + delta
+    if owed[queue] > 0:
+        return held / owed[queue]
+    return INF if held > 1e-9 else 0.0
+
+
+def _fair_share_before(ctx: RuleContext, p: Preemptor, p_side: int, v_side: int, v_leaf: int) -> bool:
+    """Fair-share reclaim, as far as V's size does not matter: V's queue borrows, and P's side
+    with P would be at most its owed share and at most V's side's share as it stands (taking V
+    only lowers the latter)."""
+    mode = ctx.policy.preemption.reclaim.fair_share
+    q = ctx.quota
+    if mode == "never" or ctx.owed is None or q.gpu < 0 or not q.over_nominal(v_leaf):
         return False
-    if not ctx.policy.tier(v.tier).charged:
+    mine = share(ctx, p_side, p.demand[q.gpu] if p.demand else 0.0)
+    if mode == "final":
+        return mine <= 1.0 + 1e-9 and mine <= share(ctx, v_side) + 1e-9
+    return mine <= share(ctx, v_side) + 1e-9
+
+
+def reclaim_of(ctx: RuleContext, p: Preemptor, v: Job, d: tuple[float, ...]) -> str | None:
+    """`reclaim_kind` for this very victim, whose quota demand is `d`, in the state the search
+    is in: a nominal reclaim never leaves V's queues below their nominal; a fair-share reclaim
+    only swaps while P's side with P stays at or below V's side without V (Kueue's
+    LessThanOrEqualToFinalShare; with `final_then_initial`, else below V's side before, Kueue's
+    LessThanInitialShare); and a starving V is no reclaim's victim (`starving_shield`)."""
+    kind = reclaim_kind(ctx, p, v)
+    if kind is None or shielded(ctx, v):
+        return None
+    q = ctx.quota
+    _, p_side, v_side = q.lowest_common_ancestor(p.job.queue, v.queue)
+    if kind == "reclaim":
+        if q.stays_at_nominal(v.queue, v_side, d):
+            return kind
+        if not _fair_share_before(ctx, p, p_side, v_side, q.index[v.queue]) or v.tier < p.job.tier:
+            return None
+    g = q.gpu
+    mine = share(ctx, p_side, p.demand[g] if p.demand else 0.0)
+    after = share(ctx, v_side, -(d[g] if d else 0.0))
+    mode = ctx.policy.preemption.reclaim.fair_share
+    if mine <= after + 1e-9 or (mode == "final_then_initial" and mine < share(ctx, v_side) - 1e-9):
+        return "fair_share"
+    return None
+
+
+def starving(policy: Policy, v: Job) -> bool:
+    """Has the job waited, over all its attempts, at least `escalate_at` × its queue's
+    `max_wait` (DESIGN §4.1: it is starving)?"""
+    aging = policy.fair_share.aging
+    return v.waited >= aging.escalate_at * policy.max_wait_for(v.queue)
+
+
+def shielded(ctx: RuleContext, v: Job) -> bool:
+    """The starvation shield: a starving running job is no reclaim's victim, for the first
+    `max_lease` of its attempt (`max_lease`), for all of it (`always`), or never (`off`)."""
+    mode = ctx.policy.preemption.reclaim.starvation_shield
+    if mode == "off" or not starving(ctx.policy, v):
         return False
-    _, _, v_side = q.lowest_common_ancestor(p.job.queue, v.queue)
-    return v_side >= 0 and q.over_nominal(v_side)
+    if mode == "always" or v.attempt is None:
+        return True
+    return ctx.now < v.attempt.started_at + ctx.policy.max_lease
 
 
 def may_reclaim(ctx: RuleContext, p: Preemptor) -> bool:
-    """Can P reclaim at all? Only an in-quota job under a governed tree can (without it,
-    `direction` allows no victim of P's own tier)."""
-    return p.in_quota and ctx.quota.governed()
+    """Can P make a nominal reclaim at all? Only an in-quota job under a governed tree, where
+    the policy makes nominal reclaims."""
+    return p.in_quota and ctx.quota.governed() and ctx.policy.preemption.reclaim.nominal != "never"
+
+
+def may_take_back(ctx: RuleContext, p: Preemptor) -> bool:
+    """Could P reclaim anything, of any kind: a nominal reclaim, or a fair-share one (where an
+    owed share is known)?"""
+    if not ctx.quota.governed():
+        return False
+    return may_reclaim(ctx, p) or (ctx.owed is not None and ctx.policy.preemption.reclaim.fair_share != "never")
 
 
 def kind_of(p: Job, v: Job) -> str:
@@ -254,21 +349,39 @@ def _direction_downward(ctx: RuleContext, p: Preemptor) -> tuple[object, ...]:
 
 
 def _direction_tiers(ctx: RuleContext, p_tier: int, v_tier: int) -> bool:
-    """Downward, or the same tier where that tier is charged to a governed tree (reclaim)."""
-    if v_tier != p_tier:
-        return v_tier > p_tier
-    return ctx.quota.governed() and ctx.policy.tier(v_tier).charged
+    """Downward, or any charged tier under a governed tree (reclaim)."""
+    if v_tier > p_tier:
+        return True
+    if not ctx.quota.governed() or not ctx.policy.tier(v_tier).charged:
+        return False
+    reclaim = ctx.policy.preemption.reclaim
+    return _nominal_tiers(reclaim.nominal, p_tier, v_tier) or (reclaim.fair_share != "never" and v_tier >= p_tier)
 
 
 def scope(ctx: RuleContext, p: Preemptor, v: Job) -> Block | None:
-    """`scope: quota` tiers preempt outside their own queue only while in-quota."""
-    if ctx.policy.tier(p.job.tier).scope == "cluster" or p.in_quota or v.queue == p.job.queue:
+    """`scope: quota` tiers preempt outside their own queue only while in-quota, `scope: queue`
+    tiers never; a reclaim (of V's tier or a higher one: `reclaim_kind`) is outside scope."""
+    if v.queue == p.job.queue or _scope_free(ctx, p):
+        return None
+    if v.tier <= p.job.tier and reclaim_kind(ctx, p, v) is not None:
         return None
     return Block("scope")
 
 
+def _scope_free(ctx: RuleContext, p: Preemptor) -> bool:
+    """May P preempt lower tiers outside its own queue?"""
+    mode = ctx.policy.tier(p.job.tier).scope
+    return mode == "cluster" or (mode == "quota" and p.in_quota)
+
+
+def downward_allowed(ctx: RuleContext, p: Preemptor, v: Job) -> bool:
+    """May P take V, of a strictly lower tier, by priority alone (no reclaim)? What the pass's
+    list of lower-tier victims holds (`preemption.CandidatePool.eligible`)."""
+    return v.tier > p.job.tier and (v.queue == p.job.queue or _scope_free(ctx, p))
+
+
 def _scope_downward(ctx: RuleContext, p: Preemptor) -> tuple[object, ...]:
-    free = p.in_quota or ctx.policy.tier(p.job.tier).scope == "cluster"
+    free = _scope_free(ctx, p)
     return (free, None if free else p.job.queue)
 
 
@@ -347,12 +460,16 @@ DIRECTION = PairRule(
     "direction",
     direction,
     reads=("tier", "queue"),
-    of_preemptor=("job.tier", "job.queue", "in_quota"),
+    of_preemptor=("job.tier", "job.queue", "in_quota", "demand"),
     downward=_direction_downward,
     tiers=_direction_tiers,
 )
 SCOPE = PairRule(
-    "scope", scope, reads=("queue",), of_preemptor=("job.tier", "job.queue", "in_quota"), downward=_scope_downward
+    "scope",
+    scope,
+    reads=("tier", "queue"),
+    of_preemptor=("job.tier", "job.queue", "in_quota", "demand"),
+    downward=_scope_downward,
 )
 
 VICTIM_RULES: tuple[VictimRule, ...] = (PREEMPTIBLE, LEASE, THRASH_BUDGET, EFFICIENCY_FLOOR)

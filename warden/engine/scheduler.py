@@ -25,9 +25,10 @@ jobs that fail alike, each in rank order (`warden.engine.waiting`).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 
 from warden.engine.allocation import Allocation
+from warden.engine.demand import Demand, cluster_gpus
 from warden.engine.model import Job, JobState, Snapshot
 from warden.engine.phases import order
 from warden.engine.phases.admit import Admit
@@ -65,6 +66,8 @@ class Engine:
         self._terminating: dict[str, Job] = {}
         self._claims: dict[str, Job] = {}
         """The waiting jobs that come into a pass holding a claim (`Job.claim`)."""
+        self._demand = Demand()
+        """Charged GPU demand per queue: what each queue is owed (`warden.engine.demand`)."""
 
     def plan(self, snapshot: Snapshot, now: float, changed: Iterable[Job] | None = None) -> Plan:
         alloc = self._alloc
@@ -76,6 +79,7 @@ class Engine:
             self._waiting, self._terminating, holding = _classify(snapshot.jobs)
             self._claims = {i: j for i, j in self._waiting.items() if j.claim}
             alloc.sync(holding)
+            self._demand.sync(snapshot.policy, snapshot.jobs)
         else:
             changed = list(changed)
             for job in changed:
@@ -84,6 +88,7 @@ class Engine:
                 _put(self._claims, job, waiting and job.claim)
                 _put(self._terminating, job, _terminating(job))
             alloc.apply(changed)
+            self._demand.apply(snapshot.policy, changed)
         index = self._index
         mode = order.mode_of(snapshot.policy)
         if index is None or index.mode != mode:
@@ -98,10 +103,14 @@ class Engine:
                 changed = [j for i, j in now_waiting.items() if before.get(i) is not j]
             index.apply(changed)
             index.advance(now)
+        owed = None
+        if alloc.quota.gpu >= 0:
+            owed = self._demand.owed(snapshot.policy, alloc.quota, cluster_gpus(snapshot.nodes))
         index_mark, quota_mark = alloc.index.mark(), alloc.quota.mark()
         used = dict(alloc.used)
         try:
-            return Cycle(snapshot, now, alloc, index, self._waiting.values(), self._terminating, self._claims).run()
+            cycle = Cycle(snapshot, now, alloc, index, self._waiting.values(), self._terminating, self._claims, owed)
+            return cycle.run()
         finally:
             alloc.index.rollback(index_mark)
             alloc.index.release(index_mark)
@@ -176,10 +185,11 @@ class Cycle:
         waiting: Collection[Job],
         terminating: dict[str, Job],
         claims: dict[str, Job] | None = None,
+        owed: Sequence[float] | None = None,
     ) -> None:
         self.index = index
         self.waiting = waiting
-        self.state = state = PassState(snapshot, now, alloc, terminating, claims or {})
+        self.state = state = PassState(snapshot, now, alloc, terminating, claims or {}, owed)
         victims = Victims(state)
         self.admit = Admit(state)
         self.steps = NextSteps(state, victims)

@@ -34,7 +34,7 @@ class Preemptions(Duty):
             sigterm_at=now,
             kill_at=kill_at,
             preempted_for=for_job,
-            preemption_kind="reclaim" if kind == "reclaim" else "preemption",
+            preemption_kind="reclaim" if kind in ("reclaim", "fair_share") else "preemption",
         )
         if not self.store.transition(
             job.id,

@@ -74,7 +74,7 @@ class PreemptionCause:
     """The preemptor's trace job id."""
     by_tier: int
     kind: str
-    """The engine's `Preemption.kind`: `downward` or `reclaim`."""
+    """The engine's `Preemption.kind`: `downward`, `reclaim` or `fair_share`."""
     reserved: bool
     """The preemptor held a reservation in the pass before: it waited for this victim's
     protection to lift (a reservation come due), rather than finding it at once."""

@@ -55,7 +55,8 @@ class Claim:
                 etas[v.id] = c.eta
                 continue
             grace = grace_of(state.policy, v)
-            state.preemptions.append(Preemption(v.id, job.id, kind_of(job, v), grace, c.cost, c.lost))
+            kind = state.kinds.get(v.id) or kind_of(job, v)
+            state.preemptions.append(Preemption(v.id, job.id, kind, grace, c.cost, c.lost))
             if state.charged(v) and v.queue in quota.paths:
                 quota.depart(v.queue, quota.demand(v, state.flavor_of_job[v.id]))
             etas[v.id] = state.now + grace

@@ -28,8 +28,9 @@ from warden.engine.rules import grace_of, preemptors
 
 INF = math.inf
 
-Found = tuple[list[Candidate], bool]
-"""A victim set, and whether it was chosen to leave the job in-quota (`Preemptor.reclaims`)."""
+Found = tuple[list[Candidate], bool, dict[str, str]]
+"""A victim set, whether it was chosen to leave the job in-quota (`Preemptor.reclaims`), and
+how the rules let the search take each victim (`preemption.Workspace.kinds`)."""
 
 
 class Preempt:
@@ -105,6 +106,7 @@ class Preempt:
             if declined is not None:
                 self.memo.preempt_declined[key] = declined
                 return declined
+        self.state.kinds = found[2] if found is not None else {}
         return self.claim.claim(job, names, self.state.demand(job, flavor), needed)
 
     def _may_decline(self, job: Job) -> bool:
@@ -181,14 +183,14 @@ class Preempt:
 
     def _cheapest(self, job: Job, flavors: Sequence[str]) -> Found | None:
         """The cheapest victim set over the flavors (the first flavor on a tie), or None."""
-        best: tuple[float, int, int, list[Candidate], bool] | None = None
+        best: tuple[float, int, int, list[Candidate], bool, dict[str, str]] | None = None
         for i, flavor in enumerate(flavors):
-            chosen, reclaims = self._search(job, flavor)
+            chosen, reclaims, kinds = self._search(job, flavor)
             if chosen:
-                found = (*_set_cost(chosen), i, chosen, reclaims)
+                found = (*_set_cost(chosen), i, chosen, reclaims, kinds)
                 if best is None or found[:3] < best[:3]:
                     best = found
-        return None if best is None else (best[3], best[4])
+        return None if best is None else (best[3], best[4], best[5])
 
     def _search(self, job: Job, flavor: str) -> Found:
         """The cheapest set that makes room for `job` on `flavor`, searched once per way the
@@ -197,16 +199,17 @@ class Preempt:
         state = self.state
         d = state.demand(job, flavor)
         leaving = self.victims.leaving()
-        best: Found = ([], False)
+        best: Found = ([], False, {})
         for p in preemptors(state.ctx, job, d):
             if not leaving and not self.victims.any_eligible(p):
                 continue  # `search` would find no eligible victim: leave the candidates unpriced
             mark = state.mark()
+            state.kinds.clear()
             chosen = search(state, p, flavor, self.victims.pool(), leaving)
             state.rollback(mark)
             # A later way wins only where the earlier set is not as cheap (nor a NaN cost).
             if chosen and (not best[0] or not _set_cost(best[0]) <= _set_cost(chosen)):
-                best = (chosen, p.reclaims)
+                best = (chosen, p.reclaims, {c.job.id: state.kinds[c.job.id] for c in chosen if not c.leaving})
         return best
 
     def _minimal(
@@ -220,7 +223,7 @@ class Preempt:
         (None), the job waits with the reason its placement gives, and the pass goes on.
         """
         state = self.state
-        victims, reclaims = found
+        victims, reclaims, _ = found
 
         def enough(f: str) -> bool:
             """The search's own test: the job fits (and, for a set chosen to reclaim its way

@@ -52,6 +52,7 @@ class PassState:
         "holding",
         "holds",
         "index",
+        "kinds",
         "memo",
         "node_gpus",
         "nodes_of_block",
@@ -73,14 +74,20 @@ class PassState:
     )
 
     def __init__(
-        self, snapshot: Snapshot, now: float, alloc: Allocation, terminating: dict[str, Job], claims: dict[str, Job]
+        self,
+        snapshot: Snapshot,
+        now: float,
+        alloc: Allocation,
+        terminating: dict[str, Job],
+        claims: dict[str, Job],
+        owed: Sequence[float] | None = None,
     ) -> None:
         self.snapshot = snapshot
         self.now = now
         self.policy = snapshot.policy
         self.index = alloc.index
         self.quota = alloc.quota
-        self.ctx = RuleContext(self.policy, self.quota, now)
+        self.ctx = RuleContext(self.policy, self.quota, now, owed)
         self.charged_tiers = alloc.charged_tiers
         self.flavor_of_job = alloc.flavor_of_job
         self.used = alloc.used
@@ -110,6 +117,8 @@ class PassState:
         self.rests: dict[str, tuple[Job, tuple[Part, ...], float]] = {}
         self.rest_quota: dict[str, list[tuple[int, tuple[float, ...]]]] = {}
         """Leaving jobs others count on: what of them is still unpromised, and when it frees."""
+        self.kinds: dict[str, str] = {}
+        """How the rules let a search take each victim (`preemption.Workspace.kinds`)."""
         self.admissions: list[Admission] = []
         self.preemptions: list[Preemption] = []
         self.reservations: list[Reservation] = []

@@ -19,7 +19,7 @@ from warden.engine.allocation import VictimFacts
 from warden.engine.model import Job
 from warden.engine.phases.memo import Part
 from warden.engine.phases.state import PassState
-from warden.engine.preemption import VICTIM_ORDERS, Candidate, CandidatePool, freed_gpus, ties
+from warden.engine.preemption import VICTIM_ORDERS, Candidate, CandidatePool, freed_gpus, ties, with_share
 from warden.engine.releases import ReleaseIndex
 from warden.engine.rules import (
     PREEMPTOR_READS,
@@ -27,8 +27,10 @@ from warden.engine.rules import (
     allowed_for,
     at_risk_since,
     getter,
-    may_reclaim,
+    may_take_back,
     protection,
+    reclaim_kind,
+    share,
     startup_of,
 )
 
@@ -43,7 +45,7 @@ plain tuples in victim order: no key function, and nothing after the ties is eve
 
 _ELIGIBLE_READS = getter(tuple(dict.fromkeys((*PREEMPTOR_READS, "job.tier", "in_quota"))))
 """What `Victims.any_eligible` reads of P: what the pair rules read (`rules.PREEMPTOR_READS`),
-and its tier and whether it is in-quota (which tiers it may take, `rules.may_reclaim`)."""
+and its tier and whether it is in-quota (which tiers it may take, `rules.may_take_back`)."""
 
 
 class Victims:
@@ -73,7 +75,9 @@ class Victims:
         same arithmetic, same floats; tests/engine/test_victims.py compares the two).
         """
         state = self.state
-        by_cost = VICTIM_ORDERS[state.policy.preemption.victim_order].by_cost
+        order = state.policy.preemption.victim_order
+        by_cost = VICTIM_ORDERS[order].by_cost
+        shares = self.shares() if VICTIM_ORDERS[order].share_at is not None else None
         now = state.now
         known = state.victim_facts
         terminating = state.terminating
@@ -97,10 +101,21 @@ class Victims:
                 cost = lost + restart
                 if not cost >= 0.0:  # negative, or NaN
                     nonnegative = False
+                if shares is not None:
+                    tie = with_share(order, tie, shares.get(v.queue, 0.0))
                 rows.append((cost if by_cost else 0.0, tie, v, cost, lost, freed, flavor))
                 for node, g in freed:
                     held_on[node] = held_on.get(node, 0) + g
         return rows, held_on, nonnegative
+
+    def shares(self) -> dict[str, float]:
+        """Per leaf queue, its share as the pass begins (`rules.share`: GPUs held ÷ owed now),
+        what victim orders that take the queue furthest above its share first read."""
+        state = self.state
+        q = state.quota
+        if state.ctx.owed is None:
+            return {}
+        return {leaf: share(state.ctx, q.index[leaf]) for leaf in q.paths}
 
     def releases(self) -> ReleaseIndex:
         """`Allocation.releases`, brought up to `now`: once a pass."""
@@ -133,14 +148,17 @@ class Victims:
 
     def _any_eligible(self, p: Preemptor) -> bool:
         state = self.state
-        ok = allowed_for(state.ctx, p)
+        ctx = state.ctx
+        ok = allowed_for(ctx, p)
         tier = p.job.tier
+        take_back = may_take_back(ctx, p)
         terminating, claimed = state.terminating, state.claimed
         for t, kinds in self.lifted().items():
-            if t < tier or (t == tier and not may_reclaim(state.ctx, p)):
+            if t <= tier and not take_back:
                 continue
             for ids, v in kinds:
-                if ok(v) and any(i not in terminating and i not in claimed for i in ids):
+                may = ok(v) or (take_back and t > tier and reclaim_kind(ctx, p, v) is not None)
+                if may and any(i not in terminating and i not in claimed for i in ids):
                     return True
         return False
 
