@@ -96,17 +96,19 @@ def lease_end(policy: Policy, job: Job) -> float | None:
     return None if math.isinf(until) else max(until, a.started_at)
 
 
-_trees: dict[int, tuple[Policy, QuotaTree]] = {}
+_trees: dict[tuple[int, tuple[tuple[str, int], ...]], tuple[Policy, QuotaTree]] = {}
 
 
-def victim_rules(policy: Policy, now: float) -> RuleContext:
+def victim_rules(policy: Policy, now: float, capacity: Mapping[str, int] | None = None) -> RuleContext:
     """The context the victim rules are asked in at `now`. They never read the quota usage, so
-    one tree of `policy` serves every job a listing shows (building one per job would cost a
-    page of running jobs more than the rest of its listing)."""
-    seen = _trees.get(id(policy))
+    one tree of `policy` (and the cluster's `capacity`, its root's limit) serves every job a
+    listing shows (building one per job would cost a page of running jobs more than the rest of
+    its listing)."""
+    key = (id(policy), tuple(sorted((capacity or {}).items())))
+    seen = _trees.get(key)
     if seen is None or seen[0] is not policy:
         _trees.clear()
-        seen = _trees[id(policy)] = (policy, QuotaTree(policy))
+        seen = _trees[key] = (policy, QuotaTree(policy, capacity))
     return RuleContext(policy, seen[1], now)
 
 
