@@ -47,10 +47,17 @@ def _walk(q: QueueSpec) -> Iterable[QueueSpec]:
 
 
 class QuotaModel:
-    """Queue usage recounted from jobs, and the limits of quota.py's docstring, re-derived."""
+    """Queue usage recounted from jobs, and the limits of quota.py's docstring, re-derived. The
+    root is the cluster (DESIGN §4.2): its limit is what the nodes have of a resource, summed
+    here anew, but never below its nominal (nominal quotas beyond the cluster: the old limit);
+    unlimited where they report none of it."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, nodes: Iterable[Node]) -> None:
         self.policy = policy
+        self.capacity: dict[str, float] = defaultdict(float)
+        for n in nodes:
+            for r, amount in (("gpu", n.gpus), (f"gpu:{n.flavor}", n.gpus), ("cpu", n.cpu), ("memory", n.memory)):
+                self.capacity[r] += amount
         self.root = policy.queues.name
         self.spec: dict[str, QueueSpec] = {}
         self.parent: dict[str, str | None] = {self.root: None}
@@ -89,7 +96,8 @@ class QuotaModel:
     def limit(self, q: str, r: str) -> float:
         spec = self.spec[q]
         if q == self.root:
-            return float(spec.nominal[r]) if r in spec.nominal else INF
+            capacity = self.capacity.get(r, 0.0)
+            return max(capacity, float(spec.nominal.get(r, 0))) if capacity else INF
         borrow = spec.borrowing_limit or {}
         return float(spec.nominal.get(r, 0)) + borrow[r] if r in borrow else INF
 
@@ -268,7 +276,7 @@ class PassView:
         self.victims_of: dict[str, list[str]] = defaultdict(list)
         for p in plan.preemptions:
             self.victims_of[p.for_job].append(p.job_id)
-        self.quota = QuotaModel(self.policy)
+        self.quota = QuotaModel(self.policy, snapshot.nodes)
 
     def flavor_of(self, job: Job) -> str:
         adm = self.admitted.get(job.id)
@@ -604,13 +612,17 @@ def check_minimal_victims(v: PassView) -> None:
         exact = not earlier
 
         # A `scope: quota` preemptor taking victims outside its own queue, other than by
-        # fair-share reclaim, must be in-quota once they are gone (DESIGN §4.3): a victim that
-        # only that needs is needed too.
+        # fair-share reclaim, must be in-quota once they are gone (DESIGN §4.3), and so must a
+        # preemptor of a tier that is not preemptible (never admitted as borrowing, DESIGN
+        # §4.2): a victim that only that needs is needed too.
         kinds = {x.job_id: x.kind for x in plan.preemptions if x.for_job == pid}
-        in_quota_too = (
-            v.snapshot.policy.tier(pre.tier).scope == "quota"
-            and quota.charged(pre)
-            and any(v.jobs[x].queue != pre.queue and kinds.get(x) != "fair_share" for x in mine)
+        tier = v.snapshot.policy.tier(pre.tier)
+        in_quota_too = quota.charged(pre) and (
+            not tier.preemptible
+            or (
+                tier.scope == "quota"
+                and any(v.jobs[x].queue != pre.queue and kinds.get(x) != "fair_share" for x in mine)
+            )
         )
 
         def fits_without(
@@ -746,6 +758,34 @@ def check_quota(v: PassView) -> None:
             )
 
 
+def check_never_borrowing(v: PassView) -> None:
+    """Invariant 9, second half: no job of a tier that is not preemptible is admitted borrowing
+    (DESIGN §4.2), judged against nominal at its admission. The usage then is that of the jobs
+    holding resources (terminating ones too), the admissions up to its own, and the claimants
+    ranked before it charged as quota.py's `transfer` does: no more than the engine counted (as
+    in `check_quota`), so a queue above its nominal here was above it for the engine too."""
+    if not v.quota.resources or not v.plan.admissions:
+        return
+    pos = v.positions()
+    claims = sorted((e.position, jid) for jid, e in v.plan.explanations.items() if e.reason.code == "WaitingForGrace")
+    for adm in v.plan.admissions:
+        job = v.jobs[adm.job_id]
+        if v.policy.tier(job.tier).preemptible or not v.quota.charged(job):
+            continue
+        assert not adm.borrowing, f"{job.id} (tier {job.tier}, not preemptible) admitted as borrowing"
+        at = pos[adm.job_id]
+        model = _base_quota(
+            v, terminating=True, admissions=[a.job_id for a in v.plan.admissions if pos[a.job_id] <= at]
+        )
+        _charge_claims(v, model, [cid for c_pos, cid in claims if c_pos < at])
+        for q in model.path(job.queue)[:-1]:
+            for r in model.demand(job, adm.flavor):
+                assert model.usage[q][r] <= model.nominal(q, r) + EPS, (
+                    f"{job.id} (tier {job.tier}, not preemptible) admitted into {job.queue} borrowing: "
+                    f"queue {q} {r} at {model.usage[q][r]} of its nominal {model.nominal(q, r)}"
+                )
+
+
 def _charge_claims(v: PassView, model: QuotaModel, cids: Iterable[str]) -> None:
     """Charge waiting jobs, given in rank order, as quota.py's `transfer` does: per queue,
     max(0, its demand − the usage there of the jobs it waits for that no higher-ranked waiting
@@ -793,7 +833,14 @@ def check_determinism(v: PassView, rng: random.Random) -> None:
         }, "shuffling the jobs changed the explanations"
 
 
-CHECKS = (check_plan_shape, check_capacity, check_preemptions, check_minimal_victims, check_quota)
+CHECKS = (
+    check_plan_shape,
+    check_capacity,
+    check_preemptions,
+    check_minimal_victims,
+    check_quota,
+    check_never_borrowing,
+)
 
 
 def check_pass(snapshot: Snapshot, plan: Plan, now: float, rng: random.Random) -> None:

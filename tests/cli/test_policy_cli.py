@@ -214,6 +214,17 @@ def test_check_against_a_cluster_warns_when_the_quotas_exceed_it(tmp_path: Path)
     assert from_file.exit_code == 0 and "the cluster has 16" in from_file.stderr
 
 
+def test_check_against_a_cluster_warns_when_the_quotas_cover_less_of_it(tmp_path: Path) -> None:
+    """DESIGN §4.2: capacity no queue's nominal covers is reported as quotas beyond it are."""
+    path = tmp_path / "over.yaml"
+    path.write_text(OVER)
+    result = runner.invoke(app, ["policy", "check", str(path), "--gpus", "32"])
+    assert result.exit_code == 0, result.output
+    assert "8 of the cluster's 32 GPUs are covered by no queue's nominal quota" in result.stderr.replace("\n", " ")
+    assert "every queue may borrow them (within its borrowing limit)" in result.stderr.replace("\n", " ")
+    assert "nominal quotas fit the cluster" not in result.stdout
+
+
 @pytest.mark.parametrize(
     "args, words",
     [(["--gpus", "0"], ["--gpus", "0"]), (["--gpus", "8", "--cluster", "c.yaml"], ["--gpus", "--cluster"])],

@@ -75,7 +75,9 @@ def test_run_prints_every_metric_as_json(trace: Path) -> None:
     assert code == 0
     data = json.loads(out)
     assert data.keys() >= REQUIRED
-    assert data["jobs"] == 120 and data["policy"] == "governed"
+    # The 8 tier-1 gangs of 16 GPUs exceed a team's nominal 8: never admitted (tier 1 never
+    # borrows), so left out.
+    assert data["jobs"] == 112 and data["skipped"] == {"beyond_nominal": 8} and data["policy"] == "governed"
     assert 0 < data["utilization"] <= 1
     assert set(data["per_queue"]) == {"a", "b"}
     assert {"owed_gpu_hours", "delivered_gpu_hours"} <= data["per_queue"]["a"].keys()
@@ -104,7 +106,7 @@ def test_compare_gives_one_object_a_policy_on_the_same_trace(trace: Path, tmp_pa
     assert code == 0, out
     rows = json.loads(out)
     assert [r["policy"] for r in rows] == ["governed", "fifo_strict", "fifo_backfill", "slurm", "kueue", "k8s"]
-    assert {r["jobs"] for r in rows} == {120}
+    assert {r["jobs"] + sum(r["skipped"].values()) for r in rows} == {120}  # beyond_nominal: tier 1
     by = {r["policy"]: r for r in rows}
     # Backfill never waits longer on average than strict FIFO on the same trace.
     assert by["fifo_backfill"]["avg_wait_s"] <= by["fifo_strict"]["avg_wait_s"]
@@ -162,6 +164,14 @@ def test_a_policy_file_runs_when_it_names_the_trace_queues(trace: Path, tmp_path
     assert code == 0, out
     (warning,) = json.loads(out)["policy_warnings"]
     assert "add up to 64 but the cluster has 16" in warning and warning in err.replace("\n", " ")
+    policy.write_text(
+        "queues:\n  name: org\n  children:\n    - {name: a, nominal: {gpu: 8}}\n    - {name: b, nominal: {gpu: 4}}\n"
+    )
+    code, out, err = sim("run", "--trace", str(trace), "--gpus", "16", "--policy", str(policy), "--json")
+    assert code == 0, out
+    (warning,) = json.loads(out)["policy_warnings"]
+    assert warning.startswith("4 of the cluster's 16 GPUs are covered by no queue's nominal quota")
+    assert warning in err.replace("\n", " ")
     policy.write_text("queues:\n  name: org\n  children:\n    - {name: a}\n")
     code, _, err = sim("run", "--trace", str(trace), "--gpus", "16", "--policy", str(policy))
     assert code == 2 and "queues" in err and "'b'" in err
@@ -345,7 +355,9 @@ def test_compare_shows_one_estimate_of_the_time_left_for_all_policies_on_stderr(
     done = sim_on_a_terminal("compare", "--trace", str(trace), "--gpus", "16", "--policies", "governed,kueue")
     assert done.returncode == 0, done.stderr
     shown = ANSI.sub("", done.stderr)
-    assert "governed (1/2)" in shown and "kueue (2/2)" in shown and "120/120 jobs done" in shown
+    # 8 of the 120 are tier-1 gangs of 16 GPUs, beyond a team's nominal 8: never admitted (a
+    # tier that is not preemptible never borrows), they are skipped (`beyond_nominal`).
+    assert "governed (1/2)" in shown and "kueue (2/2)" in shown and "112/112 jobs done" in shown
     assert ESTIMATE.search(shown), shown
     table = ANSI.sub("", done.stdout)
     assert table.startswith("┏") and "left" not in table and "jobs done" not in table

@@ -7,6 +7,7 @@ lending limits; in-quota vs borrowing).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from hypothesis import given, settings
@@ -19,8 +20,10 @@ from warden.engine.quota import QuotaTree
 from warden.engine.reasons import BorrowingLimit, QuotaExceeded
 
 
-def tree(queues: dict[str, Any]) -> QuotaTree:
-    return QuotaTree(parse_policy({"queues": queues}))
+def tree(queues: dict[str, Any], capacity: dict[str, int] | None = None) -> QuotaTree:
+    """The tree on a cluster of `capacity`; by default one its nominal quotas cover exactly."""
+    pol = parse_policy({"queues": queues})
+    return QuotaTree(pol, dict(pol.queues.nominal) if capacity is None else capacity)
 
 
 def two_teams(a: dict[str, Any] | None = None, b: dict[str, Any] | None = None) -> QuotaTree:
@@ -87,12 +90,64 @@ def test_in_quota_needs_every_resource_within_nominal() -> None:
 
 def test_cluster_total_caps_everyone() -> None:
     t = two_teams()
-    v = t.verdict("a", gpu(17))  # root nominal resolves to 8 + 8 = 16
+    v = t.verdict("a", gpu(17))  # the cluster has 16 (8 + 8)
     assert not v.fits
     assert v.reason is not None and v.reason.requested == 17 and v.reason.available == 16
     t.add("b", gpu(8))
     v = t.verdict("a", gpu(9))
     assert not v.fits and v.reason is not None and v.reason.available == 8
+
+
+def test_the_root_is_the_cluster_not_its_childrens_nominal() -> None:
+    """DESIGN §4.2: capacity no child's nominal covers is idle capacity any queue may borrow."""
+    t = tree({"name": "cluster", "children": [{"name": "a", "nominal": {"gpu": 8}}]}, {"gpu": 32})
+    assert t.limit[idx(t, "cluster")] == [32.0] and t.nominal[idx(t, "cluster")] == [32.0]
+    v = t.verdict("a", gpu(32))
+    assert v.fits and not v.in_quota
+    v = t.verdict("a", gpu(33))
+    assert not v.fits and v.reason == QuotaExceeded("cluster", "gpu", 33, 32, used=0, limit=32)
+
+
+def test_a_root_without_a_known_capacity_is_unlimited() -> None:
+    """Where the caller knows no capacity (or the cluster reports none of a resource, 0),
+    placement alone bounds the cluster."""
+    pol = parse_policy({"queues": {"name": "cluster", "children": [{"name": "a", "nominal": {"gpu": 8, "cpu": 10}}]}})
+    for t in (QuotaTree(pol), QuotaTree(pol, {"gpu": 0, "memory": 64})):
+        assert t.limit[idx(t, "cluster")] == [math.inf, math.inf]
+        assert t.verdict("a", (1000.0, 1000.0)).fits
+
+
+def test_a_root_whose_children_promise_more_than_the_cluster_keeps_their_sum() -> None:
+    """Nominal quotas beyond the cluster (reported as such): the root keeps their sum, and
+    placement bounds the cluster, so a lender's kept capacity is not held against GPUs that do
+    not exist."""
+    t = two_teams(b={"lending_limit": {"gpu": 0}})
+    small = tree(
+        {
+            "name": "cluster",
+            "children": [
+                {"name": "a", "nominal": {"gpu": 8}},
+                {"name": "b", "nominal": {"gpu": 8}, "lending_limit": {"gpu": 0}},
+            ],
+        },
+        {"gpu": 4},
+    )
+    assert small.limit[idx(small, "cluster")] == t.limit[idx(t, "cluster")] == [16.0]
+    assert small.verdict("a", gpu(8)).fits
+
+
+def test_lending_limits_hold_at_the_root_whose_limit_is_the_capacity() -> None:
+    """On 128 GPUs, research (limit 64 + 64) may have all but the 16 platform keeps (its
+    lending limit lends 16 of its 32): 112. Once platform uses 10 of them it holds back the 6
+    left: 128 − 10 − 6 = 112 still."""
+    t = tree(DESIGN_QUEUES, {"gpu": 128})
+    assert t.verdict("vision", gpu(112)).fits
+    v = t.verdict("vision", gpu(113))
+    assert not v.fits and isinstance(v.reason, BorrowingLimit) and v.reason.available == 112
+    t.add("platform", gpu(10))
+    assert t.verdict("language", gpu(112)).fits
+    assert not t.verdict("language", gpu(113)).fits
+    assert t.verdict("platform", gpu(118)).fits  # platform itself may borrow the rest
 
 
 # ------------------------------------------------------------------------------ borrowing limit
@@ -541,7 +596,7 @@ def test_rollback_restores_every_derived_value_exactly() -> None:
             }
         }
     )
-    t = QuotaTree(pol)
+    t = QuotaTree(pol, {"gpu": 16})
     t.add("b", gpu(3))
     t.forget()
     assert t.held[t.index["dept"]][0] == 4.0  # a keeps all 4 of its nominal

@@ -8,12 +8,20 @@ from itertools import pairwise
 from support import admitted, nodes, pending, plan_for, policy, preempted, reason, running
 
 from warden.engine.model import JobState
+from warden.engine.policy import Policy
 
 NO_QUOTA = {"name": "cluster", "children": [{"name": "a"}, {"name": "b"}]}
+A_HOLDS_ALL = {"name": "cluster", "children": [{"name": "a", "nominal": {"gpu": 16}}, {"name": "b"}]}
+"""Queue a's nominal covers the 16-GPU cluster: its tier-1 jobs (never borrowing, DESIGN §4.2)
+may take b's borrowed GPUs as well as wait for a's own."""
+
+
+def roomy(**overrides: object) -> Policy:
+    return policy(queues=A_HOLDS_ALL, **overrides)
 
 
 def test_tier1_on_full_cluster_preempts_one_victim_then_waits_for_it() -> None:
-    pol = policy()
+    pol = roomy()
     cluster = nodes(2)
     a1 = running("a1", "a", 3, ("n0", 8), started=0.0)
     b1 = running("b1", "b", 3, ("n1", 8), started=0.0, last_checkpoint_at=9_000.0)
@@ -49,7 +57,7 @@ def test_a_preemption_that_would_not_pay_waits_for_capacity_that_frees_by_itself
 
     def first_pass(ends_at: float, **pol: object) -> object:
         soon = running("soon", "a", 3, ("n0", 8), started=0.0, expected_duration=ends_at)
-        return plan_for(policy(**pol), cluster, [soon, v, p], now=10_000.0)
+        return plan_for(roomy(**pol), cluster, [soon, v, p], now=10_000.0)
 
     waits = first_pass(10_500.0)
     assert preempted(waits) == set() and admitted(waits) == set()
@@ -70,14 +78,14 @@ def test_capacity_that_frees_within_the_least_grace_is_waited_for_without_a_sear
     soon = running("soon", "a", 3, ("n0", 8), started=0.0, expected_duration=10_060.0)
     v = running("v", "b", 3, ("n1", 8), started=0.0, last_checkpoint_at=9_000.0)
     p = pending("p", "a", 1, submit=9_990.0)
-    waits = plan_for(policy(), cluster, [soon, v, p], now=10_000.0)
+    waits = plan_for(roomy(), cluster, [soon, v, p], now=10_000.0)
     assert preempted(waits) == set() and admitted(waits) == set()
     why = waits.explanations["p"].reason
     assert why.code == "PreemptionWouldNotPay" and why.victims == () and why.cost == 0.0
     assert why.frees_at == 10_060.0 and why.reserved_at == 10_060.0
     assert why.message.startswith("Capacity frees by itself at t=10060s, before any job preempted now")
     later = running("soon", "a", 3, ("n0", 8), started=0.0, expected_duration=10_121.0)
-    why = plan_for(policy(), cluster, [later, v, p], now=10_000.0).explanations["p"].reason
+    why = plan_for(roomy(), cluster, [later, v, p], now=10_000.0).explanations["p"].reason
     assert why.code == "PreemptionWouldNotPay" and why.victims == ("v",)  # searched: it could pay
 
 
@@ -87,7 +95,7 @@ def test_a_job_past_its_maximum_wait_declines_only_while_it_can_reserve() -> Non
     cluster = nodes(2)
     soon = running("soon", "a", 3, ("n0", 8), started=0.0, expected_duration=100_060.0)
     v = running("v", "b", 3, ("n1", 8), started=0.0, last_checkpoint_at=99_000.0)
-    no_reservations = policy(scheduling={"reservations": 0})
+    no_reservations = roomy(scheduling={"reservations": 0})
     fresh = pending("p", "a", 1, submit=99_990.0)
     plan = plan_for(no_reservations, cluster, [soon, v, fresh], now=100_000.0)
     assert preempted(plan) == set()
@@ -95,7 +103,7 @@ def test_a_job_past_its_maximum_wait_declines_only_while_it_can_reserve() -> Non
     assert plan.explanations["p"].reason.reserved_at is None
     starving = pending("p", "a", 1, submit=100_000.0 - 86_400.0)  # 24 h: the default max wait
     assert preempted(plan_for(no_reservations, cluster, [soon, v, starving], now=100_000.0)) == {"v"}
-    assert preempted(plan_for(policy(), cluster, [soon, v, starving], now=100_000.0)) == set()
+    assert preempted(plan_for(roomy(), cluster, [soon, v, starving], now=100_000.0)) == set()
 
 
 def test_a_victim_that_loses_nothing_is_preempted_unless_capacity_frees_before_it_is_gone() -> None:
@@ -105,7 +113,7 @@ def test_a_victim_that_loses_nothing_is_preempted_unless_capacity_frees_before_i
 
     def preempted_when_soon_ends_at(end: float) -> set[str]:
         soon = running("soon", "a", 3, ("n0", 8), started=0.0, expected_duration=end)
-        return preempted(plan_for(policy(), cluster, [soon, v, p], now=10_000.0))
+        return preempted(plan_for(roomy(), cluster, [soon, v, p], now=10_000.0))
 
     assert preempted_when_soon_ends_at(10_500.0) == {"v"}  # gone at 10,120, losing nothing
     assert preempted_when_soon_ends_at(10_110.0) == set()  # frees before v would be gone

@@ -322,6 +322,27 @@ def test_a_policy_whose_quotas_exceed_the_cluster_is_applied_with_a_warning(api:
     assert api.client.get("/v1/policy").json()["warnings"] == out["warnings"]
 
 
+def test_a_policy_whose_quotas_cover_less_than_the_cluster_is_applied_with_a_warning(
+    api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    """DESIGN §4.2: the root is the cluster; what no queue's nominal covers is said, with how
+    much, in the API's answer and in the server's log."""
+    gpus = sum(n.gpus for n in api.service.nodes)
+    assert gpus >= 2
+    source = "queues:\n  name: cluster\n  children:\n    - {name: team, nominal: {gpu: 1}}\n"
+    with caplog.at_level("WARNING", logger="warden.server"):
+        out = api.client.put("/v1/policy", json={"source": source}).json()
+    assert out["changed"] is True
+    (w,) = out["warnings"]
+    assert (w["kind"], w["resource"], w["nominal"], w["capacity"]) == ("uncovered", "gpu", 1, gpus)
+    assert w["message"].startswith(f"{gpus - 1} of the cluster's {gpus} GPUs are covered by no queue's nominal quota")
+    assert api.client.get("/v1/policy").json()["warnings"] == out["warnings"]
+    (logged,) = [r.getMessage() for r in caplog.records if "cover less than this cluster" in r.getMessage()]
+    assert w["message"] in logged
+    exact = f"queues:\n  name: cluster\n  children:\n    - {{name: team, nominal: {{gpu: {gpus}}}}}\n"
+    assert api.client.put("/v1/policy", json={"source": exact}).json()["warnings"] == []
+
+
 def test_the_openapi_document_lists_the_refusals_with_the_error_schema(api: Api) -> None:
     doc = api.client.get("/openapi.json").json()
     assert "ErrorBody" in doc["components"]["schemas"]
@@ -376,5 +397,19 @@ def test_a_server_started_with_quotas_beyond_its_cluster_says_so(tmp_path: Path)
     try:
         (warning,) = [m for m in said if "quotas exceed this cluster" in m]
         assert "add up to 8 but the cluster has 2" in warning
+    finally:
+        service.executor.close()
+
+
+def test_a_server_started_with_quotas_that_cover_part_of_its_cluster_says_so(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("queues:\n  name: cluster\n  children:\n    - {name: team, nominal: {gpu: 1}}\n")
+    said: list[str] = []
+    service = build_service(
+        Settings(policy=policy, fake_gpus=4, state_dir=tmp_path / "state", bootstrap_token=TOKEN), say=said.append
+    )
+    try:
+        (warning,) = [m for m in said if "quotas cover less than this cluster" in m]
+        assert "3 of the cluster's 4 GPUs are covered by no queue's nominal quota" in warning
     finally:
         service.executor.close()

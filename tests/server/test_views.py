@@ -167,6 +167,9 @@ def test_queue_views_owe_a_tier_4_job_nothing_and_count_none_of_its_gpus_deliver
     assert rows["team"]["delivered_gpu_hours"] == pytest.approx(8 * (4600 - 1000) / H)
     assert (rows["spare"]["owed_gpu_hours"], rows["spare"]["delivered_gpu_hours"]) == (0, 0)
     assert rows["spare"]["gpus_in_use"] == 8  # it does hold them
+    # Owed now: team asks for its 8 GPUs and is owed them; spare's tier-4 job is owed nothing,
+    # and the root is owed what its leaves are.
+    assert (rows["team"]["owed_gpus"], rows["spare"]["owed_gpus"], rows["cluster"]["owed_gpus"]) == (8, 0, 8)
 
 
 def test_queue_views_place_the_least_served_leaf_first_in_the_fair_share_order(store: Store) -> None:

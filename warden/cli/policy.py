@@ -20,7 +20,7 @@ from rich.tree import Tree
 
 from warden.cli import tables
 from warden.engine.model import Node
-from warden.engine.overcommit import overcommitted
+from warden.engine.overcommit import quota_warnings
 from warden.engine.policy import (
     Policy,
     PolicyError,
@@ -129,12 +129,13 @@ def check(
     ] = None,
 ) -> None:
     """Validate FILE; print a summary (exit 0) or every problem found (exit 2). With a cluster
-    (`--gpus N` or `--cluster FILE`), also warn where its nominal quotas exceed the cluster."""
+    (`--gpus N` or `--cluster FILE`), also warn where its nominal quotas exceed the cluster or
+    cover less of it."""
     policy = _load(file)
     nodes = _cluster(gpus, cluster)
     tables.show(tables.console(highlight=False), _summary(file, policy))
     if nodes is not None:
-        warnings = overcommitted(policy, nodes)
+        warnings = quota_warnings(policy, nodes)
         err = Console(stderr=True, highlight=False, soft_wrap=True)
         for w in warnings:
             err.print(f"[bold yellow]warning:[/] {file}: {w.message}")

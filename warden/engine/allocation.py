@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from warden.engine.model import Job, Node
+from warden.engine.overcommit import cluster_totals
 from warden.engine.placement import CapacityIndex, gpu_mask
 from warden.engine.quota import QuotaTree
 from warden.engine.releases import ReleaseIndex
@@ -42,6 +43,7 @@ class Allocation:
     __slots__ = (
         "charged_tiers",
         "flavor_of_job",
+        "in_quota_tiers",
         "index",
         "jobs",
         "node_gpus",
@@ -60,9 +62,14 @@ class Allocation:
         self.nodes = nodes
         self.policy = policy
         self.index = CapacityIndex(nodes)
-        self.quota = QuotaTree(policy)
+        self.quota = QuotaTree(policy, cluster_totals(nodes))
         governed = self.quota.governed()
         self.charged_tiers = {t: governed and spec.charged for t, spec in policy.tiers.items()}
+        self.in_quota_tiers = frozenset(
+            t for t, spec in policy.tiers.items() if governed and spec.charged and not spec.preemptible
+        )
+        """Tiers admitted only in-quota: charged, and not preemptible, so what their jobs hold
+        could never be taken back were it borrowed (DESIGN §4.2)."""
         self.takeable = takeable_tiers(RuleContext(policy, self.quota, 0.0))
         """Per tier, the tiers whose running jobs the rules could ever let it take (the tier
         tests read neither the usage nor the time)."""

@@ -28,6 +28,7 @@ from warden.engine import lifecycle
 from warden.engine.accounting import expected_end, save_fits_grace
 from warden.engine.fairshare import accrue, cluster_capacity
 from warden.engine.model import Attempt, Job, JobState, Snapshot
+from warden.engine.overcommit import cluster_totals
 from warden.engine.plan import Plan
 from warden.engine.quota import QuotaTree
 from warden.engine.rules import RuleContext, grace_of, protection
@@ -102,7 +103,7 @@ class _Forecast:
         self.max_passes = max_passes
         self.until = now + horizon
         self.capacity = cluster_capacity(snapshot.nodes)
-        self.ctx = RuleContext(policy, QuotaTree(policy), now)
+        self.ctx = RuleContext(policy, QuotaTree(policy, cluster_totals(snapshot.nodes)), now)
         """For the victim rules alone, which read neither quota nor anything else of a pass."""
         self.passes = 0
         self.jobs: dict[str, Job] = {}

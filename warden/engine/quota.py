@@ -1,7 +1,12 @@
 """Quota along a queue path: nominal, borrowing limit, lending limit (DESIGN §2, §4.2).
 
 For a job of demand d at leaf q0 with path q0 … qk (qk the root), for every governed resource:
-- **limits**: U(qi) + d ≤ nominal(qi) + borrowing_limit(qi) on every queue (the root: nominal);
+- **limits**: U(qi) + d ≤ nominal(qi) + borrowing_limit(qi) on every queue; the root is the
+  cluster, its limit (and nominal) the capacity the caller reports (`capacity`), so capacity
+  no child's nominal covers is idle capacity any queue may borrow. Where no capacity is known
+  the root is unlimited; where the nominal quotas exceed it (reported: `overcommit`) the root
+  keeps their sum, so what lenders keep is not held against GPUs that do not exist: in both
+  cases placement alone bounds the cluster;
 - **lending**: no queue takes capacity that another queue keeps for itself. A queue keeps
   kept(s) = nominal(s) − lending_limit(s); what a subtree holds back unused is
   held(s) = max(0, kept(s) − U(s), Σ_children held(c)). At every queue qi on the path,
@@ -15,7 +20,7 @@ never counted. Usage is mutable with undo, so a pass can try admissions and pree
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -61,7 +66,10 @@ class QuotaTree:
         "usage",
     )
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, capacity: Mapping[str, int] | None = None) -> None:
+        """`capacity`: the cluster's total per resource (`cluster_totals`); a resource it lacks
+        or gives as 0 (not reported) leaves the root unlimited in it, and the root never gets
+        less than its children's nominal quotas add up to."""
         self.resources: tuple[str, ...] = tuple(policy.governed_resources())
         self.gpu = self.resources.index("gpu") if "gpu" in self.resources else -1
         """Where GPUs are in a demand vector (−1: GPUs are not governed)."""
@@ -85,7 +93,9 @@ class QuotaTree:
             borrow = q.borrowing_limit or {}
             lend = q.lending_limit or {}
             if parent < 0:
-                lim = [n if r in q.nominal else INF for r, n in zip(self.resources, nom)]
+                cap = [float((capacity or {}).get(r, 0)) for r in self.resources]
+                nom = [max(c, n) if c > 0 else n for c, n in zip(cap, nom)]
+                lim = [max(c, n) if c > 0 else INF for c, n in zip(cap, nom)]
             else:
                 lim = [n + borrow[r] if r in borrow else INF for r, n in zip(self.resources, nom)]
             self.nominal.append(nom)
@@ -375,6 +385,20 @@ class QuotaTree:
                 if usage[q][r] + amount - excess > nominal[q][r] + 1e-9:
                     return False
         return True
+
+    def no_borrowing(self, leaf: str, d: tuple[float, ...], tier: int) -> Reason | None:
+        """Why a job of a tier that may not borrow (not preemptible) waits: `QuotaExceeded` at the
+        first queue below the root the demand would take above its nominal, naming the tier;
+        None when the demand is in-quota."""
+        q = self.over_nominal_at(leaf, d)
+        if q is None:
+            return None
+        usage, nominal = self.usage[q], self.nominal[q]
+        r = next(r for r, amount in enumerate(d) if amount and usage[r] + amount > nominal[r] + 1e-9)
+        avail = int(max(0.0, nominal[r] - usage[r]))
+        return QuotaExceeded(
+            self.names[q], self.resources[r], int(d[r]), avail, int(usage[r]), int(nominal[r]), no_borrow_tier=tier
+        )
 
     def over_nominal_at(self, leaf: str, d: tuple[float, ...]) -> int | None:
         """The first queue below the root the demand would take above its nominal, or None

@@ -121,9 +121,18 @@ class QuotaExceeded(Reason):
     it was looked at; None when there is no such tier or not enough idle GPUs. (How many are
     idle is left out: it moves every pass, and a stored reason is rewritten when it changes.)"""
     """Idle GPUs of the job's flavor as it was looked at."""
+    no_borrow_tier: int | None = None
+    """The job's tier where it may not borrow (a tier that is not preemptible: what it holds
+    could never be taken back, DESIGN §4.2): `limit` is then the queue's nominal, whatever its
+    borrowing limit and however much is idle."""
 
     def render(self, at: TimeText = engine_time, job_id: str | None = None) -> str:
-        if self.used is None or self.limit is None:
+        if self.no_borrow_tier is not None:
+            head = (
+                f"Tier {self.no_borrow_tier} is not preemptible, so its jobs never borrow: queue "
+                f"{self.queue} uses {self.used} of its nominal {self.limit} {self.resource} ({self.available} left)"
+            )
+        elif self.used is None or self.limit is None:
             head = f"Queue {self.queue} has {self.available} {self.resource} left within its quota"
         else:
             head = (

@@ -397,9 +397,13 @@ def preemptors(ctx: RuleContext, job: Job, demand: tuple[float, ...]) -> tuple[P
     A `scope: quota` job that is in-quota only once others' borrowing is reclaimed counts as
     in-quota only if it is so *after admission*: either its victims leave it in-quota (they may
     then be anywhere: `Preemptor.reclaims`), or it stays a borrower, whose victims must be in its
-    own queue (DESIGN §4.3). Any other job is in-quota or not, and searched once.
+    own queue (DESIGN §4.3). A job of a tier that is not preemptible is never admitted as
+    borrowing (DESIGN §4.2): it is searched the first way alone. Any other job is in-quota or
+    not, and searched once.
     """
     p = preemptor(ctx, job, demand)
+    if demand and not ctx.policy.tier(job.tier).preemptible:
+        return (Preemptor(job, p.in_quota, demand, reclaims=True),)
     if (
         p.in_quota
         and demand

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from warden.engine.model import JobState
-from warden.engine.overcommit import overcommitted
+from warden.engine.overcommit import quota_warnings
 from warden.server.auth import Principal, bearer
 from warden.server.busy import PerUserLimit
 from warden.server.errors import ApiError, ErrorBody, error_body, safe_value, shorten
@@ -428,8 +428,9 @@ def build_router(service: Service) -> APIRouter:
         return {"version": version, "changed": changed, "warnings": policy_warnings()}
 
     def policy_warnings() -> list[dict[str, object]]:
-        """Where the policy in force promises more than the cluster has (`overcommitted`)."""
-        return [w.to_dict() for w in overcommitted(service.policy, service.nodes)]
+        """Where the policy in force promises more than the cluster has, or covers less of it
+        (`quota_warnings`)."""
+        return [w.to_dict() for w in quota_warnings(service.policy, service.nodes)]
 
     @r.post("/policy/diff", responses=errors(401, 429))
     def diff_policy(req: PolicyRequest, who: Caller) -> dict[str, Any]:

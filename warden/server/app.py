@@ -16,7 +16,7 @@ import yaml
 from fastapi import FastAPI
 
 from warden.engine.model import Node
-from warden.engine.overcommit import overcommitted
+from warden.engine.overcommit import quota_warnings
 from warden.engine.policy import Policy, default_policy, load_policy, parse_policy
 from warden.executors.base import Executor, Inventory
 from warden.executors.gpus import discover_gpus
@@ -213,8 +213,8 @@ def build_service(settings: Settings, say: Callable[[str], None] = print) -> Ser
         nodes = local_node(settings.fake_gpus, say)
     store.replace_nodes(NodeRecord.from_engine(n, updated_at=now) for n in nodes)
     policy = _policy(store, settings.policy, now)
-    for w in overcommitted(policy, nodes):
-        _warn(f"WARNING: the policy's quotas exceed this cluster. {w.message}", say)
+    for w in quota_warnings(policy, nodes):
+        _warn(f"WARNING: {w.headline}. {w.message}", say)
     _tokens(store, settings.bootstrap_token, state, now, say)
     service = Service(
         store,

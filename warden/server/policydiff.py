@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from warden.engine.model import Job, Snapshot
-from warden.engine.overcommit import overcommitted
+from warden.engine.overcommit import cluster_totals, quota_warnings
 from warden.engine.plan import Plan
 from warden.engine.policy import Policy
 from warden.engine.quota import QuotaTree
@@ -68,7 +68,7 @@ def policy_diff(snapshot: Snapshot, new: Policy, now: float) -> dict[str, Any]:
         "running": running,
         "pending": sorted(pending, key=lambda p: p["after"]["position"]),
         "unchanged": {"running": same_running, "pending": same_pending},
-        "warnings": [w.to_dict() for w in overcommitted(new, snapshot.nodes)],
+        "warnings": [w.to_dict() for w in quota_warnings(new, snapshot.nodes)],
     }
 
 
@@ -80,7 +80,7 @@ class _Side:
         self.positions = {job.id: i for i, (_, job) in enumerate(rank(snapshot, now), 1)}
         self.starts = {a.job_id for a in self.plan.admissions}
         self.preempted = {p.job_id for p in self.plan.preemptions}
-        self.ctx = RuleContext(snapshot.policy, QuotaTree(snapshot.policy), now)
+        self.ctx = RuleContext(snapshot.policy, QuotaTree(snapshot.policy, cluster_totals(snapshot.nodes)), now)
         self.now = now
 
     def waiting(self, job: Job) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from prometheus_client import Counter
 
 from warden.engine.lifecycle import WAITING, Event
 from warden.engine.model import Job, JobState, Node
+from warden.engine.overcommit import quota_warnings
 from warden.engine.policy import Limits, Policy, PolicyError, format_duration, parse_policy
 from warden.engine.safeyaml import AliasRefused, load_yaml
 from warden.engine.whatif import Verdict, what_if
@@ -667,6 +668,8 @@ class Service:
         version = self.store.apply_policy(source, policy.to_dict(), who.user, now)
         self.store.audit(who.user, "policy.apply", f"policy/{version}", {}, now)
         self.reconciler.set_policy(policy)
+        for w in quota_warnings(policy, self.nodes):
+            log.warning("policy version %s: %s. %s", version, w.headline, w.message)
         return version, True
 
     def diff_policy(self, source: str) -> dict[str, Any]:

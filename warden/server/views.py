@@ -13,7 +13,7 @@ from typing import Any
 
 from warden.engine import accounting
 from warden.engine.cycles import Preempted, PreemptionCycle, preemption_cycles
-from warden.engine.fairshare import fair_order
+from warden.engine.fairshare import cluster_capacity, fair_order
 from warden.engine.forecast import ASSUMES, Estimate
 from warden.engine.model import Job, JobState, Node, UsageLedger
 from warden.engine.policy import Policy
@@ -96,17 +96,19 @@ def lease_end(policy: Policy, job: Job) -> float | None:
     return None if math.isinf(until) else max(until, a.started_at)
 
 
-_trees: dict[int, tuple[Policy, QuotaTree]] = {}
+_trees: dict[tuple[int, tuple[tuple[str, int], ...]], tuple[Policy, QuotaTree]] = {}
 
 
-def victim_rules(policy: Policy, now: float) -> RuleContext:
+def victim_rules(policy: Policy, now: float, capacity: Mapping[str, int] | None = None) -> RuleContext:
     """The context the victim rules are asked in at `now`. They never read the quota usage, so
-    one tree of `policy` serves every job a listing shows (building one per job would cost a
-    page of running jobs more than the rest of its listing)."""
-    seen = _trees.get(id(policy))
+    one tree of `policy` (and the cluster's `capacity`, its root's limit) serves every job a
+    listing shows (building one per job would cost a page of running jobs more than the rest of
+    its listing)."""
+    key = (id(policy), tuple(sorted((capacity or {}).items())))
+    seen = _trees.get(key)
     if seen is None or seen[0] is not policy:
         _trees.clear()
-        seen = _trees[id(policy)] = (policy, QuotaTree(policy))
+        seen = _trees[key] = (policy, QuotaTree(policy, capacity))
     return RuleContext(policy, seen[1], now)
 
 
@@ -407,16 +409,22 @@ def preemption_view(p: PreemptionRecord, now: float) -> dict[str, Any]:
 def queue_views(
     policy: Policy, store: Store, ledger: UsageLedger, nodes: tuple[Node, ...], now: float
 ) -> list[dict[str, Any]]:
-    """Every queue of the tree with its quota, what its jobs hold now, its fair-share usage,
-    and owed vs delivered GPU-hours since the first submission (DESIGN §7)."""
+    """Every queue of the tree with its quota, what its jobs hold now and are owed now
+    (`accounting.owed_now`, what fair-share reclaim enforces), its fair-share usage, and owed vs
+    delivered GPU-hours since the first submission (DESIGN §7)."""
     held: dict[str, int] = {}
     pending: dict[str, int] = {}
+    demand: dict[str, int] = {q.name: 0 for q in policy.leaves()}
     for a in store.active():
         j = a.job
         if j.state.holds_resources:
             held[j.queue] = held.get(j.queue, 0) + j.gpus * j.replicas
         elif j.state.waiting:
             pending[j.queue] = pending.get(j.queue, 0) + 1
+        if j.queue in demand and policy.tier(j.tier).charged:
+            demand[j.queue] += j.gpus * j.replicas
+    # What each leaf is owed now: the entitlement the engine's fair-share reclaim enforces.
+    owed_now = accounting.owed_now(demand, accounting.policy_entitlement(policy), cluster_capacity(nodes)[0])
     owed, delivered = _owed_delivered(policy, store, nodes, now)
     order = fair_order(policy, ledger.usage)
     rows = []
@@ -439,6 +447,7 @@ def queue_views(
                 # A leaf's place in the Fair Tree walk (1: the least served, whose jobs go first
                 # within a tier); equally served leaves share one. None for an inner queue.
                 "fair_share_position": order[name][0] + 1 if name in order else None,
+                "owed_gpus": round(sum(owed_now.get(q.name, 0.0) for q in leaves), 6),
                 "owed_gpu_hours": round(sum(owed.get(q.name, 0.0) for q in leaves) / 3600, 6),
                 "delivered_gpu_hours": round(sum(delivered.get(q.name, 0.0) for q in leaves) / 3600, 6),
             }

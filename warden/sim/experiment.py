@@ -11,7 +11,7 @@ from typing import Any
 
 from warden.engine.accounting import policy_entitlement
 from warden.engine.model import Node
-from warden.engine.overcommit import overcommitted
+from warden.engine.overcommit import quota_warnings
 from warden.engine.policy import PolicyError, PolicyIssue, parse_duration, parse_policy
 from warden.sim.cluster import load_cluster, pool, total_gpus
 from warden.sim.loaders import load_trace
@@ -78,7 +78,7 @@ def run_policy(
     run, skipped = simulate(setup.trace, setup.nodes, sp, share, on_progress)
     summary = summarize(run)
     summary.update(preemption_spread(run, max_preemptions_per_job))
-    summary["policy_warnings"] = [o.message for o in overcommitted(sp.policy, setup.nodes)]
+    summary["policy_warnings"] = [o.message for o in quota_warnings(sp.policy, setup.nodes)]
     summary["skipped"] = {**setup.trace.skipped_reasons, **skipped}
     summary["trace_format"] = setup.trace.format
     summary["rules"] = list(setup.trace.rules)

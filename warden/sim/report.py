@@ -196,9 +196,10 @@ def _summary_section(labels: Sequence[str], summaries: Sequence[dict[str, Any]])
         cells[0] = label
         rows.append(cells)
     warnings = "".join(
-        f'<p class="warning">{_e(label)}: {_e(s["preemption_warning"])}</p>'
+        f'<p class="warning">{_e(label)}: {_e(w)}</p>'
         for label, s in zip(labels, summaries)
-        if s.get("preemption_warning")
+        for w in (*(s.get("policy_warnings") or ()), s.get("preemption_warning"))
+        if w
     )
     return f'<section id="summary"><h2>Summary</h2>{_table(headers, rows)}{warnings}</section>'
 

@@ -27,6 +27,7 @@ from warden.engine import lifecycle
 from warden.engine.fairshare import accrue_rates, dominant_share
 from warden.engine.model import Attempt, Job, JobState, Node, Snapshot, UsageLedger
 from warden.engine.plan import Plan
+from warden.engine.quota import QuotaTree
 from warden.engine.scheduler import Engine
 from warden.runtime import tune_collector
 from warden.sim.presets import SimPolicy
@@ -236,6 +237,7 @@ class Simulation:
             largest[node.flavor] = max(largest.get(node.flavor, 0), node.gpus)
             flavor_gpus[node.flavor] = flavor_gpus.get(node.flavor, 0) + node.gpus
         queues = {q.name for q in self.pol.leaves()}
+        quota = QuotaTree(self.pol)
         gangs = []
         for spec in self.trace.jobs:
             flavors = list(flavor_gpus) if spec.flavor is None else [spec.flavor]
@@ -245,9 +247,30 @@ class Simulation:
                 self._skip("larger_than_cluster")
             elif spec.queue not in queues:
                 self._skip("queue")
+            elif self._never_in_quota(spec, flavors, quota):
+                self._skip("beyond_nominal")
             else:
                 gangs.append(_Gang(spec))
         return gangs
+
+    def _never_in_quota(self, spec: TraceJob, flavors: list[str], quota: QuotaTree) -> bool:
+        """Is the job of a tier never admitted as borrowing (charged, not preemptible: DESIGN
+        §4.2), and larger than a nominal quota on its path on every flavor it may use? Then it
+        could never start. `quota`: the policy's tree with nothing running."""
+        tier = self.pol.tier(spec.tier)
+        if tier.preemptible or not tier.charged or not quota.governed():
+            return False
+        gang = Job(
+            str(spec.seq),
+            spec.queue,
+            spec.tier,
+            spec.submit,
+            replicas=spec.replicas,
+            gpus=spec.gpus_per_replica,
+            cpu=spec.cpu,
+            memory=spec.memory,
+        )
+        return not any(quota.in_quota(spec.queue, quota.demand(gang, f)) for f in flavors)
 
     def _skip(self, reason: str) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1

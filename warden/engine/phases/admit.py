@@ -2,7 +2,8 @@
 
 Three steps per flavor the job may use (in name order; the first that fits wins):
 
-- **assign** — the quota path (`QuotaTree.verdict`), then a placement on free capacity;
+- **assign** — the quota path (`QuotaTree.verdict`; within nominal for a tier that is not
+  preemptible, which is never admitted as borrowing), then a placement on free capacity;
 - **backfill** — failing that, a placement in capacity reserved for higher-ranked jobs, if the
   job may use it: it ends before the reservation is due, or is tier 4 (DESIGN §4.2);
 - **held** — failing that, `Reserved` if the job would fit but for capacity held for a
@@ -48,6 +49,11 @@ class Admit:
                 seen = quota_seen.get((job.queue, d))
                 if seen is None or (seen[1] is None and seen[0] != self.memo.quota_version):
                     seen = self._quota(job.queue, d)
+                if not seen[2] and job.tier in self.state.in_quota_tiers:
+                    refused = quota.no_borrowing(job.queue, d, job.tier)
+                    if refused is not None:  # it would borrow: a tier that may not
+                        first = first or refused
+                        continue
                 if seen[1] is not None:
                     first = first or seen[1]
                     continue

@@ -51,6 +51,7 @@ class PassState:
         "hold_ids",
         "holding",
         "holds",
+        "in_quota_tiers",
         "index",
         "kinds",
         "memo",
@@ -89,6 +90,7 @@ class PassState:
         self.quota = alloc.quota
         self.ctx = RuleContext(self.policy, self.quota, now, owed)
         self.charged_tiers = alloc.charged_tiers
+        self.in_quota_tiers = alloc.in_quota_tiers
         self.flavor_of_job = alloc.flavor_of_job
         self.used = alloc.used
         """GPU indices in use per node, as bit sets; admissions add to it."""
@@ -149,8 +151,15 @@ class PassState:
         return self.find(flavor, job) is not None
 
     def fits(self, job: Job, flavor: str, d: tuple[float, ...]) -> bool:
-        if d and self.quota.violation(job.queue, d) is not None:
-            return False
+        """Within its quota path and placeable; for a tier admitted only in-quota
+        (`Allocation.in_quota_tiers`), within nominal too: a search or a forecast that makes
+        room for it makes it in-quota room."""
+        if d:
+            quota = self.quota
+            if quota.violation(job.queue, d) is not None:
+                return False
+            if job.tier in self.in_quota_tiers and quota.over_nominal_at(job.queue, d) is not None:
+                return False
         return self.find(flavor, job) is not None
 
     def block_nodes(self, block: str) -> Sequence[str]:
