@@ -27,7 +27,7 @@ from warden.sim.experiment import prepare, run_policy
 from warden.sim.presets import PRESETS
 
 DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-ORDER = ("fifo_strict", "fifo_backfill", "slurm", "kueue", "k8s", "governed")
+ORDER = ("fifo_strict", "fifo_backfill", "slurm", "kueue", "kueue_fair", "kai", "k8s", "governed")
 
 
 DEFAULT_TRACE = "philly/pollux_philly.csv"

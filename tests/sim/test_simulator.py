@@ -13,10 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from invariants import check_pass
+from support import preset_params
 
 from warden.engine.model import Node
 from warden.sim.cluster import pool
-from warden.sim.presets import PRESETS, SimPolicy, build_preset, entitlements
+from warden.sim.presets import PRESETS, Behaviour, SimPolicy, build_preset, entitlements
 from warden.sim.records import PreemptionCause, SimRun, Trace, TraceJob
 from warden.sim.simulator import simulate
 
@@ -191,7 +192,7 @@ def _tiered(rows: list) -> list[TraceJob]:
     return out
 
 
-@pytest.mark.parametrize("preset", list(PRESETS))
+@pytest.mark.parametrize("preset", preset_params(PRESETS))
 @settings(max_examples=25, deadline=None)
 @given(rows=tiered_jobs)
 def test_every_preset_conserves_gpu_time_and_keeps_the_engines_invariants(preset: str, rows: list) -> None:
@@ -361,6 +362,41 @@ def test_presets_are_policies_with_their_documented_settings() -> None:
     assert build_preset("k8s", {"a": 4}, 8).behaviour.pods
     strict = build_preset("fifo_strict", {"a": 4}, 8).policy
     assert strict.scheduling.head_of_line_blocking and not any(t.preemptible for t in strict.tiers.values())
+    for name in ("slurm", "kueue", "k8s"):  # no peer shields a starving job, none rebalances shares by preemption
+        reclaim = build_preset(name, {"a": 4}, 8).policy.preemption.reclaim
+        assert reclaim.fair_share == "never" and reclaim.starvation_shield == "off"
+    assert kueue.policy.preemption.reclaim.nominal == "not_higher"
+
+
+def test_the_fair_sharing_presets_have_their_documented_settings() -> None:
+    fair = build_preset("kueue_fair", {"a": 4, "b": 4}, 8)
+    reclaim = fair.policy.preemption.reclaim
+    assert (reclaim.nominal, reclaim.fair_share, reclaim.starvation_shield) == ("any", "final_then_initial", "off")
+    assert fair.policy.preemption.victim_order == "share" and fair.behaviour.admissions_per_queue == 1
+    assert {(t.scope, t.lease, t.grace) for n, t in fair.policy.tiers.items() if n > 1} == {("cluster", 0.0, 30.0)}
+    assert fair.policy.scheduling.order == "priority" and fair.policy.scheduling.nominal_first
+    assert fair.policy.find_queue("a").nominal == {"gpu": 4.0}
+    kai = build_preset("kai", {"a": 4, "b": 4}, 8)
+    reclaim = kai.policy.preemption.reclaim
+    assert (reclaim.nominal, reclaim.fair_share, reclaim.starvation_shield) == ("any", "final", "off")
+    assert kai.policy.preemption.victim_order == "share" and kai.behaviour == Behaviour()
+    assert {(t.scope, t.lease, t.grace) for n, t in kai.policy.tiers.items() if n > 1} == {("queue", 600.0, 30.0)}
+    assert kai.policy.scheduling.order == "governed" and kai.policy.scheduling.reservations == 0
+    for sp in (fair, kai):
+        assert not sp.policy.tiers[1].preemptible and sp.policy.thrash.max_preemptions.count >= 1_000_000
+
+
+@pytest.mark.parametrize("preset", preset_params(("kueue_fair", "kai")))
+def test_a_lender_takes_its_quota_back_from_a_borrower_end_to_end(preset: str) -> None:
+    """Queue a borrows the whole pool for 10 h; b's job, in quota, arrives an hour later and gets
+    its nominal back by reclaim (after KAI's 10 min minimum runtime, well before the borrower ends)."""
+    jobs = [tj(i, 0.0, 4, 36_000.0, queue="a", tier=3) for i in range(2)] + [tj(2, 3600.0, 4, 600.0, queue="b", tier=3)]
+    r = run(jobs, preset, 8, check=True)
+    conserved(r, 8)
+    by_id = {j.job_id: j for j in r.jobs}
+    assert all(j.finished_at is not None for j in r.jobs)
+    assert by_id["2"].attempts[0].admitted_at < 3600.0 + 120.0
+    assert sum(by_id[i].preemptions for i in "01") == 1
 
 
 def test_a_preempted_job_keeps_its_place_in_kueue() -> None:

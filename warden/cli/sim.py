@@ -246,7 +246,7 @@ def run_cmd(
 def compare_cmd(
     trace: TraceOpt,
     policies: Annotated[
-        str, typer.Option("--policies", help="Comma-separated presets or policy files.")
+        str, typer.Option("--policies", help=f"Comma-separated presets ({', '.join(PRESETS)}) or policy files.")
     ] = "governed,fifo_backfill,slurm,kueue",
     format: FormatOpt = "auto",
     gpus: GpusOpt = None,

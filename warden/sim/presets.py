@@ -1,5 +1,6 @@
 """The policies a simulation can run: warden's governed policy, any policy file, and presets
-that reproduce FIFO and how Slurm, Kueue and plain Kubernetes decide.
+that reproduce FIFO and how Slurm, Kueue (with and without Fair Sharing), KAI and plain
+Kubernetes decide.
 
 Every preset is an ordinary engine policy plus a few `Behaviour` settings for what the peer
 does outside its scheduling decision (when SIGKILL really lands, how many admissions a cycle
@@ -47,9 +48,14 @@ class SimPolicy:
     behaviour: Behaviour = Behaviour()
 
 
-PRESETS = ("governed", "fifo_strict", "fifo_backfill", "slurm", "kueue", "k8s")
+PRESETS = ("governed", "fifo_strict", "fifo_backfill", "slurm", "kueue", "kueue_fair", "kai", "k8s")
 
 _NO_GUARD = {"min_efficiency": 0.0, "max_preemptions": {"per": "24h", "count": 1_000_000}}
+
+
+def _reclaim(nominal: str = "never", fair_share: str = "never") -> dict[str, str]:
+    """`preemption.reclaim` for a peer: no peer shields a starving job from reclaim."""
+    return {"nominal": nominal, "fair_share": fair_share, "starvation_shield": "off"}
 
 
 def _tiers(preemptible: Callable[[int], bool], grace: str, lease: str = "0s") -> dict[int, dict[str, Any]]:
@@ -129,7 +135,7 @@ def build_preset(name: str, nominal: Mapping[str, int], gpus: int) -> SimPolicy:
             "tiers": _tiers(lambda t: t > 1, "120s"),
             "queues": queues_free,
             "thrash": {**_NO_GUARD, "requeue_backoff": "121s"},
-            "preemption": {"victim_order": "smallest", "only_if_it_pays": False},
+            "preemption": {"victim_order": "smallest", "only_if_it_pays": False, "reclaim": _reclaim()},
             "scheduling": {"order": "governed", "reservations": 1},
         }
         behaviour = Behaviour(grace_poll=30.0, requeue_restarts_age=True)
@@ -148,7 +154,11 @@ def build_preset(name: str, nominal: Mapping[str, int], gpus: int) -> SimPolicy:
             "tiers": tiers,
             "queues": queues_governed,
             "thrash": _NO_GUARD,
-            "preemption": {"victim_order": "newest", "only_if_it_pays": False},
+            "preemption": {
+                "victim_order": "newest",
+                "only_if_it_pays": False,
+                "reclaim": _reclaim(nominal="not_higher"),
+            },
             "scheduling": {
                 "order": "priority",
                 "reservations": 0,
@@ -157,6 +167,66 @@ def build_preset(name: str, nominal: Mapping[str, int], gpus: int) -> SimPolicy:
             },
         }
         behaviour = Behaviour(admissions_per_queue=1, cycle_s=1.0)
+    elif name == "kueue_fair":
+        # Kueue with Fair Sharing (kubernetes-sigs/kueue): preemption.fairSharing strategies
+        # [LessThanOrEqualToFinalShare, LessThanInitialShare] (pkg/scheduler/preemption/fairsharing/
+        # strategy.go) → `final_then_initial`; reclaimWithinCohort: Any, within nominal with no
+        # share test (FairSharingPreemptWithinNominal, preemption.go) → `nominal: any`;
+        # borrowWithinCohort: LowerPriority, so a borrowing workload preempts lower priorities
+        # anywhere in the cohort → `scope: cluster`. Victims: the ClusterQueue with the highest
+        # share first, then priority, then most recently admitted (fairsharing/ordering.go) →
+        # `share`. Heads are taken by lowest DominantResourceShare after admission (0 within
+        # nominal), then priority, then timestamp (pkg/scheduler/fair_sharing_iterator.go:
+        # entryComparer.less); warden's `priority` order with `nominal_first` keeps the
+        # within-nominal-first split and the priority and timestamp ties (docs/simulator.md).
+        tiers = _tiers(lambda t: t > 1, "30s")
+        data = {
+            "min_grace": "30s",
+            "tiers": tiers,
+            "queues": queues_governed,
+            "thrash": _NO_GUARD,
+            "preemption": {
+                "victim_order": "share",
+                "only_if_it_pays": False,
+                "reclaim": _reclaim(nominal="any", fair_share="final_then_initial"),
+            },
+            "scheduling": {
+                "order": "priority",
+                "reservations": 0,
+                "requeue_timestamp": "submit",
+                "nominal_first": True,
+            },
+        }
+        behaviour = Behaviour(admissions_per_queue=1, cycle_s=1.0)
+    elif name == "kai":
+        # KAI scheduler (NVIDIA/KAI-Scheduler): reclaim ignores workload priority, to the deserved
+        # quota and to the fair share (docs/fairness/README.md; pkg/scheduler/plugins/proportion/
+        # reclaimable/reclaimable.go: the claimant stays within its fair share) → `nominal: any`,
+        # `fair_share: final`; the preempt action only within a queue (actions/preempt) →
+        # `scope: queue`; victim queues most over their fair share first (actions/reclaim/
+        # reclaim.go, queue_order.go) → `share`. preemptMinRuntime and reclaimMinRuntime default
+        # to 0s; the lease is the 10m that docs/plugins/minruntime.md configures for both. The
+        # evictor deletes the pod without a grace override (pkg/scheduler/cache/cache.go: evict),
+        # so Kubernetes' terminationGracePeriodSeconds (30 s) applies. No reservations (a roadmap
+        # item). Queues go first whose allocation is furthest below their fair share
+        # (docs/fairness/README.md, "Queue Order"): the governed order's Fair Tree share over a
+        # one-minute half-life, i.e. over what each queue holds now; starving only at the breach.
+        tiers = _tiers(lambda t: t > 1, "30s", lease="10m")
+        for spec in tiers.values():
+            spec["scope"] = "queue"
+        data = {
+            "min_grace": "30s",
+            "tiers": tiers,
+            "queues": queues_governed,
+            "thrash": _NO_GUARD,
+            "fair_share": {"half_life": "1m", "aging": {"escalate_at": 1.0}},
+            "preemption": {
+                "victim_order": "share",
+                "only_if_it_pays": False,
+                "reclaim": _reclaim(nominal="any", fair_share="final"),
+            },
+            "scheduling": {"order": "governed", "reservations": 0, "requeue_timestamp": "submit"},
+        }
     elif name == "k8s":
         # The default scheduler queues a preempted pod's replacement anew (PrioritySort: priority,
         # then the time it was queued). Ordered so, pod by pod, two gangs of one tier each keep
@@ -167,7 +237,7 @@ def build_preset(name: str, nominal: Mapping[str, int], gpus: int) -> SimPolicy:
             "tiers": _tiers(lambda t: t > 1, "30s"),
             "queues": queues_free,
             "thrash": _NO_GUARD,
-            "preemption": {"victim_order": "newest", "only_if_it_pays": False},
+            "preemption": {"victim_order": "newest", "only_if_it_pays": False, "reclaim": _reclaim()},
             "scheduling": {"order": "priority", "reservations": 0, "requeue_timestamp": "submit"},
         }
         behaviour = Behaviour(pods=True)
