@@ -1,7 +1,7 @@
 """What each policy delivers on contended traces: one JSON object on stdout.
 
-    python bench/outcomes.py [--setting TRACE@GPUS ...] [--policies a,b,FILE] [--limit N]
-                             [--traces DIR] [--workers N] [--markdown]
+    python bench/outcomes.py [--setting TRACE@GPUS ...] [--policies a,b,FILE,PRESET[path=value;…]]
+                             [--limit N] [--traces DIR] [--workers N] [--markdown]
 
 A setting is a trace under the shared traces folder and a pool of GPUs, e.g.
 `philly/pollux_philly.csv@680` (the Philly VCs as queues, their quotas from
@@ -42,7 +42,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from warden.sim.experiment import Setup, prepare, run_policy
-from warden.sim.presets import PRESETS
+from warden.engine.policy import parse_policy
+from warden.sim.presets import PRESETS, SimPolicy, build_preset
 from warden.sim.records import SimJob, SimRun
 
 DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
@@ -142,10 +143,33 @@ def breach_kinds(run: SimRun) -> dict[str, int]:
     return counts
 
 
+def variant(name: str, setup: Setup) -> str | SimPolicy:
+    """A policy name as given, or for `PRESET[path=value,…]` the preset with those settings
+    changed (dotted paths into the policy, `;` between them, e.g.
+    `governed[preemption.reclaim.fair_share=never;preemption.reclaim.nominal=not_higher]`): how
+    a table shows what each rule does, one rule at a time."""
+    if not name.endswith("]") or "[" not in name:
+        return name
+    base, _, changes = name[:-1].partition("[")
+    data = build_preset(base, setup.nominal, setup.gpus)
+    policy = data.policy.to_dict()
+    for change in filter(None, changes.split(";")):
+        path, sep, value = change.partition("=")
+        if not sep:
+            raise ValueError(f"--policies: {change!r} in {name!r} is not PATH=VALUE")
+        *parents, last = path.split(".")
+        node = policy
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return SimPolicy(name, parse_policy(policy, f"<{name}>"), data.behaviour)
+
+
 def outcome(traces: str, setting: str, policy: str, limit: int | None) -> dict[str, Any]:
     """One simulation, reduced to what the tables read."""
     trace, gpus = parse_setting(setting)
-    done = run_policy(_setup(traces, trace, gpus, limit), policy)
+    setup = _setup(traces, trace, gpus, limit)
+    done = run_policy(setup, variant(policy, setup))
     s = done.summary
     queues = s["per_queue"]
     served = {q: r["delivered_over_owed"] for q, r in queues.items() if (r["owed_gpu_hours"] or 0) > 0}
@@ -314,7 +338,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     settings = args.setting or list(DEFAULT_SETTINGS)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for p in policies:
-        if p not in PRESETS and not Path(p).is_file():
+        if p.partition("[")[0] not in PRESETS and not Path(p).is_file():
             parser.error(f"--policies: {p!r} is neither a preset ({', '.join(PRESETS)}) nor a policy file")
     if not args.traces.is_dir():
         parser.error(f"--traces: {str(args.traces)!r} is not a directory (the shared traces)")
