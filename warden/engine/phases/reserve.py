@@ -6,14 +6,13 @@ free now; a lower job may start in it only if it ends before the reservation is 
 holder may preempt it at due − its grace (`phases.admit`, `PassState.lent`). Without expected
 ends nothing can be forecast and nothing is reserved.
 
-The holder takes such jobs back itself: its forecast counts the running jobs of a strictly
+The holder takes such jobs back itself. Its forecast counts the running jobs of a strictly
 lower tier that started in reserved capacity (`Attempt.lent`) as jobs it may preempt, whatever
-the `scope` rule says (`Reserve._takes`) — they never set when it is due, they only fill out a
-placement that something else frees — and
-a pass at or after due − a victim's grace (`rules.reservation_takes`) signals that victim on
-the holder's behalf (`Reserve.take_back`), so it is gone when the reservation is due. The
-reservation tells the shell when the next such signal is due (`Reservation.signal_at`), so
-that a pass runs then.
+the `scope` rule says (`Reserve._takes`); they never set when it is due, they only fill out a
+placement that something else frees. A pass at or after due − a needed victim's grace
+(`rules.reservation_takes`) signals that victim on the holder's behalf (`Reserve.take_back`),
+so it is gone when the reservation is due; the reservation tells the shell when the next such
+signal is due (`Reservation.signal_at`), so that a pass runs then.
 """
 
 from __future__ import annotations
@@ -227,9 +226,11 @@ class Reserve:
         A terminating job frees its capacity at its SIGKILL deadline; a running one at its
         expected end, or — if P may preempt it (pair rules) and its protection lifts before
         that — when the protection lifts (`now` for a job the rules let go already, its end if
-        that is earlier). The running jobs come in those orders from `Allocation.releases`,
-        kept sorted between passes, and are merged here, each job taken from the order that
-        applies to it: a forecast costs what it releases, not a walk over every running job.
+        that is earlier); a job started in reserved capacity (`LENT`, `_takes`) counts the
+        same way whatever `scope` says. The running jobs come in those orders from
+        `Allocation.releases`, kept sorted between passes, and are merged here, each job taken
+        from the order that applies to it: a forecast costs what it releases, not a walk over
+        every running job.
         """
         state = self.state
         index = self.victims.releases()
