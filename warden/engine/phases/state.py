@@ -10,7 +10,7 @@ between passes is untouched.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from warden.engine.lifecycle import admitted
@@ -167,8 +167,8 @@ class PassState:
         The answer reads the job's tier, lease, grace and preemption record alone (fields
         `waiting.class_key` keeps alike within a class), so it is remembered per hold."""
         due = hold.due
-        if due is None or job.tier <= hold.tier:
-            return False
+        if due is None or job.tier <= hold.tier or job.state is JobState.AWAITING_APPROVAL:
+            return False  # (a job awaiting approval starts nowhere)
         key = (id(hold), job.tier, job.lease, job.grace, job.preempted_at)
         known = self.memo.lent.get(key)
         if known is None:
@@ -271,5 +271,4 @@ def as_admitted(job: Job, now: float) -> Job:
     """The waiting job as it would run if admitted now (`lifecycle.admitted`, a new attempt
     on no placement yet): what the victim rules would read of it."""
     number = 1 if job.attempt is None else job.attempt.number + 1
-    waiting = job if job.state is not JobState.AWAITING_APPROVAL else replace(job, state=JobState.PENDING)
-    return admitted(waiting, now, Attempt(number, now, ()), starts=True)
+    return admitted(job, now, Attempt(number, now, ()), starts=True)
