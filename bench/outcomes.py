@@ -41,8 +41,8 @@ if __package__ in (None, ""):
 import numpy as np
 from numpy.typing import NDArray
 
-from warden.sim.experiment import Setup, prepare, run_policy
 from warden.engine.policy import parse_policy
+from warden.sim.experiment import Setup, prepare, run_policy
 from warden.sim.presets import PRESETS, SimPolicy, build_preset
 from warden.sim.records import SimJob, SimRun
 

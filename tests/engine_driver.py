@@ -325,6 +325,7 @@ class Driver:
                 assignment=adm.placement,
                 borrowing=adm.borrowing,
                 sigterm_save_s=spec.sigterm_save_s,
+                lent=adm.lent,
             )
             self.jobs[job.id] = replace(
                 job,

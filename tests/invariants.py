@@ -30,7 +30,7 @@ from warden.engine.model import Job, JobState, Node, Snapshot
 from warden.engine.plan import Plan
 from warden.engine.policy import Policy, QueueSpec
 from warden.engine.reasons import REASON_CODES
-from warden.engine.rules import lease_of
+from warden.engine.rules import grace_of, lease_of
 from warden.engine.scheduler import schedule
 
 EPS = 1e-9
@@ -367,10 +367,23 @@ def check_plan_shape(v: PassView) -> None:
                 assert x in signalled or x in v.terminating, (
                     f"{jid} waits for {x}, which is neither signalled nor terminating"
                 )
-    for jid in v.victims_of:
-        assert jid in plan.explanations and plan.explanations[jid].reason.code == "WaitingForGrace", (
-            f"{jid} preempts {v.victims_of[jid]} but is not explained as WaitingForGrace"
+    reserved = {r.job_id: r for r in plan.reservations}
+    for jid, mine in v.victims_of.items():
+        assert jid in plan.explanations, f"{jid} preempts {mine} but is not explained"
+        if plan.explanations[jid].reason.code == "WaitingForGrace":
+            continue
+        # Else a reservation's holder taking back lower-tier jobs ahead of its due time
+        # (DESIGN §4.2): strictly lower tiers, none signalled before due − its grace.
+        r = reserved.get(jid)
+        assert r is not None and r.due is not None and r.due > v.now, (
+            f"{jid} preempts {mine} but neither waits for them (WaitingForGrace) nor holds a reservation due later"
         )
+        for x in mine:
+            victim = v.jobs[x]
+            assert victim.tier > jobs[jid].tier, f"{jid} takes back {x} of tier {victim.tier} ahead of its reservation"
+            assert v.now >= r.due - grace_of(v.policy, victim) - EPS, (
+                f"{jid} takes back {x} before due − its grace ({v.now} < {r.due} − {grace_of(v.policy, victim)})"
+            )
     v.positions()
 
 
@@ -498,9 +511,11 @@ def check_preemptions(v: PassView) -> None:
         # -- 2: direction and scope
         pre_in_quota = any(lenient.in_quota(pre, f) for f in v.candidate_flavors(pre))
         scope = pol.tier(pre.tier).scope
+        # A job started in reserved capacity is taken back whatever `scope` says (DESIGN §4.2).
+        taken_back = a.lent and victim.tier > pre.tier and any(r.job_id == pre.id for r in v.plan.reservations)
         if p.kind == "downward":
             assert victim.tier > pre.tier, f"{where}: kind downward for a victim of tier {victim.tier}"
-            if victim.queue != pre.queue:
+            if victim.queue != pre.queue and not taken_back:
                 assert scope != "queue", f"{where}: scope queue, but the victim is in another queue"
                 if scope == "quota":
                     assert pre_in_quota, f"{where}: scope quota, but the preemptor is not in-quota"

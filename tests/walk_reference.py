@@ -62,7 +62,7 @@ def one_by_one(snapshot: Snapshot, now: float) -> Plan:
         elif head is not None:
             reason = Position(position, head.id)
         else:
-            usable = usable_of(job, state.reserved, now) if state.reserved else None
+            usable = usable_of(job, state.reserved, state) if state.reserved else None
             okey = (job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.placement, usable)
             fronts = state.memo.outcomes.get(okey)
             reason = _UNKNOWN

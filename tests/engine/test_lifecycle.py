@@ -160,7 +160,7 @@ def test_the_written_out_constructor_names_every_field() -> None:
     ]  # fmt: skip
     assert [f.name for f in fields(Attempt)] == [
         "number", "started_at", "assignment", "borrowing", "startup_s", "checkpoint_s",
-        "last_checkpoint_at", "sigterm_save_s", "sigterm_at", "kill_at",
+        "last_checkpoint_at", "sigterm_save_s", "sigterm_at", "kill_at", "lent",
     ]  # fmt: skip
 
 

@@ -199,7 +199,10 @@ def test_reservation_lets_only_jobs_that_end_in_time_backfill() -> None:
     long = pending("long", "b", 3, gpus=4, submit=20.0, expected_duration=5_000.0)
     scavenger = pending("scav", "b", 4, gpus=4, submit=30.0)
     plan = plan_for(pol, cluster, [a1, big, short, long, scavenger], now=100.0)
-    assert admitted(plan) == {"short", "scav"}
+    # The tier-4 job could not be taken back at due − its grace (880 s): the efficiency floor
+    # protects it until (60 + 30) / (1 − 0.9) s after its start, 1,000 s.
+    assert admitted(plan) == {"short"}
+    assert reason(plan, "scav") == "Reserved"
     r = plan.explanations["big"].reason
     assert r.code == "InsufficientCapacity" and r.reserved_at == 1_000.0
     assert [(x.job_id, x.due, x.waits_for) for x in plan.reservations] == [("big", 1_000.0, ("a1",))]

@@ -610,7 +610,7 @@ def run_churn_bench(
         now += step_s
         changed: list[Job] = []
         for adm in plan.admissions:
-            attempt = Attempt(1, now, adm.placement, borrowing=adm.borrowing)
+            attempt = Attempt(1, now, adm.placement, borrowing=adm.borrowing, lent=adm.lent)
             job = lifecycle.admitted(jobs[adm.job_id], now, attempt, starts=True)
             jobs[job.id] = job
             changed.append(job)

@@ -114,7 +114,7 @@ class _Forecast:
         """Waiting jobs marked `claim` as the last plan named them."""
         self.wakes: list[float] = []
         """Times a pass must look again although no job ends then (protection lifts, back-off
-        ends, reservations due): a heap."""
+        ends, reservations due, a holder's signal to a job in its capacity): a heap."""
         for job in snapshot.jobs:
             if job.state.terminal:
                 continue
@@ -192,7 +192,7 @@ class _Forecast:
         for a in plan.admissions:
             j = jobs[a.job_id]
             number = 1 if j.attempt is None else j.attempt.number + 1
-            j = lifecycle.admitted(j, t, Attempt(number, t, a.placement, a.borrowing), starts=True)
+            j = lifecycle.admitted(j, t, Attempt(number, t, a.placement, a.borrowing, lent=a.lent), starts=True)
             changed.append(self._put(j, t))
         claims = plan.claims
         for i in self.claimed | claims:
@@ -203,6 +203,8 @@ class _Forecast:
         for r in plan.reservations:
             if r.due is not None and r.due > t:
                 heapq.heappush(self.wakes, r.due)
+            if r.signal_at is not None and r.signal_at > t:
+                heapq.heappush(self.wakes, r.signal_at)
         return changed
 
     def _put(self, job: Job, t: float) -> Job:

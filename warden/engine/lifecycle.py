@@ -159,6 +159,7 @@ def signalled(job: Job, now: float, kill_at: float) -> Job:
         a.sigterm_save_s,
         now,
         kill_at,
+        a.lent,
     )
     return _job(
         job,

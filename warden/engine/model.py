@@ -93,6 +93,9 @@ class Attempt:
     """Set once the job was signalled to stop: it is terminating and frees its resources on exit."""
     kill_at: float | None = None
     """SIGKILL deadline of a terminating job: when its resources are certain to be free."""
+    lent: bool = False
+    """Admitted into capacity reserved for a higher-ranked job, which it would not leave before
+    the reservation is due: that job may take it back whatever `scope` says (DESIGN §4.2)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,6 +56,9 @@ class Admission:
     flavor: str
     borrowing: bool
     """True when the job runs above its queue's nominal quota (reclaimable)."""
+    lent: bool = False
+    """True when it starts in capacity reserved for a higher-ranked job that may take it back
+    when the reservation is due (`Attempt.lent`): the shell records it on the attempt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,10 @@ class Reservation:
     """When the reserved capacity is expected to be free (None: unknown)."""
     nodes: tuple[str, ...]
     waits_for: tuple[str, ...] = ()
+    signal_at: float | None = None
+    """When the job will next preempt a job of a lower tier in this capacity, so that it is gone
+    by `due` (at due − that job's grace, DESIGN §4.2; None: it will not): a shell runs a pass
+    then, as at `due`."""
 
 
 class Explanation(NamedTuple):

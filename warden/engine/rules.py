@@ -511,6 +511,19 @@ preemptor_key: Callable[[Preemptor], tuple[Any, ...]] = getter(PREEMPTOR_READS)
 (while the quota usage stays as it is)."""
 
 
+def reservation_takes(ctx: RuleContext, holder_tier: int, v: Job, due: float) -> float:
+    """When a reservation's holder (of `holder_tier`, due at `due`) may preempt V so that V is
+    gone by `due` (DESIGN §4.2): at due − V's grace, or once the victim rules (preemptible,
+    lease, thrash budget, efficiency floor) let V go if that is later; inf when V is not of a
+    strictly lower tier or never goes. `scope` does not apply: the capacity is the holder's,
+    lent to V only until then."""
+    if v.tier <= holder_tier:
+        return INF
+    at = max(due - grace_of(ctx.policy, v), ctx.now)
+    lifts = protection(RuleContext(ctx.policy, ctx.quota, at), v)
+    return at if lifts == 0.0 else lifts
+
+
 # -- what the pass asks, derived from the rules -----------------------------------------------
 
 

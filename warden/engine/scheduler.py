@@ -14,7 +14,9 @@ jobs hold between them. A pass (`Cycle`) runs the same fixed sequence of phases,
 4. **preempt** — for a job that does not fit, count capacity already terminating first, then
    pick the least-cost minimal set of eligible victims, and claim what they will free;
 5. **reserve** — the top blocked jobs reserve the capacity that frees first; lower jobs start in
-   it only if they end before it is due, or are tier 4;
+   it only if they end before it is due, or if the holder may preempt them at due − their
+   grace (strictly lower tier, protection over by then), which it does then, exempt from
+   `scope`;
 6. **explain** — every job that still waits gets one primary reason, its sort key and position.
 
 Phases 3–6 run job by job in the walk over the ranking (`phases.walk.Walker.run`), which

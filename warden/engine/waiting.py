@@ -3,8 +3,8 @@
 A pass ranks the waiting jobs and answers most of them from a job like one that already
 failed (`phases.walk`). Both would cost a walk over every waiting job if the jobs were a
 flat list; here they are grouped by what a pass's outcome for them depends on — queue, tier,
-flavor asked for, shape, CPU and memory, and how their runtime estimate meets a reservation
-(`JobClass`) — and each class keeps its members in rank order between passes. That order is
+flavor asked for, shape, CPU and memory, how their runtime estimate meets a reservation, and
+what a reservation's holder would read of them to take them back (`JobClass`) — and each class keeps its members in rank order between passes. That order is
 time-invariant: the governed order ranks by how long a job has waited, which is `now` minus a
 fixed instant (`anchor`: when it started waiting, less what it waited before), so as time
 passes no two members swap. A pass merges the classes by their first members, skips a class
@@ -49,17 +49,21 @@ class ClassKey(NamedTuple):
     cpu: int
     memory: int
     estimate: int
-    """How its runtime estimate meets a reservation (`ANY_RESERVATION`, `NO_RESERVATION`,
-    `BY_ESTIMATE`)."""
+    """How its runtime estimate meets a reservation (`NO_RESERVATION`, `BY_ESTIMATE`)."""
+    lent: tuple[float | None, float | None, tuple[float, ...]]
+    """(lease, grace, preemption record): with the tier, what decides whether a reservation's
+    holder could take the job back, and so whether it may start in reserved capacity whatever
+    its estimate (`phases.state.PassState.taken_back`)."""
     gate: int
     """Whether its members are considered (`OPEN`, `AWAITING`, `BACKOFF`)."""
 
 
 OPEN, AWAITING, BACKOFF = 0, 1, 2
 """A class's gate: its members are considered, await approval, or are in requeue back-off."""
-ANY_RESERVATION, NO_RESERVATION, BY_ESTIMATE = 0, 1, 2
-"""How a job meets a reservation (`phases.walk.usable_of`): a tier-4 job may use every one, a job
-without a runtime estimate none, any other job those its estimate ends before."""
+NO_RESERVATION, BY_ESTIMATE = 1, 2
+"""How a job's runtime estimate meets a reservation (`phases.walk.usable_of`): a job without one
+ends before none, any other job before those due after it. (A job may also use a reservation
+whose holder could take it back: that is the same for a whole class, `ClassKey.lent`.)"""
 
 
 def _estimate(job: Job) -> float:
@@ -139,13 +143,11 @@ def gate_of(job: Job, now: float) -> int:
 def class_key(job: Job, now: float) -> ClassKey:
     """The class of a waiting job at `now`."""
     gate = gate_of(job, now)
-    if job.tier == 4:
-        kind = ANY_RESERVATION
-    else:
-        kind = NO_RESERVATION if job.expected_duration is None else BY_ESTIMATE
+    kind = NO_RESERVATION if job.expected_duration is None else BY_ESTIMATE
+    lent = (job.lease, job.grace, job.preempted_at)
     return _new(
         ClassKey,
-        (job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.placement, job.cpu, job.memory, kind, gate),
+        (job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.placement, job.cpu, job.memory, kind, lent, gate),
     )
 
 

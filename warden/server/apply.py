@@ -32,14 +32,20 @@ class PlanApplier(Duty):
         """The environment that lets an attempt's SDK report to this server."""
 
     def admit(
-        self, job: StoredJob, placement: tuple[ReplicaPlacement, ...], flavor: str, borrowing: bool, now: float
+        self,
+        job: StoredJob,
+        placement: tuple[ReplicaPlacement, ...],
+        flavor: str,
+        borrowing: bool,
+        now: float,
+        lent: bool = False,
     ) -> LaunchSpec | None:
         """Record an admission: ADMITTED, and the attempt row that holds its GPUs in the
         database before any process exists. Returns what to launch (None: cancelled meanwhile)."""
         number = job.attempt + 1
         attempt_dir = self.state_dir / "jobs" / str(job.id) / f"attempt-{number}"
         before = job.to_engine()
-        admitted = lifecycle.admitted(before, now, Attempt(number, now, placement, borrowing), starts=False)
+        admitted = lifecycle.admitted(before, now, Attempt(number, now, placement, borrowing, lent=lent), starts=False)
         waited = admitted.waited
         if not self.store.transition(
             job.id,
@@ -59,6 +65,7 @@ class PlanApplier(Duty):
                 "assignment": placement,
                 "flavor": flavor,
                 "borrowing": borrowing,
+                "lent": lent,
                 "log_dir": str(attempt_dir),
             },
         ):

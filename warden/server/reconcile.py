@@ -232,7 +232,7 @@ class Reconciler:
                     assert victim.attempt is not None
                     self.preemptions.preempt(victim.job, victim.attempt, p.grace, p.for_job, p.kind, p.lost_work, now)
                 admitted = [
-                    self.applier.admit(by_id[a.job_id].job, a.placement, a.flavor, a.borrowing, now)
+                    self.applier.admit(by_id[a.job_id].job, a.placement, a.flavor, a.borrowing, now, lent=a.lent)
                     for a in plan.admissions
                 ]
                 self.applier.launch_all([spec for spec in admitted if spec is not None], now)

@@ -367,7 +367,7 @@ class Simulation:
                     held_back.append(a.job_id)
                     continue
                 per_queue[q] = per_queue.get(q, 0) + 1
-            self._start(pod, now, a.placement, a.borrowing)
+            self._start(pod, now, a.placement, a.borrowing, a.lent)
             starts[a.job_id] = starts.get(a.job_id, 0) + 1
         claims_moved = self._claims(plan, held_back)
         progress = bool(plan.preemptions) or len(held_back) < len(plan.admissions) or claims_moved
@@ -376,6 +376,8 @@ class Simulation:
         for r in plan.reservations:
             if r.due is not None and r.due > now:
                 self._wake(r.due)
+            if r.signal_at is not None and r.signal_at > now:
+                self._wake(r.signal_at)  # the holder preempts a job in its capacity then
 
     def _claims(self, plan: Plan, held_back: list[str]) -> bool:
         """Mark `Job.claim` on exactly the waiting jobs the plan names (`Plan.claims`), so what
@@ -458,7 +460,7 @@ class Simulation:
         return ", ".join(names) + more
 
     # -- starting ---------------------------------------------------------------------------
-    def _start(self, pod: _Pod, now: float, placement: tuple, borrowing: bool) -> None:
+    def _start(self, pod: _Pod, now: float, placement: tuple, borrowing: bool, lent: bool = False) -> None:
         gang = pod.gang
         spec = gang.spec
         pod.token += 1
@@ -477,6 +479,7 @@ class Simulation:
             borrowing,
             startup_s=spec.startup_seconds,
             sigterm_save_s=spec.checkpoint_seconds if spec.resumable else None,
+            lent=lent,
         )
         self._update(
             pod,
@@ -645,6 +648,7 @@ def _checkpointed(job: Job, a: Attempt, checkpoint_s: float, at: float) -> Job:
         a.sigterm_save_s,
         a.sigterm_at,
         a.kill_at,
+        a.lent,
     )
     return lifecycle.reported(job, attempt)
 

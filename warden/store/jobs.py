@@ -197,6 +197,9 @@ class StoredAttempt:
     preemption_kind: str | None = None
     """`preemption`, `reclaim` or `eviction` once SIGTERM came for one of them (None: a
     cancel's, or none)."""
+    lent: bool = False
+    """Started in capacity reserved for a higher-ranked job that may take it back
+    (`warden.engine.model.Attempt.lent`)."""
 
     def to_engine(self) -> Attempt:
         return Attempt(
@@ -210,6 +213,7 @@ class StoredAttempt:
             sigterm_save_s=self.sigterm_save_s,
             sigterm_at=self.sigterm_at,
             kill_at=self.kill_at,
+            lent=self.lent,
         )
 
 
@@ -802,6 +806,7 @@ def _new_attempt(
     log_dir: str = "",
     startup_s: float | None = None,
     sigterm_save_s: float | None = None,
+    lent: bool = False,
 ) -> dict[str, Any]:
     """The row of a new running attempt."""
     return dict(
@@ -812,6 +817,7 @@ def _new_attempt(
         assignment=_assignment_json(assignment),
         flavor=flavor,
         borrowing=borrowing,
+        lent=lent,
         startup_s=startup_s,
         checkpoint_s=0.0,
         sigterm_save_s=sigterm_save_s,
@@ -974,6 +980,7 @@ def _attempt_from(m: Mapping[Any, Any]) -> StoredAttempt:
             **{f.name: m[f.name] for f in fields(StoredAttempt)},
             "assignment": tuple(ReplicaPlacement(r["node"], tuple(r["gpus"])) for r in m["assignment"]),
             "borrowing": bool(m["borrowing"]),
+            "lent": bool(m["lent"]),
             "exit_codes": None if exit_codes is None else tuple(exit_codes),
         }
     )

@@ -118,6 +118,7 @@ class AttemptRow(Base):
     assignment: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     flavor: Mapped[str | None] = mapped_column(String(255))
     borrowing: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    lent: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     startup_s: Mapped[float | None] = mapped_column(Double)
     checkpoint_s: Mapped[float] = mapped_column(Double, default=0.0, server_default=text("0"))
     last_checkpoint_at: Mapped[float | None] = mapped_column(Double)

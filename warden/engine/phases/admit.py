@@ -5,13 +5,15 @@ Three steps per flavor the job may use (in name order; the first that fits wins)
 - **assign** — the quota path (`QuotaTree.verdict`; within nominal for a tier that is not
   preemptible, which is never admitted as borrowing), then a placement on free capacity;
 - **backfill** — failing that, a placement in capacity reserved for higher-ranked jobs, if the
-  job may use it: it ends before the reservation is due, or is tier 4 (DESIGN §4.2);
+  job may use it: it ends before the reservation is due, or the holder may preempt it at
+  due − its grace (DESIGN §4.2, `PassState.lent`);
 - **held** — failing that, `Reserved` if the job would fit but for capacity held for a
   higher-ranked job (a claim or a reservation), else the capacity it lacks.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from warden.engine.model import Job, ReplicaPlacement
@@ -20,6 +22,8 @@ from warden.engine.phases.state import Hold, PassState
 from warden.engine.placement import assign_gpu_indices
 from warden.engine.plan import Admission
 from warden.engine.reasons import Fragmented, InsufficientCapacity, Reason, Reserved, UnknownQueue
+
+INF = math.inf
 
 
 class Admit:
@@ -58,9 +62,9 @@ class Admit:
                     first = first or seen[1]
                     continue
                 in_quota = seen[2]
-            names, failed = self._place(job, flavor, shape)
+            names, failed, lent = self._place(job, flavor, shape)
             if names is not None:
-                self.admit(job, flavor, names, d, borrowing=not in_quota)
+                self.admit(job, flavor, names, d, borrowing=not in_quota, lent=lent)
                 return None
             first = first or failed
         if first is None:  # a cluster without nodes
@@ -75,12 +79,13 @@ class Admit:
         seen = memo.quota_seen[queue, d] = (memo.quota_version, verdict.reason, verdict.in_quota)
         return seen
 
-    def _place(self, job: Job, flavor: str, shape: Shape) -> tuple[tuple[str, ...] | None, Reason | None]:
+    def _place(self, job: Job, flavor: str, shape: Shape) -> tuple[tuple[str, ...] | None, Reason | None, bool]:
         """Where the gang goes on the flavor: free capacity, else reservations it may backfill;
-        else (None) why not — `Reserved`, or the capacity it lacks."""
+        else (None) why not — `Reserved`, or the capacity it lacks. And whether it goes into
+        a reservation it would not leave before it is due (`Attempt.lent`)."""
         names = self.index.find(flavor, job.replicas, job.gpus, job.cpu, job.memory, job.placement)
         if names is not None:
-            return names, None
+            return names, None, False
         pkey = (flavor, *shape)
         memo = self.memo
         seen = memo.capacity_seen.get(pkey)
@@ -93,9 +98,14 @@ class Admit:
             if self.state.reserved:
                 names = self.backfill(job, flavor)
                 if names is not None:
-                    return names, None
+                    return names, None, not self._ends_in_time(job)
             failed = self.held(job, flavor, pkey) or failed
-        return None, failed
+        return None, failed, False
+
+    def _ends_in_time(self, job: Job) -> bool:
+        """Does the job end before every reservation is due (so none needs to take it back)?"""
+        d = self.state.now + job.expected_duration if job.expected_duration is not None else INF
+        return all(h.due is not None and d <= h.due for h in self.state.reserved)
 
     def _capacity_reason(self, job: Job, flavor: str, pkey: PlaceKey) -> Reason:
         """InsufficientCapacity or Fragmented, with the free GPUs now, remembered until free
@@ -112,7 +122,9 @@ class Admit:
         memo.capacity_seen[pkey] = (memo.capacity_version, reason)
         return reason
 
-    def admit(self, job: Job, flavor: str, names: Sequence[str], d: tuple[float, ...], borrowing: bool) -> None:
+    def admit(
+        self, job: Job, flavor: str, names: Sequence[str], d: tuple[float, ...], borrowing: bool, lent: bool = False
+    ) -> None:
         """Place the gang for good: capacity, quota usage, GPU indices, the admission."""
         state, memo = self.state, self.memo
         self.index.place(names, job.gpus, job.cpu, job.memory)
@@ -127,20 +139,16 @@ class Admit:
             gpus, taken = assign_gpu_indices(state.node_gpus[name], used, job.gpus)
             used_on[name] = used | taken
             placement.append(ReplicaPlacement(name, gpus))
-        state.admissions.append(Admission(job.id, tuple(placement), flavor, borrowing))
+        state.admissions.append(Admission(job.id, tuple(placement), flavor, borrowing, lent))
 
     # -- backfill into reservations -------------------------------------------------------------
     def backfill(self, job: Job, flavor: str) -> tuple[str, ...] | None:
         """Try the capacity reserved for higher-ranked jobs that this job may use until due:
-        all of it for tier 4, else the reservations it ends before."""
+        the reservations it ends before, or whose holders may take it back then
+        (`PassState.lent`)."""
         state, memo = self.state, self.memo
-        if job.tier == 4:
-            usable = state.reserved
-        elif job.expected_duration is None:
-            return None
-        else:
-            ends = state.now + job.expected_duration
-            usable = [h for h in state.reserved if h.due is not None and ends <= h.due]
+        lent = state.lent
+        usable = [h for h in state.reserved if lent(job, h)]
         if not usable:
             return None
         # Free plus usable held capacity only shrinks while the holds stay as they are.

@@ -47,7 +47,7 @@ class Explain:
         claims = frozenset(state.claimants)
         visited = walk.visited
         explanations = Explanations(
-            waiting, order, walk, state.memo.outcomes, tuple(state.reserved), state.cpu_memory_governed
+            waiting, order, walk, state.memo.outcomes, tuple(state.reserved), state.cpu_memory_governed, state
         )
         return Plan(
             now=state.now,
@@ -68,7 +68,7 @@ class Explanations(Mapping[str, Explanation]):
     the head; else the outcome the job reuses in its epoch. A shell that never reads them
     (the simulator) never pays for them."""
 
-    __slots__ = ("_done", "_governed", "_jobs", "_order", "_outcomes", "_reserved", "_walk")
+    __slots__ = ("_done", "_governed", "_jobs", "_order", "_outcomes", "_reserved", "_state", "_walk")
 
     def __init__(
         self,
@@ -78,6 +78,7 @@ class Explanations(Mapping[str, Explanation]):
         outcomes: Mapping[OutcomeKey, list[Outcome]],
         reserved: tuple[Hold, ...],
         governed: bool,
+        state: PassState,
     ) -> None:
         self._jobs = jobs
         self._order = order
@@ -85,6 +86,8 @@ class Explanations(Mapping[str, Explanation]):
         self._outcomes = outcomes
         self._reserved = reserved
         self._governed = governed
+        self._state = state
+        """Which reservations a job may use (`usable_of`), as the pass answered it."""
         self._done: dict[str, Explanation] | None = None
 
     def _all(self) -> dict[str, Explanation]:
@@ -129,7 +132,7 @@ class Explanations(Mapping[str, Explanation]):
         walk = self._walk
         version, count = walk.epochs[bisect_left(walk.bounds, key)]
         reserved = self._reserved[:count]
-        usable = usable_of(job, reserved, self._order.now) if reserved else None
+        usable = usable_of(job, reserved, self._state) if reserved else None
         fronts = self._outcomes.get((job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.placement, usable))
         reason = _UNKNOWN if fronts is None else _reuse(fronts, job.cpu, job.memory, version, self._governed)
         assert reason is not _UNKNOWN, f"job {job.id} was skipped with no outcome to reuse"

@@ -2,8 +2,17 @@
 
 Up to `scheduling.reservations` jobs that neither fit nor can make room look for the earliest
 time they would fit (`Reserve.forecast`) and hold the part of that future placement that is
-free now; a lower job may start in it only if it ends before the reservation is due, or is
-tier 4 (`phases.admit`). Without expected ends nothing can be forecast and nothing is reserved.
+free now; a lower job may start in it only if it ends before the reservation is due, or if the
+holder may preempt it at due − its grace (`phases.admit`, `PassState.lent`). Without expected
+ends nothing can be forecast and nothing is reserved.
+
+The holder takes such jobs back itself. Its forecast counts the running jobs of a strictly
+lower tier that started in reserved capacity (`Attempt.lent`) as jobs it may preempt, whatever
+the `scope` rule says (`Reserve._takes`); they never set when it is due, they only fill out a
+placement that something else frees. A pass at or after due − a needed victim's grace
+(`rules.reservation_takes`) signals that victim on the holder's behalf (`Reserve.take_back`),
+so it is gone when the reservation is due; the reservation tells the shell when the next such
+signal is due (`Reservation.signal_at`), so that a pass runs then.
 """
 
 from __future__ import annotations
@@ -17,14 +26,32 @@ from warden.engine.model import Job
 from warden.engine.phases.nextstep import NextSteps
 from warden.engine.phases.state import PassState
 from warden.engine.phases.victims import Victims
-from warden.engine.plan import Reservation
+from warden.engine.plan import Preemption, Reservation
 from warden.engine.reasons import Fragmented, InsufficientCapacity, PreemptionWouldNotPay, Reason
-from warden.engine.rules import Preemptor, allowed, pair_key, preemptor
+from warden.engine.rules import (
+    PAIR_READS,
+    PairKey,
+    Preemptor,
+    allowed,
+    downward_allowed,
+    grace_of,
+    kind_of,
+    pair_key,
+    preemptor,
+    reclaim_of,
+    reservation_takes,
+    victim_cost,
+)
 
 INF = math.inf
 
-Freeing = tuple[float, str, Job, bool]
-"""(when, job id, job, preempted then): a running job whose capacity a forecast counts on."""
+Freeing = tuple[float, str, Job, int]
+"""(when, job id, job, how it frees: `ITSELF`, `TAKEN` or `LENT`): a running job whose capacity
+a forecast counts on."""
+ITSELF, TAKEN, LENT = 0, 1, 2
+"""It ends or exits by itself; the job preempts it under the rules; or the job takes it back
+from the reserved capacity it was started in (`Attempt.lent`; a strictly lower tier, preempted
+whatever `scope` says, `Reserve._takes`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +65,9 @@ class Forecast:
     """The jobs whose exits it waits for, in the order they free capacity."""
     lease_victims: tuple[Job, ...]
     """Those of them it will preempt once their protection lifts."""
+    taken: tuple[Job, ...] = ()
+    """Those of them it needs preempted (none it could do without), in release order: what
+    `Reserve.take_back` signals ahead of `due`."""
 
 
 class Reserve:
@@ -60,14 +90,47 @@ class Reserve:
         if best is None:
             return None
         state.hold(job, best.names, best.due, backfill=True)
+        waiting_for, signal_at = self.take_back(job, best)
         state.reservations.append(
-            Reservation(job.id, best.due, tuple(dict.fromkeys(best.names)), tuple(j.id for j in best.waits_for))
+            Reservation(
+                job.id, best.due, tuple(dict.fromkeys(best.names)), tuple(j.id for j in best.waits_for), signal_at
+            )
         )
-        if best.lease_victims:
-            return self.steps.lease(best.lease_victims, best.due)
+        if waiting_for:
+            return self.steps.lease(waiting_for, best.due)
         if isinstance(blocked, (InsufficientCapacity, Fragmented, PreemptionWouldNotPay)):
             return replace(blocked, reserved_at=best.due)
         return blocked
+
+    def take_back(self, job: Job, best: Forecast) -> tuple[tuple[Job, ...], float | None]:
+        """Signal, on the job's behalf, each victim its forecast counts on whose time has come
+        (`rules.reservation_takes`: due − its grace, or when its protection lifts if later):
+        then it is gone when the reservation is due. The victims still to be signalled, and
+        when the first of them will be (None: none)."""
+        state = self.state
+        now, policy = state.now, state.policy
+        signal_at: float | None = None
+        if best.due <= now:
+            return best.lease_victims, None  # it fits now: the preempt phase's business
+        signalled: set[str] = set()
+        for v in best.taken:
+            at = reservation_takes(state.ctx, job.tier, v, best.due)
+            if at > now:
+                if at < INF and (signal_at is None or at < signal_at):
+                    signal_at = at
+                continue
+            signalled.add(v.id)
+            grace = grace_of(policy, v)
+            cost, lost = victim_cost(policy, v, now)
+            state.preemptions.append(Preemption(v.id, job.id, kind_of(job, v), grace, cost, lost))
+            quota = state.quota
+            if state.charged(v) and v.queue in quota.paths:
+                quota.depart(v.queue, quota.demand(v, state.flavor_of_job[v.id]))
+                state.memo.quota_version += 1
+            state.claimed.add(v.id)
+            self.victims.taken(v)
+        left = tuple(v for v in best.lease_victims if v.id not in signalled)
+        return left, signal_at
 
     def earliest(self, job: Job, flavors: Sequence[str], before: float, natural: bool) -> Forecast | None:
         """`forecast` on whichever of `flavors` frees first (the first flavor on a tie), if
@@ -88,23 +151,53 @@ class Reserve:
         d = state.demand(job, flavor)
         freeing = self._natural() if natural else self._freeing(preemptor(state.ctx, job, d))
         mark = state.mark()
-        released: list[tuple[Job, bool]] = []
+        released: list[tuple[Job, int]] = []
         found = None
         now = state.now
-        for t, _, v, preempt in freeing:
+        waits = False  # has a job been released that the holder did not lend capacity to?
+        for t, _, v, how in freeing:
             if max(t, now) >= before:
                 break  # due no earlier than `before`, as is every later release
             state.release_job(v, only=flavor)  # the fit is tested on `flavor` alone
-            released.append((v, preempt))
-            if state.fits(job, flavor, d):
+            released.append((v, how))
+            waits = waits or how != LENT
+            if waits and state.fits(job, flavor, d):
+                kept = self._needed(job, flavor, d, released)
+                if kept and all(how == LENT for _, how in kept):
+                    # Jobs it takes back never set when it is due: they only fill out a
+                    # placement that something else frees. Go on without those it dropped.
+                    released, waits = kept, False
+                    continue
                 names = state.find(flavor, job)
                 assert names is not None
                 found = Forecast(
-                    max(t, now), names, tuple(v for v, _ in released), tuple(v for v, pre in released if pre)
+                    max(t, now),
+                    names,
+                    tuple(v for v, _ in released),
+                    tuple(v for v, how in released if how),
+                    tuple(v for v, how in kept if how),
                 )
                 break
         state.rollback(mark)
         return found
+
+    def _needed(
+        self, job: Job, flavor: str, d: tuple[float, ...], released: list[tuple[Job, int]]
+    ) -> list[tuple[Job, int]]:
+        """The released jobs the job needs gone to fit: all that free by themselves, and of
+        those it would preempt each, the latest first, unless it still fits without it (that
+        one is taken back: the state is the caller's to roll back)."""
+        state = self.state
+        kept: list[tuple[Job, int]] = []
+        for v, how in reversed(released):
+            if how:
+                state.retake_job(v, only=flavor)
+                if state.fits(job, flavor, d):
+                    continue
+                state.release_job(v, only=flavor)
+            kept.append((v, how))
+        kept.reverse()
+        return kept
 
     def _natural(self) -> Iterator[Freeing]:
         """What frees by itself, soonest first (ties by id): terminating jobs nobody counts on
@@ -114,7 +207,7 @@ class Reserve:
         claimed, terminating = state.claimed, state.terminating
         jobs = index.jobs
         leaving = self._leaving()
-        ending = ((end, i, jobs[i], False) for end, i in index.ending if i not in terminating and i not in claimed)
+        ending = ((end, i, jobs[i], ITSELF) for end, i in index.ending if i not in terminating and i not in claimed)
         return heapq.merge(leaving, ending, key=_time_and_id)
 
     def _leaving(self) -> list[Freeing]:
@@ -125,7 +218,7 @@ class Reserve:
         for gone in state.terminating.values():
             if gone.id not in claimed:
                 kill_at = gone.attempt.kill_at if gone.attempt is not None else None
-                leaving.append((now if kill_at is None else kill_at, gone.id, gone, False))
+                leaving.append((now if kill_at is None else kill_at, gone.id, gone, ITSELF))
         leaving.sort(key=_time_and_id)
         return leaving
 
@@ -135,18 +228,38 @@ class Reserve:
         A terminating job frees its capacity at its SIGKILL deadline; a running one at its
         expected end, or — if P may preempt it (pair rules) and its protection lifts before
         that — when the protection lifts (`now` for a job the rules let go already, its end if
-        that is earlier). The running jobs come in those orders from `Allocation.releases`,
-        kept sorted between passes, and are merged here, each job taken from the order that
-        applies to it: a forecast costs what it releases, not a walk over every running job.
+        that is earlier); a job started in reserved capacity (`LENT`, `_takes`) counts the
+        same way whatever `scope` says. The running jobs come in those orders from
+        `Allocation.releases`, kept sorted between passes, and are merged here, each job taken
+        from the order that applies to it: a forecast costs what it releases, not a walk over
+        every running job.
         """
         state = self.state
         index = self.victims.releases()
         # The pair rules read the quota usage, which the releases change: ask them first.
-        may = {kind: allowed(state.ctx, p, v) for kind, v in index.kind_jobs().items()}
+        may = {kind: self._takes(p, kind, v) for kind, v in index.kind_jobs().items()}
         claimed, terminating, now = state.claimed, state.terminating, state.now
         jobs, facts = index.jobs, index.facts
         kind_of = pair_key  # what `may` is keyed by: the index's kinds
         leaving = self._leaving()
+
+        # A job P takes by a reclaim, not by priority, must also pass what depends on the job
+        # itself (`rules.reclaim_of`: never below its queue's nominal, the swap, the shield),
+        # judged as the forecast begins.
+        ctx = state.ctx
+        refused = {
+            i
+            for kind, v in index.kind_jobs().items()
+            if may[kind] == TAKEN and not downward_allowed(ctx, p, v)
+            for i in index.kinds[kind]
+            if reclaim_of(ctx, p, jobs[i], state.demand(jobs[i], state.flavor_of_job[i])) is None
+        }
+
+        def taken(way: int, v: Job) -> bool:
+            return (way == TAKEN and v.id not in refused) or (way == LENT and _lent(v))
+
+        def takes(v: Job) -> bool:
+            return taken(may[kind_of(v)], v)
 
         def ending() -> Iterator[Freeing]:
             for end, i in index.ending:
@@ -155,30 +268,55 @@ class Reserve:
                 protected = facts[i][0]
                 v = jobs[i]
                 # Taken from the lifting orders instead: its protection lifts before it ends.
-                if (0.0 if protected <= now else protected) < end and may[kind_of(v)]:
+                if (0.0 if protected <= now else protected) < end and takes(v):
                     continue
-                yield end, i, v, False
+                yield end, i, v, ITSELF
 
         def free(i: str) -> bool:
             return i not in terminating and i not in claimed
 
+        def lifted(kind: PairKey, way: int) -> Iterator[Freeing]:
+            """The kind's jobs the rules let go now, taken `way` (`_takes`)."""
+            for i in index.lifted.get(kind, ()):
+                if _after(facts[i][1], now) and free(i) and taken(way, jobs[i]):
+                    yield now, i, jobs[i], way
+
+        def lifting(kind: PairKey, way: int) -> Iterator[Freeing]:
+            """The kind's jobs whose protection lifts before they end, taken `way`."""
+            for t, i in index.protected_of.get(kind, ()):
+                if t < facts[i][1] and free(i) and taken(way, jobs[i]):
+                    yield t, i, jobs[i], way
+
         # Only the kinds P may take. Jobs the rules let go count from 0.0: lifted "before" any
         # end after it; one that should have ended already frees at its end, the others now.
-        kinds = [kind for kind, ok in may.items() if ok]
+        kinds = [(kind, way) for kind, way in may.items() if way != ITSELF]
         overdue = (
-            (end, i, jobs[i], True)
+            (end, i, jobs[i], may[kind_of(jobs[i])])
             for end, i in self.victims.overdue()
-            if end > 0.0 and may[kind_of(jobs[i])] and free(i)
+            if end > 0.0 and takes(jobs[i]) and free(i)
         )
-        lifted = [
-            ((now, i, jobs[i], True) for i in index.lifted.get(kind, ()) if _after(facts[i][1], now) and free(i))
-            for kind in kinds
-        ]
-        lifting = [
-            ((t, i, jobs[i], True) for t, i in index.protected_of.get(kind, ()) if t < facts[i][1] and free(i))
-            for kind in kinds
-        ]
-        return heapq.merge(leaving, ending(), overdue, *lifted, *lifting, key=_time_and_id)
+        lifts = [lifted(kind, way) for kind, way in kinds] + [lifting(kind, way) for kind, way in kinds]
+        return heapq.merge(leaving, ending(), overdue, *lifts, key=_time_and_id)
+
+    def _takes(self, p: Preemptor, kind: PairKey, v: Job) -> int:
+        """How the reservation's holder P may count on the running jobs of V's kind freeing
+        capacity: `TAKEN`, all of them, where the pair rules let P preempt them; `LENT`, those
+        of a strictly lower tier that started in reserved capacity (`Attempt.lent`), which P
+        takes back whatever `scope` says (DESIGN §4.2); else `ITSELF`, none but by ending."""
+        if allowed(self.state.ctx, p, v):
+            return TAKEN
+        if kind[_TIER] > p.job.tier:
+            return LENT
+        return ITSELF
+
+
+_TIER = PAIR_READS.index("tier")
+"""Where a victim's tier is in its `pair_key`."""
+
+
+def _lent(v: Job) -> bool:
+    """Did the job start in reserved capacity (`Attempt.lent`)?"""
+    return v.attempt is not None and v.attempt.lent
 
 
 def _after(end: float, now: float) -> bool:

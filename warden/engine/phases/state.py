@@ -13,10 +13,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from warden.engine.model import Job
+from warden.engine.lifecycle import admitted
+from warden.engine.model import Attempt, Job, JobState
 from warden.engine.phases.memo import Memo, Part
 from warden.engine.plan import Admission, Preemption, Reservation
-from warden.engine.rules import RuleContext
+from warden.engine.rules import RuleContext, grace_of, reservation_takes
 
 if TYPE_CHECKING:
     from warden.engine.allocation import Allocation
@@ -32,7 +33,9 @@ class Hold:
     due: float | None
     parts: list[Part] = field(default_factory=list)
     backfill: bool = False
-    """True for a reservation, whose capacity jobs that end before `due` (or tier 4) may use."""
+    """True for a reservation, whose capacity lower jobs may use until `due` (`PassState.lent`)."""
+    tier: int = 0
+    """The holder's tier."""
 
 
 class PassState:
@@ -165,6 +168,34 @@ class PassState:
     def block_nodes(self, block: str) -> Sequence[str]:
         return self.nodes_of_block[block]
 
+    def lent(self, job: Job, hold: Hold) -> bool:
+        """May the job start in the reservation's capacity (DESIGN §4.2)? It ends before the
+        reservation is due, or the holder may take it back then (`taken_back`)."""
+        due = hold.due
+        if due is None:
+            return False
+        d = job.expected_duration
+        return (d is not None and self.now + d <= due) or self.taken_back(job, hold)
+
+    def taken_back(self, job: Job, hold: Hold) -> bool:
+        """May the reservation's holder preempt the job, were it started now, at due − its
+        grace (`rules.reservation_takes`, on the job as it would run if admitted now), and is
+        that still to come?
+
+        The answer reads the job's tier, lease, grace and preemption record alone (fields
+        `waiting.class_key` keeps alike within a class), so it is remembered per hold."""
+        due = hold.due
+        if due is None or job.tier <= hold.tier or job.state is JobState.AWAITING_APPROVAL:
+            return False  # (a job awaiting approval starts nowhere)
+        key = (id(hold), job.tier, job.lease, job.grace, job.preempted_at)
+        known = self.memo.lent.get(key)
+        if known is None:
+            at = due - grace_of(self.policy, job)
+            started = as_admitted(job, self.now)
+            known = at > self.now and reservation_takes(self.ctx, hold.tier, started, due) <= at
+            self.memo.lent[key] = known
+        return known
+
     # -- the journal ---------------------------------------------------------------------------
     def mark(self) -> tuple[int, int]:
         return self.index.mark(), self.quota.mark()
@@ -184,11 +215,13 @@ class PassState:
         if self.charged(job) and job.queue in self.quota.paths:
             self.quota.remove(job.queue, self.quota.demand(job, self.flavor_of_job[job.id]))
 
-    def retake_job(self, job: Job) -> None:
+    def retake_job(self, job: Job, only: str | None = None) -> None:
+        """Undo `release_job` (with the same `only`)."""
         a = job.attempt
         assert a is not None
         for rp in a.assignment:
-            self.index.take(rp.node, job.gpus, job.cpu, job.memory)
+            if only is None or self.index.flavor_of(rp.node) == only:
+                self.index.take(rp.node, job.gpus, job.cpu, job.memory)
         if self.charged(job) and job.queue in self.quota.paths:
             self.quota.add(job.queue, self.quota.demand(job, self.flavor_of_job[job.id]))
 
@@ -231,7 +264,7 @@ class PassState:
     def hold(self, job: Job, names: Sequence[str], due: float | None, backfill: bool) -> Hold:
         """Keep the part of a future placement that is free now away from lower-ranked jobs."""
         need = need_of(job, names)
-        hold = Hold(job.id, due, self.take_free((n, g, c, m) for n, (g, c, m) in need.items()), backfill)
+        hold = Hold(job.id, due, self.take_free((n, g, c, m) for n, (g, c, m) in need.items()), backfill, job.tier)
         self.holds.append(hold)
         self.hold_ids += (id(hold),)
         if backfill:
@@ -250,3 +283,10 @@ def need_of(job: Job, names: Sequence[str]) -> dict[str, list[int]]:
         n[1] += job.cpu
         n[2] += job.memory
     return need
+
+
+def as_admitted(job: Job, now: float) -> Job:
+    """The waiting job as it would run if admitted now (`lifecycle.admitted`, a new attempt
+    on no placement yet): what the victim rules would read of it."""
+    number = 1 if job.attempt is None else job.attempt.number + 1
+    return admitted(job, now, Attempt(number, now, ()), starts=True)

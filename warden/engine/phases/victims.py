@@ -246,6 +246,16 @@ class Victims:
             self.memo.candidates.drop(c)
         self.memo.leaving = None
 
+    def taken(self, v: Job) -> None:
+        """A reservation's holder signalled V (`Reserve.take_back`), which it counts on: no
+        search's candidate any more, and nobody else's capacity on its way out."""
+        pool = self.memo.candidates
+        if pool is not None:
+            c = next((c for c in pool.free_now if c.job.id == v.id), None)
+            if c is not None:
+                pool.drop(c)
+        self.memo.leaving = None
+
     def overdue(self) -> list[tuple[float, str]]:
         """(expected end, id) of the jobs the rules let go whose expected end is before `now`,
         sorted: a forecast counts them free at their end, not at `now`. Once a pass."""

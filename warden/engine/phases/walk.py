@@ -33,11 +33,9 @@ from warden.engine.phases.order import Order, Prefix, RankKey, claimant_keys
 from warden.engine.phases.state import Hold, PassState
 from warden.engine.reasons import Reason, Reserved, ThrashBackoff, WaitingForGrace, WaitingForLease
 from warden.engine.waiting import (
-    ANY_RESERVATION,
     BY_ESTIMATE,
     NO_RESERVATION,
     OPEN,
-    ClassKey,
     JobClass,
     WaitingIndex,
     class_key,
@@ -105,8 +103,9 @@ class Walker:
         self.governed = state.cpu_memory_governed
         self.reserved = state.reserved
         """The pass's reservations: the list grows in place as the pass reserves."""
-        self._values: tuple[int, dict[int, list[Usable]]] = (-1, {})
-        """(hold version, estimate kind → `usable_values`): until the holds change."""
+        self._values: tuple[int, dict[tuple[int, tuple[bool, ...]], list[Usable]]] = (-1, {})
+        """(hold version, (estimate kind, reservations lent whatever the estimate) →
+        `usable_values`): until the holds change."""
         self.heap: list[Entry] = []
         self.bounds: list[RankKey] = []
         self.epochs: list[Epoch] = []
@@ -167,16 +166,10 @@ class Walker:
         usable: Usable
         if not reserved:
             usable = None
-        elif len(reserved) == 1:  # `usable_of`, inlined for the usual case
-            if job.tier == 4:
-                usable = True
-            elif job.expected_duration is None:
-                usable = False
-            else:
-                due = reserved[0].due
-                usable = due is not None and self.now + job.expected_duration <= due
+        elif len(reserved) == 1:  # `usable_of`, for the usual case
+            usable = self.state.lent(job, reserved[0])
         else:
-            usable = usable_of(job, reserved, self.now)
+            usable = usable_of(job, reserved, self.state)
         okey = (job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.placement, usable)
         fronts = self.outcomes.get(okey)
         reason = _UNKNOWN
@@ -249,25 +242,30 @@ class Walker:
         outcome for one way is known, only members that meet them another way are looked at."""
         if start >= len(cls.members):
             return None, False
-        wanted, every, fragile = self._wanted(cls.key)
+        wanted, every, fragile = self._wanted(cls)
         if not wanted:
             return None, fragile
         if cls.key.estimate != BY_ESTIMATE or every:
             return start, False
         return self._first_wanting(cls, start, wanted), fragile
 
-    def _wanted(self, key: ClassKey) -> tuple[list[Usable], bool, bool]:
+    def _wanted(self, cls: JobClass) -> tuple[list[Usable], bool, bool]:
         """The ways of meeting the reservations (`usable_of`) open to the class's members that
         no remembered outcome answers for them; whether that is every way; and whether an
         outcome that does answer depends on the holds (a `Reserved` one)."""
         memo = self.memo
+        key = cls.key
         version = memo.hold_version
         values = self._values
         if values[0] != version:
             values = self._values = (version, {})
-        kinds = values[1].get(key.estimate)
+        reserved = self.reserved
+        taken_back = self.state.taken_back
+        first = cls.members[0][3]  # the members are alike in what `taken_back` reads
+        lent = tuple([taken_back(first, h) for h in reserved])
+        kinds = values[1].get((key.estimate, lent))
         if kinds is None:
-            kinds = values[1][key.estimate] = usable_values(key.estimate, self.reserved, self.now)
+            kinds = values[1][key.estimate, lent] = usable_values(key.estimate, reserved, self.now, lent)
         base = (key.queue, key.tier, key.flavor, key.replicas, key.gpus, key.placement)
         outcomes = self.outcomes
         wanted = []
@@ -288,9 +286,11 @@ class Walker:
         reserved, now = self.reserved, self.now
         if len(reserved) != 1:
             for j in range(start, len(members)):
-                if usable_of(members[j][3], reserved, now) in wanted:
+                if usable_of(members[j][3], reserved, self.state) in wanted:
                     return j
             return None
+        if self.state.taken_back(members[start][3], reserved[0]):
+            return start if wanted[0] is True else None  # every member may use it
         # Only members ending before the due time, or only those ending after it: none may be
         # left (now + estimate grows with the estimate, rounding included).
         due = reserved[0].due
@@ -366,47 +366,36 @@ def _reuse(fronts: list[Outcome], cpu: int, memory: int, version: int, governed:
     return _UNKNOWN if front is None else front[3]
 
 
-def usable_of(job: Job, reserved: Sequence[Hold], now: float) -> Usable:
-    """Which reservations the job may backfill: all that its runtime estimate matters for.
+def usable_of(job: Job, reserved: Sequence[Hold], state: PassState) -> Usable:
+    """Which reservations the job may backfill (`PassState.lent`): those it ends before, and
+    those whose holders may take it back when due.
 
-    Jobs that end at different times but before (or after) the same reservations are due
-    fail the same way, so they share one remembered outcome. With one reservation (the
-    default) the answer is a bool rather than a 1-tuple: one allocation less per job
-    (`Walker._answer` works that case out inline, the same way, and the case of none)."""
+    Jobs that meet the same reservations fail the same way, so they share one remembered
+    outcome. With one reservation (the default) the answer is a bool rather than a 1-tuple:
+    one allocation less per job (`Walker._answer` works that case out the same way, and the
+    case of none)."""
+    lent = state.lent
     if len(reserved) == 1:
-        if job.tier == 4:
-            return True
-        if job.expected_duration is None:
-            return False
-        due = reserved[0].due
-        return due is not None and now + job.expected_duration <= due
-    if job.tier == 4:
-        return (True,) * len(reserved)
-    if job.expected_duration is None:
-        return (False,) * len(reserved)
-    ends = now + job.expected_duration
-    return tuple([h.due is not None and ends <= h.due for h in reserved])
+        return lent(job, reserved[0])
+    return tuple([lent(job, h) for h in reserved])
 
 
-def usable_values(kind: int, reserved: Sequence[Hold], now: float) -> list[Usable]:
-    """Every `usable_of` a job of this estimate kind can get with these reservations: one for
-    a tier-4 job or one without an estimate, one per stretch between the dues for the rest."""
+def usable_values(kind: int, reserved: Sequence[Hold], now: float, lent: Sequence[bool]) -> list[Usable]:
+    """Every `usable_of` a member of a class of this estimate kind can get with these
+    reservations, where `lent` says which of them the class may use whatever its estimate
+    (their holders may take it back; `PassState.lent`): one for a class without estimates,
+    one per stretch between the dues for the rest."""
     if not reserved:
         return [None]
     n = len(reserved)
-    if kind == ANY_RESERVATION:
-        return [True if n == 1 else (True,) * n]
     if kind == NO_RESERVATION:
-        return [False if n == 1 else (False,) * n]
+        return [lent[0] if n == 1 else tuple(lent)]
     dues = sorted({h.due for h in reserved if h.due is not None})
     ends = [*dues, float("inf")]
     values: list[Usable] = []
     for e in ends:
-        v: Usable = (
-            (reserved[0].due is not None and e <= reserved[0].due)
-            if n == 1
-            else tuple([h.due is not None and e <= h.due for h in reserved])
-        )
+        each = [ok or (h.due is not None and e <= h.due) for ok, h in zip(lent, reserved)]
+        v: Usable = each[0] if n == 1 else tuple(each)
         if v not in values:
             values.append(v)
     return values
