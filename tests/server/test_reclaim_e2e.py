@@ -178,20 +178,12 @@ def test_a_reclaim_waits_for_the_lease_of_the_borrowing_job_and_takes_exactly_wh
 
 
 def _check_waiting_reasons(reasons: list[dict[str, Any]], borrower: str, gang: str, borrower_lease_end: float) -> None:
-    """Every reason a2 showed while it waited names the borrower, its lease and when it ends.
-    Known defect (xfail, and only that one): the reservation's forecast (`Reserve._freeing`)
-    asks the pair rules (`allowed`) which jobs P may take, not `reclaim_of`'s per-victim
-    `stays_at_nominal`, so it counts the gang as freeing now and the reason names the gang, with
-    `earliest_at` the pass's own time and no victim rule, although the gang is never taken."""
+    """Every reason a2 showed while it waited names the borrower, its lease and when it ends:
+    never the gang, which a reclaim may not take (it would leave team-b below its nominal)."""
     assert reasons
-    wrong = [r for r in reasons if r["details"]["victims"] != [borrower]]
-    if wrong and all(
-        r["details"]["victims"] == [gang] and r["details"]["victim"] is None and r["details"]["lease_s"] is None
-        for r in wrong
-    ):
-        pytest.xfail(f"a2's WaitingForLease names the gang {gang}, not the job it takes: {wrong[0]}")
     for r in reasons:
         d = r["details"]
+        assert gang not in d["victims"], r
         assert d["victims"] == [borrower] and d["victim"] == borrower, r
         assert d["rule"] == "lease" and d["lease_s"] == LEASE_S, r
         assert d["earliest_at"] == pytest.approx(borrower_lease_end, abs=0.01), r
