@@ -12,11 +12,13 @@ from test_rules import _cases, _random_preemptor, _random_victim
 from test_victims import _policy, _victims
 
 from warden.engine.allocation import Allocation
+from warden.engine.demand import Demand
+from warden.engine.fairshare import cluster_capacity
 from warden.engine.model import Snapshot
 from warden.engine.phases.state import PassState
 from warden.engine.phases.victims import Victims
-from warden.engine.preemption import VICTIM_ORDERS, victim_key
-from warden.engine.rules import PAIR_RULES, PREEMPTOR_READS, allowed, pair_key, preemptor_key, victim_cost
+from warden.engine.preemption import VICTIM_ORDERS, Candidate, victim_key
+from warden.engine.rules import PAIR_RULES, PREEMPTOR_READS, allowed, pair_key, preemptor_key, share, victim_cost
 
 
 def _with(p: object, path: str, value: object) -> object:
@@ -60,8 +62,17 @@ def test_the_pass_takes_victims_in_victim_key_order(order: str, seed: int) -> No
     alloc = Allocation(cluster, pol)
     alloc.sync(jobs)
     now = 60_000.0
-    pool = Victims(PassState(snap, now, alloc, {}, {})).pool().free_now
+    demand = Demand()
+    demand.sync(pol, jobs)
+    owed = demand.owed(pol, alloc.quota, cluster_capacity(cluster)[0]) if alloc.quota.gpu >= 0 else None
+    state = PassState(snap, now, alloc, {}, {}, owed)
+    pool = Victims(state).pool().free_now
     assert pool
-    expected = sorted(pool, key=lambda c: victim_key(order, c.job, victim_cost(pol, c.job, now)[0]))
+    q = state.quota
+
+    def key(c: Candidate) -> tuple[float | int | str, ...]:
+        return victim_key(order, c.job, victim_cost(pol, c.job, now)[0], share(state.ctx, q.index[c.job.queue]))
+
+    expected = sorted(pool, key=key)
     assert [c.job.id for c in pool] == [c.job.id for c in expected]
     assert [c.rank for c in pool] == list(range(len(pool)))

@@ -102,6 +102,11 @@ def _queue_tree(nominal: Mapping[str, int], gpus: int, governed: bool) -> dict[s
     return root
 
 
+_KUEUE_SCHEDULING = {"order": "priority", "reservations": 0, "requeue_timestamp": "submit", "nominal_first": True}
+"""How Kueue takes a cycle's heads, with or without Fair Sharing: "request under nominal quota
+before borrowing", then priority, then the creation timestamp a preempted workload keeps."""
+
+
 def build_preset(name: str, nominal: Mapping[str, int], gpus: int) -> SimPolicy:
     """The named preset for a cluster of `gpus` GPUs and these trace queues."""
     queues_governed = _queue_tree(nominal, gpus, governed=True)
@@ -159,12 +164,7 @@ def build_preset(name: str, nominal: Mapping[str, int], gpus: int) -> SimPolicy:
                 "only_if_it_pays": False,
                 "reclaim": _reclaim(nominal="not_higher"),
             },
-            "scheduling": {
-                "order": "priority",
-                "reservations": 0,
-                "requeue_timestamp": "submit",
-                "nominal_first": True,
-            },
+            "scheduling": _KUEUE_SCHEDULING,
         }
         behaviour = Behaviour(admissions_per_queue=1, cycle_s=1.0)
     elif name == "kueue_fair":
@@ -190,12 +190,7 @@ def build_preset(name: str, nominal: Mapping[str, int], gpus: int) -> SimPolicy:
                 "only_if_it_pays": False,
                 "reclaim": _reclaim(nominal="any", fair_share="final_then_initial"),
             },
-            "scheduling": {
-                "order": "priority",
-                "reservations": 0,
-                "requeue_timestamp": "submit",
-                "nominal_first": True,
-            },
+            "scheduling": _KUEUE_SCHEDULING,
         }
         behaviour = Behaviour(admissions_per_queue=1, cycle_s=1.0)
     elif name == "kai":
