@@ -34,7 +34,7 @@ or P it does not declare would make victims or preemptors share answers they mus
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
@@ -310,8 +310,24 @@ def reclaim_of(ctx: RuleContext, p: Preemptor, v: Job, d: tuple[float, ...]) -> 
 def starving(policy: Policy, v: Job) -> bool:
     """Has the job waited, over all its attempts, at least `escalate_at` × its queue's
     `max_wait` (DESIGN §4.1: it is starving)?"""
-    aging = policy.fair_share.aging
-    return v.waited >= aging.escalate_at * policy.max_wait_for(v.queue)
+    by_queue, default = _starving_after(policy)
+    return v.waited >= by_queue.get(v.queue, default)
+
+
+_STARVING_AFTER: dict[int, tuple[Policy, Mapping[str, float], float]] = {}
+
+
+def _starving_after(policy: Policy) -> tuple[Mapping[str, float], float]:
+    """Per queue, the wait after which a job starves, and the default: read off the policy
+    once (a search asks it of every reclaim victim it weighs)."""
+    seen = _STARVING_AFTER.get(id(policy))
+    if seen is None or seen[0] is not policy:
+        if len(_STARVING_AFTER) >= 8:
+            _STARVING_AFTER.clear()
+        aging = policy.fair_share.aging
+        by_queue = {q: aging.escalate_at * w for q, w in policy.max_waits().items()}
+        seen = _STARVING_AFTER[id(policy)] = (policy, by_queue, aging.escalate_at * aging.max_wait["default"])
+    return seen[1], seen[2]
 
 
 def shielded(ctx: RuleContext, v: Job) -> bool:
