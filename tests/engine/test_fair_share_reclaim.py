@@ -100,7 +100,8 @@ def test_no_two_queues_take_capacity_back_and_forth_by_fair_share_reclaim(
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(
     st.lists(st.integers(0, 50), min_size=1, max_size=8),
-    st.lists(st.floats(0.0, 10.0), min_size=8, max_size=8),
+    # Entitlements are nominal GPUs over the total (at least 1/total) or weights (> 0): 0 or ≥ 0.01.
+    st.lists(st.one_of(st.just(0.0), st.floats(0.01, 10.0)), min_size=8, max_size=8),
     st.integers(0, 100),
 )
 def test_owed_now_is_the_metrics_water_fill(demand: list[int], weights: list[float], capacity: int) -> None:

@@ -54,7 +54,8 @@ def server(tmp_path: Path) -> Iterator[Server]:
 def test_the_efficiency_floor_is_named_in_the_api_queue_and_describe(server: Server) -> None:
     victim = warden(server, "submit", "-q", "vision", "-t", "3", "--gpus", "4", "--", "sleep", "600").split()[-1]
     wait_for(lambda: json.loads(warden(server, "describe", victim, "--json"))["state"] == "RUNNING")
-    urgent = warden(server, "submit", "-q", "language", "-t", "1", "--gpus", "4", "--", "true").split()[-1]
+    # Within language's nominal: a tier that is not preemptible never borrows.
+    urgent = warden(server, "submit", "-q", "language", "-t", "1", "--gpus", "2", "--", "true").split()[-1]
     job = wait_for(
         lambda: (j := json.loads(warden(server, "describe", urgent, "--json")))["reason"] and j,
         what="the tier-1 job's reason",

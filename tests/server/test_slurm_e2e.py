@@ -129,7 +129,8 @@ def test_tier1_preempts_a_tier3_gang_with_one_sigterm_instant_sigkill_on_time_an
             until_state(c, f, "RUNNING")
         pids = running_pids(tmp_path / "low", 1, 2)
         time.sleep(1.2)  # past the tier-3 lease of 1 s
-        high = run_trainer(c, trainer, tmp_path / "high", queue="language", tier=1, gpus=8, replicas=2)
+        # In the gang's own queue, within its nominal: a tier that is not preemptible never borrows.
+        high = run_trainer(c, trainer, tmp_path / "high", queue="vision", tier=1, gpus=8, replicas=2)
         gone = deaths(pids)
         detail = wait_for(lambda: (j := job(c, low))["attempts"][0]["state"] == "exited" and j, 30, "the victim's exit")
         first = detail["attempts"][0]
