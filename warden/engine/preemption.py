@@ -148,6 +148,8 @@ class CandidatePool:
         if may_take_back(ctx, p):
             kinds: dict[tuple[int, str], bool] = {}
             for t, members in sorted(self._tiers().items()):
+                if not ctx.policy.tier(t).charged:
+                    continue  # no reclaim takes an uncharged job: skip its whole list
                 for c in members:
                     v = c.job
                     k = (t, v.queue)
