@@ -234,20 +234,26 @@ def reclaim_kind(ctx: RuleContext, p: Preemptor, v: Job) -> str | None:
     the search asks before it takes V (`reclaim_of`), when the victims taken before it have
     lowered what its side borrows.
     """
+    return _reclaim_at(ctx, p, v)[0]
+
+
+def _reclaim_at(ctx: RuleContext, p: Preemptor, v: Job) -> tuple[str | None, int, int]:
+    """`reclaim_kind`, with the children of the lowest common ancestor on P's and V's side
+    (what `reclaim_of` goes on to read; −1 where there are none)."""
     q = ctx.quota
     if v.queue == p.job.queue or not q.governed() or not ctx.policy.tier(v.tier).charged:
-        return None
+        return None, -1, -1
     if v.queue not in q.paths or p.job.queue not in q.paths:
-        return None
+        return None, -1, -1
     reclaim = ctx.policy.preemption.reclaim
     _, p_side, v_side = q.lowest_common_ancestor(p.job.queue, v.queue)
     if v_side < 0 or p_side < 0 or not q.over_nominal(v_side):
-        return None
+        return None, p_side, v_side
     if may_reclaim(ctx, p) and _nominal_tiers(reclaim.nominal, p.job.tier, v.tier):
-        return "reclaim"
+        return "reclaim", p_side, v_side
     if v.tier >= p.job.tier and _fair_share_before(ctx, p, p_side, v_side, q.index[v.queue]):
-        return "fair_share"
-    return None
+        return "fair_share", p_side, v_side
+    return None, p_side, v_side
 
 
 def _nominal_tiers(mode: str, p_tier: int, v_tier: int) -> bool:
@@ -288,11 +294,10 @@ def reclaim_of(ctx: RuleContext, p: Preemptor, v: Job, d: tuple[float, ...]) -> 
     only swaps while P's side with P stays at or below V's side without V (Kueue's
     LessThanOrEqualToFinalShare; with `final_then_initial`, else below V's side before, Kueue's
     LessThanInitialShare); and a starving V is no reclaim's victim (`starving_shield`)."""
-    kind = reclaim_kind(ctx, p, v)
+    kind, p_side, v_side = _reclaim_at(ctx, p, v)
     if kind is None or shielded(ctx, v):
         return None
     q = ctx.quota
-    _, p_side, v_side = q.lowest_common_ancestor(p.job.queue, v.queue)
     if kind == "reclaim":
         if q.stays_at_nominal(v.queue, v_side, d):
             return kind
