@@ -2,6 +2,7 @@
 
     python bench/outcomes.py [--setting TRACE@GPUS ...] [--policies a,b,FILE,PRESET[path=value;…]]
                              [--limit N] [--traces DIR] [--workers N] [--markdown]
+    python bench/outcomes.py --merge RESULT.json ... [--markdown]
 
 A setting is a trace under the shared traces folder and a pool of GPUs, e.g.
 `philly/pollux_philly.csv@680` (the Philly VCs as queues, their quotas from
@@ -22,7 +23,8 @@ the cluster's GPUs less those demanded by jobs of strictly higher tiers (submitt
 finished, waiting or running) were fewer than the job's GPUs: no policy that keeps tiers
 strict could have started it. It is computed here from the run's records alone, not by the
 engine's rules. The goals on breaches count the breaches that were not forced.
-`--workers N` runs N simulations at a time (one per core).
+`--workers N` runs N simulations at a time (one per core). `--merge` prints the JSON results
+of several runs (settings or policies run apart) as one, with the goals checked anew.
 """
 
 from __future__ import annotations
@@ -261,12 +263,35 @@ def measure(
     result: dict[str, Any] = {"limit": limit, "settings": {}}
     for (setting, policy), row in zip(tasks, done, strict=True):
         result["settings"].setdefault(setting, {"policies": {}})["policies"][policy] = row
+    return judged(result)
+
+
+def judged(result: dict[str, Any]) -> dict[str, Any]:
+    """The result with each setting's goals checked for every policy that is not a FIFO."""
     for block in result["settings"].values():
         rows = block["policies"]
         block["goals"] = {
             name: {goal: verdict(met) for goal, met in goals(rows, name).items()} for name in rows if name not in FIFOS
         }
     return result
+
+
+def merged(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several runs' results as one (the rows of a setting side by side, in `ORDER` first), the
+    goals checked anew: how settings and policies run apart, one at a time or on several
+    machines, make one table. A row given twice keeps the last."""
+    limits = {r.get("limit") for r in results}
+    if len(limits) > 1:
+        raise ValueError(f"--merge: the results were run with different --limit values ({sorted(map(str, limits))})")
+    out: dict[str, Any] = {"limit": limits.pop() if limits else None, "settings": {}}
+    for r in results:
+        for setting, block in r["settings"].items():
+            out["settings"].setdefault(setting, {"policies": {}})["policies"].update(block["policies"])
+    for block in out["settings"].values():
+        rows = block["policies"]
+        rank = {name: i for i, name in enumerate(ORDER)}
+        block["policies"] = dict(sorted(rows.items(), key=lambda kv: rank.get(kv[0], len(ORDER))))
+    return judged(out)
 
 
 def _hours(seconds: float | None) -> str:
@@ -334,7 +359,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--traces", type=Path, default=DEFAULT_TRACES)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument(
+        "--merge", nargs="+", type=Path, metavar="JSON", help="print these runs' JSON results as one, run nothing"
+    )
     args = parser.parse_args(argv)
+    if args.merge:
+        try:
+            result = merged([json.loads(f.read_text()) for f in args.merge])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            parser.error(f"--merge: {e}")
+        print(markdown(result) if args.markdown else json.dumps(result, indent=2))
+        return result
     settings = args.setting or list(DEFAULT_SETTINGS)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for p in policies:

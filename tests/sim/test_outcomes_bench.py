@@ -75,6 +75,30 @@ def test_goals_compare_with_the_baseline_and_every_peer_that_ran() -> None:
     assert met["breaches_at_most_baseline"] is None and met["tier2_p95_at_most_baseline"] is None
 
 
+def test_runs_apart_merge_into_one_table_with_the_goals_checked_anew(tmp_path: Path) -> None:
+    a = {"limit": None, "settings": {"t@8": {"policies": {"governed": row(preemptions=30)}, "goals": {}}}}
+    b = {"limit": None, "settings": {"t@8": {"policies": {"k8s": row(preemptions=20), "fifo_backfill": row()}}}}
+    files = []
+    for name, result in (("a.json", a), ("b.json", b)):
+        files.append(tmp_path / name)
+        files[-1].write_text(json.dumps(result))
+    merged = outcomes.main(["--merge", *map(str, files)])
+    block = merged["settings"]["t@8"]
+    assert list(block["policies"]) == ["governed", "fifo_backfill", "k8s"]  # in the tables' order
+    assert block["goals"]["governed"]["fewer_preemptions_than_every_peer"] == "FAIL"  # k8s, from the other run
+    assert block["goals"]["governed"]["breaches_at_most_baseline"] == "PASS"
+    assert set(block["goals"]) == {"governed", "k8s"}
+    other = tmp_path / "c.json"
+    other.write_text(json.dumps({**b, "limit": 400}))
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "outcomes.py"), "--merge", str(files[0]), str(other)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0 and "--merge: the results were run with different --limit values" in out.stderr
+
+
 @pytest.mark.skipif(not (TRACES / "philly").is_dir(), reason="the shared Philly trace (../shared/traces) is absent")
 def test_a_small_run_prints_every_policy_with_its_causes_and_goals() -> None:
     out = subprocess.run(

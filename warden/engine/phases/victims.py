@@ -157,7 +157,10 @@ class Victims:
             if t <= tier and not take_back:
                 continue
             for ids, v in kinds:
-                may = ok(v) or (take_back and t > tier and reclaim_kind(ctx, p, v) is not None)
+                if t <= tier:  # a reclaim alone may take it: asked first, as it is the cheaper
+                    may = reclaim_kind(ctx, p, v) is not None and ok(v)
+                else:
+                    may = ok(v) or (take_back and reclaim_kind(ctx, p, v) is not None)
                 if may and any(i not in terminating and i not in claimed for i in ids):
                     return True
         return False
