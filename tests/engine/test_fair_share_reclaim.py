@@ -50,7 +50,12 @@ def contended(draw: st.DrawFn) -> tuple[tuple[Node, ...], dict[str, Any], tuple[
             "nominal": {"gpu": max(gpus, sum(spec_of[q]["nominal"]["gpu"] for q in leaves))},
             "children": children,
         },
-        "preemption": {"restart_overhead": "0s", "checkpoint_overhead": "0s", "only_if_it_pays": False},
+        "preemption": {
+            "restart_overhead": "0s",
+            "checkpoint_overhead": "0s",
+            "only_if_it_pays": False,
+            "reclaim": {"fair_share": draw(st.sampled_from(["final", "above_share"]))},
+        },
         "thrash": {"min_efficiency": 0.0, "max_preemptions": {"per": "1h", "count": 1000}},
         "scheduling": {"reservations": 0},
     }

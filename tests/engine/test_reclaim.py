@@ -128,6 +128,23 @@ def test_fair_share_reclaim_stops_where_the_swap_would_not_lower_the_larger_shar
     assert not _plan(pol, EIGHT, jobs).preemptions
 
 
+@pytest.mark.parametrize(("mode", "taken"), [("final", True), ("above_share", False), ("never", False)])
+def test_above_share_takes_only_what_the_victim_queue_holds_above_its_owed_share(mode: str, taken: bool) -> None:
+    """Two teams of nominal 2 on 8 GPUs, both asking for more (owed 4 each): team-a holds 6 in
+    two 3-GPU jobs, team-b 2 and asks for 1 more (then 2). Taking a 3-GPU job lowers the larger share
+    (team-b at 3/4 after, team-a at 3/4), so `final` takes it; `above_share` does not, as
+    team-a would be left below what it is owed."""
+    teams = [{"name": f"team-{x}", "nominal": {"gpu": 2}} for x in "ab"]
+    pol = _policy(teams, gpus=8, preemption={"reclaim": {"fair_share": mode}})
+    jobs = [running(f"a{i}", "team-a", 3, ("n0", 3), started=0.0, first_gpu=3 * i) for i in range(2)]
+    jobs += [running("b0", "team-b", 3, ("n0", 2), started=0.0, first_gpu=6)]
+    jobs += [pending("a-more", "team-a", 3, gpus=3, submit=NOW - 600), pending("b-more", "team-b", 3, gpus=1)]
+    jobs += [pending("b-later", "team-b", 3, gpus=2, submit=NOW - 60)]
+    plan = _plan(pol, EIGHT, jobs)
+    assert (set(_kinds(plan).values()) == {"fair_share"}) is taken, plan.preemptions
+    assert bool(plan.preemptions) is taken
+
+
 @pytest.mark.parametrize("shield", ["max_lease", "always", "off"])
 def test_a_starving_borrower_is_not_reclaimed(shield: str) -> None:
     """team-b's borrowing job waited a day before it started (past escalate_at × max_wait): the

@@ -438,11 +438,12 @@ class ReclaimSpec(_Spec):
         "borrows from it. `any`: whatever the victim's tier (preemptible tiers only); `not_higher`: only "
         "victims of its own or a lower tier; `never`: no nominal reclaim.",
     )
-    fair_share: Literal["final", "final_then_initial", "never"] = Field(
+    fair_share: Literal["final", "above_share", "final_then_initial", "never"] = Field(
         default="final",
         description="Fair-share reclaim between borrowers: a queue below its owed share takes capacity back "
         "from a queue above its share. `final`: only while, after the eviction, the claimant's share is at "
-        "most 1 and at most the victim queue's (Kueue's LessThanOrEqualToFinalShare); "
+        "most 1 and at most the victim queue's (Kueue's LessThanOrEqualToFinalShare); `above_share`: as "
+        "`final`, and the victim queue keeps at least its owed share (only what it holds above it is taken); "
         "`final_then_initial`: also where the claimant's share after is below the victim queue's before "
         "(Kueue's LessThanInitialShare fallback); `never`: none.",
     )

@@ -283,9 +283,12 @@ def _fair_share_before(ctx: RuleContext, p: Preemptor, p_side: int, v_side: int,
     if mode == "never" or ctx.owed is None or q.gpu < 0 or not q.over_nominal(v_leaf):
         return False
     mine = share(ctx, p_side, p.demand[q.gpu] if p.demand else 0.0)
+    theirs = share(ctx, v_side)
     if mode == "final":
-        return mine <= 1.0 + 1e-9 and mine <= share(ctx, v_side) + 1e-9
-    return mine <= share(ctx, v_side) + 1e-9
+        return mine <= 1.0 + 1e-9 and mine <= theirs + 1e-9
+    if mode == "above_share":
+        return mine <= 1.0 + 1e-9 and mine <= theirs + 1e-9 and theirs > 1.0 + 1e-9
+    return mine <= theirs + 1e-9
 
 
 def reclaim_of(ctx: RuleContext, p: Preemptor, v: Job, d: tuple[float, ...]) -> str | None:
@@ -307,6 +310,8 @@ def reclaim_of(ctx: RuleContext, p: Preemptor, v: Job, d: tuple[float, ...]) -> 
     mine = share(ctx, p_side, p.demand[g] if p.demand else 0.0)
     after = share(ctx, v_side, -(d[g] if d else 0.0))
     mode = ctx.policy.preemption.reclaim.fair_share
+    if mode == "above_share":
+        return "fair_share" if mine <= after + 1e-9 and after >= 1.0 - 1e-9 else None
     if mine <= after + 1e-9 or (mode == "final_then_initial" and mine < share(ctx, v_side) - 1e-9):
         return "fair_share"
     return None
