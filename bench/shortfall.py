@@ -12,8 +12,9 @@ proportion to their GPUs, and summed per queue as GPU-hours by (reason, tier of 
 and apart, the shortfall that accrued while the queue held at least its nominal quota (the part
 of its owed share above the quota: no reclaim takes that back from other borrowers, only fair
 share's order of admissions can bring it); below the quota, by the tier of the jobs that held
-borrowed capacity at the time (a job reclaims only from its own tier and lower ones). Only jobs of charged tiers are owed and delivered,
-as in the metrics.
+borrowed capacity at the time (a nominal reclaim takes from any preemptible tier, a fair-share
+reclaim from the claimant's tier and lower ones). Only jobs of charged tiers are owed and
+delivered, as in the metrics.
 So for a queue under 98 % of what it is owed, the figures say what held it: a lease that had
 not ended (`WaitingForLease`), a preemption that would not pay, strict tiers
 (`InsufficientCapacity` while higher tiers hold the pool), its own quota, a reservation, …
