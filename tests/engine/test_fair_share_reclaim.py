@@ -54,7 +54,10 @@ def contended(draw: st.DrawFn) -> tuple[tuple[Node, ...], dict[str, Any], tuple[
             "restart_overhead": "0s",
             "checkpoint_overhead": "0s",
             "only_if_it_pays": False,
-            "reclaim": {"fair_share": draw(st.sampled_from(["final", "above_share"]))},
+            "reclaim": {
+                "fair_share": draw(st.sampled_from(["final", "above_share"])),
+                "fair_share_margin": draw(st.sampled_from([1.0, 1.5])),
+            },
         },
         "thrash": {"min_efficiency": 0.0, "max_preemptions": {"per": "1h", "count": 1000}},
         "scheduling": {"reservations": 0},

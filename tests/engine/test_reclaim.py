@@ -145,6 +145,20 @@ def test_above_share_takes_only_what_the_victim_queue_holds_above_its_owed_share
     assert bool(plan.preemptions) is taken
 
 
+@pytest.mark.parametrize(("margin", "taken"), [(1.0, True), (1.5, False)])
+def test_a_fair_share_margin_asks_for_a_larger_imbalance(margin: float, taken: bool) -> None:
+    """The scenario above under `final`: team-b with the job at 3/4 of its owed share, team-a
+    left at 3/4: a swap the rule as written makes, and a margin of 1.5 (team-a would have to
+    keep 9/8 of its share) does not."""
+    teams = [{"name": f"team-{x}", "nominal": {"gpu": 2}} for x in "ab"]
+    pol = _policy(teams, gpus=8, preemption={"reclaim": {"fair_share_margin": margin}})
+    jobs = [running(f"a{i}", "team-a", 3, ("n0", 3), started=0.0, first_gpu=3 * i) for i in range(2)]
+    jobs += [running("b0", "team-b", 3, ("n0", 2), started=0.0, first_gpu=6)]
+    jobs += [pending("a-more", "team-a", 3, gpus=3, submit=NOW - 600), pending("b-more", "team-b", 3, gpus=1)]
+    jobs += [pending("b-later", "team-b", 3, gpus=2, submit=NOW - 60)]
+    assert bool(_plan(pol, EIGHT, jobs).preemptions) is taken
+
+
 @pytest.mark.parametrize("shield", ["max_lease", "always", "off"])
 def test_a_starving_borrower_is_not_reclaimed(shield: str) -> None:
     """team-b's borrowing job waited a day before it started (past escalate_at × max_wait): the

@@ -447,6 +447,14 @@ class ReclaimSpec(_Spec):
         "`final_then_initial`: also where the claimant's share after is below the victim queue's before "
         "(Kueue's LessThanInitialShare fallback); `never`: none.",
     )
+    fair_share_margin: float = Field(
+        default=1.0,
+        ge=1.0,
+        le=100.0,
+        description="Fair-share reclaim swaps only where the victim queue's share after the eviction is at "
+        "least this many times the claimant's (KAI's reclaimerUtilizationMultiplier): 1 is the rule as "
+        "written; more asks for a larger imbalance before a job is preempted for it.",
+    )
     starvation_shield: Literal["max_lease", "always", "off"] = Field(
         default="max_lease",
         description="A starving job (it has waited escalate_at × max_wait in all) is no reclaim's victim. "

@@ -284,18 +284,20 @@ def _fair_share_before(ctx: RuleContext, p: Preemptor, p_side: int, v_side: int,
         return False
     mine = share(ctx, p_side, p.demand[q.gpu] if p.demand else 0.0)
     theirs = share(ctx, v_side)
+    lower = mine * ctx.policy.preemption.reclaim.fair_share_margin <= theirs + 1e-9
     if mode == "final":
-        return mine <= 1.0 + 1e-9 and mine <= theirs + 1e-9
+        return mine <= 1.0 + 1e-9 and lower
     if mode == "above_share":
-        return mine <= 1.0 + 1e-9 and mine <= theirs + 1e-9 and theirs > 1.0 + 1e-9
-    return mine <= theirs + 1e-9
+        return mine <= 1.0 + 1e-9 and lower and theirs > 1.0 + 1e-9
+    return lower
 
 
 def reclaim_of(ctx: RuleContext, p: Preemptor, v: Job, d: tuple[float, ...]) -> str | None:
     """`reclaim_kind` for this very victim, whose quota demand is `d`, in the state the search
     is in: a nominal reclaim never leaves V's queues below their nominal; a fair-share reclaim
-    only swaps while P's side with P stays at or below V's side without V (Kueue's
-    LessThanOrEqualToFinalShare; with `final_then_initial`, else below V's side before, Kueue's
+    only swaps while P's side with P, times `fair_share_margin`, stays at or below V's side
+    without V (Kueue's LessThanOrEqualToFinalShare; with `above_share` V's side also keeps its
+    owed share; with `final_then_initial`, else below V's side before, Kueue's
     LessThanInitialShare); and a starving V is no reclaim's victim (`starving_shield`)."""
     kind, p_side, v_side = _reclaim_at(ctx, p, v)
     if kind is None or shielded(ctx, v):
@@ -307,12 +309,12 @@ def reclaim_of(ctx: RuleContext, p: Preemptor, v: Job, d: tuple[float, ...]) -> 
         if not _fair_share_before(ctx, p, p_side, v_side, q.index[v.queue]) or v.tier < p.job.tier:
             return None
     g = q.gpu
-    mine = share(ctx, p_side, p.demand[g] if p.demand else 0.0)
+    reclaim = ctx.policy.preemption.reclaim
+    mine = share(ctx, p_side, p.demand[g] if p.demand else 0.0) * reclaim.fair_share_margin
     after = share(ctx, v_side, -(d[g] if d else 0.0))
-    mode = ctx.policy.preemption.reclaim.fair_share
-    if mode == "above_share":
+    if reclaim.fair_share == "above_share":
         return "fair_share" if mine <= after + 1e-9 and after >= 1.0 - 1e-9 else None
-    if mine <= after + 1e-9 or (mode == "final_then_initial" and mine < share(ctx, v_side) - 1e-9):
+    if mine <= after + 1e-9 or (reclaim.fair_share == "final_then_initial" and mine < share(ctx, v_side) - 1e-9):
         return "fair_share"
     return None
 
