@@ -98,13 +98,14 @@ def test_a_reclaim_takes_exactly_what_was_borrowed_and_waits_for_it() -> None:
 def test_a_queue_below_its_share_takes_back_from_the_one_furthest_above() -> None:
     """Fair-share reclaim between borrowers: three teams of nominal 2 on 12 GPUs, each asking
     for more than its share (owed 4 each). team-c holds 2 (its nominal) and asks for 2 more;
-    team-a holds 7, team-b 3: team-c takes from team-a, the furthest above its share."""
+    team-a holds 8, team-b 2: team-c takes from team-a, the furthest above its share (at 6 of
+    its 4 after two victims, still 1.5 × team-c's share with the job: the default margin)."""
     teams = [{"name": f"team-{x}", "nominal": {"gpu": 2}} for x in "abc"]
     pol = _policy(teams, gpus=12)
     nodes = (Node("n0", 12),)
     jobs: list[Job] = []
     gpu = 0
-    for team, count in (("a", 7), ("b", 3), ("c", 2)):
+    for team, count in (("a", 8), ("b", 2), ("c", 2)):
         for i in range(count):
             jobs.append(running(f"{team}{i}", f"team-{team}", 3, ("n0", 1), started=float(i), first_gpu=gpu))
             gpu += 1
@@ -132,10 +133,10 @@ def test_fair_share_reclaim_stops_where_the_swap_would_not_lower_the_larger_shar
 def test_above_share_takes_only_what_the_victim_queue_holds_above_its_owed_share(mode: str, taken: bool) -> None:
     """Two teams of nominal 2 on 8 GPUs, both asking for more (owed 4 each): team-a holds 6 in
     two 3-GPU jobs, team-b 2 and asks for 1 more (then 2). Taking a 3-GPU job lowers the larger share
-    (team-b at 3/4 after, team-a at 3/4), so `final` takes it; `above_share` does not, as
+    (team-b at 3/4 after, team-a at 3/4), so `final` with no margin takes it; `above_share` does not, as
     team-a would be left below what it is owed."""
     teams = [{"name": f"team-{x}", "nominal": {"gpu": 2}} for x in "ab"]
-    pol = _policy(teams, gpus=8, preemption={"reclaim": {"fair_share": mode}})
+    pol = _policy(teams, gpus=8, preemption={"reclaim": {"fair_share": mode, "fair_share_margin": 1.0}})
     jobs = [running(f"a{i}", "team-a", 3, ("n0", 3), started=0.0, first_gpu=3 * i) for i in range(2)]
     jobs += [running("b0", "team-b", 3, ("n0", 2), started=0.0, first_gpu=6)]
     jobs += [pending("a-more", "team-a", 3, gpus=3, submit=NOW - 600), pending("b-more", "team-b", 3, gpus=1)]

@@ -89,9 +89,10 @@ def test_capacity_that_frees_within_the_least_grace_is_waited_for_without_a_sear
     assert why.code == "PreemptionWouldNotPay" and why.victims == ("v",)  # searched: it could pay
 
 
-def test_a_job_past_its_maximum_wait_declines_only_while_it_can_reserve() -> None:
+def test_a_starving_job_declines_only_while_it_can_reserve() -> None:
     """Without a reservation to hold what frees by itself, the capacity could go to another job:
-    a job that has waited past its queue's max wait then preempts, even if it does not pay."""
+    a starving job (it has waited escalate_at × its queue's max wait: 0.75 × 24 h by default)
+    then preempts, even if it does not pay."""
     cluster = nodes(2)
     soon = running("soon", "a", 3, ("n0", 8), started=0.0, expected_duration=100_060.0)
     v = running("v", "b", 3, ("n1", 8), started=0.0, last_checkpoint_at=99_000.0)
@@ -101,7 +102,9 @@ def test_a_job_past_its_maximum_wait_declines_only_while_it_can_reserve() -> Non
     assert preempted(plan) == set()
     assert plan.explanations["p"].reason.code == "PreemptionWouldNotPay"
     assert plan.explanations["p"].reason.reserved_at is None
-    starving = pending("p", "a", 1, submit=100_000.0 - 86_400.0)  # 24 h: the default max wait
+    not_yet = pending("p", "a", 1, submit=100_000.0 - 0.75 * 86_400.0 + 1.0)  # a second short of starving
+    assert preempted(plan_for(no_reservations, cluster, [soon, v, not_yet], now=100_000.0)) == set()
+    starving = pending("p", "a", 1, submit=100_000.0 - 0.75 * 86_400.0)  # 18 h of the default 24 h
     assert preempted(plan_for(no_reservations, cluster, [soon, v, starving], now=100_000.0)) == {"v"}
     assert preempted(plan_for(roomy(), cluster, [soon, v, starving], now=100_000.0)) == set()
 

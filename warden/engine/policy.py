@@ -448,12 +448,13 @@ class ReclaimSpec(_Spec):
         "(Kueue's LessThanInitialShare fallback); `never`: none.",
     )
     fair_share_margin: float = Field(
-        default=1.0,
+        default=1.5,
         ge=1.0,
         le=100.0,
         description="Fair-share reclaim swaps only where the victim queue's share after the eviction is at "
         "least this many times the claimant's (KAI's reclaimerUtilizationMultiplier): 1 is the rule as "
-        "written; more asks for a larger imbalance before a job is preempted for it.",
+        "written; more asks for a larger imbalance before a job is preempted for it, so that arrivals "
+        "moving the owed shares do not undo each swap soon after (docs/outcomes.md).",
     )
     starvation_shield: Literal["max_lease", "always", "off"] = Field(
         default="max_lease",

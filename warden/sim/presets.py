@@ -53,9 +53,11 @@ PRESETS = ("governed", "fifo_strict", "fifo_backfill", "slurm", "kueue", "kueue_
 _NO_GUARD = {"min_efficiency": 0.0, "max_preemptions": {"per": "24h", "count": 1_000_000}}
 
 
-def _reclaim(nominal: str = "never", fair_share: str = "never") -> dict[str, str]:
-    """`preemption.reclaim` for a peer: no peer shields a starving job from reclaim."""
-    return {"nominal": nominal, "fair_share": fair_share, "starvation_shield": "off"}
+def _reclaim(nominal: str = "never", fair_share: str = "never") -> dict[str, Any]:
+    """`preemption.reclaim` for a peer: no peer shields a starving job from reclaim, and a
+    fair-share swap needs no more than the rule's own imbalance (Kueue's test; KAI's
+    `reclaimerUtilizationMultiplier` defaults to 1)."""
+    return {"nominal": nominal, "fair_share": fair_share, "fair_share_margin": 1.0, "starvation_shield": "off"}
 
 
 def _tiers(preemptible: Callable[[int], bool], grace: str, lease: str = "0s") -> dict[int, dict[str, Any]]:

@@ -111,13 +111,14 @@ class Preempt:
 
     def _may_decline(self, job: Job) -> bool:
         """Under `only_if_it_pays`: a job may wait for what frees by itself while a reservation
-        is left to hold it, or while it has not waited past its queue's maximum wait."""
+        is left to hold it, or while it is not starving (DESIGN §4.1: a starving job's wait
+        is worth more than the GPU-seconds its victims would lose)."""
         state = self.state
-        return self.pays and (len(state.reservations) < state.policy.scheduling.reservations or not self._breached(job))
+        return self.pays and (len(state.reservations) < state.policy.scheduling.reservations or not self._starving(job))
 
-    def _breached(self, job: Job) -> bool:
-        """Has the job waited past its queue's maximum wait?"""
-        limit = self.max_waits.get(job.queue, self.default_wait)
+    def _starving(self, job: Job) -> bool:
+        """Has the job waited `escalate_at` × its queue's maximum wait, over all its attempts?"""
+        limit = self.max_waits.get(job.queue, self.default_wait) * self.state.policy.fair_share.aging.escalate_at
         return wait_time(job.waited, job.pending_since, job.submit, self.state.now) >= limit
 
     def declined(self, job: Job, flavors: Sequence[str], needed: Sequence[Candidate]) -> PreemptionWouldNotPay | None:
