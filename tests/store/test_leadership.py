@@ -1,5 +1,6 @@
-"""The leader's lease (`warden.store.leadership`), on SQLite and on a real PostgreSQL, each
-contender with its own engine (its own connections, as two servers have).
+"""The leader's lease (`warden.store.leadership`) and the fencing of a leader's writes
+(`Store.fenced`), on SQLite and on a real PostgreSQL, each contender with its own engine (its
+own connections, as two servers have).
 
 Timing is by the database's clock and waited for with deadlines, never a fixed sleep, except
 where a test shows that something does *not* happen for a while (a contender kept waiting).
@@ -15,10 +16,16 @@ from typing import Any
 
 import pytest
 from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
+from sqlalchemy.exc import DBAPIError
 
-from warden.store import connect, migrate
-from warden.store.leadership import Holder, Lease, NotLeader
+from warden.engine.lifecycle import Event
+from warden.engine.model import JobState
+from warden.store import Store, connect, migrate
+from warden.store.leadership import FENCED_IDLE_MS, LEASE, Holder, Lease, NotLeader
+from warden.store.schema import AuditRow
+
+T0 = 1_700_000_000.0
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -176,3 +183,101 @@ def test_acting_stops_by_the_holders_own_clock_and_expiry_is_the_databases(engin
         a.check("SIGKILL job 3")
     assert b.acquire() is None  # the database says a's lease lasts: b's clock does not count
     assert a.renew() and a.may_act()
+
+
+# -- fencing: a leader's writes -----------------------------------------------------------------
+
+
+def submitted(store: Store) -> int:
+    return store.submit(name="x", user="ana", queue="q", tier=3, command=["true"], actor="ana", now=T0)
+
+
+def test_a_leaders_writes_go_through_while_it_leads(engines: Callable[[], Engine]) -> None:
+    a = contender(engines, "a")
+    users, leader = Store(engines()), None
+    assert a.acquire() == 1
+    leader = users.fenced(a)
+    job = submitted(users)
+    assert leader.transition(
+        job, JobState.CANCELLED, event=Event.CANCELLED, reason="x", actor="warden", now=T0, expect_state="PENDING"
+    )
+    assert leader.get(job) is not None and leader.get(job).state is JobState.CANCELLED  # type: ignore[union-attr]
+
+
+def test_a_replaced_leader_commits_no_write(engines: Callable[[], Engine]) -> None:
+    """Once another server took the lease, every write of the old leader's store raises
+    `NotLeader` and changes nothing, while users' writes (the unfenced store) go on."""
+    a, b = contender(engines, "a", lease_s=0.4, margin_s=0.1), contender(engines, "b")
+    users = Store(engines())
+    assert a.acquire() == 1
+    leader = Store(engines()).fenced(a)
+    job = submitted(users)
+    wait_for(b.acquire, 10, "b to take the lease")
+    assert a.leading  # a has not noticed: only the database can tell it
+    writes: list[Callable[[], object]] = [
+        lambda: leader.transition(job, JobState.ADMITTED, event=Event.ADMITTED, reason="x", actor="warden", now=T0),
+        lambda: leader.update(job, claim=True),
+        lambda: leader.set_explanations({job: {"reason": {"code": "X"}}}),
+        lambda: leader.audit("warden", "x", "job/1", {}, T0),
+        lambda: leader.save_ledger(T0, {"q": 1.0}),
+    ]
+    for write in writes:
+        with pytest.raises(NotLeader, match="epoch 2"):
+            write()
+    stored = users.get(job)
+    assert stored is not None and stored.state is JobState.PENDING and not stored.claim and stored.version == 1
+    assert users.audit_log() == () and users.load_ledger().usage == {}
+    assert users.update(job, claim=True)  # a user's write is not fenced
+    b_store = Store(engines()).fenced(b)
+    assert b_store.update(job, claim=False)
+
+
+def test_a_store_that_never_led_writes_nothing(engines: Callable[[], Engine]) -> None:
+    a = contender(engines, "a")
+    with pytest.raises(NotLeader, match="does not lead"):
+        Store(engines()).fenced(a).audit("warden", "x", "job/1", {}, T0)
+
+
+def test_a_takeover_waits_for_the_old_leaders_write_in_flight(engines: Callable[[], Engine]) -> None:
+    """A write transaction the leader opened before its lease ran out holds the lease row:
+    the contender's takeover waits until it commits, and the write lands *before* the new
+    epoch, never after it."""
+    a, b = contender(engines, "a", lease_s=0.4, margin_s=0.1), contender(engines, "b")
+    assert a.acquire() == 1
+    leader = Store(engines()).fenced(a)
+    users = Store(engines())
+    took: list[int | None] = []
+    with leader._write() as conn:
+        wait_for(lambda: not b.read().live, 10, "a's lease to run out")
+        contending = threading.Thread(target=lambda: took.append(wait_for(b.acquire, 30, "b to take over")))
+        contending.start()
+        contending.join(1.0)
+        assert contending.is_alive(), "the takeover did not wait for the leader's write in flight"
+        conn.execute(AuditRow.__table__.insert().values(at=T0, actor="warden", action="x", target="t", details={}))
+    contending.join(30)
+    assert took == [2]
+    assert [e.action for e in users.audit_log()] == ["x"]
+    with pytest.raises(NotLeader):
+        leader.audit("warden", "y", "t", {}, T0)
+
+
+def test_a_leader_stopped_inside_a_write_does_not_block_the_takeover(
+    db_url: str, engines: Callable[[], Engine]
+) -> None:
+    """PostgreSQL ends a fenced transaction left idle (its process stopped, SIGSTOP) after
+    `FENCED_IDLE_MS`, so the contender takes over; what that transaction wrote is lost."""
+    if not db_url.startswith("postgresql"):
+        pytest.skip("SQLite is one server's: no contender on another connection to keep waiting")
+    a, b = contender(engines, "a", lease_s=0.4, margin_s=0.1), contender(engines, "b")
+    assert a.acquire() == 1
+    leader = Store(engines()).fenced(a)
+    users = Store(engines())
+    started = time.monotonic()
+    with pytest.raises(DBAPIError), leader._write() as conn:
+        conn.execute(AuditRow.__table__.insert().values(at=T0, actor="warden", action="x", target="t", details={}))
+        # stays idle in its transaction, as a stopped process would
+        assert wait_for(b.acquire, 30, "b to take over from an idle transaction") == 2
+    assert time.monotonic() - started >= FENCED_IDLE_MS / 1000 - 0.1
+    assert users.audit_log() == ()
+    with users.engine.connect() as conn:
+        assert conn.execute(select(LEASE.c.holder)).scalar_one() == b.holder.id
