@@ -291,8 +291,12 @@ class Lease:
         """Step down and give the lease back, so that a standby takes over at once rather
         than when it runs out. Only this server's own epoch is given back."""
         epoch = self.step_down()
-        if epoch is None:
-            return
+        if epoch is not None:
+            self.give_back(epoch)
+
+    def give_back(self, epoch: int) -> None:
+        """Expire the lease now if the row still holds this server's `epoch` (after
+        `step_down`); otherwise (taken over meanwhile) nothing."""
         with self._writer.begin() as conn:
             _wait_at_most(conn, LOCK_WAIT_MS)
             conn.execute(
