@@ -235,3 +235,41 @@ def test_a_second_server_on_one_sqlite_database_is_refused(tmp_path: Path) -> No
         assert role(first) == "leader"
     finally:
         first.stop()
+
+
+def test_a_leader_stopped_past_its_lease_is_replaced_and_steps_down_when_it_resumes(cluster: Cluster) -> None:
+    """SIGSTOP the leader past its lease: the standby takes over and schedules; SIGCONT: the
+    old leader's renewal finds the lease taken, it runs no pass, starts and signals nothing,
+    and stands by."""
+    a = cluster.start("a")
+    wait_for(lambda: role(a) == "leader", 10, "a to lead")
+    b = cluster.start("b")
+    assert a.proc is not None
+    with a.client() as ca, b.client() as cb:
+        held = cluster.job(ca, "held")
+        until_state(ca, held, "RUNNING")
+        wait_for(lambda: cluster.started("held"), 10, "the held job's process")
+
+        a.proc.send_signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: role(b) == "leader" and health(b)["passes"] >= 1, 15, "b to take over")
+            assert health(b)["epoch"] == 2
+            fresh = cluster.job(cb, "fresh")
+            until_state(cb, fresh, "RUNNING")
+            assert cb.post(f"/v1/jobs/{held}/cancel").status_code == 202
+            until_state(cb, held, "CANCELLED")
+        finally:
+            a.proc.send_signal(signal.SIGCONT)
+        wait_for(lambda: role(a) == "standby", 10, "a to step down")
+        assert health(a)["epoch"] is None and leader_gauge(a) == 0.0
+        assert health(a)["leader"] == b.url and role(b) == "leader" and health(b)["epoch"] == 2
+        assert a.log is not None
+        log = a.log.read_text()
+        assert "this server stands by now (epoch 1 ended" in log, log[-3000:]
+        # Nothing was started or signalled twice: each job's process began once, the cancelled
+        # one got one SIGTERM (b's), the new one runs on.
+        assert len(cluster.started("held")) == 1 and len(cluster.started("fresh")) == 1
+        assert len((cluster.marks / "held.sigterm").read_text().splitlines()) == 1
+        assert not (cluster.marks / "fresh.sigterm").exists()
+        job = cb.get(f"/v1/jobs/{fresh}").json()
+        assert job["state"] == "RUNNING" and len(job["attempts"]) == 1

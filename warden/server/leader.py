@@ -151,6 +151,7 @@ class Leading:
     def _keep(self) -> None:
         """Renew the lease, or step down: when it was taken over, when the term's work stopped
         by itself, and when it could not be renewed for as long as it lasts."""
+        epoch = self.lease.epoch
         why = self._lost()
         if why is not None:
             self._stop_leading(why)
@@ -159,7 +160,7 @@ class Leading:
             if self.lease.renew():
                 return
             seen = self._seen()
-            self._stop_leading(f"the lease was taken over ({seen})")
+            self._stop_leading(f"the lease was taken over ({seen})", epoch)
         except Exception as err:
             if self.lease.may_act():
                 log.warning("renewing the lease failed (retrying while it lasts): %s", err)
@@ -172,14 +173,15 @@ class Leading:
         except Exception as err:
             return f"the lease could not be read: {err}"
 
-    def _stop_leading(self, why: str) -> None:
+    def _stop_leading(self, why: str, lost_epoch: int | None = None) -> None:
         """Stop acting at once (the lease's local checks refuse from here on), end the term,
-        then give the lease back if it is still this server's."""
+        then give the lease back if it is still this server's (`lost_epoch`: the term's epoch
+        when the lease already knows it is lost, and there is nothing to give back)."""
         epoch = self.lease.step_down()
         try:
             self._end(why)
         finally:
-            log.warning("this server stands by now (epoch %s ended: %s)", epoch, why)
+            log.warning("this server stands by now (epoch %s ended: %s)", epoch or lost_epoch, why)
             if epoch is not None:
                 try:
                     self.lease.give_back(epoch)
