@@ -26,7 +26,16 @@ from typing import Any
 import pytest
 
 import warden
-from warden.executors.base import Executor, Exit, Handle, LaunchError, LaunchSpec, ReplicaLaunch, UnknownAttempt
+from warden.executors.base import (
+    Executor,
+    Exit,
+    Fenced,
+    Handle,
+    LaunchError,
+    LaunchSpec,
+    ReplicaLaunch,
+    UnknownAttempt,
+)
 from warden.executors.local import LocalExecutor, log_paths
 from warden.executors.shim import group_alive, process_alive
 
@@ -568,3 +577,43 @@ def test_shims_reparented_to_the_server_are_reaped(h: Harness) -> None:
         [sys.executable, str(driver), str(h.root)], capture_output=True, text=True, env=env, timeout=60, check=False
     )
     assert result.stdout.strip() == "reaped [(0,)]", result.stderr
+
+
+def test_a_fenced_executor_starts_signals_and_kills_nothing(h: Harness) -> None:
+    """While `may_act` says no (the server lost the lead, or its lease ran out by its own
+    clock) every action is refused with `Fenced` and nothing is signalled; reads go on."""
+    leading = [True]
+    h.executor.fence(lambda: leading[0])
+    h.start(h.spec("1", "stubborn"))
+    h.wait_ready("1")
+    leading[0] = False
+    with pytest.raises(Fenced, match="SIGTERM attempt 1 of job 1"):
+        h.executor.terminate("1", 1, 0.5)
+    with pytest.raises(Fenced, match="SIGKILL attempt 1 of job 1"):
+        h.executor.kill("1", 1)
+    with pytest.raises(Fenced, match="start attempt 1 of job 2"):
+        h.executor.start(h.spec("2", "stubborn"))
+    assert not (h.marks("1") / "term-0").exists()
+    assert h.executor.running() == [("1", 1)] and h.executor.exits() == []
+    assert not (h.root / "logs" / "2").exists()
+    leading[0] = True
+    h.executor.kill("1", 1)
+    assert h.wait_exit("1").exit_codes == (-9,)
+
+
+def test_a_sigkill_due_while_fenced_waits_for_the_lease(h: Harness) -> None:
+    """A SIGKILL deadline that comes while the executor is fenced is held back, not dropped:
+    it goes out as soon as the server may act again (its lease renewed late)."""
+    leading = [True]
+    h.executor.fence(lambda: leading[0])
+    h.start(h.spec("1", "stubborn"))
+    h.wait_ready("1")
+    deadline = h.executor.terminate("1", 1, 0.3)
+    wait_until(lambda: (h.marks("1") / "term-0").exists(), what="the SIGTERM")
+    leading[0] = False
+    wait_until(lambda: time.time() > deadline + 0.5, what="the deadline to pass")
+    assert h.executor.exits() == [] and h.executor.running() == [("1", 1)]  # held back
+    leading[0] = True
+    ended = h.wait_exit("1", timeout=5)
+    assert ended.killed and ended.exit_codes == (-9,)
+    assert ended.killed_at is not None and ended.killed_at > deadline + 0.5

@@ -21,13 +21,14 @@ import pytest
 from slurmcluster import Cluster, bring_up
 
 from warden.engine.model import Node
-from warden.executors.base import Exit, Handle, LaunchSpec, ReplicaLaunch
+from warden.executors.base import Exit, Fenced, Handle, LaunchSpec, ReplicaLaunch
 from warden.executors.identity import Identities
 from warden.executors.records import read_job_json, write_json_atomic
 from warden.executors.slurm import (
     Slurm,
     SlurmError,
     SlurmExecutor,
+    _changes_cluster,
     check_cluster,
     expand_hostlist,
     job_name,
@@ -126,6 +127,35 @@ def test_squeue_json_gives_marks_and_gpus_per_node_of_the_partitions_jobs() -> N
     assert set(jobs) == {"7", "8"}
     assert jobs["7"].marked and dict(jobs["7"].gpus) == {"n0": 4, "n1": 1} and jobs["7"].state == "RUNNING"
     assert not jobs["8"].marked and not jobs["8"].gpus
+
+
+def test_a_fenced_slurm_client_refuses_every_command_that_changes_the_cluster(tmp_path: Path) -> None:
+    """`Slurm.guard` sees every command that changes the cluster, and no query: a server that
+    lost the lead may still read Slurm, never cancel, submit or release."""
+    slurm = Slurm(tmp_path / "no-such-slurm.conf")
+
+    def refuse(command: str) -> None:
+        raise Fenced(command)
+
+    slurm.guard = refuse
+    for argv in (
+        ("scancel", "12"),
+        ("scancel", "--signal=KILL", "12.0"),
+        ("sbatch", "--hold", "x.sh"),
+        ("scontrol", "release", "12"),
+        ("scontrol", "update", "JobId=12", "AdminComment=x"),
+    ):
+        with pytest.raises(Fenced, match=argv[0]):
+            slurm.run(*argv)
+        with pytest.raises(Fenced):
+            slurm.start(*argv)
+    reads = [
+        ("squeue", "--json"),
+        ("sinfo", "-h"),
+        ("scontrol", "-o", "show", "partition"),
+        ("scontrol", "show", "topology"),
+    ]
+    assert not any(_changes_cluster(argv) for argv in reads)
 
 
 def test_leaf_switches_are_blocks() -> None:

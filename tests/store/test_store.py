@@ -505,6 +505,19 @@ def test_set_explanations_updates_many_jobs_in_one_executemany(store: Store) -> 
         assert conn.execute(text("SELECT count(*) FROM jobs WHERE explanation IS NULL")).scalar_one() == 1
 
 
+def test_set_explanations_leaves_a_job_that_stopped_waiting_alone(store: Store) -> None:
+    """A pass explains the jobs it saw waiting; one cancelled meanwhile (by a user, on another
+    server) keeps no stale "why pending"."""
+    waiting, cancelled = submit(store), submit(store)
+    assert store.transition(
+        cancelled, JobState.CANCELLED, event=Event.CANCELLED, reason="x", actor="ana", now=T0, expect_state="PENDING"
+    )
+    store.set_explanations({waiting: {"reason": {"code": "Position"}}, cancelled: {"reason": {"code": "Position"}}})
+    assert store.get(waiting).explanation == {"reason": {"code": "Position"}}  # type: ignore[union-attr]
+    after = store.get(cancelled)
+    assert after is not None and after.explanation is None and after.version == 2
+
+
 # --- tokens ------------------------------------------------------------------------------------
 
 

@@ -23,6 +23,11 @@ _EMPTY_ENV: Mapping[str, str] = MappingProxyType({})
 _EMPTY_COUNTS: Mapping[str, int] = MappingProxyType({})
 
 
+class Fenced(RuntimeError):
+    """This server may not act on the cluster now: it does not lead, or its lease ran out by
+    its own clock (docs/control-plane.md, "Several servers"). Nothing was done."""
+
+
 class UnknownAttempt(KeyError):
     """The executor does not track this (job, attempt): never started, not adopted, or its
     exit was already reported by `exits()`."""
@@ -256,6 +261,14 @@ class Executor(Protocol):
         """Call `wake` (from any thread) when `started()`, `exits()` or the nodes may have
         something new, so the server looks at once rather than at its next pass. An executor
         that learns of changes only when asked never calls it."""
+        ...
+
+    def fence(self, may_act: Callable[[], bool]) -> None:
+        """From now on, act on the cluster (start, signal, kill, cancel, release, remove) only
+        while `may_act()` holds, and raise `Fenced` otherwise; a SIGKILL deadline that comes
+        while it does not is retried shortly, and dropped with the executor at `close` (the
+        next leader re-arms it from the database). Reads (`started`, `exits`, `running`) are
+        never fenced."""
         ...
 
     def close(self) -> None:

@@ -296,6 +296,7 @@ class LocalExecutor(AttemptTable[_Tracked]):
         returns the first deadline and sends nothing."""
         if grace_s < 0:
             raise ValueError(f"grace_s must be >= 0, got {grace_s!r}")
+        self._acting(f"SIGTERM attempt {attempt} of job {job_id}")
         key = (job_id, attempt)
         with self._lock:
             tracked = self._get(key)
@@ -312,6 +313,7 @@ class LocalExecutor(AttemptTable[_Tracked]):
 
     def kill(self, job_id: str, attempt: int) -> None:
         """SIGKILL every replica's process group now."""
+        self._acting(f"SIGKILL attempt {attempt} of job {job_id}")
         key = (job_id, attempt)
         with self._lock:
             tracked = self._get(key)
@@ -321,6 +323,8 @@ class LocalExecutor(AttemptTable[_Tracked]):
 
     def _deadlines_reached(self, keys: list[Key]) -> None:
         """The timer's callback: SIGKILL every due attempt first, then record it on disk."""
+        if self._fenced_deadlines(self._timer, keys):
+            return
         killed = []
         with self._lock:
             for key in keys:

@@ -616,6 +616,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
         starting is signalled the moment it runs."""
         if grace_s < 0:
             raise ValueError(f"grace_s must be >= 0, got {grace_s!r}")
+        self._acting(f"SIGTERM attempt {attempt} of job {job_id}")
         key = (job_id, attempt)
         with self._lock:
             tracked = self._get(key)
@@ -632,6 +633,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
     def _kill(self, tracked: _Tracked, drop_launchers: bool = False) -> None:
         """SIGKILL every replica now. A launcher that has not started its replica yet is
         killed instead (its rank then never runs); with `drop_launchers`, every launcher is."""
+        self._acting(f"SIGKILL attempt {tracked.handle.attempt} of job {tracked.handle.job_id}")
         with self._lock:
             if not self._killing(tracked):
                 return
@@ -650,7 +652,9 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
         """Attempts every replica of which is gone: its exit record is written, its node is
         dead, or it never started. Each is reported once, once the removal of its placement
         group and launchers is asked for (Ray frees the GPUs within about 0.1 s; a group
-        created meanwhile waits that long)."""
+        created meanwhile waits that long). Removing them is an action: a fenced executor
+        raises `Fenced` here, before it reports (and forgets) any exit."""
+        self._acting("collect exits (removing their placement groups)")
         dead = self._dead_ids()
         with self._lock:
             candidates = list(self._tracked.items())
@@ -750,6 +754,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
 
     def _remove(self, name: str, ranks: int, tracked: _Tracked | None = None) -> None:
         """Remove an attempt's placement group and launchers (those Ray still has)."""
+        self._acting(f"remove placement group {name}")
         from ray.util.placement_group import get_placement_group, remove_placement_group
 
         launchers = (
@@ -834,6 +839,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
         import ray
         from ray.util.placement_group import placement_group_table
 
+        self._acting("remove placement groups no attempt owns")
         keep = {group_name(j, a) for j, a in owned}
         with self._lock:
             keep |= {group_name(j, a) for j, a in self._tracked}

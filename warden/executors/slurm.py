@@ -39,13 +39,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from warden.engine.model import DEFAULT_FLAVOR, Node
-from warden.executors.base import Exit, Handle, Inventory, LaunchError, LaunchSpec, ReplicaHandle, ReplicaLaunch
+from warden.executors.base import Exit, Fenced, Handle, Inventory, LaunchError, LaunchSpec, ReplicaHandle, ReplicaLaunch
 from warden.executors.identity import Identities, Identity
 from warden.executors.local import (
     identity_environment,
@@ -113,8 +113,17 @@ class Slurm:
     def __init__(self, conf: Path | None = None, timeout_s: float = SLURM_TIMEOUT_S) -> None:
         self.env = {**os.environ, **({"SLURM_CONF": str(conf)} if conf is not None else {})}
         self.timeout_s = timeout_s
+        self.guard: Callable[[str], None] | None = None
+        """Called with the command line before every command that changes the cluster
+        (`sbatch`, `scancel`, `scontrol update|release|…`): raises to refuse it (a fenced
+        executor, `Executor.fence`). Queries are never refused."""
+
+    def _check(self, argv: tuple[str, ...]) -> None:
+        if self.guard is not None and _changes_cluster(argv):
+            self.guard(shlex.join(argv))
 
     def run(self, *argv: str, check: bool = True, stdin: str | None = None) -> str:
+        self._check(argv)
         try:
             done = subprocess.run(
                 list(argv),
@@ -135,7 +144,21 @@ class Slurm:
 
     def start(self, *argv: str) -> subprocess.Popen[str]:
         """Start a command without waiting (signals that must leave together)."""
+        self._check(argv)
         return subprocess.Popen(list(argv), env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+_CHANGING = frozenset({"sbatch", "scancel", "srun", "salloc"})
+_SCONTROL_READS = frozenset({"show", "ping", "listpids", "version", "-o"})
+
+
+def _changes_cluster(argv: tuple[str, ...]) -> bool:
+    """Whether a Slurm command line changes the cluster (everything but queries)."""
+    command = os.path.basename(argv[0]) if argv else ""
+    if command == "scontrol":
+        words = [a for a in argv[1:] if a != "-o"]
+        return not words or words[0] not in _SCONTROL_READS
+    return command in _CHANGING
 
 
 # -- the cluster -----------------------------------------------------------------------------
@@ -531,7 +554,10 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
                 if self._closed:
                     return
                 ids, self._to_release = self._to_release, []
-            self._mark_and_release(ids)
+            try:
+                self._mark_and_release(ids)
+            except Fenced as err:  # the lead was lost between submission and release
+                log.warning("Slurm jobs %s stay held: %s; the next leader releases them", ",".join(ids), err)
 
     def _mark_and_release(self, ids: Sequence[str]) -> None:
         """Set warden's mark on held jobs warden submitted, then release them (a job is never
@@ -789,6 +815,11 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
             log.warning("cancelling Slurm jobs no attempt owns: %s", ", ".join(orphans))
             self.slurm.run("scancel", *orphans, check=False)
         return orphans
+
+    def fence(self, may_act: Callable[[], bool]) -> None:
+        """Every Slurm command that changes the cluster goes through `Slurm.guard`."""
+        super().fence(may_act)
+        self.slurm.guard = self._acting
 
     def close(self) -> None:
         """Stop the poller and the timer. Jobs keep running (an adopter re-arms SIGKILL)."""

@@ -5,17 +5,23 @@ SIGKILL), kept on time by one timer and recorded in the attempt's `control.json`
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, Self, TypeVar
 
-from warden.executors.base import Handle, LaunchError, LaunchSpec, UnknownAttempt, validate_spec
+from warden.executors.base import Fenced, Handle, LaunchError, LaunchSpec, UnknownAttempt, validate_spec
 from warden.executors.deadlines import KillTimer, adopted_deadline, deadline_pair, due
 from warden.executors.records import read_job_json, write_json_atomic
 
 Key = tuple[str, int]
+log = logging.getLogger("warden.executors")
+
+FENCED_RETRY_S = 0.1
+"""How soon a SIGKILL deadline that came while the executor was fenced is tried again: the
+lease may be renewed a moment later (a slow renewal), and then the SIGKILL goes out."""
 
 
 class HasHandle(Protocol):
@@ -35,6 +41,30 @@ class AttemptTable(ABC, Generic[T]):
         self._starting: set[Key] = set()
         self._closed = False
         self._wake: Callable[[], None] | None = None
+        self._may_act: Callable[[], bool] | None = None
+
+    def fence(self, may_act: Callable[[], bool]) -> None:
+        """Act on the cluster only while `may_act()` holds (`Executor.fence`)."""
+        self._may_act = may_act
+
+    def _acting(self, what: str) -> None:
+        """Before an action on the cluster: `Fenced` unless this server may act now."""
+        if self._may_act is not None and not self._may_act():
+            raise Fenced(f"{what}: refused, this server does not lead now (or its lease ran out)")
+
+    def _fenced_deadlines(self, timer: KillTimer, keys: list[Key]) -> bool:
+        """At a SIGKILL deadline: True (and each key armed again shortly) when this server may
+        not act now; the SIGKILL is then sent once its lease is renewed, or by the next leader."""
+        if self._may_act is None or self._may_act():
+            return False
+        log.warning(
+            "SIGKILL of %s held back: this server may not act now (its lease is not renewed); retrying in %g s",
+            ", ".join(f"job {j} attempt {a}" for j, a in keys),
+            FENCED_RETRY_S,
+        )
+        for key in keys:
+            timer.arm(time.monotonic() + FENCED_RETRY_S, key)
+        return True
 
     def watch(self, wake: Callable[[], None]) -> None:
         """`wake` is called when the executor's pollers see something new (`_woken`)."""
@@ -49,6 +79,7 @@ class AttemptTable(ABC, Generic[T]):
         done): ValueError when malformed or already here, RuntimeError once closed, and
         `LaunchError` when its workdir is missing."""
         validate_spec(spec)
+        self._acting(f"start attempt {spec.attempt} of job {spec.job_id}")
         if not spec.workdir.is_dir():
             raise LaunchError(f"job {spec.job_id!r}: workdir {str(spec.workdir)!r} is not a directory")
         key = (spec.job_id, spec.attempt)
@@ -145,6 +176,7 @@ class RemoteAttemptTable(AttemptTable[S]):
         return deadline
 
     def kill(self, job_id: str, attempt: int) -> None:
+        self._acting(f"SIGKILL attempt {attempt} of job {job_id}")
         with self._lock:
             tracked = self._get((job_id, attempt))
         self._kill(tracked)
@@ -179,6 +211,8 @@ class RemoteAttemptTable(AttemptTable[S]):
         return True
 
     def _deadlines_reached(self, keys: list[Key]) -> None:
+        if self._fenced_deadlines(self._timer, keys):
+            return
         for key in keys:
             with self._lock:
                 tracked = self._tracked.get(key)

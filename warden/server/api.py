@@ -212,6 +212,42 @@ def install_request_limits(app: FastAPI, service: Service) -> None:
     app.add_middleware(BodyLimit, limit=lambda: service.policy.limits.max_body_bytes)
 
 
+class RoleHeader:
+    """Every answer says who answered: `X-Warden-Role: leader` or `standby`, and
+    `X-Warden-Leader`, the leading server's API where this one knows it (a standby's answers
+    are as current as the database; only the leader schedules)."""
+
+    def __init__(self, app: Any, service: Service) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    ) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_role(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers") or ())
+                headers.append((b"x-warden-role", self.service.role.encode()))
+                leader = self.service.leader_url()
+                if leader:
+                    headers.append((b"x-warden-leader", leader.encode("latin-1", "replace")))
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, with_role)
+
+
+def install_role_header(app: FastAPI, service: Service) -> None:
+    app.add_middleware(RoleHeader, service=service)
+
+
 JobId = Annotated[str, Path(description="a job id: ASCII digits, at most 2^63 - 1")]
 IdempotencyKey = Annotated[
     str | None,
@@ -246,8 +282,11 @@ def build_router(service: Service) -> APIRouter:
         return {
             "ok": not dead,
             "passes": service.reconciler.stats.passes,
-            "scheduling": "stopped" if dead else "running",
+            "scheduling": "stopped" if dead else "running" if service.leading else "standby",
             "dead_threads": dead,
+            "role": service.role,
+            "epoch": service.epoch,
+            "leader": service.leader_url(),
         }
 
     @r.post(

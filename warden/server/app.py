@@ -14,6 +14,7 @@ from typing import Literal
 
 import yaml
 from fastapi import FastAPI
+from sqlalchemy.engine import make_url
 
 from warden.engine.model import Node
 from warden.engine.overcommit import quota_warnings
@@ -26,14 +27,22 @@ from warden.executors.ray import RayError, RayExecutor
 from warden.executors.slurm import SlurmExecutor
 from warden.paths import default_state_dir, make_dirs
 from warden.runtime import tune_collector
-from warden.server.api import build_router, install_error_handlers, install_request_limits, metrics_route
+from warden.server.api import (
+    build_router,
+    install_error_handlers,
+    install_request_limits,
+    install_role_header,
+    metrics_route,
+)
 from warden.server.auth import DEFAULT_TOKEN_LIFETIME_S
 from warden.server.forecasts import INTERVAL_S as FORECAST_INTERVAL_S
 from warden.server.history import INTERVAL_S as HISTORY_INTERVAL_S
+from warden.server.leader import take_sqlite_lease, this_holder
 from warden.server.service import Service
 from warden.server.statedir import bind_database, check_reachable, interpreter_warning, lock_server
 from warden.server.ui import mount_ui
 from warden.store.db import connect, default_url, migrate, secure_sqlite_files
+from warden.store.leadership import Lease
 from warden.store.nodes import NodeRecord
 from warden.store.repo import Store
 
@@ -172,7 +181,17 @@ def _tokens(store: Store, bootstrap: str | None, state: Path, now: float, say: C
     say(f"created the first admin token; it is in {path} (the CLI on this machine reads it from there)")
 
 
-def build_service(settings: Settings, say: Callable[[str], None] = print) -> Service:
+def fresh_identities(identities: Identities) -> Identities:
+    """The same choice of job identities, with no uid held yet: each term's executor keeps
+    its own (an adopted attempt claims its uid again)."""
+    return Identities(identities.mode, identities.pool.uids, dict(identities.user_map))
+
+
+def build_service(settings: Settings, say: Callable[[str], None] = print, contend: bool = False) -> Service:
+    """The service `settings` describe. With `contend` (a server process, `serve`) it leads
+    only while it holds the database's lease (`warden.server.leader`): on SQLite it takes the
+    lease now or refuses to start, on PostgreSQL it starts as a standby and contends. Without,
+    it leads from `start` to `stop` (in-process use)."""
     import time
 
     state = settings.state_dir or default_state_dir()
@@ -188,29 +207,55 @@ def build_service(settings: Settings, say: Callable[[str], None] = print) -> Ser
     migrate(engine)
     secure_sqlite_files(engine)
     store = Store(engine)
+    api_url = f"http://{_reachable(settings.host)}:{settings.port}"
+    lease: Lease | None = None
+    if contend:
+        lease = Lease(engine, this_holder(api_url))
+        if engine.dialect.name == "sqlite":
+            take_sqlite_lease(lease, make_url(url).render_as_string(hide_password=True))
+        else:
+            say(f"standing by for the lead on {make_url(url).render_as_string(hide_password=True)}")
     bind_database(state, store.database_id(), url)
     now = time.time()
     executor: Executor
     inventory: Callable[[], Inventory] | None = None
+    make_executor: Callable[[], Executor]
     if settings.executor == "slurm":
         slurm = SlurmExecutor(partition=settings.slurm_partition, identities=identities)
         executor, inventory = slurm, slurm.inventory
         nodes = slurm.inventory().nodes
         say(f"executor slurm: partition {slurm.partition!r}, {len(nodes)} node(s)")
+
+        def make_executor() -> Executor:
+            return SlurmExecutor(partition=slurm.partition, identities=fresh_identities(identities))
+
     elif settings.executor == "ray":
         if not settings.ray_address:
             raise RayError("no cluster address given (--ray-address)")
+        address = settings.ray_address
         cluster = RayExecutor(
-            address=settings.ray_address,
+            address=address,
             identities=identities,
             trust_unauthenticated=settings.ray_trust_unauthenticated,
         )
         executor, inventory = cluster, cluster.inventory
         nodes = cluster.inventory().nodes
         say(f"executor ray: cluster {settings.ray_address}, {len(nodes)} node(s)")
+
+        def make_executor() -> Executor:
+            return RayExecutor(
+                address=address,
+                identities=fresh_identities(identities),
+                trust_unauthenticated=settings.ray_trust_unauthenticated,
+            )
+
     else:
         executor = LocalExecutor(identities=identities)
         nodes = local_node(settings.fake_gpus, say)
+
+        def make_executor() -> Executor:
+            return LocalExecutor(identities=fresh_identities(identities))
+
     store.replace_nodes(NodeRecord.from_engine(n, updated_at=now) for n in nodes)
     policy = _policy(store, settings.policy, now)
     for w in quota_warnings(policy, nodes):
@@ -222,12 +267,14 @@ def build_service(settings: Settings, say: Callable[[str], None] = print) -> Ser
         nodes,
         policy,
         state,
-        url=f"http://{_reachable(settings.host)}:{settings.port}",
+        url=api_url,
         inventory=inventory,
         history_interval_s=settings.history_interval_s,
         forecast_interval_s=settings.forecast_interval_s,
         token_lifetime_s=settings.token_lifetime_s,
         private_data=settings.private_data,
+        lease=lease,
+        make_executor=make_executor if lease is not None else None,
     )
     _chmod(state / "report-secret", 0o600)
     return service
@@ -259,6 +306,7 @@ def create_app(service: Service) -> FastAPI:
     )
     install_error_handlers(app)
     install_request_limits(app, service)
+    install_role_header(app, service)
     app.include_router(build_router(service))
     metrics_route(app, service)
     mount_ui(app)  # the dashboard, /ui/ (docs/dashboard.md)
@@ -274,7 +322,7 @@ def serve(settings: Settings, say: Callable[[str], None] = print) -> None:
     make_dirs(state)
     # Held until the process exits: the kernel releases them however it ends.
     locks = lock_server(state, settings.db or default_url(state), settings.port)
-    service = build_service(settings, say)
+    service = build_service(settings, say, contend=True)
     gpus = sum(n.gpus for n in service.nodes)
     say(
         f"warden serving on http://{settings.host}:{settings.port} — {gpus} GPU(s), policy with "

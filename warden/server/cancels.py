@@ -69,8 +69,11 @@ class Cancels(Duty):
             )
         grace = effective_grace(self.policy, job.tier, job.grace_s)
         kill_at = self._signal_cancelled(job, attempt, grace, now)
-        if kill_at is None:  # not started or not adopted yet: a later pass signals it
-            return f"marked cancelled while {job.state.value}; SIGTERM follows once its processes are tracked"
+        if kill_at is None:  # not started or not adopted yet, or a standby: a pass of the leader signals it
+            return (
+                f"marked cancelled while {job.state.value}; the leading server sends SIGTERM at its next pass "
+                "that tracks its processes"
+            )
         return f"SIGTERM sent while {job.state.value}; SIGKILL when its grace of {grace:g}s is over"
 
     def _signal_cancelled(self, job: StoredJob, attempt: StoredAttempt, grace: float, now: float) -> float | None:

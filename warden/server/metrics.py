@@ -19,7 +19,9 @@ queue, tier, state or kind only, so the number of series stays bounded by the po
 - `warden_jobs{state}` and `warden_scheduling_pass_seconds` (histogram);
 - a failing engine: `warden_scheduling_pass_failures_total` (passes whose engine call raised)
   and `warden_jobs_held` (waiting jobs held out of scheduling, e.g. quarantined for making
-  passes fail).
+  passes fail);
+- who leads: `warden_leader` (1 on the server that leads, 0 on a standby) and
+  `warden_leader_epoch` (its term's epoch, on the leader only).
 """
 
 from __future__ import annotations
@@ -65,6 +67,12 @@ class Scraped(Protocol):
 
     @property
     def reconciler(self) -> _Inventoried: ...
+
+    @property
+    def leading(self) -> bool: ...
+
+    @property
+    def epoch(self) -> int | None: ...
 
     def now(self) -> float: ...
 
@@ -150,6 +158,17 @@ class _Gauges:
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         s = self.service
+        leader = GaugeMetricFamily(
+            "warden_leader", "1 while this server leads (runs the reconcile loop and the executor), 0 on a standby."
+        )
+        leader.add_metric([], 1 if s.leading else 0)
+        yield leader
+        epoch = GaugeMetricFamily(
+            "warden_leader_epoch", "The lease's epoch of this server's term while it leads (absent on a standby)."
+        )
+        if s.leading and s.epoch is not None:
+            epoch.add_metric([], s.epoch)
+        yield epoch
         now = s.now()
         jobs = [a.job for a in s.store.active()]
         gpus = GaugeMetricFamily("warden_gpus", "GPUs in the cluster.")

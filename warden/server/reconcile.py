@@ -54,7 +54,7 @@ from warden.engine.model import Job, Node, Snapshot, UsageLedger
 from warden.engine.plan import Plan
 from warden.engine.policy import Policy
 from warden.engine.scheduler import Engine
-from warden.executors.base import Executor, Inventory
+from warden.executors.base import Executor, Fenced, Inventory
 from warden.server.apply import PlanApplier
 from warden.server.cancels import Cancels
 from warden.server.charging import Charging
@@ -67,6 +67,7 @@ from warden.server.nodes import NodeFollower
 from warden.server.preempt import Preemptions
 from warden.server.recovery import Recovery
 from warden.store.jobs import ActiveJob, StoredJob
+from warden.store.leadership import NotLeader
 from warden.store.repo import Store
 
 log = logging.getLogger("warden.reconcile")
@@ -89,6 +90,7 @@ class Reconciler:
         report_env: Callable[[str, int], dict[str, str]] | None = None,
         inventory: Callable[[], Inventory] | None = None,
         history_interval_s: float = INTERVAL_S,
+        lock: threading.RLock | None = None,
     ) -> None:
         self.store = store
         self.executor = executor
@@ -102,8 +104,16 @@ class Reconciler:
         self.clock = clock
         self.report_env = report_env
         """The environment that lets an attempt's SDK report to this server."""
-        self.lock = threading.RLock()
+        self.lock = lock if lock is not None else threading.RLock()
+        """Held by every pass and by every user action that reads then writes a job; shared by
+        the reconcilers of one server's successive terms (`warden.server.leader`)."""
         self._wake = threading.Event()
+        self.lost: str | None = None
+        """Why `run` stopped by itself: this server was refused a write or an action because
+        it no longer leads (`NotLeader`, `Fenced`); None while it runs."""
+        self.follow_policy: Callable[[], Policy | None] | None = None
+        """Asked at the start of every pass for a policy applied elsewhere since (another
+        server on the database); None: the policy changes only through `set_policy`."""
         self.last_plan: Plan | None = None
         self.last_planned: tuple[Snapshot, float] | None = None
         """The snapshot and `now` of `last_plan` (what the expected starts are forecast from)."""
@@ -173,17 +183,25 @@ class Reconciler:
         """Something changed: run a pass soon."""
         self._wake.set()
 
-    def run(self, stop: threading.Event, interval: float = 1.0) -> None:
+    def run(self, stop: threading.Event, interval: float = 1.0, gate: Callable[[], bool] | None = None) -> None:
         """Pass after pass until `stop` is set: on every poke, and at least every `interval`.
+        With `gate`, a pass runs only while it says yes (the lease valid: a leader whose
+        renewal is late waits rather than fail half-way through a pass).
 
         After a pass the loop rests at least as long as the pass took, so that under a storm
         of submissions the API keeps half the interpreter: the submissions that arrive
-        meanwhile are all taken by the next pass.
+        meanwhile are all taken by the next pass. A pass refused because this server no
+        longer leads ends the loop (`lost` says why): the server steps down.
         """
         while not stop.is_set():
             t0 = time.monotonic()
             try:
-                self.reconcile()
+                if gate is None or gate():
+                    self.reconcile()
+            except (NotLeader, Fenced) as err:
+                self.lost = str(err)
+                log.warning("reconcile loop stopped, this server does not lead any more: %s", err)
+                return
             except Exception:  # a failed pass must not stop the loop; the next one retries
                 log.exception("reconcile pass failed")
             took = time.monotonic() - t0
@@ -214,6 +232,10 @@ class Reconciler:
         still collected, and the next pass retries)."""
         with self.lock:
             t0 = time.perf_counter()
+            if self.follow_policy is not None:
+                newer = self.follow_policy()
+                if newer is not None:
+                    self.ctx.policy = newer
             now = self.clock()
             self.charging.charge(now)
             self.applier.running(now)  # before the exits: a job that began and ended since the last pass did run

@@ -16,6 +16,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypeVar
 
@@ -28,7 +29,7 @@ from warden.engine.overcommit import quota_warnings
 from warden.engine.policy import Limits, Policy, PolicyError, format_duration, parse_policy
 from warden.engine.safeyaml import AliasRefused, load_yaml
 from warden.engine.whatif import Verdict, what_if
-from warden.executors.base import Executor, Inventory
+from warden.executors.base import Executor, Fenced, Inventory
 from warden.server.auth import CHALLENGE, DEFAULT_TOKEN_LIFETIME_S, Principal, bearer, forbidden
 from warden.server.errors import ApiError, shorten
 from warden.server.explanations import wall_times
@@ -37,11 +38,13 @@ from warden.server.fairuse import SubmissionRate
 from warden.server.forecasts import INTERVAL_S as FORECAST_INTERVAL_S
 from warden.server.forecasts import Forecasts
 from warden.server.history import INTERVAL_S as HISTORY_INTERVAL_S
+from warden.server.leader import Leading, StandbyExecutor
 from warden.server.metrics import ServerMetrics
 from warden.server.policydiff import policy_diff
 from warden.server.reconcile import Reconciler
 from warden.server.requests import ReportRequest, SubmitRequest, TokenRequest
 from warden.store.jobs import DuplicateSubmission, EarlierSubmission, StoredJob
+from warden.store.leadership import Lease, NotLeader
 from warden.store.repo import Store
 from warden.store.tokens import TokenInfo
 
@@ -62,6 +65,17 @@ class Checked(NamedTuple):
     state: JobState
     lease_s: float
     workdir: str
+
+
+@dataclass(eq=False)
+class _Term:
+    """One term this server leads: its epoch, its reconciler and executor, and its loop."""
+
+    epoch: int
+    reconciler: Reconciler
+    executor: Executor
+    stop: threading.Event
+    thread: threading.Thread | None = None
 
 
 class Submitted(NamedTuple):
@@ -91,7 +105,13 @@ class Service:
         forecast_interval_s: float = FORECAST_INTERVAL_S,
         token_lifetime_s: float | None = DEFAULT_TOKEN_LIFETIME_S,
         private_data: PrivateData = "jobs",
+        lease: Lease | None = None,
+        make_executor: Callable[[], Executor] | None = None,
     ) -> None:
+        """With a `lease` the server shares its database with others and leads only while it
+        holds the lease (`warden.server.leader`): `executor` serves its first term,
+        `make_executor` each later one. Without one it leads from `start` to `stop` (one
+        server, and the in-process tests)."""
         self.store = store
         self.private_data: PrivateData = private_data
         """What a user may not read of other users' jobs: "jobs", their command, workdir and
@@ -104,13 +124,27 @@ class Service:
         self.url = url
         """Where jobs send their reports (`WARDEN_URL` inside a job)."""
         self._report_key = _secret(state_dir / "report-secret")
-        self.reconciler = Reconciler(
-            store, executor, nodes, policy, state_dir, clock, self.report_env, inventory, history_interval_s
-        )
+        self.lease = lease
+        """The lease this server contends for; None: it leads alone."""
+        self._make_executor = make_executor
+        self._spare: Executor | None = executor if lease is not None else None
+        """The executor of this server's first term, until one begins."""
+        self._term: _Term | None = None
+        self._policy_version: int | None = None
+        """The stored policy version the leader's loop runs (`_newer_policy`)."""
+        self.lock = threading.RLock()
+        """The reconcile loop's lock, one for every term's reconciler (`Reconciler.lock`)."""
+        self._nodes, self._inventory, self._history_interval_s = nodes, inventory, history_interval_s
+        self.metrics = ServerMetrics(self)
+        self._standby: Reconciler | None = None
+        """A standby's reconciler: it runs no pass and acts on nothing (`StandbyExecutor`);
+        user actions go through it to the database."""
+        if lease is None:
+            self.reconciler = self._reconciler(store, executor, policy)
+        else:
+            self._standby = self.reconciler = self._reconciler(store, StandbyExecutor(), policy)
         self.forecasts = Forecasts(lambda: self.reconciler.last_planned, forecast_interval_s)
         """Each waiting job's expected start, from the last pass (a thread of its own)."""
-        self.metrics = ServerMetrics(self)
-        self.reconciler.metrics = self.metrics
         self._stop = threading.Event()
         self._tokens: dict[str, tuple[Principal, float, TokenInfo]] = {}
         self._tokens_lock = threading.Lock()
@@ -129,9 +163,47 @@ class Service:
             registry=self.metrics.registry,
         )
 
+    def _reconciler(self, store: Store, executor: Executor, policy: Policy) -> Reconciler:
+        rec = Reconciler(
+            store,
+            executor,
+            self._nodes,
+            policy,
+            self.state_dir,
+            self.clock,
+            self.report_env,
+            self._inventory,
+            self._history_interval_s,
+            lock=self.lock,
+        )
+        rec.metrics = self.metrics
+        return rec
+
     @property
     def policy(self) -> Policy:
         return self.reconciler.policy
+
+    @property
+    def leading(self) -> bool:
+        """Whether this server leads now (always, without a lease)."""
+        return self.lease is None or self._term is not None
+
+    @property
+    def epoch(self) -> int | None:
+        """The epoch of this server's term while it leads; None otherwise (and without a lease)."""
+        term = self._term
+        return None if term is None else term.epoch
+
+    @property
+    def role(self) -> Literal["leader", "standby"]:
+        return "leader" if self.leading else "standby"
+
+    def leader_url(self) -> str | None:
+        """The API of the server that leads, as far as this one knows (None: unknown, none)."""
+        if self.leading:
+            return self.url or None
+        seen = self.lease.last_seen if self.lease is not None else None
+        return seen.url if seen is not None and seen.live else None
 
     @property
     def nodes(self) -> tuple[Node, ...]:
@@ -144,18 +216,117 @@ class Service:
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
         """Recover what a stopped server left (re-adopting running jobs), then run the
-        reconcile loop in a thread."""
-        self.reconciler.recover()
-        self.reconciler.executor.watch(self.reconciler.poke)
-        self._watch_threads()
-        self._thread = threading.Thread(
-            target=self.reconciler.run, args=(self._stop,), name="warden-reconcile", daemon=True
-        )
+        reconcile loop in a thread. With a lease, contend for it in a thread instead: each
+        term that this server leads does the same (`_begin_term`)."""
+        if self.lease is None:
+            self.reconciler.recover()
+            self.reconciler.executor.watch(self.reconciler.poke)
+            self._watch_threads()
+            self._thread = threading.Thread(
+                target=self.reconciler.run, args=(self._stop,), name="warden-reconcile", daemon=True
+            )
+        else:
+            self._watch_threads()
+            leading = Leading(
+                self.lease, self._begin_term, self._end_term, self._term_lost, standing_by=self._follow_policy
+            )
+            self._thread = threading.Thread(target=leading.run, args=(self._stop,), name="warden-leader", daemon=True)
         self._thread.start()
         self._forecast_thread = threading.Thread(
             target=self.forecasts.run, args=(self._stop,), name="warden-forecast", daemon=True
         )
         self._forecast_thread.start()
+
+    # -- terms (with a lease) ----------------------------------------------------------------
+    def _begin_term(self, epoch: int) -> None:
+        """This server leads, in term `epoch`: a reconciler of its own on the fenced store and
+        a fenced executor, the stored policy, then recovery as after a restart (adopting every
+        running attempt, re-arming each SIGKILL deadline from the database) and the loop."""
+        assert self.lease is not None
+        executor = self._spare if self._spare is not None else self._make_executor() if self._make_executor else None
+        self._spare = None
+        if executor is None:
+            raise RuntimeError("no executor for a new term: the service was given no make_executor")
+        executor.fence(self.lease.may_act)
+        rec = self._reconciler(self.store.fenced(self.lease), executor, self._stored_policy())
+        rec.follow_policy = self._newer_policy
+        term = _Term(epoch, rec, executor, threading.Event())
+        with self.lock:
+            self._term, self.reconciler = term, rec
+        # Recovery runs in the term's own thread: the lease thread goes on renewing meanwhile,
+        # however many attempts there are to adopt.
+        term.thread = threading.Thread(target=self._run_term, args=(term,), name="warden-reconcile", daemon=True)
+        term.thread.start()
+
+    def _run_term(self, term: _Term) -> None:
+        """The term's thread: recovery, then the loop, until the term ends or is refused."""
+        assert self.lease is not None
+        rec = term.reconciler
+        try:
+            rec.recover()
+        except (NotLeader, Fenced) as err:
+            rec.lost = f"recovery was refused: {err}"
+            return
+        except Exception as err:
+            log.exception("recovery at the start of epoch %d failed", term.epoch)
+            rec.lost = f"recovery failed: {type(err).__name__}: {err}"
+            return
+        term.executor.watch(rec.poke)
+        rec.run(term.stop, gate=self.lease.may_act)
+
+    def _end_term(self, why: str) -> None:
+        """The term ends (the lease is no longer held): its loop stops, its executor is closed
+        (timers and threads; the jobs run on, the next leader adopts them), and user actions go
+        to the database again."""
+        term = self._term
+        if term is None:
+            return
+        term.stop.set()
+        term.reconciler.poke()
+        if term.thread is not None and term.thread is not threading.current_thread():
+            term.thread.join(timeout=30)
+            if term.thread.is_alive():
+                log.error("the reconcile loop of epoch %d did not stop within 30 s; it is fenced", term.epoch)
+        term.executor.close()
+        assert self._standby is not None
+        with self.lock:
+            self._standby.ctx.policy = term.reconciler.policy
+            self._term, self.reconciler = None, self._standby
+        log.warning("term of epoch %d ended: %s", term.epoch, why)
+
+    def _term_lost(self) -> str | None:
+        """Why the term's loop stopped by itself (refused a write or an action), else None."""
+        term = self._term
+        if term is None or term.thread is None or term.thread.is_alive() or term.stop.is_set():
+            return None
+        return term.reconciler.lost or "the reconcile loop ended"
+
+    def _follow_policy(self) -> None:
+        """A standby takes up a policy applied on another server: its API checks submissions
+        against the policy in force."""
+        newer = self._newer_policy()
+        if newer is not None and self._standby is not None and self._term is None:
+            self._standby.set_policy(newer)
+
+    def _stored_policy(self) -> Policy:
+        """The policy in force in the database (another server may have applied one)."""
+        current = self.store.current_policy()
+        if current is None:
+            return self.policy
+        self._policy_version = current.version
+        return parse_policy(current.source, f"stored policy version {current.version}")
+
+    def _newer_policy(self) -> Policy | None:
+        """A policy applied since the loop's (on any server), or None."""
+        version = self.store.policy_version()
+        if version is None or version == self._policy_version:
+            return None
+        try:
+            return self._stored_policy()
+        except PolicyError as err:
+            self._policy_version = version  # not again every pass
+            log.error("stored policy version %s does not load; keeping the one in force: %s", version, err)
+            return None
 
     def _watch_threads(self) -> None:
         """A server thread (`warden-*`: the reconcile loop, the kill timer) that dies of an
@@ -191,8 +362,11 @@ class Service:
         self.reconciler.poke()
         for thread in (self._thread, self._forecast_thread):
             if thread is not None:
-                thread.join(timeout=10)
-        self.executor.close()
+                thread.join(timeout=40)
+        if self.lease is None:
+            self.executor.close()
+        elif self._spare is not None:
+            self._spare.close()
 
     # -- who --------------------------------------------------------------------------------
     def authenticate(self, header: str | None) -> Principal:
@@ -446,7 +620,12 @@ class Service:
                 raise forbidden(who, f"cancel job {job_id} of user {job.user!r}")
             if job.state.terminal:
                 raise ApiError(409, "id", job_id, f"the job already ended ({job.state.value})")
-            return self.reconciler.cancel(job, who.user)
+            try:
+                return self.reconciler.cancel(job, who.user)
+            except (NotLeader, Fenced):  # the lead was lost meanwhile: record it for the next leader
+                if self._standby is None:
+                    raise
+                return self._standby.cancel(job, who.user)
 
         job, done = self._act(job_id, act)
         self.store.audit(who.user, "cancel", f"job/{job_id}", {"state": job.state.value, "done": done}, self.now())
@@ -666,6 +845,7 @@ class Service:
             )
         now = self.now()
         version = self.store.apply_policy(source, policy.to_dict(), who.user, now)
+        self._policy_version = version
         self.store.audit(who.user, "policy.apply", f"policy/{version}", {}, now)
         self.reconciler.set_policy(policy)
         for w in quota_warnings(policy, self.nodes):

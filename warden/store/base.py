@@ -3,6 +3,7 @@
 Writes on SQLite start with BEGIN IMMEDIATE (see `warden.store.db.WRITE_OPTION`), so two
 writers queue on the lock instead of failing half-way; on PostgreSQL a row is locked with
 SELECT ... FOR UPDATE where a compare-and-set needs it, and submissions take an advisory lock.
+A leader's store (`Store.fenced`) checks its lease's epoch in every write transaction.
 """
 
 from __future__ import annotations
@@ -13,11 +14,19 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Connection, CursorResult, Engine, Row, text
 
 from warden.store.db import writer
+
+
+class Fence(Protocol):
+    """What a fenced store checks in each write transaction (`warden.store.leadership.Lease`)."""
+
+    def check_in(self, conn: Connection) -> None:
+        """Raise (rolling the transaction back) unless the writer still leads."""
+        ...
 
 
 class StoreBase:
@@ -26,6 +35,8 @@ class StoreBase:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.fence: Fence | None = None
+        """Checked at the start of every write transaction (a leader's store); None: unfenced."""
         self._writer = writer(engine)
         self._write_lock: threading.Lock | contextlib.nullcontext[None] = (
             threading.Lock() if engine.dialect.name == "sqlite" else contextlib.nullcontext()
@@ -37,6 +48,8 @@ class StoreBase:
         # (its busy handler); queueing this process's writers on a lock instead hands the
         # database over the moment a commit ends. PostgreSQL needs no such help.
         with self._write_lock, self._writer.begin() as conn:
+            if self.fence is not None:
+                self.fence.check_in(conn)
             yield conn
 
     @contextmanager

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple, cast
 
-from sqlalchemy import Connection, Engine, Row, Table, bindparam, func, insert, select, update
+from sqlalchemy import Connection, Engine, Row, Table, bindparam, func, insert, literal_column, select, update
 from sqlalchemy.types import JSON
 
 from warden.engine import lifecycle
@@ -578,7 +578,9 @@ class JobStore(StoreBase):
         """Store the engine's latest explanation of many pending jobs in one executemany.
 
         Each changed row's `version` is bumped; pass only the explanations that changed to
-        keep a pass cheap. Unknown ids are ignored (the job may have been purged).
+        keep a pass cheap. Unknown ids are ignored (the job may have been purged), and so are
+        jobs no longer waiting (cancelled meanwhile, on another server: a finished job keeps
+        no "why pending").
         """
         params = []
         for job_id, explanation in explanations.items():
@@ -589,7 +591,11 @@ class JobStore(StoreBase):
             return
         query = (
             update(JOBS)
-            .where(JOBS.c.id == bindparam("b_id"))
+            # the states written out, not bound: an executemany takes no expanding IN
+            .where(
+                JOBS.c.id == bindparam("b_id"),
+                JOBS.c.state.in_([literal_column(f"'{w}'") for w in sorted(WAITING_STATES)]),
+            )
             .values(explanation=bindparam("b_explanation", type_=JSON(none_as_null=True)), version=JOBS.c.version + 1)
         )
         with self._write() as conn:

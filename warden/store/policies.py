@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
-from sqlalchemy import Table, insert, select
+from sqlalchemy import Table, func, insert, select
 
 from warden.store.base import StoreBase, _new_id, _record
 from warden.store.schema import PolicyRow
@@ -53,6 +53,12 @@ class PolicyStore(StoreBase):
         with self._read() as conn:
             row = conn.execute(query).first()
         return None if row is None else CurrentPolicy(int(row.version), row.source, dict(row.resolved))
+
+    def policy_version(self) -> int | None:
+        """The version in force (the highest), read alone: cheap enough for every pass to ask
+        whether another server applied a policy. None before any was applied."""
+        with self._read() as conn:
+            return conn.execute(select(func.max(POLICIES.c.version))).scalar()
 
     def policy_history(self, limit: int | None = None) -> tuple[PolicyRecord, ...]:
         """Applied policies, newest first."""

@@ -13,10 +13,13 @@ preemptions (`warden.store.history`) and nodes (`warden.store.nodes`).
 
 from __future__ import annotations
 
+import copy
+import threading
 from typing import cast
 
 from sqlalchemy import Table, select
 
+from warden.store.base import Fence
 from warden.store.db import connect, migrate
 from warden.store.history import HistoryStore
 from warden.store.jobs import JobStore
@@ -38,6 +41,18 @@ class Store(JobStore, TokenStore, PolicyStore, HistoryStore, NodeStore):
         if upgrade:
             migrate(engine)
         return cls(engine)
+
+    def fenced(self, fence: Fence) -> Store:
+        """This store as a leader writes through it: every write transaction first checks
+        `fence` (the lease's epoch, `warden.store.leadership.Lease.check_in`) and commits
+        nothing once another server took the lead. It shares the engine and, on SQLite, the
+        queue of writers; `submit` stays unfenced (a user's submission is never refused for
+        who leads)."""
+        other = copy.copy(self)
+        other.fence = fence
+        other._active = {}
+        other._active_lock = threading.Lock()
+        return other
 
     def close(self) -> None:
         """Close the pooled connections."""

@@ -252,3 +252,27 @@ class NodeRow(Base):
     block: Mapped[str | None] = mapped_column(String(255))
     gpu_names: Mapped[list[str]] = mapped_column(JSON)
     updated_at: Mapped[float] = mapped_column(Double)
+
+
+class LeaseRow(Base):
+    """The leader's lease (docs/control-plane.md, "Several servers"): one row, id 1, made by
+    its migration. The server that holds it unexpired leads; `epoch` goes up by one at every
+    change of holder and is the fencing token every write of the leader checks. Times are the
+    database's clock (epoch seconds), never a server's."""
+
+    __tablename__ = "leader_lease"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    holder: Mapped[str | None] = mapped_column(String(255))
+    """Who holds it: `host:pid:random`, unique to one run of one server; None before any did."""
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[float] = mapped_column(Double)
+    acquired_at: Mapped[float | None] = mapped_column(Double)
+    renewed_at: Mapped[float | None] = mapped_column(Double)
+    host: Mapped[str | None] = mapped_column(String(255))
+    pid: Mapped[int | None] = mapped_column(Integer)
+    pid_started: Mapped[int | None] = mapped_column(BigInteger)
+    """The holder's process start time (clock ticks since boot, /proc/PID/stat): a pid reused
+    by another process is not mistaken for the holder."""
+    url: Mapped[str | None] = mapped_column(String(1024))
+    """The holder's API, for `GET /v1/health` and the CLI to name the leader."""

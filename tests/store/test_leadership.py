@@ -1,0 +1,283 @@
+"""The leader's lease (`warden.store.leadership`) and the fencing of a leader's writes
+(`Store.fenced`), on SQLite and on a real PostgreSQL, each contender with its own engine (its
+own connections, as two servers have).
+
+Timing is by the database's clock and waited for with deadlines, never a fixed sleep, except
+where a test shows that something does *not* happen for a while (a contender kept waiting).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
+from sqlalchemy import Engine, select
+from sqlalchemy.exc import DBAPIError
+
+from warden.engine.lifecycle import Event
+from warden.engine.model import JobState
+from warden.store import Store, connect, migrate
+from warden.store.leadership import FENCED_IDLE_MS, LEASE, Holder, Lease, NotLeader
+from warden.store.schema import AuditRow
+
+T0 = 1_700_000_000.0
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'warden.db'}"
+    return str(request.getfixturevalue("fresh_postgres_url"))
+
+
+@pytest.fixture
+def engines(db_url: str) -> Iterator[Callable[[], Engine]]:
+    """A new engine per call (one per contender), on one migrated database."""
+    made: list[Engine] = []
+
+    def new() -> Engine:
+        engine = connect(db_url)
+        made.append(engine)
+        return engine
+
+    migrate(new())
+    try:
+        yield new
+    finally:
+        for engine in made:
+            engine.dispose()
+
+
+def contender(engines: Callable[[], Engine], name: str, **kw: Any) -> Lease:
+    return Lease(engines(), Holder(f"{name}:{time.monotonic_ns()}", "host-" + name, 100, None, f"http://{name}"), **kw)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_of_two_contenders_one_takes_the_lease(engines: Callable[[], Engine]) -> None:
+    a, b = contender(engines, "a"), contender(engines, "b")
+    assert a.acquire() == 1
+    assert b.acquire() is None
+    assert a.leading and a.may_act() and a.epoch == 1
+    assert not b.leading and not b.may_act()
+    assert b.last_seen is not None and b.last_seen.holder == a.holder.id and b.last_seen.live
+    assert "pid 100 on host-a, http://a holds the lease (epoch 1" in b.last_seen.describe()
+    with pytest.raises(NotLeader, match="does not lead"):
+        b.check("SIGTERM job 1")
+
+
+def test_contenders_starting_together_elect_one(engines: Callable[[], Engine]) -> None:
+    """Eight contenders released at the same instant, each on its own connections, many
+    times over: exactly one takes each round's lease."""
+    leases = [contender(engines, f"c{i}") for i in range(8)]
+    for round_ in range(5):
+        gate = threading.Barrier(len(leases))
+        won: list[int | None] = [None] * len(leases)
+
+        def race(i: int, gate: threading.Barrier, won: list[int | None]) -> None:
+            gate.wait()
+            won[i] = leases[i].acquire()
+
+        threads = [threading.Thread(target=race, args=(i, gate, won)) for i in range(len(leases))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        winners = [i for i, epoch in enumerate(won) if epoch is not None]
+        assert len(winners) == 1, (round_, won)
+        assert won[winners[0]] == round_ + 1
+        leases[winners[0]].release()
+
+
+def test_an_expired_lease_is_taken_with_the_next_epoch_and_the_old_holders_renew_fails(
+    engines: Callable[[], Engine],
+) -> None:
+    a, b = contender(engines, "a", lease_s=0.4, margin_s=0.1), contender(engines, "b")
+    assert a.acquire() == 1
+    assert b.acquire() is None
+    assert wait_for(b.acquire, 10, "the lease to run out and b to take it") == 2
+    assert b.read().holder == b.holder.id and b.read().epoch == 2
+    assert a.leading  # it does not know yet ...
+    assert not a.renew()  # ... until it tries to renew
+    assert not a.leading and not a.may_act()
+    assert b.renew() and b.read().holder == b.holder.id
+
+
+def test_a_renewed_lease_is_kept_past_its_first_term(engines: Callable[[], Engine]) -> None:
+    a, b = contender(engines, "a", lease_s=2.0, margin_s=0.1), contender(engines, "b")
+    assert a.acquire() == 1
+    until = time.monotonic() + 3.0
+    while time.monotonic() < until:
+        assert a.renew()
+        assert b.acquire() is None
+        time.sleep(0.1)
+    assert a.may_act() and a.read().epoch == 1
+
+
+def test_every_change_of_holder_raises_the_epoch(engines: Callable[[], Engine]) -> None:
+    a, b = contender(engines, "a"), contender(engines, "b")
+    epochs = []
+    for lease in (a, b, a, a, b):
+        epoch = lease.acquire()
+        assert epoch is not None
+        epochs.append(epoch)
+        lease.release()
+        assert not lease.leading
+    assert epochs == [1, 2, 3, 4, 5]
+
+
+def test_release_hands_the_lease_over_at_once(engines: Callable[[], Engine]) -> None:
+    a, b = contender(engines, "a", lease_s=3600.0), contender(engines, "b")
+    assert a.acquire() == 1
+    assert b.acquire() is None
+    a.release()
+    assert b.acquire() == 2
+    a.release()  # not its epoch any more: changes nothing
+    assert b.read().live and b.read().holder == b.holder.id
+
+
+def test_a_holder_known_dead_is_taken_over_before_its_lease_runs_out(engines: Callable[[], Engine]) -> None:
+    a, b, c = contender(engines, "a", lease_s=3600.0), contender(engines, "b"), contender(engines, "c")
+    assert a.acquire() == 1
+    assert b.acquire(take_from="someone else") is None
+    assert b.acquire(take_from=a.holder.id) == 2
+    assert c.acquire(take_from=a.holder.id) is None  # b holds it now, not a
+
+
+def test_acting_stops_by_the_holders_own_clock_and_expiry_is_the_databases(engines: Callable[[], Engine]) -> None:
+    """The holder stops acting outside the database `lease_s − margin_s` after it sent its last
+    renewal, by its own clock; whether the lease ran out is the database's call alone, whatever
+    a contender's clock says."""
+    clock = FakeClock()
+    a = contender(engines, "a", lease_s=30.0, margin_s=5.0, clock=clock)
+    far_ahead = FakeClock()
+    far_ahead.now = 1e12
+    b = contender(engines, "b", clock=far_ahead)
+    assert a.acquire() == 1
+    clock.now += 24.9
+    assert a.may_act()
+    clock.now += 0.1
+    assert not a.may_act()
+    with pytest.raises(NotLeader, match=r"ran out 5\.0 s ago"):
+        a.check("SIGKILL job 3")
+    assert b.acquire() is None  # the database says a's lease lasts: b's clock does not count
+    assert a.renew() and a.may_act()
+
+
+# -- fencing: a leader's writes -----------------------------------------------------------------
+
+
+def submitted(store: Store) -> int:
+    return store.submit(name="x", user="ana", queue="q", tier=3, command=["true"], actor="ana", now=T0)
+
+
+def test_a_leaders_writes_go_through_while_it_leads(engines: Callable[[], Engine]) -> None:
+    a = contender(engines, "a")
+    users, leader = Store(engines()), None
+    assert a.acquire() == 1
+    leader = users.fenced(a)
+    job = submitted(users)
+    assert leader.transition(
+        job, JobState.CANCELLED, event=Event.CANCELLED, reason="x", actor="warden", now=T0, expect_state="PENDING"
+    )
+    assert leader.get(job) is not None and leader.get(job).state is JobState.CANCELLED  # type: ignore[union-attr]
+
+
+def test_a_replaced_leader_commits_no_write(engines: Callable[[], Engine]) -> None:
+    """Once another server took the lease, every write of the old leader's store raises
+    `NotLeader` and changes nothing, while users' writes (the unfenced store) go on."""
+    a, b = contender(engines, "a", lease_s=0.4, margin_s=0.1), contender(engines, "b")
+    users = Store(engines())
+    assert a.acquire() == 1
+    leader = Store(engines()).fenced(a)
+    job = submitted(users)
+    wait_for(b.acquire, 10, "b to take the lease")
+    assert a.leading  # a has not noticed: only the database can tell it
+    writes: list[Callable[[], object]] = [
+        lambda: leader.transition(job, JobState.ADMITTED, event=Event.ADMITTED, reason="x", actor="warden", now=T0),
+        lambda: leader.update(job, claim=True),
+        lambda: leader.set_explanations({job: {"reason": {"code": "X"}}}),
+        lambda: leader.audit("warden", "x", "job/1", {}, T0),
+        lambda: leader.save_ledger(T0, {"q": 1.0}),
+    ]
+    for write in writes:
+        with pytest.raises(NotLeader, match="epoch 2"):
+            write()
+    stored = users.get(job)
+    assert stored is not None and stored.state is JobState.PENDING and not stored.claim and stored.version == 1
+    assert users.audit_log() == () and users.load_ledger().usage == {}
+    assert users.update(job, claim=True)  # a user's write is not fenced
+    b_store = Store(engines()).fenced(b)
+    assert b_store.update(job, claim=False)
+
+
+def test_a_store_that_never_led_writes_nothing(engines: Callable[[], Engine]) -> None:
+    a = contender(engines, "a")
+    with pytest.raises(NotLeader, match="does not lead"):
+        Store(engines()).fenced(a).audit("warden", "x", "job/1", {}, T0)
+
+
+def test_a_takeover_waits_for_the_old_leaders_write_in_flight(engines: Callable[[], Engine]) -> None:
+    """A write transaction the leader opened before its lease ran out holds the lease row:
+    the contender's takeover waits until it commits, and the write lands *before* the new
+    epoch, never after it."""
+    a, b = contender(engines, "a", lease_s=0.4, margin_s=0.1), contender(engines, "b")
+    assert a.acquire() == 1
+    leader = Store(engines()).fenced(a)
+    users = Store(engines())
+    took: list[int | None] = []
+    with leader._write() as conn:
+        wait_for(lambda: not b.read().live, 10, "a's lease to run out")
+        contending = threading.Thread(target=lambda: took.append(wait_for(b.acquire, 30, "b to take over")))
+        contending.start()
+        contending.join(1.0)
+        assert contending.is_alive(), "the takeover did not wait for the leader's write in flight"
+        conn.execute(AuditRow.__table__.insert().values(at=T0, actor="warden", action="x", target="t", details={}))
+    contending.join(30)
+    assert took == [2]
+    assert [e.action for e in users.audit_log()] == ["x"]
+    with pytest.raises(NotLeader):
+        leader.audit("warden", "y", "t", {}, T0)
+
+
+def test_a_leader_stopped_inside_a_write_does_not_block_the_takeover(
+    db_url: str, engines: Callable[[], Engine]
+) -> None:
+    """PostgreSQL ends a fenced transaction left idle (its process stopped, SIGSTOP) after
+    `FENCED_IDLE_MS`, so the contender takes over; what that transaction wrote is lost."""
+    if not db_url.startswith("postgresql"):
+        pytest.skip("SQLite is one server's: no contender on another connection to keep waiting")
+    a, b = contender(engines, "a", lease_s=0.4, margin_s=0.1), contender(engines, "b")
+    assert a.acquire() == 1
+    leader = Store(engines()).fenced(a)
+    users = Store(engines())
+    started = time.monotonic()
+    with pytest.raises(DBAPIError), leader._write() as conn:
+        conn.execute(AuditRow.__table__.insert().values(at=T0, actor="warden", action="x", target="t", details={}))
+        # stays idle in its transaction, as a stopped process would
+        assert wait_for(b.acquire, 30, "b to take over from an idle transaction") == 2
+    assert time.monotonic() - started >= FENCED_IDLE_MS / 1000 - 0.1
+    assert users.audit_log() == ()
+    with users.engine.connect() as conn:
+        assert conn.execute(select(LEASE.c.holder)).scalar_one() == b.holder.id
