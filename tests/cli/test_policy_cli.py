@@ -134,7 +134,12 @@ def test_show_json_is_one_object_with_defaults_filled(tmp_path: Path) -> None:
         "max_attempts_per_pass": 16,
         "victim_order": "cost",
         "only_if_it_pays": True,
-        "reclaim": {"nominal": "any", "fair_share": "final", "starvation_shield": "max_lease"},
+        "reclaim": {
+            "nominal": "any",
+            "fair_share": "final",
+            "fair_share_margin": 1.5,
+            "starvation_shield": "max_lease",
+        },
     }
     assert shown["queues"]["name"] == "cluster"
     assert [c["name"] for c in shown["queues"]["children"]] == ["default"]

@@ -44,7 +44,8 @@ def _policy(lease: str) -> Policy:
         {
             "tiers": tiers,
             "queues": QUEUES,
-            "preemption": {"restart_overhead": "0s", "checkpoint_overhead": "0s"},
+            # The fair-share swap as written (margin 1): the arithmetic the tests below state.
+            "preemption": {"restart_overhead": "0s", "checkpoint_overhead": "0s", "reclaim": {"fair_share_margin": 1}},
             "thrash": {"min_efficiency": 0.0, "max_preemptions": {"per": "24h", "count": 100}},
             # platform has used little: it ranks ahead of research in every pass.
             "fair_share": {"half_life": "7d"},

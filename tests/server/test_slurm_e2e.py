@@ -140,8 +140,10 @@ def test_tier1_preempts_a_tier3_gang_with_one_sigterm_instant_sigkill_on_time_an
         terms.append(float((Path(first["log_dir"]) / "job" / "batch.signals").read_text().split()[0]))
         assert max(terms) - min(terms) < 0.1, terms  # both replicas and the batch supervisor
         # SIGKILL is due the grace after the SIGTERM the processes saw (the pass that decided
-        # the preemption, `sigterm_at`, comes a moment before the signal on a loaded machine).
-        assert 1.75 <= first["kill_at"] - min(terms) <= 2.01, (first["kill_at"], terms)
+        # the preemption, `sigterm_at`, comes a moment before the signal on a loaded machine):
+        # the deadline is taken once both `scancel` calls have returned, so never before the
+        # grace has run from the signal, and later by their exit at most (18 ms seen under load).
+        assert 1.75 <= first["kill_at"] - min(terms) <= 2.1, (first["kill_at"], terms)
         assert first["sigterm_at"] <= min(terms)
         lateness = [t - first["kill_at"] for t in gone]
         assert all(0.0 <= late <= 0.5 for late in lateness), lateness
