@@ -149,7 +149,12 @@ def started(tmp_path: Path, policy_text: str, **kw: Any) -> Server:
 
 def kill_leftovers(tmp_path: Path) -> None:
     """Job processes outlive the server by design; end the ones this test started."""
-    for status in (tmp_path / "state").glob("jobs/*/attempt-*/**/*"):
+    kill_jobs_of(tmp_path / "state")
+
+
+def kill_jobs_of(state_dir: Path) -> None:
+    """SIGKILL the process group of every job attempt a server with this state directory ran."""
+    for status in state_dir.glob("jobs/*/attempt-*/**/*"):
         if status.is_file() and status.suffix == ".json" and "status" in status.name:
             try:
                 pgid = json.loads(status.read_text()).get("pgid")

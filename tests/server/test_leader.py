@@ -7,7 +7,6 @@ runs and schedules what was submitted meanwhile. On SQLite a second server is re
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -19,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
-from serverproc import Server, submit, until_state, wait_for
+from serverproc import Server, kill_jobs_of, submit, until_state, wait_for
 
 POLICY = """\
 min_grace: 2s
@@ -124,13 +123,8 @@ class Cluster:
             if server.proc is not None and server.proc.poll() is None:
                 server.proc.send_signal(signal.SIGCONT)
                 server.stop()
-        for status in self.root.glob("*/jobs/*/attempt-*/*.status.json"):
-            try:
-                pgid = json.loads(status.read_text()).get("pgid")
-                if pgid:
-                    os.killpg(int(pgid), signal.SIGKILL)
-            except (OSError, ValueError):
-                pass
+        for server in self.servers:
+            kill_jobs_of(server.state_dir)
 
 
 @pytest.fixture
