@@ -37,7 +37,7 @@ from warden import paths
 from warden.executors.base import Exit, Handle, LaunchError, LaunchSpec, ReplicaHandle, ReplicaLaunch
 from warden.executors.deadlines import KillTimer, adopted_deadline, deadline_pair, due
 from warden.executors.identity import Identities, Identity
-from warden.executors.records import write_json_atomic
+from warden.executors.records import CONTROL_FILE, CONTROL_MODE, write_json_atomic
 from warden.executors.shim import group_alive, process_alive, read_json, start_ticks
 from warden.executors.tracking import AttemptTable
 
@@ -207,7 +207,7 @@ class LocalExecutor(AttemptTable[_Tracked]):
         ordered = sorted(spec.replicas, key=lambda r: r.rank)
         replicas = [_replica_paths(spec.log_dir, r.rank) for r in ordered]
         launches: list[dict[str, Any]] = []
-        control = spec.log_dir / "control.json"
+        control = spec.log_dir / CONTROL_FILE
         control.unlink(missing_ok=True)  # leftovers of an earlier start in the same directory
         for replica, (log, status, exit_path) in zip(ordered, replicas):
             for stale in (status, exit_path):
@@ -223,6 +223,7 @@ class LocalExecutor(AttemptTable[_Tracked]):
                     "exit": str(exit_path),
                     "identity": _identity_record(identity),
                     "private_dirs": private,
+                    "control": str(control),
                 }
             )
         shims = [self._spawn_shim(launch) for launch in launches]
@@ -358,7 +359,7 @@ class LocalExecutor(AttemptTable[_Tracked]):
                     "kill_at": tracked.kill_at,
                     "killed_at": tracked.killed_at,
                 }
-            write_json_atomic(tracked.handle.control_path, record)
+            write_json_atomic(tracked.handle.control_path, record, mode=CONTROL_MODE)
 
     # -- exits -----------------------------------------------------------------------------
 
@@ -476,7 +477,7 @@ class LocalExecutor(AttemptTable[_Tracked]):
             )
         if not handles:
             return None
-        return Handle(job_id, attempt, tuple(handles), control_path=Path(log_dir) / "control.json")
+        return Handle(job_id, attempt, tuple(handles), control_path=Path(log_dir) / CONTROL_FILE)
 
     def cancel_unowned(self, owned: Iterable[tuple[str, int]]) -> list[str]:
         """Nothing of this executor can run unowned: every attempt has its row (and log
@@ -640,14 +641,18 @@ def _replica_exit(replica: ReplicaHandle, shim_ticks: int | None) -> dict[str, A
 
 def _exit(tracked: _Tracked, records: list[dict[str, Any]]) -> Exit:
     errors = [f"rank {r.rank}: {rec['error']}" for r, rec in zip(tracked.handle.replicas, records) if rec.get("error")]
+    killed_at = tracked.killed_at
+    if killed_at is None:  # no server was there at the deadline: the shims kept it (their records are the server's)
+        kept = [float(rec["killed_at"]) for rec in records if isinstance(rec.get("killed_at"), int | float)]
+        killed_at = min(kept, default=None)
     return Exit(
         job_id=tracked.handle.job_id,
         attempt=tracked.handle.attempt,
         exit_codes=tuple(_optional_int(rec.get("exit_code")) for rec in records),
         ended_at=max(float(rec["ended_at"]) for rec in records),
         signalled_at=tracked.signalled_at,
-        killed=tracked.killed_at is not None,
-        killed_at=tracked.killed_at,
+        killed=killed_at is not None,
+        killed_at=killed_at,
         error="; ".join(errors) or None,
     )
 

@@ -65,7 +65,7 @@ from warden.executors.local import (
     make_dirs,
 )
 from warden.executors.ray_launch import NAMESPACE, Launcher
-from warden.executors.records import read_job_json, record_ended_at, record_exit_code
+from warden.executors.records import CONTROL_FILE, read_job_json, record_ended_at, record_exit_code
 from warden.executors.tracking import Key, RemoteAttemptTable
 
 log = logging.getLogger("warden.executors.ray")
@@ -507,7 +507,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
             spec.job_id,
             spec.attempt,
             tuple(ReplicaHandle.in_dir(spec.log_dir, r.rank) for r in ordered),
-            control_path=spec.log_dir / "control.json",
+            control_path=spec.log_dir / CONTROL_FILE,
             external=(group_name(spec.job_id, spec.attempt), *(alive[r.node].node_id for r in ordered)),
         )
         for stale in [handle.control_path, *(p for r in handle.replicas for p in (r.status_path, r.exit_path))]:
@@ -600,6 +600,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
                     "log": str(log_path),
                     "status": str(spec.log_dir / f"rank-{r.rank}.status.json"),
                     "exit": str(spec.log_dir / f"rank-{r.rank}.exit.json"),
+                    "control": str(spec.log_dir / CONTROL_FILE),
                     "identity": None
                     if identity is None
                     else {"uid": identity.uid, "gid": identity.gid, "groups": list(identity.groups)},
@@ -829,7 +830,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
             job_id,
             attempt,
             tuple(ReplicaHandle.in_dir(Path(log_dir), rank) for rank in range(replicas)),
-            control_path=Path(log_dir) / "control.json",
+            control_path=Path(log_dir) / CONTROL_FILE,
             external=(name, *(str(by_bundle.get(rank, "")) for rank in range(replicas))),
         )
 

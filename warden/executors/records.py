@@ -17,6 +17,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+CONTROL_FILE = "control.json"
+"""An attempt's signal state in its directory (`signalled_at`, `kill_at`, `killed_at`): written by
+the server on SIGTERM and SIGKILL, read back by the next server that adopts the attempt and, for its
+SIGKILL deadline, by the attempt's supervisors (`warden.executors.shim.DeadlineKeeper`)."""
+CONTROL_MODE = 0o644
+"""control.json is readable by the job's own account: on Slurm and Ray the supervisor runs as
+it. It holds times only; the job can read it and never write it (the directory is the server's)."""
+
 JOB_FILE_MAX = 1 << 16
 """The most of a file a job wrote (its status and exit records) that the server reads."""
 

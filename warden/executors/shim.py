@@ -15,6 +15,12 @@ signals, and records everything in two small JSON files written atomically:
 A launch may name an `owner` process (pid and start ticks): the job then lives only as long as
 that process does (the Ray executor's launcher actor, see `warden.executors.ray_launch`).
 
+A launch may name the attempt's `control` file (`control.json`, the server's, in a directory the
+job cannot write): once it records a SIGKILL deadline (`kill_at`, set when warden sent SIGTERM),
+the shim keeps that deadline too, `KEEPER_SLACK_S` after the server's own timer would have. A
+server that is killed, or a leader that dies and is replaced, so never leaves a job in its
+grace unkilled past its deadline (`DeadlineKeeper`).
+
 Protocol (used by `warden.executors.local`): the launch description comes as JSON on stdin
 (so the job's environment is never on a command line or in a file of the executor's). The
 job runs as the launch's `identity` (uid, gid, groups) when there is one: only the job drops
@@ -31,6 +37,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import json
+import math
 import os
 import signal
 import subprocess
@@ -176,12 +183,78 @@ def _kill_escaped() -> int:
         signal.sigtimedwait([signal.SIGCHLD], POLL_S)
 
 
-def wait_for_group(leader: int, owner: tuple[int, int | None] | None = None) -> tuple[int, float, int, bool]:
+KEEPER_SLACK_S = 0.2
+"""How long after a recorded SIGKILL deadline the shim sends SIGKILL itself. The server's timer
+fires at the deadline; the shim's SIGKILL is the one that counts only when no server did (it was
+killed, or a leader died and its successor has not yet taken over)."""
+
+
+class DeadlineKeeper:
+    """The SIGKILL deadline of the attempt, as the server recorded it in `control`, kept by the
+    shim. The file is read again whenever it changed (by inode and modification time), at most
+    every `POLL_S`. A deadline is kept on both clocks, like the server's timer: the wall-clock
+    time recorded plus `KEEPER_SLACK_S`, and the monotonic time that was as far away when it
+    was read, so a step of the wall clock after reading never brings SIGKILL earlier. A
+    recorded value that is not a finite time is ignored here (the server's adopter deals with
+    it)."""
+
+    def __init__(self, control: Path | None) -> None:
+        self.control = control
+        self._seen: tuple[int, int] | None = None
+        self._wall: float | None = None
+        self._mono: float | None = None
+        self.killed_at: float | None = None
+        """When the shim sent SIGKILL at the deadline (wall clock); None if it did not."""
+
+    def _refresh(self) -> None:
+        if self.control is None:
+            return
+        try:
+            stat = os.stat(self.control)
+        except OSError:
+            return
+        seen = (stat.st_ino, stat.st_mtime_ns)
+        if seen == self._seen:
+            return
+        self._seen = seen
+        try:
+            record = read_json(self.control)
+        except (OSError, ValueError):
+            return
+        kill_at = None if record is None else record.get("kill_at")
+        if isinstance(kill_at, bool) or not isinstance(kill_at, int | float) or not math.isfinite(kill_at):
+            return
+        self._wall = float(kill_at) + KEEPER_SLACK_S
+        self._mono = time.monotonic() + (self._wall - time.time())
+
+    def until_due(self, group: int) -> float | None:
+        """SIGKILL `group` if its deadline has come (once); else the seconds until it does, or
+        None when there is no deadline (yet) or it was kept already."""
+        if self.killed_at is not None:
+            return None
+        self._refresh()
+        if self._wall is None or self._mono is None:
+            return None
+        left = max(self._mono - time.monotonic(), self._wall - time.time())
+        if left > 0:
+            return left
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.killed_at = time.time()
+        return None
+
+
+def wait_for_group(
+    leader: int, owner: tuple[int, int | None] | None = None, keeper: DeadlineKeeper | None = None
+) -> tuple[int, float, int, bool]:
     """Wait until the main process has exited and no process of its group is left.
 
     With `owner` (pid, start ticks), the job lives only as long as that process: once it is
     gone, the whole group gets SIGKILL (the Ray executor's launcher, whose death means Ray has
-    taken the job's reservation back).
+    taken the job's reservation back). With `keeper`, the group gets SIGKILL at the deadline
+    the server recorded, even when no server is there to send it.
 
     Returns (main exit status in subprocess convention, wall time the last one was gone,
     number of escaped descendants killed, whether the owner's death killed it). SIGCHLD must
@@ -201,7 +274,8 @@ def wait_for_group(leader: int, owner: tuple[int, int | None] | None = None) -> 
                 os.killpg(leader, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        signal.sigtimedwait([signal.SIGCHLD], POLL_S)
+        left = None if keeper is None else keeper.until_due(leader)
+        signal.sigtimedwait([signal.SIGCHLD], POLL_S if left is None else min(POLL_S, left))
     escaped = _kill_escaped()
     return leader_code, time.time(), escaped, orphaned
 
@@ -273,12 +347,20 @@ def supervise(launch: dict[str, Any], ready_fd: int | None = None) -> int:
     )
     _signal_ready(ready_fd)
     owner = launch.get("owner")
+    keeper = DeadlineKeeper(Path(launch["control"]) if launch.get("control") else None)
     code, ended_at, escaped, orphaned = wait_for_group(
-        proc.pid, None if owner is None else (int(owner["pid"]), owner.get("ticks"))
+        proc.pid, None if owner is None else (int(owner["pid"]), owner.get("ticks")), keeper
     )
     proc.returncode = code  # reaped by wait_for_group; keeps Popen from waiting again
     why = f"its owner (pid {owner['pid']}) was gone, so it was killed" if orphaned and owner else None
-    record = {"exit_code": code, "ended_at": ended_at, "error": why, "escaped_killed": escaped, "orphaned": orphaned}
+    record = {
+        "exit_code": code,
+        "ended_at": ended_at,
+        "error": why,
+        "escaped_killed": escaped,
+        "orphaned": orphaned,
+        "killed_at": keeper.killed_at,
+    }
     write_json_atomic(exit_path, record)
     return 0
 

@@ -53,7 +53,13 @@ from warden.executors.local import (
     job_environment,
     make_dirs,
 )
-from warden.executors.records import read_job_json, record_ended_at, record_exit_code, write_json_atomic
+from warden.executors.records import (
+    CONTROL_FILE,
+    read_job_json,
+    record_ended_at,
+    record_exit_code,
+    write_json_atomic,
+)
 from warden.executors.slurm_launch import BATCH_SIGNALS, JOB_DIR, LAUNCH_FILE
 from warden.executors.tracking import Key, RemoteAttemptTable
 
@@ -508,7 +514,7 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
             raise LaunchError(f"job {spec.job_id!r}: {spec.log_dir} is not the server's own directory")
         os.chmod(spec.log_dir, 0o711)
         out = spec.log_dir / JOB_DIR
-        for stale in [spec.log_dir / LAUNCH_FILE, spec.log_dir / "control.json"]:
+        for stale in [spec.log_dir / LAUNCH_FILE, spec.log_dir / CONTROL_FILE]:
             stale.unlink(missing_ok=True)
         if out.is_dir() and not out.is_symlink():  # an earlier try of this attempt: its records are stale
             for stale in [*out.glob("*.json"), out / BATCH_SIGNALS]:
@@ -536,7 +542,7 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
             spec.job_id,
             spec.attempt,
             tuple(ReplicaHandle.in_dir(out, r.rank) for r in sorted(spec.replicas, key=lambda r: r.rank)),
-            control_path=spec.log_dir / "control.json",
+            control_path=spec.log_dir / CONTROL_FILE,
             external=tuple(ids),
         )
         with self._lock:
@@ -791,7 +797,7 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
             job_id,
             attempt,
             tuple(ReplicaHandle.in_dir(Path(log_dir) / JOB_DIR, rank) for rank in range(replicas)),
-            control_path=Path(log_dir) / "control.json",
+            control_path=Path(log_dir) / CONTROL_FILE,
             external=ids,
         )
 

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from warden.executors.records import write_json_atomic
+from warden.executors.records import CONTROL_FILE, write_json_atomic
 from warden.executors.shim import read_json, supervise
 
 LAUNCH_FILE = "launch.json"
@@ -107,6 +107,7 @@ def task(attempt_dir: Path) -> int:
             "log": str(out / f"rank-{rank}.log"),
             "status": str(out / f"rank-{rank}.status.json"),
             "exit": str(out / f"rank-{rank}.exit.json"),
+            "control": str(attempt_dir / CONTROL_FILE),
             "extra_status": {
                 "node": node,
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID"),

@@ -14,7 +14,7 @@ from typing import Any, Generic, Protocol, Self, TypeVar
 
 from warden.executors.base import Fenced, Handle, LaunchError, LaunchSpec, UnknownAttempt, validate_spec
 from warden.executors.deadlines import KillTimer, adopted_deadline, deadline_pair, due
-from warden.executors.records import read_job_json, write_json_atomic
+from warden.executors.records import CONTROL_MODE, read_job_json, write_json_atomic
 
 Key = tuple[str, int]
 log = logging.getLogger("warden.executors")
@@ -226,7 +226,7 @@ class RemoteAttemptTable(AttemptTable[S]):
             return
         with self._lock:
             record = {"signalled_at": tracked.signalled_at, "kill_at": tracked.kill_at, "killed_at": tracked.killed_at}
-        write_json_atomic(tracked.handle.control_path, record)  # never through a link a job planted
+        write_json_atomic(tracked.handle.control_path, record, mode=CONTROL_MODE)  # never through a planted link
 
     @staticmethod
     def _control(handle: Handle) -> dict[str, Any]:
