@@ -47,6 +47,7 @@ from warden.store.jobs import DuplicateSubmission, EarlierSubmission, StoredJob
 from warden.store.leadership import Lease, NotLeader
 from warden.store.repo import Store
 from warden.store.tokens import TokenInfo
+from warden.store.wakeups import listen, listens, wake_leader
 
 TOKEN_CACHE_S = 1.0
 PrivateData = Literal["jobs", "none"]
@@ -272,6 +273,10 @@ class Service:
             rec.lost = f"recovery failed: {type(err).__name__}: {err}"
             return
         term.executor.watch(rec.poke)
+        if listens(self.store.engine):  # a standby's writes wake this term's loop
+            threading.Thread(
+                target=listen, args=(self.store.engine, rec.poke, term.stop), name="warden-wakeups", daemon=True
+            ).start()
         rec.run(term.stop, gate=self.lease.may_act)
 
     def _end_term(self, why: str) -> None:
@@ -507,7 +512,7 @@ class Service:
             replayed = self._replay(idempotency_key, dup.earlier, digest)
             self.submission_rate.give_back(who.user, limits.submission_burst_per_user)  # one job: one token
             return replayed
-        self.reconciler.poke()
+        self._changed()
         return Submitted(job_id, state)
 
     def _check_submission(self, req: SubmitRequest, who: Principal, dry_run: bool = False) -> Checked:
@@ -629,6 +634,7 @@ class Service:
 
         job, done = self._act(job_id, act)
         self.store.audit(who.user, "cancel", f"job/{job_id}", {"state": job.state.value, "done": done}, self.now())
+        self._changed()
         return self._reread(job)
 
     def approve(self, job_id: str, who: Principal) -> StoredJob:
@@ -653,7 +659,7 @@ class Service:
 
         job, _ = self._act(job_id, act)
         self.store.audit(who.user, "approve", f"job/{job_id}", {"tier": job.tier, "queue": job.queue}, now)
-        self.reconciler.poke()
+        self._changed()
         return self._reread(job)
 
     def release(self, job_id: str, who: Principal) -> StoredJob:
@@ -682,8 +688,18 @@ class Service:
 
         job, _ = self._act(job_id, act)
         self.store.audit(who.user, "release", f"job/{job_id}", {"held_reason": job.held_reason}, now)
-        self.reconciler.poke()
+        self._changed()
         return self._reread(job)
+
+    def _changed(self) -> None:
+        """A user's write is stored: a pass soon, here or, from a standby, on the leader."""
+        self.reconciler.poke()
+        if self.leading:
+            return
+        try:
+            wake_leader(self.store.engine)
+        except Exception as err:  # the leader's next pass finds the write anyway
+            log.warning("could not wake the leader: %s", err)
 
     def _reread(self, job: StoredJob) -> StoredJob:
         """The job as it is now (as it was, should it have been purged meanwhile)."""
@@ -848,6 +864,7 @@ class Service:
         self._policy_version = version
         self.store.audit(who.user, "policy.apply", f"policy/{version}", {}, now)
         self.reconciler.set_policy(policy)
+        self._changed()
         for w in quota_warnings(policy, self.nodes):
             log.warning("policy version %s: %s. %s", version, w.headline, w.message)
         return version, True
