@@ -28,6 +28,7 @@ from warden.engine.lifecycle import Event, IllegalTransition
 from warden.engine.model import Attempt, Job, JobState, Node, ReplicaPlacement
 from warden.store import JobNotFound, NodeRecord, Store, connect, default_url, hash_token, migrate
 from warden.store.db import normalize_url, state_dir
+from warden.store.jobs import TooManyWaiting, WaitingLimits
 from warden.store.schema import Base
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -123,6 +124,49 @@ def test_submit_ids_increase_and_submit_times_strictly_increase(store: Store) ->
     assert all(b > a for a, b in zip(times, times[1:]))
     assert times[1] == pytest.approx(T0 + 1e-6, abs=1e-7)
     assert times[3] == T0 + 10
+
+
+def test_waiting_limits_hold_for_concurrent_submissions_from_two_servers(db_url: str) -> None:
+    """Two servers' stores on one database, 16 threads submitting at once: the waiting-jobs
+    limits are counted in the inserting transaction, so exactly the limit is stored, per user
+    and per queue, and every other submission is refused with what it met."""
+    stores = [Store.open(db_url), Store.open(db_url, upgrade=False)]
+    limits = WaitingLimits(per_user=5, per_queue=7)
+    refused: list[TooManyWaiting] = []
+    stored: list[int] = []
+    lock = threading.Lock()
+    start = threading.Barrier(16)
+
+    def work(i: int) -> None:
+        start.wait()
+        try:
+            job_id = submit(stores[i % 2], user=f"u{i % 2}", queue="vision", waiting_limits=limits)
+        except TooManyWaiting as err:
+            with lock:
+                refused.append(err)
+            return
+        with lock:
+            stored.append(job_id)
+
+    try:
+        workers = [threading.Thread(target=work, args=(i,)) for i in range(16)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        jobs = stores[0].list(queue="vision")
+        assert len(jobs) == len(stored) == 7 and len(refused) == 9
+        per_user = {u: sum(j.user == u for j in jobs) for u in ("u0", "u1")}
+        assert max(per_user.values()) <= 5 and sum(per_user.values()) == 7
+        assert {(e.field, e.limit) for e in refused} <= {("user", 5), ("queue", 7)}
+        # A job that starts frees its place; an admin's submission (no per-user limit) still counts for the queue.
+        stores[0].transition(stored[0], JobState.CANCELLED, event=Event.CANCELLED, reason="x", actor="x", now=T0)
+        submit(stores[1], user="admin", waiting_limits=WaitingLimits(None, 7))
+        with pytest.raises(TooManyWaiting, match="queue 'vision' has 7 jobs waiting, the limit of 7"):
+            submit(stores[1], user="admin", waiting_limits=WaitingLimits(None, 7))
+    finally:
+        for one in stores:
+            one.close()
 
 
 def test_concurrent_submissions_keep_submit_order_equal_to_id_order(store: Store) -> None:

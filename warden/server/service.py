@@ -23,7 +23,7 @@ from typing import Any, Literal, NamedTuple, TypeVar
 import yaml
 from prometheus_client import Counter
 
-from warden.engine.lifecycle import WAITING, Event
+from warden.engine.lifecycle import Event
 from warden.engine.model import Job, JobState, Node
 from warden.engine.overcommit import quota_warnings
 from warden.engine.policy import Limits, Policy, PolicyError, format_duration, parse_policy
@@ -43,7 +43,7 @@ from warden.server.metrics import ServerMetrics
 from warden.server.policydiff import policy_diff
 from warden.server.reconcile import Reconciler
 from warden.server.requests import ReportRequest, SubmitRequest, TokenRequest
-from warden.store.jobs import DuplicateSubmission, EarlierSubmission, StoredJob
+from warden.store.jobs import DuplicateSubmission, EarlierSubmission, StoredJob, TooManyWaiting, WaitingLimits
 from warden.store.leadership import Lease, NotLeader
 from warden.store.repo import Store
 from warden.store.tokens import TokenInfo
@@ -152,8 +152,6 @@ class Service:
         self._thread: threading.Thread | None = None
         self._forecast_thread: threading.Thread | None = None
         self._dry_runs = threading.Lock()
-        self._submitting = threading.Lock()
-        """Held from counting a user's and a queue's waiting jobs to storing the new one."""
         self.submission_rate = SubmissionRate()
         self._dead: dict[str, str] = {}
         self._unwatch: Callable[[], None] = lambda: None
@@ -427,8 +425,7 @@ class Service:
         limits = self.policy.limits
         self._check_rate(who, limits)
         try:
-            with self._submitting:
-                return self._store_submission(req, who, idempotency_key, digest, limits)
+            return self._store_submission(req, who, idempotency_key, digest, limits)
         except BaseException:
             self.submission_rate.give_back(who.user, limits.submission_burst_per_user)
             raise
@@ -451,34 +448,24 @@ class Service:
                 {"Retry-After": str(max(1, math.ceil(wait)))},
             )
 
-    def _check_pending(self, req: SubmitRequest, who: Principal, limits: Limits) -> None:
+    @staticmethod
+    def _too_many_waiting(err: TooManyWaiting) -> ApiError:
         """At most `limits.max_pending_per_user` waiting jobs per user (admins are exempt) and
-        `limits.max_pending_per_queue` per queue (admins' jobs too); counted under the
-        submission lock."""
-        mine = 0 if who.is_admin else self.store.count_jobs(WAITING, user=who.user)
-        if mine >= limits.max_pending_per_user:
-            raise ApiError(
-                429,
-                "user",
-                who.user,
-                f"has {mine} jobs waiting, the limit of {limits.max_pending_per_user} (the policy's "
-                "limits.max_pending_per_user); submit more once some have started or been cancelled",
-            )
-        queued = self.store.count_jobs(WAITING, queue=req.queue)
-        if queued >= limits.max_pending_per_queue:
-            raise ApiError(
-                429,
-                "queue",
-                req.queue,
-                f"has {queued} jobs waiting, the limit of {limits.max_pending_per_queue} (the policy's "
-                "limits.max_pending_per_queue); submit more once some have started or been cancelled",
-            )
+        `limits.max_pending_per_queue` per queue (admins' jobs too), counted by the database in
+        the transaction that would store the job (`WaitingLimits`), whichever server takes it."""
+        setting = "max_pending_per_user" if err.field == "user" else "max_pending_per_queue"
+        return ApiError(
+            429,
+            err.field,
+            err.value,
+            f"has {err.waiting} jobs waiting, the limit of {err.limit} (the policy's limits.{setting}); "
+            "submit more once some have started or been cancelled",
+        )
 
     def _store_submission(
         self, req: SubmitRequest, who: Principal, idempotency_key: str | None, digest: str | None, limits: Limits
     ) -> Submitted:
         checked = self._check_submission(req, who)
-        self._check_pending(req, who, limits)
         state, tier, workdir = checked.state, self.policy.tier(req.tier), checked.workdir
         try:
             job_id = self.store.submit(
@@ -506,7 +493,12 @@ class Service:
                 + ("; waits for an admin's approval" if state is JobState.AWAITING_APPROVAL else ""),
                 idempotency_key=idempotency_key,
                 request_digest=digest,
+                waiting_limits=WaitingLimits(
+                    None if who.is_admin else limits.max_pending_per_user, limits.max_pending_per_queue
+                ),
             )
+        except TooManyWaiting as err:
+            raise self._too_many_waiting(err) from None
         except DuplicateSubmission as dup:  # a concurrent retry with the same key got there first
             assert idempotency_key is not None
             replayed = self._replay(idempotency_key, dup.earlier, digest)

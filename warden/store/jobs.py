@@ -64,6 +64,26 @@ class DuplicateSubmission(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class WaitingLimits:
+    """The most waiting jobs a submission may join: its user's (None: no limit, as for an
+    admin) and its queue's. `submit` counts them in the transaction that inserts the job,
+    under the submission lock every server takes, so that servers submitting at once on one
+    database never overshoot them."""
+
+    per_user: int | None
+    per_queue: int | None
+
+
+class TooManyWaiting(Exception):
+    """`submit` found `waiting` jobs of the user (`field` "user") or of the queue (`field`
+    "queue") named `value` waiting, `limit` or more: nothing was inserted."""
+
+    def __init__(self, field: str, value: str, waiting: int, limit: int) -> None:
+        super().__init__(f"{field} {value!r} has {waiting} jobs waiting, the limit of {limit}")
+        self.field, self.value, self.waiting, self.limit = field, value, waiting, limit
+
+
+@dataclass(frozen=True, slots=True)
 class StoredJob:
     """A row of `jobs`. `id` is the database key; users see `job_id` (its string form)."""
 
@@ -261,6 +281,20 @@ class AttemptSpan(NamedTuple):
     ended_at: float | None
 
 
+def _check_waiting(conn: Connection, user: str, queue: str, limits: WaitingLimits) -> None:
+    """Raise `TooManyWaiting` when `user` or `queue` has as many jobs waiting as `limits` allow."""
+    waiting = select(func.count()).select_from(JOBS).where(JOBS.c.state.in_(sorted(WAITING_STATES)))
+    for field, value, limit, column in (
+        ("user", user, limits.per_user, JOBS.c.user),
+        ("queue", queue, limits.per_queue, JOBS.c.queue),
+    ):
+        if limit is None:
+            continue
+        count = int(conn.execute(waiting.where(column == value)).scalar_one())
+        if count >= limit:
+            raise TooManyWaiting(field, value, count, limit)
+
+
 class GroupCommit:
     """Commit concurrent writes together: each caller returns once its item is durable.
 
@@ -341,6 +375,7 @@ class JobStore(StoreBase):
         details: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
         request_digest: str | None = None,
+        waiting_limits: WaitingLimits | None = None,
     ) -> int:
         """Insert a job and its first event atomically; return its id.
 
@@ -350,7 +385,8 @@ class JobStore(StoreBase):
 
         With an `idempotency_key` the user already used, nothing is inserted and
         `DuplicateSubmission` names the earlier job (checked under the submission lock, so
-        two concurrent retries create one job).
+        two concurrent retries create one job). With `waiting_limits`, `TooManyWaiting` when the
+        user or the queue already has that many jobs waiting (counted under the same lock).
         """
         initial = _submit_state(state)
         _check_request(tier=tier, replicas=replicas, gpus=gpus, cpu=cpu, memory=memory, placement=placement)
@@ -383,21 +419,24 @@ class JobStore(StoreBase):
             idempotency_key=idempotency_key,
             request_digest=request_digest,
         )
-        return self._submissions.run((values, now, reason, actor, details))
+        return self._submissions.run((values, now, reason, actor, details, waiting_limits))
 
     def _insert_jobs(
-        self, batch: Sequence[tuple[dict[str, Any], float, str, str, Mapping[str, Any] | None]]
+        self,
+        batch: Sequence[tuple[dict[str, Any], float, str, str, Mapping[str, Any] | None, WaitingLimits | None]],
     ) -> list[int]:
         """One transaction for every submission that arrived while the previous one committed."""
         ids = []
         with self._write() as conn:
             _advisory_lock(conn, SUBMIT_LOCK_KEY)
             newest = conn.execute(select(JOBS.c.submit_at).order_by(JOBS.c.id.desc()).limit(1)).scalar()
-            for values, now, reason, actor, details in batch:
+            for values, now, reason, actor, details, limits in batch:
                 if values["idempotency_key"] is not None:
                     earlier = _earlier_submission(conn, values["user"], values["idempotency_key"])
                     if earlier is not None:
                         raise DuplicateSubmission(earlier)  # the batch is retried item by item
+                if limits is not None:
+                    _check_waiting(conn, values["user"], values["queue"], limits)
                 newest = values["submit_at"] = _next_submit_at(now, newest)
                 job_id = _new_id(conn.execute(insert(JOBS), values))
                 _add_event(conn, job_id, now, None, values["state"], reason, actor, details)
@@ -446,16 +485,6 @@ class JobStore(StoreBase):
             query = query.limit(limit)
         with self._read() as conn:
             return tuple(_job(row) for row in conn.execute(query))
-
-    def count_jobs(self, states: Iterable[JobState | str], *, user: str | None = None, queue: str | None = None) -> int:
-        """How many jobs are in one of `states`, of `user` and in `queue` where given."""
-        query = select(func.count()).select_from(JOBS).where(JOBS.c.state.in_(sorted(_state_set(states) or ())))
-        if user is not None:
-            query = query.where(JOBS.c.user == user)
-        if queue is not None:
-            query = query.where(JOBS.c.queue == queue)
-        with self._read() as conn:
-            return int(conn.execute(query).scalar_one())
 
     def events(self, job_id: int | str) -> tuple[EventRecord, ...]:
         """The job's transitions, oldest first (empty for an unknown job)."""
