@@ -256,7 +256,8 @@ def build_service(settings: Settings, say: Callable[[str], None] = print, conten
         def make_executor() -> Executor:
             return LocalExecutor(identities=fresh_identities(identities))
 
-    store.replace_nodes(NodeRecord.from_engine(n, updated_at=now) for n in nodes)
+    if lease is None:  # else the leader records them, each term (a standby writes nothing of the cluster)
+        store.replace_nodes(NodeRecord.from_engine(n, updated_at=now) for n in nodes)
     policy = _policy(store, settings.policy, now)
     for w in quota_warnings(policy, nodes):
         _warn(f"WARNING: {w.headline}. {w.message}", say)

@@ -40,6 +40,7 @@ from warden.server.forecasts import Forecasts
 from warden.server.history import INTERVAL_S as HISTORY_INTERVAL_S
 from warden.server.leader import Leading, StandbyExecutor
 from warden.server.metrics import ServerMetrics
+from warden.server.nodes import recorded_inventory
 from warden.server.policydiff import policy_diff
 from warden.server.reconcile import Reconciler
 from warden.server.requests import ReportRequest, SubmitRequest, TokenRequest
@@ -56,6 +57,8 @@ THREAD_PREFIX = "warden-"
 log = logging.getLogger("warden.server")
 ACTION_TRIES = 3
 """How often a user action re-reads a job whose compare-and-set lost before it answers 409."""
+FOLLOW_S = 1.0
+"""How often a standby reads the cluster and the fair-share ledger the leader recorded."""
 
 T = TypeVar("T")
 
@@ -131,6 +134,8 @@ class Service:
         self._spare: Executor | None = executor if lease is not None else None
         """The executor of this server's first term, until one begins."""
         self._term: _Term | None = None
+        self._next_follow = 0.0
+        """When a standby next reads the cluster and the ledger (`_follow`, monotonic clock)."""
         self._policy_version: int | None = None
         """The stored policy version the leader's loop runs (`_newer_policy`)."""
         self.lock = threading.RLock()
@@ -226,9 +231,7 @@ class Service:
             )
         else:
             self._watch_threads()
-            leading = Leading(
-                self.lease, self._begin_term, self._end_term, self._term_lost, standing_by=self._follow_policy
-            )
+            leading = Leading(self.lease, self._begin_term, self._end_term, self._term_lost, standing_by=self._follow)
             self._thread = threading.Thread(target=leading.run, args=(self._stop,), name="warden-leader", daemon=True)
         self._thread.start()
         self._forecast_thread = threading.Thread(
@@ -270,6 +273,12 @@ class Service:
             log.exception("recovery at the start of epoch %d failed", term.epoch)
             rec.lost = f"recovery failed: {type(err).__name__}: {err}"
             return
+        try:
+            with rec.lock:
+                rec.follower.record(rec.cluster, self.now())
+        except (NotLeader, Fenced) as err:
+            rec.lost = f"recording the cluster was refused: {err}"
+            return
         term.executor.watch(rec.poke)
         if listens(self.store.engine):  # a standby's writes wake this term's loop
             threading.Thread(
@@ -304,12 +313,29 @@ class Service:
             return None
         return term.reconciler.lost or "the reconcile loop ended"
 
-    def _follow_policy(self) -> None:
-        """A standby takes up a policy applied on another server: its API checks submissions
-        against the policy in force."""
+    def _follow(self) -> None:
+        """A standby keeps up with the database between two tries for the lead: the policy in
+        force (another server may have applied one), its API's checks and answers being
+        against it; and, every `FOLLOW_S`, the cluster as the leader records it (nodes down,
+        GPUs held by others) and the fair-share ledger as the leader saved it, which its dry
+        runs and `warden nodes` read."""
+        standby = self._standby
+        if standby is None or self._term is not None:
+            return
         newer = self._newer_policy()
-        if newer is not None and self._standby is not None and self._term is None:
-            self._standby.set_policy(newer)
+        if newer is not None:
+            standby.set_policy(newer)
+        if time.monotonic() < self._next_follow:
+            return
+        self._next_follow = time.monotonic() + FOLLOW_S
+        inventory = recorded_inventory(self.store.nodes())
+        ledger = self.store.load_ledger().to_engine()
+        with self.lock:
+            if self._term is not None:
+                return
+            if inventory.nodes and inventory != standby.cluster:
+                standby.follower.take(inventory)
+            standby.charging.ledger = ledger
 
     def _stored_policy(self) -> Policy:
         """The policy in force in the database (another server may have applied one)."""

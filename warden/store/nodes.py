@@ -1,4 +1,4 @@
-"""Nodes: the cluster as discovered at the server's start."""
+"""Nodes: the cluster as the leading server's executor last reported it, which standbys follow."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ NODES = cast(Table, NodeRow.__table__)
 
 @dataclass(frozen=True, slots=True)
 class NodeRecord:
-    """A node as discovered; `gpu_names` are the device names (e.g. "NVIDIA H100 80GB HBM3")."""
+    """A node as discovered; `gpu_names` are the device names (e.g. "NVIDIA H100 80GB HBM3"),
+    `down` why it takes no job now (None: it does), `foreign_gpus` how many of its GPUs work that
+    is not warden's holds."""
 
     name: str
     gpus: int
@@ -28,10 +30,31 @@ class NodeRecord:
     block: str | None = None
     gpu_names: tuple[str, ...] = field(default=())
     updated_at: float = 0.0
+    down: str | None = None
+    foreign_gpus: int = 0
 
     @classmethod
-    def from_engine(cls, node: Node, *, updated_at: float, gpu_names: Sequence[str] = ()) -> NodeRecord:
-        return cls(node.name, node.gpus, node.cpu, node.memory, node.flavor, node.block, tuple(gpu_names), updated_at)
+    def from_engine(
+        cls,
+        node: Node,
+        *,
+        updated_at: float,
+        gpu_names: Sequence[str] = (),
+        down: str | None = None,
+        foreign_gpus: int = 0,
+    ) -> NodeRecord:
+        return cls(
+            node.name,
+            node.gpus,
+            node.cpu,
+            node.memory,
+            node.flavor,
+            node.block,
+            tuple(gpu_names),
+            updated_at,
+            down,
+            foreign_gpus,
+        )
 
     def to_engine(self) -> Node:
         return Node(self.name, self.gpus, cpu=self.cpu, memory=self.memory, flavor=self.flavor, block=self.block)
@@ -41,7 +64,7 @@ class NodeStore(StoreBase):
     """The nodes part of `Store`."""
 
     def replace_nodes(self, nodes: Iterable[NodeRecord]) -> None:
-        """Replace the recorded cluster with `nodes` (as discovered at the server's start)."""
+        """Replace the recorded cluster with `nodes`."""
         params = [
             {
                 "name": n.name,
@@ -52,6 +75,8 @@ class NodeStore(StoreBase):
                 "block": n.block,
                 "gpu_names": builtins.list(n.gpu_names),
                 "updated_at": n.updated_at,
+                "down": n.down,
+                "foreign_gpus": n.foreign_gpus,
             }
             for n in nodes
         ]
@@ -65,6 +90,17 @@ class NodeStore(StoreBase):
         with self._read() as conn:
             rows = conn.execute(select(NODES).order_by(NODES.c.name)).all()
         return tuple(
-            NodeRecord(r.name, r.gpus, r.cpu, r.memory, r.flavor, r.block, tuple(r.gpu_names), r.updated_at)
+            NodeRecord(
+                r.name,
+                r.gpus,
+                r.cpu,
+                r.memory,
+                r.flavor,
+                r.block,
+                tuple(r.gpu_names),
+                r.updated_at,
+                r.down,
+                r.foreign_gpus,
+            )
             for r in rows
         )

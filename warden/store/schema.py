@@ -240,7 +240,7 @@ class MetaRow(Base):
 
 
 class NodeRow(Base):
-    """The cluster as discovered when the server started."""
+    """The cluster as the leading server's executor last reported it."""
 
     __tablename__ = "nodes"
 
@@ -252,6 +252,8 @@ class NodeRow(Base):
     block: Mapped[str | None] = mapped_column(String(255))
     gpu_names: Mapped[list[str]] = mapped_column(JSON)
     updated_at: Mapped[float] = mapped_column(Double)
+    down: Mapped[str | None] = mapped_column(String(1024))
+    foreign_gpus: Mapped[int] = mapped_column(Integer, server_default="0")
 
 
 class LeaseRow(Base):
