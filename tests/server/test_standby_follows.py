@@ -60,6 +60,7 @@ class Pair:
                 state,
                 url=f"http://{name}.invalid",
                 inventory=lambda: self.seen[0],
+                forecast_interval_s=0.5,
                 lease=Lease(store.engine, Holder.this_process(f"http://{name}.invalid")),
                 make_executor=LocalExecutor,
             )
@@ -117,8 +118,11 @@ def test_a_standby_shows_the_cluster_and_the_ledger_the_leader_records(pair: Pai
         assert (nodes["node-0"]["gpus_foreign"], nodes["node-0"]["gpus_used"]) == (2, 1)
         assert nodes == {n["name"]: n for n in ca.get("/v1/nodes").json()}
         # A submission the standby checks against the cluster as it is now: 8 GPUs fit only on node-1.
-        r = cb.post("/v1/jobs", json={"queue": "vision", "tier": 3, "gpus": 8, "command": ["true"], "workdir": "/"})
+        r = cb.post(
+            "/v1/jobs", json={"queue": "vision", "tier": 3, "gpus": 8, "command": ["sleep", "600"], "workdir": "/"}
+        )
         assert r.status_code == 201, r.text
+        big = r.json()["id"]
 
         # The node comes back, the outside work ends: the standby follows that too.
         pair.seen[0] = Inventory((NODE, OTHER))
@@ -131,3 +135,17 @@ def test_a_standby_shows_the_cluster_and_the_ledger_the_leader_records(pair: Pai
 
         wait_for(lambda: usage(cb) > 0, 10, "the standby to show the leader's fair-share usage")
         assert usage(cb) <= usage(ca)
+
+        # A job that waits (node-1 taken whole, node-0 has 3 GPUs left) gets an expected start
+        # from the standby too, forecast from the database's snapshot.
+        wait_for(lambda: ca.get(f"/v1/jobs/{big}").json()["state"] == "RUNNING", 15, "the 8-GPU job to run")
+        r = cb.post("/v1/jobs", json={"queue": "vision", "tier": 3, "gpus": 4, "command": ["true"], "workdir": "/"})
+        assert r.status_code == 201, r.text
+        waiting = r.json()["id"]
+
+        def expected(c: TestClient) -> dict[str, Any] | None:
+            job = c.get(f"/v1/jobs/{waiting}").json()
+            start: dict[str, Any] | None = job["expected_start"]
+            return start if job["state"] == "PENDING" and start is not None and start["as_of"] else None
+
+        wait_for(lambda: expected(cb), 15, "the standby to forecast the waiting job's start")

@@ -318,7 +318,8 @@ class Service:
         force (another server may have applied one), its API's checks and answers being
         against it; and, every `FOLLOW_S`, the cluster as the leader records it (nodes down,
         GPUs held by others) and the fair-share ledger as the leader saved it, which its dry
-        runs and `warden nodes` read."""
+        runs and `warden nodes` read, and the snapshot its expected-start forecasts start from
+        (a standby runs no pass, so the snapshot is the database's as it is then)."""
         standby = self._standby
         if standby is None or self._term is not None:
             return
@@ -336,6 +337,8 @@ class Service:
             if inventory.nodes and inventory != standby.cluster:
                 standby.follower.take(inventory)
             standby.charging.ledger = ledger
+            now = self.now()
+            standby.last_planned = (standby.live_snapshot(now), now)
 
     def _stored_policy(self) -> Policy:
         """The policy in force in the database (another server may have applied one)."""
