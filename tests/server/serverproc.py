@@ -68,7 +68,8 @@ class Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> Server:
+    def start(self, timeout: float = 30) -> Server:
+        """Start the server; return once it answers (`timeout`: how long that may take)."""
         if self.state_option:
             self.state_dir.mkdir(parents=True, exist_ok=True)
         args = [
@@ -94,7 +95,7 @@ class Server:
             env["WARDEN_BOOTSTRAP_TOKEN"] = ADMIN  # a secret: never on the command line
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
-        wait_for(self._healthy, 30, f"the server on {self.url} (log {self.log})")
+        wait_for(self._healthy, timeout, f"the server on {self.url} (log {self.log})")
         return self
 
     def _healthy(self) -> bool:

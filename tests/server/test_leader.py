@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,13 +68,15 @@ def leader_gauge(server: Server) -> float:
 
 
 class Cluster:
-    """Servers on one database, each with its own state directory under `root`."""
+    """Servers on one database, each with its own state directory under `root`, each with
+    `gpus` fake GPUs and the policy `policy`."""
 
-    def __init__(self, root: Path, db: str) -> None:
+    def __init__(self, root: Path, db: str, policy: str = POLICY, gpus: int = 2) -> None:
         self.root = root
         self.db = db
+        self.gpus = gpus
         self.policy = root / "policy.yaml"
-        self.policy.write_text(POLICY)
+        self.policy.write_text(policy)
         self.script = root / "sleeper.py"
         self.script.write_text(SLEEPER)
         self.marks = root / "marks"
@@ -81,10 +84,32 @@ class Cluster:
         self.marks.chmod(0o777)  # jobs run as nobody under root
         self.servers: list[Server] = []
 
-    def start(self, name: str) -> Server:
-        server = Server(self.root / name, policy=self.policy, gpus=2, db=self.db).start()
+    def start(self, name: str, timeout: float = 30) -> Server:
+        server = Server(self.root / name, policy=self.policy, gpus=self.gpus, db=self.db).start(timeout)
         self.servers.append(server)
         return server
+
+    def start_together(self, names: list[str], timeout: float = 60) -> list[Server]:
+        """A server for each name, their processes started at the same instant (one thread
+        each, released together), each then waited for; in the order of `names`."""
+        gate = threading.Barrier(len(names))
+        started: dict[str, Server] = {}
+        failed: list[str] = []
+
+        def start(name: str) -> None:
+            gate.wait()
+            try:
+                started[name] = self.start(name, timeout)
+            except Exception as err:
+                failed.append(f"{name}: {err}")
+
+        threads = [threading.Thread(target=start, args=(name,)) for name in names]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not failed, failed
+        return [started[name] for name in names]
 
     def job(self, c: httpx.Client, name: str) -> str:
         return submit(
