@@ -8,6 +8,8 @@ where a test shows that something does *not* happen for a while (a contender kep
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,7 +18,7 @@ from typing import Any
 
 import pytest
 from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, update
 from sqlalchemy.exc import DBAPIError
 
 from warden.engine.lifecycle import Event
@@ -108,6 +110,80 @@ def test_contenders_starting_together_elect_one(engines: Callable[[], Engine]) -
         assert len(winners) == 1, (round_, won)
         assert won[winners[0]] == round_ + 1
         leases[winners[0]].release()
+
+
+PROCESSES = 5
+ROUNDS = 120
+
+
+def _contend(url: str, name: str, gate: Any, told: Any) -> None:
+    """One contender in a process of its own, with its own engine, for `ROUNDS` rounds, each
+    step at the same instant as the others' (`gate`): try to take the lease; then, if it took
+    it, renew it while the others try to take it; then give it back, or (every tenth round)
+    stop leading without a word, as a killed server does."""
+    engine = connect(url)
+    lease = Lease(engine, Holder(f"{name}:{os.getpid()}", "host-" + name, os.getpid(), None, f"http://{name}"))
+    try:
+        for round_ in range(ROUNDS):
+            gate.wait()
+            told.put((name, lease.acquire()))
+            gate.wait()
+            held = lease.leading
+            told.put((name, held, lease.renew() if held else lease.acquire()))
+            gate.wait()
+            if lease.leading:
+                if round_ % 10 == 9:
+                    lease.step_down()
+                else:
+                    lease.release()
+            gate.wait()
+    finally:
+        engine.dispose()
+
+
+def test_contenders_in_processes_of_their_own_elect_one_a_round_with_the_next_epoch(fresh_postgres_url: str) -> None:
+    """Five processes contend for the lease at the same instant, 120 times over on PostgreSQL:
+    each round exactly one takes it, with the next epoch (each epoch has one holder), the row
+    names it, and it renews while the others, trying at that instant, are refused. Between
+    rounds it gives the lease back, or every tenth round is gone without a word and its lease
+    runs out (set in the past here rather than waited for)."""
+    migrate(connect(fresh_postgres_url))
+    fork = multiprocessing.get_context("fork")
+    gate = fork.Barrier(PROCESSES + 1, timeout=60)
+    told: Any = fork.Queue()
+    procs = [fork.Process(target=_contend, args=(fresh_postgres_url, f"c{i}", gate, told)) for i in range(PROCESSES)]
+    for p in procs:
+        p.start()
+    engine = connect(fresh_postgres_url)
+    holders: dict[int, str] = {}
+    try:
+        for round_ in range(ROUNDS):
+            gate.wait()
+            took = [told.get(timeout=60) for _ in procs]
+            [(name, epoch)] = [(name, epoch) for name, epoch in took if epoch is not None] or [(None, None)]
+            assert name is not None and epoch == round_ + 1, (round_, took)
+            assert holders.setdefault(epoch, name) == name
+            with engine.connect() as conn:
+                row = conn.execute(select(LEASE.c.holder, LEASE.c.epoch)).one()
+            assert row.holder.startswith(f"{name}:") and row.epoch == epoch, (round_, row)
+            gate.wait()
+            kept = sorted(told.get(timeout=60) for _ in procs)
+            assert [(who, result) for who, held, result in kept if held] == [(name, True)], (round_, kept)
+            assert all(result is None for _, held, result in kept if not held), (round_, kept)
+            gate.wait()
+            gate.wait()
+            if round_ % 10 == 9:  # its holder is gone: the lease runs out
+                with engine.begin() as conn:
+                    conn.execute(update(LEASE).where(LEASE.c.epoch == epoch).values(expires_at=0.0))
+        assert sorted(holders) == list(range(1, ROUNDS + 1))
+    finally:
+        gate.abort()  # past the last round this changes nothing; before it, the contenders stop
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+        engine.dispose()
+    assert [p.exitcode for p in procs] == [0] * PROCESSES
 
 
 def test_an_expired_lease_is_taken_with_the_next_epoch_and_the_old_holders_renew_fails(
