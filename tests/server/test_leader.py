@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
-from serverproc import Server, kill_jobs_of, submit, until_state, wait_for
+from serverproc import PROBE, Server, kill_jobs_of, submit, until_state, wait_for
 
 POLICY = """\
 min_grace: 2s
@@ -51,7 +51,7 @@ while True:
 
 def health(server: Server) -> dict[str, Any]:
     try:
-        r = httpx.get(f"{server.url}/v1/health", timeout=2)
+        r = PROBE.get(f"{server.url}/v1/health")
     except httpx.TransportError:
         return {}
     return dict(r.json()) if r.status_code == 200 else {}
