@@ -131,6 +131,26 @@ class Server:
         return httpx.Client(base_url=self.url, headers=headers, timeout=10)
 
 
+def health(server: Server) -> dict[str, Any]:
+    """The server's `GET /v1/health`, or {} while it does not answer."""
+    try:
+        r = PROBE.get(f"{server.url}/v1/health")
+    except httpx.TransportError:
+        return {}
+    return dict(r.json()) if r.status_code == 200 else {}
+
+
+def leading(servers: list[Server], after_epoch: int = 0) -> tuple[Server, int] | None:
+    """The server that leads in an epoch after `after_epoch` and has made its first pass there
+    (`passes` in its health: a new term starts counting from 0), and that epoch; None while
+    none has."""
+    for server in servers:
+        h = health(server)
+        if h.get("role") == "leader" and (h.get("epoch") or 0) > after_epoch and h.get("passes", 0) >= 1:
+            return server, int(h["epoch"])
+    return None
+
+
 def submit(c: httpx.Client, **body: Any) -> str:
     """POST a job (in this directory unless told); its id."""
     body.setdefault("workdir", os.getcwd())

@@ -14,12 +14,11 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
-from serverproc import PROBE, Server, kill_jobs_of, submit, until_state, wait_for
+from serverproc import Server, health, kill_jobs_of, submit, until_state, wait_for
 
 POLICY = """\
 min_grace: 2s
@@ -47,14 +46,6 @@ with open(out + ".started", "a") as f:
 while True:
     time.sleep(0.05)
 """
-
-
-def health(server: Server) -> dict[str, Any]:
-    try:
-        r = PROBE.get(f"{server.url}/v1/health")
-    except httpx.TransportError:
-        return {}
-    return dict(r.json()) if r.status_code == 200 else {}
 
 
 def role(server: Server) -> str | None:

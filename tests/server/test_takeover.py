@@ -27,9 +27,9 @@ from typing import Any
 import httpx
 import pytest
 from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
-from serverproc import ADMIN, Server, wait_for
+from serverproc import ADMIN, Server, health, leading, wait_for
 from sqlalchemy import Engine, select, text
-from test_leader import Cluster, health
+from test_leader import Cluster
 
 from warden.executors.shim import read_json
 from warden.store import connect
@@ -81,16 +81,6 @@ AUTH = {"Authorization": f"Bearer {ADMIN}"}
 
 def live(cluster: Cluster) -> list[Server]:
     return [s for s in cluster.servers if s.proc is not None and s.proc.poll() is None]
-
-
-def leader_of(servers: list[Server], after_epoch: int = 0) -> tuple[Server, int] | None:
-    """The server that leads in an epoch after `after_epoch` and has made its first pass
-    (`passes` in its health, as test_leader.py's takeover test measures it), if any."""
-    for server in servers:
-        h = health(server)
-        if h.get("role") == "leader" and (h.get("epoch") or 0) > after_epoch and h.get("passes", 0) >= 1:
-            return server, int(h["epoch"])
-    return None
 
 
 def standing_by(cluster: Cluster) -> list[Server]:
@@ -290,7 +280,7 @@ def test_twenty_kill_9s_of_the_leader_under_load_lose_double_and_delay_nothing(l
     it is started again as a standby. Then the checks of this module's docstring."""
     cluster = loaded
     cluster.start_together(["a", "b", "c"])
-    found = wait_for(lambda: leader_of(live(cluster)), 15, "a leader's first pass")
+    found = wait_for(lambda: leading(live(cluster)), 15, "a leader's first pass")
     load = Load(cluster, seed=33)
     load.thread.start()
     rng = random.Random(33)
@@ -311,7 +301,7 @@ def test_twenty_kill_9s_of_the_leader_under_load_lose_double_and_delay_nothing(l
             killed, killed_wall = time.monotonic(), time.time()
             others = [s for s in live(cluster) if s is not leader]
             found = wait_for(
-                lambda others=others, epoch=epoch: leader_of(others, epoch), 30, "another leader's pass", interval=0.05
+                lambda others=others, epoch=epoch: leading(others, epoch), 30, "another leader's pass", interval=0.05
             )
             takeovers.append(time.monotonic() - killed)
             gaps.append((killed_wall, time.time()))
