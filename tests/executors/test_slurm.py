@@ -11,6 +11,7 @@ import os
 import pwd
 import select
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -23,7 +24,7 @@ from slurmcluster import Cluster, bring_up
 from warden.engine.model import Node
 from warden.executors.base import Exit, Fenced, Handle, LaunchSpec, ReplicaLaunch
 from warden.executors.identity import Identities
-from warden.executors.records import read_job_json, write_json_atomic
+from warden.executors.records import CONTROL_MODE, read_job_json, write_json_atomic
 from warden.executors.slurm import (
     Slurm,
     SlurmError,
@@ -513,6 +514,44 @@ def test_the_server_never_writes_through_a_link_a_job_planted(tmp_path: Path) ->
     assert not list(tmp_path.glob("created-*"))
     assert read_job_json(where / "control.json") == {"kill_at": 1.0}
     assert not (where / "control.json").is_symlink()
+
+
+# A task's supervisor as the job's account: how far away the SIGKILL deadline it reads is.
+KEEPER = """\
+import sys
+from pathlib import Path
+from warden.executors.shim import DeadlineKeeper
+print(DeadlineKeeper(Path(sys.argv[1])).until_due(0))
+"""
+
+
+def test_the_job_account_reads_the_sigkill_deadline_whatever_the_servers_umask(tmp_path: Path) -> None:
+    """Each task's supervisor runs as the job's account and keeps the deadline the server
+    records in control.json: the server's umask (077) must not leave the file the server's alone."""
+    control = tmp_path / "control.json"
+    old = os.umask(0o077)  # the server's
+    try:
+        write_json_atomic(control, {"kill_at": time.time() + 60}, mode=CONTROL_MODE)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(control.stat().st_mode) == CONTROL_MODE
+    if os.geteuid() != 0:
+        return
+    (tmp_path / "keeper.py").write_text(KEEPER)
+    package = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "keeper.py"), str(control)],
+        user="nobody",
+        group=pwd.getpwnam("nobody").pw_gid,
+        extra_groups=[],
+        env={**os.environ, "PYTHONPATH": package},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert 59 < float(done.stdout) <= 60.5, done.stdout
 
 
 def test_the_attempt_directory_is_the_servers_and_the_jobs_part_is_apart(

@@ -85,6 +85,7 @@ def write_json_atomic(path: Path, data: Mapping[str, Any], mode: int = 0o600) ->
             raise FileExistsError(f"no free temporary name for {path}")
         try:
             with os.fdopen(fd, "wb") as out:
+                os.fchmod(out.fileno(), mode)  # the umask took bits off at creation (a server's is 077)
                 out.write(raw)
                 out.flush()
                 os.fsync(out.fileno())
