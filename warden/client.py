@@ -18,20 +18,22 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
 from warden.paths import default_state_dir
 from warden.urls import BadServerUrl, ServerList, parse_urls, unreachable
 
-__all__ = ["DEFAULT_URL", "ApiRefused", "BadServerUrl", "Client", "Unreachable", "local_token"]
+__all__ = ["DEFAULT_URL", "ApiRefused", "BadServerUrl", "Client", "Probe", "Unreachable", "local_token"]
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 SUBMIT_BACKOFF_S = 0.5
 """The first pause before a submission is sent again; it doubles on each retry."""
 CONNECT_TIMEOUT_S = 5.0
 """How long a connection to one server may take before the next server is tried."""
+HEALTH_TIMEOUT_S = 5.0
+"""How long `warden status` waits for each server's health."""
 
 _lists: dict[tuple[str, ...], ServerList] = {}
 _lists_lock = threading.Lock()
@@ -221,6 +223,38 @@ class Client:
 
     def metrics(self) -> str:
         return self._exchange("GET", "/metrics").text
+
+    def health_of_each(self, timeout: float = HEALTH_TIMEOUT_S) -> list[Probe]:
+        """`GET /v1/health` of every server of the list, all at once rather than in turn:
+        each one's answer, or why none came (`warden status`)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def probe(url: str) -> Probe:
+            try:
+                r = self._http.get(url + "/v1/health", timeout=timeout)
+            except httpx.TransportError as err:
+                return Probe(url, None, None, _why(err))
+            try:
+                body = r.json()
+            except ValueError:
+                body = None
+            if not isinstance(body, dict) or "role" not in body:
+                return Probe(url, r.status_code, None, f"HTTP {r.status_code}, not a warden server's health")
+            return Probe(url, r.status_code, body, None)
+
+        with ThreadPoolExecutor(max_workers=len(self.servers.urls)) as pool:
+            return list(pool.map(probe, self.servers.urls))
+
+
+class Probe(NamedTuple):
+    """One server's `GET /v1/health`: its HTTP status and body, or why there was none."""
+
+    url: str
+    status: int | None
+    """None: no answer."""
+    health: dict[str, Any] | None
+    """The answer, when it is a warden server's health (200, or 503 when its threads died)."""
+    error: str | None
 
 
 def _not_sent(err: httpx.TransportError) -> bool:
