@@ -4,7 +4,6 @@ refusals exit 2 naming the field, an unreachable server exits 1. One run on Post
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
-from serverproc import ADMIN, Server, kill_leftovers, started, wait_for
+from serverproc import ADMIN, Server, cli, kill_leftovers, started, wait_for
 
 from warden.cli.jobs import QUEUE_COLUMNS
 
@@ -38,18 +37,7 @@ queues:
 def warden(
     server: Server, *args: str, token: str | None = ADMIN, check: bool = False, columns: int | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
-    if columns is not None:
-        env["COLUMNS"] = str(columns)
-    env["WARDEN_URL"] = server.url
-    if token:
-        env["WARDEN_TOKEN"] = token
-    done = subprocess.run(
-        [sys.executable, "-m", "warden.cli.main", *args], capture_output=True, text=True, env=env, timeout=60
-    )
-    if check:
-        assert done.returncode == 0, done.stderr
-    return done
+    return cli(server.url, *args, token=token, check=check, columns=columns)
 
 
 @pytest.fixture
