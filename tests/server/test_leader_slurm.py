@@ -24,12 +24,12 @@ from typing import Any
 
 import httpx
 import pytest
+from clusterproc import health, role
 from gangjobs import deaths_later, job, running_pids
 from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
 from serverproc import Server, kill_jobs_of, submit, until_state, wait_for
 from slurmcluster import Cluster
 from sqlalchemy import create_engine, text
-from test_leader import health, role
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]  # the session's one Slurm cluster
 
