@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from serverproc import Server, kill_jobs_of, submit
+from serverproc import Server, free_port, kill_jobs_of, submit
 
 POLICY = """\
 min_grace: 2s
@@ -75,8 +75,10 @@ class Cluster:
         self.marks.chmod(0o777)  # jobs run as nobody under root
         self.servers: list[Server] = []
 
-    def start(self, name: str) -> Server:
-        server = Server(self.root / name, policy=self.policy, gpus=2, db=self.db).start()
+    def start(self, name: str, *args: str, port: int | None = None) -> Server:
+        """Start server `name` (on `port`, else a free one); `args` are more options of `warden server`."""
+        server = Server(self.root / name, policy=self.policy, gpus=2, db=self.db, args=args, port=port or free_port())
+        server.start()
         self.servers.append(server)
         return server
 

@@ -269,6 +269,26 @@ def test_a_bad_token_lifetime_stops_the_server(tmp_path: Path, lifetime: str) ->
     assert done.returncode == 2 and "--token-lifetime" in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("ftp://head:8765", "is not an http:// or https:// URL"),
+        ("http://a:1,http://b:2", "names several URLs"),
+        ("", "is empty"),
+        ("http://head:8765?x=1", "has a query"),
+    ],
+)
+def test_a_bad_advertise_url_stops_the_server(tmp_path: Path, url: str, why: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "warden.cli.main", "server", "--state-dir", str(tmp_path), "--advertise-url", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and f"--advertise-url: {url!r} {why}" in done.stderr, done.stderr
+    assert not (tmp_path / "warden.db").exists()
+
+
 @pytest.mark.parametrize("private_data", ["jobs", "none"])
 def test_describe_and_logs_of_another_users_job(tmp_path: Path, private_data: str) -> None:
     s = started(tmp_path, POLICY, args=("--private-data", private_data))

@@ -54,15 +54,18 @@ while True:
 """
 
 
-def leading_pair(cluster: Cluster) -> tuple[Server, Server]:
-    """Server a leading, server b standing by, each knowing the other (the servers table)."""
+def leading_pair(cluster: Cluster, advertise_b: bool = False) -> tuple[Server, Server, str]:
+    """Server a leading, server b standing by, each knowing the other (the servers table);
+    and the URL b advertises (with `advertise_b`, --advertise-url http://localhost:PORT)."""
     a = cluster.start("a")
     wait_for(lambda: role(a) == "leader", 10, "a to lead")
-    b = cluster.start("b")
-    both = sorted([a.url, b.url])
+    port = free_port()
+    b_url = f"http://localhost:{port}" if advertise_b else f"http://127.0.0.1:{port}"
+    b = cluster.start("b", *(("--advertise-url", b_url + "/") if advertise_b else ()), port=port)
+    both = sorted([a.url, b_url])
     wait_for(lambda: sorted(health(a).get("servers", [])) == both, 10, "a to see b in the servers table")
-    assert health(a)["servers"][0] == a.url and health(b)["servers"][0] == b.url
-    return a, b
+    assert health(a)["servers"][0] == a.url and health(b)["servers"][0] == b_url
+    return a, b, b_url
 
 
 def body(cluster: Cluster, name: str) -> dict[str, Any]:
@@ -77,7 +80,7 @@ def body(cluster: Cluster, name: str) -> dict[str, Any]:
 
 
 def test_the_client_passes_over_a_dead_url_and_a_killed_leader(cluster: Cluster) -> None:
-    a, b = leading_pair(cluster)
+    a, b, _ = leading_pair(cluster)
     nobody = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     urls = f"{nobody},{a.url},{b.url}"
     c = Client(urls, ADMIN)
@@ -164,7 +167,7 @@ def test_a_submission_whose_answer_was_lost_is_sent_to_the_next_server_and_not_d
     with the same Idempotency-Key, and b, reading the key from the database, answers with a's
     job. A cancel whose answer was lost is not sent to b: the client says it may have been
     carried out."""
-    a, b = leading_pair(cluster)
+    a, b, _ = leading_pair(cluster)
     proxy = LosesAnswers(a.port)
     try:
         c = Client(f"{proxy.url},{b.url}", ADMIN)
@@ -187,7 +190,7 @@ def test_a_submission_whose_answer_was_lost_is_sent_to_the_next_server_and_not_d
 
 
 def test_warden_status_says_who_leads_at_80_columns(cluster: Cluster) -> None:
-    a, b = leading_pair(cluster)
+    a, b, _ = leading_pair(cluster)
     nobody = f"http://127.0.0.1:{free_port()}"
     urls = f"{a.url},{b.url},{nobody}"
 
@@ -233,7 +236,7 @@ def test_warden_status_says_who_leads_at_80_columns(cluster: Cluster) -> None:
 
 def test_the_dashboard_works_from_a_standby(cluster: Cluster) -> None:
     """Every page and every API call of the dashboard, sent to a standby, is answered."""
-    a, b = leading_pair(cluster)
+    a, b, _ = leading_pair(cluster)
     with a.client() as ca:
         job = cluster.job(ca, "shown")
         until_state(ca, job, "RUNNING")
@@ -265,8 +268,9 @@ def test_the_dashboard_works_from_a_standby(cluster: Cluster) -> None:
 def test_an_sdk_job_goes_on_reporting_after_its_leader_is_killed(cluster: Cluster) -> None:
     """The leader starts an SDK job with both servers' URLs; the standby takes its reports
     with the token the leader minted, and the leader reads them; after the leader's SIGKILL
-    the job's next report reaches the standby, with no report lost."""
-    a, b = leading_pair(cluster)
+    the job's next report reaches the standby, with no report lost. The standby advertises a URL
+    of its own choosing (--advertise-url), which is the one the job is given."""
+    a, b, b_url = leading_pair(cluster, advertise_b=True)
     script = cluster.root / "reporter.py"
     script.write_text(REPORTER)
     out = cluster.marks / "sdk"
@@ -283,7 +287,7 @@ def test_an_sdk_job_goes_on_reporting_after_its_leader_is_killed(cluster: Cluste
         job = r.json()["id"]
         until_state(ca, job, "RUNNING")
         env = json.loads(wait_for(lambda: Path(f"{out}.env").exists() and Path(f"{out}.env").read_text(), 30, "env"))
-        assert env["WARDEN_URL"] == f"{a.url},{b.url}" and env["WARDEN_JOB_ID"] == job
+        assert env["WARDEN_URL"] == f"{a.url},{b_url}" and env["WARDEN_JOB_ID"] == job
 
         def step(c: httpx.Client) -> int | None:
             return c.get(f"/v1/jobs/{job}").json()["attempts"][0]["progress_step"]
