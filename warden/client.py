@@ -4,21 +4,46 @@ The server's address comes from `WARDEN_URL` (default `http://127.0.0.1:8765`) a
 from `WARDEN_TOKEN`; without one, the admin token a local server wrote into its state
 directory is used, so the CLI works out of the box on the server's own machine. Flags
 override both.
+
+`WARDEN_URL` (or `--url`) may name several servers of one database, separated by commas
+(`warden.urls`): each request goes to the server that answered last in this process, and to
+the next when that one cannot be reached. A request is sent again elsewhere only when it
+cannot have been carried out twice: every request when the connection could not even be made,
+and a read, or a submission with its Idempotency-Key, when the connection was lost after it was
+sent. An HTTP answer, whatever its status, is the answer.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
 from warden.paths import default_state_dir
+from warden.urls import BadServerUrl, ServerList, parse_urls, unreachable
+
+__all__ = ["DEFAULT_URL", "ApiRefused", "BadServerUrl", "Client", "Probe", "Unreachable", "local_token"]
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 SUBMIT_BACKOFF_S = 0.5
 """The first pause before a submission is sent again; it doubles on each retry."""
+CONNECT_TIMEOUT_S = 5.0
+"""How long a connection to one server may take before the next server is tried."""
+HEALTH_TIMEOUT_S = 5.0
+"""How long `warden status` waits for each server's health."""
+
+_lists: dict[tuple[str, ...], ServerList] = {}
+_lists_lock = threading.Lock()
+
+
+def server_list(urls: tuple[str, ...]) -> ServerList:
+    """The process's one `ServerList` of these URLs: a server that answered one client is
+    tried first by the next one of this process too."""
+    with _lists_lock:
+        return _lists.setdefault(urls, ServerList(urls))
 
 
 class ApiRefused(Exception):
@@ -55,19 +80,48 @@ def local_token() -> str | None:
 
 class Client:
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0) -> None:
-        self.url = (url or os.environ.get("WARDEN_URL") or DEFAULT_URL).rstrip("/")
+        """`url`: one server's URL or several separated by commas (default `$WARDEN_URL`, else
+        `DEFAULT_URL`); a bad entry raises `BadServerUrl`, naming it."""
+        self.source = "--url" if url else "WARDEN_URL" if os.environ.get("WARDEN_URL") else "the default URL"
+        self.servers = server_list(parse_urls(url or os.environ.get("WARDEN_URL") or DEFAULT_URL, self.source))
         self.token = token or os.environ.get("WARDEN_TOKEN") or local_token()
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        self._http = httpx.Client(
+            headers=headers, timeout=httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT_S))
+        )
+
+    @property
+    def url(self) -> str:
+        """The server requests go to first: the one that answered last."""
+        return self.servers.current
 
     def close(self) -> None:
         self._http.close()
 
-    def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        try:
-            r = self._http.request(method, path, **kw)
-        except httpx.TransportError as err:
-            raise Unreachable(f"cannot reach the warden server at {self.url}: {err}") from None
+    def _exchange(self, method: str, path: str, repeatable: bool | None = None, **kw: Any) -> httpx.Response:
+        """One request, to the servers in turn until one answers (whatever the status).
+        `repeatable`: whether the request may be sent to another server after a connection
+        lost once it was sent (default: only reads)."""
+        if repeatable is None:
+            repeatable = method in ("GET", "HEAD")
+        failures: list[tuple[str, str]] = []
+        for url in self.servers.in_turn():
+            try:
+                response = self._http.request(method, url + path, **kw)
+            except httpx.TransportError as err:
+                failures.append((url, _why(err)))
+                if repeatable or _not_sent(err):
+                    continue
+                raise Unreachable(
+                    f"the warden server at {url} did not answer ({_why(err)}) after the request was sent: it may "
+                    f"or may not have been carried out, so it was not sent to another server; check, then retry"
+                ) from None
+            self.servers.answered(url)
+            return response
+        raise Unreachable(unreachable(self.source, failures))
+
+    def _send(self, method: str, path: str, repeatable: bool | None = None, **kw: Any) -> httpx.Response:
+        r = self._exchange(method, path, repeatable, **kw)
         if r.status_code >= 400:
             try:
                 raise ApiRefused(r.status_code, r.json())
@@ -75,8 +129,8 @@ class Client:
                 raise ApiRefused(r.status_code, r.text) from None
         return r
 
-    def _call(self, method: str, path: str, **kw: Any) -> Any:
-        r = self._send(method, path, **kw)
+    def _call(self, method: str, path: str, repeatable: bool | None = None, **kw: Any) -> Any:
+        r = self._send(method, path, repeatable, **kw)
         try:
             return r.json()
         except ValueError:
@@ -84,12 +138,14 @@ class Client:
 
     def submit(self, *, idempotency_key: str | None = None, retries: int = 0, **job: Any) -> dict[str, Any]:
         """Submit a job. With an `idempotency_key`, a submission whose answer was lost (the
-        server unreachable, a timeout) is sent again up to `retries` times with the same key:
-        the server then answers with the job the first one created, never a second job."""
+        server unreachable, a timeout) is sent to the next server at once and, when none
+        answered, to all again up to `retries` times, always with the same key: the servers
+        share the keys in their database, so any of them answers with the job the first one
+        created, never a second job."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         for attempt in range(retries + 1):
             try:
-                return self._call("POST", "/v1/jobs", json=job, headers=headers)
+                return self._call("POST", "/v1/jobs", bool(idempotency_key), json=job, headers=headers)
             except Unreachable:
                 if not idempotency_key or attempt == retries:
                     raise
@@ -98,7 +154,7 @@ class Client:
 
     def dry_run(self, **job: Any) -> dict[str, Any]:
         """What the scheduler would decide for this job now; nothing is submitted."""
-        return self._call("POST", "/v1/jobs", json=job, params={"dry_run": "true"})
+        return self._call("POST", "/v1/jobs", True, json=job, params={"dry_run": "true"})
 
     def jobs(
         self, queue: str | None = None, state: str | None = None, user: str | None = None, all: bool = False
@@ -136,10 +192,10 @@ class Client:
         return self._call("GET", "/v1/policy")
 
     def apply_policy(self, source: str) -> dict[str, Any]:
-        return self._call("PUT", "/v1/policy", json={"source": source})
+        return self._call("PUT", "/v1/policy", True, json={"source": source})  # the same twice: "unchanged"
 
     def diff_policy(self, source: str) -> dict[str, Any]:
-        return self._call("POST", "/v1/policy/diff", json={"source": source})
+        return self._call("POST", "/v1/policy/diff", True, json={"source": source})
 
     def export_history(self, since: float | None = None, format: str = "native") -> bytes:
         """The trace `GET /v1/history/export` answers: CSV text, or Parquet, as bytes."""
@@ -166,7 +222,52 @@ class Client:
         return self._call("GET", "/v1/audit", params={"limit": limit})
 
     def metrics(self) -> str:
-        try:
-            return self._http.get("/metrics").text
-        except httpx.TransportError as err:
-            raise Unreachable(f"cannot reach the warden server at {self.url}: {err}") from None
+        return self._exchange("GET", "/metrics").text
+
+    def health_of_each(self, timeout: float = HEALTH_TIMEOUT_S) -> list[Probe]:
+        """`GET /v1/health` of every server of the list, all at once rather than in turn:
+        each one's answer, or why none came (`warden status`)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def probe(url: str) -> Probe:
+            try:
+                r = self._http.get(url + "/v1/health", timeout=timeout)
+            except httpx.TransportError as err:
+                return Probe(url, None, None, _why(err))
+            try:
+                body = r.json()
+            except ValueError:
+                body = None
+            if not isinstance(body, dict) or "role" not in body:
+                return Probe(url, r.status_code, None, f"HTTP {r.status_code}, not a warden server's health")
+            return Probe(url, r.status_code, body, None)
+
+        with ThreadPoolExecutor(max_workers=len(self.servers.urls)) as pool:
+            return list(pool.map(probe, self.servers.urls))
+
+
+class Probe(NamedTuple):
+    """One server's `GET /v1/health`: its HTTP status and body, or why there was none."""
+
+    url: str
+    status: int | None
+    """None: no answer."""
+    health: dict[str, Any] | None
+    """The answer, when it is a warden server's health (200, or 503 when its threads died)."""
+    error: str | None
+
+
+def _not_sent(err: httpx.TransportError) -> bool:
+    """Whether the request cannot have reached a server: no connection was made."""
+    return isinstance(err, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout | httpx.UnsupportedProtocol)
+
+
+def _why(err: httpx.TransportError) -> str:
+    """Why a server did not answer, in words."""
+    if isinstance(err, httpx.ConnectTimeout):
+        return "no connection within the connect timeout"
+    if isinstance(err, httpx.TimeoutException):
+        return f"no answer in time ({type(err).__name__})"
+    if isinstance(err, httpx.RemoteProtocolError | httpx.ReadError):
+        return f"the connection was lost before an answer ({err or type(err).__name__})"
+    return str(err) or type(err).__name__

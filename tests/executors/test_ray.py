@@ -3,6 +3,7 @@ GPUs), and its parsing of Ray's node table without one."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import signal
@@ -18,8 +19,19 @@ import pytest
 from raycluster import RayCluster, bring_up, tagged
 
 from warden.engine.model import DEFAULT_FLAVOR, Node
-from warden.executors.base import Exit, LaunchError, LaunchSpec, ReplicaLaunch
-from warden.executors.ray import RayError, RayExecutor, group_name, inventory_of, parse_nodes, probe
+from warden.executors.base import Exit, Handle, LaunchError, LaunchSpec, ReplicaHandle, ReplicaLaunch
+from warden.executors.ray import (
+    RayError,
+    RayExecutor,
+    _exit,
+    _RankEnd,
+    _Tracked,
+    group_name,
+    inventory_of,
+    parse_nodes,
+    probe,
+)
+from warden.executors.records import record_killed_at
 
 pytestmark = pytest.mark.xdist_group("ray")  # one xdist worker runs every Ray test: one cluster
 
@@ -49,6 +61,26 @@ def test_nodes_take_gpus_cpus_memory_flavor_and_block_and_leave_out_the_head() -
         Node("g2", 4, cpu=16000, memory=0, flavor=DEFAULT_FLAVOR, block=None),
     ]
     assert [(n.node_id, n.addr, n.alive) for n in nodes] == [("aa", "10.0.0.1", True), ("bb", "10.0.0.1", True)]
+
+
+def test_a_kill_the_shims_kept_before_the_adopter_is_the_attempts_kill(tmp_path: Path) -> None:
+    """The deadline came while no server led: each replica's shim sent SIGKILL 0.2 s after it
+    and recorded when; the adopter's own came later. The attempt was killed at the shims' time;
+    a recorded time outside [deadline, now] is not believed."""
+    deadline = time.time() - 5
+    handle = Handle("1", 1, tuple(ReplicaHandle.in_dir(tmp_path, rank) for rank in range(3)), tmp_path / "c", ("g",))
+    tracked = _Tracked(
+        handle, ("a",) * 3, ("n",) * 3, None, [], 0.0, signalled_at=deadline - 3, kill_at=deadline,
+        killed_at=deadline + 2,
+    )  # fmt: skip
+    ranks = [_RankEnd(-9, deadline + 0.25, None, k) for k in (deadline + 0.21, deadline + 0.2, None)]
+    ended = _exit(tracked, ranks, None)
+    assert ended.killed and ended.killed_at == deadline + 0.2 and ended.exit_codes == (-9, -9, -9)
+    assert _exit(dataclasses.replace(tracked, killed_at=None), ranks, None).killed_at == deadline + 0.2
+    assert not _exit(dataclasses.replace(tracked, killed_at=None), [_RankEnd(0, deadline, None)], None).killed
+    record = {"exit_code": -9, "ended_at": deadline + 0.3, "killed_at": deadline - 1}  # before the deadline: forged
+    assert record_killed_at(record, deadline, time.time()) is None
+    assert record_killed_at({**record, "killed_at": deadline + 0.2}, deadline, time.time()) == deadline + 0.2
 
 
 def test_a_dead_node_keeps_its_last_known_capacity_and_a_live_incarnation_wins() -> None:

@@ -11,6 +11,7 @@ import os
 import pwd
 import select
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -21,14 +22,17 @@ import pytest
 from slurmcluster import Cluster, bring_up
 
 from warden.engine.model import Node
-from warden.executors.base import Exit, Fenced, Handle, LaunchSpec, ReplicaLaunch
+from warden.executors.base import Exit, Fenced, Handle, LaunchSpec, ReplicaHandle, ReplicaLaunch
 from warden.executors.identity import Identities
-from warden.executors.records import read_job_json, write_json_atomic
+from warden.executors.records import CONTROL_MODE, read_job_json, write_json_atomic
 from warden.executors.slurm import (
     Slurm,
     SlurmError,
     SlurmExecutor,
+    SlurmJob,
     _changes_cluster,
+    _exit,
+    _Tracked,
     check_cluster,
     expand_hostlist,
     job_name,
@@ -107,6 +111,27 @@ def test_records_a_job_wrote_are_read_without_following_links_or_trusting_their_
         assert read_job_json(tmp_path / name) is None
     os.mkfifo(tmp_path / "fifo.json")
     assert read_job_json(tmp_path / "fifo.json") is None  # never blocks on a FIFO
+
+
+def test_a_kill_the_supervisors_kept_before_the_adopter_is_the_attempts_kill(tmp_path: Path) -> None:
+    """The deadline came while no server led: each rank's supervisor sent SIGKILL 0.2 s after it
+    and recorded when; the new leader's adopter sent its own later. The attempt was killed at
+    the supervisors' time; a recorded time outside [deadline, now] is not believed."""
+    deadline = time.time() - 5
+    handle = Handle(
+        "1", 1, tuple(ReplicaHandle.in_dir(tmp_path, rank) for rank in range(3)), tmp_path / "control.json", ("7",)
+    )
+    late = _Tracked(handle, ("7",), 0.0, signalled_at=deadline - 3, kill_at=deadline, killed_at=deadline + 2)
+    for rank, killed_at in enumerate((deadline + 0.21, deadline + 0.2, deadline - 1)):
+        record = {"exit_code": -9, "ended_at": deadline + 0.25, "killed_at": killed_at}
+        write_json_atomic(tmp_path / f"rank-{rank}.exit.json", record)
+    seen = {"7": SlurmJob("warden.1.1", "COMPLETED", "", True, {})}
+    ended = _exit(late, seen)
+    assert ended.killed and ended.killed_at == deadline + 0.2 and ended.exit_codes == (-9, -9, -9)
+    unkilled = dataclasses.replace(late, killed_at=None)
+    assert _exit(unkilled, seen).killed_at == deadline + 0.2  # no server's SIGKILL at all
+    forged = dataclasses.replace(late, killed_at=None, kill_at=None)  # no deadline: nothing to keep
+    assert not _exit(forged, seen).killed
 
 
 def test_squeue_json_gives_marks_and_gpus_per_node_of_the_partitions_jobs() -> None:
@@ -513,6 +538,44 @@ def test_the_server_never_writes_through_a_link_a_job_planted(tmp_path: Path) ->
     assert not list(tmp_path.glob("created-*"))
     assert read_job_json(where / "control.json") == {"kill_at": 1.0}
     assert not (where / "control.json").is_symlink()
+
+
+# A task's supervisor as the job's account: how far away the SIGKILL deadline it reads is.
+KEEPER = """\
+import sys
+from pathlib import Path
+from warden.executors.shim import DeadlineKeeper
+print(DeadlineKeeper(Path(sys.argv[1])).until_due(0))
+"""
+
+
+def test_the_job_account_reads_the_sigkill_deadline_whatever_the_servers_umask(tmp_path: Path) -> None:
+    """Each task's supervisor runs as the job's account and keeps the deadline the server
+    records in control.json: the server's umask (077) must not leave the file the server's alone."""
+    control = tmp_path / "control.json"
+    old = os.umask(0o077)  # the server's
+    try:
+        write_json_atomic(control, {"kill_at": time.time() + 60}, mode=CONTROL_MODE)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(control.stat().st_mode) == CONTROL_MODE
+    if os.geteuid() != 0:
+        return
+    (tmp_path / "keeper.py").write_text(KEEPER)
+    package = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "keeper.py"), str(control)],
+        user="nobody",
+        group=pwd.getpwnam("nobody").pw_gid,
+        extra_groups=[],
+        env={**os.environ, "PYTHONPATH": package},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert 59 < float(done.stdout) <= 60.5, done.stdout
 
 
 def test_the_attempt_directory_is_the_servers_and_the_jobs_part_is_apart(

@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import select
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,17 +98,16 @@ def preempting(c: httpx.Client, ids: list[str]) -> list[str]:
     return [i for i in ids if any(e["to"] == "PREEMPTING" for e in job(c, i)["events"])]
 
 
-def deaths_later(pids: list[int]) -> Any:
-    fds = [os.pidfd_open(p) for p in pids]
+def deaths_later(pids: list[int]) -> Callable[[], list[float]]:
+    """`deaths`, watched from now on by a thread: the times are exact whatever the test does
+    until it calls the function returned, which waits for them."""
+    found: list[list[float]] = []
+    watcher = threading.Thread(target=lambda: found.append(deaths(pids)), daemon=True)
+    watcher.start()
 
     def wait() -> list[float]:
-        gone: dict[int, float] = {}
-        end = time.monotonic() + 30
-        while len(gone) < len(fds) and time.monotonic() < end:
-            ready, _, _ = select.select([f for f in fds if f not in gone], [], [], 0.5)
-            for fd in ready:
-                gone[fd] = time.time()
-        assert len(gone) == len(fds), "a replica outlived its SIGKILL"
-        return [gone[f] for f in fds]
+        watcher.join()
+        assert found, "a replica outlived its SIGKILL"
+        return found[0]
 
     return wait

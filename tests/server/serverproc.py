@@ -151,6 +151,26 @@ def leading(servers: list[Server], after_epoch: int = 0) -> tuple[Server, int] |
     return None
 
 
+def cli(
+    url: str, *args: str, token: str | None = ADMIN, check: bool = False, columns: int | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`warden ARGS` in a child process with `WARDEN_URL=url` (one server's or a list) and
+    `WARDEN_TOKEN=token`, none of this process's other WARDEN_ variables, and `COLUMNS` when
+    given; with `check`, exit 0 is asserted."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
+    if columns is not None:
+        env["COLUMNS"] = str(columns)
+    env["WARDEN_URL"] = url
+    if token:
+        env["WARDEN_TOKEN"] = token
+    done = subprocess.run(
+        [sys.executable, "-m", "warden.cli.main", *args], capture_output=True, text=True, env=env, timeout=60
+    )
+    if check:
+        assert done.returncode == 0, done.stderr
+    return done
+
+
 def submit(c: httpx.Client, **body: Any) -> str:
     """POST a job (in this directory unless told); its id."""
     body.setdefault("workdir", os.getcwd())

@@ -4,7 +4,6 @@ refusals exit 2 naming the field, an unreachable server exits 1. One run on Post
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
-from serverproc import ADMIN, Server, kill_leftovers, started, wait_for
+from serverproc import ADMIN, Server, cli, kill_leftovers, started, wait_for
 
 from warden.cli.jobs import QUEUE_COLUMNS
 
@@ -38,18 +37,7 @@ queues:
 def warden(
     server: Server, *args: str, token: str | None = ADMIN, check: bool = False, columns: int | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
-    if columns is not None:
-        env["COLUMNS"] = str(columns)
-    env["WARDEN_URL"] = server.url
-    if token:
-        env["WARDEN_TOKEN"] = token
-    done = subprocess.run(
-        [sys.executable, "-m", "warden.cli.main", *args], capture_output=True, text=True, env=env, timeout=60
-    )
-    if check:
-        assert done.returncode == 0, done.stderr
-    return done
+    return cli(server.url, *args, token=token, check=check, columns=columns)
 
 
 @pytest.fixture
@@ -279,6 +267,26 @@ def test_a_bad_token_lifetime_stops_the_server(tmp_path: Path, lifetime: str) ->
         timeout=60,
     )
     assert done.returncode == 2 and "--token-lifetime" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("ftp://head:8765", "is not an http:// or https:// URL"),
+        ("http://a:1,http://b:2", "names several URLs"),
+        ("", "is empty"),
+        ("http://head:8765?x=1", "has a query"),
+    ],
+)
+def test_a_bad_advertise_url_stops_the_server(tmp_path: Path, url: str, why: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "warden.cli.main", "server", "--state-dir", str(tmp_path), "--advertise-url", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and f"--advertise-url: {url!r} {why}" in done.stderr, done.stderr
+    assert not (tmp_path / "warden.db").exists()
 
 
 @pytest.mark.parametrize("private_data", ["jobs", "none"])

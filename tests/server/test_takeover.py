@@ -26,10 +26,10 @@ from typing import Any
 
 import httpx
 import pytest
+from clusterproc import Cluster
 from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
 from serverproc import ADMIN, Server, health, leading, wait_for
 from sqlalchemy import Engine, select, text
-from test_leader import Cluster
 
 from warden.executors.shim import read_json
 from warden.store import connect

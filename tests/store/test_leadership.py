@@ -1,6 +1,7 @@
 """The leader's lease (`warden.store.leadership`) and the fencing of a leader's writes
 (`Store.fenced`), on SQLite and on a real PostgreSQL, each contender with its own engine (its
-own connections, as two servers have).
+own connections, as two servers have); and what the servers of one database share: the
+`servers` table (`warden.store.servers`) and the report secret (`Store.shared_secret`).
 
 Timing is by the database's clock and waited for with deadlines, never a fixed sleep, except
 where a test shows that something does *not* happen for a while (a contender kept waiting).
@@ -26,6 +27,7 @@ from warden.engine.model import JobState
 from warden.store import Store, connect, migrate
 from warden.store.leadership import FENCED_IDLE_MS, LEASE, Holder, Lease, NotLeader
 from warden.store.schema import AuditRow
+from warden.store.servers import FORGET_S, SEEN_S, SERVERS, Roster
 
 T0 = 1_700_000_000.0
 
@@ -357,3 +359,80 @@ def test_a_leader_stopped_inside_a_write_does_not_block_the_takeover(
     assert users.audit_log() == ()
     with users.engine.connect() as conn:
         assert conn.execute(select(LEASE.c.holder)).scalar_one() == b.holder.id
+
+
+# -- what the servers of one database share: the servers table and the report secret ------------
+
+
+def roster(engines: Callable[[], Engine], name: str, url: str | None = None, **kw: Any) -> Roster:
+    return Roster(
+        engines(), Holder(f"{name}:{time.monotonic_ns()}", "host-" + name, 100, None, url or f"http://{name}"), **kw
+    )
+
+
+def age(engine: Engine, url: str, seconds: float) -> None:
+    """Make `url`'s row look refreshed `seconds` earlier than it was."""
+    with engine.begin() as conn:
+        conn.execute(update(SERVERS).where(SERVERS.c.url == url).values(seen_at=SERVERS.c.seen_at - seconds))
+
+
+def test_each_server_keeps_a_row_and_reads_the_servers_seen_lately(engines: Callable[[], Engine]) -> None:
+    a, b = roster(engines, "a"), roster(engines, "b")
+    assert a.beat() == ("http://a",)
+    assert b.beat() == ("http://a", "http://b")
+    assert a.beat() == ("http://a", "http://b")
+    engine = engines()
+    age(engine, "http://b", SEEN_S + 1)  # b stopped refreshing its row (killed, stalled)
+    assert a.beat() == ("http://a",)
+    assert b.beat() == ("http://a", "http://b")  # back
+    b.leave()
+    assert a.beat() == ("http://a",)
+    with engine.connect() as conn:
+        assert conn.execute(select(SERVERS.c.url)).scalars().all() == ["http://a"]
+
+
+def test_a_server_restarted_at_its_url_takes_its_row_over(engines: Callable[[], Engine]) -> None:
+    old = roster(engines, "old", "http://head:8765")
+    assert old.beat() == ("http://head:8765",)
+    new = roster(engines, "new", "http://head:8765")
+    assert new.beat() == ("http://head:8765",)
+    old.leave()  # the old run's leaving does not remove the new run's row
+    engine = engines()
+    with engine.connect() as conn:
+        assert conn.execute(select(SERVERS.c.holder)).scalars().all() == [new.holder.id]
+
+
+def test_rows_not_seen_for_a_day_are_forgotten(engines: Callable[[], Engine]) -> None:
+    gone = roster(engines, "gone")
+    gone.beat()
+    engine = engines()
+    age(engine, "http://gone", FORGET_S + 60)
+    assert roster(engines, "late").beat() == ("http://late",)
+    with engine.connect() as conn:
+        assert conn.execute(select(SERVERS.c.url)).scalars().all() == ["http://late"]
+
+
+def test_the_first_servers_report_secret_is_every_servers(engines: Callable[[], Engine]) -> None:
+    """The report key is in the database: the first server stores its candidate (an older
+    server's key from its state directory, else a random one), every other reads it."""
+    first, second = Store(engines()), Store(engines())
+    assert first.shared_secret("report_secret", b"\x01" * 32) == b"\x01" * 32
+    assert second.shared_secret("report_secret", b"\x02" * 32) == b"\x01" * 32
+    assert first.shared_secret("other", b"\x03" * 32) == b"\x03" * 32
+
+
+def test_servers_starting_at_once_store_one_report_secret(engines: Callable[[], Engine]) -> None:
+    stores = [Store(engines()) for _ in range(4)]
+    barrier = threading.Barrier(len(stores))
+    got: list[bytes] = []
+
+    def start(store: Store, n: int) -> None:
+        barrier.wait()
+        got.append(store.shared_secret("report_secret", bytes([n]) * 32))
+
+    threads = [threading.Thread(target=start, args=(s, n)) for n, s in enumerate(stores)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(got) == 4 and len(set(got)) == 1

@@ -192,3 +192,75 @@ def test_reporting_from_many_threads(sink: ReportSink) -> None:
         t.join()
     assert r.flush(5)
     assert len(sink.of("progress")) == 1  # one slot per interval, whoever wins it
+
+
+# -- several servers -----------------------------------------------------------------------------
+
+
+def several(*urls: str) -> dict[str, str]:
+    return {"WARDEN_URL": ",".join(urls), "WARDEN_JOB_ID": "j7", "WARDEN_ATTEMPT": "2", "WARDEN_REPORT_TOKEN": TOKEN}
+
+
+def test_a_server_that_cannot_be_reached_is_passed_over_and_the_next_kept(sink: ReportSink) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    r = Reporter.from_env(several(dead, sink.url), min_interval=0)
+    assert r.url == dead
+    r.startup_finished()
+    r.checkpoint_finished(1.0, 1, on_sigterm=False)
+    r.progress(3)
+    assert r.flush(5)
+    assert sink.kinds() == ["startup", "checkpoint_finished", "progress"]
+    assert (r.sent, r.failed) == (3, 0) and r.url == sink.url
+    assert all(x.authorization == f"Bearer {TOKEN}" and x.path == "/v1/jobs/j7/reports" for x in sink.reports)
+
+
+def test_an_http_answer_of_any_status_is_not_sent_to_the_next_server(capfd: pytest.CaptureFixture[str]) -> None:
+    first, second = ReportSink(), ReportSink()
+    try:
+        first.status = 503
+        r = Reporter.from_env(several(first.url, second.url))
+        r.checkpoint_started()
+        r.checkpoint_finished(1.0, 1, on_sigterm=True)
+        assert (r.sent, r.failed) == (0, 2) and first.kinds() == ["checkpoint_started", "checkpoint_finished"]
+        assert second.reports == [] and r.url == first.url
+        assert f"{first.url}: HTTP 503" in capfd.readouterr().err
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_checkpoint_whose_answer_was_lost_is_not_sent_again_elsewhere() -> None:
+    """The server may have counted it: a second server would count it twice. A progress report,
+    which sets rather than adds, goes on to the next server."""
+    hanging, second = ReportSink(), ReportSink()
+    try:
+        hanging.delay = 2.0
+        r = Reporter.from_env(several(hanging.url, second.url), timeout=0.3, min_interval=0)
+        r.checkpoint_finished(1.0, 1, on_sigterm=True)
+        assert r.failed == 1 and second.reports == []
+        r.progress(9)
+        assert r.flush(5)
+        assert [b["step"] for b in second.of("progress")] == [9] and r.sent == 1 and r.url == second.url
+        assert second.of("checkpoint_finished") == []
+    finally:
+        hanging.close()
+        second.close()
+
+
+def test_when_no_server_answers_the_message_names_each(capfd: pytest.CaptureFixture[str]) -> None:
+    urls = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    r = Reporter.from_env(several(*urls))
+    r.checkpoint_started()
+    err = capfd.readouterr().err
+    assert "cannot reach any of the 2 warden servers of WARDEN_URL" in err and all(f"{u}: " in err for u in urls)
+    assert r.failed == 1 and TOKEN not in err
+
+
+def test_a_bad_list_fails_every_report_naming_the_entry(capfd: pytest.CaptureFixture[str]) -> None:
+    r = Reporter.from_env(several("http://a:1", ""))
+    assert r.enabled
+    r.checkpoint_started()
+    r.progress(1)
+    assert r.flush(5) and (r.sent, r.failed) == (0, 2)
+    err = capfd.readouterr().err
+    assert err.count("could not send") == 1 and "WARDEN_URL: entry 2 of 'http://a:1,' is empty" in err

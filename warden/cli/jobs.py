@@ -1,7 +1,8 @@
 """The user's verbs, as Slurm and kubectl users know them: `submit`, `queue`, `describe`,
 `cancel`, `approve`, `release`, `logs`, `nodes`, `queues`, `token create|list|revoke`, `audit`.
 
-Each talks to a warden server (`WARDEN_URL`, `WARDEN_TOKEN`; `--url`/`--token` override).
+Each talks to a warden server (`WARDEN_URL`, `WARDEN_TOKEN`; `--url`/`--token` override;
+several servers' URLs separated by commas are tried in turn, `warden.client`).
 Every listing has `--json`; rich tables otherwise. A refusal prints one line naming the field
 and the value and exits 2; an unreachable server exits 1. A number or duration outside what
 the API takes is refused the same way (exit 2) before anything is sent.
@@ -23,7 +24,7 @@ from rich.table import Table
 
 from warden.cli import tables
 from warden.cli.tables import Col
-from warden.client import ApiRefused, Client, Unreachable
+from warden.client import ApiRefused, BadServerUrl, Client, Unreachable
 
 EXIT_REFUSED = 2
 SUBMIT_RETRIES = 2
@@ -88,7 +89,12 @@ def _lifetime(value: str | None) -> str | None:
 
 UrlOpt = Annotated[
     str | None,
-    typer.Option("--url", help="Server URL (default $WARDEN_URL or http://127.0.0.1:8765).", show_default=False),
+    typer.Option(
+        "--url",
+        help="Server URL, or several separated by commas, tried in turn (default $WARDEN_URL or "
+        "http://127.0.0.1:8765).",
+        show_default=False,
+    ),
 ]
 TokenOpt = Annotated[
     str | None, typer.Option("--token", help="Bearer token (default $WARDEN_TOKEN).", show_default=False)
@@ -177,7 +183,11 @@ _err = Console(stderr=True)
 
 @contextmanager
 def client(url: str | None, token: str | None) -> Iterator[Client]:
-    c = Client(url, token)
+    try:
+        c = Client(url, token)
+    except BadServerUrl as err:
+        _err.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_REFUSED) from None
     try:
         yield c
     except ApiRefused as err:

@@ -16,7 +16,7 @@ import typer
 
 GROUPS = ("demo", "policy", "bench", "sim", "history")
 """Sub-apps (`warden sim …`): the module `warden.cli.<name>` has an `app`."""
-VERBS = ("server", "jobs", "check")
+VERBS = ("server", "jobs", "status", "check")
 """Modules whose `register(app)` adds top-level verbs (`warden queue`, `warden server`…)."""
 
 

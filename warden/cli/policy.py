@@ -184,7 +184,8 @@ def schema() -> None:
 def apply(
     file: PolicyFile,
     url: Annotated[
-        str | None, typer.Option("--url", help="Server URL (default $WARDEN_URL).", show_default=False)
+        str | None,
+        typer.Option("--url", help="Server URL(s), comma-separated (default $WARDEN_URL).", show_default=False),
     ] = None,
     token: Annotated[
         str | None, typer.Option("--token", help="Admin token (default $WARDEN_TOKEN).", show_default=False)
@@ -218,7 +219,8 @@ def diff(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object instead of tables.")] = False,
     url: Annotated[
-        str | None, typer.Option("--url", help="Server URL (default $WARDEN_URL).", show_default=False)
+        str | None,
+        typer.Option("--url", help="Server URL(s), comma-separated (default $WARDEN_URL).", show_default=False),
     ] = None,
     token: Annotated[
         str | None, typer.Option("--token", help="Token (default $WARDEN_TOKEN).", show_default=False)

@@ -14,6 +14,7 @@ import yaml
 
 from warden.engine.safeyaml import load_yaml
 from warden.executors.identity import DEFAULT_JOB_UIDS, parse_uid_range, parse_user_map
+from warden.urls import BadServerUrl, parse_urls
 
 
 def fail(message: str) -> NoReturn:
@@ -117,6 +118,7 @@ CONFIG_KEYS = (
     "policy",
     "host",
     "port",
+    "advertise_url",
     "fake_gpus",
     "state_dir",
     "bootstrap_token_file",
@@ -183,6 +185,15 @@ def register(app: typer.Typer) -> None:
         ] = None,
         host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
         port: Annotated[int, typer.Option("--port")] = 8765,
+        advertise_url: Annotated[
+            str | None,
+            typer.Option(
+                "--advertise-url",
+                help="The URL jobs and the other servers of the database reach this server at (default "
+                "http://HOST:PORT of --host, 127.0.0.1 for 0.0.0.0): set it when jobs run on other machines.",
+                show_default=False,
+            ),
+        ] = None,
         fake_gpus: Annotated[
             int | None,
             typer.Option("--fake-gpus", help="Pretend this machine has N GPUs (no GPU needed).", show_default=False),
@@ -346,6 +357,13 @@ def register(app: typer.Typer) -> None:
         lifetime = _token_lifetime(str(token_lifetime))
         if private_data not in ("jobs", "none"):
             fail(f"--private-data: expected 'jobs' or 'none', got {private_data!r}")
+        if advertise_url is not None:
+            try:
+                [advertise_url] = parse_urls(advertise_url, "--advertise-url")
+            except BadServerUrl as err:
+                fail(str(err))
+            except ValueError:
+                fail(f"--advertise-url: {advertise_url!r} names several URLs; give this server's one")
         token = _bootstrap_token(bootstrap_token_file)
         if state_dir is not None:
             os.environ["WARDEN_STATE_DIR"] = str(state_dir)
@@ -356,6 +374,7 @@ def register(app: typer.Typer) -> None:
                     policy=policy,
                     host=host,
                     port=port,
+                    advertise_url=advertise_url,
                     fake_gpus=fake_gpus,
                     state_dir=state_dir,
                     bootstrap_token=token,

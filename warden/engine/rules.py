@@ -320,10 +320,15 @@ def reclaim_of(ctx: RuleContext, p: Preemptor, v: Job, d: tuple[float, ...]) -> 
 
 
 def starving(policy: Policy, v: Job) -> bool:
-    """Has the job waited, over all its attempts, at least `escalate_at` × its queue's
-    `max_wait` (DESIGN §4.1: it is starving)?"""
+    """Has the running job waited, over all its attempts, as long as it takes to starve?"""
+    return v.waited >= starving_after(policy, v.queue)
+
+
+def starving_after(policy: Policy, queue: str) -> float:
+    """How long a job of `queue` waits, over all its attempts, before it is starving:
+    `escalate_at` × the queue's `max_wait` (DESIGN §4.1)."""
     by_queue, default = _starving_after(policy)
-    return v.waited >= by_queue.get(v.queue, default)
+    return by_queue.get(queue, default)
 
 
 _STARVING_AFTER: dict[int, tuple[Policy, Mapping[str, float], float]] = {}

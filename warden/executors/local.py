@@ -37,7 +37,7 @@ from warden import paths
 from warden.executors.base import Exit, Handle, LaunchError, LaunchSpec, ReplicaHandle, ReplicaLaunch
 from warden.executors.deadlines import KillTimer, adopted_deadline, deadline_pair, due
 from warden.executors.identity import Identities, Identity
-from warden.executors.records import CONTROL_FILE, CONTROL_MODE, write_json_atomic
+from warden.executors.records import CONTROL_FILE, CONTROL_MODE, record_killed_at, write_json_atomic
 from warden.executors.shim import group_alive, process_alive, read_json, start_ticks
 from warden.executors.tracking import AttemptTable
 
@@ -641,10 +641,12 @@ def _replica_exit(replica: ReplicaHandle, shim_ticks: int | None) -> dict[str, A
 
 def _exit(tracked: _Tracked, records: list[dict[str, Any]]) -> Exit:
     errors = [f"rank {r.rank}: {rec['error']}" for r, rec in zip(tracked.handle.replicas, records) if rec.get("error")]
-    killed_at = tracked.killed_at
-    if killed_at is None:  # no server was there at the deadline: the shims kept it (their records are the server's)
-        kept = [float(rec["killed_at"]) for rec in records if isinstance(rec.get("killed_at"), int | float)]
-        killed_at = min(kept, default=None)
+    now = time.time()
+    # The earliest SIGKILL at the deadline: the server's, or one the shims sent while no server could.
+    kills = [
+        k for k in (tracked.killed_at, *(record_killed_at(r, tracked.kill_at, now) for r in records)) if k is not None
+    ]
+    killed_at = min(kills, default=None)
     return Exit(
         job_id=tracked.handle.job_id,
         attempt=tracked.handle.attempt,

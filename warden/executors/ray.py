@@ -53,7 +53,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from warden.engine.model import DEFAULT_FLAVOR, Node
 from warden.executors.base import Exit, Handle, Inventory, LaunchError, LaunchSpec, ReplicaHandle
@@ -65,7 +65,7 @@ from warden.executors.local import (
     make_dirs,
 )
 from warden.executors.ray_launch import NAMESPACE, Launcher
-from warden.executors.records import CONTROL_FILE, read_job_json, record_ended_at, record_exit_code
+from warden.executors.records import CONTROL_FILE, read_job_json, record_ended_at, record_exit_code, record_killed_at
 from warden.executors.tracking import Key, RemoteAttemptTable
 
 log = logging.getLogger("warden.executors.ray")
@@ -730,21 +730,26 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
         except Exception:  # Ray no longer knows it
             return True
 
-    def _rank_end(self, tracked: _Tracked, index: int, dead: set[str]) -> tuple[int | None, float, str | None] | None:
-        """(exit code, when, error) of a replica that is gone, None while it may still run."""
+    def _rank_end(self, tracked: _Tracked, index: int, dead: set[str]) -> _RankEnd | None:
+        """How a replica that is gone ended, None while it may still run."""
         replica = tracked.handle.replicas[index]
         record = read_job_json(replica.exit_path)
         if record is not None:
             now = time.time()
             error = str(record["error"])[:500] if record.get("error") else None
-            return record_exit_code(record), min(record_ended_at(record, now), now), error
+            return _RankEnd(
+                record_exit_code(record),
+                min(record_ended_at(record, now), now),
+                error,
+                record_killed_at(record, tracked.kill_at, now),
+            )
         if tracked.node_ids[index] in dead:
             code = -9 if tracked.killed_at is not None else None
-            return code, time.time(), f"node {tracked.node_names[index]} is dead (Ray)"
+            return _RankEnd(code, time.time(), f"node {tracked.node_names[index]} is dead (Ray)")
         with self._lock:
             why = tracked.failed.get(replica.rank)
         if why is not None and not replica.status_path.exists():
-            return None, time.time(), f"did not start: {why}"
+            return _RankEnd(None, time.time(), f"did not start: {why}")
         return None
 
     def replica_exit_codes(self, job_id: str, attempt: int) -> tuple[int | None, ...]:
@@ -975,17 +980,30 @@ def _kill_actor(actor: Any) -> None:
         pass
 
 
-def _exit(tracked: _Tracked, ranks: Sequence[tuple[int | None, float, str | None]], ended_by: str | None) -> Exit:
+class _RankEnd(NamedTuple):
+    """How one replica ended: its exit code, when, an error, and when its shim sent SIGKILL
+    at the deadline itself (None: it did not, or a server did first)."""
+
+    code: int | None
+    at: float
+    error: str | None
+    killed_at: float | None = None
+
+
+def _exit(tracked: _Tracked, ranks: Sequence[_RankEnd], ended_by: str | None) -> Exit:
+    """The attempt's exit; its kill the earliest SIGKILL at the deadline, the server's or one
+    the shims sent while no server could (a takeover's adopter sends its own later)."""
     now = time.time()
-    errors = [f"rank {i}: {error}" for i, (_, _, error) in enumerate(ranks) if error]
+    errors = [f"rank {i}: {r.error}" for i, r in enumerate(ranks) if r.error]
+    kills = [k for k in (tracked.killed_at, *(r.killed_at for r in ranks)) if k is not None]
     return Exit(
         job_id=tracked.handle.job_id,
         attempt=tracked.handle.attempt,
-        exit_codes=tuple(code for code, _, _ in ranks),
-        ended_at=min(now, max(when for _, when, _ in ranks)),
+        exit_codes=tuple(r.code for r in ranks),
+        ended_at=min(now, max(r.at for r in ranks)),
         signalled_at=tracked.signalled_at,
-        killed=tracked.killed_at is not None,
-        killed_at=tracked.killed_at,
+        killed=bool(kills),
+        killed_at=min(kills, default=None),
         error="; ".join(errors) or None,
         ended_by=ended_by,
     )

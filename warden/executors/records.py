@@ -63,6 +63,16 @@ def record_ended_at(record: Mapping[str, Any], default: float) -> float:
     return default
 
 
+def record_killed_at(record: Mapping[str, Any], deadline: float | None, now: float) -> float | None:
+    """When the record's supervisor sent SIGKILL itself at the attempt's deadline (`killed_at`,
+    `warden.executors.shim.DeadlineKeeper`), believed only between that deadline and `now`:
+    None for no deadline, no such time, or one outside."""
+    value = record.get("killed_at")
+    if deadline is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if deadline <= value <= now else None
+
+
 def write_json_atomic(path: Path, data: Mapping[str, Any], mode: int = 0o600) -> None:
     """Write `data` so that a reader sees either nothing or the whole file, even after a crash
     or power loss (temp file, fsync, rename, fsync the directory; the file `mode` whatever the
@@ -85,6 +95,7 @@ def write_json_atomic(path: Path, data: Mapping[str, Any], mode: int = 0o600) ->
             raise FileExistsError(f"no free temporary name for {path}")
         try:
             with os.fdopen(fd, "wb") as out:
+                os.fchmod(out.fileno(), mode)  # the umask took bits off at creation (a server's is 077)
                 out.write(raw)
                 out.flush()
                 os.fsync(out.fileno())

@@ -58,6 +58,7 @@ from warden.executors.records import (
     read_job_json,
     record_ended_at,
     record_exit_code,
+    record_killed_at,
     write_json_atomic,
 )
 from warden.executors.slurm_launch import BATCH_SIGNALS, JOB_DIR, LAUNCH_FILE
@@ -867,9 +868,11 @@ def _exit(tracked: _Tracked, seen: Mapping[str, SlurmJob | None]) -> Exit:
     records are the job's to write. An end time outside [submission, now] is replaced by now;
     an exit code 0 of a Slurm job that did not end COMPLETED is not believed; a Slurm job ended
     by someone else (cancelled while warden never signalled it, timed out, its node failed) sets
-    `ended_by`."""
+    `ended_by`. The kill is the earliest SIGKILL at the deadline, the server's or one the ranks'
+    supervisors sent themselves while no server could (a takeover's adopter sends its own later)."""
     codes: list[int | None] = []
     ended = []
+    kills = [] if tracked.killed_at is None else [tracked.killed_at]
     errors: list[str] = []
     now = time.time()
     states = {i: job.state for i, job in seen.items() if job is not None}
@@ -884,6 +887,9 @@ def _exit(tracked: _Tracked, seen: Mapping[str, SlurmJob | None]) -> Exit:
             codes.append(code)
             at = record_ended_at(record, now)
             ended.append(at if tracked.floor <= at <= now else now)
+            killed_at = record_killed_at(record, tracked.kill_at, now)
+            if killed_at is not None:
+                kills.append(killed_at)
             if record.get("error"):
                 errors.append(f"rank {replica.rank}: {str(record['error'])[:500]}")
         elif tracked.killed_at is not None:
@@ -906,8 +912,8 @@ def _exit(tracked: _Tracked, seen: Mapping[str, SlurmJob | None]) -> Exit:
         exit_codes=tuple(codes),
         ended_at=max(ended) if len(ended) == len(codes) else now,
         signalled_at=tracked.signalled_at,
-        killed=tracked.killed_at is not None,
-        killed_at=tracked.killed_at,
+        killed=bool(kills),
+        killed_at=min(kills, default=None),
         error="; ".join(errors) or None,
         ended_by=ended_by,
     )

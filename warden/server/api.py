@@ -287,6 +287,7 @@ def build_router(service: Service) -> APIRouter:
             "role": service.role,
             "epoch": service.epoch,
             "leader": service.leader_url(),
+            "servers": service.servers(),
         }
 
     @r.post(

@@ -55,6 +55,7 @@ class Settings:
     policy: Path | None = None
     host: str = "127.0.0.1"
     port: int = 8765
+    advertise_url: str | None = None  # where jobs and the other servers reach it; default from host and port
     fake_gpus: int | None = None
     state_dir: Path | None = None
     bootstrap_token: str | None = None
@@ -207,7 +208,7 @@ def build_service(settings: Settings, say: Callable[[str], None] = print, conten
     migrate(engine)
     secure_sqlite_files(engine)
     store = Store(engine)
-    api_url = f"http://{_reachable(settings.host)}:{settings.port}"
+    api_url = settings.advertise_url or f"http://{_reachable(settings.host)}:{settings.port}"
     lease: Lease | None = None
     if contend:
         lease = Lease(engine, this_holder(api_url))

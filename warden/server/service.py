@@ -47,6 +47,7 @@ from warden.server.requests import ReportRequest, SubmitRequest, TokenRequest
 from warden.store.jobs import DuplicateSubmission, EarlierSubmission, StoredJob, TooManyWaiting, WaitingLimits
 from warden.store.leadership import Lease, NotLeader
 from warden.store.repo import Store
+from warden.store.servers import BEAT_S, Roster
 from warden.store.tokens import TokenInfo
 from warden.store.wakeups import listen, listens, wake_leader
 
@@ -126,10 +127,19 @@ class Service:
         self.state_dir = state_dir
         self.clock = clock
         self.url = url
-        """Where jobs send their reports (`WARDEN_URL` inside a job)."""
-        self._report_key = _secret(state_dir / "report-secret")
+        """This server's API: where the jobs it starts send their reports first (`servers`)."""
+        self._report_key = store.shared_secret(
+            "report_secret", _legacy_secret(state_dir / "report-secret") or secrets.token_bytes(32)
+        )
+        """The key of the report tokens, in the database: every server of it mints and checks
+        the same tokens, so a job's reports are taken by whichever server is up."""
         self.lease = lease
         """The lease this server contends for; None: it leads alone."""
+        self._roster = Roster(store.engine, lease.holder) if lease is not None and lease.holder.url else None
+        """This server's row of the `servers` table (with a lease); None: it knows only itself."""
+        self._servers: tuple[str, ...] = ()
+        """The servers' URLs the roster read last."""
+        self._roster_thread: threading.Thread | None = None
         self._make_executor = make_executor
         self._spare: Executor | None = executor if lease is not None else None
         """The executor of this server's first term, until one begins."""
@@ -209,6 +219,30 @@ class Service:
         seen = self.lease.last_seen if self.lease is not None else None
         return seen.url if seen is not None and seen.live else None
 
+    def servers(self) -> list[str]:
+        """The URLs of the servers a job this server starts reports to (`WARDEN_URL`): this
+        one first, then every other of its database seen up within `SEEN_S` (the `servers`
+        table, read every `BEAT_S`)."""
+        if not self.url:
+            return []
+        return [self.url, *(u for u in self._servers if u != self.url)]
+
+    def _keep_roster(self) -> None:
+        """Until the server stops: refresh this server's row of `servers` every `BEAT_S` and
+        keep the URLs of the servers seen up; then delete the row."""
+        assert self._roster is not None
+        while True:
+            try:
+                self._servers = self._roster.beat() or self._servers
+            except Exception as err:  # the database away: the last list stands
+                log.warning("could not refresh this server's row of the servers table: %s", err)
+            if self._stop.wait(BEAT_S):
+                break
+        try:
+            self._roster.leave()
+        except Exception as err:  # it is forgotten once not seen for SEEN_S
+            log.warning("could not delete this server's row of the servers table: %s", err)
+
     @property
     def nodes(self) -> tuple[Node, ...]:
         """Every node of the cluster, down ones included (a job that fits only there waits)."""
@@ -238,6 +272,9 @@ class Service:
             target=self.forecasts.run, args=(self._stop,), name="warden-forecast", daemon=True
         )
         self._forecast_thread.start()
+        if self._roster is not None:
+            self._roster_thread = threading.Thread(target=self._keep_roster, name="warden-roster", daemon=True)
+            self._roster_thread.start()
 
     # -- terms (with a lease) ----------------------------------------------------------------
     def _begin_term(self, epoch: int) -> None:
@@ -392,7 +429,7 @@ class Service:
         self._unwatch()
         self._stop.set()
         self.reconciler.poke()
-        for thread in (self._thread, self._forecast_thread):
+        for thread in (self._thread, self._forecast_thread, self._roster_thread):
             if thread is not None:
                 thread.join(timeout=40)
         if self.lease is None:
@@ -784,12 +821,23 @@ class Service:
         return hmac.new(self._report_key, f"{job_id}:{attempt}".encode(), hashlib.sha256).hexdigest()
 
     def report_env(self, job_id: str, attempt: int) -> dict[str, str]:
-        return {"WARDEN_URL": self.url, "WARDEN_REPORT_TOKEN": self.report_token(job_id, attempt)} if self.url else {}
+        """Where an attempt reports, and its token: `WARDEN_URL` lists every server up when it
+        starts (`servers`), the job's reporter tries them in turn (`warden.workload.report`)."""
+        if not self.url:
+            return {}
+        return {"WARDEN_URL": ",".join(self.servers()), "WARDEN_REPORT_TOKEN": self.report_token(job_id, attempt)}
 
     def report(self, job_id: str, header: str | None, req: ReportRequest) -> dict[str, Any]:
         """Startup, progress and checkpoint reports: what the engine's victim cost (the last
         checkpoint, the measured SIGTERM save) and efficiency (startup and checkpoint time)
-        are computed from."""
+        are computed from.
+
+        Every server takes them, a standby as the leader: a report is written to the
+        database at once (the attempt's row, whose job's version it bumps), never held in
+        this server's memory, and the leader's next pass reads it there (`Store.active`
+        re-reads a job whose version moved). Refusing reports on a standby would lose those
+        sent while no server leads (from the leader's death until a standby takes over) and
+        cost each report a round trip to a server that does not take it."""
         # Authentication first: without a valid token, every job id gets the same 401.
         token = bearer(header)
         if hmac.compare_digest(token.encode(), self.report_token(job_id, req.attempt).encode()):
@@ -1031,13 +1079,11 @@ def _plain(value: Any) -> Any:
     return None if value.__class__.__name__ == "_Missing" else value
 
 
-def _secret(path: Path) -> bytes:
-    """A per-installation secret kept in the state directory (created once, mode 0600)."""
+def _legacy_secret(path: Path) -> bytes | None:
+    """The report key an older server kept in its state directory, if there is one: the first
+    server of a database to start stores it there (`Store.shared_secret`), so the attempts it
+    started before keep their tokens."""
     try:
-        return bytes.fromhex(path.read_text().strip())
+        return bytes.fromhex(path.read_text().strip()) or None
     except (OSError, ValueError):
-        key = secrets.token_bytes(32)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(key.hex() + "\n")
-        return key
+        return None

@@ -233,7 +233,7 @@ class Lease:
                 seen = self.last_seen = _read(conn, lock=True)
                 if seen.live and seen.holder != take_from:
                     return None
-                now = _db_now(conn)
+                now = db_now(conn)
                 taken = conn.execute(
                     update(LEASE)
                     .where(LEASE.c.id == LEASE_ID, LEASE.c.epoch == seen.epoch)
@@ -269,7 +269,7 @@ class Lease:
         sent = self.clock()
         with self._writer.begin() as conn:
             _wait_at_most(conn, LOCK_WAIT_MS)
-            now = _db_now(conn)
+            now = db_now(conn)
             renewed = conn.execute(
                 update(LEASE)
                 .where(LEASE.c.id == LEASE_ID, LEASE.c.epoch == term.epoch, LEASE.c.holder == self.holder.id)
@@ -302,19 +302,20 @@ class Lease:
             conn.execute(
                 update(LEASE)
                 .where(LEASE.c.id == LEASE_ID, LEASE.c.epoch == epoch, LEASE.c.holder == self.holder.id)
-                .values(expires_at=_db_now(conn))
+                .values(expires_at=db_now(conn))
             )
 
 
-def _db_now(conn: Connection) -> ColumnElement[float]:
-    """The database's clock in epoch seconds, as an SQL expression."""
+def db_now(conn: Connection) -> ColumnElement[float]:
+    """The database's clock in epoch seconds, as an SQL expression (the lease's and the
+    servers' table's only clock: the servers' clocks need not agree)."""
     if conn.dialect.name == "postgresql":
         return literal_column("CAST(extract(epoch from now()) AS double precision)")
     return literal_column("((julianday('now') - 2440587.5) * 86400.0)")
 
 
 def _read(conn: Connection, *, lock: bool) -> LeaseState:
-    query = select(LEASE, _db_now(conn).label("db_now")).where(LEASE.c.id == LEASE_ID)
+    query = select(LEASE, db_now(conn).label("db_now")).where(LEASE.c.id == LEASE_ID)
     row = conn.execute(query.with_for_update() if lock else query).first()
     if row is None:
         raise RuntimeError("the database has no lease row (leader_lease id 1): it was not migrated by warden")

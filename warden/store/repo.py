@@ -17,9 +17,9 @@ import copy
 import threading
 from typing import cast
 
-from sqlalchemy import Table, select
+from sqlalchemy import Table, insert, select
 
-from warden.store.base import Fence
+from warden.store.base import Fence, _advisory_lock
 from warden.store.db import connect, migrate
 from warden.store.history import HistoryStore
 from warden.store.jobs import JobStore
@@ -29,6 +29,8 @@ from warden.store.schema import MetaRow
 from warden.store.tokens import TokenStore
 
 META = cast(Table, MetaRow.__table__)
+SECRET_LOCK_KEY = 0x7761726465_6E03
+"""PostgreSQL advisory lock: two servers' first `shared_secret` store one secret."""
 
 
 class Store(JobStore, TokenStore, PolicyStore, HistoryStore, NodeStore):
@@ -67,3 +69,15 @@ class Store(JobStore, TokenStore, PolicyStore, HistoryStore, NodeStore):
         if value is None:
             raise RuntimeError("the database has no database_id in its meta table: it was not migrated by warden")
         return str(value)
+
+    def shared_secret(self, key: str, candidate: bytes) -> bytes:
+        """The secret `key` of the `meta` table, every server's alike: `candidate` is stored
+        and returned when the database has none yet (the first server to ask), else the
+        stored one is returned."""
+        with self._write() as conn:
+            _advisory_lock(conn, SECRET_LOCK_KEY)
+            value = conn.execute(select(META.c.value).where(META.c.key == key)).scalar_one_or_none()
+            if value is None:
+                conn.execute(insert(META).values(key=key, value=candidate.hex()))
+                return candidate
+        return bytes.fromhex(str(value))

@@ -278,3 +278,20 @@ class LeaseRow(Base):
     by another process is not mistaken for the holder."""
     url: Mapped[str | None] = mapped_column(String(1024))
     """The holder's API, for `GET /v1/health` and the CLI to name the leader."""
+
+
+class ServerRow(Base):
+    """The servers of one database (docs/control-plane.md, "Several servers"): each server's
+    row, keyed by its API's URL, is written at its start and refreshed every second while it
+    runs (`warden.store.servers`), and deleted when it stops. The servers seen lately are what
+    a job is given to report to (`WARDEN_URL`)."""
+
+    __tablename__ = "servers"
+
+    url: Mapped[str] = mapped_column(String(1024), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(255))
+    """The run of the server, as the lease names it (`host:pid:random`)."""
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    seen_at: Mapped[float] = mapped_column(Double)
+    """When the server last refreshed its row, by the database's clock."""

@@ -13,6 +13,14 @@ Rules that keep reporting from ever hurting training:
 
 - standard library only (``urllib``): nothing to install inside the job's environment;
 - outside warden (no ``WARDEN_JOB_ID`` or ``WARDEN_URL``) every method returns at once;
+- ``WARDEN_URL`` may name several servers of one database, separated by commas (warden gives
+  a job every server that was up when its attempt started): a report goes to the server that
+  answered the last one and, when that one cannot be reached, to the next (``warden.urls``),
+  so reports go on reaching the database after the server that started the job died. A report
+  is sent to another server only when it cannot count twice: always when no connection could
+  be made; after a connection lost once the report was sent, unless it is a
+  ``checkpoint_finished`` (which adds to the attempt's checkpoint count and time). An HTTP
+  answer, whatever its status, is never sent elsewhere;
 - ``progress`` is rate-limited (one HTTP call per ``min_interval``) and sent from a background
   thread, so the training loop never waits on the network;
 - checkpoint reports are sent synchronously with a short timeout, because a job that saved on
@@ -30,6 +38,8 @@ import time
 import urllib.parse
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from warden.urls import BadServerUrl, ServerList, parse_urls, unreachable
 
 if TYPE_CHECKING:
     import urllib.request
@@ -77,6 +87,8 @@ PROCESS_STARTED_AT: float = process_started_at()
 """Taken once, at import: the reference for ``Reporter.startup_finished``."""
 
 _KINDS = frozenset({"startup", "progress", "checkpoint_started", "checkpoint_finished"})
+_COUNTED = frozenset({"checkpoint_finished"})
+"""Reports the server adds up: one whose answer was lost is not sent to another server."""
 
 
 class Reporter:
@@ -96,22 +108,29 @@ class Reporter:
         timeout: float = 2.0,
         started_at: float | None = None,
     ) -> None:
-        """``url``/``job_id`` None or empty disable the reporter. ``min_interval`` bounds the
-        rate of progress calls; ``timeout`` bounds every HTTP call (the synchronous checkpoint
-        reports can delay a SIGTERM save by at most that, once per report). ``started_at`` is
-        the reference for ``startup_finished`` (default: this process's start)."""
+        """``url``/``job_id`` None or empty disable the reporter; ``url`` may name several
+        servers separated by commas (one that is not a URL makes every report fail, saying
+        so). ``min_interval`` bounds the rate of progress calls; ``timeout`` bounds every HTTP
+        call (a synchronous checkpoint report can delay a SIGTERM save by at most that, once
+        per server that does not answer). ``started_at`` is the reference for
+        ``startup_finished`` (default: this process's start)."""
         self.enabled: bool = bool(url) and bool(job_id)
         self.attempt = attempt
         self.min_interval = min_interval
         self.timeout = timeout
         self.started_at = PROCESS_STARTED_AT if started_at is None else started_at
-        self._endpoint = ""
+        self._path = ""
+        self._servers: ServerList | None = None
+        self._bad_url: str | None = None
         self._headers: dict[str, str] = {"Content-Type": "application/json"}
         self._opener: urllib.request.OpenerDirector | None = None
         if self.enabled:
             assert url is not None and job_id is not None
-            quoted = urllib.parse.quote(job_id, safe="")
-            self._endpoint = f"{url.rstrip('/')}/v1/jobs/{quoted}/reports"
+            self._path = f"/v1/jobs/{urllib.parse.quote(job_id, safe='')}/reports"
+            try:
+                self._servers = ServerList(parse_urls(url))
+            except BadServerUrl as err:
+                self._bad_url = str(err)
             if token:
                 self._headers["Authorization"] = f"Bearer {token}"
             # 15 ms of imports, only paid when there is somewhere to report to.
@@ -245,23 +264,17 @@ class Reporter:
                     self._in_flight = False
                     self._wake.notify_all()
 
-    def _send(self, body: dict[str, Any]) -> bool:
-        """One POST; True on a 2xx. Never raises: a report must not break training."""
-        from urllib.error import HTTPError
-        from urllib.request import Request
+    @property
+    def url(self) -> str | None:
+        """The server reports go to first: the one that answered the last report."""
+        return None if self._servers is None else self._servers.current
 
-        assert body["kind"] in _KINDS and self._opener is not None
+    def _send(self, body: dict[str, Any]) -> bool:
+        """One report, to the servers in turn until one answers; True on a 2xx. Never raises:
+        a report must not break training."""
+        assert body["kind"] in _KINDS
         payload = json.dumps({"attempt": self.attempt, **body}).encode()
-        try:
-            request = Request(self._endpoint, data=payload, headers=self._headers, method="POST")
-            with self._opener.open(request, timeout=self.timeout) as response:
-                response.read()
-                status = int(response.status)
-                ok, error = 200 <= status < 300, f"HTTP {status}"
-        except HTTPError as e:  # non-2xx answers (after redirects)
-            ok, error = False, f"HTTP {e.code} {e.reason}"
-        except Exception as e:
-            ok, error = False, f"{type(e).__name__}: {e}"
+        ok, error = self._post(payload, repeatable=body["kind"] not in _COUNTED)
         with self._lock:
             if ok:
                 self.sent += 1
@@ -271,6 +284,37 @@ class Reporter:
             self._log_failure(body["kind"], error)
         return ok
 
+    def _post(self, payload: bytes, repeatable: bool) -> tuple[bool, str]:
+        """POST `payload` to the first server that answers: whether it took it (2xx), and
+        otherwise why not."""
+        from urllib.error import HTTPError, URLError
+        from urllib.request import Request
+
+        opener = self._opener
+        if self._servers is None or opener is None:
+            return False, self._bad_url or "no server"
+        failures: list[tuple[str, str]] = []
+        for url in self._servers.in_turn():
+            try:
+                request = Request(url + self._path, data=payload, headers=self._headers, method="POST")
+                with opener.open(request, timeout=self.timeout) as response:
+                    response.read()
+                    status = int(response.status)
+            except HTTPError as e:  # non-2xx answers (after redirects): an answer all the same
+                self._servers.answered(url)
+                return False, f"{url}: HTTP {e.code} {e.reason}"
+            except URLError as e:  # no connection: the report was not sent
+                failures.append((url, f"{type(e.reason).__name__}: {e.reason}"))
+                continue
+            except Exception as e:  # sent, and no answer came
+                failures.append((url, f"{type(e).__name__}: {e}"))
+                if repeatable:
+                    continue
+                return False, unreachable("WARDEN_URL", failures) + " (not sent elsewhere: it may have been counted)"
+            self._servers.answered(url)
+            return 200 <= status < 300, f"{url}: HTTP {status}"
+        return False, unreachable("WARDEN_URL", failures)
+
     def _log_failure(self, kind: str, error: str) -> None:
         """Writes the first failure to stderr (never the token); later ones are only counted."""
         with self._lock:
@@ -279,8 +323,8 @@ class Reporter:
             self._failed_logged = True
         try:
             print(
-                f"warden.workload: could not send the {kind} report to {self._endpoint}: "
-                f"{error}; training continues, further report failures are not logged",
+                f"warden.workload: could not send the {kind} report ({self._path}): {error}; training "
+                "continues, further report failures are not logged",
                 file=sys.stderr,
                 flush=True,
             )

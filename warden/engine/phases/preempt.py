@@ -18,13 +18,12 @@ from collections.abc import Sequence
 from warden.engine.accounting import wait_time
 from warden.engine.model import Job
 from warden.engine.phases.claim import Claim
-from warden.engine.phases.order import ranking_of
 from warden.engine.phases.reserve import Forecast, Reserve
 from warden.engine.phases.state import PassState
 from warden.engine.phases.victims import Victims
 from warden.engine.preemption import Candidate, search
 from warden.engine.reasons import PreemptionWouldNotPay, Reason
-from warden.engine.rules import grace_of, preemptors
+from warden.engine.rules import grace_of, preemptors, starving_after
 
 INF = math.inf
 
@@ -37,9 +36,7 @@ class Preempt:
     __slots__ = (
         "attempts_left",
         "claim",
-        "default_wait",
         "frees",
-        "max_waits",
         "memo",
         "pays",
         "reserve",
@@ -54,10 +51,6 @@ class Preempt:
         self.claim = claim
         self.reserve = reserve
         """Forecasts what frees by itself, for `declined`."""
-        ranking = ranking_of(state.policy)
-        self.max_waits = ranking.max_waits
-        self.default_wait = ranking.default_wait
-        """Each queue's maximum wait (as `phases.order.Order` reads them)."""
         self.pays = state.policy.preemption.only_if_it_pays
         """`preemption.only_if_it_pays`, read once a pass."""
         self.attempts_left = state.policy.preemption.max_attempts_per_pass
@@ -117,9 +110,10 @@ class Preempt:
         return self.pays and (len(state.reservations) < state.policy.scheduling.reservations or not self._starving(job))
 
     def _starving(self, job: Job) -> bool:
-        """Has the job waited `escalate_at` × its queue's maximum wait, over all its attempts?"""
-        limit = self.max_waits.get(job.queue, self.default_wait) * self.state.policy.fair_share.aging.escalate_at
-        return wait_time(job.waited, job.pending_since, job.submit, self.state.now) >= limit
+        """Has the waiting job waited, over all its attempts and this wait, as long as it
+        takes to starve (`rules.starving_after`)?"""
+        wait = wait_time(job.waited, job.pending_since, job.submit, self.state.now)
+        return wait >= starving_after(self.state.policy, job.queue)
 
     def declined(self, job: Job, flavors: Sequence[str], needed: Sequence[Candidate]) -> PreemptionWouldNotPay | None:
         """Why preempting `needed` does not pay, or None when it does (asked where
