@@ -49,25 +49,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "serve
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # server.py: its Python clients
 
 from pg import FAST_SETTINGS, PostgresServer, find_bin_dir, start_server, stop_server
+from server import POLICY as SERVER_POLICY
 from server import _python_clients
 from serverproc import Server, health, kill_jobs_of, leading, wait_for
 
 GPUS = 5
-POLICY = """\
-min_grace: 1s
-thrash: {min_efficiency: 0}
-preemption: {restart_overhead: 0s}
-tiers:
-  3: {name: experimentation, lease: 0s, grace: 1s}
-queues:
-  name: cluster
-  children:
-    - {name: work}
-    - {name: team, nominal: {gpu: 0}, borrowing_limit: {gpu: 0}}
-limits: {max_pending_per_user: 1000000, max_pending_per_queue: 1000000}
-"""
-"""`work` runs the jobs that ignore SIGTERM; `team` (bench/server.py's queue name) never runs,
-so the submissions measured wait and cost the leader no launch."""
+POLICY = SERVER_POLICY.replace(
+    "    - {name: team}\n", "    - {name: work}\n    - {name: team, nominal: {gpu: 0}, borrowing_limit: {gpu: 0}}\n"
+)
+"""bench/server.py's policy with two queues: `work` runs the jobs that ignore SIGTERM; `team`
+never runs, so the submissions measured (bench/server.py's clients submit there) wait and cost
+the leader no launch."""
 
 STUBBORN = ["bash", "-c", "trap '' TERM; sleep 3600"]
 DEADLINES = (-0.3, 0.5, 1.5, 2.5, 3.5)
