@@ -59,7 +59,7 @@ log = logging.getLogger("warden.server")
 ACTION_TRIES = 3
 """How often a user action re-reads a job whose compare-and-set lost before it answers 409."""
 FOLLOW_S = 1.0
-"""How often a standby reads the cluster and the fair-share ledger the leader recorded."""
+"""How often a standby reads the policy in force, the cluster and the fair-share ledger."""
 
 T = TypeVar("T")
 
@@ -351,21 +351,19 @@ class Service:
         return term.reconciler.lost or "the reconcile loop ended"
 
     def _follow(self) -> None:
-        """A standby keeps up with the database between two tries for the lead: the policy in
-        force (another server may have applied one), its API's checks and answers being
-        against it; and, every `FOLLOW_S`, the cluster as the leader records it (nodes down,
+        """A standby keeps up with the database, every `FOLLOW_S` between two tries for the
+        lead: the policy in force (another server may have applied one), its API's checks and
+        answers being against it; the cluster as the leader records it (nodes down,
         GPUs held by others) and the fair-share ledger as the leader saved it, which its dry
         runs and `warden nodes` read, and the snapshot its expected-start forecasts start from
         (a standby runs no pass, so the snapshot is the database's as it is then)."""
         standby = self._standby
-        if standby is None or self._term is not None:
+        if standby is None or self._term is not None or time.monotonic() < self._next_follow:
             return
+        self._next_follow = time.monotonic() + FOLLOW_S
         newer = self._newer_policy()
         if newer is not None:
             standby.set_policy(newer)
-        if time.monotonic() < self._next_follow:
-            return
-        self._next_follow = time.monotonic() + FOLLOW_S
         inventory = recorded_inventory(self.store.nodes())
         ledger = self.store.load_ledger().to_engine()
         with self.lock:
