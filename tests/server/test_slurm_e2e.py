@@ -94,7 +94,8 @@ def test_jobs_run_on_the_nodes_and_gpus_warden_chose_with_the_contract_environme
             assert all(e["WARDEN_JOB_ID"] == job_id for e in envs)
             if os.geteuid() == 0:  # the submitting user's account (mapped to nobody), never root
                 assert (out / "pid-1-0").stat().st_uid == pwd.getpwnam("nobody").pw_uid
-            slurm = [v for v in slurm_cluster.jobs().values() if v[0] == job_name(job_id, 1)]
+            # Running now: the cluster keeps ended jobs for a while, and other tests' databases name theirs alike.
+            slurm = [v for v in slurm_cluster.jobs().values() if v[0] == job_name(job_id, 1) and v[1] == "RUNNING"]
             assert sorted(n for v in slurm for n in expand_hostlist(v[2])) == sorted({p["node"] for p in placement})
             assert {v[1] for v in slurm} == {"RUNNING"}
         gang_nodes = [p["node"] for p in job(c, gang)["attempts"][0]["placement"]]
@@ -376,7 +377,7 @@ def test_a_warden_job_cancelled_outside_warden_is_requeued_with_what_happened(
         victim = run_trainer(c, trainer, tmp_path / "victim", queue="vision", tier=3, gpus=1)
         until_state(c, victim, "RUNNING")
         running_pids(tmp_path / "victim", 1, 1)
-        ids = [i for i, (name, state, _) in slurm_cluster.jobs().items() if name == f"warden.{victim}.1"]
+        ids = [i for i, (name, s, _) in slurm_cluster.jobs().items() if name == f"warden.{victim}.1" and s == "RUNNING"]
         assert ids
         slurm_cluster.run("scancel", *ids)  # an operator's scancel, not warden's
         detail = wait_for(

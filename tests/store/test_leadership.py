@@ -178,8 +178,10 @@ def test_contenders_in_processes_of_their_own_elect_one_a_round_with_the_next_ep
                 with engine.begin() as conn:
                     conn.execute(update(LEASE).where(LEASE.c.epoch == epoch).values(expires_at=0.0))
         assert sorted(holders) == list(range(1, ROUNDS + 1))
+    except BaseException:
+        gate.abort()  # the contenders stop (never after the last round: one still waking would see it broken)
+        raise
     finally:
-        gate.abort()  # past the last round this changes nothing; before it, the contenders stop
         for p in procs:
             p.join(30)
             if p.is_alive():
