@@ -42,17 +42,15 @@ def trace(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def teams(tmp_path: Path) -> Path:
-    path = tmp_path / "teams.yaml"
-    path.write_text(TEAMS)
-    return path
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "map.yaml"
+def write(tmp_path: Path, text: str, name: str = "map.yaml") -> Path:
+    path = tmp_path / name
     path.write_text(text)
     return path
+
+
+@pytest.fixture
+def teams(tmp_path: Path) -> Path:
+    return write(tmp_path, TEAMS, "teams.yaml")
 
 
 def test_every_policy_of_a_comparison_runs_the_trace_in_the_maps_leaves(

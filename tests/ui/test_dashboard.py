@@ -349,16 +349,12 @@ def test_another_users_job_page_shows_its_command_and_logs_as_hidden(server: Ser
 
 # ------------------------------------------------------------------------------ reading right
 
-# Long queue names two levels deep, limits set on some, and a startup assumed longer than a
-# fresh attempt has run (η's overheads then outweigh its run).
-LONG_POLICY = """\
-min_grace: 2s
-thrash: {min_efficiency: 0}
-preemption: {restart_overhead: 10m, checkpoint_overhead: 30s}
-tiers:
-  1: {name: production-inference, preemptible: false, grace: 2s, requires_approval: true, scope: cluster}
-  3: {name: experimentation, lease: 1h, grace: 2s}
-  4: {name: opportunistic, lease: 0s, grace: 2s, charged: false}
+# The policy above with long queue names two levels deep, limits set on some, and a startup
+# assumed longer than a fresh attempt has run (η's overheads then outweigh its run).
+LONG_POLICY = POLICY.split("queues:")[0].replace(
+    "{restart_overhead: 0s, checkpoint_overhead: 0s}", "{restart_overhead: 10m, checkpoint_overhead: 30s}"
+).replace("lease: 1s,", "lease: 1h,") + (
+    """\
 queues:
   name: cluster
   children:
@@ -373,6 +369,7 @@ queues:
         - {name: language-model-finetuning-customer-projects, nominal: {gpu: 1}}
         - {name: language-model-data-processing-pipelines, nominal: {gpu: 1}}
 """
+)
 SERVING = "inference-serving-latency-critical-endpoints"
 PRETRAINING = "vision-pretraining-large-scale-experiments"
 
