@@ -76,6 +76,13 @@ def test_an_ended_attempts_eta_counts_the_checkpoints_it_measured_not_the_assump
     assert attempt_eta(0.0, 44.0, 60.0, 10.9, 0.0) == pytest.approx((44.0 - 10.9) / 44.0)
 
 
+def test_eta_is_never_negative() -> None:
+    # 20 s into a 60 s startup with a 30 s save assumed: no progress yet, η 0, not −2.5
+    job = running("1", "a", 3, ("n", 1), 0.0)
+    assert rules.efficiency(policy(preemption={"restart_overhead": "60s"}), job, 20.0) == 0.0
+    assert attempt_eta(0.0, 20.0, None, 60.0, 30.0) == 0.0
+
+
 # -------------------------------------------------------------------------------------- waiting
 
 

@@ -2,7 +2,7 @@
 (`rules.protection`) let the job's attempt go. While a job is protected it is exactly what a
 pass asking now would find; for the lease and the efficiency floor it is the attempt's start +
 max(lease, (startup + checkpoint) / (1 − min_efficiency)); it stays put once that time has
-passed; it is null for a tier that is never preempted."""
+passed; it is null for a tier that is never preempted, which `preemptible` says."""
 
 from __future__ import annotations
 
@@ -100,7 +100,9 @@ def test_lease_end_at_is_the_engines_protection(setup: tuple[Service, TestClient
         until = protected_until(svc, job_id, clock.t)
         if name == "production":
             assert math.isinf(until) and shown[job_id]["lease_end_at"] is None
+            assert shown[job_id]["preemptible"] is False  # null means "never", not "unknown"
             continue
+        assert shown[job_id]["preemptible"] is True, name
         assert until > clock.t, name  # still protected: the figure is exactly the engine's
         assert shown[job_id]["lease_end_at"] == until, name
 

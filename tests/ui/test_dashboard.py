@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -240,6 +241,16 @@ def test_a_preemption_appears_on_the_timeline(server: Server, page: Page) -> Non
             timeout=20,
         )
         page.until(lambda d: "Least-served queue" in page.css("p.callout").text, "the least-served queue")
+        # The charts open on what the history holds, not on a fixed day of empty space.
+        assert page.css('button[data-window="all"]').get_attribute("aria-pressed") == "true"
+        first = c.get("/v1/history", params={"since": time.time() - 3600}).json()["samples"][0]["at"]
+        spans = page.until(
+            lambda d: [
+                (float(e.get_attribute("data-t0")), float(e.get_attribute("data-t1"))) for e in page.all("svg.chart")
+            ],
+            "the charts' spans",
+        )
+        assert all(t0 == first and t1 - t0 < 600 for t0, t1 in spans), (first, spans)
         page.shot("queues")
 
         page.go("#/preemptions")
@@ -304,6 +315,14 @@ def test_approval_is_for_admins_and_a_user_sees_only_what_the_api_shows(server: 
         approve = f'button[data-approve="{job}"]'
         page.until(lambda d: page.all(approve), "the Approve button")
         page.until(lambda d: "token.create" in page.css("#audit").text, "the audit log")
+        # The version in force is named on top, and marked among the versions (the policy file's).
+        version = admin.get("/v1/policy").json()["version"]
+        assert version >= 1
+        page.until(
+            lambda d: f"Policy version {version} is in force" in page.css("#policy-in-force").text, "the version"
+        )
+        assert "by server" in page.css("#policy-in-force").text
+        assert "in force" in page.css(f'#policy tr[data-version="{version}"]').text
         assert page.css('[data-nav="governance"]')
         page.shot("governance")
         page.css(approve).click()
@@ -325,4 +344,81 @@ def test_another_users_job_page_shows_its_command_and_logs_as_hidden(server: Ser
         page.until(lambda d: "--private-data" in page.css("#view").text, "the logs refused, naming the setting")
         assert "undefined" not in page.css("#view").text and " ".join(SLEEPER) not in page.css("#view").text
         assert not page.all("#cancel")
+        assert page.console_errors() == []
+
+
+# ------------------------------------------------------------------------------ reading right
+
+# The policy above with long queue names two levels deep, limits set on some, and a startup
+# assumed longer than a fresh attempt has run (η's overheads then outweigh its run).
+LONG_POLICY = POLICY.split("queues:")[0].replace(
+    "{restart_overhead: 0s, checkpoint_overhead: 0s}", "{restart_overhead: 10m, checkpoint_overhead: 30s}"
+).replace("lease: 1s,", "lease: 1h,") + (
+    """\
+queues:
+  name: cluster
+  children:
+    - name: research-computer-vision-and-multimodal-foundation-models
+      children:
+        - {name: vision-pretraining-large-scale-experiments, nominal: {gpu: 2}, borrowing_limit: {gpu: 2}}
+        - {name: vision-evaluation-and-benchmarking-suite, nominal: {gpu: 1}, lending_limit: {gpu: 1}}
+        - {name: multimodal-alignment-reinforcement-learning, nominal: {gpu: 1}}
+    - name: language-models-production-and-inference-serving
+      children:
+        - {name: inference-serving-latency-critical-endpoints, nominal: {gpu: 2}, weight: 2}
+        - {name: language-model-finetuning-customer-projects, nominal: {gpu: 1}}
+        - {name: language-model-data-processing-pipelines, nominal: {gpu: 1}}
+"""
+)
+SERVING = "inference-serving-latency-critical-endpoints"
+PRETRAINING = "vision-pretraining-large-scale-experiments"
+
+
+@pytest.fixture
+def long_server(tmp_path: Path) -> Iterator[Server]:
+    s = started(tmp_path, LONG_POLICY, gpus=8, args=("--history-interval", "1"))
+    try:
+        yield s
+    finally:
+        s.stop()
+        kill_leftovers(tmp_path)
+
+
+def test_running_jobs_read_right_and_the_queue_tree_fits_a_laptop(long_server: Server, page: Page) -> None:
+    page = at(page, long_server)
+    with long_server.client() as c:
+        serving = submit(c, queue=SERVING, tier=1, gpus=1, name="endpoint", command=SLEEPER)
+        training = submit(c, queue=PRETRAINING, tier=3, gpus=2, name="pretrain", command=SLEEPER)
+        for job in (serving, training):
+            until_state(c, job, "RUNNING")
+        listed = {j["id"]: j for j in c.get("/v1/jobs").json()}
+        # 10 min of assumed startup and a 30 s save against seconds of running: η 0, not below.
+        assert listed[training]["efficiency"] == 0.0 and listed[serving]["efficiency"] == 0.0
+        assert (listed[serving]["preemptible"], listed[training]["preemptible"]) == (False, True)
+
+        page.sign_in(ADMIN, "jobs")
+        row = '#running tr[data-job="{}"]'
+        page.until(lambda d: page.all(row.format(serving)) and page.all(row.format(training)), "the running jobs")
+        assert page.css(f"{row.format(serving)} td.lease-end").text == "not preemptible"
+        assert re.fullmatch(r"in (59|60) min\.?", page.css(f"{row.format(training)} td.lease-end").text)
+        for job in (serving, training):
+            assert page.css(f"{row.format(job)} td.eta").text == "0 %"
+        page.go(f"#/jobs/{serving}")
+        page.until(lambda d: "not preemptible" in page.css(".facts").text, "the job page's lease")
+        assert "lease ends" not in page.css(".facts").text
+
+        page.driver.set_window_size(1400, 900)
+        try:
+            page.go("#/queues")
+            page.until(lambda d: len(page.all("table.queue-tree tbody tr")) == 9, "the queue tree")
+            page.until(lambda d: page.all("figure.chart-card svg.chart"), "the history charts")
+            wide = page.driver.execute_script(
+                "const t = document.querySelector('table.queue-tree'); const wrap = t.parentElement;"
+                "return [t.scrollWidth, wrap.scrollWidth, wrap.clientWidth, t.rows[0].cells.length];"
+            )
+            table, scrolled, shown, columns = wide
+            assert columns == 13 and max(table, scrolled) <= shown, wide
+            page.shot("queues-1400")
+        finally:
+            page.driver.set_window_size(1366, 900)
         assert page.console_errors() == []

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from warden.cli import tables
 from warden.engine.policy import PolicyError
 from warden.sim.cluster import ClusterError
-from warden.sim.experiment import Outcome, Setup, prepare, run_policy, sensitivity
+from warden.sim.experiment import Outcome, Setup, policy_for, prepare, run_policy, sensitivity
 from warden.sim.loaders import FORMATS, TraceError
 from warden.sim.metrics import DEFAULT_MAX_PREEMPTIONS_PER_JOB, TABLE_COLUMNS, TABLE_NAMES, format_table
 from warden.sim.presets import PRESETS
@@ -58,6 +58,14 @@ LimitOpt = Annotated[
 MaxPreemptOpt = Annotated[
     int,
     typer.Option("--max-preemptions-per-job", min=1, help="Warn when any one job is preempted more often than this."),
+]
+QueueMapOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--queue-map",
+        help="YAML `trace_queue: leaf` lines (`\"*\": leaf` for the rest): run the trace's jobs in a policy file's own leaf queues.",
+        show_default=False,
+    ),
 ]
 EnrichOpt = Annotated[
     bool,
@@ -97,6 +105,7 @@ def _setup(
     skip_invalid: bool,
     limit: int | None,
     enrich: bool,
+    queue_map: Path | None,
 ) -> Setup:
     if format != "auto" and format not in FORMATS:
         raise _fail(f"--format: {format!r} is not a trace format; allowed: auto, {', '.join(FORMATS)}")
@@ -112,6 +121,7 @@ def _setup(
             skip_invalid=skip_invalid,
             limit=limit,
             enrich=enrich,
+            queue_map=queue_map,
         )
 
 
@@ -181,12 +191,14 @@ def _stopped(name: str, err: SimulationLoopError) -> typer.Exit:
 def _run_all(
     setup: Setup, policies: list[str], quiet: bool, max_preemptions: int = DEFAULT_MAX_PREEMPTIONS_PER_JOB
 ) -> list[Outcome]:
+    with _refusals():  # every policy is checked before the first run
+        resolved = [policy_for(setup, name) for name in policies]
     outcomes = []
     with _progress(policies, quiet) as update:
-        for name in policies:
+        for name, sp in zip(policies, resolved, strict=True):
             with _refusals():
                 try:
-                    outcomes.append(run_policy(setup, name, update, max_preemptions))
+                    outcomes.append(run_policy(setup, sp, update, max_preemptions))
                 except SimulationLoopError as err:
                     raise _stopped(name, err) from None
     return outcomes
@@ -236,9 +248,10 @@ def run_cmd(
     limit: LimitOpt = None,
     enrich: EnrichOpt = True,
     max_preemptions: MaxPreemptOpt = DEFAULT_MAX_PREEMPTIONS_PER_JOB,
+    queue_map: QueueMapOpt = None,
 ) -> None:
     """Simulate one policy on a trace and print its metrics."""
-    setup = _setup(trace, format, gpus, cluster, seed, skip_invalid, limit, enrich)
+    setup = _setup(trace, format, gpus, cluster, seed, skip_invalid, limit, enrich, queue_map)
     _emit(_run_all(setup, [policy], json_out, max_preemptions), json_out, report, many=False)
 
 
@@ -258,6 +271,7 @@ def compare_cmd(
     limit: LimitOpt = None,
     enrich: EnrichOpt = True,
     max_preemptions: MaxPreemptOpt = DEFAULT_MAX_PREEMPTIONS_PER_JOB,
+    queue_map: QueueMapOpt = None,
 ) -> None:
     """Simulate several policies on the same trace and seed: one row a policy."""
     names = [p.strip() for p in policies.split(",") if p.strip()]
@@ -266,7 +280,7 @@ def compare_cmd(
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise _fail(f"--policies: {', '.join(dupes)} named twice")
-    setup = _setup(trace, format, gpus, cluster, seed, skip_invalid, limit, enrich)
+    setup = _setup(trace, format, gpus, cluster, seed, skip_invalid, limit, enrich, queue_map)
     _emit(_run_all(setup, names, json_out, max_preemptions), json_out, report, many=True)
 
 
@@ -296,10 +310,11 @@ def sensitivity_cmd(
     skip_invalid: SkipOpt = False,
     limit: LimitOpt = None,
     enrich: EnrichOpt = True,
+    queue_map: QueueMapOpt = None,
 ) -> None:
     """How much the admission order (Kendall tau distance) and the metrics change when one
     policy parameter moves a little."""
-    setup = _setup(trace, format, gpus, cluster, seed, skip_invalid, limit, enrich)
+    setup = _setup(trace, format, gpus, cluster, seed, skip_invalid, limit, enrich, queue_map)
     labels = [f"{policy} as written", f"{policy} with {param} {delta}"]
     with _refusals(), _progress(labels, json_out) as update:
         try:

@@ -95,10 +95,12 @@ def assumed_checkpoint(policy: Policy, checkpoint_s: float, save_s: float | None
 
 def eta(run_s: float, startup_s: float, checkpoint_s: float) -> float:
     """An attempt's forward-progress efficiency η = (T_run − (T_startup + T_checkpoint)) / T_run
-    (DESIGN §4.3) after `run_s` seconds of running; 0 for a run of no length."""
+    (DESIGN §4.3) after `run_s` seconds of running; 0 for a run of no length, and 0 while the
+    overheads counted exceed the run (a startup under way, or a save assumed ahead of the first):
+    no progress is the least an attempt can make."""
     if run_s <= 0:
         return 0.0
-    return (run_s - (startup_s + checkpoint_s)) / run_s
+    return max(0.0, (run_s - (startup_s + checkpoint_s)) / run_s)
 
 
 def attempt_eta(

@@ -297,7 +297,8 @@ QUEUE_NAME_CHARS = 255
 """A queue name is stored with every job (a String(255) column)."""
 
 
-def _check_queue_name(name: str) -> str:
+def check_queue_name(name: str) -> str:
+    """`name` if it may name a queue; else a PolicyError saying why (its path left empty)."""
     if not _QUEUE_NAME_RE.fullmatch(name):
         raise _refuse(name, "not a valid queue name", "letters, digits, '_', '.', '-'")
     if len(name) > QUEUE_NAME_CHARS:
@@ -306,7 +307,7 @@ def _check_queue_name(name: str) -> str:
 
 
 QueueName = Annotated[
-    str, AfterValidator(_check_queue_name), WithJsonSchema({"type": "string", "pattern": _QUEUE_NAME_PATTERN})
+    str, AfterValidator(check_queue_name), WithJsonSchema({"type": "string", "pattern": _QUEUE_NAME_PATTERN})
 ]
 
 

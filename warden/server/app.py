@@ -101,8 +101,8 @@ def _policy(store: Store, path: Path | None, now: float) -> Policy:
         source = path.read_text()
         policy = load_policy(path)
         if current is None or current.source != source:
-            store.apply_policy(source, policy.to_dict(), "server", now)
-            store.audit("server", "policy.apply", f"file/{path}", {}, now)
+            version = store.apply_policy(source, policy.to_dict(), "server", now)
+            store.audit("server", "policy.apply", f"file/{path}", {"version": version}, now)
         return policy
     if current is not None:
         return parse_policy(yaml.safe_load(current.source), "stored policy")

@@ -43,7 +43,8 @@ def job_summary(
     that holds resources shows when it started, checkpointed, and may first be preempted
     (`lease_end_at`) or will be killed (`kill_at`), and its attempt's η; a waiting one its
     `expected_start` as the forecast gives it (`Forecasts.view`); `in_cycle`: whether it is in
-    a preemption cycle (`cycles_of`)."""
+    a preemption cycle (`cycles_of`). `preemptible` says whether the policy lets its tier be
+    preempted at all, so that a null `lease_end_at` reads "never" rather than "unknown"."""
     e = job.explanation or {}
     reason = rendered(e.get("reason"), now, str(job.id)) if job.state.waiting else None
     live = attempt if attempt is not None and attempt.number == job.attempt and attempt.ended_at is None else None
@@ -75,6 +76,7 @@ def job_summary(
         "last_checkpoint_at": live.last_checkpoint_at if live else None,
         "kill_at": live.kill_at if live and live.sigterm_at is not None else None,
         "lease_end_at": lease_end_at,
+        "preemptible": policy.tier(job.tier).preemptible if policy is not None else None,
         "efficiency": eta,
         "expected_start": expected_start if job.state.waiting else None,
         "preemption_cycle": in_cycle,

@@ -18,6 +18,7 @@ from warden.sim.loaders import load_trace
 from warden.sim.metrics import DEFAULT_MAX_PREEMPTIONS_PER_JOB, natural_key, preemption_spread, summarize
 from warden.sim.presets import PRESETS, SimPolicy, entitlements, resolve_policy
 from warden.sim.progress import SimProgress
+from warden.sim.queuemap import QueueMap, apply_queue_map, load_queue_map
 from warden.sim.records import SimRun, Trace
 from warden.sim.simulator import simulate
 
@@ -30,6 +31,8 @@ class Setup:
     nodes: tuple[Node, ...]
     nominal: dict[str, int]
     """Nominal GPUs per trace queue, fitted to the cluster (`presets.entitlements`)."""
+    queue_map: QueueMap | None = None
+    """Where the trace's queues were mapped onto a policy's leaves (`queuemap`), if they were."""
 
     @property
     def gpus(self) -> int:
@@ -47,16 +50,20 @@ def prepare(
     limit: int | None = None,
     enrich: bool = True,
     nodes: tuple[Node, ...] | None = None,
+    queue_map: str | Path | None = None,
 ) -> Setup:
     """Load the trace and build the cluster (`gpus`, a cluster file or the `nodes`
-    themselves, exactly one)."""
+    themselves, exactly one); with a `queue_map` file, the trace's queues become its leaves."""
     if (gpus is None) + (cluster is None) + (nodes is None) != 2:
         raise ValueError("give exactly one of --gpus N or --cluster FILE")
     if nodes is None:
         nodes = pool(gpus) if gpus is not None else load_cluster(cluster)  # type: ignore[arg-type]
+    qmap = load_queue_map(queue_map) if queue_map is not None else None  # refused before the trace is read
     t = load_trace(trace, format, seed=seed, skip_invalid=skip_invalid, limit=limit, enrich=enrich)
+    if qmap is not None:
+        t = apply_queue_map(t, qmap)
     names = {j.queue for j in t.jobs} | set(t.queues)
-    return Setup(t, nodes, entitlements(t.queues, names or {"default"}, total_gpus(nodes)))
+    return Setup(t, nodes, entitlements(t.queues, names or {"default"}, total_gpus(nodes)), qmap)
 
 
 @dataclass(frozen=True)
@@ -73,7 +80,7 @@ def run_policy(
 ) -> Outcome:
     """Simulate one policy (a preset name, a policy file, or a resolved policy); the summary
     warns when a job is preempted more than `max_preemptions_per_job` times."""
-    sp = policy if isinstance(policy, SimPolicy) else resolve_policy(policy, setup.nominal, setup.gpus)
+    sp = policy if isinstance(policy, SimPolicy) else policy_for(setup, policy)
     share = policy_entitlement(sp.policy) if sp.name not in PRESETS else _shares(setup.nominal)
     run, skipped = simulate(setup.trace, setup.nodes, sp, share, on_progress)
     summary = summarize(run)
@@ -83,6 +90,11 @@ def run_policy(
     summary["trace_format"] = setup.trace.format
     summary["rules"] = list(setup.trace.rules)
     return Outcome(run, summary)
+
+
+def policy_for(setup: Setup, policy: str) -> SimPolicy:
+    """A preset or a policy file, resolved for this trace, cluster and queue map."""
+    return resolve_policy(policy, setup.nominal, setup.gpus, setup.queue_map)
 
 
 def _shares(nominal: dict[str, int]) -> dict[str, float]:
@@ -209,7 +221,7 @@ def sensitivity(
     setup: Setup, policy: str, path: str, delta: str, on_progress: Callable[[SimProgress], None] | None = None
 ) -> dict[str, Any]:
     """Run the policy as written and nudged; how far the admission order and metrics moved."""
-    base_policy = resolve_policy(policy, setup.nominal, setup.gpus)
+    base_policy = policy_for(setup, policy)
     moved_policy = nudge(base_policy, path, delta)
     base = run_policy(setup, base_policy, on_progress)
     moved = run_policy(setup, moved_policy, on_progress)

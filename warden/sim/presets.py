@@ -18,6 +18,7 @@ from typing import Any
 
 from warden.engine.accounting import policy_entitlement  # noqa: F401  (re-exported for warden.sim.experiment)
 from warden.engine.policy import Policy, PolicyError, PolicyIssue, load_policy, parse_policy
+from warden.sim.queuemap import QueueMap, check_leaves
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,8 +250,11 @@ def _refused(path: str, value: Any, message: str, allowed: str | None = None) ->
     return PolicyError([PolicyIssue(path, value, message, allowed)])
 
 
-def resolve_policy(name_or_file: str, nominal: Mapping[str, int], gpus: int) -> SimPolicy:
-    """A preset by name, or a policy file whose leaf queues must cover the trace's queues."""
+def resolve_policy(
+    name_or_file: str, nominal: Mapping[str, int], gpus: int, queue_map: QueueMap | None = None
+) -> SimPolicy:
+    """A preset by name, or a policy file whose leaf queues must cover the trace's queues (and
+    take every leaf the `queue_map` sends them to)."""
     if name_or_file in PRESETS:
         return build_preset(name_or_file, nominal, gpus)
     path = Path(name_or_file)
@@ -263,10 +267,15 @@ def resolve_policy(name_or_file: str, nominal: Mapping[str, int], gpus: int) -> 
         )
     policy = load_policy(path)
     leaves = {q.name for q in policy.leaves()}
+    if queue_map is not None:
+        check_leaves(queue_map, leaves, str(path))
     missing = sorted(set(nominal) - leaves)
     if missing:
         raise _refused(
-            "queues", ", ".join(missing), f"trace queues are not leaf queues of {path}", ", ".join(sorted(leaves))
+            "queues",
+            ", ".join(missing),
+            f"trace queues are not leaf queues of {path} (--queue-map FILE maps them onto its leaves)",
+            ", ".join(sorted(leaves)),
         )
     return sim_policy(path.stem, policy)
 

@@ -16,9 +16,9 @@ export function niceTicks(lo, hi, count = 5) {
   return out;
 }
 
-/** Tick times on round clock boundaries (1 min … 1 day) across [t0, t1]. */
+/** Tick times on round clock boundaries (10 s … 1 week) across [t0, t1]. */
 function timeTicks(t0, t1, count = 6) {
-  const steps = [60, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800, 604800];
+  const steps = [10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800, 604800];
   const step = steps.find((st) => (t1 - t0) / st <= count) || steps[steps.length - 1];
   const offset = new Date().getTimezoneOffset() * 60; // round in local time
   const out = [];
@@ -82,6 +82,8 @@ export function lineChart({ series, t0, t1, unit = "", label, height = 220 }) {
   const x = (t) => M.l + ((t - lo) / (hi - lo || 1)) * (W - M.l - M.r);
   const y = (v) => height - M.b - (v / top) * (height - M.t - M.b);
   const svg = frame(W, height, label);
+  svg.dataset.t0 = String(lo);
+  svg.dataset.t1 = String(hi);
   yAxis(svg, ticks, y, height, unit);
   xTimeAxis(svg, lo, hi, x, height);
   for (const se of series) {

@@ -59,15 +59,16 @@ export function notice(kind, ...text) {
   return h("p", { class: ["notice", `notice-${kind}`], role: kind === "error" ? "alert" : "status" }, ...text);
 }
 
-/** A table from column definitions [{label, cell: row => node|string, class}] and rows. */
-export function table(columns, rows, { caption, rowAttrs, empty = "Nothing to show." } = {}) {
+/** A table from column definitions [{label, cell: row => node|string, class}] and rows;
+ * `tableClass` classes the <table>. */
+export function table(columns, rows, { caption, rowAttrs, tableClass, empty = "Nothing to show." } = {}) {
   if (!rows.length) return notice("empty", empty);
   return h(
     "div",
     { class: "table-wrap" },
     h(
       "table",
-      null,
+      { class: tableClass },
       caption ? h("caption", null, caption) : null,
       h("thead", null, h("tr", null, columns.map((c) => h("th", { scope: "col", class: c.class }, c.label)))),
       h(
@@ -90,26 +91,44 @@ export function facts(pairs) {
   );
 }
 
-/** The time windows of the history views, as a group of toggle buttons: `state.windowS` is the
- * one pressed (a day at first); a press sets it and calls `onChange`. */
+/** The time windows of the history views, as a group of toggle buttons. The first, "all",
+ * is the span the server has data for, from its first sample up to the longest choice back;
+ * the views open on it (`state.windowS` null). A press sets `state.windowS` and calls `onChange`. */
 export const WINDOWS = [
+  ["all", null],
   ["1 h", 3600],
   ["6 h", 6 * 3600],
   ["24 h", 86400],
   ["7 d", 7 * 86400],
 ];
+const LONGEST_S = WINDOWS[WINDOWS.length - 1][1];
+
+/** How far back a view asks the server for data: the window pressed, else the longest. */
+export function lookBack(state) {
+  return state.windowS ?? LONGEST_S;
+}
+
+/** The span [t0, t1] a view draws at `now`: the window pressed, else from `firstAt` (the
+ * oldest time it has data for; null: none) to now, at most the longest window back. */
+export function span(state, now, firstAt) {
+  if (state.windowS != null) return [now - state.windowS, now];
+  if (firstAt == null) return [now - WINDOWS[1][1], now];
+  return [Math.max(now - LONGEST_S, Math.min(firstAt, now)), now];
+}
 
 export function windowButtons(state, onChange) {
+  const key = (seconds) => String(seconds ?? "all");
   const buttons = WINDOWS.map(([label, seconds]) =>
     h(
       "button",
       {
         type: "button",
         "aria-pressed": String(seconds === state.windowS),
-        dataset: { key: `window-${seconds}`, window: seconds },
+        title: seconds === null ? "what the server holds, at most 7 d back" : null,
+        dataset: { key: `window-${key(seconds)}`, window: key(seconds) },
         onclick: () => {
           state.windowS = seconds;
-          for (const b of buttons) b.setAttribute("aria-pressed", String(Number(b.dataset.window) === state.windowS));
+          for (const b of buttons) b.setAttribute("aria-pressed", String(b.dataset.window === key(state.windowS)));
           onChange();
         },
       },

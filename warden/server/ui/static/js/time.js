@@ -30,6 +30,7 @@ const absFormat = new Intl.DateTimeFormat(undefined, {
   timeZoneName: "short",
 });
 const clockFormat = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit" });
+const secondsFormat = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit", second: "2-digit" });
 const dayClockFormat = new Intl.DateTimeFormat(undefined, { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" });
 
 /** "3 min ago", "in 2 min", "now". */
@@ -48,9 +49,10 @@ export function abs(epochS) {
   return absFormat.format(new Date(epochS * 1000));
 }
 
-/** A chart axis label: the clock time, with the day when the span is longer than a day. */
+/** A chart axis label: the clock time, with the day when the span is longer than a day and
+ * the seconds when it is shorter than 5 minutes. */
 export function axisTime(epochS, spanS) {
-  return (spanS > 86400 ? dayClockFormat : clockFormat).format(new Date(epochS * 1000));
+  return (spanS > 86400 ? dayClockFormat : spanS < 300 ? secondsFormat : clockFormat).format(new Date(epochS * 1000));
 }
 
 /** A span of seconds for people: "45 s", "12 min", "3 h 5 min", "2 d 4 h". */

@@ -11,15 +11,26 @@ import { jobLink, jobsPage } from "./jobs.js";
 const PAGE = 100;
 const AUDIT = 200;
 
+/** The version a `policy.apply` audit entry made: its target `policy/N` (PUT /v1/policy), or
+ * its details' `version` (a policy file given at the server's start); null when it names none. */
+function appliedVersion(entry) {
+  const m = /^policy\/(\d+)$/.exec(entry.target || "");
+  if (m) return Number(m[1]);
+  const v = entry.details && entry.details.version;
+  return Number.isInteger(v) ? v : null;
+}
+
 export default {
   mount(root, _params, ctx) {
     let offset = 0;
     let message = null;
+    const inForce = h("p", { class: "callout", id: "policy-in-force" });
     const approvals = h("section", { "aria-labelledby": "approvals-h", id: "approvals" });
     const policy = h("section", { "aria-labelledby": "policy-h", id: "policy" });
     const audit = h("section", { "aria-labelledby": "audit-h", id: "audit" });
     root.append(
       h("div", { class: "view-head" }, h("h1", null, "Governance")),
+      inForce,
       h("h2", { id: "approvals-h" }, "Awaiting approval"),
       approvals,
       h("h2", { id: "policy-h" }, "Policy"),
@@ -83,22 +94,38 @@ export default {
           );
         }
         const versions = log instanceof Error ? [] : log.filter((a) => a.action === "policy.apply");
-        if (pol instanceof Error) swap(policy, notice("error", `The policy could not be read: ${pol.message}`));
-        else {
+        if (pol instanceof Error) {
+          swap(inForce, "The policy in force could not be read.");
+          swap(policy, notice("error", `The policy could not be read: ${pol.message}`));
+        } else {
+          const applied = versions.find((a) => appliedVersion(a) === pol.version);
+          inForce.dataset.policyVersion = pol.version;
+          swap(
+            inForce,
+            pol.version
+              ? [
+                  "Policy ",
+                  h("strong", null, `version ${pol.version}`),
+                  " is in force",
+                  applied ? [", applied ", when(applied.at), ` by ${applied.actor}`] : null,
+                  ".",
+                ]
+              : "The default policy is in force (no version stored).",
+          );
           swap(
             policy,
-            h("p", { dataset: { policyVersion: pol.version } }, h("strong", null, `Version ${pol.version}`), " is in force."),
             (pol.warnings || []).map((w) => h("p", { class: "notice notice-warn", role: "note" }, w.message || JSON.stringify(w))),
             versions.length
               ? table(
                   [
-                    { label: "version", cell: (a) => (/^policy\/\d+$/.test(a.target || "") ? a.target.slice(7) : "—") },
+                    { label: "version", cell: (a) => String(appliedVersion(a) ?? "—") },
                     { label: "applied", cell: (a) => when(a.at) },
                     { label: "by", cell: (a) => a.actor },
                     { label: "from", cell: (a) => (/^policy\/\d+$/.test(a.target || "") ? "PUT /v1/policy" : h("code", { class: "small" }, a.target || "")) },
+                    { label: "", cell: (a) => (appliedVersion(a) === pol.version ? h("strong", { class: "in-force" }, "in force") : "") },
                   ],
                   versions,
-                  { caption: "Versions applied (from the audit log)" },
+                  { caption: "Versions applied (from the audit log)", rowAttrs: (a) => ({ dataset: { version: appliedVersion(a) ?? "" } }) },
                 )
               : null,
             h("details", null, h("summary", null, "Source"), h("pre", { class: "json", tabindex: "0" }, pol.source || "(the default policy: no source stored)")),

@@ -7,7 +7,7 @@ import { ApiError, Unavailable, api, has } from "../api.js";
 import { facts, h, notice, swap, table } from "../dom.js";
 import { tierBadge, tierName } from "../palette.js";
 import { countdown, dur, when } from "../time.js";
-import { expectedStart, reasonCell, stateBadge } from "./jobs.js";
+import { efficiency, expectedStart, leaseEnd, reasonCell, stateBadge } from "./jobs.js";
 
 const LOG_POLL_MS = 2000;
 const LOG_KEEP = 2_000_000; // characters kept in the page
@@ -277,7 +277,9 @@ export default {
             ["placement", job.placement],
             ["submitted", when(job.submit_at)],
             ["waited", dur(job.wait_s)],
-            ["lease", job.lease_s != null ? dur(job.lease_s) : null],
+            ["lease", job.preemptible === false ? "not preemptible" : job.lease_s != null ? dur(job.lease_s) : null],
+            ["lease ends", job.started_at != null && job.preemptible !== false ? leaseEnd(job) : null],
+            ["η", job.started_at != null ? efficiency(job.efficiency) : null],
             ["grace", job.grace_s != null ? dur(job.grace_s) : null],
             ["time limit", job.time_limit_s != null ? dur(job.time_limit_s) : null],
             ["approved by", job.approved_by],
@@ -325,7 +327,7 @@ export default {
               { label: "kind", cell: (p) => p.kind },
               { label: "grace used", class: "num", cell: (p) => (p.grace_used_s != null ? dur(p.grace_used_s) : "in its grace") },
               { label: "lost work", class: "num", cell: (p) => (p.lost_work_gpu_hours != null ? `${p.lost_work_gpu_hours.toFixed(3)} GPU-h` : "—") },
-              { label: "η", class: "num", cell: (p) => (p.efficiency != null ? p.efficiency.toFixed(2) : "—") },
+              { label: "η", class: "num", cell: (p) => efficiency(p.efficiency) },
             ],
             job.preemptions || [],
             { rowAttrs: (p) => ({ dataset: { attempt: p.attempt, by: p.by ?? "" } }), empty: "None." },

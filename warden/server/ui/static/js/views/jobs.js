@@ -98,6 +98,23 @@ export function jobLink(job) {
   );
 }
 
+/** η as a percentage, never below 0 (an older server may send a negative one while the
+ * attempt's startup and an assumed save still outweigh its run). */
+export function efficiency(value) {
+  if (value == null) return "—";
+  return h("span", { title: "forward-progress efficiency of this attempt" }, `${Math.round(Math.max(0, value) * 100)} %`);
+}
+
+/** When a running job may first be preempted: "not preemptible" when its tier never is (the
+ * API's `preemptible`), "—" while it is in its grace. */
+export function leaseEnd(job) {
+  if (job.kill_at != null) return "—";
+  if (job.preemptible === false) {
+    return h("span", { class: "muted", title: `tier ${job.tier} is never preempted (tiers.${job.tier}.preemptible in the policy)` }, "not preemptible");
+  }
+  return when(job.lease_end_at);
+}
+
 export function stateBadge(state) {
   return h("span", { class: ["state", `state-${String(state).toLowerCase()}`] }, String(state).replaceAll("_", " ").toLowerCase());
 }
@@ -207,13 +224,9 @@ export default {
                 { label: "GPUs", class: "num", cell: (j) => (j.replicas > 1 ? `${j.replicas}×${j.gpus_per_replica}` : String(j.gpus)) },
                 { label: "state", cell: (j) => [stateBadge(j.state), j.kill_at != null ? [" ", countdown(j.kill_at)] : null] },
                 { label: "started", cell: (j) => when(j.started_at) },
-                { label: "lease ends", cell: (j) => (j.kill_at != null ? "—" : when(j.lease_end_at)) },
+                { label: "lease ends", class: "lease-end", cell: leaseEnd },
                 { label: "last checkpoint", cell: (j) => when(j.last_checkpoint_at) },
-                {
-                  label: "η",
-                  class: "num",
-                  cell: (j) => (j.efficiency != null ? h("span", { title: "forward-progress efficiency of this attempt" }, `${Math.round(j.efficiency * 100)} %`) : "—"),
-                },
+                { label: "η", class: "num eta", cell: (j) => efficiency(j.efficiency) },
               ],
               rows,
               { rowAttrs: (j) => ({ dataset: { job: j.id, state: j.state } }), empty: "No job is running." },

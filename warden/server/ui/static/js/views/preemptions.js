@@ -4,7 +4,7 @@
 
 import { Unavailable, api } from "../api.js";
 import { barChart, columnChart, fmtNumber, timeline } from "../charts.js";
-import { h, notice, swap, table, windowButtons } from "../dom.js";
+import { h, lookBack, notice, span, swap, table, windowButtons } from "../dom.js";
 import { TIER_COLOURS, tierBadge } from "../palette.js";
 import { abs, countdown, dur, nowS, when } from "../time.js";
 
@@ -50,7 +50,7 @@ export function historyPerQueue(samples, field) {
 
 export default {
   mount(root, _params, ctx) {
-    const state = { windowS: 86400 };
+    const state = { windowS: null };
     const buttons = windowButtons(state, () => ctx.refresh());
     const tl = h("section", { "aria-labelledby": "timeline-h", id: "timeline" });
     const rates = h("section", { "aria-label": "preemptions per hour and lost GPU-hours" });
@@ -67,11 +67,11 @@ export default {
     return {
       title: "Preemptions",
       async update() {
-        const t1 = nowS();
-        const t0 = t1 - state.windowS;
+        const now = nowS();
+        const since = Math.floor(now - lookBack(state));
         const [items, history, queues] = await Promise.all([
-          api("/preemptions", { params: { since: Math.floor(t0), limit: LIMIT } }).catch((err) => err),
-          api("/history", { params: { since: Math.floor(t0), until: Math.ceil(t1) } }).catch((err) => err),
+          api("/preemptions", { params: { since, limit: LIMIT } }).catch((err) => err),
+          api("/history", { params: { since, until: Math.ceil(now) } }).catch((err) => err),
           api("/queues").catch(() => []),
         ]);
         const leaves = new Set(queues.filter((q) => q.leaf).map((q) => q.name));
@@ -83,6 +83,9 @@ export default {
           if (!(items instanceof Unavailable)) throw items;
           return;
         }
+        // "all": from the oldest of what the server holds, its first sample or preemption.
+        const held = [history instanceof Error || !history.samples || !history.samples.length ? null : history.samples[0].at, items.length ? items[items.length - 1].at : null].filter((t) => t != null);
+        const [t0, t1] = span(state, now, held.length ? Math.min(...held) : null);
         const shown = items.filter((p) => p.at >= t0);
         swap(
           tl,
@@ -106,7 +109,7 @@ export default {
             h(
               "figure",
               { class: "chart-card" },
-              h("figcaption", null, `Preemptions per hour (${shown.length} in ${dur(state.windowS)}: ${(shown.length / (state.windowS / 3600)).toFixed(2)} an hour)`),
+              h("figcaption", null, `Preemptions per hour (${shown.length} in ${dur(t1 - t0)}: ${t1 > t0 ? ((shown.length * 3600) / (t1 - t0)).toFixed(2) : "—"} an hour)`),
               columnChart({ buckets: perHour(shown, t0, t1), label: "preemptions per hour", unit: "preemptions" }),
             ),
             h(

@@ -3,7 +3,7 @@
 // queue's maximum wait (GET /v1/history samples).
 
 import { Unavailable, api } from "../api.js";
-import { h, notice, swap, table, windowButtons } from "../dom.js";
+import { h, lookBack, notice, span, swap, table, windowButtons } from "../dom.js";
 import { lineChart, lineLegend } from "../charts.js";
 import { dur, nowS, when } from "../time.js";
 
@@ -74,7 +74,7 @@ function hours(v) {
 
 export default {
   mount(root, _params, ctx) {
-    const state = { windowS: 86400 };
+    const state = { windowS: null };
     const buttons = windowButtons(state, () => ctx.refresh());
     const tree = h("section", { "aria-label": "queue tree" });
     const waits = h("section", { "aria-labelledby": "waits-h" });
@@ -96,7 +96,7 @@ export default {
           throw rows;
         }
         const until = nowS();
-        const history = await api("/history", { params: { since: Math.floor(until - state.windowS), until: Math.ceil(until) } }).catch((err) => err);
+        const history = await api("/history", { params: { since: Math.floor(until - lookBack(state)), until: Math.ceil(until) } }).catch((err) => err);
         const latest = history instanceof Error || !history.samples || !history.samples.length ? null : history.samples[history.samples.length - 1];
         renderTree(rows, latest);
         renderHistory(rows, history, until);
@@ -130,7 +130,11 @@ export default {
             },
           ],
           ordered,
-          { rowAttrs: (q) => ({ dataset: { queue: q.name, leaf: String(q.leaf) } }), caption: "The queue tree: quota, use now, fair share; GPU-hours since the first submission (charged tiers)" },
+          {
+            rowAttrs: (q) => ({ dataset: { queue: q.name, leaf: String(q.leaf) } }),
+            tableClass: "queue-tree",
+            caption: "The queue tree: quota, use now, fair share; GPU-hours since the first submission (charged tiers)",
+          },
         ),
       );
     }
@@ -155,7 +159,7 @@ export default {
         { name: "delivered GPU-hours", ...DELIVERED },
         { name: "owed GPU-hours", ...OWED },
       ]);
-      const t0 = Math.min(samples[0].at, until - state.windowS);
+      const [t0] = span(state, until, samples[0].at);
       const cards = names.map((name) => {
         const points = (field) => samples.filter((s) => s.queues && s.queues[name] && s.queues[name][field] != null).map((s) => [s.at, Number(s.queues[name][field])]);
         const series = [
