@@ -125,6 +125,8 @@ def test_show_json_is_one_object_with_defaults_filled(tmp_path: Path) -> None:
         "requires_approval": False,
         "scope": "quota",
         "charged": True,
+        "time_limit": None,
+        "max_time_limit": None,
     }
     assert shown["tiers"]["1"]["name"] == "production-inference"
     assert shown["min_grace"] == "2m" and shown["max_lease"] == "8h"

@@ -54,11 +54,11 @@ def walk(event: Event, job: Job, target: JobState) -> Job:
 
 def test_the_table_holds_design_section_5() -> None:
     """`(AWAITING_APPROVAL →) PENDING → ADMITTED → STARTING → RUNNING → {SUCCEEDED | FAILED |
-    CANCELLED}`, with `RUNNING → PREEMPTING → REQUEUED → PENDING` on preemption."""
+    CANCELLED | TIMEOUT}`, with `RUNNING → PREEMPTING → REQUEUED → PENDING` on preemption."""
     path = [
         (S.AWAITING_APPROVAL, S.PENDING), (S.PENDING, S.ADMITTED), (S.ADMITTED, S.STARTING),
         (S.STARTING, S.RUNNING), (S.RUNNING, S.SUCCEEDED), (S.RUNNING, S.FAILED), (S.RUNNING, S.CANCELLED),
-        (S.RUNNING, S.PREEMPTING), (S.PREEMPTING, S.REQUEUED), (S.REQUEUED, S.PENDING),
+        (S.RUNNING, S.TIMEOUT), (S.RUNNING, S.PREEMPTING), (S.PREEMPTING, S.REQUEUED), (S.REQUEUED, S.PENDING),
     ]  # fmt: skip
     for source, target in path:
         assert any(lc.allows(e.event, source, target) for e in EDGES), (source, target)
@@ -165,22 +165,52 @@ def test_the_written_out_constructor_names_every_field() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cancel", "signalled", "killed", "evicted", "codes", "state", "reason"),
+    ("cancel", "timed_out", "signalled", "killed", "evicted", "codes", "state", "reason"),
     [
-        (True, True, False, False, [0], S.CANCELLED, "cancelled"),
-        (False, True, False, False, [0, 0], S.REQUEUED, "preempted"),
-        (False, True, True, False, [-9], S.REQUEUED, "killed"),
-        (False, False, False, True, [-9], S.REQUEUED, "evicted"),
-        (False, False, False, False, [0, 0], S.SUCCEEDED, "completed"),
-        (False, False, False, False, [0, 3], S.FAILED, "failed"),
-        (False, False, False, False, [None], S.FAILED, "failed"),
+        (True, False, True, False, False, [0], S.CANCELLED, "cancelled"),
+        (True, True, True, False, False, [0], S.CANCELLED, "cancelled"),  # an accepted cancel always ends so
+        (False, True, True, False, False, [-15], S.TIMEOUT, "timeout"),
+        (False, True, True, True, False, [-9], S.TIMEOUT, "timeout"),  # SIGKILL at the deadline
+        (False, True, True, False, False, [0], S.TIMEOUT, "timeout"),  # left by itself in its grace
+        (False, False, True, False, False, [0, 0], S.REQUEUED, "preempted"),
+        (False, False, True, True, False, [-9], S.REQUEUED, "killed"),
+        (False, False, False, False, True, [-9], S.REQUEUED, "evicted"),
+        (False, False, False, False, False, [0, 0], S.SUCCEEDED, "completed"),
+        (False, False, False, False, False, [0, 3], S.FAILED, "failed"),
+        (False, False, False, False, False, [None], S.FAILED, "failed"),
     ],
 )
 def test_an_exit_means_what_its_circumstances_say(
-    cancel: bool, signalled: bool, killed: bool, evicted: bool, codes: list[int | None], state: JobState, reason: str
+    cancel: bool,
+    timed_out: bool,
+    signalled: bool,
+    killed: bool,
+    evicted: bool,
+    codes: list[int | None],
+    state: JobState,
+    reason: str,
 ) -> None:
-    got = lc.outcome(cancel_requested=cancel, signalled=signalled, killed=killed, evicted=evicted, exit_codes=codes)
+    got = lc.outcome(
+        cancel_requested=cancel,
+        timed_out=timed_out,
+        signalled=signalled,
+        killed=killed,
+        evicted=evicted,
+        exit_codes=codes,
+    )
     assert (got.state, got.reason) == (state, reason)
+
+
+def test_timeout_ends_a_job_from_every_state_that_holds_resources_and_nothing_leaves_it() -> None:
+    for source in lc.HOLDING:
+        assert lc.allows(Event.EXITED, source, S.TIMEOUT)
+        gone = lc.exited(job_in(source), S.TIMEOUT, preempted_at=None)
+        # terminal: the attempt kept for the record, no preemption counted, never requeued
+        assert gone == replace(job_in(source), state=S.TIMEOUT)
+    for state in JobState:
+        assert not lc.allows(Event.EXITED, state, S.TIMEOUT) or state in lc.HOLDING
+        assert not any(lc.allows(e.event, S.TIMEOUT, state) for e in EDGES)
+    assert S.TIMEOUT.terminal and not S.TIMEOUT.holds_resources and not S.TIMEOUT.waiting
 
 
 def test_docs_show_the_table_the_engine_holds() -> None:

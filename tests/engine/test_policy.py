@@ -317,6 +317,39 @@ def test_lease_above_max_lease() -> None:
     assert "above max_lease 8h" in issue_at(err, "tiers.3.lease").message
 
 
+def test_tier_time_limits_default_to_none_and_fall_back_as_slurm_s() -> None:
+    assert all(t.time_limit is None and t.max_time_limit is None for t in default_policy().tiers.values())
+    p = parse_policy({"tiers": {2: {"time_limit": "8h", "max_time_limit": "2d"}, 3: {"max_time_limit": "1d"}}})
+    assert (p.tier(2).time_limit, p.tier(2).max_time_limit, p.tier(2).default_time_limit) == (8 * H, 2 * D, 8 * H)
+    assert p.tier(3).default_time_limit == D  # no default: the maximum, as DefaultTime falls back to MaxTime
+    assert p.tier(4).default_time_limit is None
+    assert p.to_dict()["tiers"][2]["time_limit"] == "8h" and parse_policy(p.to_dict()) == p
+
+
+@pytest.mark.parametrize(
+    ("tiers", "limits", "path", "value", "says"),
+    [
+        ({3: {"time_limit": "2d", "max_time_limit": "1d"}}, {}, "tiers.3.time_limit", "2d", "above max_time_limit 1d"),
+        ({3: {"time_limit": "0s"}}, {}, "tiers.3.time_limit", "0s", "longer than 0s"),
+        ({4: {"max_time_limit": 0}}, {}, "tiers.4.max_time_limit", "0s", "longer than 0s"),
+        ({3: {"max_time_limit": "400d"}}, {}, "tiers.3.max_time_limit", "400d", "above limits.max_time_limit 365d"),
+        (
+            {2: {"time_limit": "2h"}},
+            {"max_time_limit": "1h"},
+            "tiers.2.time_limit",
+            "2h",
+            "above limits.max_time_limit 1h",
+        ),
+    ],
+)
+def test_tier_time_limits_out_of_bounds_are_refused(
+    tiers: dict[int, dict[str, Any]], limits: dict[str, Any], path: str, value: str, says: str
+) -> None:
+    err = refused({"tiers": tiers, "limits": limits})
+    assert [i.path for i in err.issues] == [path]
+    assert issue_at(err, path).value == value and says in issue_at(err, path).message
+
+
 def test_children_nominal_above_the_parent() -> None:
     data = example()
     data["queues"]["children"][0]["children"][1]["nominal"]["gpu"] = 40

@@ -79,12 +79,16 @@ def submit_if_valid(svc: Service, req: SubmitRequest) -> None:
 
 
 def settle(svc: Service) -> None:
-    """Passes until nothing more is admitted and every admitted job runs."""
+    """Passes until nothing more is admitted, every admitted job runs, and every job sent SIGTERM
+    (a preemption's, or its time limit's once the clock moved past it) is gone: otherwise the
+    next pass would first collect its exit, and plan another cluster than the dry run saw."""
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         plan = svc.reconciler.reconcile()
-        states = {a.job.state for a in svc.store.active()}
-        if plan is not None and not plan.admissions and not states & {JobState.ADMITTED, JobState.STARTING}:
+        active = svc.store.active()
+        starting = any(a.job.state in (JobState.ADMITTED, JobState.STARTING) for a in active)
+        leaving = any(a.attempt is not None and a.attempt.sigterm_at is not None for a in active)
+        if plan is not None and not plan.admissions and not starting and not leaving:
             return
         time.sleep(0.02)
     raise AssertionError("the cluster did not settle in 20 s")

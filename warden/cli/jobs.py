@@ -255,7 +255,12 @@ def register(app: typer.Typer) -> None:
         ] = None,
         time_limit: Annotated[
             str | None,
-            typer.Option("--time-limit", help="Runtime estimate, e.g. 2h.", show_default=False, callback=_duration),
+            typer.Option(
+                "--time-limit",
+                help="Longest run of each attempt, e.g. 2h: then SIGTERM, grace, SIGKILL; the job ends TIMEOUT.",
+                show_default=False,
+                callback=_duration,
+            ),
         ] = None,
         name: Annotated[str, typer.Option("--name", help="A name to show.")] = "",
         cpu: Annotated[int, typer.Option("--cpu", help="Millicores per replica.", parser=_within(0, INT32_MAX))] = 0,

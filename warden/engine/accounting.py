@@ -123,12 +123,14 @@ def attempt_eta(
 
 
 def expected_end(job: Job) -> float:
-    """When a running job is expected to end (its attempt's start plus its runtime estimate);
-    inf when nothing says."""
-    if job.expected_duration is None:
-        return math.inf
-    started = job.attempt.started_at if job.attempt is not None else 0.0
-    return started + job.expected_duration
+    """When a running job is expected to end (`run_end` of its attempt); inf when nothing says."""
+    return run_end(job.attempt.started_at if job.attempt is not None else 0.0, job.expected_duration)
+
+
+def run_end(started_at: float, expected_duration: float | None) -> float:
+    """When an attempt that started at `started_at` ends by its bound: its start plus its time
+    limit (`Job.expected_duration`), the moment the server stops it; inf without one."""
+    return math.inf if expected_duration is None else started_at + expected_duration
 
 
 def wait_time(waited: float, pending_since: float | None, submit: float, now: float, waiting: bool = True) -> float:

@@ -84,7 +84,8 @@ EDGES: tuple[Edge, ...] = (
         HOLDING,
         frozenset({_S.REQUEUED, *TERMINAL}),
         "its processes are gone: REQUEUED after SIGTERM or an eviction, CANCELLED once a cancel "
-        "marked it, else by the exit codes (a launch that failed is FAILED)",
+        "marked it, TIMEOUT once it ran out its time limit, else by the exit codes (a launch that "
+        "failed is FAILED)",
     ),
     Edge(Event.REQUEUED, frozenset({_S.REQUEUED}), frozenset({_S.PENDING}), "back in the queue, age kept"),
     Edge(
@@ -100,8 +101,8 @@ NOTED = Edge(
     Event.NOTED,
     frozenset(JobState),
     frozenset(JobState),
-    "an event without a change of state (a cancel mark, a hold, a release, a claim, a clamped "
-    "report): its state stays what it is",
+    "an event without a change of state (a cancel mark, a time limit's SIGTERM, a hold, a "
+    "release, a claim, a clamped report): its state stays what it is",
 )
 
 
@@ -183,13 +184,23 @@ class Outcome:
 
 
 def outcome(
-    *, cancel_requested: bool, signalled: bool, killed: bool, evicted: bool, exit_codes: Sequence[int | None]
+    *,
+    cancel_requested: bool,
+    timed_out: bool,
+    signalled: bool,
+    killed: bool,
+    evicted: bool,
+    exit_codes: Sequence[int | None],
 ) -> Outcome:
-    """What an exit means: CANCELLED once a cancel marked the job (never requeued), REQUEUED
-    after SIGTERM (`preempted`, or `killed` when SIGKILL came) or an eviction by the substrate,
-    else SUCCEEDED when every process exited 0 and FAILED otherwise."""
+    """What an exit means: CANCELLED once a cancel marked the job (never requeued; an accepted
+    cancel always ends so), TIMEOUT once its attempt ran out its time limit (whether it left in
+    its grace or by SIGKILL, as Slurm's TIMEOUT; never requeued), REQUEUED after SIGTERM
+    (`preempted`, or `killed` when SIGKILL came) or an eviction by the substrate, else SUCCEEDED
+    when every process exited 0 and FAILED otherwise."""
     if cancel_requested:
         return Outcome(_S.CANCELLED, "cancelled")
+    if timed_out:
+        return Outcome(_S.TIMEOUT, "timeout")
     if signalled:
         return Outcome(_S.REQUEUED, "killed" if killed else "preempted")
     if evicted:

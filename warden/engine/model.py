@@ -34,6 +34,8 @@ class JobState(str, Enum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    """Ran out its time limit: SIGTERM, its grace and SIGKILL ended it, as Slurm's TIMEOUT."""
 
     @property
     def holds_resources(self) -> bool:
@@ -50,7 +52,7 @@ class JobState(str, Enum):
 
 _HOLDING = frozenset({JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING})
 _WAITING = frozenset({JobState.AWAITING_APPROVAL, JobState.PENDING, JobState.REQUEUED})
-_TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+_TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT})
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +121,9 @@ class Job:
     grace: float | None = None
     """Requested grace period in seconds; None takes the tier's."""
     expected_duration: float | None = None
-    """Runtime estimate in seconds (a time limit); lets reservations know when capacity frees."""
+    """Seconds the current attempt may run from its start: the job's time limit, which the
+    server enforces (TIMEOUT), or the simulator's exact remaining runtime. Reservations and
+    forecasts take it as when capacity frees."""
     waited: float = 0.0
     """Seconds spent pending in earlier attempts (aging carries over a requeue)."""
     pending_since: float | None = None

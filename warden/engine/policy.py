@@ -269,6 +269,9 @@ class _Spec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
+PositiveDuration = Annotated[Duration, AfterValidator(_positive_duration)]
+
+
 class TierSpec(_Spec):
     """How jobs of one tier are treated (DESIGN §2, §4.3)."""
 
@@ -279,6 +282,37 @@ class TierSpec(_Spec):
     requires_approval: bool = False
     scope: Literal["quota", "cluster", "queue"] = "quota"
     charged: bool = True
+    time_limit: PositiveDuration | None = Field(
+        default=None,
+        description="The time limit of a job submitted without one (Slurm's DefaultTime); unset: the "
+        "tier's max_time_limit, else none.",
+    )
+    max_time_limit: PositiveDuration | None = Field(
+        default=None,
+        description="The longest time limit a job of this tier may ask for (Slurm's MaxTime); a longer "
+        "one is refused. Unset: limits.max_time_limit bounds it.",
+    )
+
+    @model_validator(mode="after")
+    def _default_within_maximum(self) -> Self:
+        if self.time_limit is not None and self.max_time_limit is not None and self.time_limit > self.max_time_limit:
+            shown = format_duration(self.time_limit)
+            raise PolicyError(
+                [
+                    PolicyIssue(
+                        "time_limit",
+                        shown,
+                        f"time_limit {shown} is above max_time_limit {format_duration(self.max_time_limit)}",
+                    )
+                ]
+            )
+        return self
+
+    @property
+    def default_time_limit(self) -> float | None:
+        """The time limit a job submitted without one gets: `time_limit`, else `max_time_limit`
+        (as Slurm's DefaultTime falls back to MaxTime); None: none."""
+        return self.time_limit if self.time_limit is not None else self.max_time_limit
 
 
 _DEFAULT_TIERS: dict[int, TierSpec] = {
@@ -545,7 +579,9 @@ class Limits(_Spec):
     )
     max_path_chars: int = Field(default=4096, ge=1, le=1 << 16, description="Characters of a job's workdir.")
     max_replicas: int = Field(default=1024, ge=1, le=_INT32_MAX, description="Replicas of one job.")
-    max_time_limit: Duration = Field(default=365 * 86400.0, description="The longest runtime estimate of a job.")
+    max_time_limit: Duration = Field(
+        default=365 * 86400.0, description="The longest time limit of a job, and of every tier's settings."
+    )
     max_pending_per_user: int = Field(
         default=1000,
         ge=1,
@@ -768,6 +804,25 @@ class Policy(_Spec):
         if min_grace is not None and max_grace < min_grace:
             raise _refuse(format_duration(max_grace), f"max_grace is below min_grace {format_duration(min_grace)}")
         return max_grace
+
+    @model_validator(mode="after")
+    def _tier_time_limits_within_limits(self) -> Self:
+        """No tier's time limit, default or maximum, is above `limits.max_time_limit`, the bound
+        on every job's."""
+        bound = self.limits.max_time_limit
+        issues = [
+            PolicyIssue(
+                f"tiers.{number}.{field}",
+                format_duration(seconds),
+                f"{field} {format_duration(seconds)} is above limits.max_time_limit {format_duration(bound)}",
+            )
+            for number, tier in sorted(self.tiers.items())
+            for field in ("time_limit", "max_time_limit")
+            if (seconds := getattr(tier, field)) is not None and seconds > bound
+        ]
+        if issues:
+            raise PolicyError(issues)
+        return self
 
     @model_validator(mode="after")
     def _check_and_index(self) -> Self:

@@ -1,6 +1,8 @@
 """Cancels, by three paths: a user's cancel (`cancel`), one recorded but never signalled
 (`cancels_pending`: the processes were not tracked yet, or a server stopped), and a waiting job
 a cancel marked (`cancel_marked`). A cancelled job always ends CANCELLED, never requeued.
+`stop` is the SIGTERM of every attempt that ends for good: a cancel's and a time limit's
+(`warden.server.timelimits`).
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ class Cancels(Duty):
                 "unchanged; it ends CANCELLED when its processes exit"
             )
         grace = effective_grace(self.policy, job.tier, job.grace_s)
-        kill_at = self._signal_cancelled(job, attempt, grace, now)
+        kill_at = self.stop(job, attempt, grace, now)
         if kill_at is None:  # not started or not adopted yet, or a standby: a pass of the leader signals it
             return (
                 f"marked cancelled while {job.state.value}; the leading server sends SIGTERM at its next pass "
@@ -76,9 +78,11 @@ class Cancels(Duty):
             )
         return f"SIGTERM sent while {job.state.value}; SIGKILL when its grace of {grace:g}s is over"
 
-    def _signal_cancelled(self, job: StoredJob, attempt: StoredAttempt, grace: float, now: float) -> float | None:
-        """SIGTERM a cancelled job's attempt (SIGKILL after `grace`); its SIGKILL deadline, or
-        None while the executor does not track its processes (not started or not adopted yet)."""
+    def stop(self, job: StoredJob, attempt: StoredAttempt, grace: float, now: float) -> float | None:
+        """SIGTERM an attempt that ends for good, a cancelled job's or one past its time limit
+        (SIGKILL after `grace`, the executor's timer); its SIGKILL deadline, or None while the
+        executor does not track its processes (not started or not adopted yet): a later pass
+        sends it."""
         try:
             kill_at = self.executor.terminate(str(job.id), attempt.number, grace)
         except UnknownAttempt:
@@ -99,7 +103,7 @@ class Cancels(Duty):
             if attempt.sigterm_at is not None or attempt.ended_at is not None or attempt.handle is None:
                 continue
             grace = effective_grace(self.policy, job.tier, job.grace_s)
-            kill_at = self._signal_cancelled(job, attempt, grace, now)
+            kill_at = self.stop(job, attempt, grace, now)
             if kill_at is None:
                 continue
             signalled = True

@@ -1,8 +1,8 @@
 """What the reconcile loop's collaborators share: the store, the executor, the policy in force,
 the nodes of the last snapshot, and a few small helpers.
 
-Each duty of a pass (recovery, exits, cancels, preemptions, admissions, nodes, charging, the
-engine's guard) is an object of its own module, and all of them are handed one
+Each duty of a pass (recovery, exits, cancels, time limits, preemptions, admissions, nodes,
+charging, the engine's guard) is an object of its own module, and all of them are handed one
 `ReconcileContext`. The `Reconciler` owns it and changes what moves between passes (a new
 policy, the metrics once the service has them, the nodes the executor reports), so every duty
 reads the current value rather than the one it was built with.

@@ -1,6 +1,6 @@
 """Exits: an attempt whose every process is gone ends, and its job moves on — requeued after a
-preemption or an eviction, CANCELLED once a cancel marked it, else SUCCEEDED or FAILED by the
-exit codes.
+preemption or an eviction, CANCELLED once a cancel marked it, TIMEOUT once it ran out its time
+limit, else SUCCEEDED or FAILED by the exit codes.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from warden.engine.lifecycle import Event
 from warden.engine.model import Job, JobState
 from warden.executors.base import Exit
 from warden.server.context import CAS_TRIES, Duty, _codes, log
+from warden.server.timelimits import ran_out
 from warden.store.jobs import StoredAttempt, StoredJob, moved
 from warden.store.repo import Store
 
@@ -46,7 +47,7 @@ class Exits(Duty):
                 ex.ended_at,
             )
             self.store.update_attempt(job.id, ex.attempt, lost_work_gpu_s=lost)
-            if self.metrics is not None and not job.cancel_requested:
+            if self.metrics is not None and not (job.cancel_requested or attempt.timed_out):
                 self.metrics.lost_work(job.queue, lost)
         for _ in range(CAS_TRIES):
             self._phase("exit")
@@ -59,13 +60,14 @@ class Exits(Duty):
 
     def _end(self, job: StoredJob, attempt: StoredAttempt, ex: Exit, now: float) -> bool:
         """End the attempt and move the job as `job` (just read) says: CANCELLED once a cancel
-        marked it, REQUEUED after SIGTERM, else by the exit codes. The move is a
-        compare-and-set on the state and cancel mark read, so a cancel landing in between
-        makes it fail (False) rather than requeue a cancelled job."""
+        marked it, TIMEOUT once it ran out its time limit, REQUEUED after SIGTERM, else by the
+        exit codes. The move is a compare-and-set on the state and cancel mark read, so a
+        cancel landing in between makes it fail (False) rather than requeue a cancelled job."""
         codes = list(ex.exit_codes)
         first_bad = next((c for c in codes if c != 0), None)
         out = lifecycle.outcome(
             cancel_requested=job.cancel_requested,
+            timed_out=attempt.timed_out,
             signalled=attempt.sigterm_at is not None,
             killed=ex.killed,
             evicted=ex.ended_by is not None,
@@ -80,13 +82,19 @@ class Exits(Duty):
         # an eviction from a node that went down is no preemption (the thrash guard's count)
         before = job.to_engine()
         gone = lifecycle.exited(before, out.state, preempted_at=attempt.sigterm_at if attempt.preempted_for else None)
+        after_sigterm = f"exited {_codes(codes)} after SIGTERM" + (" and SIGKILL at the deadline" if ex.killed else "")
         if out.state is not JobState.REQUEUED:
             code = first_bad if first_bad is not None else 0
+            said = (
+                f"{ran_out(job)}: {after_sigterm}"
+                if out.state is JobState.TIMEOUT
+                else f"{reason}: exit {_codes(codes)}"
+            )
             return self.store.transition(
                 job.id,
                 out.state,
                 event=Event.EXITED,
-                reason=f"{reason}: exit {_codes(codes)}",
+                reason=said,
                 actor="warden",
                 now=now,
                 exit_code=code,
@@ -96,7 +104,7 @@ class Exits(Duty):
         if reason == "evicted":
             detail = f"evicted: {ex.ended_by} (exit {_codes(codes)}); the job is requeued"
         else:
-            detail = f"exited {_codes(codes)} after SIGTERM" + (" and SIGKILL at the deadline" if ex.killed else "")
+            detail = after_sigterm
         if not self.store.transition(
             job.id,
             JobState.REQUEUED,

@@ -5,7 +5,9 @@ second, one pass runs this fixed sequence under one lock:
 
 1. **exits** — attempts whose every process is gone end: a preempted job is requeued
    (`PREEMPTING → REQUEUED → PENDING`, with the policy's requeue back-off), a cancelled one is
-   `CANCELLED`, the rest `SUCCEEDED` (all replicas exited 0) or `FAILED`;
+   `CANCELLED`, one that ran out its time limit `TIMEOUT`, the rest `SUCCEEDED` (all replicas
+   exited 0) or `FAILED`; then every attempt past its job's time limit gets SIGTERM, its grace
+   and SIGKILL, as a cancel does (`TimeLimits`);
 2. **snapshot** — the nodes, every job that is not finished with its attempt's facts, the
    policy and the fair-share ledger (advanced to now); a job's engine form is kept between
    passes and built again only once its row's `version` moved (`EngineJobs`);
@@ -31,7 +33,7 @@ second, one pass runs this fixed sequence under one lock:
 
 Each duty is an object of its own module, handed the store, the executor and the policy in one
 shared `ReconcileContext` (`warden.server.context`): `Charging` (the ledger, charged first),
-`Exits` (1), `NodeFollower` and `Cancels` (before the snapshot), `EngineGuard` (3, and the held
+`Exits` (1), `NodeFollower`, `Cancels` and `TimeLimits` (before the snapshot), `EngineGuard` (3, and the held
 jobs), `Preemptions` (4, and evictions), `PlanApplier` (5 and 6) and `Recovery` (at start).
 The `Reconciler` owns the lock, the loop and the order of the steps; none of its duties
 imports it back.
@@ -66,6 +68,7 @@ from warden.server.metrics import ServerMetrics
 from warden.server.nodes import NodeFollower
 from warden.server.preempt import Preemptions
 from warden.server.recovery import Recovery
+from warden.server.timelimits import TimeLimits
 from warden.store.jobs import ActiveJob, StoredJob
 from warden.store.leadership import NotLeader
 from warden.store.repo import Store
@@ -76,8 +79,8 @@ log = logging.getLogger("warden.reconcile")
 class Reconciler:
     """Owns the lock and the loop, and is the one door through which every change of a job's
     state goes; each duty of a pass is a collaborator of its own, handed the shared context
-    (`ReconcileContext`): recovery, exits, cancels, preemptions, admissions, nodes, charging,
-    and the engine's guard."""
+    (`ReconcileContext`): recovery, exits, cancels, time limits, preemptions, admissions, nodes,
+    charging, and the engine's guard."""
 
     def __init__(
         self,
@@ -122,6 +125,7 @@ class Reconciler:
         self.charging = Charging(self.ctx)
         self.exits = Exits(self.ctx)
         self.cancels = Cancels(self.ctx)
+        self.time_limits = TimeLimits(self.ctx, self.cancels)
         self.preemptions = Preemptions(self.ctx)
         self.follower = NodeFollower(self.ctx, self.preemptions)
         self.applier = PlanApplier(self.ctx, report_env)
@@ -244,6 +248,7 @@ class Reconciler:
                 self.follower.follow(self.inventory(), now)
             active = self.cancels.cancel_marked(self.store.active(), now)
             active = self.cancels.cancels_pending(active, now)
+            active = self.time_limits.enforce(active, now)
             snapshot = self._snapshot(active, now)
             plan = self.guard.plan(snapshot, now)
             self.ctx.phase("planned")

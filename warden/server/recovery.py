@@ -103,6 +103,8 @@ class Recovery(Duty):
         codes = list(last.exit_codes or ())
         if job.cancel_requested:
             to = JobState.CANCELLED
+        elif last.reason == "timeout":
+            to = JobState.TIMEOUT
         else:
             to = JobState.SUCCEEDED if last.reason == "completed" else JobState.FAILED
         self.store.transition(

@@ -68,7 +68,10 @@ class SubmitRequest(_Request):
         default=None, description="grace period after SIGTERM, e.g. 300s; between the policy's min_grace and max_grace"
     )
     time_limit: Duration | None = Field(
-        default=None, description="runtime estimate, used for reservations; more than 0 (leave it out for none)"
+        default=None,
+        description="the longest each attempt may run, from its start: then SIGTERM, its grace, SIGKILL, and "
+        "the job ends TIMEOUT; reservations and expected starts take it as the job's runtime; more than 0, at "
+        "most its tier's max_time_limit (leave it out for its tier's default)",
     )
     workdir: Text | None = None
     env: dict[Text, Text] = Field(default_factory=dict)

@@ -69,6 +69,8 @@ class Checked(NamedTuple):
 
     state: JobState
     lease_s: float
+    time_limit_s: float | None
+    """Its own, else its tier's default (`TierSpec.default_time_limit`); None: none."""
     workdir: str
 
 
@@ -543,11 +545,12 @@ class Service:
                 cpu=req.cpu,
                 memory=req.memory,
                 flavor=req.flavor,
-                # The lease is fixed at submission: a later policy keeps this job's lease (and its tier).
                 placement=req.placement,
+                # The lease and the time limit are fixed at submission: a later policy keeps this
+                # job's (and its tier).
                 lease_s=checked.lease_s,
                 grace_s=req.grace,
-                expected_duration_s=req.time_limit,
+                expected_duration_s=checked.time_limit_s,
                 command=list(req.command),
                 workdir=workdir,
                 env=dict(req.env),
@@ -591,8 +594,10 @@ class Service:
             # any path on the machine exists, without leaving a trace.
             raise ApiError(422, "workdir", workdir, "is not a directory on the server's machine")
         state = JobState.AWAITING_APPROVAL if policy.needs_approval(req.tier, who.is_admin) else JobState.PENDING
-        # The lease is fixed at submission: a later policy keeps this job's lease (and its tier).
-        return Checked(state, req.lease if req.lease is not None else tier.lease, workdir)
+        # The lease and the time limit are fixed at submission: a later policy keeps this job's.
+        lease = req.lease if req.lease is not None else tier.lease
+        time_limit = req.time_limit if req.time_limit is not None else tier.default_time_limit
+        return Checked(state, lease, time_limit, workdir)
 
     def dry_run(self, req: SubmitRequest, who: Principal) -> tuple[Verdict, JobState, float]:
         """What the engine would decide for this submission now, on the live snapshot: it is
@@ -621,7 +626,7 @@ class Service:
                 user=who.user,
                 lease=checked.lease_s,
                 grace=req.grace,
-                expected_duration=req.time_limit,
+                expected_duration=checked.time_limit_s,
             )
             return what_if(snapshot, job, now, self.forecasts.passes), checked.state, now
 
@@ -1039,7 +1044,8 @@ def _too_big(field: str, value: Any, limit: str, setting: str) -> None:
 
 
 def _check_durations(req: SubmitRequest, policy: Policy) -> None:
-    """Grace, lease and runtime estimate within the policy's bounds: every timer stays finite."""
+    """Grace, lease and time limit within the policy's bounds (the time limit within its tier's
+    maximum too): every timer stays finite."""
     if req.grace is not None and req.grace < policy.min_grace:
         raise ApiError(422, "grace", req.grace, f"is below the policy's minimum grace of {policy.min_grace:g} s")
     if req.grace is not None and req.grace > policy.max_grace:
@@ -1049,7 +1055,16 @@ def _check_durations(req: SubmitRequest, policy: Policy) -> None:
     if req.lease is not None and req.lease > policy.max_lease:
         raise ApiError(422, "lease", req.lease, f"is above the policy's maximum lease of {policy.max_lease:g} s")
     if req.time_limit is not None and req.time_limit <= 0:
-        raise ApiError(422, "time_limit", req.time_limit, "is no runtime estimate: give one above 0 s, or leave it out")
+        raise ApiError(422, "time_limit", req.time_limit, "is no time limit: give one above 0 s, or leave it out")
+    tier_max = policy.tier(req.tier).max_time_limit
+    if req.time_limit is not None and tier_max is not None and req.time_limit > tier_max:
+        raise ApiError(
+            422,
+            "time_limit",
+            req.time_limit,
+            f"{format_duration(req.time_limit)} is above tier {req.tier}'s maximum of {format_duration(tier_max)} "
+            f"(the policy's tiers.{req.tier}.max_time_limit)",
+        )
     limit = policy.limits.max_time_limit
     if req.time_limit is not None and req.time_limit > limit:
         raise ApiError(

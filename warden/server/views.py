@@ -317,6 +317,7 @@ def attempt_view(a: StoredAttempt, policy: Policy) -> dict[str, Any]:
         "checkpoints": a.checkpoints,
         "lost_work_gpu_s": a.lost_work_gpu_s,
         "preemption_kind": a.preemption_kind,
+        "timed_out": a.timed_out,
         "efficiency": attempt_efficiency(a, policy),
     }
 
@@ -370,7 +371,7 @@ def node_views(
 
 def holder(gpu: int | None, attempt: StoredAttempt, job: StoredJob | None) -> dict[str, Any]:
     """Who holds one GPU (`gpu` None: a replica holding none); `kill_at` while its attempt is
-    in its grace (preempted, evicted or cancelled), else null; `reserved_for`, the job the
+    in its grace (preempted, evicted, cancelled or past its time limit), else null; `reserved_for`, the job the
     capacity is being freed for (its preemptor) while it is."""
     grace = attempt.sigterm_at is not None and attempt.ended_at is None
     return {

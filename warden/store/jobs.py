@@ -29,9 +29,9 @@ WAITING_STATES = frozenset(s.value for s in JobState if s.waiting)
 PLACEMENTS = frozenset({"pack", "block", "any"})
 ATTEMPT_STATES = frozenset({"running", "terminating", "exited"})
 LIVE_ATTEMPT_STATES = frozenset({"running", "terminating"})
-END_REASONS = frozenset({"completed", "failed", "preempted", "cancelled", "killed", "evicted"})
+END_REASONS = frozenset({"completed", "failed", "preempted", "cancelled", "killed", "evicted", "timeout"})
 PREEMPTION_KINDS = frozenset({"preemption", "reclaim", "eviction"})
-"""Why an attempt got SIGTERM when no cancel sent it (`attempts.preemption_kind`)."""
+"""Why an attempt got SIGTERM when neither a cancel nor a time limit sent it (`attempts.preemption_kind`)."""
 SUBMIT_TICK = 1e-6
 """The least gap between two submissions' `submit_at`, so (submit_at, id) order is id order."""
 SUBMIT_LOCK_KEY = 0x7761726465_6E01
@@ -216,10 +216,12 @@ class StoredAttempt:
     lost_work_gpu_s: float | None = None
     preemption_kind: str | None = None
     """`preemption`, `reclaim` or `eviction` once SIGTERM came for one of them (None: a
-    cancel's, or none)."""
+    cancel's, a time limit's, or none)."""
     lent: bool = False
     """Started in capacity reserved for a higher-ranked job that may take it back
     (`warden.engine.model.Attempt.lent`)."""
+    timed_out: bool = False
+    """It ran out its job's time limit: its exit ends the job TIMEOUT (`warden.server.timelimits`)."""
 
     def to_engine(self) -> Attempt:
         return Attempt(
@@ -691,7 +693,8 @@ class JobStore(StoreBase):
         *,
         preempted_for: str | None = None,
     ) -> bool:
-        """Mark an attempt exited, with why (completed|failed|preempted|cancelled|killed|evicted).
+        """Mark an attempt exited, with why (completed|failed|preempted|cancelled|killed|evicted|
+        timeout).
         Returns False when there is no such attempt."""
         if reason not in END_REASONS:
             raise ValueError(f"reason: expected one of {sorted(END_REASONS)}, got {reason!r}")
@@ -1016,6 +1019,7 @@ def _attempt_from(m: Mapping[Any, Any]) -> StoredAttempt:
             "assignment": tuple(ReplicaPlacement(r["node"], tuple(r["gpus"])) for r in m["assignment"]),
             "borrowing": bool(m["borrowing"]),
             "lent": bool(m["lent"]),
+            "timed_out": bool(m["timed_out"]),
             "exit_codes": None if exit_codes is None else tuple(exit_codes),
         }
     )

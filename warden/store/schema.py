@@ -138,8 +138,11 @@ class AttemptRow(Base):
     lost_work_gpu_s: Mapped[float | None] = mapped_column(Double)
     """GPU-seconds of progress a preemption of this attempt threw away (measured at its exit)."""
     preemption_kind: Mapped[str | None] = mapped_column(String(16))
-    """Why its SIGTERM came, when no cancel sent it: `preemption` (for a job of a higher tier),
+    """Why its SIGTERM came, when neither a cancel nor a time limit sent it: `preemption` (for a job of a higher tier),
     `reclaim` (capacity it borrowed, taken back) or `eviction` (one of its nodes went down)."""
+    timed_out: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """It ran out its job's time limit: SIGTERM came for it (unless one was under way), and its
+    exit ends the job TIMEOUT."""
 
 
 class EventRow(Base):

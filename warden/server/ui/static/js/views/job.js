@@ -12,7 +12,7 @@ import { efficiency, expectedStart, leaseEnd, reasonCell, stateBadge } from "./j
 const LOG_POLL_MS = 2000;
 const LOG_KEEP = 2_000_000; // characters kept in the page
 
-const TERMINAL = ["SUCCEEDED", "FAILED", "CANCELLED"];
+const TERMINAL = ["SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT"];
 
 function placementText(placement) {
   if (!placement || !placement.length) return "—";
