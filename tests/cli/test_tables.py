@@ -15,7 +15,7 @@ from warden.cli.jobs import QUEUE_COLUMNS
 # ID NAME USER QUEUE TIER STATE GPUS WAIT POS START REASON, as `warden queue` fills them.
 JOBS = [
     ["101", "llama-pretrain", "alice", "language", "2", "RUNNING", "16", "30s", "", "", ""],
-    ["117", "bert-finetune", "bob", "vision", "3", "PENDING", "2", "12m34s", "1", "in 60 min", "InsufficientCapacity"],
+    ["117", "bert-finetune", "bob", "vision", "3", "PENDING", "2", "12m34s", "1", "in 1h", "InsufficientCapacity"],
     ["118", "eval-harness", "carol", "language", "3", "PENDING", "2", "9m", "2", "?", "PreemptionWouldNotPay"],
 ]
 

@@ -140,6 +140,15 @@ def test_refusals_name_the_field_and_exit_2(server: Server, args: list[str], wor
     assert "Traceback" not in done.stderr
 
 
+def test_refusals_write_durations_in_their_short_form(server: Server) -> None:
+    """A refusal names a duration as a person writes it (`8h`, not `28800 s`), its value too."""
+    done = warden(server, "submit", "-q", "vision", "-t", "3", "--lease", "9h", "--", "true")
+    assert done.returncode == 2 and "lease: is above the policy's maximum lease of 8h (got '9h')" in done.stderr
+    assert "28800" not in done.stderr and "32400" not in done.stderr
+    grace = warden(server, "submit", "-q", "vision", "-t", "3", "--grace", "1s", "--", "true")
+    assert grace.returncode == 2 and "minimum grace of 2s (got '1s')" in grace.stderr, grace.stderr
+
+
 def test_a_wrong_token_and_no_server(server: Server) -> None:
     done = warden(server, "queue", token="wrong")
     assert done.returncode == 2 and "token" in done.stderr
@@ -176,7 +185,7 @@ def test_dry_run_and_expected_starts_at_80_columns(tmp_path: Path) -> None:
         assert out["dry_run"] is True and out["decision"] == "wait" and out["expected_start"]["at"] is not None
         text = warden(server, *dry, "--", "true", columns=80, check=True).stdout
         assert text.splitlines()[0].startswith("would wait")
-        assert "expected start:" in text and "in 60 min" in text and "an estimate" in text
+        assert "expected start:" in text and "in 1h" in text and "an estimate" in text
         assert all(len(line) <= 80 for line in text.splitlines()), text
         assert len(json.loads(warden(server, "queue", "--json").stdout)) == 2  # nothing submitted
 
@@ -187,7 +196,7 @@ def test_dry_run_and_expected_starts_at_80_columns(tmp_path: Path) -> None:
         queue = warden(server, "queue", columns=80, check=True).stdout
         assert queue.split()[:8] == ["ID", "NAME", "QUEUE", "TIER", "STATE", "GPUS", "START", "REASON"]
         row = next(line for line in queue.splitlines() if line.startswith(f"{job} "))
-        assert "in 60 min" in row or "in 59 min" in row, queue
+        assert "in 1h" in row or "in 59m" in row, queue
         assert row.split()[-1] in ("InsufficientCapacity", "QuotaExceeded") and "…" not in queue
         wide = warden(server, "queue", "--wide", columns=80, check=True).stdout
         row = next(line for line in wide.splitlines() if line.startswith(f"{job} "))

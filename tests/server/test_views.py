@@ -200,7 +200,7 @@ def test_a_waiting_jobs_reason_is_rendered_when_it_is_read(store: Store) -> None
     early = job_summary(job, now=t0 + 7)["reason"]
     late = job_detail(job, store.events(job_id), (), now=t0 + 307, policy=POLICY)["reason"]
     clock = datetime.fromtimestamp(t0 + 607).strftime("%H:%M")
-    assert f"at {clock} (in 10 min)" in early["message"] and f"at {clock} (in 5 min)" in late["message"]
+    assert f"at {clock} (in 10m)" in early["message"] and f"at {clock} (in 5m)" in late["message"]
     for shown in (early, late):
         assert shown["code"] == "WaitingForLease" and shown["details"] == stored["details"]
         assert not re.search(r"\d{10}", shown["message"])

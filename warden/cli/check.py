@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
         """Run CMD, wait for progress, send SIGTERM; check it saves atomically, exits 0 within
         the grace, and resumes from that checkpoint on a second run. With or without warden's
         SDK: what the SDK does not report is watched from outside. Exit 0 only if it does all of it."""
-        from warden.engine.policy import PolicyError, parse_duration
+        from warden.engine.durations import PolicyError, format_duration, parse_duration
         from warden.workload.check import check_workload
 
         values: dict[str, float | None] = {}
@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"error: {name}: {text!r} is not a duration ({bad})", err=True)
                 raise typer.Exit(2) from None
             if not least <= value <= MAX_SECONDS:
-                typer.echo(f"error: {name}: {text!r} must be between {least:g} s and 24h", err=True)
+                typer.echo(f"error: {name}: {text!r} must be between {format_duration(least)} and 24h", err=True)
                 raise typer.Exit(2)
             values[name] = value
         if checkpoint is not None and not checkpoint.strip():

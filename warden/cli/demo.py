@@ -92,7 +92,7 @@ def demo(json_out: bool = typer.Option(False, "--json", help="Print the plan as 
             for adm in plan.admissions
         ]
         tables.titled(console, "Admissions", tables.listing(_ADMISSIONS, cells))
-    at = virtual_times(NOW)  # the demo's clock is virtual: "t=…s (in 9 min)"
+    at = virtual_times(NOW)  # the demo's clock is virtual: "t=…s (in 9m)"
     cells = []
     for e in sorted(plan.explanations.values(), key=lambda e: e.position):
         j = jobs[e.job_id]

@@ -25,6 +25,7 @@ from rich.table import Table
 from warden.cli import tables
 from warden.cli.tables import Col
 from warden.client import ApiRefused, BadServerUrl, Client, Unreachable
+from warden.engine.durations import relative, span
 
 EXIT_REFUSED = 2
 SUBMIT_RETRIES = 2
@@ -205,9 +206,7 @@ def _dump(data: Any) -> None:
 
 
 def _age(seconds: float | None) -> str:
-    from warden.engine.policy import format_duration  # pydantic and yaml: only where a duration is shown
-
-    return "" if seconds is None else format_duration(round(seconds))
+    return "" if seconds is None else span(seconds)
 
 
 def _parse_env(pairs: list[str]) -> dict[str, str]:
@@ -531,7 +530,9 @@ def register(app: typer.Typer) -> None:
             _dump(rows)
             return
         now = time.time()
-        cells = [[_clock(a["at"], now), a["actor"], a["action"], a["target"], json.dumps(a["details"])] for a in rows]
+        cells = [
+            [_clock(a["at"], now), a["actor"], a["action"], a["target"], _details(a["details"], now)] for a in rows
+        ]
         tables.show(tables.console(), tables.listing(AUDIT_COLUMNS, cells))
 
 
@@ -619,6 +620,25 @@ def _print_job(j: dict[str, Any]) -> None:
     tables.titled(con, "events", tables.listing(EVENT_COLUMNS, cells))
 
 
+def _details(details: dict[str, Any], now: float) -> str:
+    """An audit entry's details as a person reads them: `key: value` pairs, a time (`…_at`) as
+    a clock with how far it is from now, a duration (`…_s`) in its short form."""
+    parts = []
+    for key, value in details.items():
+        if isinstance(value, int | float) and not isinstance(value, bool) and key.endswith("_at"):
+            text = _clock(value, now)
+        elif isinstance(value, int | float) and not isinstance(value, bool) and key.endswith("_s"):
+            key, text = key.removesuffix("_s"), span(value)
+        elif isinstance(value, list | tuple):
+            text = ", ".join(map(str, value))
+        elif value is None:
+            text = "none"
+        else:
+            text = str(value)
+        parts.append(f"{key}: {text}")
+    return "; ".join(parts)
+
+
 def _node_state(n: dict[str, Any]) -> str:
     """`warden nodes`' STATE: up or down with why, and the GPUs held outside warden."""
     state = "up" if n.get("down") is None else f"down: {n['down']}"
@@ -641,8 +661,6 @@ def _expected_cell(expected: dict[str, Any] | None, now: float) -> str:
         return ""
     if expected.get("at") is None:
         return "?"
-    from warden.engine.reasons import relative  # the engine: only where a time is shown
-
     return relative(expected["at"], now)
 
 
@@ -656,8 +674,6 @@ def _expected_line(expected: dict[str, Any], now: float) -> str:
 
 def _print_verdict(v: dict[str, Any]) -> None:
     """A dry run's answer as sentences: the decision, then what it rests on."""
-    from warden.engine.reasons import relative
-
     con = tables.console()
     now = time.time()
     state = f" ({v['state']})" if v["state"] != "PENDING" else ""

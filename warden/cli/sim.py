@@ -313,11 +313,22 @@ def sensitivity_cmd(
 
 
 def _print_sensitivity(result: dict[str, Any]) -> None:
+    """The sensitivity as the `sim run` table writes its figures: durations in the short form
+    (`durations.span`), fractions as percentages, never in scientific notation."""
     from rich.table import Table
+
+    from warden.engine.durations import format_duration
+    from warden.sim.metrics import format_number
+
+    formats = {key: fmt for _, key, fmt in TABLE_COLUMNS}
+
+    def setting(value: Any) -> str:
+        return format_duration(value) if result.get("duration") else format_number(value)
 
     console = tables.console()
     console.print(
-        f"{result['policy']}: {result['param']} {result['value']} → {result['moved_value']} ({result['jobs']} jobs)"
+        f"{result['policy']}: {result['param']} {setting(result['value'])} → {setting(result['moved_value'])} "
+        f"({result['jobs']} jobs)"
     )
     console.print(
         f"admission order moved: Kendall tau distance {result['kendall_tau_distance']:.4f} "
@@ -325,11 +336,6 @@ def _print_sensitivity(result: dict[str, Any]) -> None:
     )
     table = Table("metric", tables.fixed("as written", justify="right"), tables.fixed("moved", justify="right"))
     for key, value in result["base"].items():
-        table.add_row(key, _cell(value), _cell(result["moved"][key]))
+        fmt = formats.get(key, format_number)
+        table.add_row(TABLE_NAMES.get(key, key), fmt(value), fmt(result["moved"][key]))
     tables.show(console, table)
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "—"
-    return f"{value:,.4g}" if isinstance(value, float) else str(value)

@@ -16,8 +16,7 @@ import os
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
-from decimal import Decimal
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Literal, Self
@@ -38,6 +37,15 @@ from pydantic import (
     model_validator,
 )
 
+from warden.engine.durations import (
+    DURATION_PATTERN,
+    MISSING,
+    PolicyError,
+    PolicyIssue,
+    format_duration,
+    parse_duration,
+)
+from warden.engine.durations import refuse as _refuse
 from warden.engine.safeyaml import AliasRefused, SafeLoader
 
 __all__ = [
@@ -64,46 +72,6 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------------------- errors
-
-
-class _Missing:
-    """The value of an issue about something that is absent (nothing to quote back)."""
-
-    def __repr__(self) -> str:
-        return "<missing>"
-
-
-MISSING: Any = _Missing()
-
-
-@dataclass(frozen=True)
-class PolicyIssue:
-    """One problem in a policy: where (dotted path, `[i]` for list items), what, and why."""
-
-    path: str
-    value: Any
-    message: str
-    allowed: str | None = None
-
-    def __str__(self) -> str:
-        text = self.message if self.value is MISSING else f"{self.message} (got {self.value!r})"
-        if self.allowed:
-            text += f"; allowed: {self.allowed}"
-        return f"{self.path}: {text}" if self.path else text
-
-
-class PolicyError(ValueError):
-    """A policy was refused; `issues` holds every problem found, `source` names the input."""
-
-    def __init__(self, issues: list[PolicyIssue], source: str | None = None) -> None:
-        self.issues = issues
-        self.source = source
-        super().__init__("\n".join(str(i) for i in issues))
-
-
-def _refuse(value: Any, message: str, allowed: str | None = None) -> PolicyError:
-    """An error about the value being validated; the caller's location becomes its path."""
-    return PolicyError([PolicyIssue("", value, message, allowed)])
 
 
 def _join(prefix: str, path: str) -> str:
@@ -164,56 +132,6 @@ def _issues_from(err: ValidationError, model: type[BaseModel]) -> list[PolicyIss
 
 # ------------------------------------------------------------------------------------ durations
 
-_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-_NUMBER = r"[0-9]+(?:\.[0-9]+)?"
-_NUMBER_RE = re.compile(_NUMBER)
-_DURATION_RE = re.compile(rf"(?:{_NUMBER}[dhms])+")
-_PART_RE = re.compile(rf"({_NUMBER})([dhms])")
-_DURATION_PATTERN = rf"^\s*(?:{_NUMBER}|(?:{_NUMBER}[dhms])+)\s*$"
-_DURATION_ALLOWED = "a number of seconds or a string like 90s, 45m, 8h, 7d, 1h30m"
-
-
-def parse_duration(value: Any) -> float:
-    """Seconds from a number or a string of `<n><unit>` parts (units d, h, m, s)."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise _refuse(value, "not a duration", _DURATION_ALLOWED)
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("-"):
-            raise _refuse(value, "durations cannot be negative")
-        if _NUMBER_RE.fullmatch(text):
-            seconds = float(text)
-        elif _DURATION_RE.fullmatch(text):
-            seconds = sum(float(n) * _UNITS[unit] for n, unit in _PART_RE.findall(text))
-        else:
-            raise _refuse(value, "not a duration", _DURATION_ALLOWED)
-    else:
-        seconds = float(value)
-    if not math.isfinite(seconds):
-        raise _refuse(value, "durations must be finite")
-    if seconds < 0:
-        raise _refuse(value, "durations cannot be negative")
-    return seconds
-
-
-def format_duration(seconds: float) -> str:
-    """The shortest string that parses back to exactly `seconds`; ties go to larger units."""
-    seconds = float(seconds)
-    if not seconds.is_integer():
-        return f"{Decimal(repr(seconds)):f}s"
-    n = int(seconds)
-    if n == 0:
-        return "0s"
-    candidates = [f"{n // size}{unit}" for unit, size in _UNITS.items() if n % size == 0]
-    rest, parts = n, []
-    for unit, size in _UNITS.items():
-        count, rest = divmod(rest, size)
-        if count:
-            parts.append(f"{count}{unit}")
-    candidates.append("".join(parts))
-    return min(candidates, key=len)
-
-
 Duration = Annotated[
     float,
     BeforeValidator(parse_duration),
@@ -221,7 +139,7 @@ Duration = Annotated[
     WithJsonSchema(
         {
             "anyOf": [
-                {"type": "string", "pattern": _DURATION_PATTERN},
+                {"type": "string", "pattern": DURATION_PATTERN},
                 {"type": "number", "minimum": 0},
             ],
             "description": "Seconds, or a string like 90s, 45m, 8h, 7d, 1h30m.",

@@ -7,8 +7,8 @@ job it explains, never a stock hint), and names the rule that holds the job.
 
 The engine has no clock, so a sentence writes its times through a `TimeText`: `message` (the
 engine's own) writes `t=…s`; `render` takes the writer of the reader's moment: `virtual_times`
-("t=900s (in 9 min)", the simulator's virtual clock) or the server's wall-clock one
-(`warden.server.explanations.wall_times`: "at 14:05 (in 9 min)"). `from_dict` rebuilds a reason
+("t=900s (in 9m)", the simulator's virtual clock) or the server's wall-clock one
+(`warden.server.explanations.wall_times`: "at 14:05 (in 9m)"). `from_dict` rebuilds a reason
 from the `{code, details}` a shell stored, so the shell renders it when it is read.
 """
 
@@ -18,35 +18,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, ClassVar
 
+from warden.engine.durations import relative, span
+
 TimeText = Callable[[float], str]
-"""How a sentence writes a time (seconds on the caller's clock): "t=900s", "14:05 (in 9 min)"."""
+"""How a sentence writes a time (seconds on the caller's clock): "t=900s", "14:05 (in 9m)"."""
 
 
 def engine_time(t: float) -> str:
     """The engine's own way to write a time: its seconds, as the caller's clock counts them."""
     return f"t={t:.0f}s"
-
-
-def span(seconds: float) -> str:
-    """A duration as people say it: "45 s", "9 min", "2 h 5 min", "3 d 4 h"."""
-    s = max(0, round(seconds))
-    if s < 120:
-        return f"{s} s"
-    if s < 3600:
-        return f"{round(s / 60)} min"
-    if s < 86400:
-        h, m = divmod(round(s / 60), 60)
-        return f"{h} h" if not m else f"{h} h {m} min"
-    d, h = divmod(round(s / 3600), 24)
-    return f"{d} d" if not h else f"{d} d {h} h"
-
-
-def relative(t: float, now: float) -> str:
-    """`t` as seen from `now`: "in 9 min", "3 min ago", "now"."""
-    dt = t - now
-    if abs(dt) < 1:
-        return "now"
-    return f"in {span(dt)}" if dt > 0 else f"{span(-dt)} ago"
 
 
 def virtual_times(now: float) -> TimeText:

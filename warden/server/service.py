@@ -23,6 +23,7 @@ from typing import Any, Literal, NamedTuple, TypeVar
 import yaml
 from prometheus_client import Counter
 
+from warden.engine.durations import span
 from warden.engine.lifecycle import Event
 from warden.engine.model import Job, JobState, Node
 from warden.engine.overcommit import quota_warnings
@@ -508,7 +509,7 @@ class Service:
                 who.user,
                 f"submits faster than the limit of {rate:g} jobs per second after a burst of {burst} (the "
                 f"policy's limits.submissions_per_second_per_user and limits.submission_burst_per_user); "
-                f"retry in {wait:.2f} s",
+                f"retry in {span(wait)}",
                 {"Retry-After": str(max(1, math.ceil(wait)))},
             )
 
@@ -903,7 +904,7 @@ class Service:
             job.state,
             event=Event.NOTED,
             expect_state={job.state},
-            reason=f"{what} report of {reported:.6g} s clamped to {kept:.3f} s, {why}",
+            reason=f"{what} report of {span(reported)} clamped to {span(kept)}, {why}",
             actor="warden",
             now=now,
             details={"attempt": attempt, "report": what, "reported_s": reported, "kept_s": kept},
@@ -1041,21 +1042,34 @@ def _too_big(field: str, value: Any, limit: str, setting: str) -> None:
 def _check_durations(req: SubmitRequest, policy: Policy) -> None:
     """Grace, lease and runtime estimate within the policy's bounds: every timer stays finite."""
     if req.grace is not None and req.grace < policy.min_grace:
-        raise ApiError(422, "grace", req.grace, f"is below the policy's minimum grace of {policy.min_grace:g} s")
+        raise ApiError(
+            422,
+            "grace",
+            format_duration(req.grace),
+            f"is below the policy's minimum grace of {format_duration(policy.min_grace)}",
+        )
     if req.grace is not None and req.grace > policy.max_grace:
         raise ApiError(
-            422, "grace", req.grace, f"is above the policy's maximum grace of {policy.max_grace:g} s (max_grace)"
+            422,
+            "grace",
+            format_duration(req.grace),
+            f"is above the policy's maximum grace of {format_duration(policy.max_grace)} (max_grace)",
         )
     if req.lease is not None and req.lease > policy.max_lease:
-        raise ApiError(422, "lease", req.lease, f"is above the policy's maximum lease of {policy.max_lease:g} s")
+        raise ApiError(
+            422,
+            "lease",
+            format_duration(req.lease),
+            f"is above the policy's maximum lease of {format_duration(policy.max_lease)}",
+        )
     if req.time_limit is not None and req.time_limit <= 0:
-        raise ApiError(422, "time_limit", req.time_limit, "is no runtime estimate: give one above 0 s, or leave it out")
+        raise ApiError(422, "time_limit", req.time_limit, "is no runtime estimate: give one above 0s, or leave it out")
     limit = policy.limits.max_time_limit
     if req.time_limit is not None and req.time_limit > limit:
         raise ApiError(
             422,
             "time_limit",
-            req.time_limit,
+            format_duration(req.time_limit),
             f"is above the limit of {format_duration(limit)} (the policy's limits.max_time_limit)",
         )
 
