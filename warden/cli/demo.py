@@ -8,13 +8,14 @@ from typing import Any
 import typer
 
 from warden.cli import tables
+from warden.cli.app import App
 from warden.cli.tables import Col
 from warden.demo import NOW, demo_snapshot
 from warden.engine.plan import Plan
 from warden.engine.reasons import virtual_times
 from warden.engine.scheduler import schedule
 
-app = typer.Typer(help="Show the engine's decisions on a bundled busy cluster.")
+app = App()
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:

@@ -15,9 +15,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from warden.cli.app import App
 from warden.cli.jobs import TokenOpt, UrlOpt, client
 
-app = typer.Typer(help="The server's history: export its jobs as a trace.", no_args_is_help=True)
+app = App(no_args_is_help=True)
 
 EXIT_INVALID = 2
 WINDOW_MAX_S = 400 * 86400.0

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from warden.cli import tables
+from warden.cli.app import App
 from warden.cli.tables import Col
 from warden.client import ApiRefused, BadServerUrl, Client, Unreachable
 from warden.engine.durations import relative, span
@@ -450,7 +451,7 @@ def register(app: typer.Typer) -> None:
         ]
         tables.show(tables.console(), tables.listing(QUEUES_COLUMNS, cells, wide))
 
-    token_app = typer.Typer(help="Bearer tokens (admins only).", no_args_is_help=True)
+    token_app = App(help="Bearer tokens (admins only).", no_args_is_help=True)
     app.add_typer(token_app, name="token")
 
     @token_app.command("create")

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from warden.cli import tables
+from warden.cli.app import App
 from warden.engine.policy import PolicyError
 from warden.sim.cluster import ClusterError
 from warden.sim.experiment import Outcome, Setup, prepare, run_policy, sensitivity
@@ -32,7 +33,7 @@ from warden.sim.progress import SimProgress, describe_left, time_left
 from warden.sim.report import write_report
 from warden.sim.simulator import SimulationLoopError
 
-app = typer.Typer(help="Replay a trace through the engine and compare policies side by side.", no_args_is_help=True)
+app = App(no_args_is_help=True)
 
 EXIT_INVALID = 2
 EXIT_LOOP = 3
