@@ -11,7 +11,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from warden.cli.main import app
+from warden.cli.main import GROUPS, app
 
 TYPE_TAG = re.compile(r"\b(TEXT|INTEGER|FLOAT|BOOLEAN|PATH)\b|<(str|int|float|bool|path|list\[[^]]*\])>")
 
@@ -38,6 +38,27 @@ def test_values_are_named_by_what_they_are() -> None:
     text = help_of("submit")
     assert "Usage: warden submit [OPTIONS] COMMAND..." in text
     assert "--lease LEASE" in text and "-q, --queue QUEUE" in text and "--json  " in text
+
+
+def test_the_listing_names_every_sub_app_without_loading_it() -> None:
+    """`warden --help` lists the sub-apps by their help alone: none of their modules is loaded
+    (the simulator, the demo: numpy, matplotlib and the engine stay unloaded)."""
+    probe = (
+        "import sys\n"
+        "from warden.cli.main import build\n"
+        "try:\n"
+        "    build(['--help'])(['--help'], prog_name='warden')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = ('warden.sim', 'warden.demo', 'warden.engine.scheduler', 'numpy', 'matplotlib', 'httpx', 'rich', 'yaml')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy or m in heavy))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    listing, loaded = done.stdout.rsplit("\n", 2)[0], done.stdout.splitlines()[-1]
+    assert loaded == "[]", loaded
+    for name, text in GROUPS.items():
+        assert re.search(rf"^  {name} +{re.escape(text[:20])}", listing, re.M), listing
 
 
 def every_command(group: object, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

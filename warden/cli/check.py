@@ -7,10 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich import box
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from warden.cli import tables
 
@@ -50,6 +46,11 @@ def register(app: typer.Typer) -> None:
         """Run CMD, wait for progress, send SIGTERM; check it saves atomically, exits 0 within
         the grace, and resumes from that checkpoint on a second run. With or without warden's
         SDK: what the SDK does not report is watched from outside. Exit 0 only if it does all of it."""
+        from rich import box
+        from rich.console import Console
+        from rich.markup import escape
+        from rich.table import Table
+
         from warden.engine.durations import PolicyError, format_duration, parse_duration
         from warden.workload.check import check_workload
 

@@ -16,17 +16,19 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from warden.cli import tables
-from warden.cli.app import App
+from warden.cli.app import App, fail
 from warden.cli.tables import Col
-from warden.client import ApiRefused, BadServerUrl, Client, Unreachable
 from warden.engine.durations import relative, span
+
+if TYPE_CHECKING:  # httpx and rich load with the verbs that talk to a server or print a table
+    from rich.table import Table
+
+    from warden.client import Client
 
 EXIT_REFUSED = 2
 SUBMIT_RETRIES = 2
@@ -180,24 +182,23 @@ VICTIM_COLUMNS = (
     Col("LOST GPU-H", "right"),
 )
 
-_err = Console(stderr=True)
-
 
 @contextmanager
 def client(url: str | None, token: str | None) -> Iterator[Client]:
+    """A client of the server(s); a refusal ends the command with its message (exit 2), as
+    does a bad URL, and a server that cannot be reached with exit 1."""
+    from warden.client import ApiRefused, BadServerUrl, Client, Unreachable
+
     try:
         c = Client(url, token)
     except BadServerUrl as err:
-        _err.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
-        raise typer.Exit(EXIT_REFUSED) from None
+        fail(str(err))
     try:
         yield c
     except ApiRefused as err:
-        _err.print(f"[bold red]error:[/] {err.describe()}", highlight=False, soft_wrap=True)
-        raise typer.Exit(EXIT_REFUSED) from None
+        fail(err.describe())
     except Unreachable as err:
-        _err.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
-        raise typer.Exit(EXIT_UNREACHABLE) from None
+        fail(str(err), EXIT_UNREACHABLE)
     finally:
         c.close()
 
@@ -215,8 +216,7 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     for p in pairs:
         key, sep, value = p.partition("=")
         if not sep or not key:
-            _err.print(f"[bold red]error:[/] --env: {p!r} is not KEY=VALUE", highlight=False)
-            raise typer.Exit(EXIT_REFUSED)
+            fail(f"--env: {p!r} is not KEY=VALUE")
         env[key] = value
     return env
 

@@ -10,16 +10,10 @@ from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
-import yaml
 
-from warden.engine.safeyaml import load_yaml
+from warden.cli.app import fail
 from warden.executors.identity import DEFAULT_JOB_UIDS, parse_uid_range, parse_user_map
 from warden.urls import BadServerUrl, parse_urls
-
-
-def fail(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
 
 
 def _bootstrap_token(path: Path | None) -> str | None:
@@ -142,6 +136,10 @@ def _load_config(ctx: typer.Context, _param: object, path: Path | None) -> Path 
     command line or by its environment variable still wins."""
     if path is None:
         return None
+    import yaml
+
+    from warden.engine.safeyaml import load_yaml
+
     try:
         data = load_yaml(path.read_text())
     except OSError as err:
