@@ -319,3 +319,40 @@ def test_describe_and_logs_of_another_users_job(tmp_path: Path, private_data: st
     finally:
         s.stop()
         kill_leftovers(tmp_path)
+
+
+GRACEFUL = POLICY.replace(
+    "3: {name: experimentation, lease: 1s, grace: 2s}", "3: {name: experimentation, lease: 1s, grace: 5m}"
+)
+"""POLICY with a tier-3 grace of 5 minutes: a job that ignores SIGTERM stays in its grace while
+the test reads it."""
+
+STUBBORN = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(600)"
+)
+
+
+def test_a_cancelled_job_in_its_grace_shows_cancelling_and_its_sigkill_countdown(tmp_path: Path) -> None:
+    """A running job that ignores SIGTERM is cancelled: the API still says RUNNING (with
+    `cancel_requested` and `kill_at`); `queue` shows CANCELLING and when SIGKILL comes, and so
+    does `describe`, at 80 columns."""
+    s = started(tmp_path, GRACEFUL)
+    try:
+        job = warden(s, "submit", "-q", "vision", "-t", "3", "--", sys.executable, "-c", STUBBORN, check=True)
+        job_id = job.stdout.split()[-1]
+        wait_for(lambda: warden(s, "logs", job_id).stdout == "up\n", what="the job to start")
+        assert "cancel requested" in warden(s, "cancel", job_id, check=True).stdout
+        listed = wait_for(
+            lambda: (r := json.loads(warden(s, "describe", job_id, "--json").stdout))["kill_at"] and r,
+            what="the SIGTERM",
+        )
+        assert listed["state"] == "RUNNING" and listed["cancel_requested"] is True
+        queue = warden(s, "queue", columns=80, check=True).stdout
+        row = next(line for line in queue.splitlines() if line.startswith(f"{job_id} "))
+        assert "CANCELLING" in row and re.search(r"SIGKILL in (4m\d+s|5m)", row), queue
+        described = warden(s, "describe", job_id, columns=80, check=True).stdout
+        assert "CANCELLING (RUNNING)" in described and "until SIGKILL at" in " ".join(described.split())
+        assert all(len(line) <= 80 for line in queue.splitlines() + described.splitlines())
+    finally:
+        s.stop()
+        kill_leftovers(tmp_path)

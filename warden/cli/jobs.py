@@ -538,7 +538,9 @@ def register(app: typer.Typer) -> None:
 
 
 def queue_table(rows: list[dict[str, Any]], now: float, wide: bool = False) -> Table:
-    """`warden queue`'s table of `GET /v1/jobs` rows."""
+    """`warden queue`'s table of `GET /v1/jobs` rows. A job in its grace after a cancel or a
+    preemption shows its terminating state and, where its reason would be, its SIGKILL
+    countdown."""
     cells = [
         [
             r["id"],
@@ -546,16 +548,58 @@ def queue_table(rows: list[dict[str, Any]], now: float, wide: bool = False) -> T
             r["user"],
             r["queue"],
             str(r["tier"]),
-            r["state"],
+            shown_state(r),
             str(r["gpus"]),
             _age(r["wait_s"]),
             str(r["position"] or ""),
             _expected_cell(r.get("expected_start"), now),
-            (r.get("reason") or {}).get("code", ""),
+            _reason_cell(r, now),
         ]
         for r in rows
     ]
     return tables.listing(QUEUE_COLUMNS, cells, wide)
+
+
+HOLDING = ("ADMITTED", "STARTING", "RUNNING", "PREEMPTING")
+"""The states of a job that holds resources (`JobState.holds_resources`)."""
+
+
+def shown_state(job: dict[str, Any]) -> str:
+    """The state a person reads: the API's, except for a job that holds resources while it is
+    being stopped, as Slurm shows CG: CANCELLING once a cancel stops it, STOPPING once it got
+    SIGTERM for another cause (PREEMPTING says so itself)."""
+    state = str(job["state"])
+    if state not in HOLDING or state == "PREEMPTING":
+        return state
+    if job.get("cancel_requested"):
+        return "CANCELLING"
+    return "STOPPING" if job.get("kill_at") is not None else state
+
+
+def _reason_cell(job: dict[str, Any], now: float) -> str:
+    """`warden queue`'s REASON: a waiting job's reason code; for a job in its grace, when it
+    gets SIGKILL ("SIGKILL in 42s")."""
+    if job.get("kill_at") is not None and job["state"] in HOLDING:
+        return f"SIGKILL {relative(job['kill_at'], now)}"
+    return str((job.get("reason") or {}).get("code", ""))
+
+
+def _stopping_line(j: dict[str, Any], now: float) -> str | None:
+    """`warden describe`'s sentence for a job being stopped: why, and when SIGKILL comes."""
+    if j["state"] not in HOLDING:
+        return None
+    kill_at = j.get("kill_at")
+    if j.get("cancel_requested"):
+        why = "a cancel was requested"
+    elif j["state"] == "PREEMPTING":
+        why = "it was preempted (see its events)"
+    elif kill_at is not None:
+        why = "it got SIGTERM (see its events)"
+    else:
+        return None
+    if kill_at is None:
+        return f"{why}; the leading server sends SIGTERM at its next pass that tracks its processes"
+    return f"{why}; it has until SIGKILL at {_clock(kill_at, now)} to save and exit"
 
 
 def _print_job(j: dict[str, Any]) -> None:
@@ -563,14 +607,18 @@ def _print_job(j: dict[str, Any]) -> None:
     con = tables.console()
     now = time.time()
     command = " ".join(j["command"]) if "command" in j else "hidden (another user's job)"
+    state = shown_state(j)
     con.print(
         f"[bold]job {j['id']}[/bold] {j['name']}  user {j['user']}  queue {j['queue']}  tier {j['tier']}  "
-        f"[bold]{j['state']}[/bold]"
+        f"[bold]{state}[/bold]" + (f" ({j['state']})" if state != j["state"] else "")
     )
     con.print(
         f"  {j['gpus']} GPU(s) as {j['replicas']} × {j['gpus_per_replica']}, placement {j['placement']}; "
         f"lease {_age(j['lease_s'])}, grace {_age(j['grace_s'])}; command: {command}"
     )
+    stopping = _stopping_line(j, now)
+    if stopping:
+        con.print(f"  [bold]stopping:[/bold] {stopping}")
     reason = j.get("reason")
     if reason:
         where = f", position {j['position']}" if j.get("position") is not None else ""

@@ -40,8 +40,9 @@ def job_summary(
     in_cycle: bool = False,
 ) -> dict[str, Any]:
     """A job as `GET /v1/jobs` lists it. Given its current `attempt` and the `policy`, a job
-    that holds resources shows when it started, checkpointed, and may first be preempted
-    (`lease_end_at`) or will be killed (`kill_at`), and its attempt's η; a waiting one its
+    that holds resources shows when it started, checkpointed, and may
+    first be preempted (`lease_end_at`) or will be killed (`kill_at`; `cancel_requested` when a
+    cancel stops it), and its attempt's η; a waiting one its
     `expected_start` as the forecast gives it (`Forecasts.view`); `in_cycle`: whether it is in
     a preemption cycle (`cycles_of`)."""
     e = job.explanation or {}
@@ -71,6 +72,7 @@ def job_summary(
         "finished_at": job.finished_at,
         "held_reason": job.held_reason,
         "claim": job.claim,
+        "cancel_requested": job.cancel_requested,
         "started_at": live.started_at if live else None,
         "last_checkpoint_at": live.last_checkpoint_at if live else None,
         "kill_at": live.kill_at if live and live.sigterm_at is not None else None,
