@@ -106,3 +106,28 @@ def test_describe_says_a_cancel_stops_the_job_and_when_sigkill_comes() -> None:
 def test_a_job_that_holds_nothing_is_never_shown_stopping(state: str) -> None:
     text = warden([row("1", state, cancel_requested=True, kill_at=NOW - 5)], "queue")
     assert line_of(text, "1").split()[4] == state and "SIGKILL" not in text
+
+
+def test_wide_shows_how_long_a_job_has_run_its_lease_end_and_nodes() -> None:
+    rows = [
+        row("1", started_at=NOW - 3725, lease_end_at=NOW + 720, nodes=["node-0", "node-1"], efficiency=0.93),
+        row("2", tier=1, started_at=NOW - 60, lease_end_at=None, nodes=["node-2"]),
+        row("3", "PENDING", reason={"code": "QuotaExceeded", "message": "…"}, position=1),
+    ]
+    text = warden(rows, "queue", "--wide")
+    header = text.splitlines()[0].split()
+    assert header[-4:] == ["ELAPSED", "LEASE-END", "NODES", "REASON"], header
+    assert "1h2m" in line_of(text, "1") and "in 12m" in line_of(text, "1") and "node-0,node-1" in text
+    assert "never" in line_of(text, "2") and "node-2" in line_of(text, "2")
+    assert "ELAPSED" not in warden(rows, "queue")  # not in the default columns
+
+
+def test_describe_a_running_job_says_where_since_when_its_lease_end_and_eta() -> None:
+    job = row("1", started_at=NOW - 3725, lease_end_at=NOW + 720, nodes=["node-0", "node-1"], efficiency=0.93)
+    flat = " ".join(warden(detail(job), "describe", "1").split())
+    assert "running: since" in flat and "on node-0, node-1" in flat
+    assert "its lease ends at" in flat and "(in 12m): preemptible from then" in flat and "η 0.93" in flat
+    over = " ".join(warden(detail({**job, "lease_end_at": NOW - 60}), "describe", "1").split())
+    assert "its lease ended at" in over and "(1m ago): preemptible" in over
+    never = " ".join(warden(detail(row("2", tier=1, started_at=NOW - 60)), "describe", "2").split())
+    assert "never preempted (its tier is not preemptible)" in never

@@ -201,7 +201,7 @@ def test_dry_run_and_expected_starts_at_80_columns(tmp_path: Path) -> None:
         wide = warden(server, "queue", "--wide", columns=80, check=True).stdout
         row = next(line for line in wide.splitlines() if line.startswith(f"{job} "))
         listed = next(r for r in json.loads(warden(server, "queue", "--json").stdout) if r["id"] == job)
-        assert wide.split()[:11] == [c.header for c in QUEUE_COLUMNS] and listed["user"] in row.split()
+        assert wide.split()[: len(QUEUE_COLUMNS)] == [c.header for c in QUEUE_COLUMNS] and listed["user"] in row.split()
         described = warden(server, "describe", job, columns=80, check=True).stdout
         assert "expected start:" in described and "an estimate" in described
         assert all(len(line) <= 80 for line in queue.splitlines() + described.splitlines())
@@ -333,7 +333,8 @@ STUBBORN = (
 
 
 def test_a_cancelled_job_in_its_grace_shows_cancelling_and_its_sigkill_countdown(tmp_path: Path) -> None:
-    """A running job that ignores SIGTERM is cancelled: the API still says RUNNING (with
+    """A running job shows its nodes (`queue --wide`), its lease end and η (`describe`). Then,
+    ignoring SIGTERM, it is cancelled: the API still says RUNNING (with
     `cancel_requested` and `kill_at`); `queue` shows CANCELLING and when SIGKILL comes, and so
     does `describe`, at 80 columns."""
     s = started(tmp_path, GRACEFUL)
@@ -341,6 +342,11 @@ def test_a_cancelled_job_in_its_grace_shows_cancelling_and_its_sigkill_countdown
         job = warden(s, "submit", "-q", "vision", "-t", "3", "--", sys.executable, "-c", STUBBORN, check=True)
         job_id = job.stdout.split()[-1]
         wait_for(lambda: warden(s, "logs", job_id).stdout == "up\n", what="the job to start")
+        wide = warden(s, "queue", "--wide", check=True).stdout
+        row = next(line for line in wide.splitlines() if line.startswith(f"{job_id} "))
+        assert "node-0" in row or json.loads(warden(s, "nodes", "--json").stdout)[0]["name"] in row, wide
+        running = " ".join(warden(s, "describe", job_id, check=True).stdout.split())
+        assert "running: since" in running and "its lease end" in running and "η " in running, running
         assert "cancel requested" in warden(s, "cancel", job_id, check=True).stdout
         listed = wait_for(
             lambda: (r := json.loads(warden(s, "describe", job_id, "--json").stdout))["kill_at"] and r,

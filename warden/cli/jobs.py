@@ -117,10 +117,15 @@ QUEUE_COLUMNS = (
     Col("WAIT", "right", wide=True),
     Col("POS", "right", wide=True),
     Col("START"),
+    Col("ELAPSED", "right", wide=True),
+    Col("LEASE-END", wide=True),
+    Col("NODES", wide=True, gives=3),
     Col("REASON", gives=2),
 )
 """`warden queue`'s columns: the default ones fit 80 columns with a 20-letter reason code; a
-long name gives way (wraps) before the reason does."""
+long name gives way (wraps) before the reason does. `--wide` adds, of a job that holds
+resources, how long it has run, when its lease ends (it may be preempted from then) and its
+nodes."""
 NODE_COLUMNS = (
     Col("NODE"),
     Col("FLAVOR"),
@@ -317,7 +322,7 @@ def register(app: typer.Typer) -> None:
         json_out: JsonOpt = False,
     ) -> None:
         """List jobs like squeue: id, name, queue, tier, state, GPUs, expected start, reason;
-        --wide adds user, wait and position."""
+        --wide adds user, wait, position, time running, lease end and nodes."""
         with client(url, token) as c:
             rows = c.jobs(queue=queue, state=state, user=user, all=all_jobs)
         if json_out:
@@ -553,11 +558,23 @@ def queue_table(rows: list[dict[str, Any]], now: float, wide: bool = False) -> T
             _age(r["wait_s"]),
             str(r["position"] or ""),
             _expected_cell(r.get("expected_start"), now),
+            "" if r.get("started_at") is None else span(now - r["started_at"]),
+            _lease_end_cell(r, now),
+            ",".join(r.get("nodes") or ()),
             _reason_cell(r, now),
         ]
         for r in rows
     ]
     return tables.listing(QUEUE_COLUMNS, cells, wide)
+
+
+def _lease_end_cell(job: dict[str, Any], now: float) -> str:
+    """When a running job's lease ends ("in 12m", "3m ago": preemptible since), "never" for a
+    tier that is never preempted; empty for a job that holds nothing or is being stopped."""
+    if job["state"] not in HOLDING or job.get("started_at") is None or job.get("kill_at") is not None:
+        return ""
+    at = job.get("lease_end_at")
+    return "never" if at is None else relative(at, now)
 
 
 HOLDING = ("ADMITTED", "STARTING", "RUNNING", "PREEMPTING")
@@ -582,6 +599,26 @@ def _reason_cell(job: dict[str, Any], now: float) -> str:
     if job.get("kill_at") is not None and job["state"] in HOLDING:
         return f"SIGKILL {relative(job['kill_at'], now)}"
     return str((job.get("reason") or {}).get("code", ""))
+
+
+def _running_line(j: dict[str, Any], now: float) -> str | None:
+    """`warden describe`'s sentence for a job that runs: since when, where, when its lease
+    ends (it may be preempted from then) and its attempt's η."""
+    if j["state"] not in HOLDING or j.get("started_at") is None:
+        return None
+    nodes = j.get("nodes") or []
+    parts = [f"since {_clock(j['started_at'], now)}" + (f" on {', '.join(nodes)}" if nodes else "")]
+    if j.get("kill_at") is None:
+        at = j.get("lease_end_at")
+        if at is None:
+            parts.append("never preempted (its tier is not preemptible)")
+        elif at > now:
+            parts.append(f"its lease ends at {_clock(at, now)}: preemptible from then")
+        else:
+            parts.append(f"its lease ended at {_clock(at, now)}: preemptible")
+    if j.get("efficiency") is not None:
+        parts.append(f"η {j['efficiency']:.2f} (the share of its GPU time that was progress)")
+    return "; ".join(parts)
 
 
 def _stopping_line(j: dict[str, Any], now: float) -> str | None:
@@ -616,6 +653,9 @@ def _print_job(j: dict[str, Any]) -> None:
         f"  {j['gpus']} GPU(s) as {j['replicas']} × {j['gpus_per_replica']}, placement {j['placement']}; "
         f"lease {_age(j['lease_s'])}, grace {_age(j['grace_s'])}; command: {command}"
     )
+    running = _running_line(j, now)
+    if running:
+        con.print(f"  [bold]running:[/bold] {running}")
     stopping = _stopping_line(j, now)
     if stopping:
         con.print(f"  [bold]stopping:[/bold] {stopping}")

@@ -40,7 +40,7 @@ def job_summary(
     in_cycle: bool = False,
 ) -> dict[str, Any]:
     """A job as `GET /v1/jobs` lists it. Given its current `attempt` and the `policy`, a job
-    that holds resources shows when it started, checkpointed, and may
+    that holds resources shows the nodes it runs on, when it started, checkpointed, and may
     first be preempted (`lease_end_at`) or will be killed (`kill_at`; `cancel_requested` when a
     cancel stops it), and its attempt's η; a waiting one its
     `expected_start` as the forecast gives it (`Forecasts.view`); `in_cycle`: whether it is in
@@ -73,6 +73,7 @@ def job_summary(
         "held_reason": job.held_reason,
         "claim": job.claim,
         "cancel_requested": job.cancel_requested,
+        "nodes": sorted({p.node for p in live.assignment}) if live else [],
         "started_at": live.started_at if live else None,
         "last_checkpoint_at": live.last_checkpoint_at if live else None,
         "kill_at": live.kill_at if live and live.sigterm_at is not None else None,
