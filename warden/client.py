@@ -156,6 +156,10 @@ class Client:
         """What the scheduler would decide for this job now; nothing is submitted."""
         return self._call("POST", "/v1/jobs", True, json=job, params={"dry_run": "true"})
 
+    def whoami(self) -> dict[str, Any]:
+        """Who the token belongs to: `user`, `role`, `queues`."""
+        return self._call("GET", "/v1/whoami")
+
     def jobs(
         self, queue: str | None = None, state: str | None = None, user: str | None = None, all: bool = False
     ) -> list[dict[str, Any]]:

@@ -94,3 +94,20 @@ def test_numbers_at_their_bounds_are_sent(server: Listener) -> None:
     assert server.connections >= 1
     result = runner.invoke(app, with_url(["audit", "--limit", "10000"], server.url))
     assert result.exit_code == 1 and "Invalid value" not in result.output, result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["cancel"], "give the ids of the jobs to cancel, or a selection: --user, --queue or --state"),
+        (["cancel", "7", "abc"], "JOB_ID: 'abc' is not a job id"),
+        (["cancel", "--state", "SUCCEEDED"], "--state: 'SUCCEEDED' is not a state a job can be cancelled in"),
+        (["cancel", "--state", "soon"], "--state: 'SOON' is not a state"),
+    ],
+)
+def test_a_cancel_without_jobs_or_with_a_bad_selection_is_refused_before_anything_is_sent(
+    server: Listener, args: list[str], message: str
+) -> None:
+    result = runner.invoke(app, [*args, "--url", server.url, "--token", "t"])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert server.connections == 0, "the CLI sent a request"

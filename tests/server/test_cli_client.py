@@ -362,3 +362,48 @@ def test_a_cancelled_job_in_its_grace_shows_cancelling_and_its_sigkill_countdown
     finally:
         s.stop()
         kill_leftovers(tmp_path)
+
+
+def test_cancel_several_ids_or_a_selection_within_the_callers_rights(server: Server) -> None:
+    """`cancel 1 2 3`, and `--user`/`--queue`/`--state` selections as scancel has: a user's
+    selection covers their own jobs; every named job is checked before any is cancelled."""
+    ana = warden(server, "token", "create", "--user", "ana", "--queues", "vision", check=True).stdout.strip()
+    bo = warden(server, "token", "create", "--user", "bo", "--queues", "language", check=True).stdout.strip()
+
+    def submit(token: str, queue: str, gpus: str = "4") -> str:
+        out = warden(server, "submit", "-q", queue, "-t", "3", "--gpus", gpus, "--", "sleep", "600", token=token)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()[-1]
+
+    def state(job_id: str) -> str:
+        return str(json.loads(warden(server, "describe", job_id, "--json").stdout)["state"])
+
+    a1, a2, a3 = submit(ana, "vision"), submit(ana, "vision"), submit(ana, "vision")
+    b1 = submit(bo, "language")
+
+    none = warden(server, "cancel", token=ana)
+    assert none.returncode == 2 and "--user, --queue or --state" in none.stderr
+    other = warden(server, "cancel", "--user", "bo", token=ana)
+    assert other.returncode == 2 and "'bo' is not you" in other.stderr
+    unknown = warden(server, "cancel", a1, "999", token=ana)
+    assert unknown.returncode == 2 and "999" in unknown.stderr and "nothing was cancelled" in unknown.stderr
+    foreign = warden(server, "cancel", a1, b1, token=ana)
+    assert foreign.returncode == 2 and f"job {b1} is 'bo'" in foreign.stderr
+    assert state(a1) != "CANCELLED" and state(b1) != "CANCELLED"  # nothing changed
+
+    # Ana's selection by state: her waiting jobs, none of Bo's.
+    pending = warden(server, "cancel", "--state", "pending", token=ana, check=True).stdout
+    waiting = [j for j in (a1, a2, a3) if state(j) == "CANCELLED"]
+    assert pending.splitlines()[-1] == f"{len(waiting)} job{'s' if len(waiting) != 1 else ''} cancelled" + (
+        " (a running one once its processes exit)"
+    )
+    assert state(b1) != "CANCELLED"
+    left = [j for j in (a1, a2, a3) if j not in waiting]
+    assert warden(server, "cancel", *left, token=ana, check=True).stdout.splitlines()[-1].startswith(f"{len(left)} job")
+    wait_for(lambda: all(state(j) == "CANCELLED" for j in (a1, a2, a3)))
+
+    # An admin's selection by queue takes every user's jobs there; one that matches nothing says so.
+    assert "no unfinished job matches" in warden(server, "cancel", "--queue", "vision", check=True).stdout
+    out = warden(server, "cancel", "--queue", "language", "--json", check=True).stdout
+    assert [o["id"] for o in json.loads(out)] == [b1]
+    wait_for(lambda: state(b1) == "CANCELLED")

@@ -27,17 +27,18 @@ def fail(message: str, code: int = EXIT_REFUSED) -> NoReturn:
 
 
 def _name_values(params: Sequence[Parameter]) -> None:
-    """Give every option that takes a value, and every argument, a metavar of its name in
-    capitals unless it has one: what help shows in place of a type."""
+    """Give every option that takes a value a metavar of its name in capitals unless it has
+    one, what help shows in place of a type; and every argument its metavar (or name) as the
+    usage line shows it: `JOB_ID`, `[JOB_ID]...` for any number, `COMMAND...` for one or more."""
     for p in params:
-        if p.metavar is not None or p.name is None:
+        if p.name is None:
             continue
         if isinstance(p, TyperOption):
-            if not p.is_flag and not p.count:
+            if p.metavar is None and not p.is_flag and not p.count:
                 p.metavar = p.name.upper()
         elif isinstance(p, TyperArgument):
-            name = p.name.upper() + ("..." if p.nargs != 1 else "")
-            p.metavar = name if p.required else f"[{name}]"
+            name = p.metavar or p.name.upper()
+            p.metavar = (name if p.required else f"[{name}]") + ("..." if p.nargs != 1 else "")
 
 
 def _format_params(command: TyperCommand | TyperGroup, ctx: Context, formatter: HelpFormatter) -> None:

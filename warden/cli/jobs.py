@@ -348,15 +348,54 @@ def register(app: typer.Typer) -> None:
 
     @app.command("cancel")
     def cancel(
-        job_id: Annotated[str, typer.Argument(help="Job id.")],
+        job_ids: Annotated[
+            list[str] | None, typer.Argument(help="Ids of the jobs to cancel.", metavar="JOB_ID", show_default=False)
+        ] = None,
+        user: Annotated[
+            str | None, typer.Option("--user", "-u", help="Cancel this user's jobs.", show_default=False)
+        ] = None,
+        queue: Annotated[
+            str | None, typer.Option("--queue", "-q", help="Cancel the jobs of this queue.", show_default=False)
+        ] = None,
+        state: Annotated[
+            str | None,
+            typer.Option("--state", help="Cancel the jobs in these states (comma-separated).", show_default=False),
+        ] = None,
         url: UrlOpt = None,
         token: TokenOpt = None,
         json_out: JsonOpt = False,
     ) -> None:
-        """Cancel a job: a running one gets SIGTERM, its grace, then SIGKILL."""
+        """Cancel jobs, as scancel does: those named, or those the selection (--user, --queue,
+        --state) matches, each a user may cancel (their own; an admin's, any); with both, the
+        named ones the selection matches. A running job gets SIGTERM, its grace, then SIGKILL.
+        Every named job is checked before any is cancelled."""
+        ids = list(job_ids or [])
+        selected = user is not None or queue is not None or state is not None
+        if not ids and not selected:
+            fail("give the ids of the jobs to cancel, or a selection: --user, --queue or --state")
+        for job_id in ids:
+            if not job_id.isdigit():
+                fail(f"JOB_ID: {job_id!r} is not a job id (ASCII digits); nothing was cancelled")
+        states = _cancellable_states(state)
         with client(url, token) as c:
-            out = c.cancel(job_id)
-        _dump(out) if json_out else typer.echo(f"job {out['id']}: {out['state']} (cancel requested)")
+            me = c.whoami()
+            if user is not None and user != me["user"] and me["role"] != "admin":
+                fail(f"--user: {user!r} is not you ({me['user']!r}); only an admin cancels another user's jobs")
+            mine = user if user is not None or me["role"] == "admin" else me["user"]
+            if ids:
+                jobs = [_cancellable(c, job_id, me) for job_id in dict.fromkeys(ids)]
+                if selected:
+                    jobs = [j for j in jobs if _matches(j, mine, queue, states)]
+            else:
+                jobs = c.jobs(queue=queue, state=",".join(states) if states else None, user=mine)
+            done = [_cancel_one(c, j["id"]) for j in jobs]
+        outcomes = [d for d in done if d is not None]
+        if json_out:
+            _dump(outcomes)
+            return
+        for out in outcomes:
+            typer.echo(f"job {out['id']}: {out['state']} (cancel requested)")
+        typer.echo(_cancelled_count(len(outcomes), ids, selected))
 
     @app.command("approve")
     def approve(
@@ -571,14 +610,20 @@ def queue_table(rows: list[dict[str, Any]], now: float, wide: bool = False) -> T
 def _lease_end_cell(job: dict[str, Any], now: float) -> str:
     """When a running job's lease ends ("in 12m", "3m ago": preemptible since), "never" for a
     tier that is never preempted; empty for a job that holds nothing or is being stopped."""
-    if job["state"] not in HOLDING or job.get("started_at") is None or job.get("kill_at") is not None:
+    if not _holds(job["state"]) or job.get("started_at") is None or job.get("kill_at") is not None:
         return ""
     at = job.get("lease_end_at")
     return "never" if at is None else relative(at, now)
 
 
-HOLDING = ("ADMITTED", "STARTING", "RUNNING", "PREEMPTING")
-"""The states of a job that holds resources (`JobState.holds_resources`)."""
+def _holds(state: str) -> bool:
+    """Whether a job in `state` holds resources (`JobState.holds_resources`)."""
+    from warden.engine.model import JobState
+
+    try:
+        return JobState(state).holds_resources
+    except ValueError:
+        return False
 
 
 def shown_state(job: dict[str, Any]) -> str:
@@ -586,7 +631,7 @@ def shown_state(job: dict[str, Any]) -> str:
     being stopped, as Slurm shows CG: CANCELLING once a cancel stops it, STOPPING once it got
     SIGTERM for another cause (PREEMPTING says so itself)."""
     state = str(job["state"])
-    if state not in HOLDING or state == "PREEMPTING":
+    if not _holds(state) or state == "PREEMPTING":
         return state
     if job.get("cancel_requested"):
         return "CANCELLING"
@@ -596,7 +641,7 @@ def shown_state(job: dict[str, Any]) -> str:
 def _reason_cell(job: dict[str, Any], now: float) -> str:
     """`warden queue`'s REASON: a waiting job's reason code; for a job in its grace, when it
     gets SIGKILL ("SIGKILL in 42s")."""
-    if job.get("kill_at") is not None and job["state"] in HOLDING:
+    if job.get("kill_at") is not None and _holds(job["state"]):
         return f"SIGKILL {relative(job['kill_at'], now)}"
     return str((job.get("reason") or {}).get("code", ""))
 
@@ -604,7 +649,7 @@ def _reason_cell(job: dict[str, Any], now: float) -> str:
 def _running_line(j: dict[str, Any], now: float) -> str | None:
     """`warden describe`'s sentence for a job that runs: since when, where, when its lease
     ends (it may be preempted from then) and its attempt's η."""
-    if j["state"] not in HOLDING or j.get("started_at") is None:
+    if not _holds(j["state"]) or j.get("started_at") is None:
         return None
     nodes = j.get("nodes") or []
     parts = [f"since {_clock(j['started_at'], now)}" + (f" on {', '.join(nodes)}" if nodes else "")]
@@ -623,7 +668,7 @@ def _running_line(j: dict[str, Any], now: float) -> str | None:
 
 def _stopping_line(j: dict[str, Any], now: float) -> str | None:
     """`warden describe`'s sentence for a job being stopped: why, and when SIGKILL comes."""
-    if j["state"] not in HOLDING:
+    if not _holds(j["state"]):
         return None
     kill_at = j.get("kill_at")
     if j.get("cancel_requested"):
@@ -707,6 +752,69 @@ def _print_job(j: dict[str, Any]) -> None:
         tables.titled(con, "preemptions", tables.listing(PREEMPTION_COLUMNS, cells))
     cells = [[_clock(e["at"], now), e["from"] or "", e["to"], e["actor"], e["reason"]] for e in j["events"]]
     tables.titled(con, "events", tables.listing(EVENT_COLUMNS, cells))
+
+
+def _cancellable_states(text: str | None) -> list[str]:
+    """--state: the states to cancel, each a state a job can be cancelled in (not finished);
+    anything else is refused (exit 2) before anything is asked or cancelled."""
+    if text is None:
+        return []
+    from warden.engine.model import JobState
+
+    names = [s.strip().upper() for s in text.split(",") if s.strip()]
+    open_states = [s.value for s in JobState if not s.terminal]
+    for name in names or [text]:
+        if name not in open_states:
+            fail(f"--state: {name!r} is not a state a job can be cancelled in; allowed: {', '.join(open_states)}")
+    return names
+
+
+def _cancellable(c: Client, job_id: str, me: dict[str, Any]) -> dict[str, Any]:
+    """The job `job_id`, checked before anything is cancelled: it exists, has not ended, and
+    is the caller's (or the caller is an admin); else the command ends, nothing cancelled."""
+    from warden.client import ApiRefused
+
+    try:
+        job = c.job(job_id)
+    except ApiRefused as err:
+        fail(f"{err.describe()}; nothing was cancelled")
+    if job["user"] != me["user"] and me["role"] != "admin":
+        fail(f"job {job_id} is {job['user']!r}'s, not yours ({me['user']!r}); nothing was cancelled")
+    from warden.engine.model import JobState
+
+    if JobState(job["state"]).terminal:
+        fail(f"job {job_id} already ended ({job['state']}); nothing was cancelled")
+    return job
+
+
+def _matches(job: dict[str, Any], user: str | None, queue: str | None, states: list[str]) -> bool:
+    """Whether a named job is in the selection too (scancel's ids with filters)."""
+    return (
+        (user is None or job["user"] == user)
+        and (queue is None or job["queue"] == queue)
+        and (not states or job["state"] in states)
+    )
+
+
+def _cancel_one(c: Client, job_id: str) -> dict[str, Any] | None:
+    """Cancel one job; None (said on stderr) when it ended since it was read."""
+    from warden.client import ApiRefused
+
+    try:
+        return c.cancel(job_id)
+    except ApiRefused as err:
+        if err.status != 409:
+            raise
+        typer.echo(f"job {job_id}: not cancelled: {err.message}", err=True)
+        return None
+
+
+def _cancelled_count(count: int, ids: list[str], selected: bool) -> str:
+    """The last line of `warden cancel`: how many jobs it cancelled."""
+    if count == 0:
+        what = "none of the jobs named matches the selection" if ids else "no unfinished job matches the selection"
+        return f"{what}: nothing cancelled"
+    return f"{count} job{'s' if count != 1 else ''} cancelled (a running one once its processes exit)"
 
 
 def _details(details: dict[str, Any], now: float) -> str:
