@@ -407,3 +407,14 @@ def test_cancel_several_ids_or_a_selection_within_the_callers_rights(server: Ser
     out = warden(server, "cancel", "--queue", "language", "--json", check=True).stdout
     assert [o["id"] for o in json.loads(out)] == [b1]
     wait_for(lambda: state(b1) == "CANCELLED")
+
+
+def test_whoami_names_the_tokens_user_role_and_queues(server: Server) -> None:
+    assert warden(server, "whoami", check=True).stdout == "admin (admin); queues: every queue\n"
+    carol = warden(server, "token", "create", "--user", "carol", "--queues", "language,vision", check=True)
+    me = warden(server, "whoami", token=carol.stdout.strip(), check=True).stdout
+    assert me == "carol (user); queues: language, vision\n"
+    as_json = json.loads(warden(server, "whoami", "--json", token=carol.stdout.strip(), check=True).stdout)
+    assert as_json == {"user": "carol", "role": "user", "queues": ["language", "vision"]}
+    refused = warden(server, "whoami", token="wrong")
+    assert refused.returncode == 2 and "token" in refused.stderr

@@ -561,6 +561,17 @@ def register(app: typer.Typer) -> None:
             out = c.revoke_token(token_id)
         _dump(out) if json_out else typer.echo(f"token {out['id']} of {out['user']} revoked")
 
+    @app.command("whoami")
+    def whoami(url: UrlOpt = None, token: TokenOpt = None, json_out: JsonOpt = False) -> None:
+        """Who the token stands for: the user, the role and the queues it may submit to."""
+        with client(url, token) as c:
+            me = c.whoami()
+        if json_out:
+            _dump(me)
+            return
+        queues = ", ".join(me["queues"]) or "none"
+        typer.echo(f"{me['user']} ({me['role']}); queues: {'every queue' if queues == '*' else queues}")
+
     @app.command("audit")
     def audit(
         limit: Annotated[int, typer.Option("--limit", parser=_within(1, AUDIT_MAX))] = 100,
