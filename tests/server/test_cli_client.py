@@ -418,3 +418,28 @@ def test_whoami_names_the_tokens_user_role_and_queues(server: Server) -> None:
     assert as_json == {"user": "carol", "role": "user", "queues": ["language", "vision"]}
     refused = warden(server, "whoami", token="wrong")
     assert refused.returncode == 2 and "token" in refused.stderr
+
+
+def test_queues_show_what_each_queue_borrows_and_its_limits(server: Server) -> None:
+    """A 4-GPU job of vision (nominal 2) borrows 2 GPUs: `GET /v1/queues` says so
+    (`gpus_borrowed`; null for the root, the cluster), and so does `warden queues`, with the
+    borrowing and lending limits under --wide."""
+    job = warden(server, "submit", "-q", "vision", "-t", "3", "--gpus", "4", "--", "sleep", "600", check=True)
+    job_id = job.stdout.split()[-1]
+    try:
+        with server.client() as c:
+            wait_for(lambda: c.get(f"/v1/jobs/{job_id}").json()["state"] == "RUNNING")
+            api = {q["name"]: q for q in c.get("/v1/queues").json()}
+        assert (api["vision"]["gpus_in_use"], api["vision"]["gpus_borrowed"]) == (4, 2)
+        assert api["language"]["gpus_borrowed"] == 0 and api["cluster"]["gpus_borrowed"] is None
+        assert api["vision"]["borrowing_limit"] is None and api["vision"]["lending_limit"] is None
+        text = warden(server, "queues", columns=80, check=True).stdout
+        assert all(len(line) <= 80 for line in text.splitlines()), text
+        header = text.splitlines()[0]
+        assert "BORROWED" in header and "LIMIT" not in header
+        vision = next(line for line in text.splitlines() if line.startswith("vision "))
+        assert vision.split()[2:6] == ["gpu", "2", "4", "2"], vision
+        wide = " ".join(warden(server, "queues", "--wide", check=True).stdout.split())
+        assert "BORROW LIMIT" in wide and "LEND LIMIT" in wide and "vision cluster 1 gpu 2 any all 4 2" in wide
+    finally:
+        warden(server, "cancel", job_id)

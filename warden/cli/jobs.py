@@ -143,12 +143,19 @@ QUEUES_COLUMNS = (
     Col("PARENT"),
     Col("WEIGHT", "right", wide=True),
     Col("NOMINAL", gives=1),
+    Col("BORROW LIMIT", wide=True, gives=2),
+    Col("LEND LIMIT", wide=True, gives=3),
     Col("IN USE", "right"),
+    Col("BORROWED", "right"),
     Col("PENDING", "right"),
     Col("FAIR-SHARE USE", "right", wide=True),
     Col("OWED GPU-h", "right"),
     Col("DELIVERED GPU-h", "right"),
 )
+"""`warden queues`' columns: quota, what its jobs hold and of it borrow beyond its nominal, and
+owed vs delivered GPU-hours fit 80 columns; `--wide` adds the policy's weight and limits (what a
+queue may borrow beyond its nominal, "any": no limit; and lend of it, "all": no limit) and
+fair-share usage."""
 TOKEN_COLUMNS = (
     Col("ID"),
     Col("USER"),
@@ -473,7 +480,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("queues")
     def queues(wide: WideOpt = False, url: UrlOpt = None, token: TokenOpt = None, json_out: JsonOpt = False) -> None:
-        """Queues: quota, usage, fair share, owed vs delivered GPU-hours."""
+        """Queues: quota, GPUs in use and borrowed, owed vs delivered GPU-hours; --wide adds
+        weight, borrowing and lending limits and fair-share usage."""
         with client(url, token) as c:
             rows = c.queues()
         if json_out:
@@ -483,11 +491,14 @@ def register(app: typer.Typer) -> None:
             [
                 q["name"],
                 q["parent"] or "",
-                f"{q['weight']:g}",
-                ", ".join(f"{k} {v:g}" for k, v in q["nominal"].items()),
+                tables.number(q["weight"]),
+                _quota(q["nominal"], "none"),
+                "" if q["parent"] is None else _quota(q.get("borrowing_limit"), "any"),
+                "" if q["parent"] is None else _quota(q.get("lending_limit"), "all"),
                 str(q["gpus_in_use"]),
+                "" if q.get("gpus_borrowed") is None else str(q["gpus_borrowed"]),
                 str(q["pending_jobs"]),
-                f"{q['fair_share_usage']:.3g}",
+                tables.number(q["fair_share_usage"]),
                 f"{q['owed_gpu_hours']:.2f}",
                 f"{q['delivered_gpu_hours']:.2f}",
             ]
@@ -845,6 +856,13 @@ def _details(details: dict[str, Any], now: float) -> str:
             text = str(value)
         parts.append(f"{key}: {text}")
     return "; ".join(parts)
+
+
+def _quota(quota: dict[str, float] | None, unset: str) -> str:
+    """A quota or limit in a cell: `gpu 4, cpu 64000`; `unset` where there is none."""
+    if quota is None:
+        return unset
+    return ", ".join(f"{k} {tables.number(v)}" for k, v in quota.items()) or unset
 
 
 def _node_state(n: dict[str, Any]) -> str:

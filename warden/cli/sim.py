@@ -319,12 +319,11 @@ def _print_sensitivity(result: dict[str, Any]) -> None:
     from rich.table import Table
 
     from warden.engine.durations import format_duration
-    from warden.sim.metrics import format_number
 
     formats = {key: fmt for _, key, fmt in TABLE_COLUMNS}
 
     def setting(value: Any) -> str:
-        return format_duration(value) if result.get("duration") else format_number(value)
+        return format_duration(value) if result.get("duration") else tables.number(value)
 
     console = tables.console()
     console.print(
@@ -337,6 +336,6 @@ def _print_sensitivity(result: dict[str, Any]) -> None:
     )
     table = Table("metric", tables.fixed("as written", justify="right"), tables.fixed("moved", justify="right"))
     for key, value in result["base"].items():
-        fmt = formats.get(key, format_number)
+        fmt = formats.get(key, tables.number)
         table.add_row(TABLE_NAMES.get(key, key), fmt(value), fmt(result["moved"][key]))
     tables.show(console, table)

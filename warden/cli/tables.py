@@ -9,6 +9,7 @@ and a table that cannot fit even so prints wider than the terminal rather than l
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -138,6 +139,21 @@ def listing(columns: Sequence[Col], rows: Sequence[Sequence[str]], wide: bool = 
     for r in rows:
         table.add_row(*(r[i] for i in shown))
     return table
+
+
+def number(x: Any) -> str:
+    """A number in a cell as people read it, never in scientific notation: a whole one with
+    thousands separators, any other to four significant digits, trailing zeros dropped; "—"
+    for none."""
+    if x is None:
+        return "—"
+    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+        return str(x)
+    v = float(x)
+    if v.is_integer():
+        return f"{int(v):,}"
+    text = f"{v:,.{max(0, 3 - math.floor(math.log10(abs(v))))}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def text(header: str, **options: Any) -> Column:

@@ -600,20 +600,6 @@ def format_percent(fraction: float | None) -> str:
     return "—" if fraction is None else f"{100 * float(fraction):.1f}%"
 
 
-def format_number(x: Any) -> str:
-    """A number as people read it, never in scientific notation: a whole one with thousands
-    separators, any other to four significant digits, trailing zeros dropped."""
-    if x is None:
-        return "—"
-    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
-        return str(x)
-    v = float(x)
-    if v.is_integer():
-        return f"{int(v):,}"
-    text = f"{v:,.{max(0, 3 - math.floor(math.log10(abs(v))))}f}"
-    return text.rstrip("0").rstrip(".") if "." in text else text
-
-
 def _format_plain(x: Any) -> str:
     return "—" if x is None else str(x)
 
