@@ -443,3 +443,15 @@ def test_queues_show_what_each_queue_borrows_and_its_limits(server: Server) -> N
         assert "BORROW LIMIT" in wide and "LEND LIMIT" in wide and "vision cluster 1 gpu 2 any all 4 2" in wide
     finally:
         warden(server, "cancel", job_id)
+
+
+def test_a_job_without_a_name_is_named_after_its_program_and_describe_quotes_its_command(server: Server) -> None:
+    """As Slurm names a job after its script: `/bin/sh -c 'echo hi there'` is `sh`; `describe`
+    writes the command as a shell would take it back (shlex.join)."""
+    out = warden(server, "submit", "-q", "vision", "-t", "3", "--", "/bin/sh", "-c", "echo 'hi there'", check=True)
+    job = out.stdout.split()[-1]
+    named = warden(server, "submit", "-q", "vision", "-t", "3", "--name", "mine", "--", "true", check=True)
+    rows = {r["id"]: r["name"] for r in json.loads(warden(server, "queue", "--all", "--json", check=True).stdout)}
+    assert rows[job] == "sh" and rows[named.stdout.split()[-1]] == "mine"
+    text = " ".join(warden(server, "describe", job, check=True).stdout.split())
+    assert "command: /bin/sh -c 'echo '\"'\"'hi there'\"'\"''" in text, text

@@ -11,6 +11,7 @@ the API takes is refused the same way (exit 2) before anything is sent.
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 import uuid
@@ -269,7 +270,9 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option("--time-limit", help="Runtime estimate, e.g. 2h.", show_default=False, callback=_duration),
         ] = None,
-        name: Annotated[str, typer.Option("--name", help="A name to show.")] = "",
+        name: Annotated[
+            str, typer.Option("--name", help="A name to show (default: the program's).", show_default=False)
+        ] = "",
         cpu: Annotated[int, typer.Option("--cpu", help="Millicores per replica.", parser=_within(0, INT32_MAX))] = 0,
         memory: Annotated[int, typer.Option("--memory", help="MiB per replica.", parser=_within(0, INT32_MAX))] = 0,
         flavor: Annotated[str | None, typer.Option("--flavor", help="GPU flavor.", show_default=False)] = None,
@@ -708,9 +711,11 @@ def _stopping_line(j: dict[str, Any], now: float) -> str | None:
 
 def _print_job(j: dict[str, Any]) -> None:
     """`warden describe`: the job in sentences, then its attempts, preemptions and events."""
+    from rich.markup import escape
+
     con = tables.console()
     now = time.time()
-    command = " ".join(j["command"]) if "command" in j else "hidden (another user's job)"
+    command = shlex.join(j["command"]) if "command" in j else "hidden (another user's job)"
     state = shown_state(j)
     con.print(
         f"[bold]job {j['id']}[/bold] {j['name']}  user {j['user']}  queue {j['queue']}  tier {j['tier']}  "
@@ -718,7 +723,7 @@ def _print_job(j: dict[str, Any]) -> None:
     )
     con.print(
         f"  {j['gpus']} GPU(s) as {j['replicas']} × {j['gpus_per_replica']}, placement {j['placement']}; "
-        f"lease {_age(j['lease_s'])}, grace {_age(j['grace_s'])}; command: {command}"
+        f"lease {_age(j['lease_s'])}, grace {_age(j['grace_s'])}; command: {escape(command)}"
     )
     running = _running_line(j, now)
     if running:

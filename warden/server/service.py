@@ -534,7 +534,7 @@ class Service:
         state, tier, workdir = checked.state, self.policy.tier(req.tier), checked.workdir
         try:
             job_id = self.store.submit(
-                name=req.name,
+                name=req.name or default_name(req.command, limits.max_name_chars),
                 user=who.user,
                 queue=req.queue,
                 tier=req.tier,
@@ -1013,6 +1013,14 @@ def _parse_source(source: str) -> Policy:
         raise ApiError(422, first.path or "source", _plain(first.value), shorten(str(err), 2000)) from None
     except RecursionError:
         raise ApiError(422, "source", None, "the YAML is nested too deeply") from None
+
+
+def default_name(command: list[str], most: int) -> str:
+    """The name of a job submitted without one, as Slurm names it: its program, the last part
+    of the command's first word (`python3` for `/usr/bin/python3 train.py`), cut to `most`
+    characters (the policy's `limits.max_name_chars`)."""
+    program = command[0].rstrip("/")
+    return (program.rsplit("/", 1)[-1] or command[0])[:most]
 
 
 def _check_limits(req: SubmitRequest, limits: Limits) -> None:
