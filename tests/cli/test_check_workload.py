@@ -287,6 +287,7 @@ def test_bad_options_are_refused_naming_the_option() -> None:
         (("--grace", "soon"), "--grace", "soon"),
         (("--timeout", "0s"), "--timeout", "0s"),
         (("--warmup", "2d"), "--warmup", "2d"),
+        (("--grace", "10"), "--grace", "'10' has no unit: give one, e.g. 600s or 10m"),
     ):
         done = check(*args, "--", "true")
         assert done.returncode == 2 and field in done.stderr and value in done.stderr, done.stderr

@@ -36,7 +36,7 @@ def test_help_fits_80_columns_without_type_tags(args: tuple[str, ...]) -> None:
 
 def test_values_are_named_by_what_they_are() -> None:
     text = help_of("submit")
-    assert "Usage: warden submit [OPTIONS] COMMAND..." in text
+    assert "Usage: warden submit [OPTIONS] -- COMMAND..." in text
     assert "--lease LEASE" in text and "-q, --queue QUEUE" in text and "--json  " in text
 
 

@@ -455,3 +455,13 @@ def test_a_job_without_a_name_is_named_after_its_program_and_describe_quotes_its
     assert rows[job] == "sh" and rows[named.stdout.split()[-1]] == "mine"
     text = " ".join(warden(server, "describe", job, check=True).stdout.split())
     assert "command: /bin/sh -c 'echo '\"'\"'hi there'\"'\"''" in text, text
+
+
+def test_the_command_is_what_follows_the_dashes_and_a_bad_option_submits_nothing(server: Server) -> None:
+    out = warden(server, "submit", "-q", "vision", "-t", "3", "--lease", "10m", "--", "echo", "--", "x", check=True)
+    job = json.loads(warden(server, "describe", out.stdout.split()[-1], "--json", check=True).stdout)
+    assert job["command"] == ["echo", "--", "x"] and job["lease_s"] == 600
+    for args in (["--lease", "10", "minutes", "--", "true"], ["--lease", "10", "--", "true"], ["true"]):
+        refused = warden(server, "submit", "-q", "vision", "-t", "3", *args)
+        assert refused.returncode == 2 and refused.stdout == "", refused.stderr
+    assert len(json.loads(warden(server, "queue", "--all", "--json", check=True).stdout)) == 1

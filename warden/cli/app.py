@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import typer
-from typer._click import Context, HelpFormatter, Parameter  # typer's own click (typer is pinned)
+from typer._click import Command as ClickCommand  # typer's own click (typer is pinned)
+from typer._click import Context, HelpFormatter, Parameter
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from typer.models import CommandFunctionType
 
@@ -24,6 +25,20 @@ def fail(message: str, code: int = EXIT_REFUSED) -> NoReturn:
     """Print `error: MESSAGE` on stderr and exit `code` (2 unless told)."""
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
+
+
+def duration(option: str, text: str) -> float:
+    """The seconds a duration option (`--lease 10m`) gives; refused (exit 2, the option and the
+    value named) when it is no duration, or a bare number: whether `10` meant seconds or minutes
+    is not guessed."""
+    from warden.engine.durations import PolicyError, is_bare_number, parse_duration
+
+    if is_bare_number(text):
+        fail(f"{option}: {text!r} has no unit: give one, e.g. 600s or 10m")
+    try:
+        return parse_duration(text)
+    except PolicyError as err:
+        fail(f"{option}: {text!r} is not a duration ({err.issues[0].message}), e.g. 600s or 10m")
 
 
 def _name_values(params: Sequence[Parameter]) -> None:
@@ -41,7 +56,7 @@ def _name_values(params: Sequence[Parameter]) -> None:
             p.metavar = (name if p.required else f"[{name}]") + ("..." if p.nargs != 1 else "")
 
 
-def _format_params(command: TyperCommand | TyperGroup, ctx: Context, formatter: HelpFormatter) -> None:
+def _format_params(command: ClickCommand, ctx: Context, formatter: HelpFormatter) -> None:
     """The arguments and options of `command`, each by its metavar and help, no type tag."""
     arguments, options = [], []
     for p in command.get_params(ctx):
@@ -60,8 +75,8 @@ def _format_params(command: TyperCommand | TyperGroup, ctx: Context, formatter: 
             formatter.write_dl(options)
 
 
-class Command(TyperCommand):
-    """A command whose help names values, not types (`_name_values`)."""
+class _PlainHelp(ClickCommand):
+    """Help that names values, not types (`_name_values`, `_format_params`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -69,6 +84,10 @@ class Command(TyperCommand):
 
     def format_options(self, ctx: Context, formatter: HelpFormatter) -> None:
         _format_params(self, ctx, formatter)
+
+
+class Command(_PlainHelp, TyperCommand):
+    """A command of `App`."""
 
     def collect_usage_pieces(self, ctx: Context) -> list[str]:
         """`[OPTIONS] JOB_ID`, `[OPTIONS] COMMAND...`: each argument by its metavar."""
@@ -76,15 +95,36 @@ class Command(TyperCommand):
         return pieces + [p.metavar for p in self.get_params(ctx) if isinstance(p, TyperArgument) and p.metavar]
 
 
-class Group(TyperGroup):
-    """A group of commands whose help names values, not types (`_name_values`)."""
+class AfterDashes(Command):
+    """A command whose last argument is a command line, given after `--`: everything before
+    `--` is options, a word there that is none is refused (exit 2, naming it), and `--` is never
+    part of the command (`warden submit -q team -t 3 -- python train.py`)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        _name_values(self.params)
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        if "--help" in args[: args.index("--") if "--" in args else len(args)]:
+            return super().parse_args(ctx, args)
+        cut = args.index("--") if "--" in args else len(args)
+        before, after = args[:cut], args[cut + 1 :]
+        found, extra, _ = self.make_parser(ctx).parse_args(args=list(before))
+        strays = [*(w for p in self.params if isinstance(p, TyperArgument) for w in found.get(p.name) or ()), *extra]
+        example = f"warden {ctx.command_path.split(' ', 1)[-1]} [OPTIONS] -- python train.py"
+        if strays:
+            fail(f"{strays[0]!r} is no option: options go before --, the command after it ({example})")
+        if not after:
+            fail(f"no command: give it after -- ({example})")
+        return super().parse_args(ctx, [*before, "--", *after])
+
+    def collect_usage_pieces(self, ctx: Context) -> list[str]:
+        """`[OPTIONS] -- COMMAND...`."""
+        pieces = super().collect_usage_pieces(ctx)
+        return [*pieces[:-1], "--", pieces[-1]]
+
+
+class Group(_PlainHelp, TyperGroup):
+    """A group of commands of `App`: its options, then its commands."""
 
     def format_options(self, ctx: Context, formatter: HelpFormatter) -> None:
-        _format_params(self, ctx, formatter)
+        super().format_options(ctx, formatter)
         self.format_commands(ctx, formatter)
 
 

@@ -9,13 +9,14 @@ from typing import Annotated
 import typer
 
 from warden.cli import tables
+from warden.cli.app import AfterDashes, duration, fail
 
 MAX_SECONDS = 24 * 3600.0
 """No wait of the check is longer than a day."""
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("check-workload", context_settings={"allow_interspersed_args": False})
+    @app.command("check-workload", cls=AfterDashes)
     def check_workload_cmd(
         command: Annotated[
             list[str], typer.Argument(help="The command and its arguments (after --).", show_default=False)
@@ -51,7 +52,7 @@ def register(app: typer.Typer) -> None:
         from rich.markup import escape
         from rich.table import Table
 
-        from warden.engine.durations import PolicyError, format_duration, parse_duration
+        from warden.engine.durations import format_duration
         from warden.workload.check import check_workload
 
         values: dict[str, float | None] = {}
@@ -59,18 +60,12 @@ def register(app: typer.Typer) -> None:
             if text is None:
                 values[name] = None
                 continue
-            try:
-                value = parse_duration(text)
-            except (ValueError, TypeError, PolicyError) as bad:
-                typer.echo(f"error: {name}: {text!r} is not a duration ({bad})", err=True)
-                raise typer.Exit(2) from None
+            value = duration(name, text)
             if not least <= value <= MAX_SECONDS:
-                typer.echo(f"error: {name}: {text!r} must be between {format_duration(least)} and 24h", err=True)
-                raise typer.Exit(2)
+                fail(f"{name}: {text!r} must be between {format_duration(least)} and 24h")
             values[name] = value
         if checkpoint is not None and not checkpoint.strip():
-            typer.echo("error: --checkpoint: '' names no path", err=True)
-            raise typer.Exit(2)
+            fail("--checkpoint: '' names no path")
         err = Console(stderr=True)
         verdict = check_workload(
             command,

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from warden.cli import tables
-from warden.cli.app import App, fail
+from warden.cli.app import AfterDashes, App, duration, fail
 from warden.cli.tables import Col
 from warden.engine.durations import relative, span
 
@@ -61,17 +61,12 @@ def _within(low: int, high: int) -> Callable[[str | int], int]:
     return parse
 
 
-def _duration(value: str | None) -> str | None:
-    """A duration option (--lease, --grace, --time-limit) checked as the server checks it: a
-    bad one is refused (exit 2) before anything is sent; the server gets it as written."""
-    if value is None:
-        return None
-    from warden.engine.policy import PolicyError, parse_duration  # pydantic: only where one is given
-
-    try:
-        parse_duration(value)
-    except PolicyError as err:
-        raise typer.BadParameter(f"{value!r}: {err.issues[0].message}") from None
+def _duration(param: typer.CallbackParam, value: str | None) -> str | None:
+    """A duration option (--lease, --grace, --time-limit) checked as the server checks it, and
+    never a bare number: a bad one is refused (exit 2) before anything is sent; the server gets
+    it as written."""
+    if value is not None:
+        duration(param.opts[0], value)
     return value
 
 
@@ -80,15 +75,10 @@ def _lifetime(value: str | None) -> str | None:
     before anything is sent."""
     if value is None:
         return None
-    from warden.engine.policy import PolicyError, parse_duration
     from warden.server.auth import TOKEN_LIFETIME_MAX_S
 
-    try:
-        seconds = parse_duration(value)
-    except PolicyError as err:
-        raise typer.BadParameter(f"{value!r}: {err.issues[0].message}") from None
-    if not 1 <= seconds <= TOKEN_LIFETIME_MAX_S:
-        raise typer.BadParameter(f"{value!r} is not between 1s and 3650d (10 years)")
+    if not 1 <= duration("--expires", value) <= TOKEN_LIFETIME_MAX_S:
+        fail(f"--expires: {value!r} is not between 1s and 3650d (10 years)")
     return value
 
 
@@ -237,7 +227,7 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
 def register(app: typer.Typer) -> None:
     """Attach the verbs to the top-level `warden` app."""
 
-    @app.command("submit", context_settings={"allow_interspersed_args": False})
+    @app.command("submit", cls=AfterDashes)
     def submit(
         command: Annotated[
             list[str], typer.Argument(help="The command and its arguments (after --).", show_default=False)
@@ -531,9 +521,7 @@ def register(app: typer.Typer) -> None:
         json_out: JsonOpt = False,
     ) -> None:
         """Create a token; prints it (it is shown only once)."""
-        from warden.engine.policy import parse_duration
-
-        lifetime = None if expires is None else parse_duration(expires)
+        lifetime = None if expires is None else duration("--expires", expires)
         with client(url, token) as c:
             out = c.create_token(user, role, [q.strip() for q in queues.split(",") if q.strip()], lifetime)
         _dump(out) if json_out else typer.echo(out["token"])

@@ -11,7 +11,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from warden.cli.app import fail
+from warden.cli.app import duration, fail
 from warden.executors.identity import DEFAULT_JOB_UIDS, parse_uid_range, parse_user_map
 from warden.urls import BadServerUrl, parse_urls
 
@@ -91,15 +91,11 @@ def _read_handed(value: str) -> str:
 
 def _token_lifetime(text: str) -> float | None:
     """--token-lifetime: a duration (30d, 12h), at most 10 years; 0 or 'never' for none."""
-    from warden.engine.policy import PolicyError, parse_duration
     from warden.server.auth import TOKEN_LIFETIME_MAX_S
 
-    if text.strip().lower() == "never":
+    if text.strip().lower() in ("never", "0"):
         return None
-    try:
-        seconds = parse_duration(text)
-    except PolicyError as err:
-        fail(f"--token-lifetime: {text!r} is not a duration ({err.issues[0].message}); e.g. 90d, or 'never'")
+    seconds = duration("--token-lifetime", text)
     if seconds == 0:
         return None
     if not 1 <= seconds <= TOKEN_LIFETIME_MAX_S:
