@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import httpx
@@ -25,7 +26,16 @@ import httpx
 from warden.paths import default_state_dir
 from warden.urls import BadServerUrl, ServerList, parse_urls, unreachable
 
-__all__ = ["DEFAULT_URL", "ApiRefused", "BadServerUrl", "Client", "Probe", "Unreachable", "local_token"]
+__all__ = [
+    "DEFAULT_URL",
+    "ApiRefused",
+    "BadServerUrl",
+    "Client",
+    "Probe",
+    "Unreachable",
+    "local_token",
+    "local_token_path",
+]
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 SUBMIT_BACKOFF_S = 0.5
@@ -69,13 +79,29 @@ class Unreachable(Exception):
     pass
 
 
+def local_token_path() -> Path:
+    """Where a server on this machine with the default state directory (`$WARDEN_STATE_DIR`
+    when set) wrote its admin token at its first start."""
+    return default_state_dir() / "admin-token"
+
+
 def local_token() -> str | None:
     """The admin token a server on this machine wrote at its first start, if readable."""
-    state = default_state_dir()
     try:
-        return (state / "admin-token").read_text().strip() or None
+        return local_token_path().read_text().strip() or None
     except OSError:
         return None
+
+
+def _token(given: str | None) -> tuple[str | None, str | None]:
+    """The token to send, and where it came from (`--token`, `$WARDEN_TOKEN`, or the file of a
+    local server it was read from; None: there is none)."""
+    if given:
+        return given, "--token"
+    if os.environ.get("WARDEN_TOKEN"):
+        return os.environ["WARDEN_TOKEN"], "$WARDEN_TOKEN"
+    local = local_token()
+    return local, None if local is None else str(local_token_path())
 
 
 class Client:
@@ -84,7 +110,8 @@ class Client:
         `DEFAULT_URL`); a bad entry raises `BadServerUrl`, naming it."""
         self.source = "--url" if url else "WARDEN_URL" if os.environ.get("WARDEN_URL") else "the default URL"
         self.servers = server_list(parse_urls(url or os.environ.get("WARDEN_URL") or DEFAULT_URL, self.source))
-        self.token = token or os.environ.get("WARDEN_TOKEN") or local_token()
+        self.token, self.token_source = _token(token)
+        """The token sent, and where it came from (`_token`)."""
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         self._http = httpx.Client(
             headers=headers, timeout=httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT_S))

@@ -4,6 +4,7 @@ refusals exit 2 naming the field, an unreachable server exits 1. One run on Post
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -465,3 +466,40 @@ def test_the_command_is_what_follows_the_dashes_and_a_bad_option_submits_nothing
         refused = warden(server, "submit", "-q", "vision", "-t", "3", *args)
         assert refused.returncode == 2 and refused.stdout == "", refused.stderr
     assert len(json.loads(warden(server, "queue", "--all", "--json", check=True).stdout)) == 1
+
+
+def test_without_a_token_the_cli_says_where_it_looked_and_how_to_point_it(tmp_path: Path) -> None:
+    """A server started with --state-dir (and no bootstrap token) writes its admin token there;
+    the CLI, looking in another state directory, finds none: it names the file it tried and
+    WARDEN_STATE_DIR and WARDEN_TOKEN. Pointed at the server's state directory, it works."""
+    server = started(tmp_path, POLICY, bootstrap=False)
+    try:
+        _without_a_token(server, tmp_path)
+    finally:
+        server.stop()
+
+
+def _without_a_token(server: Server, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
+    env.update({"WARDEN_URL": server.url, "WARDEN_STATE_DIR": str(elsewhere), "COLUMNS": "80"})
+
+    def cli_as(state_dir: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "warden.cli.main", "queue"],
+            capture_output=True,
+            text=True,
+            env={**env, "WARDEN_STATE_DIR": str(state_dir)},
+            timeout=60,
+        )
+
+    refused = cli_as(elsewhere)
+    assert refused.returncode == 2, refused.stderr
+    text = " ".join(refused.stderr.split())
+    assert "a bearer token is required" in text and f"{elsewhere}/admin-token" in text, text
+    assert "--state-dir DIR" in text and "WARDEN_STATE_DIR=DIR" in text and "WARDEN_TOKEN" in text, text
+    (elsewhere).mkdir()
+    (elsewhere / "admin-token").write_text("not-the-servers\n")
+    wrong = " ".join(cli_as(elsewhere).stderr.split())
+    assert "unknown token" in wrong and f"the token was read from {elsewhere}/admin-token" in wrong, wrong
+    assert cli_as(server.state_dir).returncode == 0  # the server's own state directory: its admin token

@@ -11,6 +11,7 @@ the API takes is refused the same way (exit 2) before anything is sent.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import time
@@ -199,11 +200,28 @@ def client(url: str | None, token: str | None) -> Iterator[Client]:
     try:
         yield c
     except ApiRefused as err:
-        fail(err.describe())
+        fail(err.describe() + (_token_hint(c.token_source) if err.status == 401 else ""))
     except Unreachable as err:
         fail(str(err), EXIT_UNREACHABLE)
     finally:
         c.close()
+
+
+def _token_hint(source: str | None) -> str:
+    """What a refused or missing token's message adds: where the CLI looked for one, and how to
+    point it at the server's (whose state directory may not be the one looked in)."""
+    from warden.client import local_token_path
+
+    path = local_token_path()
+    point = (
+        f"a server started with --state-dir DIR wrote its admin token into DIR/admin-token: set "
+        f"WARDEN_STATE_DIR=DIR (now {os.environ.get('WARDEN_STATE_DIR') or 'unset'}), or WARDEN_TOKEN to a token"
+    )
+    if source is None:
+        return f"; no token was given (--token, $WARDEN_TOKEN) and none could be read from {path}; {point}"
+    if source.startswith(("-", "$")):
+        return f"; the token is {source}'s"
+    return f"; the token was read from {source}; {point}"
 
 
 def _dump(data: Any) -> None:
@@ -277,8 +295,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Submit a job; prints its id as the last word. With --dry-run: would it start now (where),
         preempt (whom), or wait (why, and until when)?"""
-        import os
-
         body: dict[str, Any] = {
             "queue": queue,
             "tier": tier,
