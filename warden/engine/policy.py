@@ -67,6 +67,7 @@ __all__ = [
     "load_policy",
     "parse_duration",
     "parse_policy",
+    "parse_policy_source",
     "policy_json_schema",
 ]
 
@@ -772,8 +773,13 @@ class Policy(_Spec):
 
 
 class _StrictLoader(SafeLoader):  # type: ignore[misc, unused-ignore]  # Any, without the hints
-    """PyYAML keeps the last of duplicate keys silently; a policy file must not lose settings.
+    """PyYAML keeps the last of duplicate keys silently; a policy file must not lose settings,
+    so each duplicate is noted (`duplicates`) and refused with the file's other problems.
     Aliases are refused (`warden.engine.safeyaml`)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.duplicates: list[PolicyIssue] = []
 
 
 def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -787,9 +793,9 @@ def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -
         except TypeError:  # unhashable: construct_mapping reports it
             continue
         if duplicate:
-            raise yaml.constructor.ConstructorError(
-                "while reading a mapping", node.start_mark, f"found duplicate key {key!r}", key_node.start_mark
-            )
+            mark = key_node.start_mark
+            where = f"line {mark.line + 1}, column {mark.column + 1}"
+            loader.duplicates.append(PolicyIssue("<file>", MISSING, f"duplicate key {key!r} at {where}: given twice"))
     mapping: dict[Any, Any] = loader.construct_mapping(node)
     return mapping
 
@@ -797,9 +803,13 @@ def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
 
 
-def _load_yaml(text: str, source: str) -> Any:
+def _load_yaml(text: str, source: str) -> tuple[Any, list[PolicyIssue]]:
+    """The document and its duplicate keys; a YAML syntax error (after which nothing more can
+    be read) is a PolicyError of its own."""
+    loader = None
     try:
-        return yaml.load(text, Loader=_StrictLoader)
+        loader = _StrictLoader(text)  # its reader refuses a character YAML does not allow
+        return loader.get_single_data(), loader.duplicates
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -810,22 +820,51 @@ def _load_yaml(text: str, source: str) -> Any:
             message = f"YAML syntax error at {where}: {problem}" if where else f"YAML syntax error: {problem}"
         issue = PolicyIssue("<file>", MISSING, message)
         raise PolicyError([issue], source) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
 
 
 def parse_policy(data: Mapping[str, Any] | str | None, source: str = "<policy>") -> Policy:
-    """A Policy from a mapping or YAML text; None or an empty document gives the defaults."""
+    """A Policy from a mapping or YAML text; None or an empty document gives the defaults.
+    Every problem is reported at once (duplicate keys with the rest), but a YAML syntax error,
+    after which nothing can be read."""
+    duplicates: list[PolicyIssue] = []
     if isinstance(data, str):
-        data = _load_yaml(data, source)
+        data, duplicates = _load_yaml(data, source)
+    return _validated({} if data is None else data, duplicates, source)
+
+
+def parse_policy_source(text: str, source: str = "<policy>") -> Policy:
+    """A policy from the whole text of a policy file, as an operator gives one (`load_policy`,
+    `PUT /v1/policy`): as `parse_policy`, but a text without settings (empty, or only
+    comments) is refused, for put in force it would reset every setting to its default."""
+    data, duplicates = _load_yaml(text, source)
     if data is None:
-        data = {}
+        raise PolicyError([PolicyIssue("", MISSING, NO_SETTINGS)], source)
+    return _validated(data, duplicates, source)
+
+
+NO_SETTINGS = (
+    "holds no settings (it is empty, or only comments): in force, it would reset every setting to its "
+    "default; write the settings it sets (`warden policy show` prints the defaults)"
+)
+
+
+def _validated(data: Any, duplicates: list[PolicyIssue], source: str) -> Policy:
+    """The policy `data` sets, or a PolicyError with every problem: the `duplicates` found in
+    its YAML, then what validation finds."""
     if not isinstance(data, Mapping):
         raise PolicyError(
             [PolicyIssue("<file>", MISSING, f"a policy is a mapping of settings, not a {type(data).__name__}")], source
         )
     try:
-        return Policy.model_validate(data, context={"raw": data})
+        policy = Policy.model_validate(data, context={"raw": data})
     except ValidationError as err:
-        raise PolicyError(_issues_from(err, Policy), source) from None
+        raise PolicyError(duplicates + _issues_from(err, Policy), source) from None
+    if duplicates:
+        raise PolicyError(duplicates, source)
+    return policy
 
 
 def load_policy(path: str | os.PathLike[str]) -> Policy:
@@ -838,7 +877,7 @@ def load_policy(path: str | os.PathLike[str]) -> Policy:
     except (OSError, UnicodeDecodeError) as err:
         reason = getattr(err, "strerror", None) or str(err)
         raise PolicyError([PolicyIssue("<file>", source, f"cannot read: {reason}")], source) from None
-    return parse_policy(text, source)
+    return parse_policy_source(text, source)
 
 
 def default_policy() -> Policy:

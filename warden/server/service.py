@@ -20,15 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypeVar
 
-import yaml
 from prometheus_client import Counter
 
 from warden.engine.durations import span
 from warden.engine.lifecycle import Event
 from warden.engine.model import Job, JobState, Node
 from warden.engine.overcommit import quota_warnings
-from warden.engine.policy import Limits, Policy, PolicyError, format_duration, parse_policy
-from warden.engine.safeyaml import AliasRefused, load_yaml
+from warden.engine.policy import Limits, Policy, PolicyError, format_duration, parse_policy, parse_policy_source
 from warden.engine.whatif import Verdict, what_if
 from warden.executors.base import Executor, Fenced, Inventory
 from warden.server.auth import CHALLENGE, DEFAULT_TOKEN_LIFETIME_S, Principal, bearer, forbidden
@@ -991,26 +989,15 @@ class Service:
 
 
 def _parse_source(source: str) -> Policy:
-    """A policy from its YAML source, as `PUT /v1/policy` and `POST /v1/policy/diff` take it;
-    a refusal names the first problem's path and value (422)."""
-    if not source.strip():
-        raise ApiError(
-            422, "source", source, "is empty; send the whole policy (`warden policy show` prints the defaults)"
-        )
+    """A policy from its YAML source, as `PUT /v1/policy` and `POST /v1/policy/diff` take it
+    (`parse_policy_source`: one without settings is refused, as `warden policy check` refuses
+    it); a refusal names the first problem's path and value and lists every problem (422)."""
     try:
-        data = load_yaml(source)  # aliases refused: a few bytes of them expand without bound
-        if data is None:
-            raise ApiError(422, "source", source, "holds no settings, only comments or an empty document")
-        return parse_policy(source, "policy")  # the policy's own loader: duplicate keys are refused
-    except AliasRefused as err:
-        mark = err.problem_mark
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ApiError(422, "source", None, f"{err.problem}{where}") from None
-    except yaml.YAMLError as err:
-        raise ApiError(422, "source", None, f"not valid YAML: {shorten(str(err), 500)}") from None
+        return parse_policy_source(source, "policy")  # aliases and duplicate keys refused
     except PolicyError as err:
-        first = err.issues[0]
-        raise ApiError(422, first.path or "source", _plain(first.value), shorten(str(err), 2000)) from None
+        first = err.issues[0]  # a problem of the YAML itself (syntax, an alias, a key twice): the source's
+        field = "source" if first.path in ("", "<file>") else first.path
+        raise ApiError(422, field, _plain(first.value), shorten(str(err), 2000)) from None
     except RecursionError:
         raise ApiError(422, "source", None, "the YAML is nested too deeply") from None
 
