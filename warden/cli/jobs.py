@@ -27,7 +27,7 @@ from warden.cli.app import AfterDashes, App, duration, fail
 from warden.cli.tables import Col
 from warden.engine.durations import relative, span
 
-if TYPE_CHECKING:  # httpx and rich load with the verbs that talk to a server or print a table
+if TYPE_CHECKING:  # rich loads with the verbs that print a table
     from rich.table import Table
 
     from warden.client import Client
