@@ -11,21 +11,38 @@ the next when that one cannot be reached. A request is sent again elsewhere only
 cannot have been carried out twice: every request when the connection could not even be made,
 and a read, or a submission with its Idempotency-Key, when the connection was lost after it was
 sent. An HTTP answer, whatever its status, is the answer.
+
+The transport is the standard library's `http.client`, one connection a request, no proxy (as
+the workload SDK's reporter: the servers are on the cluster's network): it loads in a few
+milliseconds where an HTTP library's imports would be most of a quick verb's start-up.
 """
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
+import socket
+import ssl
 import threading
 import time
+from pathlib import Path
 from typing import Any, NamedTuple
-
-import httpx
+from urllib.parse import urlencode, urlsplit
 
 from warden.paths import default_state_dir
 from warden.urls import BadServerUrl, ServerList, parse_urls, unreachable
 
-__all__ = ["DEFAULT_URL", "ApiRefused", "BadServerUrl", "Client", "Probe", "Unreachable", "local_token"]
+__all__ = [
+    "DEFAULT_URL",
+    "ApiRefused",
+    "BadServerUrl",
+    "Client",
+    "Probe",
+    "Unreachable",
+    "local_token",
+    "local_token_path",
+]
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 SUBMIT_BACKOFF_S = 0.5
@@ -69,13 +86,48 @@ class Unreachable(Exception):
     pass
 
 
+def local_token_path() -> Path:
+    """Where a server on this machine with the default state directory (`$WARDEN_STATE_DIR`
+    when set) wrote its admin token at its first start."""
+    return default_state_dir() / "admin-token"
+
+
 def local_token() -> str | None:
     """The admin token a server on this machine wrote at its first start, if readable."""
-    state = default_state_dir()
     try:
-        return (state / "admin-token").read_text().strip() or None
+        return local_token_path().read_text().strip() or None
     except OSError:
         return None
+
+
+def _token(given: str | None) -> tuple[str | None, str | None]:
+    """The token to send, and where it came from (`--token`, `$WARDEN_TOKEN`, or the file of a
+    local server it was read from; None: there is none)."""
+    if given:
+        return given, "--token"
+    if os.environ.get("WARDEN_TOKEN"):
+        return os.environ["WARDEN_TOKEN"], "$WARDEN_TOKEN"
+    local = local_token()
+    return local, None if local is None else str(local_token_path())
+
+
+class Response(NamedTuple):
+    """A server's answer: its HTTP status and body."""
+
+    status: int
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        """The body as JSON; ValueError when it is none."""
+        return json.loads(self.content)
+
+
+class NotSent(OSError):
+    """No connection could be made: the request cannot have reached the server."""
 
 
 class Client:
@@ -84,11 +136,12 @@ class Client:
         `DEFAULT_URL`); a bad entry raises `BadServerUrl`, naming it."""
         self.source = "--url" if url else "WARDEN_URL" if os.environ.get("WARDEN_URL") else "the default URL"
         self.servers = server_list(parse_urls(url or os.environ.get("WARDEN_URL") or DEFAULT_URL, self.source))
-        self.token = token or os.environ.get("WARDEN_TOKEN") or local_token()
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        self._http = httpx.Client(
-            headers=headers, timeout=httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT_S))
-        )
+        self.token, self.token_source = _token(token)
+        """The token sent, and where it came from (`_token`)."""
+        self.timeout = timeout
+        self._headers = {"Accept": "application/json"}
+        if self.token:
+            self._headers["Authorization"] = f"Bearer {self.token}"
 
     @property
     def url(self) -> str:
@@ -96,9 +149,45 @@ class Client:
         return self.servers.current
 
     def close(self) -> None:
-        self._http.close()
+        """Nothing to release: each request opens and closes its own connection."""
 
-    def _exchange(self, method: str, path: str, repeatable: bool | None = None, **kw: Any) -> httpx.Response:
+    def _request(
+        self,
+        url: str,
+        method: str,
+        path: str,
+        params: dict[str, Any] | None = None,
+        json: Any = None,
+        headers: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Response:
+        """One request to the server at `url`: `NotSent` when no connection could be made
+        (within the connect timeout), another OSError or `http.client.HTTPException` when the
+        connection was lost after the request was sent."""
+        parts = urlsplit(url)
+        timeout = self.timeout if timeout is None else timeout
+        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        options: dict[str, Any] = {"context": _tls()} if parts.scheme == "https" else {}
+        conn = kind(parts.hostname or "", parts.port, timeout=min(timeout, CONNECT_TIMEOUT_S), **options)
+        try:
+            try:
+                conn.connect()
+            except OSError as err:
+                raise NotSent(err) from err
+            assert conn.sock is not None
+            conn.sock.settimeout(timeout)
+            target = parts.path.rstrip("/") + path + (f"?{urlencode(params, doseq=True)}" if params else "")
+            body = None if json is None else _json_dumps(json)
+            sent = {**self._headers, **(headers or {})}
+            if body is not None:
+                sent["Content-Type"] = "application/json"
+            conn.request(method, target, body=body, headers=sent)
+            answer = conn.getresponse()
+            return Response(answer.status, answer.read())
+        finally:
+            conn.close()
+
+    def _exchange(self, method: str, path: str, repeatable: bool | None = None, **kw: Any) -> Response:
         """One request, to the servers in turn until one answers (whatever the status).
         `repeatable`: whether the request may be sent to another server after a connection
         lost once it was sent (default: only reads)."""
@@ -107,10 +196,10 @@ class Client:
         failures: list[tuple[str, str]] = []
         for url in self.servers.in_turn():
             try:
-                response = self._http.request(method, url + path, **kw)
-            except httpx.TransportError as err:
+                response = self._request(url, method, path, **kw)
+            except (OSError, http.client.HTTPException) as err:
                 failures.append((url, _why(err)))
-                if repeatable or _not_sent(err):
+                if repeatable or isinstance(err, NotSent):
                     continue
                 raise Unreachable(
                     f"the warden server at {url} did not answer ({_why(err)}) after the request was sent: it may "
@@ -120,13 +209,13 @@ class Client:
             return response
         raise Unreachable(unreachable(self.source, failures))
 
-    def _send(self, method: str, path: str, repeatable: bool | None = None, **kw: Any) -> httpx.Response:
+    def _send(self, method: str, path: str, repeatable: bool | None = None, **kw: Any) -> Response:
         r = self._exchange(method, path, repeatable, **kw)
-        if r.status_code >= 400:
+        if r.status >= 400:
             try:
-                raise ApiRefused(r.status_code, r.json())
+                raise ApiRefused(r.status, r.json())
             except ValueError:
-                raise ApiRefused(r.status_code, r.text) from None
+                raise ApiRefused(r.status, r.text) from None
         return r
 
     def _call(self, method: str, path: str, repeatable: bool | None = None, **kw: Any) -> Any:
@@ -155,6 +244,10 @@ class Client:
     def dry_run(self, **job: Any) -> dict[str, Any]:
         """What the scheduler would decide for this job now; nothing is submitted."""
         return self._call("POST", "/v1/jobs", True, json=job, params={"dry_run": "true"})
+
+    def whoami(self) -> dict[str, Any]:
+        """Who the token belongs to: `user`, `role`, `queues`."""
+        return self._call("GET", "/v1/whoami")
 
     def jobs(
         self, queue: str | None = None, state: str | None = None, user: str | None = None, all: bool = False
@@ -231,16 +324,16 @@ class Client:
 
         def probe(url: str) -> Probe:
             try:
-                r = self._http.get(url + "/v1/health", timeout=timeout)
-            except httpx.TransportError as err:
+                r = self._request(url, "GET", "/v1/health", timeout=timeout)
+            except (OSError, http.client.HTTPException) as err:
                 return Probe(url, None, None, _why(err))
             try:
                 body = r.json()
             except ValueError:
                 body = None
             if not isinstance(body, dict) or "role" not in body:
-                return Probe(url, r.status_code, None, f"HTTP {r.status_code}, not a warden server's health")
-            return Probe(url, r.status_code, body, None)
+                return Probe(url, r.status, None, f"HTTP {r.status}, not a warden server's health")
+            return Probe(url, r.status, body, None)
 
         with ThreadPoolExecutor(max_workers=len(self.servers.urls)) as pool:
             return list(pool.map(probe, self.servers.urls))
@@ -257,17 +350,27 @@ class Probe(NamedTuple):
     error: str | None
 
 
-def _not_sent(err: httpx.TransportError) -> bool:
-    """Whether the request cannot have reached a server: no connection was made."""
-    return isinstance(err, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout | httpx.UnsupportedProtocol)
+def _json_dumps(data: Any) -> bytes:
+    return json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
 
 
-def _why(err: httpx.TransportError) -> str:
+_contexts: list[ssl.SSLContext] = []
+
+
+def _tls() -> ssl.SSLContext:
+    """The process's one TLS context (the system's certificates; `SSL_CERT_FILE` to add one)."""
+    if not _contexts:
+        _contexts.append(ssl.create_default_context())
+    return _contexts[0]
+
+
+def _why(err: BaseException) -> str:
     """Why a server did not answer, in words."""
-    if isinstance(err, httpx.ConnectTimeout):
-        return "no connection within the connect timeout"
-    if isinstance(err, httpx.TimeoutException):
+    if isinstance(err, NotSent):
+        cause = err.__cause__ or err
+        if isinstance(cause, TimeoutError | socket.timeout):
+            return "no connection within the connect timeout"
+        return str(cause) or type(cause).__name__
+    if isinstance(err, TimeoutError | socket.timeout):
         return f"no answer in time ({type(err).__name__})"
-    if isinstance(err, httpx.RemoteProtocolError | httpx.ReadError):
-        return f"the connection was lost before an answer ({err or type(err).__name__})"
-    return str(err) or type(err).__name__
+    return f"the connection was lost before an answer ({err or type(err).__name__})"

@@ -147,7 +147,7 @@ def test_a_second_run_that_ignores_the_checkpoint_fails(tmp_path: Path) -> None:
     assert done.returncode == 1
     resume = verdict(done)["resumes from the checkpoint"]
     assert resume["ok"] is False
-    assert resume["detail"] == "run 2 did not open state.json in 3 s: it would start over"
+    assert resume["detail"] == "run 2 did not open state.json in 3s: it would start over"
 
 
 def test_a_silent_job_is_checked_after_a_warmup_and_by_its_checkpoint_glob(tmp_path: Path) -> None:
@@ -179,7 +179,7 @@ def test_a_silent_job_is_checked_after_a_warmup_and_by_its_checkpoint_glob(tmp_p
         "name": "makes progress",
         "ok": True,
         "how": "--warmup",
-        "detail": "still running after 1 s",
+        "detail": "still running after 1s",
     }
     assert data["checkpoint"] == f"{tmp_path}/out/*.ckpt" and data["saved_files"] == ["s-1.ckpt"]
     assert checks["saves atomically"]["detail"] == "s-1.ckpt appeared by rename from s-1.ckpt.tmp"
@@ -187,7 +187,7 @@ def test_a_silent_job_is_checked_after_a_warmup_and_by_its_checkpoint_glob(tmp_p
         "name": "resumes from the checkpoint",
         "ok": True,
         "how": "inotify, --warmup",
-        "detail": "opened s-1.ckpt; then still running after 1 s",
+        "detail": "opened s-1.ckpt; then still running after 1s",
     }
 
 
@@ -196,7 +196,7 @@ def test_a_job_that_shows_nothing_fails_fast_with_what_was_watched(tmp_path: Pat
     assert done.returncode == 1
     progress = verdict(done)["makes progress"]
     assert progress["ok"] is False and progress["how"] == "output, files, reports"
-    assert progress["detail"].startswith("nothing observable in 2 s: no output, no file written in ")
+    assert progress["detail"].startswith("nothing observable in 2s: no output, no file written in ")
     assert "--warmup" in progress["detail"] and "--checkpoint" in progress["detail"]
 
 
@@ -287,6 +287,7 @@ def test_bad_options_are_refused_naming_the_option() -> None:
         (("--grace", "soon"), "--grace", "soon"),
         (("--timeout", "0s"), "--timeout", "0s"),
         (("--warmup", "2d"), "--warmup", "2d"),
+        (("--grace", "10"), "--grace", "'10' has no unit: give one, e.g. 600s or 10m"),
     ):
         done = check(*args, "--", "true")
         assert done.returncode == 2 and field in done.stderr and value in done.stderr, done.stderr

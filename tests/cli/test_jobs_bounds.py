@@ -29,7 +29,7 @@ REFUSED: list[tuple[list[str], str, str]] = [
     *[
         ([*SUBMIT, "-t", "3", o, v, "--", "true"], o, v)
         for o in ("--lease", "--grace", "--time-limit")
-        for v in ("-5m", "nan", "inf", "1e400", "soon")
+        for v in ("-5m", "nan", "inf", "1e400", "soon", "10", "1.5")
     ],
     *[(["logs", "1", "--attempt", v], "--attempt", v) for v in ("0", "-1", str(I32 + 1))],
     *[(["logs", "1", "--rank", v], "--rank", v) for v in ("-1", str(I32 + 1))],
@@ -82,7 +82,8 @@ def test_a_bad_number_is_refused_before_anything_is_sent(
     result = runner.invoke(app, with_url(args, server.url))
     assert result.exit_code == 2, result.output
     text = " ".join(result.output.replace("│", " ").split())
-    assert f"Invalid value for '{option}'" in text and value in text, text
+    assert option in text and repr(value)[1:-1] in text, text
+    assert f"Invalid value for '{option}'" in text or f"error: {option}: {value!r}" in text, text
     assert server.connections == 0, "the CLI sent the request"
 
 
@@ -94,3 +95,41 @@ def test_numbers_at_their_bounds_are_sent(server: Listener) -> None:
     assert server.connections >= 1
     result = runner.invoke(app, with_url(["audit", "--limit", "10000"], server.url))
     assert result.exit_code == 1 and "Invalid value" not in result.output, result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["cancel"], "give the ids of the jobs to cancel, or a selection: --user, --queue or --state"),
+        (["cancel", "7", "abc"], "JOB_ID: 'abc' is not a job id"),
+        (["cancel", "--state", "SUCCEEDED"], "--state: 'SUCCEEDED' is not a state a job can be cancelled in"),
+        (["cancel", "--state", "soon"], "--state: 'SOON' is not a state"),
+    ],
+)
+def test_a_cancel_without_jobs_or_with_a_bad_selection_is_refused_before_anything_is_sent(
+    server: Listener, args: list[str], message: str
+) -> None:
+    result = runner.invoke(app, [*args, "--url", server.url, "--token", "t"])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert server.connections == 0, "the CLI sent a request"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--lease", "10", "minutes", "--", "true"], "'minutes' is no option: options go before --, the command after"),
+        (["--lease", "10", "--", "true"], "--lease: '10' has no unit: give one, e.g. 600s or 10m"),
+        (["true"], "'true' is no option"),
+        ([], "no command: give it after --"),
+        (["--"], "no command: give it after --"),
+    ],
+    ids=["a word before --", "a bare number", "no --", "nothing", "nothing after --"],
+)
+def test_everything_before_dashes_is_options_and_a_duration_has_a_unit(
+    server: Listener, args: list[str], message: str
+) -> None:
+    """`--lease 10 minutes -- true` once submitted `minutes -- true`: a word before `--` that
+    is no option is refused, as is a duration without its unit; nothing is sent."""
+    result = runner.invoke(app, [*SUBMIT, "-t", "3", "--url", server.url, "--token", "t", *args])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert server.connections == 0, "the CLI sent the request"

@@ -253,3 +253,27 @@ def test_check_refuses_a_cluster_file_with_aliases(tmp_path: Path) -> None:
     result = runner.invoke(app, ["policy", "check", str(path), "--cluster", str(cluster)])
     assert result.exit_code == 2
     assert "YAML aliases (*n) are not accepted" in result.stderr
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n"], ids=["empty", "comments only"])
+def test_check_refuses_a_file_without_settings_as_apply_does(tmp_path: Path, text: str) -> None:
+    """`policy check` of an empty file says what `policy apply` (and `PUT /v1/policy`) says: in
+    force it would reset every setting; `apply` refuses it before asking any server."""
+    path = tmp_path / "empty.yaml"
+    path.write_text(text)
+    checked = runner.invoke(app, ["policy", "check", str(path)])
+    assert checked.exit_code == 2 and checked.output.startswith(f"{path}: holds no settings"), checked.output
+    applied = runner.invoke(app, ["policy", "apply", str(path), "--url", "http://127.0.0.1:9", "--token", "t"])
+    assert applied.exit_code == 2 and applied.output == checked.output
+
+
+def test_check_reports_every_problem_of_a_file_at_once(tmp_path: Path) -> None:
+    """Duplicate keys come with the validation problems, not one at a time."""
+    path = tmp_path / "twice.yaml"
+    path.write_text("min_grace: 2m\nmin_grace: 2m\nbogus: 1\ntiers: {3: {grace: 3m, grace: 3m}}\n")
+    result = runner.invoke(app, ["policy", "check", str(path)])
+    lines = result.output.splitlines()
+    assert result.exit_code == 2 and len(lines) == 3, result.output
+    assert lines[0].startswith(f"{path}: <file>: duplicate key 'min_grace' at line 2")
+    assert lines[1].startswith(f"{path}: <file>: duplicate key 'grace' at line 4")
+    assert lines[2].startswith(f"{path}: bogus: unknown field")

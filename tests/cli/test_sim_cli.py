@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from warden.cli.main import app
 from warden.sim.experiment import kendall_tau_distance, nudge
-from warden.sim.metrics import TABLE_COLUMNS, TABLE_NAMES, table_cells
+from warden.sim.metrics import TABLE_COLUMNS, TABLE_NAMES, format_span, table_cells
 from warden.sim.presets import build_preset
 
 runner = CliRunner()
@@ -268,7 +268,11 @@ def test_sensitivity_reports_how_far_the_order_moved(trace: Path) -> None:
     assert done.exit_code == 0 and "…" not in done.stdout
     assert all(len(line) <= 80 for line in done.stdout.splitlines()), done.stdout
     rows = {_cells(line)[0]: _cells(line)[1:] for line in done.stdout.splitlines() if line.startswith("│")}
-    assert rows.keys() == data["base"].keys()
+    assert list(rows) == [TABLE_NAMES[key] for key in data["base"]]  # as `sim run` names them
+    # Durations in the short form, as `sim run` writes them; no scientific notation anywhere.
+    assert done.stdout.splitlines()[0].startswith("governed: tiers.3.lease 45m → 55m (")
+    assert rows["average wait"][0] == format_span(data["base"]["avg_wait_s"])
+    assert not re.search(r"\de[+-]\d", done.stdout), done.stdout
 
 
 @pytest.mark.parametrize(
@@ -336,7 +340,7 @@ def test_the_installed_command_runs_a_simulation(trace: Path) -> None:
 
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-ESTIMATE = re.compile(r"(<10 s|~\d+ s|~\d+ min|~\d+ h \d\d min) left")
+ESTIMATE = re.compile(r"(<10s|~[0-9dhms]+) left")
 
 
 def sim_on_a_terminal(*args: str) -> subprocess.CompletedProcess[str]:

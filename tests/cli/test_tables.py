@@ -12,11 +12,57 @@ from rich.table import Table
 from warden.cli import tables
 from warden.cli.jobs import QUEUE_COLUMNS
 
-# ID NAME USER QUEUE TIER STATE GPUS WAIT POS START REASON, as `warden queue` fills them.
+# ID NAME USER QUEUE TIER STATE GPUS WAIT POS START ELAPSED LEASE-END NODES REASON, as `warden
+# queue` fills them.
 JOBS = [
-    ["101", "llama-pretrain", "alice", "language", "2", "RUNNING", "16", "30s", "", "", ""],
-    ["117", "bert-finetune", "bob", "vision", "3", "PENDING", "2", "12m34s", "1", "in 60 min", "InsufficientCapacity"],
-    ["118", "eval-harness", "carol", "language", "3", "PENDING", "2", "9m", "2", "?", "PreemptionWouldNotPay"],
+    [
+        "101",
+        "llama-pretrain",
+        "alice",
+        "language",
+        "2",
+        "RUNNING",
+        "16",
+        "30s",
+        "",
+        "",
+        "2h5m",
+        "in 1h55m",
+        "n1,n2",
+        "",
+    ],
+    [
+        "117",
+        "bert-finetune",
+        "bob",
+        "vision",
+        "3",
+        "PENDING",
+        "2",
+        "12m34s",
+        "1",
+        "in 1h",
+        "",
+        "",
+        "",
+        "InsufficientCapacity",
+    ],
+    [
+        "118",
+        "eval-harness",
+        "carol",
+        "language",
+        "3",
+        "PENDING",
+        "2",
+        "9m",
+        "2",
+        "?",
+        "",
+        "",
+        "",
+        "PreemptionWouldNotPay",
+    ],
 ]
 
 
@@ -62,7 +108,21 @@ def test_wide_adds_the_other_columns(columns_80: None) -> None:
 
 
 def test_a_long_name_gives_way_before_the_reason(columns_80: None) -> None:
-    waits = ["119", "a-rather-long-job-name", "dan", "vision", "1", "AWAITING_APPROVAL", "2", "1m", "3", "?"]
+    waits = [
+        "119",
+        "a-rather-long-job-name",
+        "dan",
+        "vision",
+        "1",
+        "AWAITING_APPROVAL",
+        "2",
+        "1m",
+        "3",
+        "?",
+        "",
+        "",
+        "",
+    ]
     text = render(tables.listing(QUEUE_COLUMNS, [JOBS[1], [*waits, "AwaitingApproval"]]))
     assert lines_fit(text) and "…" not in text, text
     assert "InsufficientCapacity" in text and "AwaitingApproval" in text  # the reasons, whole

@@ -653,3 +653,30 @@ def test_json_schema_validates_the_file_format() -> None:
         {"queues": {"name": "r", "nominal": {"gpu": -1}}},
     ):
         assert list(validator.iter_errors(bad)), bad
+
+
+def test_every_duplicate_key_is_refused_with_the_files_other_problems() -> None:
+    """A file's problems come at once: each duplicate key, and what validation finds beside."""
+    err = refused("min_grace: 2m\nbogus: 1\nmin_grace: 5m\ntiers:\n  3: {lease: 1h, lease: 2h, grace: soon}\n")
+    messages = [str(i) for i in err.issues]
+    assert sum("duplicate key" in m for m in messages) == 2, messages
+    assert any("duplicate key 'lease' at line 5" in m for m in messages), messages
+    assert any(m.startswith("bogus: unknown field") for m in messages), messages
+    assert any(m.startswith("tiers.3.grace: not a duration") for m in messages), messages
+
+
+@pytest.mark.parametrize("text", ["", "  \n", "# nothing here\n", "---\n# only a comment\n"])
+def test_a_policy_file_without_settings_is_refused(tmp_path: Path, text: str) -> None:
+    """In force, a file without settings would reset every setting: `load_policy` (what `policy
+    check` and a server's --policy read) refuses it, as `PUT /v1/policy` does."""
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    with pytest.raises(PolicyError) as info:
+        load_policy(path)
+    assert [i.path for i in info.value.issues] == [""] and str(info.value).startswith("holds no settings")
+    assert parse_policy(text) == default_policy()  # parsed as data, nothing set is the defaults
+
+
+def test_a_character_yaml_does_not_allow_is_one_issue() -> None:
+    err = refused("\x9d")
+    assert len(err.issues) == 1 and err.issues[0].path == "<file>" and "YAML syntax error" in str(err)

@@ -4,6 +4,7 @@ refusals exit 2 naming the field, an unreachable server exits 1. One run on Post
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -115,7 +116,7 @@ def test_nodes_queues_tokens_audit_and_policy_apply(server: Server, tmp_path: Pa
     for name in queues:
         assert any(line.split()[0] == name for line in listed["queues"].splitlines()), listed["queues"]
     flat = " ".join(listed["audit"].split())
-    assert all(action in flat for action in actions) and '"queues": ["language"]' in flat
+    assert all(action in flat for action in actions) and "role: user; queues: language; expires_at: " in flat
     wide = warden(server, "nodes", "--wide", columns=80, check=True).stdout
     assert wide.split()[:5] == ["NODE", "FLAVOR", "BLOCK", "CPU", "MEMORY"]
     assert "WEIGHT" in warden(server, "queues", "-w", check=True).stdout and "WEIGHT" not in listed["queues"]
@@ -138,6 +139,15 @@ def test_refusals_name_the_field_and_exit_2(server: Server, args: list[str], wor
     for w in words:
         assert w in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_refusals_write_durations_in_their_short_form(server: Server) -> None:
+    """A refusal names a duration as a person writes it (`8h`, not `28800 s`), its value too."""
+    done = warden(server, "submit", "-q", "vision", "-t", "3", "--lease", "9h", "--", "true")
+    assert done.returncode == 2 and "lease: is above the policy's maximum lease of 8h (got '9h')" in done.stderr
+    assert "28800" not in done.stderr and "32400" not in done.stderr
+    grace = warden(server, "submit", "-q", "vision", "-t", "3", "--grace", "1s", "--", "true")
+    assert grace.returncode == 2 and "minimum grace of 2s (got '1s')" in grace.stderr, grace.stderr
 
 
 def test_a_wrong_token_and_no_server(server: Server) -> None:
@@ -176,7 +186,7 @@ def test_dry_run_and_expected_starts_at_80_columns(tmp_path: Path) -> None:
         assert out["dry_run"] is True and out["decision"] == "wait" and out["expected_start"]["at"] is not None
         text = warden(server, *dry, "--", "true", columns=80, check=True).stdout
         assert text.splitlines()[0].startswith("would wait")
-        assert "expected start:" in text and "in 60 min" in text and "an estimate" in text
+        assert "expected start:" in text and re.search(r"in (1h|59m)", text) and "an estimate" in text
         assert all(len(line) <= 80 for line in text.splitlines()), text
         assert len(json.loads(warden(server, "queue", "--json").stdout)) == 2  # nothing submitted
 
@@ -187,12 +197,12 @@ def test_dry_run_and_expected_starts_at_80_columns(tmp_path: Path) -> None:
         queue = warden(server, "queue", columns=80, check=True).stdout
         assert queue.split()[:8] == ["ID", "NAME", "QUEUE", "TIER", "STATE", "GPUS", "START", "REASON"]
         row = next(line for line in queue.splitlines() if line.startswith(f"{job} "))
-        assert "in 60 min" in row or "in 59 min" in row, queue
+        assert "in 1h" in row or "in 59m" in row, queue
         assert row.split()[-1] in ("InsufficientCapacity", "QuotaExceeded") and "…" not in queue
         wide = warden(server, "queue", "--wide", columns=80, check=True).stdout
         row = next(line for line in wide.splitlines() if line.startswith(f"{job} "))
         listed = next(r for r in json.loads(warden(server, "queue", "--json").stdout) if r["id"] == job)
-        assert wide.split()[:11] == [c.header for c in QUEUE_COLUMNS] and listed["user"] in row.split()
+        assert wide.split()[: len(QUEUE_COLUMNS)] == [c.header for c in QUEUE_COLUMNS] and listed["user"] in row.split()
         described = warden(server, "describe", job, columns=80, check=True).stdout
         assert "expected start:" in described and "an estimate" in described
         assert all(len(line) <= 80 for line in queue.splitlines() + described.splitlines())
@@ -310,3 +320,199 @@ def test_describe_and_logs_of_another_users_job(tmp_path: Path, private_data: st
     finally:
         s.stop()
         kill_leftovers(tmp_path)
+
+
+GRACEFUL = POLICY.replace(
+    "3: {name: experimentation, lease: 1s, grace: 2s}", "3: {name: experimentation, lease: 1s, grace: 5m}"
+)
+"""POLICY with a tier-3 grace of 5 minutes: a job that ignores SIGTERM stays in its grace while
+the test reads it."""
+
+STUBBORN = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(600)"
+)
+
+
+def test_a_cancelled_job_in_its_grace_shows_cancelling_and_its_sigkill_countdown(tmp_path: Path) -> None:
+    """A running job shows its nodes (`queue --wide`), its lease end and η (`describe`). Then,
+    ignoring SIGTERM, it is cancelled: the API still says RUNNING (with
+    `cancel_requested` and `kill_at`); `queue` shows CANCELLING and when SIGKILL comes, and so
+    does `describe`, at 80 columns."""
+    s = started(tmp_path, GRACEFUL)
+    try:
+        job = warden(s, "submit", "-q", "vision", "-t", "3", "--", sys.executable, "-c", STUBBORN, check=True)
+        job_id = job.stdout.split()[-1]
+        wait_for(lambda: warden(s, "logs", job_id).stdout == "up\n", what="the job to start")
+        wide = warden(s, "queue", "--wide", check=True).stdout
+        row = next(line for line in wide.splitlines() if line.startswith(f"{job_id} "))
+        assert "node-0" in row or json.loads(warden(s, "nodes", "--json").stdout)[0]["name"] in row, wide
+        running = " ".join(warden(s, "describe", job_id, check=True).stdout.split())
+        assert "running: since" in running and "its lease end" in running and "η " in running, running
+        assert "cancel requested" in warden(s, "cancel", job_id, check=True).stdout
+        listed = wait_for(
+            lambda: (r := json.loads(warden(s, "describe", job_id, "--json").stdout))["kill_at"] and r,
+            what="the SIGTERM",
+        )
+        assert listed["state"] == "RUNNING" and listed["cancel_requested"] is True
+        queue = warden(s, "queue", columns=80, check=True).stdout
+        row = next(line for line in queue.splitlines() if line.startswith(f"{job_id} "))
+        assert "CANCELLING" in row and re.search(r"SIGKILL in (4m\d+s|5m)", row), queue
+        described = warden(s, "describe", job_id, columns=80, check=True).stdout
+        assert "CANCELLING (RUNNING)" in described and "until SIGKILL at" in " ".join(described.split())
+        assert all(len(line) <= 80 for line in queue.splitlines() + described.splitlines())
+    finally:
+        s.stop()
+        kill_leftovers(tmp_path)
+
+
+def test_cancel_several_ids_or_a_selection_within_the_callers_rights(server: Server) -> None:
+    """`cancel 1 2 3`, and `--user`/`--queue`/`--state` selections as scancel has: a user's
+    selection covers their own jobs; every named job is checked before any is cancelled."""
+    ana = warden(server, "token", "create", "--user", "ana", "--queues", "vision", check=True).stdout.strip()
+    bo = warden(server, "token", "create", "--user", "bo", "--queues", "language", check=True).stdout.strip()
+
+    def submit(token: str, queue: str, gpus: str = "4") -> str:
+        out = warden(server, "submit", "-q", queue, "-t", "3", "--gpus", gpus, "--", "sleep", "600", token=token)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()[-1]
+
+    def state(job_id: str) -> str:
+        return str(json.loads(warden(server, "describe", job_id, "--json").stdout)["state"])
+
+    a1, a2, a3 = submit(ana, "vision"), submit(ana, "vision"), submit(ana, "vision")
+    b1 = submit(bo, "language")
+
+    none = warden(server, "cancel", token=ana)
+    assert none.returncode == 2 and "--user, --queue or --state" in none.stderr
+    other = warden(server, "cancel", "--user", "bo", token=ana)
+    assert other.returncode == 2 and "'bo' is not you" in other.stderr
+    unknown = warden(server, "cancel", a1, "999", token=ana)
+    assert unknown.returncode == 2 and "999" in unknown.stderr and "nothing was cancelled" in unknown.stderr
+    foreign = warden(server, "cancel", a1, b1, token=ana)
+    assert foreign.returncode == 2 and f"job {b1} is 'bo'" in foreign.stderr
+    assert state(a1) != "CANCELLED" and state(b1) != "CANCELLED"  # nothing changed
+
+    # Ana's selection by state: her waiting jobs, none of Bo's.
+    pending = warden(server, "cancel", "--state", "pending", token=ana, check=True).stdout
+    waiting = [j for j in (a1, a2, a3) if state(j) == "CANCELLED"]
+    assert pending.splitlines()[-1] == f"{len(waiting)} job{'s' if len(waiting) != 1 else ''} cancelled" + (
+        " (a running one once its processes exit)"
+    )
+    assert state(b1) != "CANCELLED"
+    left = [j for j in (a1, a2, a3) if j not in waiting]
+    assert warden(server, "cancel", *left, token=ana, check=True).stdout.splitlines()[-1].startswith(f"{len(left)} job")
+    wait_for(lambda: all(state(j) == "CANCELLED" for j in (a1, a2, a3)))
+
+    # An admin's selection by queue takes every user's jobs there; one that matches nothing says so.
+    assert "no unfinished job matches" in warden(server, "cancel", "--queue", "vision", check=True).stdout
+    out = warden(server, "cancel", "--queue", "language", "--json", check=True).stdout
+    assert [o["id"] for o in json.loads(out)] == [b1]
+    wait_for(lambda: state(b1) == "CANCELLED")
+
+
+def test_whoami_names_the_tokens_user_role_and_queues(server: Server) -> None:
+    assert warden(server, "whoami", check=True).stdout == "admin (admin); queues: every queue\n"
+    carol = warden(server, "token", "create", "--user", "carol", "--queues", "language,vision", check=True)
+    me = warden(server, "whoami", token=carol.stdout.strip(), check=True).stdout
+    assert me == "carol (user); queues: language, vision\n"
+    as_json = json.loads(warden(server, "whoami", "--json", token=carol.stdout.strip(), check=True).stdout)
+    assert as_json == {"user": "carol", "role": "user", "queues": ["language", "vision"]}
+    refused = warden(server, "whoami", token="wrong")
+    assert refused.returncode == 2 and "token" in refused.stderr
+
+
+def test_queues_show_what_each_queue_borrows_and_its_limits(server: Server) -> None:
+    """A 4-GPU job of vision (nominal 2) borrows 2 GPUs: `GET /v1/queues` says so
+    (`gpus_borrowed`; null for the root, the cluster), and so does `warden queues`, with the
+    borrowing and lending limits under --wide."""
+    job = warden(server, "submit", "-q", "vision", "-t", "3", "--gpus", "4", "--", "sleep", "600", check=True)
+    job_id = job.stdout.split()[-1]
+    try:
+        with server.client() as c:
+            wait_for(lambda: c.get(f"/v1/jobs/{job_id}").json()["state"] == "RUNNING")
+            api = {q["name"]: q for q in c.get("/v1/queues").json()}
+        assert (api["vision"]["gpus_in_use"], api["vision"]["gpus_borrowed"]) == (4, 2)
+        assert api["language"]["gpus_borrowed"] == 0 and api["cluster"]["gpus_borrowed"] is None
+        assert api["vision"]["borrowing_limit"] is None and api["vision"]["lending_limit"] is None
+        text = warden(server, "queues", columns=80, check=True).stdout
+        assert all(len(line) <= 80 for line in text.splitlines()), text
+        header = text.splitlines()[0]
+        assert "BORROWED" in header and "LIMIT" not in header
+        vision = next(line for line in text.splitlines() if line.startswith("vision "))
+        assert vision.split()[2:6] == ["gpu", "2", "4", "2"], vision
+        wide = " ".join(warden(server, "queues", "--wide", check=True).stdout.split())
+        assert "BORROW LIMIT" in wide and "LEND LIMIT" in wide and "vision cluster 1 gpu 2 any all 4 2" in wide
+    finally:
+        warden(server, "cancel", job_id)
+
+
+def test_a_job_without_a_name_is_named_after_its_program_and_describe_quotes_its_command(server: Server) -> None:
+    """As Slurm names a job after its script: `/bin/sh -c 'echo hi there'` is `sh`; `describe`
+    writes the command as a shell would take it back (shlex.join)."""
+    out = warden(server, "submit", "-q", "vision", "-t", "3", "--", "/bin/sh", "-c", "echo 'hi there'", check=True)
+    job = out.stdout.split()[-1]
+    named = warden(server, "submit", "-q", "vision", "-t", "3", "--name", "mine", "--", "true", check=True)
+    rows = {r["id"]: r["name"] for r in json.loads(warden(server, "queue", "--all", "--json", check=True).stdout)}
+    assert rows[job] == "sh" and rows[named.stdout.split()[-1]] == "mine"
+    text = " ".join(warden(server, "describe", job, check=True).stdout.split())
+    assert "command: /bin/sh -c 'echo '\"'\"'hi there'\"'\"''" in text, text
+
+
+def test_the_command_is_what_follows_the_dashes_and_a_bad_option_submits_nothing(server: Server) -> None:
+    out = warden(server, "submit", "-q", "vision", "-t", "3", "--lease", "10m", "--", "echo", "--", "x", check=True)
+    job = json.loads(warden(server, "describe", out.stdout.split()[-1], "--json", check=True).stdout)
+    assert job["command"] == ["echo", "--", "x"] and job["lease_s"] == 600
+    for args in (["--lease", "10", "minutes", "--", "true"], ["--lease", "10", "--", "true"], ["true"]):
+        refused = warden(server, "submit", "-q", "vision", "-t", "3", *args)
+        assert refused.returncode == 2 and refused.stdout == "", refused.stderr
+    assert len(json.loads(warden(server, "queue", "--all", "--json", check=True).stdout)) == 1
+
+
+def test_without_a_token_the_cli_says_where_it_looked_and_how_to_point_it(tmp_path: Path) -> None:
+    """A server started with --state-dir (and no bootstrap token) writes its admin token there;
+    the CLI, looking in another state directory, finds none: it names the file it tried and
+    WARDEN_STATE_DIR and WARDEN_TOKEN. Pointed at the server's state directory, it works."""
+    server = started(tmp_path, POLICY, bootstrap=False)
+    try:
+        _without_a_token(server, tmp_path)
+    finally:
+        server.stop()
+
+
+def _without_a_token(server: Server, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
+    env.update({"WARDEN_URL": server.url, "WARDEN_STATE_DIR": str(elsewhere), "COLUMNS": "80"})
+
+    def cli_as(state_dir: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "warden.cli.main", "queue"],
+            capture_output=True,
+            text=True,
+            env={**env, "WARDEN_STATE_DIR": str(state_dir)},
+            timeout=60,
+        )
+
+    refused = cli_as(elsewhere)
+    assert refused.returncode == 2, refused.stderr
+    text = " ".join(refused.stderr.split())
+    assert "a bearer token is required" in text and f"{elsewhere}/admin-token" in text, text
+    assert "--state-dir DIR" in text and "WARDEN_STATE_DIR=DIR" in text and "WARDEN_TOKEN" in text, text
+    (elsewhere).mkdir()
+    (elsewhere / "admin-token").write_text("not-the-servers\n")
+    wrong = " ".join(cli_as(elsewhere).stderr.split())
+    assert "unknown token" in wrong and f"the token was read from {elsewhere}/admin-token" in wrong, wrong
+    assert cli_as(server.state_dir).returncode == 0  # the server's own state directory: its admin token
+
+
+def test_a_second_server_on_a_busy_port_says_so_before_it_serves(server: Server, tmp_path: Path) -> None:
+    """Another server (another state directory) on the port of a running one exits non-zero at
+    once, naming the port, without having said it serves or touched a database of its own."""
+    other = tmp_path / "other"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
+    argv = [sys.executable, "-m", "warden.cli.main", "server", "--port", str(server.port), "--fake-gpus", "1"]
+    done = subprocess.run([*argv, "--state-dir", str(other)], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert f"--port {server.port}: 127.0.0.1:{server.port} is in use" in done.stderr, done.stderr
+    assert "serving" not in done.stdout + done.stderr and not (other / "warden.db").exists()
+    assert warden(server, "queue", check=True).returncode == 0  # the first one serves on

@@ -1,6 +1,6 @@
 """Times a person reads are local and relative, never epoch seconds: an event's SIGKILL deadline
 is kept as a number in its details and written into its sentence when it is read ("SIGKILL at
-14:05 (in 2 min)"), in `GET /v1/jobs/{id}` (what `warden describe` and the dashboard show) and
+14:05 (in 2m)"), in `GET /v1/jobs/{id}` (what `warden describe` and the dashboard show) and
 `GET /v1/preemptions`; a deadline an older server wrote into the text is rewritten the same way.
 
 The preemption runs on a real store, reconciler, service and local executor (job processes)."""
@@ -30,7 +30,7 @@ from warden.store.repo import Store
 EPOCH = re.compile(r"\d{9,}")
 """Epoch seconds in a text (this century's are ten digits, perhaps with decimals)."""
 LOCAL = r"(\w{3} \d{1,2} )?(\d{4} )?\d\d:\d\d \((in [^)]+|now|[^)]+ ago)\)"
-"""A time as `wall_times` writes it: "14:05 (in 2 min)", "Dec 4 14:05 (1 d 2 h ago)"."""
+"""A time as `wall_times` writes it: "14:05 (in 2m)", "Dec 4 14:05 (1d2h ago)"."""
 
 POLICY = """\
 min_grace: 1s
@@ -52,9 +52,9 @@ def test_a_deadline_in_the_details_is_written_local_and_relative_when_read() -> 
     text = event_message("preempted for job 7 (downward); grace 300s", {"kill_at": now + 300.4}, now)
     assert text is not None and not EPOCH.search(text), text
     assert re.fullmatch(rf"preempted for job 7 \(downward\); grace 300s, SIGKILL at {LOCAL}", text), text
-    assert text.endswith("(in 5 min)") and wall_times(now)(now + 300.4) in text
+    assert text.endswith("(in 5m)") and wall_times(now)(now + 300.4) in text
     later = event_message("preempted for job 7 (downward); grace 300s", {"kill_at": now + 300.4}, now + 420)
-    assert later is not None and later.endswith("(2 min ago)")
+    assert later is not None and later.endswith("(2m ago)")
 
 
 def test_a_deadline_an_older_server_wrote_as_epoch_seconds_is_rewritten() -> None:
@@ -62,7 +62,7 @@ def test_a_deadline_an_older_server_wrote_as_epoch_seconds_is_rewritten() -> Non
     old = "evicted: node n1 is DOWN; the whole gang stops and is requeued; grace 120s, SIGKILL at 1796386481.753"
     text = event_message(old, {}, now)
     assert text is not None and not EPOCH.search(text), text
-    assert text.count("SIGKILL at") == 1 and text.endswith("(in 8 min)"), text
+    assert text.count("SIGKILL at") == 1 and text.endswith("(in 8m2s)"), text  # 481.753 s
     older = "preempted for job 3 (reclaim); grace 120s, SIGKILL at 1796386481.753; expected lost work 5 GPU-s"
     text = event_message(older, {"kill_at": 1796386481.753}, now)  # written once, where it stands
     assert text is not None and text.count("SIGKILL at") == 1 and text.endswith("; expected lost work 5 GPU-s")
@@ -125,8 +125,8 @@ def test_a_preemption_event_says_when_sigkill_comes_in_local_and_relative_time(s
         detail = client.get(f"/v1/jobs/{victim}").json()
         (event,) = [e for e in detail["events"] if e["to"] == "PREEMPTING"]
         assert event["details"]["kill_at"] == attempt.kill_at
-        assert re.search(rf"grace 300s, SIGKILL at {LOCAL}$", event["reason"]), event["reason"]
-        assert event["reason"].endswith("(in 5 min)"), event["reason"]
+        assert re.search(rf"grace 5m, SIGKILL at {LOCAL}$", event["reason"]), event["reason"]
+        assert event["reason"].endswith("(in 5m)"), event["reason"]
         for e in detail["events"]:
             assert not EPOCH.search(e["reason"]), e["reason"]
         (listed,) = client.get("/v1/preemptions").json()

@@ -175,7 +175,7 @@ CASES: list[tuple[str, str, str, Any, int, str, dict[str, Any]]] = [
         "/v1/policy",
         {"source": "max_lease: 2h\nmax_lease: 3h\n"},
         422,
-        "<file>",
+        "source",
         {},
     ),
     (

@@ -197,6 +197,6 @@ def test_a_job_preempted_again_and_again_lists_its_preemptions_and_is_flagged_on
     assert any(line.strip().startswith("warning: preemption cycle (over_budget): Preempted 2 times") for line in lines)
     table = lines[lines.index(next(line for line in lines if line.strip() == "preemptions")) :]
     for n, high in enumerate(highs, 1):  # one line a preemption: nothing wraps
-        # AT: local time to the second and how long ago, e.g. "14:05:07 (12 s ago)".
+        # AT: local time to the second and how long ago, e.g. "14:05:07 (12s ago)".
         at = r"\d\d:\d\d:\d\d \((?:now|[\d\s\w]+ ago)\)"
         assert any(re.match(rf"{n} +{at} +{high} \(language t1\) +preemption ", line) for line in table), done.stdout

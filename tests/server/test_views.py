@@ -172,6 +172,37 @@ def test_queue_views_owe_a_tier_4_job_nothing_and_count_none_of_its_gpus_deliver
     assert (rows["team"]["owed_gpus"], rows["spare"]["owed_gpus"], rows["cluster"]["owed_gpus"]) == (8, 0, 8)
 
 
+def test_queue_views_say_what_each_queue_borrows_beyond_its_nominal(store: Store) -> None:
+    """Borrowed GPUs are what a queue's charged jobs hold beyond its nominal (a tier-4 job
+    borrows nothing: quota does not count it); the root is the cluster and borrows from nobody.
+    The borrowing and lending limits are the policy's (null: none)."""
+    from warden.engine.model import Node, UsageLedger
+    from warden.server.views import queue_views
+
+    policy = parse_policy(
+        {
+            "queues": {
+                "name": "cluster",
+                "children": [
+                    {"name": "team", "nominal": {"gpu": 2}, "borrowing_limit": {"gpu": 6}},
+                    {"name": "spare", "nominal": {"gpu": 6}, "lending_limit": {"gpu": 4}},
+                ],
+            }
+        }
+    )
+    running_job(store)  # team: 2 × 4 GPUs
+    opportunistic = store.submit(
+        name="scavenge", user="u", queue="spare", tier=4, command=["true"], actor="u", now=900.0, gpus=8
+    )
+    move(store, opportunistic, JobState.RUNNING, reason="running", actor="warden", now=1000.0, attempt=1)
+    rows = {r["name"]: r for r in queue_views(policy, store, UsageLedger(), (Node("n0", 16),), 1000.0)}
+    assert (rows["team"]["gpus_in_use"], rows["team"]["gpus_borrowed"]) == (8, 6)
+    assert (rows["spare"]["gpus_in_use"], rows["spare"]["gpus_borrowed"]) == (8, 0)
+    assert rows["cluster"]["gpus_borrowed"] is None
+    assert (rows["team"]["borrowing_limit"], rows["team"]["lending_limit"]) == ({"gpu": 6}, None)
+    assert (rows["spare"]["borrowing_limit"], rows["spare"]["lending_limit"]) == (None, {"gpu": 4})
+
+
 def test_queue_views_place_the_least_served_leaf_first_in_the_fair_share_order(store: Store) -> None:
     from warden.engine.model import Node, UsageLedger
     from warden.server.views import queue_views
@@ -200,7 +231,7 @@ def test_a_waiting_jobs_reason_is_rendered_when_it_is_read(store: Store) -> None
     early = job_summary(job, now=t0 + 7)["reason"]
     late = job_detail(job, store.events(job_id), (), now=t0 + 307, policy=POLICY)["reason"]
     clock = datetime.fromtimestamp(t0 + 607).strftime("%H:%M")
-    assert f"at {clock} (in 10 min)" in early["message"] and f"at {clock} (in 5 min)" in late["message"]
+    assert f"at {clock} (in 10m)" in early["message"] and f"at {clock} (in 5m)" in late["message"]
     for shown in (early, late):
         assert shown["code"] == "WaitingForLease" and shown["details"] == stored["details"]
         assert not re.search(r"\d{10}", shown["message"])

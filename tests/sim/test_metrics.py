@@ -21,10 +21,10 @@ from rich.console import Console
 from warden.sim.metrics import (
     cycle_counts,
     format_cycles,
-    format_duration,
     format_gpu_hours,
     format_percent,
     format_preemption_spread,
+    format_span,
     format_table,
     preemption_spread,
     summarize,
@@ -391,16 +391,16 @@ def test_wait_cdf_per_tier_and_downsampled() -> None:
     ("seconds", "text"),
     [
         (None, "—"),
-        (0, "0.0s"),
+        (0, "0s"),
         (4.25, "4.2s"),
         (42, "42s"),
-        (425, "7m05s"),
+        (425, "7m5s"),
         (3 * H + 12 * 60, "3h12m"),
-        (2 * 86400 + 4 * H + 59, "2d04h"),
+        (2 * 86400 + 4 * H + 59, "2d4h"),
     ],
 )
-def test_format_duration(seconds: float | None, text: str) -> None:
-    assert format_duration(seconds) == text
+def test_format_span(seconds: float | None, text: str) -> None:
+    assert format_span(seconds) == text
 
 
 def test_format_percent() -> None:

@@ -92,12 +92,12 @@ def test_time_left_arithmetic(args: tuple[float, float, float, int, int], left: 
     [
         (None, "estimating time left"),
         (0.0, "done"),
-        (3.2, "<10 s left"),
-        (42.0, "~40 s left"),
-        (58.0, "~1 min left"),
-        (720.0, "~12 min left"),
-        (3599.0, "~1 h 00 min left"),
-        (7500.0, "~2 h 05 min left"),
+        (3.2, "<10s left"),
+        (42.0, "~40s left"),
+        (58.0, "~1m left"),
+        (720.0, "~12m left"),
+        (3599.0, "~1h left"),
+        (7500.0, "~2h5m left"),
     ],
 )
 def test_describe_left(seconds: float | None, text: str) -> None:

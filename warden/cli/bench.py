@@ -12,8 +12,9 @@ import typer
 from rich.table import Table
 
 from warden.cli import tables
+from warden.cli.app import App
 
-app = typer.Typer(help="Measure warden's components on this machine.", no_args_is_help=True)
+app = App(no_args_is_help=True)
 
 
 @app.callback()

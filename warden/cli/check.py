@@ -7,19 +7,16 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich import box
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from warden.cli import tables
+from warden.cli.app import AfterDashes, duration, fail
 
 MAX_SECONDS = 24 * 3600.0
 """No wait of the check is longer than a day."""
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("check-workload", context_settings={"allow_interspersed_args": False})
+    @app.command("check-workload", cls=AfterDashes)
     def check_workload_cmd(
         command: Annotated[
             list[str], typer.Argument(help="The command and its arguments (after --).", show_default=False)
@@ -50,7 +47,12 @@ def register(app: typer.Typer) -> None:
         """Run CMD, wait for progress, send SIGTERM; check it saves atomically, exits 0 within
         the grace, and resumes from that checkpoint on a second run. With or without warden's
         SDK: what the SDK does not report is watched from outside. Exit 0 only if it does all of it."""
-        from warden.engine.policy import PolicyError, parse_duration
+        from rich import box
+        from rich.console import Console
+        from rich.markup import escape
+        from rich.table import Table
+
+        from warden.engine.durations import format_duration
         from warden.workload.check import check_workload
 
         values: dict[str, float | None] = {}
@@ -58,18 +60,12 @@ def register(app: typer.Typer) -> None:
             if text is None:
                 values[name] = None
                 continue
-            try:
-                value = parse_duration(text)
-            except (ValueError, TypeError, PolicyError) as bad:
-                typer.echo(f"error: {name}: {text!r} is not a duration ({bad})", err=True)
-                raise typer.Exit(2) from None
+            value = duration(name, text)
             if not least <= value <= MAX_SECONDS:
-                typer.echo(f"error: {name}: {text!r} must be between {least:g} s and 24h", err=True)
-                raise typer.Exit(2)
+                fail(f"{name}: {text!r} must be between {format_duration(least)} and 24h")
             values[name] = value
         if checkpoint is not None and not checkpoint.strip():
-            typer.echo("error: --checkpoint: '' names no path", err=True)
-            raise typer.Exit(2)
+            fail("--checkpoint: '' names no path")
         err = Console(stderr=True)
         verdict = check_workload(
             command,

@@ -8,13 +8,14 @@ from typing import Any
 import typer
 
 from warden.cli import tables
+from warden.cli.app import App
 from warden.cli.tables import Col
 from warden.demo import NOW, demo_snapshot
 from warden.engine.plan import Plan
 from warden.engine.reasons import virtual_times
 from warden.engine.scheduler import schedule
 
-app = typer.Typer(help="Show the engine's decisions on a bundled busy cluster.")
+app = App()
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
@@ -92,7 +93,7 @@ def demo(json_out: bool = typer.Option(False, "--json", help="Print the plan as 
             for adm in plan.admissions
         ]
         tables.titled(console, "Admissions", tables.listing(_ADMISSIONS, cells))
-    at = virtual_times(NOW)  # the demo's clock is virtual: "t=…s (in 9 min)"
+    at = virtual_times(NOW)  # the demo's clock is virtual: "t=…s (in 9m)"
     cells = []
     for e in sorted(plan.explanations.values(), key=lambda e: e.position):
         j = jobs[e.job_id]

@@ -15,9 +15,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from warden.cli.app import App, duration
 from warden.cli.jobs import TokenOpt, UrlOpt, client
 
-app = typer.Typer(help="The server's history: export its jobs as a trace.", no_args_is_help=True)
+app = App(no_args_is_help=True)
 
 EXIT_INVALID = 2
 WINDOW_MAX_S = 400 * 86400.0
@@ -33,12 +34,7 @@ def fail(message: str) -> typer.Exit:
 
 def window(option: str, text: str) -> float:
     """A look-back window like `30d` or `12h`, in seconds: positive, at most 400 days."""
-    from warden.engine.policy import PolicyError, parse_duration
-
-    try:
-        seconds = parse_duration(text)
-    except PolicyError as err:
-        raise fail(f"{option}: {text!r} {err.issues[0].message}") from None
+    seconds = duration(option, text)
     if seconds <= 0:
         raise fail(f"{option}: {text!r} must be a positive duration, e.g. 30d")
     if seconds > WINDOW_MAX_S:

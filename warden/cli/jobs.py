@@ -11,20 +11,26 @@ the API takes is refused the same way (exit 2) before anything is sent.
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from warden.cli import tables
+from warden.cli.app import AfterDashes, App, duration, fail
 from warden.cli.tables import Col
-from warden.client import ApiRefused, BadServerUrl, Client, Unreachable
+from warden.engine.durations import relative, span
+
+if TYPE_CHECKING:  # rich loads with the verbs that print a table
+    from rich.table import Table
+
+    from warden.client import Client
 
 EXIT_REFUSED = 2
 SUBMIT_RETRIES = 2
@@ -56,17 +62,12 @@ def _within(low: int, high: int) -> Callable[[str | int], int]:
     return parse
 
 
-def _duration(value: str | None) -> str | None:
-    """A duration option (--lease, --grace, --time-limit) checked as the server checks it: a
-    bad one is refused (exit 2) before anything is sent; the server gets it as written."""
-    if value is None:
-        return None
-    from warden.engine.policy import PolicyError, parse_duration  # pydantic: only where one is given
-
-    try:
-        parse_duration(value)
-    except PolicyError as err:
-        raise typer.BadParameter(f"{value!r}: {err.issues[0].message}") from None
+def _duration(param: typer.CallbackParam, value: str | None) -> str | None:
+    """A duration option (--lease, --grace, --time-limit) checked as the server checks it, and
+    never a bare number: a bad one is refused (exit 2) before anything is sent; the server gets
+    it as written."""
+    if value is not None:
+        duration(param.opts[0], value)
     return value
 
 
@@ -75,15 +76,10 @@ def _lifetime(value: str | None) -> str | None:
     before anything is sent."""
     if value is None:
         return None
-    from warden.engine.policy import PolicyError, parse_duration
     from warden.server.auth import TOKEN_LIFETIME_MAX_S
 
-    try:
-        seconds = parse_duration(value)
-    except PolicyError as err:
-        raise typer.BadParameter(f"{value!r}: {err.issues[0].message}") from None
-    if not 1 <= seconds <= TOKEN_LIFETIME_MAX_S:
-        raise typer.BadParameter(f"{value!r} is not between 1s and 3650d (10 years)")
+    if not 1 <= duration("--expires", value) <= TOKEN_LIFETIME_MAX_S:
+        fail(f"--expires: {value!r} is not between 1s and 3650d (10 years)")
     return value
 
 
@@ -113,10 +109,15 @@ QUEUE_COLUMNS = (
     Col("WAIT", "right", wide=True),
     Col("POS", "right", wide=True),
     Col("START"),
+    Col("ELAPSED", "right", wide=True),
+    Col("LEASE-END", wide=True),
+    Col("NODES", wide=True, gives=3),
     Col("REASON", gives=2),
 )
 """`warden queue`'s columns: the default ones fit 80 columns with a 20-letter reason code; a
-long name gives way (wraps) before the reason does."""
+long name gives way (wraps) before the reason does. `--wide` adds, of a job that holds
+resources, how long it has run, when its lease ends (it may be preempted from then) and its
+nodes."""
 NODE_COLUMNS = (
     Col("NODE"),
     Col("FLAVOR"),
@@ -134,12 +135,19 @@ QUEUES_COLUMNS = (
     Col("PARENT"),
     Col("WEIGHT", "right", wide=True),
     Col("NOMINAL", gives=1),
+    Col("BORROW LIMIT", wide=True, gives=2),
+    Col("LEND LIMIT", wide=True, gives=3),
     Col("IN USE", "right"),
+    Col("BORROWED", "right"),
     Col("PENDING", "right"),
     Col("FAIR-SHARE USE", "right", wide=True),
     Col("OWED GPU-h", "right"),
     Col("DELIVERED GPU-h", "right"),
 )
+"""`warden queues`' columns: quota, what its jobs hold and of it borrow beyond its nominal, and
+owed vs delivered GPU-hours fit 80 columns; `--wide` adds the policy's weight and limits (what a
+queue may borrow beyond its nominal, "any": no limit; and lend of it, "all": no limit) and
+fair-share usage."""
 TOKEN_COLUMNS = (
     Col("ID"),
     Col("USER"),
@@ -178,26 +186,42 @@ VICTIM_COLUMNS = (
     Col("LOST GPU-H", "right"),
 )
 
-_err = Console(stderr=True)
-
 
 @contextmanager
 def client(url: str | None, token: str | None) -> Iterator[Client]:
+    """A client of the server(s); a refusal ends the command with its message (exit 2), as
+    does a bad URL, and a server that cannot be reached with exit 1."""
+    from warden.client import ApiRefused, BadServerUrl, Client, Unreachable
+
     try:
         c = Client(url, token)
     except BadServerUrl as err:
-        _err.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
-        raise typer.Exit(EXIT_REFUSED) from None
+        fail(str(err))
     try:
         yield c
     except ApiRefused as err:
-        _err.print(f"[bold red]error:[/] {err.describe()}", highlight=False, soft_wrap=True)
-        raise typer.Exit(EXIT_REFUSED) from None
+        fail(err.describe() + (_token_hint(c.token_source) if err.status == 401 else ""))
     except Unreachable as err:
-        _err.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
-        raise typer.Exit(EXIT_UNREACHABLE) from None
+        fail(str(err), EXIT_UNREACHABLE)
     finally:
         c.close()
+
+
+def _token_hint(source: str | None) -> str:
+    """What a refused or missing token's message adds: where the CLI looked for one, and how to
+    point it at the server's (whose state directory may not be the one looked in)."""
+    from warden.client import local_token_path
+
+    path = local_token_path()
+    point = (
+        f"a server started with --state-dir DIR wrote its admin token into DIR/admin-token: set "
+        f"WARDEN_STATE_DIR=DIR (now {os.environ.get('WARDEN_STATE_DIR') or 'unset'}), or WARDEN_TOKEN to a token"
+    )
+    if source is None:
+        return f"; no token was given (--token, $WARDEN_TOKEN) and none could be read from {path}; {point}"
+    if source.startswith(("-", "$")):
+        return f"; the token is {source}'s"
+    return f"; the token was read from {source}; {point}"
 
 
 def _dump(data: Any) -> None:
@@ -205,9 +229,7 @@ def _dump(data: Any) -> None:
 
 
 def _age(seconds: float | None) -> str:
-    from warden.engine.policy import format_duration  # pydantic and yaml: only where a duration is shown
-
-    return "" if seconds is None else format_duration(round(seconds))
+    return "" if seconds is None else span(seconds)
 
 
 def _parse_env(pairs: list[str]) -> dict[str, str]:
@@ -215,8 +237,7 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     for p in pairs:
         key, sep, value = p.partition("=")
         if not sep or not key:
-            _err.print(f"[bold red]error:[/] --env: {p!r} is not KEY=VALUE", highlight=False)
-            raise typer.Exit(EXIT_REFUSED)
+            fail(f"--env: {p!r} is not KEY=VALUE")
         env[key] = value
     return env
 
@@ -224,7 +245,7 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
 def register(app: typer.Typer) -> None:
     """Attach the verbs to the top-level `warden` app."""
 
-    @app.command("submit", context_settings={"allow_interspersed_args": False})
+    @app.command("submit", cls=AfterDashes)
     def submit(
         command: Annotated[
             list[str], typer.Argument(help="The command and its arguments (after --).", show_default=False)
@@ -262,7 +283,9 @@ def register(app: typer.Typer) -> None:
                 callback=_duration,
             ),
         ] = None,
-        name: Annotated[str, typer.Option("--name", help="A name to show.")] = "",
+        name: Annotated[
+            str, typer.Option("--name", help="A name to show (default: the program's).", show_default=False)
+        ] = "",
         cpu: Annotated[int, typer.Option("--cpu", help="Millicores per replica.", parser=_within(0, INT32_MAX))] = 0,
         memory: Annotated[int, typer.Option("--memory", help="MiB per replica.", parser=_within(0, INT32_MAX))] = 0,
         flavor: Annotated[str | None, typer.Option("--flavor", help="GPU flavor.", show_default=False)] = None,
@@ -277,8 +300,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Submit a job; prints its id as the last word. With --dry-run: would it start now (where),
         preempt (whom), or wait (why, and until when)?"""
-        import os
-
         body: dict[str, Any] = {
             "queue": queue,
             "tier": tier,
@@ -322,7 +343,7 @@ def register(app: typer.Typer) -> None:
         json_out: JsonOpt = False,
     ) -> None:
         """List jobs like squeue: id, name, queue, tier, state, GPUs, expected start, reason;
-        --wide adds user, wait and position."""
+        --wide adds user, wait, position, time running, lease end and nodes."""
         with client(url, token) as c:
             rows = c.jobs(queue=queue, state=state, user=user, all=all_jobs)
         if json_out:
@@ -348,15 +369,54 @@ def register(app: typer.Typer) -> None:
 
     @app.command("cancel")
     def cancel(
-        job_id: Annotated[str, typer.Argument(help="Job id.")],
+        job_ids: Annotated[
+            list[str] | None, typer.Argument(help="Ids of the jobs to cancel.", metavar="JOB_ID", show_default=False)
+        ] = None,
+        user: Annotated[
+            str | None, typer.Option("--user", "-u", help="Cancel this user's jobs.", show_default=False)
+        ] = None,
+        queue: Annotated[
+            str | None, typer.Option("--queue", "-q", help="Cancel the jobs of this queue.", show_default=False)
+        ] = None,
+        state: Annotated[
+            str | None,
+            typer.Option("--state", help="Cancel the jobs in these states (comma-separated).", show_default=False),
+        ] = None,
         url: UrlOpt = None,
         token: TokenOpt = None,
         json_out: JsonOpt = False,
     ) -> None:
-        """Cancel a job: a running one gets SIGTERM, its grace, then SIGKILL."""
+        """Cancel jobs, as scancel does: those named, or those the selection (--user, --queue,
+        --state) matches, each a user may cancel (their own; an admin's, any); with both, the
+        named ones the selection matches. A running job gets SIGTERM, its grace, then SIGKILL.
+        Every named job is checked before any is cancelled."""
+        ids = list(job_ids or [])
+        selected = user is not None or queue is not None or state is not None
+        if not ids and not selected:
+            fail("give the ids of the jobs to cancel, or a selection: --user, --queue or --state")
+        for job_id in ids:
+            if not job_id.isdigit():
+                fail(f"JOB_ID: {job_id!r} is not a job id (ASCII digits); nothing was cancelled")
+        states = _cancellable_states(state)
         with client(url, token) as c:
-            out = c.cancel(job_id)
-        _dump(out) if json_out else typer.echo(f"job {out['id']}: {out['state']} (cancel requested)")
+            me = c.whoami()
+            if user is not None and user != me["user"] and me["role"] != "admin":
+                fail(f"--user: {user!r} is not you ({me['user']!r}); only an admin cancels another user's jobs")
+            mine = user if user is not None or me["role"] == "admin" else me["user"]
+            if ids:
+                jobs = [_cancellable(c, job_id, me) for job_id in dict.fromkeys(ids)]
+                if selected:
+                    jobs = [j for j in jobs if _matches(j, mine, queue, states)]
+            else:
+                jobs = c.jobs(queue=queue, state=",".join(states) if states else None, user=mine)
+            done = [_cancel_one(c, j["id"]) for j in jobs]
+        outcomes = [d for d in done if d is not None]
+        if json_out:
+            _dump(outcomes)
+            return
+        for out in outcomes:
+            typer.echo(f"job {out['id']}: {out['state']} (cancel requested)")
+        typer.echo(_cancelled_count(len(outcomes), ids, selected))
 
     @app.command("approve")
     def approve(
@@ -434,7 +494,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("queues")
     def queues(wide: WideOpt = False, url: UrlOpt = None, token: TokenOpt = None, json_out: JsonOpt = False) -> None:
-        """Queues: quota, usage, fair share, owed vs delivered GPU-hours."""
+        """Queues: quota, GPUs in use and borrowed, owed vs delivered GPU-hours; --wide adds
+        weight, borrowing and lending limits and fair-share usage."""
         with client(url, token) as c:
             rows = c.queues()
         if json_out:
@@ -444,11 +505,14 @@ def register(app: typer.Typer) -> None:
             [
                 q["name"],
                 q["parent"] or "",
-                f"{q['weight']:g}",
-                ", ".join(f"{k} {v:g}" for k, v in q["nominal"].items()),
+                tables.number(q["weight"]),
+                _quota(q["nominal"], "none"),
+                "" if q["parent"] is None else _quota(q.get("borrowing_limit"), "any"),
+                "" if q["parent"] is None else _quota(q.get("lending_limit"), "all"),
                 str(q["gpus_in_use"]),
+                "" if q.get("gpus_borrowed") is None else str(q["gpus_borrowed"]),
                 str(q["pending_jobs"]),
-                f"{q['fair_share_usage']:.3g}",
+                tables.number(q["fair_share_usage"]),
                 f"{q['owed_gpu_hours']:.2f}",
                 f"{q['delivered_gpu_hours']:.2f}",
             ]
@@ -456,7 +520,7 @@ def register(app: typer.Typer) -> None:
         ]
         tables.show(tables.console(), tables.listing(QUEUES_COLUMNS, cells, wide))
 
-    token_app = typer.Typer(help="Bearer tokens (admins only).", no_args_is_help=True)
+    token_app = App(help="Bearer tokens (admins only).", no_args_is_help=True)
     app.add_typer(token_app, name="token")
 
     @token_app.command("create")
@@ -478,9 +542,7 @@ def register(app: typer.Typer) -> None:
         json_out: JsonOpt = False,
     ) -> None:
         """Create a token; prints it (it is shown only once)."""
-        from warden.engine.policy import parse_duration
-
-        lifetime = None if expires is None else parse_duration(expires)
+        lifetime = None if expires is None else duration("--expires", expires)
         with client(url, token) as c:
             out = c.create_token(user, role, [q.strip() for q in queues.split(",") if q.strip()], lifetime)
         _dump(out) if json_out else typer.echo(out["token"])
@@ -522,6 +584,17 @@ def register(app: typer.Typer) -> None:
             out = c.revoke_token(token_id)
         _dump(out) if json_out else typer.echo(f"token {out['id']} of {out['user']} revoked")
 
+    @app.command("whoami")
+    def whoami(url: UrlOpt = None, token: TokenOpt = None, json_out: JsonOpt = False) -> None:
+        """Who the token stands for: the user, the role and the queues it may submit to."""
+        with client(url, token) as c:
+            me = c.whoami()
+        if json_out:
+            _dump(me)
+            return
+        queues = ", ".join(me["queues"]) or "none"
+        typer.echo(f"{me['user']} ({me['role']}); queues: {'every queue' if queues == '*' else queues}")
+
     @app.command("audit")
     def audit(
         limit: Annotated[int, typer.Option("--limit", parser=_within(1, AUDIT_MAX))] = 100,
@@ -536,12 +609,16 @@ def register(app: typer.Typer) -> None:
             _dump(rows)
             return
         now = time.time()
-        cells = [[_clock(a["at"], now), a["actor"], a["action"], a["target"], json.dumps(a["details"])] for a in rows]
+        cells = [
+            [_clock(a["at"], now), a["actor"], a["action"], a["target"], _details(a["details"], now)] for a in rows
+        ]
         tables.show(tables.console(), tables.listing(AUDIT_COLUMNS, cells))
 
 
 def queue_table(rows: list[dict[str, Any]], now: float, wide: bool = False) -> Table:
-    """`warden queue`'s table of `GET /v1/jobs` rows."""
+    """`warden queue`'s table of `GET /v1/jobs` rows. A job in its grace after a cancel or a
+    preemption shows its terminating state and, where its reason would be, its SIGKILL
+    countdown."""
     cells = [
         [
             r["id"],
@@ -549,31 +626,120 @@ def queue_table(rows: list[dict[str, Any]], now: float, wide: bool = False) -> T
             r["user"],
             r["queue"],
             str(r["tier"]),
-            r["state"],
+            shown_state(r),
             str(r["gpus"]),
             _age(r["wait_s"]),
             str(r["position"] or ""),
             _expected_cell(r.get("expected_start"), now),
-            (r.get("reason") or {}).get("code", ""),
+            "" if r.get("started_at") is None else span(now - r["started_at"]),
+            _lease_end_cell(r, now),
+            ",".join(r.get("nodes") or ()),
+            _reason_cell(r, now),
         ]
         for r in rows
     ]
     return tables.listing(QUEUE_COLUMNS, cells, wide)
 
 
+def _lease_end_cell(job: dict[str, Any], now: float) -> str:
+    """When a running job's lease ends ("in 12m", "3m ago": preemptible since), "never" for a
+    tier that is never preempted; empty for a job that holds nothing or is being stopped."""
+    if not _holds(job["state"]) or job.get("started_at") is None or job.get("kill_at") is not None:
+        return ""
+    at = job.get("lease_end_at")
+    return "never" if at is None else relative(at, now)
+
+
+def _holds(state: str) -> bool:
+    """Whether a job in `state` holds resources (`JobState.holds_resources`)."""
+    from warden.engine.model import JobState
+
+    try:
+        return JobState(state).holds_resources
+    except ValueError:
+        return False
+
+
+def shown_state(job: dict[str, Any]) -> str:
+    """The state a person reads: the API's, except for a job that holds resources while it is
+    being stopped, as Slurm shows CG: CANCELLING once a cancel stops it, STOPPING once it got
+    SIGTERM for another cause (PREEMPTING says so itself)."""
+    state = str(job["state"])
+    if not _holds(state) or state == "PREEMPTING":
+        return state
+    if job.get("cancel_requested"):
+        return "CANCELLING"
+    return "STOPPING" if job.get("kill_at") is not None else state
+
+
+def _reason_cell(job: dict[str, Any], now: float) -> str:
+    """`warden queue`'s REASON: a waiting job's reason code; for a job in its grace, when it
+    gets SIGKILL ("SIGKILL in 42s")."""
+    if job.get("kill_at") is not None and _holds(job["state"]):
+        return f"SIGKILL {relative(job['kill_at'], now)}"
+    return str((job.get("reason") or {}).get("code", ""))
+
+
+def _running_line(j: dict[str, Any], now: float) -> str | None:
+    """`warden describe`'s sentence for a job that runs: since when, where, when its lease
+    ends (it may be preempted from then) and its attempt's η."""
+    if not _holds(j["state"]) or j.get("started_at") is None:
+        return None
+    nodes = j.get("nodes") or []
+    parts = [f"since {_clock(j['started_at'], now)}" + (f" on {', '.join(nodes)}" if nodes else "")]
+    if j.get("kill_at") is None:
+        at = j.get("lease_end_at")
+        if at is None:
+            parts.append("never preempted (its tier is not preemptible)")
+        elif at > now:
+            parts.append(f"its lease ends at {_clock(at, now)}: preemptible from then")
+        else:
+            parts.append(f"its lease ended at {_clock(at, now)}: preemptible")
+    if j.get("efficiency") is not None:
+        parts.append(f"η {j['efficiency']:.2f} (the share of its GPU time that was progress)")
+    return "; ".join(parts)
+
+
+def _stopping_line(j: dict[str, Any], now: float) -> str | None:
+    """`warden describe`'s sentence for a job being stopped: why, and when SIGKILL comes."""
+    if not _holds(j["state"]):
+        return None
+    kill_at = j.get("kill_at")
+    if j.get("cancel_requested"):
+        why = "a cancel was requested"
+    elif j["state"] == "PREEMPTING":
+        why = "it was preempted (see its events)"
+    elif kill_at is not None:
+        why = "it got SIGTERM (see its events)"
+    else:
+        return None
+    if kill_at is None:
+        return f"{why}; the leading server sends SIGTERM at its next pass that tracks its processes"
+    return f"{why}; it has until SIGKILL at {_clock(kill_at, now)} to save and exit"
+
+
 def _print_job(j: dict[str, Any]) -> None:
     """`warden describe`: the job in sentences, then its attempts, preemptions and events."""
+    from rich.markup import escape
+
     con = tables.console()
     now = time.time()
-    command = " ".join(j["command"]) if "command" in j else "hidden (another user's job)"
+    command = shlex.join(j["command"]) if "command" in j else "hidden (another user's job)"
+    state = shown_state(j)
     con.print(
         f"[bold]job {j['id']}[/bold] {j['name']}  user {j['user']}  queue {j['queue']}  tier {j['tier']}  "
-        f"[bold]{j['state']}[/bold]"
+        f"[bold]{state}[/bold]" + (f" ({j['state']})" if state != j["state"] else "")
     )
     con.print(
         f"  {j['gpus']} GPU(s) as {j['replicas']} × {j['gpus_per_replica']}, placement {j['placement']}; "
-        f"lease {_age(j['lease_s'])}, grace {_age(j['grace_s'])}; command: {command}"
+        f"lease {_age(j['lease_s'])}, grace {_age(j['grace_s'])}; command: {escape(command)}"
     )
+    running = _running_line(j, now)
+    if running:
+        con.print(f"  [bold]running:[/bold] {running}")
+    stopping = _stopping_line(j, now)
+    if stopping:
+        con.print(f"  [bold]stopping:[/bold] {stopping}")
     reason = j.get("reason")
     if reason:
         where = f", position {j['position']}" if j.get("position") is not None else ""
@@ -624,6 +790,95 @@ def _print_job(j: dict[str, Any]) -> None:
     tables.titled(con, "events", tables.listing(EVENT_COLUMNS, cells))
 
 
+def _cancellable_states(text: str | None) -> list[str]:
+    """--state: the states to cancel, each a state a job can be cancelled in (not finished);
+    anything else is refused (exit 2) before anything is asked or cancelled."""
+    if text is None:
+        return []
+    from warden.engine.model import JobState
+
+    names = [s.strip().upper() for s in text.split(",") if s.strip()]
+    open_states = [s.value for s in JobState if not s.terminal]
+    for name in names or [text]:
+        if name not in open_states:
+            fail(f"--state: {name!r} is not a state a job can be cancelled in; allowed: {', '.join(open_states)}")
+    return names
+
+
+def _cancellable(c: Client, job_id: str, me: dict[str, Any]) -> dict[str, Any]:
+    """The job `job_id`, checked before anything is cancelled: it exists, has not ended, and
+    is the caller's (or the caller is an admin); else the command ends, nothing cancelled."""
+    from warden.client import ApiRefused
+
+    try:
+        job = c.job(job_id)
+    except ApiRefused as err:
+        fail(f"{err.describe()}; nothing was cancelled")
+    if job["user"] != me["user"] and me["role"] != "admin":
+        fail(f"job {job_id} is {job['user']!r}'s, not yours ({me['user']!r}); nothing was cancelled")
+    from warden.engine.model import JobState
+
+    if JobState(job["state"]).terminal:
+        fail(f"job {job_id} already ended ({job['state']}); nothing was cancelled")
+    return job
+
+
+def _matches(job: dict[str, Any], user: str | None, queue: str | None, states: list[str]) -> bool:
+    """Whether a named job is in the selection too (scancel's ids with filters)."""
+    return (
+        (user is None or job["user"] == user)
+        and (queue is None or job["queue"] == queue)
+        and (not states or job["state"] in states)
+    )
+
+
+def _cancel_one(c: Client, job_id: str) -> dict[str, Any] | None:
+    """Cancel one job; None (said on stderr) when it ended since it was read."""
+    from warden.client import ApiRefused
+
+    try:
+        return c.cancel(job_id)
+    except ApiRefused as err:
+        if err.status != 409:
+            raise
+        typer.echo(f"job {job_id}: not cancelled: {err.message}", err=True)
+        return None
+
+
+def _cancelled_count(count: int, ids: list[str], selected: bool) -> str:
+    """The last line of `warden cancel`: how many jobs it cancelled."""
+    if count == 0:
+        what = "none of the jobs named matches the selection" if ids else "no unfinished job matches the selection"
+        return f"{what}: nothing cancelled"
+    return f"{count} job{'s' if count != 1 else ''} cancelled (a running one once its processes exit)"
+
+
+def _details(details: dict[str, Any], now: float) -> str:
+    """An audit entry's details as a person reads them: `key: value` pairs, a time (`…_at`) as
+    a clock with how far it is from now, a duration (`…_s`) in its short form."""
+    parts = []
+    for key, value in details.items():
+        if isinstance(value, int | float) and not isinstance(value, bool) and key.endswith("_at"):
+            text = _clock(value, now)
+        elif isinstance(value, int | float) and not isinstance(value, bool) and key.endswith("_s"):
+            key, text = key.removesuffix("_s"), span(value)
+        elif isinstance(value, list | tuple):
+            text = ", ".join(map(str, value))
+        elif value is None:
+            text = "none"
+        else:
+            text = str(value)
+        parts.append(f"{key}: {text}")
+    return "; ".join(parts)
+
+
+def _quota(quota: dict[str, float] | None, unset: str) -> str:
+    """A quota or limit in a cell: `gpu 4, cpu 64000`; `unset` where there is none."""
+    if quota is None:
+        return unset
+    return ", ".join(f"{k} {tables.number(v)}" for k, v in quota.items()) or unset
+
+
 def _node_state(n: dict[str, Any]) -> str:
     """`warden nodes`' STATE: up or down with why, and the GPUs held outside warden."""
     state = "up" if n.get("down") is None else f"down: {n['down']}"
@@ -646,8 +901,6 @@ def _expected_cell(expected: dict[str, Any] | None, now: float) -> str:
         return ""
     if expected.get("at") is None:
         return "?"
-    from warden.engine.reasons import relative  # the engine: only where a time is shown
-
     return relative(expected["at"], now)
 
 
@@ -661,8 +914,6 @@ def _expected_line(expected: dict[str, Any], now: float) -> str:
 
 def _print_verdict(v: dict[str, Any]) -> None:
     """A dry run's answer as sentences: the decision, then what it rests on."""
-    from warden.engine.reasons import relative
-
     con = tables.console()
     now = time.time()
     state = f" ({v['state']})" if v["state"] != "PENDING" else ""

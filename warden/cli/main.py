@@ -1,8 +1,9 @@
-"""Entry point of the `warden` command: one typer app, one sub-app per noun.
+"""Entry point of the `warden` command: one app, one sub-app per noun.
 
-Start-up is most of what a quick verb costs (`warden queue --json`), so `run` attaches only
-the sub-commands its command line names: `warden queue` never imports the simulator, the
-demo or matplotlib. `app` (what tests import) has every sub-command.
+Start-up is most of what a quick verb costs (`warden queue`, `warden --help`), so `run`
+imports only the sub-app its command line names: `warden queue` never imports the simulator,
+the demo or matplotlib, and `warden --help` lists the sub-apps by the help they are given here
+without importing any. `app` (what tests import) has every sub-command.
 """
 
 from __future__ import annotations
@@ -12,32 +13,38 @@ from collections.abc import Sequence
 from importlib import import_module
 from typing import Any
 
-import typer
+from warden.cli.app import App
 
-GROUPS = ("demo", "policy", "bench", "sim", "history")
-"""Sub-apps (`warden sim …`): the module `warden.cli.<name>` has an `app`."""
+GROUPS = {
+    "demo": "Show the engine's decisions on a bundled busy cluster.",
+    "policy": "Check, show and describe policy files (tiers, limits, fair share, queue tree).",
+    "bench": "Measure warden's components on this machine.",
+    "sim": "Replay a trace through the engine and compare policies side by side.",
+    "history": "The server's history: export its jobs as a trace.",
+}
+"""Sub-apps (`warden sim …`) and their help: the module `warden.cli.<name>` has an `app`."""
 VERBS = ("server", "jobs", "status", "check")
 """Modules whose `register(app)` adds top-level verbs (`warden queue`, `warden server`…)."""
 
 
-def build(argv: Sequence[str] | None = None) -> typer.Typer:
-    """The `warden` app with the sub-commands `argv` can reach (every one when None, or when
-    it names none, as for `warden --help`)."""
-    app = typer.Typer(
-        name="warden",
-        help="warden: a scheduler for shared GPU clusters that governs preemption.",
-        no_args_is_help=False,
-        add_completion=False,
-        pretty_exceptions_enable=False,
-    )
+def build(argv: Sequence[str] | None = None) -> App:
+    """The `warden` app with the sub-commands `argv` can reach: every one when None; else the
+    sub-app it names, or the verbs and, for `warden --help`, each sub-app as its help alone."""
+    app = App(name="warden", help="warden: a scheduler for shared GPU clusters that governs preemption.")
     first = None if argv is None else next((a for a in argv if not a.startswith("-")), None)
-    groups = [first] if first in GROUPS else [] if first is not None else list(GROUPS)
-    verbs = list(VERBS) if first not in GROUPS else []
-    for name in groups:
-        app.add_typer(import_module(f"warden.cli.{name}").app, name=name)
-    for name in verbs:
+    for name in [] if first in GROUPS else VERBS:
         import_module(f"warden.cli.{name}").register(app)
+    for name, text in GROUPS.items():
+        if argv is None or name == first:
+            app.add_typer(import_module(f"warden.cli.{name}").app, name=name, help=text)
+        elif first not in GROUPS:
+            app.command(name, help=text, add_help_option=False)(_unreachable)
     return app
+
+
+def _unreachable() -> None:
+    """Stands in for a sub-app in a listing: a command line that names it builds the sub-app."""
+    raise AssertionError("a sub-app named on the command line is built, never its stand-in")
 
 
 def __getattr__(name: str) -> Any:
@@ -49,7 +56,7 @@ def __getattr__(name: str) -> Any:
 
 
 def run() -> None:
-    build(sys.argv[1:])()
+    build(sys.argv[1:])(prog_name="warden")
 
 
 if __name__ == "__main__":

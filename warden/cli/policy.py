@@ -19,6 +19,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from warden.cli import tables
+from warden.cli.app import App
 from warden.engine.model import Node
 from warden.engine.overcommit import quota_warnings
 from warden.engine.policy import (
@@ -30,10 +31,7 @@ from warden.engine.policy import (
     policy_json_schema,
 )
 
-app = typer.Typer(
-    help="Check, show and describe policy files (tiers, limits, fair share, queue tree).",
-    no_args_is_help=True,
-)
+app = App(no_args_is_help=True)
 
 EXIT_INVALID = 2
 

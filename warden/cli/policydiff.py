@@ -22,13 +22,12 @@ from rich.table import Table
 from warden.cli import tables
 from warden.cli.history import fail
 from warden.client import Client
+from warden.engine.durations import relative
 from warden.engine.model import Node
 from warden.engine.policy import PolicyError, format_duration, parse_policy
-from warden.engine.reasons import relative
 from warden.sim.experiment import prepare, run_policy, side_by_side
 from warden.sim.loaders import TraceError
-from warden.sim.metrics import format_duration as short_duration
-from warden.sim.metrics import format_gpu_hours, format_percent
+from warden.sim.metrics import format_gpu_hours, format_percent, format_span
 from warden.sim.presets import sim_policy
 from warden.sim.simulator import SimulationLoopError
 
@@ -198,7 +197,7 @@ def _value(kind: str, v: Any) -> str:
     if v is None:
         return "—"
     if kind == "s":
-        return short_duration(v)
+        return format_span(v)
     if kind == "fraction":
         return format_percent(v)
     if kind == "gpu_hours":
@@ -215,7 +214,7 @@ def _difference(kind: str, d: Any) -> str:
         return "0"
     sign = "+" if d > 0 else "-"
     if kind == "s":
-        return sign + short_duration(abs(d))
+        return sign + format_span(abs(d))
     if kind == "fraction":
         return f"{sign}{abs(100 * d):.1f} pt"
     return sign + _value(kind, abs(d))
@@ -226,7 +225,7 @@ def _setting(s: dict[str, Any], side: str) -> str:
 
 
 def _when(t: float | None, now: float) -> str:
-    """When a job becomes preemptible: never, now (already), or "in 9 min"."""
+    """When a job becomes preemptible: never, now (already), or "in 9m"."""
     return "never" if t is None else relative(max(t, now), now)
 
 

@@ -10,16 +10,10 @@ from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
-import yaml
 
-from warden.engine.safeyaml import load_yaml
+from warden.cli.app import duration, fail
 from warden.executors.identity import DEFAULT_JOB_UIDS, parse_uid_range, parse_user_map
 from warden.urls import BadServerUrl, parse_urls
-
-
-def fail(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
 
 
 def _bootstrap_token(path: Path | None) -> str | None:
@@ -97,15 +91,11 @@ def _read_handed(value: str) -> str:
 
 def _token_lifetime(text: str) -> float | None:
     """--token-lifetime: a duration (30d, 12h), at most 10 years; 0 or 'never' for none."""
-    from warden.engine.policy import PolicyError, parse_duration
     from warden.server.auth import TOKEN_LIFETIME_MAX_S
 
-    if text.strip().lower() == "never":
+    if text.strip().lower() in ("never", "0"):
         return None
-    try:
-        seconds = parse_duration(text)
-    except PolicyError as err:
-        fail(f"--token-lifetime: {text!r} is not a duration ({err.issues[0].message}); e.g. 90d, or 'never'")
+    seconds = duration("--token-lifetime", text)
     if seconds == 0:
         return None
     if not 1 <= seconds <= TOKEN_LIFETIME_MAX_S:
@@ -142,6 +132,10 @@ def _load_config(ctx: typer.Context, _param: object, path: Path | None) -> Path 
     command line or by its environment variable still wins."""
     if path is None:
         return None
+    import yaml
+
+    from warden.engine.safeyaml import load_yaml
+
     try:
         data = load_yaml(path.read_text())
     except OSError as err:
@@ -323,7 +317,7 @@ def register(app: typer.Typer) -> None:
         from warden.engine.policy import PolicyError
         from warden.executors.ray import RayError
         from warden.executors.slurm import SlurmError
-        from warden.server.app import Settings, serve
+        from warden.server.app import AddressInUse, Settings, serve
         from warden.server.statedir import StateDirError
 
         if fake_gpus is not None and fake_gpus < 0:
@@ -398,5 +392,5 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2) from None
         except (SlurmError, RayError) as err:
             fail(f"--executor {executor}: {err}")
-        except StateDirError as err:
+        except (StateDirError, AddressInUse) as err:
             fail(str(err))

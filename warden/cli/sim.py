@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from warden.cli import tables
+from warden.cli.app import App
 from warden.engine.policy import PolicyError
 from warden.sim.cluster import ClusterError
 from warden.sim.experiment import Outcome, Setup, policy_for, prepare, run_policy, sensitivity
@@ -32,7 +33,7 @@ from warden.sim.progress import SimProgress, describe_left, time_left
 from warden.sim.report import write_report
 from warden.sim.simulator import SimulationLoopError
 
-app = typer.Typer(help="Replay a trace through the engine and compare policies side by side.", no_args_is_help=True)
+app = App(no_args_is_help=True)
 
 EXIT_INVALID = 2
 EXIT_LOOP = 3
@@ -328,11 +329,21 @@ def sensitivity_cmd(
 
 
 def _print_sensitivity(result: dict[str, Any]) -> None:
+    """The sensitivity as the `sim run` table writes its figures: durations in the short form
+    (`durations.span`), fractions as percentages, never in scientific notation."""
     from rich.table import Table
+
+    from warden.engine.durations import format_duration
+
+    formats = {key: fmt for _, key, fmt in TABLE_COLUMNS}
+
+    def setting(value: Any) -> str:
+        return format_duration(value) if result.get("duration") else tables.number(value)
 
     console = tables.console()
     console.print(
-        f"{result['policy']}: {result['param']} {result['value']} → {result['moved_value']} ({result['jobs']} jobs)"
+        f"{result['policy']}: {result['param']} {setting(result['value'])} → {setting(result['moved_value'])} "
+        f"({result['jobs']} jobs)"
     )
     console.print(
         f"admission order moved: Kendall tau distance {result['kendall_tau_distance']:.4f} "
@@ -340,11 +351,6 @@ def _print_sensitivity(result: dict[str, Any]) -> None:
     )
     table = Table("metric", tables.fixed("as written", justify="right"), tables.fixed("moved", justify="right"))
     for key, value in result["base"].items():
-        table.add_row(key, _cell(value), _cell(result["moved"][key]))
+        fmt = formats.get(key, tables.number)
+        table.add_row(TABLE_NAMES.get(key, key), fmt(value), fmt(result["moved"][key]))
     tables.show(console, table)
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "—"
-    return f"{value:,.4g}" if isinstance(value, float) else str(value)

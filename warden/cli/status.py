@@ -6,14 +6,17 @@ when none answers, none leads or the leader's scheduling stopped, saying which.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from warden.cli import tables
-from warden.cli.jobs import EXIT_UNREACHABLE, JsonOpt, UrlOpt, _dump, _err, client
+from warden.cli.app import fail
+from warden.cli.jobs import EXIT_UNREACHABLE, JsonOpt, UrlOpt, _dump, client
 from warden.cli.tables import Col
-from warden.client import Probe
+
+if TYPE_CHECKING:
+    from warden.client import Probe
 
 STATUS_COLUMNS = (
     Col("SERVER", gives=2),
@@ -62,8 +65,7 @@ def register(app: typer.Typer) -> None:
             if verdict["ok"]:
                 con.print(verdict["message"])
         if not verdict["ok"]:
-            _err.print(f"[bold red]error:[/] {verdict['message']}", highlight=False, soft_wrap=True)
-            raise typer.Exit(EXIT_UNREACHABLE)
+            fail(verdict["message"], EXIT_UNREACHABLE)
 
 
 def _row(p: Probe) -> dict[str, Any]:

@@ -9,16 +9,16 @@ and a table that cannot fit even so prints wider than the terminal rather than l
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from rich import box
-from rich.cells import cell_len
-from rich.console import Console
-from rich.measure import Measurement
-from rich.table import Column, Table
+if TYPE_CHECKING:  # rich is loaded by what prints a table, not by importing this module
+    from rich.console import Console
+    from rich.measure import Measurement
+    from rich.table import Column, Table
 
 WHOLE = 10_000
 """The width of a console without a width (a pipe, a file): wider than any table."""
@@ -36,18 +36,25 @@ def width() -> int | None:
     columns = os.environ.get("COLUMNS", "")
     if columns.isdigit() and int(columns) > 0:
         return int(columns)
+    from rich.console import Console
+
     probe = Console()
     return probe.width if probe.is_terminal else None
 
 
 def console(**options: Any) -> Console:
     """A stdout console laid out for `width()` (a pipe or a file: as wide as any table)."""
+    from rich.console import Console
+
     return Console(width=width() or WHOLE, **options)
 
 
 def natural(table: Table) -> Measurement:
     """The table's widths with no limit: minimum (text cells wrapped at words) and maximum
     (every cell on one line)."""
+    from rich.console import Console
+    from rich.measure import Measurement
+
     probe = Console(width=WHOLE)
     return Measurement.get(probe, probe.options, table)
 
@@ -56,6 +63,8 @@ def show(con: Console, *renderables: Any) -> None:
     """Print tables (and text) on `con`, never cutting a cell to "…": a word too long for its
     column folds, and a table whose cells cannot all fit the width, even wrapped, prints at its
     least width instead."""
+    from rich.table import Table
+
     for r in renderables:
         least = 0
         if isinstance(r, Table):
@@ -96,6 +105,9 @@ def listing(columns: Sequence[Col], rows: Sequence[Sequence[str]], wide: bool = 
     the default columns, or all with `wide`, each as wide as its longest cell; when that is wider
     than `width()`, the `gives` columns wrap, in their order, until the row fits (with `wide`,
     only between words)."""
+    from rich.cells import cell_len
+    from rich.table import Table
+
     if any(len(r) != len(columns) for r in rows):
         raise ValueError(f"a listing of {len(columns)} columns got a row of another length")
     shown = [i for i, c in enumerate(columns) if wide or not c.wide]
@@ -129,14 +141,33 @@ def listing(columns: Sequence[Col], rows: Sequence[Sequence[str]], wide: bool = 
     return table
 
 
+def number(x: Any) -> str:
+    """A number in a cell as people read it, never in scientific notation: a whole one with
+    thousands separators, any other to four significant digits, trailing zeros dropped; "—"
+    for none."""
+    if x is None:
+        return "—"
+    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+        return str(x)
+    v = float(x)
+    if v.is_integer():
+        return f"{int(v):,}"
+    text = f"{v:,.{max(0, 3 - math.floor(math.log10(abs(v))))}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
 def text(header: str, **options: Any) -> Column:
     """A column of free text (reasons, messages, details) in a table that is not a listing: it
     wraps at words and folds a word longer than the column, never cutting it to "…"."""
+    from rich.table import Column
+
     return Column(header, overflow="fold", **options)
 
 
 def fixed(header: str, **options: Any) -> Column:
     """A column whose cells read only whole (times, ids, numbers): it never wraps."""
+    from rich.table import Column
+
     return Column(header, no_wrap=True, **options)
 
 
@@ -144,6 +175,9 @@ def records(table: Table, names: Mapping[str, str] | None = None, label: str = "
     """`table` (one row a record, its first column naming the record) as it fits `width()`:
     whole when it does; else on its side, one row a column of it (named in full by `names`,
     keyed by header) and one column a record, split into as many tables as it takes."""
+    from rich import box
+    from rich.table import Table
+
     limit = width()
     if limit is None or natural(table).maximum <= limit:
         return [table]
@@ -170,8 +204,12 @@ def records(table: Table, names: Mapping[str, str] | None = None, label: str = "
 
 
 def _longest_line(cell: str) -> int:
+    from rich.cells import cell_len
+
     return max((cell_len(line) for line in cell.split("\n")), default=0)
 
 
 def _longest_word(cell: str) -> int:
+    from rich.cells import cell_len
+
     return max((cell_len(word) for word in cell.split()), default=0)

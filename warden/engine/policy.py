@@ -16,8 +16,7 @@ import os
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
-from decimal import Decimal
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Literal, Self
@@ -38,6 +37,15 @@ from pydantic import (
     model_validator,
 )
 
+from warden.engine.durations import (
+    DURATION_PATTERN,
+    MISSING,
+    PolicyError,
+    PolicyIssue,
+    format_duration,
+    parse_duration,
+)
+from warden.engine.durations import refuse as _refuse
 from warden.engine.safeyaml import AliasRefused, SafeLoader
 
 __all__ = [
@@ -59,51 +67,12 @@ __all__ = [
     "load_policy",
     "parse_duration",
     "parse_policy",
+    "parse_policy_source",
     "policy_json_schema",
 ]
 
 
 # --------------------------------------------------------------------------------------- errors
-
-
-class _Missing:
-    """The value of an issue about something that is absent (nothing to quote back)."""
-
-    def __repr__(self) -> str:
-        return "<missing>"
-
-
-MISSING: Any = _Missing()
-
-
-@dataclass(frozen=True)
-class PolicyIssue:
-    """One problem in a policy: where (dotted path, `[i]` for list items), what, and why."""
-
-    path: str
-    value: Any
-    message: str
-    allowed: str | None = None
-
-    def __str__(self) -> str:
-        text = self.message if self.value is MISSING else f"{self.message} (got {self.value!r})"
-        if self.allowed:
-            text += f"; allowed: {self.allowed}"
-        return f"{self.path}: {text}" if self.path else text
-
-
-class PolicyError(ValueError):
-    """A policy was refused; `issues` holds every problem found, `source` names the input."""
-
-    def __init__(self, issues: list[PolicyIssue], source: str | None = None) -> None:
-        self.issues = issues
-        self.source = source
-        super().__init__("\n".join(str(i) for i in issues))
-
-
-def _refuse(value: Any, message: str, allowed: str | None = None) -> PolicyError:
-    """An error about the value being validated; the caller's location becomes its path."""
-    return PolicyError([PolicyIssue("", value, message, allowed)])
 
 
 def _join(prefix: str, path: str) -> str:
@@ -164,56 +133,6 @@ def _issues_from(err: ValidationError, model: type[BaseModel]) -> list[PolicyIss
 
 # ------------------------------------------------------------------------------------ durations
 
-_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-_NUMBER = r"[0-9]+(?:\.[0-9]+)?"
-_NUMBER_RE = re.compile(_NUMBER)
-_DURATION_RE = re.compile(rf"(?:{_NUMBER}[dhms])+")
-_PART_RE = re.compile(rf"({_NUMBER})([dhms])")
-_DURATION_PATTERN = rf"^\s*(?:{_NUMBER}|(?:{_NUMBER}[dhms])+)\s*$"
-_DURATION_ALLOWED = "a number of seconds or a string like 90s, 45m, 8h, 7d, 1h30m"
-
-
-def parse_duration(value: Any) -> float:
-    """Seconds from a number or a string of `<n><unit>` parts (units d, h, m, s)."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise _refuse(value, "not a duration", _DURATION_ALLOWED)
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("-"):
-            raise _refuse(value, "durations cannot be negative")
-        if _NUMBER_RE.fullmatch(text):
-            seconds = float(text)
-        elif _DURATION_RE.fullmatch(text):
-            seconds = sum(float(n) * _UNITS[unit] for n, unit in _PART_RE.findall(text))
-        else:
-            raise _refuse(value, "not a duration", _DURATION_ALLOWED)
-    else:
-        seconds = float(value)
-    if not math.isfinite(seconds):
-        raise _refuse(value, "durations must be finite")
-    if seconds < 0:
-        raise _refuse(value, "durations cannot be negative")
-    return seconds
-
-
-def format_duration(seconds: float) -> str:
-    """The shortest string that parses back to exactly `seconds`; ties go to larger units."""
-    seconds = float(seconds)
-    if not seconds.is_integer():
-        return f"{Decimal(repr(seconds)):f}s"
-    n = int(seconds)
-    if n == 0:
-        return "0s"
-    candidates = [f"{n // size}{unit}" for unit, size in _UNITS.items() if n % size == 0]
-    rest, parts = n, []
-    for unit, size in _UNITS.items():
-        count, rest = divmod(rest, size)
-        if count:
-            parts.append(f"{count}{unit}")
-    candidates.append("".join(parts))
-    return min(candidates, key=len)
-
-
 Duration = Annotated[
     float,
     BeforeValidator(parse_duration),
@@ -221,7 +140,7 @@ Duration = Annotated[
     WithJsonSchema(
         {
             "anyOf": [
-                {"type": "string", "pattern": _DURATION_PATTERN},
+                {"type": "string", "pattern": DURATION_PATTERN},
                 {"type": "number", "minimum": 0},
             ],
             "description": "Seconds, or a string like 90s, 45m, 8h, 7d, 1h30m.",
@@ -910,8 +829,13 @@ class Policy(_Spec):
 
 
 class _StrictLoader(SafeLoader):  # type: ignore[misc, unused-ignore]  # Any, without the hints
-    """PyYAML keeps the last of duplicate keys silently; a policy file must not lose settings.
+    """PyYAML keeps the last of duplicate keys silently; a policy file must not lose settings,
+    so each duplicate is noted (`duplicates`) and refused with the file's other problems.
     Aliases are refused (`warden.engine.safeyaml`)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.duplicates: list[PolicyIssue] = []
 
 
 def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -925,9 +849,9 @@ def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -
         except TypeError:  # unhashable: construct_mapping reports it
             continue
         if duplicate:
-            raise yaml.constructor.ConstructorError(
-                "while reading a mapping", node.start_mark, f"found duplicate key {key!r}", key_node.start_mark
-            )
+            mark = key_node.start_mark
+            where = f"line {mark.line + 1}, column {mark.column + 1}"
+            loader.duplicates.append(PolicyIssue("<file>", MISSING, f"duplicate key {key!r} at {where}: given twice"))
     mapping: dict[Any, Any] = loader.construct_mapping(node)
     return mapping
 
@@ -935,9 +859,13 @@ def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
 
 
-def _load_yaml(text: str, source: str) -> Any:
+def _load_yaml(text: str, source: str) -> tuple[Any, list[PolicyIssue]]:
+    """The document and its duplicate keys; a YAML syntax error (after which nothing more can
+    be read) is a PolicyError of its own."""
+    loader = None
     try:
-        return yaml.load(text, Loader=_StrictLoader)
+        loader = _StrictLoader(text)  # its reader refuses a character YAML does not allow
+        return loader.get_single_data(), loader.duplicates
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -948,22 +876,51 @@ def _load_yaml(text: str, source: str) -> Any:
             message = f"YAML syntax error at {where}: {problem}" if where else f"YAML syntax error: {problem}"
         issue = PolicyIssue("<file>", MISSING, message)
         raise PolicyError([issue], source) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
 
 
 def parse_policy(data: Mapping[str, Any] | str | None, source: str = "<policy>") -> Policy:
-    """A Policy from a mapping or YAML text; None or an empty document gives the defaults."""
+    """A Policy from a mapping or YAML text; None or an empty document gives the defaults.
+    Every problem is reported at once (duplicate keys with the rest), but a YAML syntax error,
+    after which nothing can be read."""
+    duplicates: list[PolicyIssue] = []
     if isinstance(data, str):
-        data = _load_yaml(data, source)
+        data, duplicates = _load_yaml(data, source)
+    return _validated({} if data is None else data, duplicates, source)
+
+
+def parse_policy_source(text: str, source: str = "<policy>") -> Policy:
+    """A policy from the whole text of a policy file, as an operator gives one (`load_policy`,
+    `PUT /v1/policy`): as `parse_policy`, but a text without settings (empty, or only
+    comments) is refused, for put in force it would reset every setting to its default."""
+    data, duplicates = _load_yaml(text, source)
     if data is None:
-        data = {}
+        raise PolicyError([PolicyIssue("", MISSING, NO_SETTINGS)], source)
+    return _validated(data, duplicates, source)
+
+
+NO_SETTINGS = (
+    "holds no settings (it is empty, or only comments): in force, it would reset every setting to its "
+    "default; write the settings it sets (`warden policy show` prints the defaults)"
+)
+
+
+def _validated(data: Any, duplicates: list[PolicyIssue], source: str) -> Policy:
+    """The policy `data` sets, or a PolicyError with every problem: the `duplicates` found in
+    its YAML, then what validation finds."""
     if not isinstance(data, Mapping):
         raise PolicyError(
             [PolicyIssue("<file>", MISSING, f"a policy is a mapping of settings, not a {type(data).__name__}")], source
         )
     try:
-        return Policy.model_validate(data, context={"raw": data})
+        policy = Policy.model_validate(data, context={"raw": data})
     except ValidationError as err:
-        raise PolicyError(_issues_from(err, Policy), source) from None
+        raise PolicyError(duplicates + _issues_from(err, Policy), source) from None
+    if duplicates:
+        raise PolicyError(duplicates, source)
+    return policy
 
 
 def load_policy(path: str | os.PathLike[str]) -> Policy:
@@ -976,7 +933,7 @@ def load_policy(path: str | os.PathLike[str]) -> Policy:
     except (OSError, UnicodeDecodeError) as err:
         reason = getattr(err, "strerror", None) or str(err)
         raise PolicyError([PolicyIssue("<file>", source, f"cannot read: {reason}")], source) from None
-    return parse_policy(text, source)
+    return parse_policy_source(text, source)
 
 
 def default_policy() -> Policy:

@@ -7,8 +7,8 @@ job it explains, never a stock hint), and names the rule that holds the job.
 
 The engine has no clock, so a sentence writes its times through a `TimeText`: `message` (the
 engine's own) writes `t=…s`; `render` takes the writer of the reader's moment: `virtual_times`
-("t=900s (in 9 min)", the simulator's virtual clock) or the server's wall-clock one
-(`warden.server.explanations.wall_times`: "at 14:05 (in 9 min)"). `from_dict` rebuilds a reason
+("t=900s (in 9m)", the simulator's virtual clock) or the server's wall-clock one
+(`warden.server.explanations.wall_times`: "at 14:05 (in 9m)"). `from_dict` rebuilds a reason
 from the `{code, details}` a shell stored, so the shell renders it when it is read.
 """
 
@@ -18,35 +18,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, ClassVar
 
+from warden.engine.durations import relative, span
+
 TimeText = Callable[[float], str]
-"""How a sentence writes a time (seconds on the caller's clock): "t=900s", "14:05 (in 9 min)"."""
+"""How a sentence writes a time (seconds on the caller's clock): "t=900s", "14:05 (in 9m)"."""
 
 
 def engine_time(t: float) -> str:
     """The engine's own way to write a time: its seconds, as the caller's clock counts them."""
     return f"t={t:.0f}s"
-
-
-def span(seconds: float) -> str:
-    """A duration as people say it: "45 s", "9 min", "2 h 5 min", "3 d 4 h"."""
-    s = max(0, round(seconds))
-    if s < 120:
-        return f"{s} s"
-    if s < 3600:
-        return f"{round(s / 60)} min"
-    if s < 86400:
-        h, m = divmod(round(s / 60), 60)
-        return f"{h} h" if not m else f"{h} h {m} min"
-    d, h = divmod(round(s / 3600), 24)
-    return f"{d} d" if not h else f"{d} d {h} h"
-
-
-def relative(t: float, now: float) -> str:
-    """`t` as seen from `now`: "in 9 min", "3 min ago", "now"."""
-    dt = t - now
-    if abs(dt) < 1:
-        return "now"
-    return f"in {span(dt)}" if dt > 0 else f"{span(-dt)} ago"
 
 
 def virtual_times(now: float) -> TimeText:
@@ -125,8 +105,28 @@ class QuotaExceeded(Reason):
     """The job's tier where it may not borrow (a tier that is not preemptible: what it holds
     could never be taken back, DESIGN §4.2): `limit` is then the queue's nominal, whatever its
     borrowing limit and however much is idle."""
+    cluster: bool = False
+    """`queue` is the root of the tree: the cluster itself is full (its quota is the capacity).
+    The fields below say who borrows, as Kueue names a cohort's borrowing."""
+    own_queue: str | None = None
+    """cluster: the job's queue."""
+    lent: int | None = None
+    """cluster: how much of the job's queue's nominal it does not use (others may be using it)."""
+    borrowers: tuple[str, ...] = ()
+    """cluster: the other team queues holding more than their nominal, the most above it first."""
+    borrowed: int | None = None
+    """cluster: how much they hold beyond their nominal, together."""
+    reclaim_at: float | None = None
+    """cluster: when enough of what they borrow is no longer protected (their leases, the
+    efficiency floor, the thrash budget) for the job to take it back; None when it cannot."""
+    reclaimable: bool | None = None
+    """cluster, where others borrow: whether the job may take back what they borrow at all (it
+    would be in-quota, and the reclaim rules let it take their jobs); True without `reclaim_at`
+    when what it may take would not make room for it."""
 
     def render(self, at: TimeText = engine_time, job_id: str | None = None) -> str:
+        if self.cluster:
+            return self._render_cluster(at)
         if self.no_borrow_tier is not None:
             head = (
                 f"Tier {self.no_borrow_tier} is not preemptible, so its jobs never borrow: queue "
@@ -139,6 +139,43 @@ class QuotaExceeded(Reason):
                 f"Queue {self.queue} uses {self.used} of its {self.limit} {self.resource} quota ({self.available} left)"
             )
         return f"{head} and the job needs {self.requested}{_quota_next(self, at)}."
+
+    def _render_cluster(self, at: TimeText) -> str:
+        """The cluster is full: who borrows from the job's queue, whether and when the job takes
+        it back, or that nothing is owed to it."""
+        r = self.resource
+        if self.available <= 0:
+            if self.limit is None or self.used is None or self.used >= self.limit:
+                used = f"no {r} is free" if self.limit is None else f"all {self.limit} {r} are in use"
+            else:
+                used = (
+                    f"{self.used} of its {self.limit} {r} are in use and queues keep the other "
+                    f"{self.limit - self.used} for themselves (`lending_limit`)"
+                )
+            head = f"The cluster is full: {used}"
+        else:
+            head = f"The cluster has {self.available} {r} free" + ("" if self.limit is None else f" of {self.limit}")
+        head += f" and the job needs {self.requested}"
+        own = self.own_queue or "?"
+        if len(self.borrowers) == 1:
+            holders = f"queue {self.borrowers[0]} holds {self.borrowed} beyond its nominal"
+        else:
+            holders = f"queues {_ids(self.borrowers)} hold {self.borrowed} beyond their nominal"
+        if self.borrowers and self.lent:
+            lending = f"; queue {own} lends the {self.lent} {r} of its nominal it does not use: {holders}"
+            if self.reclaim_at is not None:
+                lending += f", which the job may take back (reclaim) from {at(self.reclaim_at)}, as their leases end"
+            elif self.reclaimable is False:
+                lending += ", and the job may not take them back (`preemption.reclaim`)"
+            elif self.reclaimable:
+                lending += ", but what the job may take back of them would not make room for it"
+            else:
+                lending += ", and their leases never end (a tier that is not preemptible)"
+        elif self.borrowers:
+            lending = f"; queue {own} uses all of its nominal, so nothing is owed to the job: {holders}"
+        else:
+            lending = f"; every queue is within its nominal, queue {own} included"
+        return f"{head}{lending}{_quota_next(self, at)}."
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,10 +208,13 @@ class BorrowingLimit(Reason):
 def _quota_next(r: QuotaExceeded | BorrowingLimit, at: TimeText) -> str:
     """What a job held by its queue's quota can do: wait for the queue's job whose expected end
     frees enough, or run now on idle capacity at a tier quota does not charge."""
+    cluster = isinstance(r, QuotaExceeded) and r.cluster
     if r.frees_at is not None and r.frees_by is not None:
-        wait = f"; enough frees at {at(r.frees_at)} when job {r.frees_by} of the queue is expected to end"
+        of = "" if cluster else " of the queue"
+        wait = f"; enough frees at {at(r.frees_at)} when job {r.frees_by}{of} is expected to end"
     else:
-        wait = f"; no running job of queue {r.queue} has a time limit that says when enough frees"
+        of = "" if cluster else f" of queue {r.queue}"
+        wait = f"; no running job{of} has a time limit that says when enough frees"
     if r.open_tier is None:
         return wait
     return f"{wait}, or submit at tier {r.open_tier} to run on idle GPUs now"

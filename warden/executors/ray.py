@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from warden.engine.durations import format_duration
 from warden.engine.model import DEFAULT_FLAVOR, Node
 from warden.executors.base import Exit, Handle, Inventory, LaunchError, LaunchSpec, ReplicaHandle
 from warden.executors.identity import Identities, Identity
@@ -465,7 +466,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
                 late = bool(tracked.starts) and time.monotonic() - tracked.submitted_mono > self._start_timeout_s
                 failed = bool(tracked.failed)
                 if late:
-                    why = f"not running after {self._start_timeout_s:g} s ({self._group_state(tracked)})"
+                    why = f"not running after {format_duration(self._start_timeout_s)} ({self._group_state(tracked)})"
                     for rank in tracked.starts:
                         tracked.failed[rank] = why
                     tracked.starts.clear()

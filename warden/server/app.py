@@ -3,6 +3,7 @@ HTTP app; `serve` runs it under uvicorn until SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -315,6 +316,35 @@ def create_app(service: Service) -> FastAPI:
     return app
 
 
+class AddressInUse(Exception):
+    """The API's address is taken (another server listens on the port): refused at start,
+    before the server touches its database or says it serves."""
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The API's socket, bound to `host:port` before anything else starts, so a busy port is
+    refused first (`AddressInUse`), not after the server joined its database and said it
+    serves; uvicorn listens on it."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as err:
+        raise AddressInUse(f"--host {host}: cannot resolve it ({err.strerror})") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise AddressInUse(
+                f"--port {port}: {host}:{port} is in use (another server listens there): stop it, or give "
+                "this server another --port"
+            ) from None
+        raise AddressInUse(f"--port {port}: cannot listen on {host}:{port}: {err.strerror or err}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
 def serve(settings: Settings, say: Callable[[str], None] = print) -> None:
     import uvicorn
 
@@ -324,6 +354,12 @@ def serve(settings: Settings, say: Callable[[str], None] = print) -> None:
     make_dirs(state)
     # Held until the process exits: the kernel releases them however it ends.
     locks = lock_server(state, settings.db or default_url(state), settings.port)
+    try:
+        sock = listen_socket(settings.host, settings.port)
+    except AddressInUse:
+        for lock in locks:
+            lock.release()
+        raise
     service = build_service(settings, say, contend=True)
     gpus = sum(n.gpus for n in service.nodes)
     say(
@@ -331,7 +367,9 @@ def serve(settings: Settings, say: Callable[[str], None] = print) -> None:
         f"{len(service.policy.leaves())} leaf queue(s), state in {service.state_dir}"
     )
     try:
-        uvicorn.run(create_app(service), host=settings.host, port=settings.port, log_level="warning")
+        config = uvicorn.Config(create_app(service), host=settings.host, port=settings.port, log_level="warning")
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
+        sock.close()
         for lock in locks:
             lock.release()

@@ -8,6 +8,7 @@ a cancel marked (`cancel_marked`). A cancelled job always ends CANCELLED, never 
 from __future__ import annotations
 
 from warden.engine.accounting import effective_grace
+from warden.engine.durations import format_duration
 from warden.engine.lifecycle import Event
 from warden.engine.model import JobState
 from warden.executors.base import UnknownAttempt
@@ -76,7 +77,7 @@ class Cancels(Duty):
                 f"marked cancelled while {job.state.value}; the leading server sends SIGTERM at its next pass "
                 "that tracks its processes"
             )
-        return f"SIGTERM sent while {job.state.value}; SIGKILL when its grace of {grace:g}s is over"
+        return f"SIGTERM sent while {job.state.value}; SIGKILL when its grace of {format_duration(grace)} is over"
 
     def stop(self, job: StoredJob, attempt: StoredAttempt, grace: float, now: float) -> float | None:
         """SIGTERM an attempt that ends for good, a cancelled job's or one past its time limit
@@ -111,7 +112,7 @@ class Cancels(Duty):
                 job.id,
                 job.state,
                 event=Event.NOTED,
-                reason=f"SIGTERM sent for the cancel requested earlier; grace {grace:g}s",
+                reason=f"SIGTERM sent for the cancel requested earlier; grace {format_duration(grace)}",
                 details={KILL_AT: kill_at, "grace_s": grace},
                 actor="warden",
                 now=now,

@@ -1,7 +1,7 @@
 """A pending job's explanation as the API shows it: the stored reason rendered when it is read.
 
 The server stores each job's reason (`Reason.to_dict()`) when it changes; its sentence names
-times, and "in 9 min" is true only at the moment it is read. So the API rebuilds the reason
+times, and "in 9m" is true only at the moment it is read. So the API rebuilds the reason
 from its stored code and details (`reasons.from_dict`) and renders the sentence with the
 request's `now`, times in the server's local time zone (`wall_times`). The details are returned
 as stored (machine-readable; times stay epoch seconds there). A code the engine does not give
@@ -21,14 +21,15 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from warden.engine.reasons import TimeText, from_dict, relative
+from warden.engine.durations import relative
+from warden.engine.reasons import TimeText, from_dict
 
 
 @lru_cache(maxsize=4)
 def wall_times(now: float, seconds: bool = False) -> TimeText:
-    """Epoch seconds as a person reads them at `now`: "14:05 (in 9 min)" today, "Dec 4 14:05
-    (in 1 d 2 h)" on another day, with the year when it is another year (local time); with
-    `seconds`, "14:05:07 (3 s ago)" (an event log, whose entries come seconds apart). Kept for
+    """Epoch seconds as a person reads them at `now`: "14:05 (in 9m)" today, "Dec 4 14:05
+    (in 1d2h)" on another day, with the year when it is another year (local time); with
+    `seconds`, "14:05:07 (3s ago)" (an event log, whose entries come seconds apart). Kept for
     the last few `now`s: a listing renders every job's reason at one."""
     today = datetime.fromtimestamp(now)
     hm = "%H:%M:%S" if seconds else "%H:%M"
@@ -69,7 +70,7 @@ _EPOCH_KILL = re.compile(r"SIGKILL at (\d{9,}(?:\.\d+)?)")
 
 def event_message(reason: str | None, details: Mapping[str, Any] | None, now: float) -> str | None:
     """An event's sentence as a person reads it at `now`: its SIGKILL deadline (the `kill_at`
-    detail) ends it as ", SIGKILL at 14:05 (in 2 min)", in local time; a deadline an older
+    detail) ends it as ", SIGKILL at 14:05 (in 2m)", in local time; a deadline an older
     server wrote into the text as epoch seconds is written the same way. No text, no sentence."""
     if reason is None:
         return None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from warden.engine.accounting import effective_grace
 from warden.engine.cycles import preemption_cycles
+from warden.engine.durations import format_duration
 from warden.engine.lifecycle import Event
 from warden.engine.model import JobState
 from warden.executors.base import UnknownAttempt
@@ -42,7 +43,7 @@ class Preemptions(Duty):
             event=Event.SIGNALLED,
             now=now,
             actor="warden",
-            reason=f"preempted for job {for_job} ({kind}); expected lost work {lost:.0f} GPU-s; grace {grace:.0f}s",
+            reason=f"preempted for job {for_job} ({kind}); expected lost work {lost:.0f} GPU-s; grace {format_duration(grace)}",
             details={KILL_AT: kill_at, "grace_s": grace, "expected_lost_gpu_s": lost},
             expect_state={job.state},
             expect_cancel_requested=False,
@@ -72,7 +73,7 @@ class Preemptions(Duty):
             event=Event.SIGNALLED,
             now=now,
             actor="warden",
-            reason=f"evicted: {why}; the whole gang stops and is requeued; grace {grace:.0f}s",
+            reason=f"evicted: {why}; the whole gang stops and is requeued; grace {format_duration(grace)}",
             details={KILL_AT: kill_at, "grace_s": grace},
             expect_state={job.state},
             expect_cancel_requested=False,

@@ -20,14 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypeVar
 
-import yaml
 from prometheus_client import Counter
 
+from warden.engine.durations import span
 from warden.engine.lifecycle import Event
 from warden.engine.model import Job, JobState, Node
 from warden.engine.overcommit import quota_warnings
-from warden.engine.policy import Limits, Policy, PolicyError, format_duration, parse_policy
-from warden.engine.safeyaml import AliasRefused, load_yaml
+from warden.engine.policy import Limits, Policy, PolicyError, format_duration, parse_policy, parse_policy_source
 from warden.engine.whatif import Verdict, what_if
 from warden.executors.base import Executor, Fenced, Inventory
 from warden.server.auth import CHALLENGE, DEFAULT_TOKEN_LIFETIME_S, Principal, bearer, forbidden
@@ -510,7 +509,7 @@ class Service:
                 who.user,
                 f"submits faster than the limit of {rate:g} jobs per second after a burst of {burst} (the "
                 f"policy's limits.submissions_per_second_per_user and limits.submission_burst_per_user); "
-                f"retry in {wait:.2f} s",
+                f"retry in {span(wait)}",
                 {"Retry-After": str(max(1, math.ceil(wait)))},
             )
 
@@ -535,7 +534,7 @@ class Service:
         state, tier, workdir = checked.state, self.policy.tier(req.tier), checked.workdir
         try:
             job_id = self.store.submit(
-                name=req.name,
+                name=req.name or default_name(req.command, limits.max_name_chars),
                 user=who.user,
                 queue=req.queue,
                 tier=req.tier,
@@ -908,7 +907,7 @@ class Service:
             job.state,
             event=Event.NOTED,
             expect_state={job.state},
-            reason=f"{what} report of {reported:.6g} s clamped to {kept:.3f} s, {why}",
+            reason=f"{what} report of {span(reported)} clamped to {span(kept)}, {why}",
             actor="warden",
             now=now,
             details={"attempt": attempt, "report": what, "reported_s": reported, "kept_s": kept},
@@ -995,28 +994,25 @@ class Service:
 
 
 def _parse_source(source: str) -> Policy:
-    """A policy from its YAML source, as `PUT /v1/policy` and `POST /v1/policy/diff` take it;
-    a refusal names the first problem's path and value (422)."""
-    if not source.strip():
-        raise ApiError(
-            422, "source", source, "is empty; send the whole policy (`warden policy show` prints the defaults)"
-        )
+    """A policy from its YAML source, as `PUT /v1/policy` and `POST /v1/policy/diff` take it
+    (`parse_policy_source`: one without settings is refused, as `warden policy check` refuses
+    it); a refusal names the first problem's path and value and lists every problem (422)."""
     try:
-        data = load_yaml(source)  # aliases refused: a few bytes of them expand without bound
-        if data is None:
-            raise ApiError(422, "source", source, "holds no settings, only comments or an empty document")
-        return parse_policy(source, "policy")  # the policy's own loader: duplicate keys are refused
-    except AliasRefused as err:
-        mark = err.problem_mark
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ApiError(422, "source", None, f"{err.problem}{where}") from None
-    except yaml.YAMLError as err:
-        raise ApiError(422, "source", None, f"not valid YAML: {shorten(str(err), 500)}") from None
+        return parse_policy_source(source, "policy")  # aliases and duplicate keys refused
     except PolicyError as err:
-        first = err.issues[0]
-        raise ApiError(422, first.path or "source", _plain(first.value), shorten(str(err), 2000)) from None
+        first = err.issues[0]  # a problem of the YAML itself (syntax, an alias, a key twice): the source's
+        field = "source" if first.path in ("", "<file>") else first.path
+        raise ApiError(422, field, _plain(first.value), shorten(str(err), 2000)) from None
     except RecursionError:
         raise ApiError(422, "source", None, "the YAML is nested too deeply") from None
+
+
+def default_name(command: list[str], most: int) -> str:
+    """The name of a job submitted without one, as Slurm names it: its program, the last part
+    of the command's first word (`python3` for `/usr/bin/python3 train.py`), cut to `most`
+    characters (the policy's `limits.max_name_chars`)."""
+    program = command[0].rstrip("/")
+    return (program.rsplit("/", 1)[-1] or command[0])[:most]
 
 
 def _check_limits(req: SubmitRequest, limits: Limits) -> None:
@@ -1047,30 +1043,42 @@ def _check_durations(req: SubmitRequest, policy: Policy) -> None:
     """Grace, lease and time limit within the policy's bounds (the time limit within its tier's
     maximum too): every timer stays finite."""
     if req.grace is not None and req.grace < policy.min_grace:
-        raise ApiError(422, "grace", req.grace, f"is below the policy's minimum grace of {policy.min_grace:g} s")
+        raise ApiError(
+            422,
+            "grace",
+            format_duration(req.grace),
+            f"is below the policy's minimum grace of {format_duration(policy.min_grace)}",
+        )
     if req.grace is not None and req.grace > policy.max_grace:
         raise ApiError(
-            422, "grace", req.grace, f"is above the policy's maximum grace of {policy.max_grace:g} s (max_grace)"
+            422,
+            "grace",
+            format_duration(req.grace),
+            f"is above the policy's maximum grace of {format_duration(policy.max_grace)} (max_grace)",
         )
     if req.lease is not None and req.lease > policy.max_lease:
-        raise ApiError(422, "lease", req.lease, f"is above the policy's maximum lease of {policy.max_lease:g} s")
+        raise ApiError(
+            422,
+            "lease",
+            format_duration(req.lease),
+            f"is above the policy's maximum lease of {format_duration(policy.max_lease)}",
+        )
     if req.time_limit is not None and req.time_limit <= 0:
-        raise ApiError(422, "time_limit", req.time_limit, "is no time limit: give one above 0 s, or leave it out")
+        raise ApiError(422, "time_limit", req.time_limit, "is no time limit: give one above 0s, or leave it out")
     tier_max = policy.tier(req.tier).max_time_limit
     if req.time_limit is not None and tier_max is not None and req.time_limit > tier_max:
         raise ApiError(
             422,
             "time_limit",
-            req.time_limit,
-            f"{format_duration(req.time_limit)} is above tier {req.tier}'s maximum of {format_duration(tier_max)} "
-            f"(the policy's tiers.{req.tier}.max_time_limit)",
+            format_duration(req.time_limit),
+            f"is above tier {req.tier}'s maximum of {format_duration(tier_max)} (the policy's tiers.{req.tier}.max_time_limit)",
         )
     limit = policy.limits.max_time_limit
     if req.time_limit is not None and req.time_limit > limit:
         raise ApiError(
             422,
             "time_limit",
-            req.time_limit,
+            format_duration(req.time_limit),
             f"is above the limit of {format_duration(limit)} (the policy's limits.max_time_limit)",
         )
 

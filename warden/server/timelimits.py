@@ -62,7 +62,12 @@ class TimeLimits(Duty):
             if kill_at is None:  # not adopted yet: the next pass sends it
                 continue
             changed = True
-            self._note(job, f"{ran_out(job)}: SIGTERM; grace {grace:g}s", {KILL_AT: kill_at, "grace_s": grace}, now)
+            self._note(
+                job,
+                f"{ran_out(job)}: SIGTERM; grace {format_duration(grace)}",
+                {KILL_AT: kill_at, "grace_s": grace},
+                now,
+            )
         return self.store.active() if changed else active
 
     def _note(self, job: StoredJob, reason: str, details: dict[str, float], now: float) -> None:

@@ -40,8 +40,9 @@ def job_summary(
     in_cycle: bool = False,
 ) -> dict[str, Any]:
     """A job as `GET /v1/jobs` lists it. Given its current `attempt` and the `policy`, a job
-    that holds resources shows when it started, checkpointed, and may first be preempted
-    (`lease_end_at`) or will be killed (`kill_at`), and its attempt's η; a waiting one its
+    that holds resources shows the nodes it runs on, when it started, checkpointed, and may
+    first be preempted (`lease_end_at`) or will be killed (`kill_at`; `cancel_requested` when a
+    cancel stops it), and its attempt's η; a waiting one its
     `expected_start` as the forecast gives it (`Forecasts.view`); `in_cycle`: whether it is in
     a preemption cycle (`cycles_of`). `preemptible` says whether the policy lets its tier be
     preempted at all, so that a null `lease_end_at` reads "never" rather than "unknown"."""
@@ -72,6 +73,8 @@ def job_summary(
         "finished_at": job.finished_at,
         "held_reason": job.held_reason,
         "claim": job.claim,
+        "cancel_requested": job.cancel_requested,
+        "nodes": sorted({p.node for p in live.assignment}) if live else [],
         "started_at": live.started_at if live else None,
         "last_checkpoint_at": live.last_checkpoint_at if live else None,
         "kill_at": live.kill_at if live and live.sigterm_at is not None else None,
@@ -412,16 +415,20 @@ def preemption_view(p: PreemptionRecord, now: float) -> dict[str, Any]:
 def queue_views(
     policy: Policy, store: Store, ledger: UsageLedger, nodes: tuple[Node, ...], now: float
 ) -> list[dict[str, Any]]:
-    """Every queue of the tree with its quota, what its jobs hold now and are owed now
-    (`accounting.owed_now`, what fair-share reclaim enforces), its fair-share usage, and owed vs
-    delivered GPU-hours since the first submission (DESIGN §7)."""
+    """Every queue of the tree with its quota and limits, what its jobs hold now (and of it,
+    what they borrow beyond its nominal) and are owed now (`accounting.owed_now`, what fair-share
+    reclaim enforces), its fair-share usage, and owed vs delivered GPU-hours since the first
+    submission (DESIGN §7)."""
     held: dict[str, int] = {}
+    charged: dict[str, int] = {}
     pending: dict[str, int] = {}
     demand: dict[str, int] = {q.name: 0 for q in policy.leaves()}
     for a in store.active():
         j = a.job
         if j.state.holds_resources:
             held[j.queue] = held.get(j.queue, 0) + j.gpus * j.replicas
+            if policy.tier(j.tier).charged:
+                charged[j.queue] = charged.get(j.queue, 0) + j.gpus * j.replicas
         elif j.state.waiting:
             pending[j.queue] = pending.get(j.queue, 0) + 1
         if j.queue in demand and policy.tier(j.tier).charged:
@@ -445,6 +452,12 @@ def queue_views(
                 "borrowing_limit": spec.borrowing_limit,
                 "lending_limit": spec.lending_limit,
                 "gpus_in_use": sum(held.get(q.name, 0) for q in leaves),
+                # GPUs its charged jobs hold beyond its nominal, lent by queues that use less
+                # than theirs (as quota counts them: a tier not charged borrows nothing). None
+                # for the root, which is the cluster.
+                "gpus_borrowed": None
+                if spec is policy.queues
+                else max(0, sum(charged.get(q.name, 0) for q in leaves) - nominal_gpus(spec.nominal)),
                 "pending_jobs": sum(pending.get(q.name, 0) for q in leaves),
                 "fair_share_usage": round(sum(ledger.usage.get(q.name, 0.0) for q in leaves), 6),
                 # A leaf's place in the Fair Tree walk (1: the least served, whose jobs go first
@@ -456,6 +469,13 @@ def queue_views(
             }
         )
     return rows
+
+
+def nominal_gpus(nominal: Mapping[str, int]) -> int:
+    """A queue's nominal GPUs: its `gpu` quota, else the sum of its per-flavor ones (`gpu:…`)."""
+    if "gpu" in nominal:
+        return nominal["gpu"]
+    return sum(v for k, v in nominal.items() if k.startswith("gpu:"))
 
 
 def _owed_delivered(

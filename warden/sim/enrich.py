@@ -25,6 +25,7 @@ from dataclasses import fields
 from operator import attrgetter
 from typing import Any
 
+from warden.engine.durations import format_duration
 from warden.sim.records import TraceJob
 
 # --- tier -------------------------------------------------------------------------------------
@@ -81,15 +82,15 @@ RULE_TIER = (
     f"(seeded draw), else tier {DEFAULT_TIER}; every other job is tier {DEFAULT_TIER}."
 )
 RULE_STARTUP = (
-    f"startup_seconds: {STARTUP_BASE_SECONDS:g} s + {STARTUP_PER_DOUBLING_SECONDS:g} s x "
-    f"log2(num_gpus), capped at {STARTUP_CAP_SECONDS:g} s."
+    f"startup_seconds: {format_duration(STARTUP_BASE_SECONDS)} + {format_duration(STARTUP_PER_DOUBLING_SECONDS)} "
+    f"x log2(num_gpus), capped at {format_duration(STARTUP_CAP_SECONDS)}."
 )
 RULE_CHECKPOINT = (
-    f"checkpoints: jobs shorter than {RESUMABLE_MIN_SECONDS / 60:g} min are not resumable and "
+    f"checkpoints: jobs shorter than {format_duration(RESUMABLE_MIN_SECONDS)} are not resumable and "
     f"write no checkpoints; the others are resumable, checkpoint every "
-    f"{'/'.join(f'{s:g}' for s in CHECKPOINT_INTERVALS)} s (seeded uniform draw) and take "
-    f"{CHECKPOINT_BASE_SECONDS:g} s + {CHECKPOINT_PER_GPU_SECONDS:g} s per GPU, capped at "
-    f"{CHECKPOINT_CAP_SECONDS:g} s, per checkpoint."
+    f"{'/'.join(format_duration(s) for s in CHECKPOINT_INTERVALS)} (seeded uniform draw) and take "
+    f"{format_duration(CHECKPOINT_BASE_SECONDS)} + {format_duration(CHECKPOINT_PER_GPU_SECONDS)} per GPU, capped "
+    f"at {format_duration(CHECKPOINT_CAP_SECONDS)}, per checkpoint."
 )
 RULE_REPLICAS = (
     f"replicas: a job with more than {REPLICA_GPUS} GPUs whose GPU count is a multiple of "

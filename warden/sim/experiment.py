@@ -241,6 +241,7 @@ def sensitivity(
         "delta": delta,
         "value": _value_at(base_policy, path),
         "moved_value": _value_at(moved_policy, path),
+        "duration": isinstance(_written_at(base_policy, path), str),
         "jobs": base.summary["jobs"],
         "kendall_tau_distance": round(kendall_tau_distance(admission_order(base.run), admission_order(moved.run)), 6),
         "base": {k: base.summary.get(k) for k in keys},
@@ -248,10 +249,16 @@ def sensitivity(
     }
 
 
-def _value_at(sp: SimPolicy, path: str) -> Any:
+def _written_at(sp: SimPolicy, path: str) -> Any:
+    """The setting at `path` as the resolved policy writes it (a duration as "8h")."""
     node: Any = sp.policy.to_dict()
     for k in path.split("."):
         node = _child(node, k, path)
+    return node
+
+
+def _value_at(sp: SimPolicy, path: str) -> Any:
+    node = _written_at(sp, path)
     if isinstance(node, str):
         try:
             return parse_duration(node)

@@ -75,6 +75,7 @@ from rich.table import Table
 from warden.engine import accounting
 from warden.engine.accounting import waterfill  # noqa: F401  (re-exported: its tests import it from here)
 from warden.engine.cycles import CYCLE_KINDS, Preempted, preemption_cycles
+from warden.engine.durations import span
 from warden.engine.policy import MaxPreemptions
 from warden.sim.records import SimAttempt, SimRun
 
@@ -590,24 +591,9 @@ def _wait_cdf(f: _Flat, points: int = 200) -> dict[str, dict[str, list[float]]]:
 # ---------------------------------------------------------------------------- human table
 
 
-def format_duration(seconds: float | None) -> str:
-    """Seconds as the two largest units people read at a glance: 42s, 7m05s, 3h12m, 2d04h."""
-    if seconds is None:
-        return "—"
-    s = float(seconds)
-    if s < 10:
-        return f"{s:.1f}s"
-    total = round(s)
-    days, rem = divmod(total, 86400)
-    hours, rem = divmod(rem, 3600)
-    minutes, secs = divmod(rem, 60)
-    if days:
-        return f"{days}d{hours:02d}h"
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m{secs:02d}s"
-    return f"{secs}s"
+def format_span(seconds: float | None) -> str:
+    """Seconds in the short form, to their two largest units (`durations.span`); "—" for none."""
+    return "—" if seconds is None else span(seconds)
 
 
 def format_percent(fraction: float | None) -> str:
@@ -628,18 +614,18 @@ def format_gpu_hours(x: float | None) -> str:
 TABLE_COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("policy", "policy", _format_plain),
     ("jobs", "jobs", _format_plain),
-    ("avg JCT", "avg_jct_s", format_duration),
-    ("avg wait", "avg_wait_s", format_duration),
-    ("p50 wait", "p50_wait_s", format_duration),
-    ("p95 wait", "p95_wait_s", format_duration),
-    ("makespan", "makespan_s", format_duration),
+    ("avg JCT", "avg_jct_s", format_span),
+    ("avg wait", "avg_wait_s", format_span),
+    ("p50 wait", "p50_wait_s", format_span),
+    ("p95 wait", "p95_wait_s", format_span),
+    ("makespan", "makespan_s", format_span),
     ("util", "utilization", format_percent),
     ("goodput", "goodput", format_percent),
     ("preempt", "preemptions", _format_plain),
     ("preempt/job mean/p95/max", "preemptions_per_job", format_preemption_spread),
     ("cycles over/alt", "preemption_cycles", format_cycles),
     ("lost GPU-h", "lost_gpu_hours", format_gpu_hours),
-    ("worst queue max wait", "max_wait_least_served_queue_s", format_duration),
+    ("worst queue max wait", "max_wait_least_served_queue_s", format_span),
     ("breaches", "starvation_breaches", _format_plain),
     ("η p5", "eta_p5", format_percent),
 )

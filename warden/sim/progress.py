@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from warden.engine.durations import span
+
 
 @dataclass(frozen=True, slots=True)
 class SimProgress:
@@ -65,17 +67,14 @@ def time_left(elapsed_s: float, run_elapsed_s: float, fraction: float, runs_done
 
 
 def describe_left(seconds: float | None) -> str:
-    """`~12 min left` and the like: rounded, as an estimate deserves."""
+    """`~12m left` and the like: rounded, as an estimate deserves (to 5 seconds, then to the
+    minute), in the short form of every duration (`durations.span`)."""
     if seconds is None:
         return "estimating time left"
     if seconds <= 0.0:
         return "done"
     if seconds < 10.0:
-        return "<10 s left"
+        return "<10s left"
     if round(seconds / 5) * 5 < 60:
-        return f"~{round(seconds / 5) * 5} s left"
-    minutes = round(seconds / 60)
-    if minutes < 60:
-        return f"~{minutes} min left"
-    hours, minutes = divmod(minutes, 60)
-    return f"~{hours} h {minutes:02d} min left"
+        return f"~{span(round(seconds / 5) * 5)} left"
+    return f"~{span(round(seconds / 60) * 60)} left"

@@ -19,7 +19,6 @@ import html
 import io
 import json
 import math
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,11 +29,12 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullLocator, PercentFormatter
 from matplotlib.typing import RcKeyType
 
+from warden.engine.durations import span
 from warden.sim.metrics import (
     TABLE_COLUMNS,
-    format_duration,
     format_gpu_hours,
     format_percent,
+    format_span,
     natural_key,
     summarize,
     table_cells,
@@ -224,9 +224,9 @@ def _queue_table_section(labels: Sequence[str], summaries: Sequence[dict[str, An
                     label,
                     queue,
                     str(q["jobs"]),
-                    format_duration(q["p50_wait_s"]),
-                    format_duration(q["p95_wait_s"]),
-                    format_duration(q["max_wait_s"]),
+                    format_span(q["p50_wait_s"]),
+                    format_span(q["p95_wait_s"]),
+                    format_span(q["max_wait_s"]),
                     format_gpu_hours(q["owed_gpu_hours"]),
                     format_gpu_hours(q["delivered_gpu_hours"]),
                     format_percent(q["delivered_over_owed"]),
@@ -287,8 +287,8 @@ _WAIT_TICKS = (0.0, 60.0, 600.0, HOUR, 6 * HOUR, 24 * HOUR, 7 * 24 * HOUR, 30 * 
 
 
 def _tick(seconds: float) -> str:
-    """A round duration without its zero tail: 1m, 10m, 1h, 1d."""
-    return "0" if seconds <= 0 else re.sub(r"(?<=[a-z])00[a-z]$", "", format_duration(seconds))
+    """A round duration in the short form: 1m, 10m, 1h, 1d."""
+    return "0" if seconds <= 0 else span(seconds)
 
 
 def _duration_axis(ax: Axes, longest: float) -> None:

@@ -28,6 +28,7 @@ from warden.engine.fairshare import accrue_rates, dominant_share
 from warden.engine.model import Attempt, Job, JobState, Node, Snapshot, UsageLedger
 from warden.engine.plan import Plan
 from warden.engine.quota import QuotaTree
+from warden.engine.reasons import engine_time
 from warden.engine.scheduler import Engine
 from warden.runtime import tune_collector
 from warden.sim.presets import SimPolicy
@@ -402,7 +403,7 @@ class Simulation:
         if t <= now:
             if not progress:
                 raise SimulationLoopError(
-                    f"the pass at t={now:g}s changed nothing (no admission, no preemption, no "
+                    f"the pass at {engine_time(now)} changed nothing (no admission, no preemption, no "
                     f"claim) yet asked for another pass at the same moment, for {self._names(jobs)}"
                 )
             t = now
@@ -417,7 +418,7 @@ class Simulation:
         self.instant_passes += 1
         if self.instant_passes > self.max_passes_per_instant + len(self.instant_signals):
             raise SimulationLoopError(
-                f"{self.instant_passes} scheduling passes at t={now:g}s, more than "
+                f"{self.instant_passes} scheduling passes at {engine_time(now)}, more than "
                 f"max_passes_per_instant={self.max_passes_per_instant} plus the "
                 f"{len(self.instant_signals)} job(s) preempted at that moment: {self._churn()}"
             )
@@ -428,7 +429,7 @@ class Simulation:
             )[:5]
             most = ", ".join(f"{g.spec.job_id} ({g.preemptions})" for g in worst) or "none"
             raise SimulationLoopError(
-                f"more than max_passes={self.max_passes} scheduling passes by t={now:g}s; "
+                f"more than max_passes={self.max_passes} scheduling passes by {engine_time(now)}; "
                 f"jobs preempted most (SIGTERMs): {most}"
             )
 

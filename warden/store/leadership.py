@@ -45,6 +45,7 @@ from typing import Any, cast
 from sqlalchemy import ColumnElement, Connection, Engine, Table, func, literal_column, select, text, update
 from sqlalchemy.exc import OperationalError
 
+from warden.engine.durations import span
 from warden.store.db import writer
 from warden.store.schema import LeaseRow
 
@@ -125,8 +126,8 @@ class LeaseState:
         where = f"pid {self.pid} on {self.host}" + (f", {self.url}" if self.url else "")
         if self.live:
             renewed = self.now - (self.renewed_at if self.renewed_at is not None else self.expires_at - LEASE_S)
-            return f"{where} holds the lease (epoch {self.epoch}, renewed {renewed:.1f} s ago)"
-        return f"{where} held the lease (epoch {self.epoch}) until {self.now - self.expires_at:.1f} s ago"
+            return f"{where} holds the lease (epoch {self.epoch}, renewed {span(renewed)} ago)"
+        return f"{where} held the lease (epoch {self.epoch}) until {span(self.now - self.expires_at)} ago"
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +192,7 @@ class Lease:
         late = self.clock() - term.valid_until
         if late >= 0:
             raise NotLeader(
-                f"{what}: the lease of epoch {term.epoch} ran out {late + self.margin_s:.1f} s ago by this "
+                f"{what}: the lease of epoch {term.epoch} ran out {span(late + self.margin_s)} ago by this "
                 f"server's clock and was not renewed since"
             )
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from warden.engine.durations import format_duration, span
 from warden.workload.inotify import CREATE, MODIFY, MOVED_TO, OPEN, DirWatch, Event, WatchUnavailable
 from warden.workload.observe import Reports, Run, status
 from warden.workload.saves import Target, arrival, files
@@ -208,7 +209,7 @@ def _check(ctx: _Context) -> Verdict:
                 EXITS,
                 False,
                 "process status",
-                f"still running {ctx.grace:g} s after SIGTERM: SIGKILL would lose its work",
+                f"still running {format_duration(ctx.grace)} after SIGTERM: SIGKILL would lose its work",
             )
         else:
             verdict.exit_after_sigterm_s = round(exited - sigterm_at, 3)
@@ -216,8 +217,8 @@ def _check(ctx: _Context) -> Verdict:
                 EXITS,
                 code == 0,
                 "process status",
-                f"exit {status(code).removeprefix('with status ')} after {exited - sigterm_at:.2f} s "
-                f"(grace {ctx.grace:g} s)" + ("" if code == 0 else "; it must exit 0 to be requeued"),
+                f"exit {status(code).removeprefix('with status ')} after {span(exited - sigterm_at)} "
+                f"(grace {format_duration(ctx.grace)})" + ("" if code == 0 else "; it must exit 0 to be requeued"),
             )
     finally:
         first.reap()
@@ -247,7 +248,7 @@ def _await_progress(ctx: _Context, run: Run, mark: int, verdict: Verdict) -> boo
             break
         time.sleep(_POLL_S)
     if ctx.warmup is not None:
-        verdict.add(PROGRESS, True, "--warmup", f"still running after {ctx.warmup:g} s")
+        verdict.add(PROGRESS, True, "--warmup", f"still running after {format_duration(ctx.warmup)}")
         return True
     moments = run.output_since(start)
     output = f"output at {len(moments)} moment(s)" if moments else "no output"
@@ -256,7 +257,7 @@ def _await_progress(ctx: _Context, run: Run, mark: int, verdict: Verdict) -> boo
         PROGRESS,
         False,
         "output, files, reports",
-        f"nothing observable in {ctx.timeout:g} s: {output}, {files} in {ctx.target.describe()}, no progress "
+        f"nothing observable in {format_duration(ctx.timeout)}: {output}, {files} in {ctx.target.describe()}, no progress "
         "report; pass --warmup to SIGTERM it after a fixed time, or --checkpoint where it saves",
     )
     return False
@@ -273,7 +274,7 @@ def _progress(ctx: _Context, run: Run, mark: int, attempt: int, since: float) ->
             return INOTIFY, f"{event.path} written"
     moments = run.output_since(since)
     if len(moments) >= OUTPUT_MOMENTS and moments[-1] - moments[0] >= OUTPUT_SPAN_S:
-        return "output", f"output kept coming for {moments[-1] - moments[0]:.1f} s"
+        return "output", f"output kept coming for {span(moments[-1] - moments[0])}"
     return None
 
 
@@ -288,7 +289,7 @@ def _check_save(ctx: _Context, verdict: Verdict, mark: int, sigterm_at: float) -
     verdict.saved_files = sorted(ways)
     if finished:
         how = "SDK checkpoint report" + (f", {INOTIFY}" if ctx.watch is not None else "")
-        took = f"step {verdict.saved_step}" + (f", save took {verdict.save_s:.3f} s" if verdict.save_s else "")
+        took = f"step {verdict.saved_step}" + (f", save took {span(verdict.save_s)}" if verdict.save_s else "")
         verdict.add(SAVES, True, how, took + (f"; wrote {_names(ways)}" if ways else ""))
     elif ctx.watch is None:
         verdict.add(SAVES, False, "no SDK report", f"files could not be watched ({ctx.watch_error}) and no report")
@@ -361,7 +362,7 @@ def _check_resume(ctx: _Context, verdict: Verdict, saved: list[str]) -> None:
                 if seen is None and code == 0:
                     seen = ("process status", "exit 0: nothing left to train")
                 if seen is None and ctx.warmup is not None and time.time() - opened.at >= ctx.warmup:
-                    seen = ("--warmup", f"still running after {ctx.warmup:g} s")
+                    seen = ("--warmup", f"still running after {format_duration(ctx.warmup)}")
                 if seen is not None:
                     verdict.add(RESUMES, True, f"{INOTIFY}, {seen[0]}", f"opened {opened.path}; then {seen[1]}")
                     return
@@ -371,11 +372,9 @@ def _check_resume(ctx: _Context, verdict: Verdict, saved: list[str]) -> None:
                 return
             if time.monotonic() >= deadline:
                 if opened is None:
-                    detail = (
-                        f"run 2 did not open {_names(dict.fromkeys(saved))} in {ctx.timeout:g} s: it would start over"
-                    )
+                    detail = f"run 2 did not open {_names(dict.fromkeys(saved))} in {format_duration(ctx.timeout)}: it would start over"
                 else:
-                    detail = f"run 2 opened {opened.path} but showed no progress in {ctx.timeout:g} s"
+                    detail = f"run 2 opened {opened.path} but showed no progress in {format_duration(ctx.timeout)}"
                 verdict.add(RESUMES, False, INOTIFY, detail)
                 return
             time.sleep(_POLL_S)

@@ -26,11 +26,11 @@ from warden.engine.reasons import (
     Reserved,
     WaitingForLease,
 )
-from warden.engine.rules import binding, checkpoint_of, lease_of, startup_of
+from warden.engine.rules import binding, checkpoint_of, lease_of, preemptor, reclaim_kind, startup_of
 
 
 class NextSteps:
-    __slots__ = ("_done", "_fits", "_frees", "_queue_ids", "open_tier", "state", "victims")
+    __slots__ = ("_borrowing", "_done", "_fits", "_frees", "_queue_ids", "open_tier", "state", "victims")
 
     def __init__(self, state: PassState, victims: Victims) -> None:
         self.state = state
@@ -42,6 +42,10 @@ class NextSteps:
         frees that much of it, or None: for the pass."""
         self._fits: dict[tuple[object, ...], tuple[bool, int | None]] = {}
         """(shape, capacity version) → (fits with `any`, GPUs per replica of a split that fits)."""
+        self._borrowing: dict[tuple[int, int], tuple[dict[str, float], list[tuple[float, int, Job]]]] = {}
+        """(resource, quota version) → the team queues above their nominal of it (by how much),
+        and the running jobs there, not leaving, in the order their protections lift: what a
+        full cluster's reason names, read once while quota usage is unchanged."""
         self._done: dict[tuple[int, object], tuple[Reason, Reason]] = {}
         """(id of a reason, what else its facts depend on) → (that reason, it with the facts):
         the phases hand the same reason to many jobs (`Memo.capacity_seen`, `Memo.held_ok`,
@@ -82,15 +86,17 @@ class NextSteps:
         idle = max((state.index.free_gpus(f) for f in state.flavors(job)), default=0)
         tier = self.open_tier
         fits = tier is not None and tier != job.tier and job.total_gpus <= idle
-        key = (id(reason), fits)
-        done = self._done.get(key)
-        if done is not None:
-            return done[1]
         quota = state.quota
         ids = self._queue_ids
         if ids is None:
             ids = self._queue_ids = {name: i for i, name in enumerate(quota.names)}
         q = ids.get(reason.queue)
+        root = q is not None and quota.parent[q] < 0 and isinstance(reason, QuotaExceeded)
+        # The cluster's facts depend on the job's own queue and tier too.
+        key = (id(reason), (fits, job.queue, job.tier) if root else fits)
+        done = self._done.get(key)
+        if done is not None:
+            return done[1]
         frees = None
         if q is not None and reason.resource in quota.resources:
             frees = self._frees_in(q, quota.resources.index(reason.resource), reason.requested - reason.available)
@@ -100,8 +106,74 @@ class NextSteps:
             frees_by=None if frees is None else frees[1],
             open_tier=tier if fits else None,
         )
+        if root and isinstance(out, QuotaExceeded) and reason.resource in quota.resources:
+            out = self._cluster_full(job, out, quota.resources.index(reason.resource))
         self._done[key] = (reason, out)
         return out
+
+    def _cluster_full(self, job: Job, reason: QuotaExceeded, r: int) -> QuotaExceeded:
+        """The cluster is full (its root's quota is the capacity): which other team queues hold
+        more than their nominal of resource `r` (as Kueue names a cohort's borrowing), how much of
+        the job's queue's nominal it does not use, and whether, and from when, the job may take
+        back what they borrow: the moment the protections (lease, efficiency floor, thrash
+        budget) of enough of their jobs the reclaim rules let it take have lifted."""
+        state = self.state
+        quota, ctx = state.quota, state.ctx
+        own = quota.index.get(job.queue)
+        if own is None:
+            return replace(reason, cluster=True, own_queue=job.queue)
+        over_all, jobs = self._borrowers(r)
+        over = {name: x for name, x in over_all.items() if name != job.queue}
+        borrowers = tuple(sorted(over, key=lambda name: (-over[name], name)))
+        lent = int(max(0.0, quota.nominal[own][r] - quota.usage[own][r]))
+        out = replace(
+            reason,
+            cluster=True,
+            own_queue=job.queue,
+            lent=lent,
+            borrowers=borrowers,
+            borrowed=int(sum(over.values())),
+        )
+        if not borrowers or not lent:
+            return out
+        flavor = job.flavor or next(iter(state.flavors(job)), None)
+        p = preemptor(ctx, job, state.demand(job, flavor)) if flavor is not None else None
+        if p is None or not p.in_quota:
+            return replace(out, reclaimable=False)
+        needed, got, takeable = reason.requested - reason.available, 0.0, False
+        for until, gpus, v in jobs:
+            if v.queue not in over or not reclaim_kind(ctx, p, v):
+                continue
+            takeable = True
+            got += gpus
+            if got >= needed - 1e-9:
+                if until == float("inf"):
+                    return out
+                return replace(out, reclaimable=True, reclaim_at=max(until, state.now))
+        return replace(out, reclaimable=takeable)
+
+    def _borrowers(self, r: int) -> tuple[dict[str, float], list[tuple[float, int, Job]]]:
+        """The team queues above their nominal of resource `r`, by how much, and the charged
+        running jobs there that are not leaving, in the order their protections lift
+        (`_borrowing`)."""
+        state = self.state
+        quota = state.quota
+        key = (r, state.memo.quota_version)
+        known = self._borrowing.get(key)
+        if known is None:
+            usage, nominal, index = quota.usage, quota.nominal, quota.index
+            over = {
+                name: usage[i][r] - nominal[i][r]
+                for name in quota.leaves()
+                if usage[(i := index[name])][r] > nominal[i][r] + 1e-9
+            }
+            jobs = sorted(
+                ((self.victims.facts(v)[2], v.total_gpus, v) for v in state.holding.values()
+                 if v.queue in over and v.id not in state.terminating and state.charged(v)),
+                key=lambda row: (row[0], row[2].id),
+            )  # fmt: skip
+            known = self._borrowing[key] = (over, jobs)
+        return known
 
     def _frees_in(self, q: int, r: int, amount: float) -> tuple[float, str] | None:
         """The running job of queue `q` (or below it) by whose expected end `amount` of resource
