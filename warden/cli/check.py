@@ -49,7 +49,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run CMD, wait for progress, send SIGTERM; check it saves atomically, exits 0 within
         the grace, and resumes from that checkpoint on a second run. With or without warden's
-        SDK: what the SDK does not report is watched from outside. Exit 0 only if it does all of it."""
+        SDK: what the SDK does not report is watched from outside. Exit 0 only if it does all of it;
+        then it says the command may be submitted with --saves-on-sigterm."""
         from warden.engine.policy import PolicyError, parse_duration
         from warden.workload.check import check_workload
 
@@ -101,4 +102,6 @@ def register(app: typer.Typer) -> None:
                 if verdict.ok
                 else "[red]the workload does not honour the preemption contract[/red]"
             )
+            if verdict.declare is not None:
+                out.print(verdict.declare, markup=False)
         raise typer.Exit(0 if verdict.ok else 1)
