@@ -25,7 +25,7 @@ import httpx
 from warden.paths import default_state_dir
 from warden.urls import BadServerUrl, ServerList, parse_urls, unreachable
 
-__all__ = ["DEFAULT_URL", "ApiRefused", "BadServerUrl", "Client", "Probe", "Unreachable", "local_token"]
+__all__ = ["DEFAULT_URL", "ApiRefused", "BadServerUrl", "Client", "Export", "Probe", "Unreachable", "local_token"]
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 SUBMIT_BACKOFF_S = 0.5
@@ -67,6 +67,21 @@ class ApiRefused(Exception):
 
 class Unreachable(Exception):
     pass
+
+
+class Export(NamedTuple):
+    """An exported trace and the server's warning about it (None: none)."""
+
+    body: bytes
+    warning: str | None
+
+
+def warning_text(header: str | None) -> str | None:
+    """The text of a `Warning: 299 - "text"` header (RFC 7234), else the header as it is."""
+    if not header:
+        return None
+    code, _, rest = header.partition(" - ")
+    return rest[1:-1] if code.strip().isdigit() and rest.startswith('"') and rest.endswith('"') else header
 
 
 def local_token() -> str | None:
@@ -197,12 +212,14 @@ class Client:
     def diff_policy(self, source: str) -> dict[str, Any]:
         return self._call("POST", "/v1/policy/diff", True, json={"source": source})
 
-    def export_history(self, since: float | None = None, format: str = "native") -> bytes:
-        """The trace `GET /v1/history/export` answers: CSV text, or Parquet, as bytes."""
+    def export_history(self, since: float | None = None, format: str = "native") -> Export:
+        """The trace `GET /v1/history/export` answers (CSV text, or Parquet, as bytes) and its
+        warning, if any."""
         params: dict[str, Any] = {"format": format}
         if since is not None:
             params["since"] = since
-        return self._send("GET", "/v1/history/export", params=params).content
+        response = self._send("GET", "/v1/history/export", params=params)
+        return Export(response.content, warning_text(response.headers.get("Warning")))
 
     def create_token(
         self, user: str, role: str, queues: list[str], expires_in_s: float | None = None

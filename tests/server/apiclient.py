@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from serverproc import end_everything
 
 from warden.engine.model import Node
 from warden.engine.policy import parse_policy
-from warden.executors.base import Executor
+from warden.executors.base import Executor, Exit
 from warden.executors.local import LocalExecutor
 from warden.server.app import create_app
 from warden.server.service import Service
@@ -28,6 +29,18 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
+
+
+class ClockedExecutor(LocalExecutor):
+    """The local executor, its exits dated by the test's clock (the pass that collects an exit
+    is the moment the test chose for it), so that every time of the run is the clock's."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def exits(self) -> list[Exit]:
+        return [replace(e, ended_at=self.clock()) for e in super().exits()]
 
 
 @asynccontextmanager

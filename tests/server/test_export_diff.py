@@ -15,15 +15,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from apiclient import Clock, api_service
+from apiclient import Clock, ClockedExecutor, api_service
 from fastapi.testclient import TestClient
 from serverproc import wait_for
 
 from warden.engine.model import Node
 from warden.engine.policy import parse_policy
 from warden.engine.scheduler import rank
-from warden.executors.base import Exit
-from warden.executors.local import LocalExecutor
 from warden.server.service import Service
 from warden.sim.experiment import prepare, run_policy
 from warden.sim.loaders import load_trace
@@ -42,18 +40,6 @@ POLICY = {
     },
     "queues": {"name": "cluster", "children": [{"name": "a"}, {"name": "b"}, {"name": "c"}]},
 }
-
-
-class ClockedExecutor(LocalExecutor):
-    """The local executor, its exits dated by the test's clock (the pass that collects an exit
-    is the moment the test chose for it), so that every time of the run is the clock's."""
-
-    def __init__(self, clock: Clock) -> None:
-        super().__init__()
-        self.clock = clock
-
-    def exits(self) -> list[Exit]:
-        return [replace(e, ended_at=self.clock()) for e in super().exits()]
 
 
 @pytest.fixture

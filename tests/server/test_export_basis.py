@@ -1,0 +1,173 @@
+"""The export's durations are the work each job needs, from what was observed, and say what
+they rest on: a real service (SQLite, the local executor, real processes that trap SIGTERM and
+exit 0, none using the SDK) whose clock the test moves. Replayed under the same policy, the
+export preempts as many jobs as the run did, at the same utilization. The submit field
+`saves_on_sigterm` is stored, shown, and refused (422, naming it) when it is no boolean."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from apiclient import Clock, ClockedExecutor, api_service
+from fastapi.testclient import TestClient
+from serverproc import wait_for
+
+from warden.engine.model import JobState, Node
+from warden.engine.policy import parse_policy
+from warden.server.service import Service
+from warden.sim.experiment import prepare, run_policy
+from warden.sim.presets import sim_policy
+
+T0 = 1_000_000.0
+NODE = Node("node-0", 4, 16_000, 64_000)
+POLICY = {
+    "min_grace": "120s",
+    "thrash": {"min_efficiency": 0, "max_preemptions": {"per": "24h", "count": 100}},
+    "preemption": {"restart_overhead": "0s", "checkpoint_overhead": "0s"},
+    "tiers": {
+        2: {"name": "pretraining", "lease": "0s", "requires_approval": False},
+        3: {"name": "experimentation", "lease": "0s"},
+    },
+    "queues": {"name": "cluster", "children": [{"name": "a"}, {"name": "b"}]},
+}
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> Iterator[tuple[Service, TestClient, Clock]]:
+    clock = Clock(T0)
+    with api_service(tmp_path, POLICY, (NODE,), clock, ClockedExecutor(clock)) as (svc, client):
+        yield svc, client, clock  # the test runs the passes
+
+
+def submit(svc: Service, done: Path, queue: str, tier: int, gpus: int, saves: bool = False) -> str:
+    """A job without the SDK that runs until the file `done` exists and exits 0 on SIGTERM."""
+    command = ["sh", "-c", 'trap "exit 0" TERM; while [ ! -e "$0" ]; do sleep 0.02; done', str(done)]
+    job = svc.store.submit(
+        name="",
+        user="ana",
+        queue=queue,
+        tier=tier,
+        command=command,
+        workdir="/",
+        actor="ana",
+        now=svc.now(),
+        gpus=gpus,
+        lease_s=0.0,
+        saves_on_sigterm=saves,
+    )
+    return str(job)
+
+
+def gone(svc: Service, *jobs: str) -> None:
+    """Wait until each job's current attempt has no process left."""
+    current = {j: svc.store.get(j).attempt for j in jobs}  # type: ignore[union-attr]
+    wait_for(
+        lambda: all(None not in svc.executor.replica_exit_codes(j, n) for j, n in current.items()),
+        what=f"jobs {', '.join(jobs)} to exit",
+    )
+
+
+def test_durations_are_the_work_observed_with_their_basis_and_replay_preempts_alike(
+    setup: tuple[Service, TestClient, Clock], tmp_path: Path
+) -> None:
+    svc, client, clock = setup
+    done = {name: tmp_path / f"done-{name}" for name in "ABCDH"}
+
+    def at(t: float) -> None:
+        clock.t = T0 + t
+        svc.reconciler.reconcile()
+
+    a = submit(svc, done["A"], "a", 3, 1, saves=True)  # declared; preempted at 100, done at 250
+    b = submit(svc, done["B"], "a", 3, 1)  # undeclared; preempted at 100, done at 270
+    c = submit(svc, done["C"], "b", 3, 1)  # undeclared; preempted at 100, cancelled at 270
+    d = submit(svc, done["D"], "b", 3, 1, saves=True)  # declared; preempted at 100, still running at 300
+    at(0)
+    clock.t = T0 + 100
+    h = submit(svc, done["H"], "b", 2, 4)  # tier 2, the whole node: preempts the four
+    at(100)
+    gone(svc, a, b, c, d)
+    at(100)
+    done["H"].touch()
+    gone(svc, h)
+    at(150)
+    done["A"].touch()
+    gone(svc, a)
+    at(250)
+    clock.t = T0 + 270
+    done["B"].touch()
+    assert client.post(f"/v1/jobs/{c}/cancel").status_code == 202
+    gone(svc, b, c)
+    at(270)
+    clock.t = T0 + 300
+
+    states = {j: svc.store.get(j).state for j in (a, b, c, d, h)}  # type: ignore[union-attr]
+    assert states == {
+        a: JobState.SUCCEEDED,
+        b: JobState.SUCCEEDED,
+        c: JobState.CANCELLED,
+        d: JobState.RUNNING,
+        h: JobState.SUCCEEDED,
+    }
+    firsts = {j: svc.store.attempts(j)[0] for j in (a, b, c, d)}
+    assert {j: (x.lost_work_gpu_s, x.lost_work_basis) for j, x in firsts.items()} == {
+        a: (0.0, "declared"),
+        b: (100.0, "assumed"),
+        c: (100.0, "assumed"),
+        d: (0.0, "declared"),
+    }
+    cancelled = svc.store.attempts(c)[1]
+    assert (cancelled.reason, cancelled.lost_work_gpu_s, cancelled.lost_work_basis) == ("cancelled", None, None)
+
+    r = client.get("/v1/history/export", params={"since": T0 - 1})
+    assert r.status_code == 200, r.text
+    assert r.headers["Warning"] == (
+        '299 - "3 of 5 durations rest on an assumption: 2 never finished (at_least: they need at least what '
+        "they ran); 1 had their lost work assumed at a preemption (assumed: they may need more) (column "
+        'duration_basis)"'
+    )
+    rows = {row["job_id"]: row for row in csv.DictReader(io.StringIO(r.text))}
+    assert {j: (float(x["duration"]), x["duration_basis"], x["resumable"]) for j, x in rows.items()} == {
+        a: (200.0, "observed", "true"),  # 100 before its declared save, 100 after
+        b: (120.0, "assumed", "false"),  # its last run; what its first one kept is unknown
+        c: (120.0, "at_least", "false"),  # cancelled: the most it ran, not 0
+        d: (250.0, "at_least", "true"),  # running: 100 kept + 150 so far
+        h: (50.0, "observed", "false"),
+    }
+
+    trace = tmp_path / "history.csv"
+    trace.write_bytes(r.content)
+    replay = run_policy(prepare(trace, nodes=(NODE,)), sim_policy("same", parse_policy(POLICY)))
+    simulated = sorted((x.admitted_at, j.job_id) for j in replay.run.jobs for x in j.attempts)
+    started = sorted((x.started_at - T0, j) for j in (a, b, c, d, h) for x in svc.store.attempts(j))
+    assert simulated == started  # the same admissions at the same times
+    held = sum(
+        gpus * ((x.ended_at if x.ended_at is not None else clock.t) - x.started_at)
+        for j, gpus in ((a, 1), (b, 1), (c, 1), (d, 1), (h, 4))
+        for x in svc.store.attempts(j)
+    )
+    assert replay.summary["preemptions"] == len(svc.store.preemptions(0, 100)) == 4
+    assert replay.summary["utilization"] == pytest.approx(held / (4 * 300), abs=0.005)
+
+
+def test_saves_on_sigterm_is_stored_shown_and_refused_when_it_is_no_boolean(
+    setup: tuple[Service, TestClient, Clock],
+) -> None:
+    svc, client, _ = setup
+    body = {"queue": "a", "tier": 3, "command": ["true"], "gpus": 0, "workdir": "/"}
+    for bad in ("yes", 1, None, "true"):
+        r = client.post("/v1/jobs", json={**body, "saves_on_sigterm": bad})
+        assert r.status_code == 422, r.text
+        error = r.json()["error"]
+        assert (error["field"], error["value"]) == ("saves_on_sigterm", bad)
+    assert svc.store.list() == ()  # nothing stored
+    r = client.post("/v1/jobs", json={**body, "saves_on_sigterm": True})
+    assert r.status_code == 201, r.text
+    job = r.json()["id"]
+    assert svc.store.get(job).saves_on_sigterm is True  # type: ignore[union-attr]
+    assert client.get(f"/v1/jobs/{job}").json()["saves_on_sigterm"] is True
+    plain = client.post("/v1/jobs", json=body).json()["id"]
+    assert client.get(f"/v1/jobs/{plain}").json()["saves_on_sigterm"] is False
