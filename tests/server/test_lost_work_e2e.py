@@ -105,6 +105,8 @@ def test_a_declared_save_loses_nothing_an_undeclared_one_is_assumed_and_a_cancel
         assert d_marks.with_suffix(".sigterm").exists() and p_marks.with_suffix(".sigterm").exists()
         assert d["saves_on_sigterm"] is True and p["saves_on_sigterm"] is False
         assert loss(d1) == (0.0, "declared", DECLARED_WHY)
+        [signalled] = [e["reason"] for e in d["events"] if e["to"] == "PREEMPTING"]
+        assert "GPU-s (none if it exits 0 in its grace: declared saves-on-sigterm); grace 10s" in signalled
         p_lost = p1["lost_work_gpu_s"]
         assert p_lost >= 2 * 0.5 and loss(p1) == (p_lost, "assumed", ASSUMED_WHY)
         assert [(x["lost_work_gpu_hours"], x["lost_work_basis"], x["lost_work_why"]) for x in d["preemptions"]] == [
