@@ -34,8 +34,9 @@ BACKFILL = (
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("jobs") as batch:
-        batch.add_column(sa.Column("saves_on_sigterm", sa.Boolean(), server_default=sa.false(), nullable=False))
+    # Not in a batch: SQLite would copy `jobs` for it, which the attempts' foreign keys refuse
+    # once there are attempts; an added column with a constant default needs no copy.
+    op.add_column("jobs", sa.Column("saves_on_sigterm", sa.Boolean(), server_default=sa.false(), nullable=False))
     with op.batch_alter_table("attempts") as batch:
         batch.add_column(sa.Column("last_checkpoint_step", sa.BigInteger(), nullable=True))
         batch.add_column(sa.Column("lost_work_basis", sa.String(length=16), nullable=True))
