@@ -174,7 +174,8 @@ def test_a_replay_of_jobs_preempted_and_cancelled_without_the_sdk_preempts_and_u
         assert replay["warning"].startswith("1 of 4 durations rest on an assumption: 1 never finished")
         assert "warning: 1 of 4 durations rest on an assumption" in " ".join(out.stderr.split())
         assert replay["current"]["preemptions"] == preempted
-        assert replay["current"]["utilization"] == pytest.approx(used, abs=0.1)
+        # the run has a pass between each exit and the next start, the replay none: a few GPU-seconds
+        assert replay["current"]["utilization"] == pytest.approx(used, abs=0.15)
         exported = warden(server, "history", "export", "--since", "1d")
         assert "warning: 1 of 4 durations rest on an assumption" in " ".join(exported.stderr.split())
     finally:
