@@ -12,9 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apiclient import Clock, ClockedExecutor, api_service
+from apiclient import Clock, ClockedExecutor, api_service, exited, submit_until
 from fastapi.testclient import TestClient
-from serverproc import wait_for
 
 from warden.engine.model import JobState, Node
 from warden.engine.policy import parse_policy
@@ -36,39 +35,14 @@ POLICY = {
 }
 
 
+DECLARED = {"traps_sigterm": True, "saves_on_sigterm": True}
+
+
 @pytest.fixture
 def setup(tmp_path: Path) -> Iterator[tuple[Service, TestClient, Clock]]:
     clock = Clock(T0)
     with api_service(tmp_path, POLICY, (NODE,), clock, ClockedExecutor(clock)) as (svc, client):
         yield svc, client, clock  # the test runs the passes
-
-
-def submit(svc: Service, done: Path, queue: str, tier: int, gpus: int, saves: bool = False) -> str:
-    """A job without the SDK that runs until the file `done` exists and exits 0 on SIGTERM."""
-    command = ["sh", "-c", 'trap "exit 0" TERM; while [ ! -e "$0" ]; do sleep 0.02; done', str(done)]
-    job = svc.store.submit(
-        name="",
-        user="ana",
-        queue=queue,
-        tier=tier,
-        command=command,
-        workdir="/",
-        actor="ana",
-        now=svc.now(),
-        gpus=gpus,
-        lease_s=0.0,
-        saves_on_sigterm=saves,
-    )
-    return str(job)
-
-
-def gone(svc: Service, *jobs: str) -> None:
-    """Wait until each job's current attempt has no process left."""
-    current = {j: svc.store.get(j).attempt for j in jobs}  # type: ignore[union-attr]
-    wait_for(
-        lambda: all(None not in svc.executor.replica_exit_codes(j, n) for j, n in current.items()),
-        what=f"jobs {', '.join(jobs)} to exit",
-    )
 
 
 def test_durations_are_the_work_observed_with_their_basis_and_replay_preempts_alike(
@@ -81,24 +55,25 @@ def test_durations_are_the_work_observed_with_their_basis_and_replay_preempts_al
         clock.t = T0 + t
         svc.reconciler.reconcile()
 
-    a = submit(svc, done["A"], "a", 3, 1, saves=True)  # declared; preempted at 100, done at 450
-    b = submit(svc, done["B"], "a", 3, 1)  # undeclared; preempted at 100, done at 450
-    c = submit(svc, done["C"], "b", 3, 1)  # undeclared; preempted at 100, cancelled at 450
-    d = submit(svc, done["D"], "b", 3, 1, saves=True)  # declared; preempted at 100, still running at 500
+    # Every job exits 0 on SIGTERM, none through the SDK; A and D declare it.
+    a = submit_until(svc, done["A"], "a", 3, 1, **DECLARED)  # preempted at 100, done at 450
+    b = submit_until(svc, done["B"], "a", 3, 1, traps_sigterm=True)  # preempted at 100, done at 450
+    c = submit_until(svc, done["C"], "b", 3, 1, traps_sigterm=True)  # preempted at 100, cancelled at 450
+    d = submit_until(svc, done["D"], "b", 3, 1, **DECLARED)  # preempted at 100, still running at 500
     at(0)
     clock.t = T0 + 100
-    h = submit(svc, done["H"], "b", 2, 4)  # tier 2, the whole node: preempts the four
+    h = submit_until(svc, done["H"], "b", 2, 4)  # tier 2, the whole node: preempts the four
     at(100)
-    gone(svc, a, b, c, d)
+    exited(svc, a, b, c, d)
     at(100)
     done["H"].touch()
-    gone(svc, h)
+    exited(svc, h)
     at(150)
     clock.t = T0 + 450
     done["A"].touch()
     done["B"].touch()
     assert client.post(f"/v1/jobs/{c}/cancel").status_code == 202
-    gone(svc, a, b, c)
+    exited(svc, a, b, c)
     at(450)
     clock.t = T0 + 500
 

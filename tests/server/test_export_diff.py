@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from apiclient import Clock, ClockedExecutor, api_service
+from apiclient import Clock, ClockedExecutor, api_service, exited
+from apiclient import submit_until as submit
 from fastapi.testclient import TestClient
-from serverproc import wait_for
 
 from warden.engine.model import Node
 from warden.engine.policy import parse_policy
@@ -48,33 +48,6 @@ def setup(tmp_path: Path) -> Iterator[tuple[Service, TestClient, Clock]]:
     ledger = {"a": 1000.0, "b": 2000.0, "c": 3000.0}
     with api_service(tmp_path, POLICY, (NODE,), clock, ClockedExecutor(clock), ledger) as (svc, client):
         yield svc, client, clock  # the test runs the passes
-
-
-def submit(svc: Service, done: Path, queue: str, tier: int, gpus: int, seconds: float | None = None) -> str:
-    """A job that runs until the test creates the file `done`, with its tier's lease fixed at
-    submission (as `POST /v1/jobs` fixes it) and, given `seconds`, that runtime estimate (the
-    simulator knows every job's)."""
-    command = ["sh", "-c", 'while [ ! -e "$0" ]; do sleep 0.02; done', str(done)]
-    job = svc.store.submit(
-        name="",
-        user="ana",
-        queue=queue,
-        tier=tier,
-        command=command,
-        workdir="/",
-        actor="ana",
-        now=svc.now(),
-        gpus=gpus,
-        lease_s=svc.policy.tier(tier).lease,
-        expected_duration_s=seconds,
-    )
-    return str(job)
-
-
-def exited(svc: Service, job_id: str) -> None:
-    """Wait until the job's current attempt has no process left."""
-    attempt = svc.store.get(job_id).attempt  # type: ignore[union-attr]
-    wait_for(lambda: None not in svc.executor.replica_exit_codes(job_id, attempt), what=f"job {job_id} to exit")
 
 
 def finish(svc: Service, job_id: str, done: Path) -> None:
