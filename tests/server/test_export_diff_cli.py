@@ -111,21 +111,6 @@ def test_export_then_sim_run_and_diff_with_replay_at_80_columns(server: Server, 
     assert all(r["difference"] == 0 for r in rows["rows"] if r["metric"] == "finished")
 
 
-REPLAY_POLICY = """\
-min_grace: 2s
-thrash: {min_efficiency: 0, max_preemptions: {per: 24h, count: 100}}
-preemption: {restart_overhead: 0s, checkpoint_overhead: 0s}
-tiers:
-  3: {name: experimentation, lease: 0s, grace: 2s, scope: cluster}
-  4: {name: opportunistic, lease: 0s, grace: 2s, charged: false}
-queues:
-  name: cluster
-  children:
-    - {name: vision}
-    - {name: language}
-"""
-
-
 @pytest.mark.slow
 def test_a_replay_of_jobs_preempted_and_cancelled_without_the_sdk_preempts_and_uses_the_gpus_alike(
     tmp_path: Path,
@@ -134,7 +119,10 @@ def test_a_replay_of_jobs_preempted_and_cancelled_without_the_sdk_preempts_and_u
     `saves_on_sigterm` and done after 240 steps, the other never done, are preempted twice each
     by a tier-3 job of the whole node; the second is then cancelled. Replayed, the export
     preempts four times too, at about the utilization the run had."""
-    server = started(tmp_path, REPLAY_POLICY)
+    policy = yaml.safe_load(POLICY)
+    policy["tiers"][3]["scope"] = "cluster"  # its jobs preempt tier 4 in every queue
+    source = yaml.safe_dump(policy)
+    server = started(tmp_path, source)
     marks = {name: tmp_path / name for name in ("declared", "plain")}
 
     try:
@@ -167,7 +155,7 @@ def test_a_replay_of_jobs_preempted_and_cancelled_without_the_sdk_preempts_and_u
         used = sum(gpus * (e - s) for s, e, gpus in spans) / (4 * (end - begin))
 
         same = tmp_path / "same.yaml"
-        same.write_text(REPLAY_POLICY)
+        same.write_text(source)
         out = warden(server, "policy", "diff", str(same), "--replay", "1d", "--json")
         assert out.returncode == 0, out.stderr
         replay = json.loads(out.stdout)["replay"]
