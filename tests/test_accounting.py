@@ -20,10 +20,11 @@ from warden.engine.accounting import (
     assumed_startup,
     attempt_eta,
     checkpoint_basis,
+    clean_exit_in_grace,
     effective_grace,
     effective_lease,
     held_gpu_seconds,
-    measured_lost_work,
+    measured_loss,
     owed_gpu_seconds,
     policy_entitlement,
     predicted_lost_work,
@@ -112,16 +113,33 @@ def test_predicted_lost_work_is_zero_only_when_a_reported_save_fits_the_grace() 
 
 def test_measured_lost_work_is_zero_when_a_save_finished_between_sigterm_and_exit() -> None:
     # SIGTERM at 5000, the save on SIGTERM reported at 5090, exit at 5100: nothing lost.
-    assert measured_lost_work(8, 5000.0, 0.0, 100.0, 5090.0, ended_at=5100.0) == 0.0
+    assert measured_loss(8, 5000.0, 0.0, 100.0, 5090.0, ended_at=5100.0) == (0.0, "reported")
     # The same even though the prediction (a 300 s save, 120 s grace) said all would be lost.
     assert predicted_lost_work(8, 5000.0, 0.0, 100.0, 4000.0, 300.0, 120.0) == 8 * 1000.0
 
 
 def test_measured_lost_work_without_a_save_after_sigterm_counts_since_the_last_checkpoint() -> None:
-    assert measured_lost_work(8, 5000.0, 0.0, 100.0, 4000.0, ended_at=5120.0) == 8 * 1000.0
-    assert measured_lost_work(8, 5000.0, 0.0, 100.0, None, ended_at=5120.0) == 8 * 4900.0
+    assert measured_loss(8, 5000.0, 0.0, 100.0, 4000.0, ended_at=5120.0) == (8 * 1000.0, "reported")
+    assert measured_loss(8, 5000.0, 0.0, 100.0, None, ended_at=5120.0) == (8 * 4900.0, "assumed")
     # A checkpoint said to end after the exit did not survive it: nothing counts as saved.
-    assert measured_lost_work(8, 5000.0, 0.0, 100.0, 5200.0, ended_at=5120.0) == 8 * 4900.0
+    assert measured_loss(8, 5000.0, 0.0, 100.0, 5200.0, ended_at=5120.0) == (8 * 4900.0, "assumed")
+
+
+def test_a_declared_save_kept_by_a_clean_exit_loses_nothing_and_a_reported_one_after_sigterm_comes_first() -> None:
+    assert measured_loss(8, 5000.0, 0.0, 100.0, None, 5010.0, declared_save=True) == (0.0, "declared")
+    assert measured_loss(8, 5000.0, 0.0, 100.0, 4000.0, 5010.0, declared_save=True) == (0.0, "declared")
+    assert measured_loss(8, 5000.0, 0.0, 100.0, 5005.0, 5010.0, declared_save=True) == (0.0, "reported")
+
+
+def test_a_clean_exit_in_grace_is_every_process_exiting_0_after_sigterm_before_sigkill() -> None:
+    assert clean_exit_in_grace(100.0, 220.0, 130.0, False, [0, 0])
+    assert clean_exit_in_grace(100.0, None, 130.0, False, [0])
+    assert not clean_exit_in_grace(None, None, 130.0, False, [0])  # no SIGTERM: no save on it
+    assert not clean_exit_in_grace(100.0, 220.0, 220.5, True, [-9])  # SIGKILL at the deadline
+    assert not clean_exit_in_grace(100.0, 220.0, 130.0, False, [0, 1])  # one rank failed
+    assert not clean_exit_in_grace(100.0, 220.0, 130.0, False, [0, None])  # a status nobody read
+    assert not clean_exit_in_grace(100.0, 220.0, 130.0, False, [])
+    assert not clean_exit_in_grace(100.0, 220.0, 230.0, False, [0])  # after the deadline
 
 
 @settings(max_examples=200, deadline=None)
@@ -138,7 +156,7 @@ def test_a_job_that_saves_nothing_after_sigterm_loses_what_was_predicted_at_sigt
     sigterm = started + ran
     last = None if ckpt is None else started + ckpt * ran
     predicted = predicted_lost_work(gpus, sigterm, started, startup, last, None, 120.0)
-    assert measured_lost_work(gpus, sigterm, started, startup, last, ended_at=sigterm + 120.0) == predicted
+    assert measured_loss(gpus, sigterm, started, startup, last, ended_at=sigterm + 120.0).gpu_s == predicted
 
 
 def test_held_gpu_seconds_are_gpus_times_the_time_held_for_numbers_and_arrays() -> None:

@@ -38,6 +38,7 @@ __all__ = [
     "ApiRefused",
     "BadServerUrl",
     "Client",
+    "Export",
     "Probe",
     "Unreachable",
     "local_token",
@@ -92,6 +93,21 @@ def local_token_path() -> Path:
     return default_state_dir() / "admin-token"
 
 
+class Export(NamedTuple):
+    """An exported trace and the server's warning about it (None: none)."""
+
+    body: bytes
+    warning: str | None
+
+
+def warning_text(header: str | None) -> str | None:
+    """The text of a `Warning: 299 - "text"` header (RFC 7234), else the header as it is."""
+    if not header:
+        return None
+    code, _, rest = header.partition(" - ")
+    return rest[1:-1] if code.strip().isdigit() and rest.startswith('"') and rest.endswith('"') else header
+
+
 def local_token() -> str | None:
     """The admin token a server on this machine wrote at its first start, if readable."""
     try:
@@ -112,10 +128,11 @@ def _token(given: str | None) -> tuple[str | None, str | None]:
 
 
 class Response(NamedTuple):
-    """A server's answer: its HTTP status and body."""
+    """A server's answer: its HTTP status, body and headers (names case-insensitive)."""
 
     status: int
     content: bytes
+    headers: http.client.HTTPMessage
 
     @property
     def text(self) -> str:
@@ -183,7 +200,7 @@ class Client:
                 sent["Content-Type"] = "application/json"
             conn.request(method, target, body=body, headers=sent)
             answer = conn.getresponse()
-            return Response(answer.status, answer.read())
+            return Response(answer.status, answer.read(), answer.headers)
         finally:
             conn.close()
 
@@ -290,12 +307,14 @@ class Client:
     def diff_policy(self, source: str) -> dict[str, Any]:
         return self._call("POST", "/v1/policy/diff", True, json={"source": source})
 
-    def export_history(self, since: float | None = None, format: str = "native") -> bytes:
-        """The trace `GET /v1/history/export` answers: CSV text, or Parquet, as bytes."""
+    def export_history(self, since: float | None = None, format: str = "native") -> Export:
+        """The trace `GET /v1/history/export` answers (CSV text, or Parquet, as bytes) and its
+        warning, if any."""
         params: dict[str, Any] = {"format": format}
         if since is not None:
             params["since"] = since
-        return self._send("GET", "/v1/history/export", params=params).content
+        response = self._send("GET", "/v1/history/export", params=params)
+        return Export(response.content, warning_text(response.headers.get("Warning")))
 
     def create_token(
         self, user: str, role: str, queues: list[str], expires_in_s: float | None = None

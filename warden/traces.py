@@ -21,8 +21,13 @@ NATIVE_OPTIONAL = (
     "cpu",
     "memory",
     "flavor",
+    "duration_basis",
 )
 NATIVE_COLUMNS = NATIVE_REQUIRED + NATIVE_OPTIONAL
+DURATION_BASES = ("observed", "at_least", "assumed")
+"""What a `duration` rests on (docs/traces.md): what the job was seen to need (`observed`, the
+default), at least what it ran (`at_least`: it never finished), or a loss assumed at a
+preemption (`assumed`: the progress it kept is unknown, so it may need more)."""
 
 
 def native_cell(value: object) -> str:

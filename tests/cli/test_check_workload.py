@@ -1,7 +1,8 @@
 """`warden check-workload` on real processes, with and without warden's SDK: the examples and
-plain trainers that save by rename pass, each check saying how it was observed; a job that
-ignores SIGTERM, does not save, writes in place, never reopens its checkpoint, exits early or
-shows nothing fails with its reason (the last two at once, not after minutes)."""
+plain trainers that save by rename pass, each check saying how it was observed, and may be
+submitted with `--saves-on-sigterm`; a job that ignores SIGTERM, does not save, writes in
+place, never reopens its checkpoint, exits early or shows nothing fails with its reason (the
+last two at once, not after minutes)."""
 
 from __future__ import annotations
 
@@ -128,6 +129,7 @@ def test_a_plain_trainer_without_the_sdk_is_checked_from_outside(tmp_path: Path)
     assert checks["resumes from the checkpoint"]["how"] == "inotify, output"
     assert checks["resumes from the checkpoint"]["detail"].startswith("opened state.json; then output kept coming")
     assert json.loads(done.stdout)["saved_files"] == ["state.json"]
+    assert json.loads(done.stdout)["saves_on_sigterm"] is True  # it may declare so on submission
 
 
 def test_a_job_that_writes_its_checkpoint_in_place_fails(tmp_path: Path) -> None:
@@ -140,6 +142,7 @@ def test_a_job_that_writes_its_checkpoint_in_place_fails(tmp_path: Path) -> None
     assert "state.json was created and written in place under its final name" in atomic["detail"]
     assert "half-written" in atomic["detail"]
     assert checks["resumes from the checkpoint"]["ok"] is None  # not run after a failure
+    assert json.loads(done.stdout)["saves_on_sigterm"] is False
 
 
 def test_a_second_run_that_ignores_the_checkpoint_fails(tmp_path: Path) -> None:
@@ -317,4 +320,8 @@ def test_the_table_at_80_columns_says_how_each_check_was_observed(tmp_path: Path
         "resumes from the checkpoint inotify, output",
     ]
     assert "state.json appeared by rename from state.json.tmp" in done.stdout
-    assert lines[-1] == "the workload honours the preemption contract"
+    verdict_at = lines.index("the workload honours the preemption contract")
+    assert " ".join(" ".join(lines[verdict_at + 1 :]).split()) == (
+        "it may be submitted with --saves-on-sigterm, with a grace of at least 10 s: an exit 0 within its grace "
+        "after SIGTERM then counts as a save, and its preemption loses no work"
+    )

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
-from serverproc import end_everything
+from serverproc import end_everything, wait_for
 
 from warden.engine.model import Node
 from warden.engine.policy import parse_policy
-from warden.executors.base import Executor
+from warden.executors.base import Executor, Exit
 from warden.executors.local import LocalExecutor
 from warden.server.app import create_app
 from warden.server.service import Service
@@ -28,6 +29,18 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
+
+
+class ClockedExecutor(LocalExecutor):
+    """The local executor, its exits dated by the test's clock (the pass that collects an exit
+    is the moment the test chose for it), so that every time of the run is the clock's."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def exits(self) -> list[Exit]:
+        return [replace(e, ended_at=self.clock()) for e in super().exits()]
 
 
 @asynccontextmanager
@@ -62,3 +75,47 @@ def api_service(
         end_everything(svc)
         svc.stop()
         store.close()
+
+
+def submit_until(
+    svc: Service,
+    done: Path,
+    queue: str,
+    tier: int,
+    gpus: int,
+    seconds: float | None = None,
+    *,
+    traps_sigterm: bool = False,
+    saves_on_sigterm: bool = False,
+) -> str:
+    """A job of user ana that runs until the test creates the file `done`, with its tier's lease
+    fixed at submission (as `POST /v1/jobs` fixes it) and, given `seconds`, that runtime
+    estimate (the simulator knows every job's). With `traps_sigterm` it exits 0 on SIGTERM, as
+    a job that saves then does (without the SDK: warden sees no save unless it is submitted
+    `saves_on_sigterm`); else SIGTERM ends it at once."""
+    loop = 'while [ ! -e "$0" ]; do sleep 0.02; done'
+    command = ["sh", "-c", ('trap "exit 0" TERM; ' if traps_sigterm else "") + loop, str(done)]
+    job = svc.store.submit(
+        name="",
+        user="ana",
+        queue=queue,
+        tier=tier,
+        command=command,
+        workdir="/",
+        actor="ana",
+        now=svc.now(),
+        gpus=gpus,
+        lease_s=svc.policy.tier(tier).lease,
+        expected_duration_s=seconds,
+        saves_on_sigterm=saves_on_sigterm,
+    )
+    return str(job)
+
+
+def exited(svc: Service, *jobs: str) -> None:
+    """Wait until each job's current attempt has no process left."""
+    current = {j: svc.store.get(j).attempt for j in jobs}  # type: ignore[union-attr]
+    wait_for(
+        lambda: all(None not in svc.executor.replica_exit_codes(j, n) for j, n in current.items()),
+        what=f"job {', '.join(jobs)} to exit",
+    )

@@ -3,11 +3,16 @@ executor, real processes) whose clock the test moves and whose passes the test r
 
 The export of a run without timing noise (jobs end when the test says, at clock times it
 chooses), replayed in the simulator under the same policy, admits the same jobs in the same
-order at the same times and preempts the same victims for the same jobs. The diff of a policy
-that changes one queue's weight names exactly the waiting jobs the engine ranks elsewhere."""
+order at the same times and preempts the same victims for the same jobs. So does the export of
+jobs without the SDK that exit 0 on SIGTERM, some declaring `saves_on_sigterm`, preempted and
+cancelled: its durations are the work each was seen to need, each saying what it rests on. The
+diff of a policy that changes one queue's weight names exactly the waiting jobs the engine
+ranks elsewhere. The submit field `saves_on_sigterm` is stored, shown, and refused (422, naming
+it) when it is no boolean."""
 
 from __future__ import annotations
 
+import csv
 import io
 from collections.abc import Iterator
 from dataclasses import replace
@@ -15,15 +20,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from apiclient import Clock, api_service
+from apiclient import Clock, ClockedExecutor, api_service, exited
+from apiclient import submit_until as submit
 from fastapi.testclient import TestClient
-from serverproc import wait_for
 
-from warden.engine.model import Node
+from warden.engine.model import JobState, Node
 from warden.engine.policy import parse_policy
 from warden.engine.scheduler import rank
-from warden.executors.base import Exit
-from warden.executors.local import LocalExecutor
 from warden.server.service import Service
 from warden.sim.experiment import prepare, run_policy
 from warden.sim.loaders import load_trace
@@ -44,16 +47,7 @@ POLICY = {
 }
 
 
-class ClockedExecutor(LocalExecutor):
-    """The local executor, its exits dated by the test's clock (the pass that collects an exit
-    is the moment the test chose for it), so that every time of the run is the clock's."""
-
-    def __init__(self, clock: Clock) -> None:
-        super().__init__()
-        self.clock = clock
-
-    def exits(self) -> list[Exit]:
-        return [replace(e, ended_at=self.clock()) for e in super().exits()]
+DECLARED = {"traps_sigterm": True, "saves_on_sigterm": True}
 
 
 @pytest.fixture
@@ -62,33 +56,6 @@ def setup(tmp_path: Path) -> Iterator[tuple[Service, TestClient, Clock]]:
     ledger = {"a": 1000.0, "b": 2000.0, "c": 3000.0}
     with api_service(tmp_path, POLICY, (NODE,), clock, ClockedExecutor(clock), ledger) as (svc, client):
         yield svc, client, clock  # the test runs the passes
-
-
-def submit(svc: Service, done: Path, queue: str, tier: int, gpus: int, seconds: float | None = None) -> str:
-    """A job that runs until the test creates the file `done`, with its tier's lease fixed at
-    submission (as `POST /v1/jobs` fixes it) and, given `seconds`, that runtime estimate (the
-    simulator knows every job's)."""
-    command = ["sh", "-c", 'while [ ! -e "$0" ]; do sleep 0.02; done', str(done)]
-    job = svc.store.submit(
-        name="",
-        user="ana",
-        queue=queue,
-        tier=tier,
-        command=command,
-        workdir="/",
-        actor="ana",
-        now=svc.now(),
-        gpus=gpus,
-        lease_s=svc.policy.tier(tier).lease,
-        expected_duration_s=seconds,
-    )
-    return str(job)
-
-
-def exited(svc: Service, job_id: str) -> None:
-    """Wait until the job's current attempt has no process left."""
-    attempt = svc.store.get(job_id).attempt  # type: ignore[union-attr]
-    wait_for(lambda: None not in svc.executor.replica_exit_codes(job_id, attempt), what=f"job {job_id} to exit")
 
 
 def finish(svc: Service, job_id: str, done: Path) -> None:
@@ -262,3 +229,104 @@ def test_a_running_job_is_exported_with_its_work_so_far(
     text = client.get("/v1/history/export", params={"since": T0}).text  # a running job: its work so far
     rows = list(io.StringIO(text))
     assert len(rows) == 2 and rows[1].startswith(f"{job},{T0!r},1,42.0,a,3,ana,1,1,")
+
+
+def test_durations_are_the_work_observed_with_their_basis_and_replay_preempts_alike(
+    setup: tuple[Service, TestClient, Clock], tmp_path: Path
+) -> None:
+    svc, client, clock = setup
+    done = {name: tmp_path / f"done-{name}" for name in "ABCDH"}
+
+    def at(t: float) -> None:
+        clock.t = T0 + t
+        svc.reconciler.reconcile()
+
+    # Every job exits 0 on SIGTERM, none through the SDK; A and D declare it.
+    a = submit(svc, done["A"], "a", 3, 1, **DECLARED)  # preempted at 100, done at 450
+    b = submit(svc, done["B"], "a", 3, 1, traps_sigterm=True)  # preempted at 100, done at 450
+    c = submit(svc, done["C"], "b", 3, 1, traps_sigterm=True)  # preempted at 100, cancelled at 450
+    d = submit(svc, done["D"], "b", 3, 1, **DECLARED)  # preempted at 100, still running at 500
+    at(0)
+    clock.t = T0 + 100
+    h = submit(svc, done["H"], "b", 2, 4)  # tier 2, the whole node: preempts the four
+    at(100)
+    exited(svc, a, b, c, d)
+    at(100)
+    done["H"].touch()
+    exited(svc, h)
+    at(150)
+    clock.t = T0 + 450
+    done["A"].touch()
+    done["B"].touch()
+    assert client.post(f"/v1/jobs/{c}/cancel").status_code == 202
+    exited(svc, a, b, c)
+    at(450)
+    clock.t = T0 + 500
+
+    states = {j: svc.store.get(j).state for j in (a, b, c, d, h)}  # type: ignore[union-attr]
+    assert states == {
+        a: JobState.SUCCEEDED,
+        b: JobState.SUCCEEDED,
+        c: JobState.CANCELLED,
+        d: JobState.RUNNING,
+        h: JobState.SUCCEEDED,
+    }
+    firsts = {j: svc.store.attempts(j)[0] for j in (a, b, c, d)}
+    assert {j: (x.lost_work_gpu_s, x.lost_work_basis) for j, x in firsts.items()} == {
+        a: (0.0, "declared"),
+        b: (100.0, "assumed"),
+        c: (100.0, "assumed"),
+        d: (0.0, "declared"),
+    }
+    cancelled = svc.store.attempts(c)[1]
+    assert (cancelled.reason, cancelled.lost_work_gpu_s, cancelled.lost_work_basis) == ("cancelled", None, None)
+
+    r = client.get("/v1/history/export", params={"since": T0 - 1})
+    assert r.status_code == 200, r.text
+    assert r.headers["Warning"] == (
+        '299 - "3 of 5 durations rest on an assumption: 2 never finished (at_least: they need at least what '
+        "they ran); 1 had their lost work assumed at a preemption (assumed: they may need more) (column "
+        'duration_basis)"'
+    )
+    rows = {row["job_id"]: row for row in csv.DictReader(io.StringIO(r.text))}
+    assert {j: (float(x["duration"]), x["duration_basis"], x["resumable"]) for j, x in rows.items()} == {
+        a: (400.0, "observed", "true"),  # 100 before its declared save, 300 after
+        b: (300.0, "assumed", "false"),  # its last run; what its first one kept is unknown
+        c: (300.0, "at_least", "false"),  # cancelled: the most it ran, not 0
+        d: (450.0, "at_least", "true"),  # running: 100 kept + 350 so far
+        h: (50.0, "observed", "false"),
+    }
+
+    trace = tmp_path / "history.csv"
+    trace.write_bytes(r.content)
+    replay = run_policy(prepare(trace, nodes=(NODE,)), sim_policy("same", parse_policy(POLICY)))
+    simulated = sorted((round(x.admitted_at, 3), j.job_id) for j in replay.run.jobs for x in j.attempts)
+    started = sorted((x.started_at - T0, j) for j in (a, b, c, d, h) for x in svc.store.attempts(j))
+    assert simulated == started  # the same admissions at the same times
+    held = sum(
+        gpus * ((x.ended_at if x.ended_at is not None else clock.t) - x.started_at)
+        for j, gpus in ((a, 1), (b, 1), (c, 1), (d, 1), (h, 4))
+        for x in svc.store.attempts(j)
+    )
+    assert replay.summary["preemptions"] == len(svc.store.preemptions(0, 100)) == 4
+    assert replay.summary["utilization"] == pytest.approx(held / (4 * 500), abs=0.005)
+
+
+def test_saves_on_sigterm_is_stored_shown_and_refused_when_it_is_no_boolean(
+    setup: tuple[Service, TestClient, Clock],
+) -> None:
+    svc, client, _ = setup
+    body = {"queue": "a", "tier": 3, "command": ["true"], "gpus": 0, "workdir": "/"}
+    for bad in ("yes", 1, None, "true"):
+        r = client.post("/v1/jobs", json={**body, "saves_on_sigterm": bad})
+        assert r.status_code == 422, r.text
+        error = r.json()["error"]
+        assert (error["field"], error["value"]) == ("saves_on_sigterm", bad)
+    assert svc.store.list() == ()  # nothing stored
+    r = client.post("/v1/jobs", json={**body, "saves_on_sigterm": True})
+    assert r.status_code == 201, r.text
+    job = r.json()["id"]
+    assert svc.store.get(job).saves_on_sigterm is True  # type: ignore[union-attr]
+    assert client.get(f"/v1/jobs/{job}").json()["saves_on_sigterm"] is True
+    plain = client.post("/v1/jobs", json=body).json()["id"]
+    assert client.get(f"/v1/jobs/{plain}").json()["saves_on_sigterm"] is False

@@ -1,6 +1,8 @@
 """`warden history export` and `warden policy diff [--replay]` against a real server, at 80
 columns: the export loads in `warden sim run` as it is, and the diff's tables fit the
-terminal. (Bad input, refused before any request: tests/cli/test_history_diff_cli.py.)"""
+terminal; a replay of jobs without the SDK, preempted and cancelled, preempts as often and uses
+the GPUs as much as the run did. (Bad input, refused before any request:
+tests/cli/test_history_diff_cli.py.)"""
 
 from __future__ import annotations
 
@@ -8,12 +10,15 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from serverproc import ADMIN, Server, kill_leftovers, started, submit, until_state
+from plaintrainer import PATH as TRAINER
+from plaintrainer import attempts_started
+from serverproc import ADMIN, Server, kill_leftovers, started, submit, until_state, wait_for
 
 POLICY = """\
 min_grace: 2s
@@ -104,3 +109,63 @@ def test_export_then_sim_run_and_diff_with_replay_at_80_columns(server: Server, 
     rows = json.loads(warden(server, "policy", "diff", str(new_file), "--replay", "1d", "--json").stdout)["replay"]
     assert {r["scope"] for r in rows["rows"]} == {"cluster", "queue", "tier"}
     assert all(r["difference"] == 0 for r in rows["rows"] if r["metric"] == "finished")
+
+
+@pytest.mark.slow
+def test_a_replay_of_jobs_preempted_and_cancelled_without_the_sdk_preempts_and_uses_the_gpus_alike(
+    tmp_path: Path,
+) -> None:
+    """Two tier-4 trainers without the SDK (tests/server/plaintrainer.py), one declared
+    `saves_on_sigterm` and done after 240 steps, the other never done, are preempted twice each
+    by a tier-3 job of the whole node; the second is then cancelled. Replayed, the export
+    preempts four times too, at about the utilization the run had."""
+    policy = yaml.safe_load(POLICY)
+    policy["tiers"][3]["scope"] = "cluster"  # its jobs preempt tier 4 in every queue
+    source = yaml.safe_dump(policy)
+    server = started(tmp_path, source)
+    marks = {name: tmp_path / name for name in ("declared", "plain")}
+
+    try:
+        with server.client() as c:
+            declared = submit(
+                c,
+                queue="vision",
+                tier=4,
+                gpus=2,
+                saves_on_sigterm=True,
+                command=[sys.executable, str(TRAINER), str(marks["declared"]), "240"],
+            )
+            plain = submit(
+                c, queue="language", tier=4, gpus=2, command=[sys.executable, str(TRAINER), str(marks["plain"])]
+            )
+            highs = []
+            for n in (1, 2):
+                wait_for(lambda n=n: all(attempts_started(m) == n for m in marks.values()), 30, f"attempt {n} to start")
+                time.sleep(3)
+                highs.append(submit(c, queue="vision", tier=3, gpus=4, command=["sleep", "3"]))
+                until_state(c, highs[-1], "SUCCEEDED", timeout=30)
+            until_state(c, declared, "SUCCEEDED", timeout=60)
+            c.post(f"/v1/jobs/{plain}/cancel")
+            until_state(c, plain, "CANCELLED")
+            jobs = [c.get(f"/v1/jobs/{j}").json() for j in (declared, plain, *highs)]
+            preempted = len(c.get("/v1/preemptions").json())
+        assert preempted == 4
+        spans = [(a["started_at"], a["ended_at"], j["gpus"]) for j in jobs for a in j["attempts"]]
+        begin, end = min(j["submit_at"] for j in jobs), max(e for _, e, _ in spans)
+        used = sum(gpus * (e - s) for s, e, gpus in spans) / (4 * (end - begin))
+
+        same = tmp_path / "same.yaml"
+        same.write_text(source)
+        out = warden(server, "policy", "diff", str(same), "--replay", "1d", "--json")
+        assert out.returncode == 0, out.stderr
+        replay = json.loads(out.stdout)["replay"]
+        assert replay["warning"].startswith("1 of 4 durations rest on an assumption: 1 never finished")
+        assert "warning: 1 of 4 durations rest on an assumption" in " ".join(out.stderr.split())
+        assert replay["current"]["preemptions"] == preempted
+        # the run has a pass between each exit and the next start, the replay none: a few GPU-seconds
+        assert replay["current"]["utilization"] == pytest.approx(used, abs=0.15)
+        exported = warden(server, "history", "export", "--since", "1d")
+        assert "warning: 1 of 4 durations rest on an assumption" in " ".join(exported.stderr.split())
+    finally:
+        server.stop()
+        kill_leftovers(tmp_path)

@@ -245,11 +245,18 @@ def test_preemptions_before_the_migration_get_their_kind_from_their_event(db_url
         with engine.begin() as conn:
             config.attributes["connection"] = conn
             command.upgrade(config, "0006")
-        old = Store(engine)
-        made = {
-            kind: submit(old, T0, queue="vision")
-            for kind in ("preemption", "reclaim", "eviction", "cancel", "unsignalled")
-        }
+        kinds = ("preemption", "reclaim", "eviction", "cancel", "unsignalled")
+        made = dict(zip(kinds, range(1, len(kinds) + 1)))
+        with engine.begin() as conn:  # as a server of revision 0006 wrote them
+            for job in made.values():
+                conn.execute(
+                    text(
+                        'INSERT INTO jobs (id, name, "user", queue, tier, state, replicas, gpus, cpu, memory, '
+                        "placement, command, workdir, env, submit_at, preempted_at) VALUES (:job, '', 'ana', "
+                        "'vision', 3, 'RUNNING', 1, 1, 0, 0, 'any', '[\"sleep\", \"600\"]', '/', '{}', :t, '[]')"
+                    ),
+                    {"job": job, "t": T0 + job},
+                )
         reasons = {
             "preemption": f"preempted for job {made['cancel']} (downward); grace 120s",
             "reclaim": f"preempted for job {made['cancel']} (reclaim); grace 120s",

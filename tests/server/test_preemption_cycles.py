@@ -60,8 +60,15 @@ def preempted(store: Store, job: int, number: int, at: float, by: int, lost: flo
         preempted_for=str(by),
         preemption_kind="reclaim",
     )
-    store.update_attempt(job, number, lost_work_gpu_s=lost)
-    store.end_attempt(job, number, ended_at=at + 3, exit_codes=[0], reason="preempted")
+    store.end_attempt(
+        job,
+        number,
+        ended_at=at + 3,
+        exit_codes=[0],
+        reason="preempted",
+        lost_work_gpu_s=lost,
+        lost_work_basis="assumed",
+    )
 
 
 def test_two_jobs_that_took_capacity_back_and_forth_are_both_in_an_alternating_cycle(store: Store) -> None:
@@ -96,6 +103,9 @@ def test_two_jobs_that_took_capacity_back_and_forth_are_both_in_an_alternating_c
             "by_tier": 3,
             "kind": "reclaim",
             "lost_work_gpu_hours": 1.0,
+            "lost_work_basis": "assumed",
+            "lost_work_why": "assumed: no checkpoint was reported and the job did not declare --saves-on-sigterm; "
+            "counted from its last start",
             "grace_used_s": 3.0,
             "efficiency": 0.8,  # (100 - (15 + 5)) / 100, up to the SIGTERM
         }

@@ -112,6 +112,7 @@ def test_a_preemption_is_listed_with_its_preemptor_grace_and_lost_work_and_the_g
         [during] = c.get("/v1/preemptions").json()
         assert during["at"] == attempt["sigterm_at"] and during["kill_at"] == attempt["kill_at"]
         assert during["ended_at"] is None and during["grace_used_s"] is None and during["lost_work_gpu_hours"] is None
+        assert during["lost_work_basis"] is None and during["lost_work_why"] is None
 
         out.with_suffix(".release").write_text("")
         [after] = wait_for(
@@ -134,6 +135,9 @@ def test_a_preemption_is_listed_with_its_preemptor_grace_and_lost_work_and_the_g
             "kill_at": first["kill_at"],
             "ended_at": first["ended_at"],
             "lost_work_gpu_hours": round(first["lost_work_gpu_s"] / 3600, 6),
+            "lost_work_basis": "assumed",  # it saved nothing it reported or declared
+            "lost_work_why": "assumed: no checkpoint was reported and the job did not declare --saves-on-sigterm; "
+            "counted from its last start",
         }
         assert after["reason"].startswith(f"preempted for job {high} (downward)")
         assert first["preemption_kind"] == "preemption"  # as `describe` shows the attempt

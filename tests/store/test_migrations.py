@@ -129,3 +129,50 @@ def test_every_migration_file_ships_in_the_package() -> None:
     for path in needed:
         relative = path.relative_to(package_root).as_posix()
         assert any(fnmatch.fnmatch(relative, pattern) for pattern in patterns), relative
+
+
+def test_0015_says_what_measured_lost_work_rests_on_and_charges_a_cancel_nothing(engine: Engine) -> None:
+    """Attempts measured before 0015: `reported` where a checkpoint was, else `assumed`; a cancel
+    or a time limit charged nothing (no lost work where no preemption stopped it, 0 `cancelled`
+    where one did)."""
+    from alembic import command
+
+    config = alembic_config()
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0014")
+    attempts = {  # number: (reason, preemption_kind, last_checkpoint_at, lost_work_gpu_s)
+        1: ("preempted", "'preemption'", "NULL", "100"),
+        2: ("killed", "'reclaim'", "50", "40"),
+        3: ("cancelled", "NULL", "NULL", "30"),
+        4: ("cancelled", "'preemption'", "NULL", "20"),
+        5: ("completed", "NULL", "NULL", "NULL"),
+        6: ("timeout", "NULL", "NULL", "25"),
+    }
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                'INSERT INTO jobs (id, name, "user", queue, tier, state, replicas, gpus, cpu, memory, placement, '
+                "command, workdir, env, submit_at, preempted_at) VALUES (1, 'x', 'u', 'q', 3, 'CANCELLED', 1, 1, 0, "
+                "0, 'any', '[\"true\"]', '/', '{}', 1.0, '[]')"
+            )
+        )
+        for number, (reason, kind, checkpoint, lost) in attempts.items():
+            conn.execute(
+                text(
+                    "INSERT INTO attempts (job_id, number, state, started_at, assignment, log_dir, reason, "
+                    f"preemption_kind, last_checkpoint_at, lost_work_gpu_s) VALUES (1, {number}, 'exited', 1.0, "
+                    f"'[]', '', '{reason}', {kind}, {checkpoint}, {lost})"
+                )
+            )
+    migrate(engine)
+    store = Store(engine)
+    assert {a.number: (a.lost_work_gpu_s, a.lost_work_basis) for a in store.attempts(1)} == {
+        1: (100.0, "assumed"),
+        2: (40.0, "reported"),
+        3: (None, None),
+        4: (0.0, "cancelled"),
+        5: (None, None),
+        6: (None, None),
+    }
+    assert store.get(1).saves_on_sigterm is False  # type: ignore[union-attr]

@@ -46,7 +46,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run CMD, wait for progress, send SIGTERM; check it saves atomically, exits 0 within
         the grace, and resumes from that checkpoint on a second run. With or without warden's
-        SDK: what the SDK does not report is watched from outside. Exit 0 only if it does all of it."""
+        SDK: what the SDK does not report is watched from outside. Exit 0 only if it does all of it;
+        then it says the command may be submitted with --saves-on-sigterm."""
         from rich import box
         from rich.console import Console
         from rich.markup import escape
@@ -97,4 +98,6 @@ def register(app: typer.Typer) -> None:
                 if verdict.ok
                 else "[red]the workload does not honour the preemption contract[/red]"
             )
+            if verdict.declare is not None:
+                out.print(verdict.declare, markup=False)
         raise typer.Exit(0 if verdict.ok else 1)

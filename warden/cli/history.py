@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from warden.cli.app import App, duration
 from warden.cli.jobs import TokenOpt, UrlOpt, client
@@ -30,6 +31,12 @@ _err = Console(stderr=True)
 def fail(message: str) -> typer.Exit:
     _err.print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
     return typer.Exit(EXIT_INVALID)
+
+
+def warn(message: str | None) -> None:
+    """A warning on stderr: the server's about an export (`Client.export_history`), if any."""
+    if message:
+        _err.print(f"[bold yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def window(option: str, text: str) -> float:
@@ -65,7 +72,8 @@ def export(
     if format == "parquet" and output is None:
         raise fail("--format parquet: Parquet is binary; name a file with -o FILE")
     with client(url, token) as c:
-        body = c.export_history(time.time() - seconds, format)
+        body, warning = c.export_history(time.time() - seconds, format)
+    warn(warning)
     if output is None:
         sys.stdout.write(body.decode("utf-8"))
         sys.stdout.flush()

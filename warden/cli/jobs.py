@@ -290,6 +290,14 @@ def register(app: typer.Typer) -> None:
         memory: Annotated[int, typer.Option("--memory", help="MiB per replica.", parser=_within(0, INT32_MAX))] = 0,
         flavor: Annotated[str | None, typer.Option("--flavor", help="GPU flavor.", show_default=False)] = None,
         env: Annotated[list[str], typer.Option("--env", "-e", help="KEY=VALUE for the job (repeatable).")] = [],
+        saves_on_sigterm: Annotated[
+            bool,
+            typer.Option(
+                "--saves-on-sigterm",
+                help="The job saves its state on SIGTERM (as check-workload checks): an exit 0 within its grace "
+                "after one counts as a save, and its preemption loses nothing.",
+            ),
+        ] = False,
         dry_run: Annotated[
             bool,
             typer.Option("--dry-run", help="Say what the scheduler would decide for the job now; submit nothing."),
@@ -316,6 +324,8 @@ def register(app: typer.Typer) -> None:
         for key, value in (("lease", lease), ("grace", grace), ("time_limit", time_limit), ("flavor", flavor)):
             if value is not None:
                 body[key] = value
+        if saves_on_sigterm:
+            body["saves_on_sigterm"] = True
         if dry_run:
             with client(url, token) as c:
                 verdict = c.dry_run(**body)
@@ -730,9 +740,10 @@ def _print_job(j: dict[str, Any]) -> None:
         f"[bold]job {j['id']}[/bold] {j['name']}  user {j['user']}  queue {j['queue']}  tier {j['tier']}  "
         f"[bold]{state}[/bold]" + (f" ({j['state']})" if state != j["state"] else "")
     )
+    saves = "; saves on SIGTERM (declared)" if j.get("saves_on_sigterm") else ""
     con.print(
         f"  {j['gpus']} GPU(s) as {j['replicas']} × {j['gpus_per_replica']}, placement {j['placement']}; "
-        f"lease {_age(j['lease_s'])}, grace {_age(j['grace_s'])}; command: {escape(command)}"
+        f"lease {_age(j['lease_s'])}, grace {_age(j['grace_s'])}{saves}; command: {escape(command)}"
     )
     running = _running_line(j, now)
     if running:
@@ -786,6 +797,9 @@ def _print_job(j: dict[str, Any]) -> None:
                 ]
             )
         tables.titled(con, "preemptions", tables.listing(PREEMPTION_COLUMNS, cells))
+        for p in j["preemptions"]:
+            if p.get("lost_work_why"):
+                con.print(f"  lost work of #{p['attempt']}: {p['lost_work_why']}", markup=False, highlight=False)
     cells = [[_clock(e["at"], now), e["from"] or "", e["to"], e["actor"], e["reason"]] for e in j["events"]]
     tables.titled(con, "events", tables.listing(EVENT_COLUMNS, cells))
 

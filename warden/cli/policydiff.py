@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from warden.cli import tables
-from warden.cli.history import fail
+from warden.cli.history import fail, warn
 from warden.client import Client
 from warden.engine.durations import relative
 from warden.engine.model import Node
@@ -36,8 +36,10 @@ EXIT_LOOP = 3
 
 def replay_history(c: Client, new_source: str, seconds: float) -> dict[str, Any]:
     """The jobs of the last `seconds`, as the server exports them, simulated under its policy
-    and under `new_source` on its nodes."""
-    body = c.export_history(time.time() - seconds, "native")
+    and under `new_source` on its nodes; the export's warning (durations that rest on an
+    assumption) is printed on stderr and kept as `warning`."""
+    body, warning = c.export_history(time.time() - seconds, "native")
+    warn(warning)
     current = c.policy()
     nodes = tuple(
         Node(n["name"], n["gpus"], n.get("cpu") or 0, n.get("memory") or 0, n["flavor"], n.get("block"))
@@ -73,6 +75,7 @@ def replay_history(c: Client, new_source: str, seconds: float) -> dict[str, Any]
         "jobs": len(setup.trace.jobs),
         "gpus": setup.gpus,
         "policy_version": current.get("version"),
+        "warning": warning,
         "rows": side_by_side(outcomes[0].summary, outcomes[1].summary),
         "current": outcomes[0].summary,
         "new": outcomes[1].summary,

@@ -13,10 +13,11 @@ times:
   time from what the job reported. Zero when the job reported a save on SIGTERM whose measured
   duration fits its grace (the save will survive), else the GPU-seconds since the progress no
   checkpoint covers began (`unsaved_since`);
-- *measured* (`measured_lost_work`): what a preemption did throw away, known once the job has
-  exited. Zero when a checkpoint completed after the job stopped working and no later than its
-  exit (that save survived, whatever the prediction said), else the GPU-seconds between
-  `unsaved_since` and the moment the job stopped working.
+- *measured* (`measured_loss`): what a preemption did throw away, known once the job has
+  exited, and what that figure rests on (`LossBasis`). Zero when a checkpoint completed after
+  the job stopped working and no later than its exit (that save survived, whatever the
+  prediction said), or when the job declared that it saves on SIGTERM and exited 0 within its
+  grace; else the GPU-seconds between `unsaved_since` and the moment the job stopped working.
 
 Both count from the same point, so a job that reports nothing new after SIGTERM is measured
 to lose exactly what was predicted at SIGTERM.
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, NamedTuple, TypeVar
 
 if TYPE_CHECKING:
     import numpy as np
@@ -176,28 +177,58 @@ def predicted_lost_work(
     return gpus * max(0.0, now - unsaved_since(started_at, startup_s, last_checkpoint_at))
 
 
-def measured_lost_work(
+LossBasis = Literal["reported", "declared", "assumed", "cancelled"]
+"""What a measured loss rests on: a checkpoint the job reported (`reported`), its declaration
+that it saves on SIGTERM, kept by a clean exit in its grace (`declared`: nothing lost), or
+neither (`assumed`: everything since its last start, as if nothing had been saved). The
+server adds `cancelled`: a job a cancel ends runs no more, so its preemption is charged
+nothing (a cancel is no cost of the priority scheme)."""
+
+
+class MeasuredLoss(NamedTuple):
+    """What a preemption threw away (GPU-seconds) and what that figure rests on."""
+
+    gpu_s: float
+    basis: LossBasis
+
+
+def clean_exit_in_grace(
+    sigterm_at: float | None, kill_at: float | None, ended_at: float, killed: bool, exit_codes: Sequence[int | None]
+) -> bool:
+    """Did every process exit 0 after SIGTERM, before SIGKILL? What a job that declared it
+    saves on SIGTERM must do for its save to count (an exit status nobody read does not)."""
+    if sigterm_at is None or killed or not exit_codes or any(c != 0 for c in exit_codes):
+        return False
+    return kill_at is None or ended_at <= kill_at
+
+
+def measured_loss(
     gpus: int,
     stopped_at: float,
     started_at: float,
     startup_s: float,
     last_checkpoint_at: float | None,
     ended_at: float | None = None,
-) -> float:
-    """GPU-seconds a preemption threw away, once the job has exited at `ended_at`.
+    declared_save: bool = False,
+) -> MeasuredLoss:
+    """What a preemption threw away, once the job has exited at `ended_at`.
 
     `stopped_at` is when the job stopped making progress: its SIGTERM, or the start of a save
     that was already under way then (only a simulator knows that). A checkpoint that ended
     after that and no later than the exit covers all the progress; one that ended after the
     exit did not survive it, and as only the newest checkpoint is known, nothing counts as
-    saved then.
+    saved then. `declared_save`: the job declared that it saves on SIGTERM and kept to it
+    (`clean_exit_in_grace`), which covers the progress as a reported save would.
     """
     last = last_checkpoint_at
     if last is not None and ended_at is not None and last > ended_at:
         last = None
     if last is not None and last >= stopped_at:
-        return 0.0
-    return gpus * max(0.0, stopped_at - unsaved_since(started_at, startup_s, last))
+        return MeasuredLoss(0.0, "reported")
+    if declared_save:
+        return MeasuredLoss(0.0, "declared")
+    lost = gpus * max(0.0, stopped_at - unsaved_since(started_at, startup_s, last))
+    return MeasuredLoss(lost, "assumed" if last is None else "reported")
 
 
 # -- owed versus delivered GPU-hours (DESIGN §7) ----------------------------------------------

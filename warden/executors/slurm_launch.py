@@ -78,7 +78,7 @@ def _master_port(attempt_dir: Path, replica: dict[str, Any]) -> int:
         if record is not None:
             return int(record["port"])
         time.sleep(0.02)
-    raise TimeoutError(f"rank 0 did not publish its master port in {path} within {RENDEZVOUS_TIMEOUT_S:g} s")
+    raise TimeoutError(f"rank 0 did not publish its master port in {path} within {RENDEZVOUS_TIMEOUT_S:g}s")
 
 
 def task(attempt_dir: Path) -> int:

@@ -25,7 +25,7 @@ from warden.server.auth import Principal, bearer
 from warden.server.busy import PerUserLimit
 from warden.server.errors import ApiError, ErrorBody, error_body, safe_value, shorten
 from warden.server.explanations import wall_times
-from warden.server.export import PARQUET_HINT, to_csv, to_parquet
+from warden.server.export import PARQUET_HINT, assumption_warning, to_csv, to_parquet
 from warden.server.history import MOST_SAMPLES, SPAN_MAX_S, history_view
 from warden.server.requests import INT32_MAX, INT64_MAX, Name, PolicyRequest, ReportRequest, SubmitRequest, TokenRequest
 from warden.server.service import Service
@@ -501,8 +501,9 @@ def build_router(service: Service) -> APIRouter:
         format: Annotated[Literal["native", "parquet"], Query(description="native CSV, or Parquet")] = "native",
     ) -> Response:
         """The jobs submitted at `since` or later that have run, as a native trace
-        (docs/traces.md) that `warden sim run --trace` loads as it is. One in progress per
-        user at a time (429)."""
+        (docs/traces.md) that `warden sim run --trace` loads as it is. Where durations rest on
+        an assumption (`duration_basis` not `observed`), a `Warning: 299` header counts them.
+        One in progress per user at a time (429)."""
         now = service.now()
         start = _finite("since", since) if since is not None else now - EXPORT_DEFAULT_S
         if now - start > EXPORT_MAX_S:
@@ -512,6 +513,9 @@ def build_router(service: Service) -> APIRouter:
 
     def _export(rows: list[Any], format: str) -> Response:
         headers = {"X-Total-Count": str(len(rows))}
+        warning = assumption_warning(rows)
+        if warning is not None:
+            headers["Warning"] = f'299 - "{warning}"'
         if format == "native":
             headers["Content-Disposition"] = 'attachment; filename="warden-trace.csv"'
             return Response(content=to_csv(rows), media_type="text/csv; charset=utf-8", headers=headers)

@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from warden.engine import lifecycle
-from warden.engine.accounting import assumed_startup, measured_lost_work
+from warden.engine.accounting import MeasuredLoss, assumed_startup, clean_exit_in_grace, measured_loss
 from warden.engine.lifecycle import Event
 from warden.engine.model import Job, JobState
 from warden.executors.base import Exit
@@ -35,34 +35,46 @@ class Exits(Duty):
         # before it started, never after now, so no charge or lost work comes out negative.
         if not attempt.started_at <= ex.ended_at <= now:  # NaN included
             ex = replace(ex, ended_at=attempt.started_at if ex.ended_at < attempt.started_at else now)
-        # Work is lost from a SIGTERM, or from the moment something else ended the attempt.
-        stopped_at = attempt.sigterm_at if attempt.sigterm_at is not None else ex.ended_at if ex.ended_by else None
-        if stopped_at is not None:
-            lost = measured_lost_work(
-                job.gpus * job.replicas,
-                stopped_at,
-                attempt.started_at,
-                assumed_startup(self.policy, attempt.startup_s),
-                attempt.last_checkpoint_at,
-                ex.ended_at,
-            )
-            self.store.update_attempt(job.id, ex.attempt, lost_work_gpu_s=lost)
-            if self.metrics is not None and not (job.cancel_requested or attempt.timed_out):
-                self.metrics.lost_work(job.queue, lost)
         for _ in range(CAS_TRIES):
             self._phase("exit")
-            if self._end(job, attempt, ex, now):
+            loss = self._loss(job, attempt, ex)
+            if self._end(job, attempt, ex, now, loss):
+                if self.metrics is not None and loss is not None and loss.basis != "cancelled":
+                    self.metrics.lost_work(job.queue, loss.gpu_s)
                 break
             job = self.store.get(job.id) or job
         else:
             log.error("job %s: its exit could not be recorded (it kept changing); the next restart finishes it", job.id)
         self.stats.finished += 1
 
-    def _end(self, job: StoredJob, attempt: StoredAttempt, ex: Exit, now: float) -> bool:
-        """End the attempt and move the job as `job` (just read) says: CANCELLED once a cancel
-        marked it, TIMEOUT once it ran out its time limit, REQUEUED after SIGTERM, else by the
-        exit codes. The move is a compare-and-set on the state and cancel mark read, so a
-        cancel landing in between makes it fail (False) rather than requeue a cancelled job."""
+    def _loss(self, job: StoredJob, attempt: StoredAttempt, ex: Exit) -> MeasuredLoss | None:
+        """The work a preemption, reclaim or eviction of the attempt threw away, from its SIGTERM
+        or from the moment something else ended it; None when none stopped it (a cancel alone,
+        or no stop at all). A job a cancel ends runs no more: its preemption is charged nothing."""
+        if attempt.preemption_kind is None and ex.ended_by is None:
+            return None
+        if job.cancel_requested:
+            return MeasuredLoss(0.0, "cancelled")
+        stopped_at = attempt.sigterm_at if attempt.sigterm_at is not None else ex.ended_at
+        declared = job.saves_on_sigterm and clean_exit_in_grace(
+            attempt.sigterm_at, attempt.kill_at, ex.ended_at, ex.killed, ex.exit_codes
+        )
+        return measured_loss(
+            job.gpus * job.replicas,
+            stopped_at,
+            attempt.started_at,
+            assumed_startup(self.policy, attempt.startup_s),
+            attempt.last_checkpoint_at,
+            ex.ended_at,
+            declared,
+        )
+
+    def _end(self, job: StoredJob, attempt: StoredAttempt, ex: Exit, now: float, loss: MeasuredLoss | None) -> bool:
+        """End the attempt, with its `loss`, and move the job as `job` (just read) says:
+        CANCELLED once a cancel marked it, TIMEOUT once it ran out its time limit, REQUEUED after
+        SIGTERM, else by the exit codes. The move is a compare-and-set on the state and cancel
+        mark read, so a cancel landing in between makes it fail (False) rather than requeue a
+        cancelled job."""
         codes = list(ex.exit_codes)
         first_bad = next((c for c in codes if c != 0), None)
         out = lifecycle.outcome(
@@ -76,7 +88,13 @@ class Exits(Duty):
         reason = out.reason
         # An exit status nobody could read (the supervisor was lost) is recorded as -1.
         self.store.end_attempt(
-            job.id, ex.attempt, ended_at=ex.ended_at, exit_codes=[-1 if c is None else c for c in codes], reason=reason
+            job.id,
+            ex.attempt,
+            ended_at=ex.ended_at,
+            exit_codes=[-1 if c is None else c for c in codes],
+            reason=reason,
+            lost_work_gpu_s=None if loss is None else loss.gpu_s,
+            lost_work_basis=None if loss is None else loss.basis,
         )
         read: dict[str, Any] = {"expect_state": {job.state}, "expect_cancel_requested": job.cancel_requested}
         # an eviction from a node that went down is no preemption (the thrash guard's count)

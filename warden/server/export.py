@@ -7,17 +7,25 @@ again after a preemption); jobs that never started say nothing about how long th
 left out. What each column is made of, from the store's jobs and attempts and what the workload
 SDK reported (docs/traces.md, *Exported traces*):
 
-- `duration`: seconds of useful progress, summed over attempts: each attempt's run until its
-  SIGTERM, its exit, or now while it still runs, less its startup, the checkpoints it wrote
-  before that point and the work a preemption threw away (measured lost work / GPUs). A job
-  that still runs has done only part of its work: its duration is what it did so far;
+- `duration`: the work the job needs, in seconds of progress, from what was observed. Each
+  attempt ran until its SIGTERM, its exit, or now while it still runs, less its startup and
+  the checkpoints it wrote before that point; the progress it kept is that run less the work
+  its preemption threw away (measured lost work / GPUs; a cancel throws none away). A job
+  that finished (succeeded or failed) needs the progress its earlier attempts kept plus the
+  run of its last one; one that did not (it runs, waits again, was cancelled or ran out its time limit) needs at
+  least the most progress any of its attempts reached;
+- `duration_basis`: what that rests on (`warden.traces.DURATION_BASES`): `observed`, `at_least` (it never
+  finished), or `assumed` (a preemption's loss was assumed, so the progress kept before its
+  last attempt is a guess and it may need more);
 - `startup_seconds`: the median of the startups its attempts reported, else what the server
   assumed (the policy's `preemption.restart_overhead`), the same figure its lost work and η
   were computed with;
-- `checkpoint_seconds`: checkpoint time per save (all saves, SIGTERM ones included);
+- `checkpoint_seconds`: checkpoint time per save (all saves, SIGTERM ones included; a declared
+  save on SIGTERM takes the time from SIGTERM to the job's exit 0);
 - `checkpoint_interval`: progress between periodic saves (a save on SIGTERM is no periodic
   one), empty when it saved only on SIGTERM or never;
-- `resumable`: whether it ever completed a checkpoint (else it restarts from zero).
+- `resumable`: whether it ever completed a checkpoint, reported or declared (else it restarts
+  from zero).
 """
 
 from __future__ import annotations
@@ -25,10 +33,12 @@ from __future__ import annotations
 import csv
 import io
 import statistics
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import astuple, dataclass
 
 from warden.engine.accounting import assumed_startup
+from warden.engine.model import JobState
 from warden.engine.policy import Policy
 from warden.store.jobs import StoredAttempt, StoredJob
 from warden.traces import NATIVE_COLUMNS, native_cell
@@ -36,6 +46,8 @@ from warden.traces import NATIVE_COLUMNS, native_cell
 FORMATS = ("native", "parquet")
 """`?format=`: native CSV (text/csv), or the same columns as Parquet."""
 PARQUET_HINT = "writing Parquet needs pyarrow on the server: pip install 'gpu-warden[parquet]'"
+FINISHED = frozenset({JobState.SUCCEEDED, JobState.FAILED})
+"""The states in which a job has shown all the work it needs: it ended by itself."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +71,7 @@ class ExportedJob:
     cpu: int
     memory: int
     flavor: str | None
+    duration_basis: str
 
 
 def exported_job(job: StoredJob, attempts: Sequence[StoredAttempt], policy: Policy, now: float) -> ExportedJob:
@@ -66,31 +79,39 @@ def exported_job(job: StoredJob, attempts: Sequence[StoredAttempt], policy: Poli
     gpus = job.gpus * job.replicas
     reported = [a.startup_s for a in attempts if a.startup_s is not None]
     startup = statistics.median(reported) if reported else assumed_startup(policy, None)
-    useful = 0.0
+    kept = reached = 0.0
     periodic_saves = 0
     periodic_spans: list[float] = []
-    saves = sum(a.checkpoints for a in attempts)
-    per_save = sum(a.checkpoint_s for a in attempts) / saves if saves else 0.0
+    declared = [took for a in attempts if (took := _declared_save_s(a)) is not None]
+    saves = sum(a.checkpoints for a in attempts) + len(declared)
+    per_save = (sum(a.checkpoint_s for a in attempts) + sum(declared)) / saves if saves else 0.0
     for a in attempts:
         stop = a.sigterm_at if a.sigterm_at is not None else a.ended_at if a.ended_at is not None else now
         began = a.started_at + assumed_startup(policy, a.startup_s)
         on_sigterm = _saved_on_sigterm(a)
         before = a.checkpoint_s - ((a.sigterm_save_s or 0.0) if on_sigterm else 0.0)
-        lost = (a.lost_work_gpu_s or 0.0) / gpus if gpus else 0.0
-        useful += max(0.0, stop - began - before - lost)
+        ran = max(0.0, stop - began - before)
+        lost = min(ran, (a.lost_work_gpu_s or 0.0) / gpus if gpus else 0.0)
+        reached = max(reached, kept + ran)
+        kept += ran - lost
         periodic = a.checkpoints - (1 if on_sigterm else 0)
         periodic_saves += periodic
         if periodic > 0 and not on_sigterm and a.last_checkpoint_at is not None:
             periodic_spans.append((a.last_checkpoint_at - began) / periodic - per_save)
+    duration = max(kept, reached)
     interval: float | None = None
     if periodic_saves:
         spans = [s for s in periodic_spans if s > 0]
-        interval = statistics.median(spans) if spans else (useful / periodic_saves or None)
+        interval = statistics.median(spans) if spans else (duration / periodic_saves or None)
+    if job.state not in FINISHED:
+        basis = "at_least"
+    else:
+        basis = "assumed" if any(a.lost_work_basis == "assumed" for a in attempts) else "observed"
     return ExportedJob(
         job_id=job.job_id,
         submit=job.submit_at,
         num_gpus=gpus,
-        duration=round(useful, 6),
+        duration=round(duration, 6),
         queue=job.queue,
         tier=job.tier,
         user=job.user,
@@ -104,7 +125,16 @@ def exported_job(job: StoredJob, attempts: Sequence[StoredAttempt], policy: Poli
         cpu=job.cpu,
         memory=job.memory,
         flavor=job.flavor,
+        duration_basis=basis,
     )
+
+
+def _declared_save_s(a: StoredAttempt) -> float | None:
+    """How long the attempt's declared save on SIGTERM took (from SIGTERM to its clean exit);
+    None when it kept none."""
+    if a.lost_work_basis != "declared" or a.sigterm_at is None or a.ended_at is None:
+        return None
+    return a.ended_at - a.sigterm_at
 
 
 def _saved_on_sigterm(a: StoredAttempt) -> bool:
@@ -116,6 +146,20 @@ def export_rows(
     history: Iterable[tuple[StoredJob, Sequence[StoredAttempt]]], policy: Policy, now: float
 ) -> list[ExportedJob]:
     return [exported_job(job, attempts, policy, now) for job, attempts in history]
+
+
+def assumption_warning(rows: Sequence[ExportedJob]) -> str | None:
+    """One sentence counting the rows whose duration rests on an assumption (None: none does)."""
+    counts = Counter(r.duration_basis for r in rows)
+    parts = []
+    if counts["at_least"]:
+        parts.append(f"{counts['at_least']} never finished (at_least: they need at least what they ran)")
+    if counts["assumed"]:
+        parts.append(f"{counts['assumed']} had their lost work assumed at a preemption (assumed: they may need more)")
+    if not parts:
+        return None
+    total = counts["at_least"] + counts["assumed"]
+    return f"{total} of {len(rows)} durations rest on an assumption: " + "; ".join(parts) + " (column duration_basis)"
 
 
 def to_csv(rows: Iterable[ExportedJob]) -> str:
@@ -152,6 +196,7 @@ def to_parquet(rows: Sequence[ExportedJob]) -> bytes:
         "cpu": pa.int64(),
         "memory": pa.int64(),
         "flavor": pa.string(),
+        "duration_basis": pa.string(),
     }
     schema = pa.schema([(name, types[name]) for name in NATIVE_COLUMNS])
     columns = list(zip(*(astuple(r) for r in rows))) if rows else [() for _ in NATIVE_COLUMNS]

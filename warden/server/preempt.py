@@ -43,7 +43,9 @@ class Preemptions(Duty):
             event=Event.SIGNALLED,
             now=now,
             actor="warden",
-            reason=f"preempted for job {for_job} ({kind}); expected lost work {lost:.0f} GPU-s; grace {format_duration(grace)}",
+            reason=f"preempted for job {for_job} ({kind}); expected lost work {lost:.0f} GPU-s"
+            + (" (none if it exits 0 in its grace: declared saves-on-sigterm)" if job.saves_on_sigterm and lost else "")
+            + f"; grace {format_duration(grace)}",
             details={KILL_AT: kill_at, "grace_s": grace, "expected_lost_gpu_s": lost},
             expect_state={job.state},
             expect_cancel_requested=False,

@@ -75,6 +75,12 @@ class SubmitRequest(_Request):
     )
     workdir: Text | None = None
     env: dict[Text, Text] = Field(default_factory=dict)
+    saves_on_sigterm: bool = Field(
+        default=False,
+        strict=True,
+        description="the job saves its state on SIGTERM (as `warden check-workload` checks): an exit 0 within "
+        "its grace after one counts as a save, and its preemption loses nothing",
+    )
 
     @field_validator("command")
     @classmethod

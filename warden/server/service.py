@@ -559,6 +559,7 @@ class Service:
                 + ("; waits for an admin's approval" if state is JobState.AWAITING_APPROVAL else ""),
                 idempotency_key=idempotency_key,
                 request_digest=digest,
+                saves_on_sigterm=req.saves_on_sigterm,
                 waiting_limits=WaitingLimits(
                     None if who.is_admin else limits.max_pending_per_user, limits.max_pending_per_queue
                 ),
@@ -887,6 +888,7 @@ class Service:
                 fields.update(
                     checkpoint_s=attempt.checkpoint_s + duration,
                     last_checkpoint_at=at,
+                    last_checkpoint_step=req.step,
                     checkpoints=attempt.checkpoints + 1,
                     sigterm_save_s=duration,
                 )

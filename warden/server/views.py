@@ -13,6 +13,7 @@ from typing import Any
 
 from warden.engine import accounting
 from warden.engine.cycles import Preempted, PreemptionCycle, preemption_cycles
+from warden.engine.durations import format_duration, span
 from warden.engine.fairshare import cluster_capacity, fair_order
 from warden.engine.forecast import ASSUMES, Estimate
 from warden.engine.model import Job, JobState, Node, UsageLedger
@@ -20,7 +21,7 @@ from warden.engine.policy import Policy
 from warden.engine.quota import QuotaTree
 from warden.engine.rules import RuleContext, efficiency, protection
 from warden.engine.whatif import Verdict
-from warden.server.explanations import KILL_AT, event_message, rendered
+from warden.server.explanations import KILL_AT, event_message, rendered, wall_times
 from warden.store.history import PreemptionRecord
 from warden.store.jobs import EventRecord, StoredAttempt, StoredJob, job_key
 from warden.store.repo import Store
@@ -183,6 +184,7 @@ def job_detail(
             "lease_s": accounting.effective_lease(policy, job.tier, job.lease_s),
             "grace_s": accounting.effective_grace(policy, job.tier, job.grace_s),
             "time_limit_s": job.expected_duration_s,
+            "saves_on_sigterm": job.saves_on_sigterm,
             "approved_by": job.approved_by,
             "sort_key": (
                 {**e["sort_key"], "waited_s": round(wait_s(job, now), 3), **_live_share(job, policy, ledger)}
@@ -200,8 +202,8 @@ def job_detail(
                 }
                 for ev in events
             ],
-            "attempts": [attempt_view(a, policy) for a in attempts],
-            "preemptions": preemption_history(attempts, policy, preemptors or {}),
+            "attempts": [attempt_view(a, policy, job.saves_on_sigterm, now) for a in attempts],
+            "preemptions": preemption_history(attempts, policy, preemptors or {}, job.saves_on_sigterm, now),
         }
     )
     cycles = preemption_cycles(job.job_id, links, policy.thrash.max_preemptions)
@@ -211,11 +213,16 @@ def job_detail(
 
 
 def preemption_history(
-    attempts: Iterable[StoredAttempt], policy: Policy, preemptors: Mapping[int, tuple[str, int]]
+    attempts: Iterable[StoredAttempt],
+    policy: Policy,
+    preemptors: Mapping[int, tuple[str, int]],
+    declared: bool,
+    now: float,
 ) -> list[dict[str, Any]]:
     """A job's preemptions, reclaims and evictions, oldest first: when, for which job (`by`;
-    null for an eviction) of which queue and tier, the work each threw away and the grace it
-    used (null while the job is still in its grace), and the η of the attempt it ended."""
+    null for an eviction) of which queue and tier, the work each threw away, what that rests
+    on and why (`lost_work_why`), and the grace it used (null while the job is still in its
+    grace), and the η of the attempt it ended. `declared`: the job declared it saves on SIGTERM."""
     out = []
     for a in sorted(attempts, key=lambda a: a.number):
         if a.preemption_kind is None or a.sigterm_at is None:
@@ -231,11 +238,68 @@ def preemption_history(
                 "by_tier": by[1] if by else None,
                 "kind": a.preemption_kind,
                 "lost_work_gpu_hours": None if a.lost_work_gpu_s is None else round(a.lost_work_gpu_s / 3600, 6),
+                **attempt_loss(a, declared, now),
                 "grace_used_s": None if a.ended_at is None else round(a.ended_at - a.sigterm_at, 3),
                 "efficiency": attempt_efficiency(a, policy),
             }
         )
     return out
+
+
+def attempt_loss(a: StoredAttempt, declared: bool, now: float) -> dict[str, Any]:
+    """An attempt's `lost_work_basis`, and the sentence `lost_work_why` makes of it."""
+    return {
+        "lost_work_basis": a.lost_work_basis,
+        "lost_work_why": lost_work_why(
+            a.lost_work_basis,
+            now,
+            declared=declared,
+            sigterm_at=a.sigterm_at,
+            last_checkpoint_at=a.last_checkpoint_at,
+            last_checkpoint_step=a.last_checkpoint_step,
+            exit_codes=a.exit_codes,
+            killed=a.reason == "killed",
+        ),
+    }
+
+
+def lost_work_why(
+    basis: str | None,
+    now: float,
+    *,
+    declared: bool,
+    sigterm_at: float | None,
+    last_checkpoint_at: float | None,
+    last_checkpoint_step: int | None,
+    exit_codes: Sequence[int] | None,
+    killed: bool,
+) -> str | None:
+    """What a preemption's lost work rests on, in a sentence for a person reading it at `now`:
+    `reported` (a checkpoint the job reported), `none` (a declared save kept, or a cancel) or
+    `assumed` (and why no save counted), then the reason. None while nothing was measured (the
+    job is still in its grace, or no preemption stopped the attempt)."""
+    if basis is None:
+        return None
+    if basis == "cancelled":
+        return "none: the job was cancelled; a cancel is no preemption, and nothing of this attempt runs again"
+    if basis == "declared":
+        return "none: exited 0 within its grace after SIGTERM (declared saves-on-sigterm)"
+    if basis == "reported" and last_checkpoint_at is not None:
+        checkpoint = "checkpoint" + ("" if last_checkpoint_step is None else f" at step {last_checkpoint_step}")
+        finished = f"{checkpoint} finished {wall_times(now)(last_checkpoint_at)}"
+        if sigterm_at is not None and last_checkpoint_at >= sigterm_at:
+            return f"reported: {finished}, after its SIGTERM; nothing lost"
+        return f"reported: {finished}; counted from then"
+    if not declared:
+        why = "no checkpoint was reported and the job did not declare --saves-on-sigterm"
+    elif sigterm_at is None:
+        why = "it declared --saves-on-sigterm, but it was ended without SIGTERM"
+    elif killed:
+        why = "it declared --saves-on-sigterm, but it was still running at the end of its grace (SIGKILL)"
+    else:
+        codes = ",".join(map(str, exit_codes or ())) or "?"
+        why = f"it declared --saves-on-sigterm, but exited {codes} after SIGTERM"
+    return f"assumed: {why}; counted from its last start"
 
 
 def attempt_efficiency(a: StoredAttempt, policy: Policy) -> float | None:
@@ -291,12 +355,14 @@ def warnings(job: StoredJob, attempts: Iterable[StoredAttempt], now: float, poli
         grace,
     )
     return [
-        f"its measured checkpoint save takes {a.sigterm_save_s:.0f} s, longer than its grace of "
-        f"{grace:.0f} s: a preemption now would lose {lost / 60:.1f} GPU-minutes"
+        f"its measured checkpoint save takes {span(a.sigterm_save_s)}, longer than its grace of "
+        f"{format_duration(grace)}: a preemption now would lose {lost / 60:.1f} GPU-minutes"
     ]
 
 
-def attempt_view(a: StoredAttempt, policy: Policy) -> dict[str, Any]:
+def attempt_view(a: StoredAttempt, policy: Policy, declared: bool, now: float) -> dict[str, Any]:
+    """An attempt as `GET /v1/jobs/{id}` lists it; `declared`: its job declared it saves on
+    SIGTERM (what its lost work's `lost_work_why` says)."""
     return {
         "number": a.number,
         "state": a.state,
@@ -319,6 +385,7 @@ def attempt_view(a: StoredAttempt, policy: Policy) -> dict[str, Any]:
         "progress_at": a.progress_at,
         "checkpoints": a.checkpoints,
         "lost_work_gpu_s": a.lost_work_gpu_s,
+        **attempt_loss(a, declared, now),
         "preemption_kind": a.preemption_kind,
         "timed_out": a.timed_out,
         "efficiency": attempt_efficiency(a, policy),
@@ -391,8 +458,8 @@ def holder(gpu: int | None, attempt: StoredAttempt, job: StoredJob | None) -> di
 
 def preemption_view(p: PreemptionRecord, now: float) -> dict[str, Any]:
     """One preemption, reclaim or eviction as `GET /v1/preemptions` lists it: `grace_used_s`
-    and the lost work are null while the victim is still in its grace; `reason` ends with the
-    SIGKILL deadline, written for a person reading it at `now`."""
+    and the lost work (with what it rests on) are null while the victim is still in its grace;
+    `reason` ends with the SIGKILL deadline, written for a person reading it at `now`."""
     return {
         "at": p.sigterm_at,
         "victim": str(p.job_id),
@@ -409,6 +476,17 @@ def preemption_view(p: PreemptionRecord, now: float) -> dict[str, Any]:
         "kill_at": p.kill_at,
         "ended_at": p.ended_at,
         "lost_work_gpu_hours": None if p.lost_work_gpu_s is None else round(p.lost_work_gpu_s / 3600, 6),
+        "lost_work_basis": p.lost_work_basis,
+        "lost_work_why": lost_work_why(
+            p.lost_work_basis,
+            now,
+            declared=p.saves_on_sigterm,
+            sigterm_at=p.sigterm_at,
+            last_checkpoint_at=p.last_checkpoint_at,
+            last_checkpoint_step=p.last_checkpoint_step,
+            exit_codes=p.exit_codes,
+            killed=p.killed,
+        ),
     }
 
 

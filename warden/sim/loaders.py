@@ -31,7 +31,7 @@ from typing import Any
 
 from warden.sim.enrich import FIELD_INDEX, FIELDS, FORMAT_GIVES, fill_fields
 from warden.sim.records import Trace, TraceJob
-from warden.traces import NATIVE_OPTIONAL, NATIVE_REQUIRED, native_cell
+from warden.traces import DURATION_BASES, NATIVE_OPTIONAL, NATIVE_REQUIRED, native_cell
 
 FORMATS = ("native", "philly", "philly-rfold", "pai2023")
 """The formats `load_trace` reads; `auto` picks one of them from the header or suffix."""
@@ -145,6 +145,12 @@ def _flag(text: str, column: str) -> bool:
     if low in _FALSE:
         return False
     raise _BadValue(column, text, "is not one of true/false/1/0/yes/no")
+
+
+def _duration_basis(text: str, column: str) -> str:
+    if text not in DURATION_BASES:
+        raise _BadValue(column, text, f"is not one of {', '.join(DURATION_BASES)}")
+    return text
 
 
 def _tier(text: str, column: str) -> int:
@@ -263,6 +269,7 @@ _NATIVE_CONVERT: dict[str, Callable[[str, str], Any]] = {
     "cpu": _whole,
     "memory": _whole,
     "flavor": lambda t, c: t,
+    "duration_basis": _duration_basis,
 }
 
 

@@ -42,6 +42,9 @@ class TraceJob:
     """MiB per replica."""
     flavor: str | None = None
     """GPU flavor the job asks for (None: any)."""
+    duration_basis: str = "observed"
+    """What `duration` rests on (`warden.traces.DURATION_BASES`): said by an exported trace,
+    never read by the simulator, which runs every job for its `duration`."""
     seq: int = 0
     """Position in the trace after sorting by submit time (then file order): FIFO's tie-break."""
 

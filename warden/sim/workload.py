@@ -14,7 +14,7 @@ and exits when it is written: if that is no later than the SIGKILL deadline noth
 else it is killed at the deadline and loses the progress since its last complete save. A job
 that is not resumable does not handle SIGTERM and exits at once, losing all its progress.
 Signalled during startup, a job has made no progress and exits at once. What an exit lost is
-`warden.engine.accounting.measured_lost_work`, the definition the server measures with.
+`warden.engine.accounting.measured_loss`, the definition the server measures with.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from warden.engine.accounting import measured_lost_work
+from warden.engine.accounting import measured_loss
 from warden.sim.records import TraceJob
 
 
@@ -118,10 +118,10 @@ def sigterm_exit(job: TraceJob, admitted_at: float, saved: float, t: float, kill
     # The job stopped working when it was signalled, or when a save under way then began.
     stopped = t if p.saving_since is None else p.saving_since
     if t <= admitted_at + job.startup_seconds or not job.resumable:
-        lost = measured_lost_work(1, stopped, admitted_at, job.startup_seconds, None, t)
+        lost = measured_loss(1, stopped, admitted_at, job.startup_seconds, None, t).gpu_s
         return Exit(t, p.saved if job.resumable else 0.0, p.done, p.checkpoint_s, False, lost)
     written = t + job.checkpoint_seconds
     if written <= kill_at:
         return Exit(written, p.done, p.done, p.checkpoint_s + job.checkpoint_seconds, False, 0.0)
-    lost = measured_lost_work(1, stopped, admitted_at, job.startup_seconds, p.last_save_end, kill_at)
+    lost = measured_loss(1, stopped, admitted_at, job.startup_seconds, p.last_save_end, kill_at).gpu_s
     return Exit(kill_at, p.saved, p.done, p.checkpoint_s + (kill_at - t), True, lost)

@@ -50,6 +50,13 @@ class PreemptionRecord:
     preemptor_queue: str | None
     preemptor_tier: int | None
     reason: str | None
+    lost_work_basis: str | None = None
+    """What the lost work rests on (`attempts.lost_work_basis`); the fields after it say why."""
+    saves_on_sigterm: bool = False
+    last_checkpoint_at: float | None = None
+    last_checkpoint_step: int | None = None
+    exit_codes: tuple[int, ...] | None = None
+    killed: bool = False
 
 
 class LedgerState(NamedTuple):
@@ -159,9 +166,14 @@ class HistoryStore(StoreBase):
                 ATTEMPTS.c.lost_work_gpu_s,
                 ATTEMPTS.c.preempted_for,
                 ATTEMPTS.c.reason,
+                ATTEMPTS.c.lost_work_basis,
+                ATTEMPTS.c.last_checkpoint_at,
+                ATTEMPTS.c.last_checkpoint_step,
+                ATTEMPTS.c.exit_codes,
                 JOBS.c.queue,
                 JOBS.c.tier,
                 JOBS.c.user,
+                JOBS.c.saves_on_sigterm,
             )
             .select_from(ATTEMPTS.join(JOBS, JOBS.c.id == ATTEMPTS.c.job_id))
             .where(ATTEMPTS.c.preemption_kind.is_not(None), ATTEMPTS.c.sigterm_at >= since)
@@ -202,6 +214,12 @@ class HistoryStore(StoreBase):
                     preemptor_queue=by[0] if by else None,
                     preemptor_tier=by[1] if by else None,
                     reason=reason,
+                    lost_work_basis=r.lost_work_basis,
+                    saves_on_sigterm=bool(r.saves_on_sigterm),
+                    last_checkpoint_at=r.last_checkpoint_at,
+                    last_checkpoint_step=r.last_checkpoint_step,
+                    exit_codes=None if r.exit_codes is None else tuple(r.exit_codes),
+                    killed=r.reason == "killed",
                 )
             )
         return tuple(out)

@@ -9,12 +9,13 @@ import math
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, cast, get_args
 
 from sqlalchemy import Connection, Engine, Row, Table, bindparam, func, insert, literal_column, select, update
 from sqlalchemy.types import JSON
 
 from warden.engine import lifecycle
+from warden.engine.accounting import LossBasis
 from warden.engine.lifecycle import Event
 from warden.engine.model import Attempt, Job, JobState, ReplicaPlacement
 from warden.store.base import _READ_CHUNK, StoreBase, _advisory_lock, _new_id, _record, _str_list
@@ -32,6 +33,8 @@ LIVE_ATTEMPT_STATES = frozenset({"running", "terminating"})
 END_REASONS = frozenset({"completed", "failed", "preempted", "cancelled", "killed", "evicted", "timeout"})
 PREEMPTION_KINDS = frozenset({"preemption", "reclaim", "eviction"})
 """Why an attempt got SIGTERM when neither a cancel nor a time limit sent it (`attempts.preemption_kind`)."""
+LOSS_BASES = frozenset(get_args(LossBasis))
+"""What an attempt's lost work rests on (`attempts.lost_work_basis`)."""
 SUBMIT_TICK = 1e-6
 """The least gap between two submissions' `submit_at`, so (submit_at, id) order is id order."""
 SUBMIT_LOCK_KEY = 0x7761726465_6E01
@@ -122,6 +125,8 @@ class StoredJob:
     """Why the job is held out of scheduling while it waits (None: it is not held)."""
     claim: bool = False
     """It waits for capacity its victims are freeing, held for it (`Job.claim`)."""
+    saves_on_sigterm: bool = False
+    """Its submitter declared that it saves on SIGTERM (`jobs.saves_on_sigterm`)."""
 
     @property
     def job_id(self) -> str:
@@ -214,6 +219,9 @@ class StoredAttempt:
     progress_at: float | None = None
     checkpoints: int = 0
     lost_work_gpu_s: float | None = None
+    lost_work_basis: str | None = None
+    """What `lost_work_gpu_s` rests on (`LOSS_BASES`); None while nothing was measured."""
+    last_checkpoint_step: int | None = None
     preemption_kind: str | None = None
     """`preemption`, `reclaim` or `eviction` once SIGTERM came for one of them (None: a
     cancel's, a time limit's, or none)."""
@@ -378,6 +386,7 @@ class JobStore(StoreBase):
         idempotency_key: str | None = None,
         request_digest: str | None = None,
         waiting_limits: WaitingLimits | None = None,
+        saves_on_sigterm: bool = False,
     ) -> int:
         """Insert a job and its first event atomically; return its id.
 
@@ -420,6 +429,7 @@ class JobStore(StoreBase):
             version=1,
             idempotency_key=idempotency_key,
             request_digest=request_digest,
+            saves_on_sigterm=bool(saves_on_sigterm),
         )
         return self._submissions.run((values, now, reason, actor, details, waiting_limits))
 
@@ -692,9 +702,11 @@ class JobStore(StoreBase):
         reason: str,
         *,
         preempted_for: str | None = None,
+        lost_work_gpu_s: float | None = None,
+        lost_work_basis: str | None = None,
     ) -> bool:
         """Mark an attempt exited, with why (completed|failed|preempted|cancelled|killed|evicted|
-        timeout).
+        timeout) and, when a preemption stopped it, the work it lost and what that rests on.
         Returns False when there is no such attempt."""
         if reason not in END_REASONS:
             raise ValueError(f"reason: expected one of {sorted(END_REASONS)}, got {reason!r}")
@@ -702,6 +714,8 @@ class JobStore(StoreBase):
         if key is None:
             return False
         values = {"state": "exited", "ended_at": ended_at, "exit_codes": [int(c) for c in exit_codes], "reason": reason}
+        if lost_work_basis is not None:
+            values.update(_attempt_updates({"lost_work_gpu_s": lost_work_gpu_s, "lost_work_basis": lost_work_basis}))
         if preempted_for is not None:
             values["preempted_for"] = str(preempted_for)
         with self._write() as conn:
@@ -968,6 +982,8 @@ def _attempt_updates(updates: Mapping[str, Any]) -> dict[str, Any]:
             raise ValueError(f"reason: expected one of {sorted(END_REASONS)}, got {value!r}")
         if name == "preemption_kind" and value is not None and value not in PREEMPTION_KINDS:
             raise ValueError(f"preemption_kind: expected one of {sorted(PREEMPTION_KINDS)}, got {value!r}")
+        if name == "lost_work_basis" and value is not None and value not in LOSS_BASES:
+            raise ValueError(f"lost_work_basis: expected one of {sorted(LOSS_BASES)}, got {value!r}")
         if name == "assignment":
             value = _assignment_json(value)
         elif name == "exit_codes" and value is not None:
@@ -1003,6 +1019,7 @@ def _job_from(m: Mapping[Any, Any]) -> StoredJob:
             "preempted_at": tuple(float(t) for t in m["preempted_at"]),
             "cancel_requested": bool(m["cancel_requested"]),
             "claim": bool(m["claim"]),
+            "saves_on_sigterm": bool(m["saves_on_sigterm"]),
         }
     )
 

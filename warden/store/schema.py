@@ -103,6 +103,9 @@ class JobRow(Base):
     """The submitter's `Idempotency-Key`: unique per user, so a retried submission finds its job."""
     request_digest: Mapped[str | None] = mapped_column(String(64))
     """SHA-256 of the submission that used the key: a different request with it is refused."""
+    saves_on_sigterm: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """The submitter declared that the job saves its state on SIGTERM: a clean exit in its grace
+    after one counts as a save (`accounting.measured_loss`)."""
 
 
 class AttemptRow(Base):
@@ -135,8 +138,14 @@ class AttemptRow(Base):
     progress_samples: Mapped[int | None] = mapped_column(BigInteger)
     progress_at: Mapped[float | None] = mapped_column(Double)
     checkpoints: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    last_checkpoint_step: Mapped[int | None] = mapped_column(BigInteger)
+    """The step of its newest checkpoint, as the SDK reported it (None: not reported)."""
     lost_work_gpu_s: Mapped[float | None] = mapped_column(Double)
-    """GPU-seconds of progress a preemption of this attempt threw away (measured at its exit)."""
+    """GPU-seconds of progress a preemption of this attempt threw away (measured at its exit;
+    0 when its job was cancelled, None for an attempt no preemption stopped)."""
+    lost_work_basis: Mapped[str | None] = mapped_column(String(16))
+    """What `lost_work_gpu_s` rests on: `reported`, `declared`, `assumed` (`accounting.LossBasis`)
+    or `cancelled`."""
     preemption_kind: Mapped[str | None] = mapped_column(String(16))
     """Why its SIGTERM came, when neither a cancel nor a time limit sent it: `preemption` (for a job of a higher tier),
     `reclaim` (capacity it borrowed, taken back) or `eviction` (one of its nodes went down)."""

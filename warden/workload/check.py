@@ -73,10 +73,23 @@ class Verdict:
     resumed_step: int | None = None
     saved_files: list[str] = field(default_factory=list)
     checkpoint: str = ""
+    grace: float = 0.0
+    """The grace the check gave the command after SIGTERM."""
 
     @property
     def ok(self) -> bool:
         return bool(self.checks) and all(c.ok for c in self.checks)
+
+    @property
+    def declare(self) -> str | None:
+        """What a command that passed may declare when it is submitted, so that warden counts
+        its clean exit after SIGTERM as the save it is (None: it did not pass)."""
+        if not self.ok:
+            return None
+        return (
+            f"it may be submitted with --saves-on-sigterm, with a grace of at least {self.grace:g} s: an exit 0 "
+            "within its grace after SIGTERM then counts as a save, and its preemption loses no work"
+        )
 
     @property
     def failed(self) -> bool:
@@ -103,6 +116,7 @@ class Verdict:
             "resumed_step": self.resumed_step,
             "saved_files": self.saved_files,
             "checkpoint": self.checkpoint,
+            "saves_on_sigterm": self.ok,
         }
 
 
@@ -189,7 +203,7 @@ def _watching(root: Path) -> Iterator[tuple[DirWatch | None, str | None]]:
 
 
 def _check(ctx: _Context) -> Verdict:
-    verdict = Verdict(checkpoint=ctx.target.describe())
+    verdict = Verdict(checkpoint=ctx.target.describe(), grace=ctx.grace)
     mark = ctx.mark()
     first = ctx.start(1)
     try:
