@@ -78,3 +78,29 @@ def test_every_help_fits_80_columns_without_type_tags(path: tuple[str, ...], mon
     assert result.exit_code == 0, result.output
     assert all(len(line) <= 80 for line in result.output.splitlines()), result.output
     assert not TYPE_TAG.search(result.output), result.output
+
+
+VERBS = [
+    p[0] for p in every_command(app) if len(p) == 1 and not any(q[:1] == p and len(q) > 1 for q in every_command(app))
+]
+"""The top-level commands that are no group (`queue`, not `token` or `sim`)."""
+
+
+@pytest.mark.parametrize("verb", VERBS, ids=str)
+def test_a_verb_named_on_the_command_line_is_built_alone_and_reads_as_in_the_whole_app(
+    verb: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`warden queue …` builds only `queue` of the verbs (start-up), and it is the same command:
+    its help is the whole app's, word for word."""
+    import typer.main
+
+    from warden.cli.main import build
+
+    monkeypatch.setenv("COLUMNS", "80")
+    alone = build([verb, "--help"])
+    built = typer.main.get_command(alone)
+    commands = built.commands  # type: ignore[attr-defined]
+    others = [n for n, c in commands.items() if n != verb and n not in GROUPS and not hasattr(c, "commands")]
+    assert verb in commands and others == [], others
+    whole = CliRunner().invoke(app, [verb, "--help"], prog_name="warden")
+    assert CliRunner().invoke(alone, [verb, "--help"], prog_name="warden").output == whole.output

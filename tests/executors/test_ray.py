@@ -301,7 +301,7 @@ def test_a_gang_ray_cannot_place_fails_after_the_start_timeout(ray_cluster: RayC
         s = spec(tmp_path, "15", [("w1", (0, 1, 2, 3, 4))], STUBBORN)  # five GPUs on a node of four
         ex.start(s)
         ended = exit_of(ex, "15")
-        assert ended.exit_codes == (None,) and "not running after 2 s" in (ended.error or "")
+        assert ended.exit_codes == (None,) and "not running after 2s" in (ended.error or "")
         assert "INFEASIBLE" in (ended.error or "") or "PENDING" in (ended.error or "")
         assert ray_groups()[group_name("15", 1)] == "REMOVED"
 

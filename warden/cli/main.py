@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from importlib import import_module
 from typing import Any
 
+from typer.models import CommandInfo
+
 from warden.cli.app import App
 
 GROUPS = {
@@ -29,17 +31,28 @@ VERBS = ("server", "jobs", "status", "check")
 
 def build(argv: Sequence[str] | None = None) -> App:
     """The `warden` app with the sub-commands `argv` can reach: every one when None; else the
-    sub-app it names, or the verbs and, for `warden --help`, each sub-app as its help alone."""
+    sub-app it names, or the verb it names (every verb when it names none, for `warden --help`
+    and for a misspelt verb's suggestions), and each sub-app as its help alone."""
     app = App(name="warden", help="warden: a scheduler for shared GPU clusters that governs preemption.")
     first = None if argv is None else next((a for a in argv if not a.startswith("-")), None)
     for name in [] if first in GROUPS else VERBS:
         import_module(f"warden.cli.{name}").register(app)
+    named = [c for c in app.registered_commands if _command_name(c) == first]
+    if named:  # `warden queue …`: typer builds the one verb named, not all of them
+        app.registered_commands = named
     for name, text in GROUPS.items():
         if argv is None or name == first:
             app.add_typer(import_module(f"warden.cli.{name}").app, name=name, help=text)
         elif first not in GROUPS:
             app.command(name, help=text, add_help_option=False)(_unreachable)
     return app
+
+
+def _command_name(info: CommandInfo) -> str | None:
+    """The name a verb is called by: its own, else its function's, as typer names it."""
+    if info.name:
+        return info.name
+    return None if info.callback is None else info.callback.__name__.lower().replace("_", "-")
 
 
 def _unreachable() -> None:
