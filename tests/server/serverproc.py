@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -191,6 +191,24 @@ def started(tmp_path: Path, policy_text: str, **kw: Any) -> Server:
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy_text)
     return Server(tmp_path / "state", policy=policy, **kw).start()
+
+
+def server_fixture(policy_text: str, **kw: Any) -> Any:
+    """A pytest fixture (`server = server_fixture(POLICY)` in a test module): a server with this
+    policy in the test's `tmp_path`, started; stopped after the test, and the processes of the
+    jobs it started killed."""
+    import pytest
+
+    @pytest.fixture
+    def server(tmp_path: Path) -> Iterator[Server]:
+        s = started(tmp_path, policy_text, **kw)
+        try:
+            yield s
+        finally:
+            s.stop()
+            kill_leftovers(tmp_path)
+
+    return server
 
 
 def kill_leftovers(tmp_path: Path) -> None:

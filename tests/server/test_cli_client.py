@@ -9,12 +9,11 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
-from serverproc import ADMIN, Server, cli, kill_leftovers, started, wait_for
+from serverproc import ADMIN, Server, cli, kill_leftovers, server_fixture, started, wait_for
 
 from warden.cli.jobs import QUEUE_COLUMNS
 
@@ -41,11 +40,7 @@ def warden(
     return cli(server.url, *args, token=token, check=check, columns=columns)
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    s = started(tmp_path, POLICY)
-    yield s
-    s.stop()
+server = server_fixture(POLICY)
 
 
 def test_submit_queue_describe_logs_and_cancel(server: Server, tmp_path: Path) -> None:

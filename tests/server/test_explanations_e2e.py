@@ -9,12 +9,9 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
-import pytest
-from serverproc import ADMIN, Server, started, wait_for
+from serverproc import ADMIN, Server, server_fixture, wait_for
 
 POLICY = """\
 min_grace: 2s
@@ -44,11 +41,7 @@ def warden(server: Server, *args: str, columns: int = 80) -> str:
     return done.stdout
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    s = started(tmp_path, POLICY)
-    yield s
-    s.stop()
+server = server_fixture(POLICY)
 
 
 def test_the_efficiency_floor_is_named_in_the_api_queue_and_describe(server: Server) -> None:

@@ -11,14 +11,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 from plaintrainer import PATH as TRAINER
 from plaintrainer import attempts_started
-from serverproc import ADMIN, Server, kill_leftovers, started, submit, until_state, wait_for
+from serverproc import ADMIN, Server, kill_leftovers, server_fixture, started, submit, until_state, wait_for
 
 POLICY = """\
 min_grace: 2s
@@ -49,12 +48,7 @@ def fits(text: str) -> bool:
     return all(len(line) <= 80 for line in text.splitlines()) and "…" not in text
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    s = started(tmp_path, POLICY)
-    yield s
-    s.stop()
-    kill_leftovers(tmp_path)
+server = server_fixture(POLICY)
 
 
 @pytest.mark.slow

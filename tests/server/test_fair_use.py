@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from serverproc import Server, kill_leftovers, started, submit, until_state
+from serverproc import Server, server_fixture, submit, until_state
 
 from warden.engine.policy import PolicyError, parse_policy
 from warden.server.fairuse import SubmissionRate
@@ -36,12 +35,7 @@ limits:
 JOB: dict[str, Any] = {"queue": "vision", "tier": 3, "gpus": 1, "command": [sys.executable, "-c", "pass"]}
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    s = started(tmp_path, POLICY)
-    yield s
-    s.stop()
-    kill_leftovers(tmp_path)
+server = server_fixture(POLICY)
 
 
 def client(server: Server, admin: httpx.Client, user: str) -> httpx.Client:

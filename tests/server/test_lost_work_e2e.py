@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import httpx
 import pytest
 from plaintrainer import PATH as TRAINER
 from plaintrainer import attempts_started
-from serverproc import Server, cli, kill_leftovers, started, submit, until_state, wait_for
+from serverproc import Server, cli, server_fixture, submit, until_state, wait_for
 
 from warden.store import Store
 
@@ -45,12 +44,7 @@ ASSUMED_WHY = (
 CANCELLED_WHY = "none: the job was cancelled; a cancel is no preemption, and nothing of this attempt runs again"
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    s = started(tmp_path, POLICY)
-    yield s
-    s.stop()
-    kill_leftovers(tmp_path)
+server = server_fixture(POLICY)
 
 
 def job(c: httpx.Client, job_id: str) -> dict[str, Any]:

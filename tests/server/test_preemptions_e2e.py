@@ -10,13 +10,12 @@ import re
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from serverproc import ADMIN, Server, kill_leftovers, started, submit, until_state, wait_for
+from serverproc import ADMIN, Server, server_fixture, submit, until_state, wait_for
 
 POLICY = """\
 min_grace: 2s
@@ -48,12 +47,7 @@ time.sleep(3600)
 GRACE_S = 30.0
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    s = started(tmp_path, POLICY)
-    yield s
-    s.stop()
-    kill_leftovers(tmp_path)
+server = server_fixture(POLICY)
 
 
 def holders(c: httpx.Client) -> list[dict[str, Any]]:

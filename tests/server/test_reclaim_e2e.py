@@ -17,13 +17,12 @@ import os
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from serverproc import Server, kill_leftovers, started, submit, until_state, wait_for
+from serverproc import Server, server_fixture, submit, until_state, wait_for
 
 LEASE_S = 10.0
 
@@ -61,12 +60,7 @@ while True:
 """
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    s = started(tmp_path, POLICY, gpus=8)
-    yield s
-    s.stop()
-    kill_leftovers(tmp_path)
+server = server_fixture(POLICY, gpus=8)
 
 
 def _job(c: httpx.Client, job_id: str) -> dict[str, Any]:

@@ -5,12 +5,10 @@ server process with fake GPUs."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-from serverproc import Server, kill_leftovers, started, submit, until_state, wait_for
+from serverproc import Server, server_fixture, submit, until_state, wait_for
 
 POLICY = """\
 min_grace: 1s
@@ -28,12 +26,7 @@ queues:
 SLEEP = [sys.executable, "-c", "import time; time.sleep(3600)"]
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    s = started(tmp_path, POLICY)
-    yield s
-    s.stop()
-    kill_leftovers(tmp_path)
+server = server_fixture(POLICY)
 
 
 def token(c: httpx.Client, user: str, queue: str) -> str:

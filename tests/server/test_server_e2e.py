@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from serverproc import Server, kill_leftovers, started, submit, until_state, wait_for
+from serverproc import Server, kill_leftovers, server_fixture, submit, until_state, wait_for
 
 # Short leases and graces so the tests run in seconds; no efficiency floor and no assumed
 # restart or checkpoint overhead (together they would stretch a 1 s lease to a minute).
@@ -66,12 +65,7 @@ def scripts(tmp_path: Path) -> dict[str, Path]:
     return paths
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    s = started(tmp_path, POLICY)
-    yield s
-    s.stop()
-    kill_leftovers(tmp_path)
+server = server_fixture(POLICY)
 
 
 def state(c: httpx.Client, job_id: str) -> str:

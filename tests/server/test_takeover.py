@@ -397,7 +397,7 @@ def test_twenty_kill_9s_of_the_leader_under_load_lose_double_and_delay_nothing(l
     assert max(takeovers) < TAKEOVER_S, takeovers
 
 
-ROUNDS = 5
+ROUNDS = 3
 TOGETHER = 4
 
 

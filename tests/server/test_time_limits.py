@@ -10,13 +10,12 @@ import csv
 import io
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from serverproc import Server, cli, kill_leftovers, started, submit, until_state, wait_for
+from serverproc import Server, cli, server_fixture, submit, until_state, wait_for
 
 LIMIT, GRACE = 2.0, 2.0
 LATE = 3.0
@@ -59,12 +58,7 @@ def job_command(tmp_path: Path, on_sigterm: str) -> list[str]:
     return [sys.executable, str(script), str(tmp_path / "job"), on_sigterm]
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    s = started(tmp_path, POLICY)
-    yield s
-    s.stop()
-    kill_leftovers(tmp_path)
+server = server_fixture(POLICY)
 
 
 def timed_out(c: httpx.Client, job: str) -> dict[str, Any]:

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from serverproc import Server, started, submit, until_state, wait_for
+from serverproc import Server, server_fixture, submit, until_state, wait_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -40,11 +39,7 @@ def attempt(c: httpx.Client, job: str, number: int) -> dict[str, Any]:
     return c.get(f"/v1/jobs/{job}").json()["attempts"][number - 1]
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    s = started(tmp_path, POLICY, gpus=4)
-    yield s
-    s.stop()
+server = server_fixture(POLICY, gpus=4)
 
 
 def test_the_cheapest_victim_saves_exits_and_resumes_from_the_saved_step(server: Server) -> None:
