@@ -172,3 +172,15 @@ def test_records_that_fit_or_go_to_a_pipe_stay_one_row_a_record(monkeypatch: pyt
     text = render(whole, width=tables.WHOLE)
     row = next(line for line in text.splitlines() if "policy_5" in line)
     assert all(f"5.{k}%" in row for k in range(12))
+
+
+def test_a_wide_listing_past_the_width_keeps_every_word_of_its_headers_and_cells_whole(columns_80: None) -> None:
+    """`warden queues --wide` at 80 columns: its text columns cannot give enough, so the table
+    runs past the width, each column as wide as its longest word; none is squeezed ("NOMINA L")."""
+    from warden.cli.jobs import QUEUES_COLUMNS
+
+    row = ["default", "cluster", "1", "none", "any", "all", "0", "0", "0", "0.2742", "0.00", "0.00"]
+    text = render(tables.listing(QUEUES_COLUMNS, [["cluster", "", *row[2:]], row], wide=True))
+    words = text.split()
+    assert {"NOMINAL", "DELIVERED", "GPU-h", "FAIR-SHARE", "0.2742"} <= set(words), text
+    assert all(line.split()[-1] == "0.00" for line in text.splitlines()[-2:]), text

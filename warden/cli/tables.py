@@ -130,12 +130,10 @@ def listing(columns: Sequence[Col], rows: Sequence[Sequence[str]], wide: bool = 
             excess -= cut
     table = Table(box=None, padding=(0, GAP, 0, 0), pad_edge=False, header_style="bold")
     for i in shown:
+        # Each column as wide as computed above, exactly: rich, left to measure, squeezes a text
+        # column below its longest word (a header's too) when the table is wider than the terminal.
         c = columns[i]
-        cap = caps[i] if caps[i] < widths[i] else None
-        least = None if c.gives else widths[i]  # rich would measure a no-wrap cell by its words
-        table.add_column(
-            c.header, justify=c.justify, no_wrap=not c.gives, overflow="fold", min_width=least, max_width=cap
-        )
+        table.add_column(c.header, justify=c.justify, no_wrap=not c.gives, overflow="fold", width=caps[i])
     for r in rows:
         table.add_row(*(r[i] for i in shown))
     return table
