@@ -23,6 +23,8 @@ class Charging(Duty):
         self._holding: tuple[dict[str, float], dict[str, int]] | None = None
         """What the jobs holding resources as the last pass left them hold, per queue: the
         fair-share rate of the charged ones, and GPUs (`charge`); None before the first pass."""
+        self._saved_half_life: float | None = None
+        """The half-life the ledger saved last was decayed with; None before this term saved."""
 
     def charge(self, now: float) -> None:
         """Charge the time since the previous pass to the jobs that held resources as that pass
@@ -53,9 +55,17 @@ class Charging(Duty):
 
     def settle(self, snapshot: Snapshot, plan: Plan | None) -> None:
         """After a pass: what the jobs holding resources hold until the next one charges them,
-        and the ledger saved, so a restart goes on from it."""
+        and the ledger saved, so a restart (or a standby) goes on from it. Not while nothing
+        holds resources, before this pass or after it: the ledger then only decays, and the one
+        saved last, brought up to now by whoever reads it, is the same; an idle cluster writes
+        nothing each second."""
+        idle_before = self._holding is not None and not _holds(self._holding)
         self._holding = _holding(snapshot, plan, self.policy, cluster_capacity(self.nodes))
+        half_life = self.policy.fair_share.half_life
+        if idle_before and not _holds(self._holding) and self._saved_half_life == half_life:
+            return
         self.store.save_ledger(self.ledger.at, dict(self.ledger.usage))
+        self._saved_half_life = half_life
 
     def ledger_at(self, jobs: tuple[Job, ...], now: float) -> UsageLedger:
         """The ledger as the next pass at `now` would charge it, for readers: nothing kept is
@@ -64,6 +74,12 @@ class Charging(Duty):
         if self._holding is None:
             return accrue(self.ledger, (j for j in jobs if j.state.holds_resources), capacity, self.policy, now)
         return accrue_rates(self.ledger, self._holding[0], self.policy.fair_share.half_life, now)
+
+
+def _holds(holding: tuple[dict[str, float], dict[str, int]]) -> bool:
+    """Whether any job holds resources or is charged (`Charging._holding`)."""
+    rates, held = holding
+    return any(held.values()) or any(rates.values())
 
 
 def _holding(
