@@ -19,6 +19,7 @@ milliseconds where an HTTP library's imports would be most of a quick verb's sta
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import os
@@ -373,14 +374,10 @@ def _json_dumps(data: Any) -> bytes:
     return json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
 
 
-_contexts: list[ssl.SSLContext] = []
-
-
+@functools.cache
 def _tls() -> ssl.SSLContext:
     """The process's one TLS context (the system's certificates; `SSL_CERT_FILE` to add one)."""
-    if not _contexts:
-        _contexts.append(ssl.create_default_context())
-    return _contexts[0]
+    return ssl.create_default_context()
 
 
 def _why(err: BaseException) -> str:

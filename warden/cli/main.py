@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from importlib import import_module
 from typing import Any
 
+from typer.main import get_command_name
 from typer.models import CommandInfo
 
 from warden.cli.app import App
@@ -52,7 +53,7 @@ def _command_name(info: CommandInfo) -> str | None:
     """The name a verb is called by: its own, else its function's, as typer names it."""
     if info.name:
         return info.name
-    return None if info.callback is None else info.callback.__name__.lower().replace("_", "-")
+    return None if info.callback is None else get_command_name(info.callback.__name__)
 
 
 def _unreachable() -> None:

@@ -317,7 +317,7 @@ def register(app: typer.Typer) -> None:
         from warden.engine.policy import PolicyError
         from warden.executors.ray import RayError
         from warden.executors.slurm import SlurmError
-        from warden.server.app import AddressInUse, Settings, serve
+        from warden.server.app import CannotListen, Settings, serve
         from warden.server.statedir import StateDirError
 
         if fake_gpus is not None and fake_gpus < 0:
@@ -392,5 +392,5 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2) from None
         except (SlurmError, RayError) as err:
             fail(f"--executor {executor}: {err}")
-        except (StateDirError, AddressInUse) as err:
+        except (StateDirError, CannotListen) as err:
             fail(str(err))

@@ -316,19 +316,19 @@ def create_app(service: Service) -> FastAPI:
     return app
 
 
-class AddressInUse(Exception):
-    """The API's address is taken (another server listens on the port): refused at start,
-    before the server touches its database or says it serves."""
+class CannotListen(Exception):
+    """The API cannot listen where it was told (the port is taken, or the host does not
+    resolve): refused at start, before the server touches its database or says it serves."""
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
     """The API's socket, bound to `host:port` before anything else starts, so a busy port is
-    refused first (`AddressInUse`), not after the server joined its database and said it
+    refused first (`CannotListen`), not after the server joined its database and said it
     serves; uvicorn listens on it."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as err:
-        raise AddressInUse(f"--host {host}: cannot resolve it ({err.strerror})") from None
+        raise CannotListen(f"--host {host}: cannot resolve it ({err.strerror})") from None
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -336,11 +336,11 @@ def listen_socket(host: str, port: int) -> socket.socket:
     except OSError as err:
         sock.close()
         if err.errno == errno.EADDRINUSE:
-            raise AddressInUse(
+            raise CannotListen(
                 f"--port {port}: {host}:{port} is in use (another server listens there): stop it, or give "
                 "this server another --port"
             ) from None
-        raise AddressInUse(f"--port {port}: cannot listen on {host}:{port}: {err.strerror or err}") from None
+        raise CannotListen(f"--port {port}: cannot listen on {host}:{port}: {err.strerror or err}") from None
     sock.set_inheritable(True)
     return sock
 
@@ -356,7 +356,7 @@ def serve(settings: Settings, say: Callable[[str], None] = print) -> None:
     locks = lock_server(state, settings.db or default_url(state), settings.port)
     try:
         sock = listen_socket(settings.host, settings.port)
-    except AddressInUse:
+    except CannotListen:
         for lock in locks:
             lock.release()
         raise
