@@ -30,7 +30,7 @@ from warden.engine.rules import binding, checkpoint_of, lease_of, preemptor, rec
 
 
 class NextSteps:
-    __slots__ = ("_borrowing", "_done", "_fits", "_frees", "_queue_ids", "open_tier", "state", "victims")
+    __slots__ = ("_borrowing", "_done", "_fits", "_frees", "_lifting", "_queue_ids", "open_tier", "state", "victims")
 
     def __init__(self, state: PassState, victims: Victims) -> None:
         self.state = state
@@ -42,10 +42,12 @@ class NextSteps:
         frees that much of it, or None: for the pass."""
         self._fits: dict[tuple[object, ...], tuple[bool, int | None]] = {}
         """(shape, capacity version) → (fits with `any`, GPUs per replica of a split that fits)."""
-        self._borrowing: dict[tuple[int, int], tuple[dict[str, float], list[tuple[float, int, Job]]]] = {}
-        """(resource, quota version) → the team queues above their nominal of it (by how much),
-        and the running jobs there, not leaving, in the order their protections lift: what a
-        full cluster's reason names, read once while quota usage is unchanged."""
+        self._borrowing: dict[tuple[int, int], dict[str, float]] = {}
+        """(resource, quota version) → the team queues above their nominal of it, by how much:
+        what a full cluster's reason names, read once while quota usage is unchanged."""
+        self._lifting: dict[tuple[int, int], list[tuple[float, int, Job]]] = {}
+        """(resource, quota version) → the running jobs of those queues, not leaving, in the
+        order their protections lift: read only for a job that may take back what they borrow."""
         self._done: dict[tuple[int, object], tuple[Reason, Reason]] = {}
         """(id of a reason, what else its facts depend on) → (that reason, it with the facts):
         the phases hand the same reason to many jobs (`Memo.capacity_seen`, `Memo.held_ok`,
@@ -122,7 +124,7 @@ class NextSteps:
         own = quota.index.get(job.queue)
         if own is None:
             return replace(reason, cluster=True, own_queue=job.queue)
-        over_all, jobs = self._borrowers(r)
+        over_all = self._borrowers(r)
         over = {name: x for name, x in over_all.items() if name != job.queue}
         borrowers = tuple(sorted(over, key=lambda name: (-over[name], name)))
         lent = int(max(0.0, quota.nominal[own][r] - quota.usage[own][r]))
@@ -141,7 +143,7 @@ class NextSteps:
         if p is None or not p.in_quota:
             return replace(out, reclaimable=False)
         needed, got, takeable = reason.requested - reason.available, 0.0, False
-        for until, gpus, v in jobs:
+        for until, gpus, v in self._lifting_order(r):
             if v.queue not in over or not reclaim_kind(ctx, p, v):
                 continue
             takeable = True
@@ -152,28 +154,35 @@ class NextSteps:
                 return replace(out, reclaimable=True, reclaim_at=max(until, state.now))
         return replace(out, reclaimable=takeable)
 
-    def _borrowers(self, r: int) -> tuple[dict[str, float], list[tuple[float, int, Job]]]:
-        """The team queues above their nominal of resource `r`, by how much, and the charged
-        running jobs there that are not leaving, in the order their protections lift
-        (`_borrowing`)."""
-        state = self.state
-        quota = state.quota
-        key = (r, state.memo.quota_version)
-        known = self._borrowing.get(key)
-        if known is None:
+    def _borrowers(self, r: int) -> dict[str, float]:
+        """The team queues above their nominal of resource `r`, by how much (`_borrowing`)."""
+        quota = self.state.quota
+        key = (r, self.state.memo.quota_version)
+        over = self._borrowing.get(key)
+        if over is None:
             usage, nominal, index = quota.usage, quota.nominal, quota.index
-            over = {
+            over = self._borrowing[key] = {
                 name: usage[i][r] - nominal[i][r]
                 for name in quota.leaves()
                 if usage[(i := index[name])][r] > nominal[i][r] + 1e-9
             }
-            jobs = sorted(
+        return over
+
+    def _lifting_order(self, r: int) -> list[tuple[float, int, Job]]:
+        """The charged running jobs of the queues above their nominal of resource `r` that are
+        not leaving, each with when its protections lift and its GPUs, in that order
+        (`_lifting`)."""
+        state = self.state
+        key = (r, state.memo.quota_version)
+        jobs = self._lifting.get(key)
+        if jobs is None:
+            over = self._borrowers(r)
+            jobs = self._lifting[key] = sorted(
                 ((self.victims.facts(v)[2], v.total_gpus, v) for v in state.holding.values()
                  if v.queue in over and v.id not in state.terminating and state.charged(v)),
                 key=lambda row: (row[0], row[2].id),
             )  # fmt: skip
-            known = self._borrowing[key] = (over, jobs)
-        return known
+        return jobs
 
     def _frees_in(self, q: int, r: int, amount: float) -> tuple[float, str] | None:
         """The running job of queue `q` (or below it) by whose expected end `amount` of resource
