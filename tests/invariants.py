@@ -483,25 +483,26 @@ def check_preemptions(v: PassView) -> None:
         assert now >= a.started_at + lease_of(pol, victim), (
             f"{where}: preempted after {ran}s, inside its lease {lease_of(pol, victim)}s"
         )
-        mp = pol.thrash.max_preemptions
-        recent = [t for t in victim.preempted_at if t > now - mp.per]
-        assert len(recent) < mp.count, f"{where}: preemption budget used up ({recent})"
-        # η = (T_run − (T_startup + T_checkpoint)) / T_run ≥ min_efficiency, i.e. the attempt
-        # has run at least overhead / (1 − min_efficiency) (also when nothing was spent yet).
-        startup = a.startup_s if a.startup_s is not None else pol.preemption.restart_overhead
-        # Before its first save, the one save the preemption forces: as long as the job's, else assumed.
-        if a.checkpoint_s > 0:
-            checkpoint = a.checkpoint_s
-        else:
+        # The thrash guard holds back preemptors of tiers 2–4 and reclaims, never a tier-1 job
+        # taking a lower tier (DESIGN §4.3): tier 1 is bound by the lease and grace alone.
+        if pre.tier != 1 or victim.tier <= pre.tier:
+            mp = pol.thrash.max_preemptions
+            recent = [t for t in victim.preempted_at if t > now - mp.per]
+            assert len(recent) < mp.count, f"{where}: preemption budget used up ({recent})"
+            # η = (T_run − (T_startup + T_checkpoint)) / T_run ≥ min_efficiency, i.e. the attempt
+            # has run at least overhead / (1 − min_efficiency) (also when nothing was spent yet),
+            # counting one save — the last measured, else the job's known save, else the assumed
+            # one — never a sum of reports; or it has run max_lease, past which nothing stretches.
+            startup = a.startup_s if a.startup_s is not None else pol.preemption.restart_overhead
             checkpoint = a.sigterm_save_s if a.sigterm_save_s is not None else pol.preemption.checkpoint_overhead
-        overhead = startup + checkpoint
-        floor = pol.thrash.min_efficiency
-        eta = (ran - overhead) / ran if ran > 0 else (1.0 if overhead == 0 else -INF)
-        # The rule lifts 1 µs early on purpose (binary floating point, rules.efficiency_floor):
-        # allow that and the rounding of now − started.
-        assert ran >= overhead / (1.0 - floor) - 2e-6, (
-            f"{where}: efficiency {eta:.4f} below {floor} (ran {ran}s, overhead {overhead}s)"
-        )
+            overhead = startup + checkpoint
+            floor = pol.thrash.min_efficiency
+            eta = (ran - overhead) / ran if ran > 0 else (1.0 if overhead == 0 else -INF)
+            # The rule lifts 1 µs early on purpose (binary floating point, rules.efficiency_floor):
+            # allow that and the rounding of now − started.
+            assert ran >= min(overhead / (1.0 - floor) - 2e-6, pol.max_lease), (
+                f"{where}: efficiency {eta:.4f} below {floor} (ran {ran}s, overhead {overhead}s)"
+            )
         # -- 5: the grace period, at least min_grace and the victim's own
         own = victim.grace if victim.grace is not None else tier.grace
         assert p.grace >= pol.min_grace and p.grace >= own, (

@@ -60,10 +60,11 @@ def test_an_unreported_startup_is_the_policys_restart_overhead() -> None:
     assert assumed_startup(POL, 7.0) == 7.0
 
 
-def test_the_checkpoint_counted_is_the_measured_one_else_one_save_known_else_assumed() -> None:
+def test_the_checkpoint_counted_is_one_save_the_last_measured_else_known_else_assumed() -> None:
     assert POL.preemption.checkpoint_overhead == 30.0  # the default
-    # saved already: what the attempt has spent saving, whatever one save takes
-    assert (checkpoint_basis(47.4, 15.8), assumed_checkpoint(POL, 47.4, 15.8)) == ("measured", 47.4)
+    # saved already: one save, the last one measured, never what all the saves added up to
+    assert (checkpoint_basis(47.4, 15.8), assumed_checkpoint(POL, 47.4, 15.8)) == ("measured", 15.8)
+    assert (checkpoint_basis(3600.0, 0.9), assumed_checkpoint(POL, 3600.0, 0.9)) == ("measured", 0.9)
     # not saved yet: one save, the one a preemption forces on SIGTERM
     assert (checkpoint_basis(0.0, 15.8), assumed_checkpoint(POL, 0.0, 15.8)) == ("save", 15.8)
     assert (checkpoint_basis(0.0, 0.0), assumed_checkpoint(POL, 0.0, 0.0)) == ("save", 0.0)

@@ -20,12 +20,16 @@ from warden.engine.scheduler import Cycle, _classify
 from warden.engine.waiting import WaitingIndex
 
 
-def claimants_first(ranking: list[Job], claims: dict[str, Job]) -> list[Job]:
-    """Every claimant (not awaiting approval) ahead of every other job, claimants among
-    themselves in rank order."""
-    first = [j for j in ranking if j.id in claims and j.state is not JobState.AWAITING_APPROVAL]
-    held = {j.id for j in first}
-    return first + [j for j in ranking if j.id not in held]
+def claimants_first(ranking: list[Job], claims: dict[str, Job], order: Order) -> list[Job]:
+    """Every claimant (not awaiting approval) ahead of every other job of its tier as ranked
+    (all jobs under `fifo`, which ranks no tier), behind every job of a higher tier; claimants
+    among themselves in rank order."""
+    first = {j.id for j in ranking if j.id in claims and j.state is not JobState.AWAITING_APPROVAL}
+    out: list[Job] = []
+    for tier in sorted({order.key_of(j)[0] for j in ranking}):
+        of_tier = [j for j in ranking if order.key_of(j)[0] == tier]
+        out += [j for j in of_tier if j.id in first] + [j for j in of_tier if j.id not in first]
+    return out
 
 
 def one_by_one(snapshot: Snapshot, now: float) -> Plan:
@@ -49,7 +53,7 @@ def one_by_one(snapshot: Snapshot, now: float) -> Plan:
         now,
         borrowing_test(policy, state.quota, alloc.index.flavors(), state.charged_tiers),
     )
-    ranking = claimants_first(sorted(waiting.values(), key=order.key_of), claims)
+    ranking = claimants_first(sorted(waiting.values(), key=order.key_of), claims, order)
     strict = policy.scheduling.head_of_line_blocking
     head: Job | None = None
     explanations: dict[str, Explanation] = {}

@@ -133,15 +133,18 @@ def test_waiting_for_lease_names_the_lease() -> None:
 
 
 def test_issue_16_the_efficiency_floor_is_named_with_its_assumed_startup_and_knob() -> None:
-    """Tier lease 0 s, restart_overhead 60 s, checkpoint_overhead 30 s: a tier-1 job waits 15
+    """Tier lease 0 s, restart_overhead 60 s, checkpoint_overhead 30 s: a tier-2 job waits 15
     minutes behind tier-3 jobs that reported no startup and no save, held by the efficiency
-    floor ((60 s + 30 s) / (1 − 0.9) = 900 s)."""
+    floor ((60 s + 30 s) / (1 − 0.9) = 900 s). A tier-1 job does not: the floor never holds
+    production back (DESIGN §4.3), so it preempts them at once."""
     pol = policy(tiers=LEASE_0, preemption={"restart_overhead": "60s"})
     t0 = 1_796_130_000.0  # epoch seconds, as the server's clock counts
     v1 = running("1", "b", 3, ("n0", 4), started=t0, startup_s=None)
     v2 = running("2", "b", 3, ("n0", 4), started=t0 + 7, startup_s=None, first_gpu=4)
-    p = pending("p", "a", 1, submit=t0 + 5)
     now = t0 + 10
+    production = plan_for(pol, nodes(1), [v1, v2, pending("p", "a", 1, submit=t0 + 5)], now=now)
+    assert preempted(production) == {"1", "2"} and why(production, "p").code == "WaitingForGrace"
+    p = pending("p", "a", 2, submit=t0 + 5)
     plan = plan_for(pol, nodes(1), [v1, v2, p], now=now)
     assert preempted(plan) == set()
     r = why(plan, "p")
@@ -162,11 +165,11 @@ def test_issue_16_the_efficiency_floor_is_named_with_its_assumed_startup_and_kno
 
 
 def _held_by_the_floor(**attempt: object) -> Reason:
-    """Why a tier-1 job waits for a tier-3 job (lease 0 s, startup 10.9 s reported) that has run
+    """Why a tier-2 job waits for a tier-3 job (lease 0 s, startup 10.9 s reported) that has run
     44 s under `min_efficiency: 0.75`: the efficiency floor holds it."""
     pol = policy(tiers=LEASE_0, thrash={"min_efficiency": 0.75})
     v = running("v", "b", 3, ("n0", 8), started=NOW - 44, startup_s=10.9, **attempt)
-    p = pending("p", "a", 1, submit=NOW - 5)
+    p = pending("p", "a", 2, submit=NOW - 5)
     plan = plan_for(pol, nodes(1), [v, p], now=NOW)
     assert preempted(plan) == set()
     r = why(plan, "p")
@@ -191,10 +194,12 @@ def test_the_efficiency_floor_names_one_save_of_the_reported_duration() -> None:
     assert "with its measured startup of 11s and one save of 16s, as long as its reported save takes" in r.message
 
 
-def test_the_efficiency_floor_names_the_measured_checkpoints_after_a_save() -> None:
-    r = _held_by_the_floor(checkpoint_s=15.8, sigterm_save_s=15.8, last_checkpoint_at=NOW - 10)
+def test_the_efficiency_floor_names_the_last_measured_save_never_the_sum() -> None:
+    """Three saves of 15.8 s (47.4 s in all), the last one 15.8 s: the floor counts one save."""
+    r = _held_by_the_floor(checkpoint_s=47.4, sigterm_save_s=15.8, last_checkpoint_at=NOW - 10)
     assert (r.checkpoint_s, r.checkpoint_measured, r.save_measured) == (15.8, True, None)  # type: ignore[attr-defined]
-    assert "with its measured startup of 11s and its measured checkpoints of 16s" in r.message
+    assert abs(r.earliest_at - (NOW - 44 + (10.9 + 15.8) / 0.25)) < 1e-3  # type: ignore[attr-defined]
+    assert "with its measured startup of 11s and one save of 16s, as long as its last measured save took" in r.message
 
 
 def test_a_stored_efficiency_reason_from_before_the_assumed_save_still_renders() -> None:
@@ -208,7 +213,8 @@ def test_a_stored_efficiency_reason_from_before_the_assumed_save_still_renders()
 def test_waiting_for_lease_names_the_thrash_budget() -> None:
     pol = policy(tiers=LEASE_0)
     v = running("v", "b", 3, ("n0", 8), started=9_000.0, preempted_at=(2_000.0, 5_000.0, 8_000.0))
-    p = pending("p", "a", 1, submit=9_990.0)
+    assert preempted(plan_for(pol, nodes(1), [v, pending("p", "a", 1, submit=9_990.0)], now=NOW)) == {"v"}
+    p = pending("p", "a", 2, submit=9_990.0)  # the budget holds back tiers 2–4, never tier 1
     r = why(plan_for(pol, nodes(1), [v, p], now=NOW), "p")
     assert r.code == "WaitingForLease"
     assert (r.rule, r.thrash_count, r.thrash_window_s) == ("thrash_budget", 3, 86_400.0)  # type: ignore[attr-defined]
@@ -219,12 +225,15 @@ def test_waiting_for_lease_names_the_thrash_budget() -> None:
 def test_waiting_for_grace_and_would_not_pay_say_the_job_needs_nothing() -> None:
     a1 = running("a1", "a", 3, ("n0", 8), started=0.0)
     b1 = running("b1", "b", 3, ("n1", 8), started=0.0, last_checkpoint_at=9_000.0)
-    p = pending("p", "a", 1, submit=9_990.0)
+    p = pending("p", "a", 2, submit=9_990.0)
     r = why(plan_for(policy(), nodes(2), [a1, b1, p], now=NOW), "p")
     assert r.code == "WaitingForGrace" and "claimed for the job" in r.message
     soon = replace(a1, expected_duration=10_500.0)
     r = why(plan_for(policy(), nodes(2), [soon, b1, p], now=NOW), "p")
     assert r.code == "PreemptionWouldNotPay" and "(`preemption.only_if_it_pays`)" in r.message
+    # Tier 1 is bound by its victims' leases and grace, not by what they would lose.
+    r = why(plan_for(policy(), nodes(2), [soon, b1, replace(p, tier=1)], now=NOW), "p")
+    assert r.code == "WaitingForGrace"
 
 
 def test_gates_name_their_knob_or_command() -> None:

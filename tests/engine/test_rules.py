@@ -34,6 +34,7 @@ from warden.engine.rules import (
     efficiency,
     efficiency_floor,
     grace_of,
+    guarded,
     lease,
     lease_of,
     lost_work,
@@ -270,7 +271,7 @@ def test_thrash_budget_from_the_policy() -> None:
 
 def test_efficiency_formula() -> None:
     pol = policy()
-    v = victim("a", 3, started=0.0, startup_s=600.0, checkpoint_s=300.0)
+    v = victim("a", 3, started=0.0, startup_s=600.0, checkpoint_s=900.0, sigterm_save_s=300.0)
     assert efficiency(pol, v, 3_000.0) == pytest.approx((3_000 - 900) / 3_000)
     assert efficiency(pol, v, 9_000.0) == pytest.approx(0.9)
     # restart_overhead 60 s and, before a first save, one checkpoint_overhead of 30 s assumed
@@ -281,7 +282,7 @@ def test_efficiency_formula() -> None:
 
 def test_efficiency_floor_stretches_the_lease() -> None:
     pol = policy()  # min_efficiency 0.9
-    v = victim("a", 3, started=1_000.0, startup_s=600.0, checkpoint_s=300.0)
+    v = victim("a", 3, started=1_000.0, startup_s=600.0, checkpoint_s=300.0, sigterm_save_s=300.0)
     # η ≥ 0.9 once T_run ≥ (600 + 300) / (1 − 0.9) = 9,000 s.
     until = 1_000.0 + 9_000.0
     b = efficiency_floor(ctx(pol, now=5_000.0), v)
@@ -318,12 +319,47 @@ def test_before_its_first_save_a_known_save_duration_is_counted_once() -> None:
     assert b is not None and b.until == pytest.approx(1_000.0 + (60.0 + 15.0) / 0.2)
 
 
-def test_after_a_save_the_floor_counts_the_measured_checkpoint_time() -> None:
+def test_after_a_save_the_floor_counts_one_save_the_last_measured() -> None:
     pol = policy(preemption={"checkpoint_overhead": "40s"}, thrash={"min_efficiency": 0.8})
     v = victim("a", 3, started=1_000.0, startup_s=60.0, checkpoint_s=50.0, sigterm_save_s=25.0)
-    assert checkpoint_of(pol, v) == 50.0  # two saves of 25 s so far, neither the assumption
+    assert checkpoint_of(pol, v) == 25.0  # two saves of 25 s so far: one counts, not the sum
     b = efficiency_floor(ctx(pol, now=1_100.0), v)
-    assert b is not None and b.until == pytest.approx(1_000.0 + (60.0 + 50.0) / 0.2)
+    assert b is not None and b.until == pytest.approx(1_000.0 + (60.0 + 25.0) / 0.2)
+
+
+def test_no_number_of_reported_saves_moves_the_floor() -> None:
+    """A job that reports a save of 1 s every second has spent as long saving as it has run;
+    the floor counts one save of 1 s all the same, so it lifts at one fixed time."""
+    pol = policy()  # min_efficiency 0.9
+    lifts = []
+    for ran in (100.0, 1_000.0, 5_000.0):
+        v = victim("a", 3, started=0.0, startup_s=5.0, checkpoint_s=ran, sigterm_save_s=1.0, last_checkpoint_at=ran)
+        b = efficiency_floor(ctx(pol, now=ran - 50.0), v)
+        lifts.append(None if b is None else b.until)
+    assert lifts[0] == pytest.approx((5.0 + 1.0) / 0.1) and lifts[1:] == [None, None]
+
+
+def test_the_stretched_lease_never_runs_past_max_lease() -> None:
+    pol = policy(max_lease="1h", tiers={2: {"lease": "1h"}}, thrash={"min_efficiency": 0.99})  # 90 s / 0.01 = 2.5 h
+    v = victim("a", 3, started=1_000.0, startup_s=None)
+    b = efficiency_floor(ctx(pol, now=1_100.0), v)
+    assert b is not None and b.until == pytest.approx(1_000.0 + 3_600.0)
+    assert efficiency_floor(ctx(pol, now=1_000.0 + 3_600.0), v) is None
+
+
+def test_the_thrash_guard_never_holds_back_a_tier_1_preemptor() -> None:
+    """Tier 1 is bound by its victims' leases alone: the efficiency floor and the preemption
+    budget protect a victim from tiers 2–4 and from reclaims, not from production."""
+    pol = policy(tiers={4: {"lease": "0s"}, 3: {"lease": "10m"}})
+    spent = (5_000.0, 5_100.0, 5_200.0)  # the budget used up: 3 in 24 h
+    for v in (victim("a", 4, started=5_900.0, startup_s=None), victim("a", 4, started=5_300.0, preempted_at=spent)):
+        c = ctx(pol, now=6_000.0)
+        assert protection(c, v) > 6_000.0  # held from tiers 2–4
+        assert protection(c, v, guard=False) == 0.0  # not from tier 1
+        assert guarded(2, v.tier) and guarded(3, v.tier) and not guarded(1, v.tier)
+    leased = victim("a", 3, started=5_800.0, startup_s=None)  # inside its lease of 10 m
+    assert protection(ctx(pol, now=6_000.0), leased, guard=False) == 5_800.0 + 600.0
+    assert guarded(1, 1)  # a tier-1 victim is taken only by reclaim, which the guard bounds
 
 
 def test_a_gpu_trainer_without_a_save_is_not_preempted_before_its_save_is_paid_for() -> None:
@@ -342,7 +378,7 @@ def test_a_gpu_trainer_without_a_save_is_not_preempted_before_its_save_is_paid_f
 
 def test_zero_min_efficiency_protects_only_the_overhead() -> None:
     pol = policy(thrash={"min_efficiency": 0})
-    v = victim("a", 3, started=100.0, startup_s=50.0, checkpoint_s=10.0)
+    v = victim("a", 3, started=100.0, startup_s=50.0, checkpoint_s=30.0, sigterm_save_s=10.0)
     assert efficiency_floor(ctx(pol, now=159.0), v) is not None
     assert efficiency_floor(ctx(pol, now=160.0), v) is None
 
@@ -632,7 +668,7 @@ def test_a_startup_claimed_beyond_the_attempts_age_chooses_the_victim_a_startup_
     pol = policy(thrash={"min_efficiency": min_efficiency}, tiers={3: {"lease": "0s"}})
     now = 10_000.0
     cluster = nodes(2)
-    urgent = pending("p", "a", 1, gpus=8, submit=now - 1)
+    urgent = pending("p", "a", 2, gpus=8, submit=now - 1)  # tier 2: the floor protects from it
 
     def victims(startup: float) -> set[str]:
         jobs = [

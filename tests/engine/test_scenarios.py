@@ -53,7 +53,7 @@ def test_a_preemption_that_would_not_pay_waits_for_capacity_that_frees_by_itself
     grace), so waiting pays unless capacity frees later than 1,000 s after that: at 11,120."""
     cluster = nodes(2)
     v = running("v", "b", 3, ("n1", 8), started=0.0, last_checkpoint_at=9_000.0)
-    p = pending("p", "a", 1, submit=9_990.0)
+    p = pending("p", "a", 2, submit=9_990.0)
 
     def first_pass(ends_at: float, **pol: object) -> object:
         soon = running("soon", "a", 3, ("n0", 8), started=0.0, expected_duration=ends_at)
@@ -77,7 +77,7 @@ def test_capacity_that_frees_within_the_least_grace_is_waited_for_without_a_sear
     cluster = nodes(2)
     soon = running("soon", "a", 3, ("n0", 8), started=0.0, expected_duration=10_060.0)
     v = running("v", "b", 3, ("n1", 8), started=0.0, last_checkpoint_at=9_000.0)
-    p = pending("p", "a", 1, submit=9_990.0)
+    p = pending("p", "a", 2, submit=9_990.0)
     waits = plan_for(roomy(), cluster, [soon, v, p], now=10_000.0)
     assert preempted(waits) == set() and admitted(waits) == set()
     why = waits.explanations["p"].reason
@@ -97,14 +97,14 @@ def test_a_starving_job_declines_only_while_it_can_reserve() -> None:
     soon = running("soon", "a", 3, ("n0", 8), started=0.0, expected_duration=100_060.0)
     v = running("v", "b", 3, ("n1", 8), started=0.0, last_checkpoint_at=99_000.0)
     no_reservations = roomy(scheduling={"reservations": 0})
-    fresh = pending("p", "a", 1, submit=99_990.0)
+    fresh = pending("p", "a", 2, submit=99_990.0)
     plan = plan_for(no_reservations, cluster, [soon, v, fresh], now=100_000.0)
     assert preempted(plan) == set()
     assert plan.explanations["p"].reason.code == "PreemptionWouldNotPay"
     assert plan.explanations["p"].reason.reserved_at is None
-    not_yet = pending("p", "a", 1, submit=100_000.0 - 0.75 * 86_400.0 + 1.0)  # a second short of starving
+    not_yet = pending("p", "a", 2, submit=100_000.0 - 0.75 * 86_400.0 + 1.0)  # a second short of starving
     assert preempted(plan_for(no_reservations, cluster, [soon, v, not_yet], now=100_000.0)) == set()
-    starving = pending("p", "a", 1, submit=100_000.0 - 0.75 * 86_400.0)  # 18 h of the default 24 h
+    starving = pending("p", "a", 2, submit=100_000.0 - 0.75 * 86_400.0)  # 18 h of the default 24 h
     assert preempted(plan_for(no_reservations, cluster, [soon, v, starving], now=100_000.0)) == {"v"}
     assert preempted(plan_for(roomy(), cluster, [soon, v, starving], now=100_000.0)) == set()
 
@@ -112,7 +112,7 @@ def test_a_starving_job_declines_only_while_it_can_reserve() -> None:
 def test_a_victim_that_loses_nothing_is_preempted_unless_capacity_frees_before_it_is_gone() -> None:
     cluster = nodes(2)
     v = running("v", "b", 3, ("n1", 8), started=0.0, sigterm_save_s=30.0)  # saves within its grace
-    p = pending("p", "a", 1, submit=9_990.0)
+    p = pending("p", "a", 2, submit=9_990.0)
 
     def preempted_when_soon_ends_at(end: float) -> set[str]:
         soon = running("soon", "a", 3, ("n0", 8), started=0.0, expected_duration=end)

@@ -75,22 +75,20 @@ def within_attempt(seconds: float, started_at: float, now: float) -> float:
 
 
 def checkpoint_basis(checkpoint_s: float, save_s: float | None) -> Literal["measured", "save", "assumed"]:
-    """What `assumed_checkpoint` counts for an attempt: its measured checkpoint time
-    ("measured", once it has saved), else one save of its known duration ("save"), else one of
-    the policy's checkpoint overhead ("assumed")."""
-    if checkpoint_s > 0:
-        return "measured"
-    return "assumed" if save_s is None else "save"
+    """What `assumed_checkpoint` counts for an attempt: its last measured save ("measured",
+    once it has saved and the save's duration is known), else the save on SIGTERM it reported
+    or its trace gives ("save"), else the policy's checkpoint overhead ("assumed")."""
+    if save_s is None:
+        return "assumed"
+    return "measured" if checkpoint_s > 0 else "save"
 
 
 def assumed_checkpoint(policy: Policy, checkpoint_s: float, save_s: float | None) -> float:
-    """The checkpoint time the efficiency floor counts for an attempt (DESIGN §4.3): what it has
-    spent saving (`checkpoint_s`) once it has saved; before its first save, one save — the one
-    a preemption forces on SIGTERM — of its known duration (`save_s`: reported by the job,
-    or given by a trace), else the policy's checkpoint overhead (what a save is assumed to take
-    until the job says otherwise)."""
-    if checkpoint_basis(checkpoint_s, save_s) == "measured":
-        return checkpoint_s
+    """The one save the efficiency floor counts for an attempt (DESIGN §4.3): what a
+    preemption costs it once, the save it forces on SIGTERM. Its known duration (`save_s`: the
+    last save the job measured, the save on SIGTERM it reported, or what its trace gives), else
+    the policy's checkpoint overhead. Never the attempt's total time saving (`checkpoint_s`):
+    a sum of reports would let a job that reports often move its own floor without bound."""
     return policy.preemption.checkpoint_overhead if save_s is None else save_s
 
 

@@ -33,10 +33,14 @@ VictimFacts = tuple[
     "tuple[float | int | str, ...]",
     str,
     float,
+    float,
 ]
 """(the job as seen, seen at, protected until, progress at risk since, restart cost, GPUs freed
-per node, GPUs, victim-order ties, flavor, expected end): what pricing a running job as a victim
-needs that does not change with time (the ties: `preemption.ties`, its victim key after cost)."""
+per node, GPUs, victim-order ties, flavor, expected end, protected from tier 1 until): what
+pricing a running job as a victim needs that does not change with time (the ties:
+`preemption.ties`, its victim key after cost). It is protected from tiers 2–4 and reclaims
+until the first time, from a tier-1 preemptor until the last (`rules.guarded`: the thrash
+guard never delays tier 1)."""
 
 
 class Allocation:
@@ -52,6 +56,7 @@ class Allocation:
         "policy",
         "quota",
         "releases",
+        "releases_t1",
         "takeable",
         "tiers",
         "used",
@@ -87,7 +92,10 @@ class Allocation:
         self.tiers: dict[int, int] = {}
         """How many holding jobs each tier has: who could be a victim, without a scan."""
         self.releases = ReleaseIndex()
-        """The holding jobs in the order their capacity frees (`warden.engine.releases`)."""
+        """The holding jobs in the order their capacity frees (`warden.engine.releases`), each
+        protected as the victim rules protect it from tiers 2–4 and reclaims."""
+        self.releases_t1 = ReleaseIndex()
+        """The same, each protected as from a tier-1 preemptor (`rules.guarded`)."""
 
     def matches(self, nodes: tuple[Node, ...], policy: Policy) -> bool:
         return (nodes is self.nodes or nodes == self.nodes) and (policy is self.policy or policy == self.policy)
@@ -110,7 +118,7 @@ class Allocation:
                 continue
             if old is not None and _same_footprint(old, job):
                 self.jobs[job.id] = job
-                self.releases.add(job)  # its protection or expected end may have moved
+                self._reindex(job)  # its protection or expected end may have moved
                 continue
             if old is not None:
                 self._remove(old)
@@ -132,7 +140,7 @@ class Allocation:
                 continue
             if holds and old is not None and _same_footprint(old, job):
                 self.jobs[job.id] = job
-                self.releases.add(job)  # its protection or expected end may have moved
+                self._reindex(job)  # its protection or expected end may have moved
                 continue
             if old is not None:
                 self._remove(old)
@@ -153,7 +161,7 @@ class Allocation:
         if self.charged(job):
             self.quota.add(job.queue, self.quota.demand(job, flavor))
         self.jobs[job.id] = job
-        self.releases.add(job)
+        self._reindex(job)
         self.tiers[job.tier] = self.tiers.get(job.tier, 0) + 1
 
     def _remove(self, job: Job) -> None:
@@ -168,7 +176,12 @@ class Allocation:
         del self.jobs[job.id]
         self.victim_facts.pop(job.id, None)
         self.releases.forget(job.id)
+        self.releases_t1.forget(job.id)
         self.tiers[job.tier] -= 1
+
+    def _reindex(self, job: Job) -> None:
+        self.releases.add(job)
+        self.releases_t1.add(job)
 
 
 def _same_footprint(a: Job, b: Job) -> bool:

@@ -177,9 +177,10 @@ class _Forecast:
         end = expected_end(job)
         if now <= end < INF:
             heapq.heappush(self.events, (end, _END, job.id, v))
-        lifts = protection(replace(self.ctx, now=now), job)
-        if now < lifts < INF:
-            heapq.heappush(self.wakes, lifts)
+        ctx = replace(self.ctx, now=now)
+        for lifts in {protection(ctx, job), protection(ctx, job, guard=False)}:  # from tiers 2–4; tier 1
+            if now < lifts < INF:
+                heapq.heappush(self.wakes, lifts)
 
     def _apply(self, plan: Plan, t: float) -> list[Job]:
         """The plan carried out at `t`: victims signalled, admitted jobs running, claims marked."""

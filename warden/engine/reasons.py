@@ -312,7 +312,7 @@ class WaitingForLease(Reason):
     startup_measured: bool | None = None
     """efficiency: True when the victim reported it, False when it is `preemption.restart_overhead`."""
     checkpoint_s: float | None = None
-    """efficiency: the victim's checkpoint time the floor counts (`accounting.assumed_checkpoint`)."""
+    """efficiency: the one save the floor counts for the victim (`accounting.assumed_checkpoint`)."""
     min_efficiency: float | None = None
     """efficiency: `thrash.min_efficiency`."""
     thrash_count: int | None = None
@@ -320,8 +320,8 @@ class WaitingForLease(Reason):
     thrash_window_s: float | None = None
     """thrash_budget: `thrash.max_preemptions.per`."""
     checkpoint_measured: bool | None = None
-    """efficiency: True when `checkpoint_s` is what the victim's attempt has spent saving; False when the
-    attempt has saved nothing yet and it is one save, the one a preemption forces."""
+    """efficiency: True when `checkpoint_s` is the victim's last measured save; False when the attempt
+    has saved nothing yet and it is the save a preemption forces, reported or assumed."""
     save_measured: bool | None = None
     """efficiency, before the victim's first save: True when that save's duration is the
     victim's own (reported, or given by its trace), False when it is
@@ -359,7 +359,7 @@ class WaitingForLease(Reason):
         if self.checkpoint_measured is None:  # a reason stored before the floor counted a save
             checkpoint = f"{span(checkpoint_s)} of checkpoints"
         elif self.checkpoint_measured:
-            checkpoint = f"its measured checkpoints of {span(checkpoint_s)}"
+            checkpoint = f"one save of {span(checkpoint_s)}, as long as its last measured save took"
         elif self.save_measured:
             checkpoint = f"one save of {span(checkpoint_s)}, as long as its reported save takes"
         else:

@@ -107,9 +107,9 @@ def startup_of(policy: Policy, job: Job) -> float:
 
 
 def checkpoint_of(policy: Policy, job: Job) -> float:
-    """The attempt's checkpoint time the efficiency floor counts (`accounting.assumed_checkpoint`):
-    its measured checkpoints, else one save of its known duration, else the policy's
-    checkpoint overhead."""
+    """The one save the efficiency floor counts for the attempt (`accounting.assumed_checkpoint`):
+    its last measured save, else the save on SIGTERM it reported, else the policy's checkpoint
+    overhead; never a sum of reports, so a job cannot move its floor by reporting."""
     a = job.attempt
     if a is None:
         return 0.0
@@ -199,6 +199,9 @@ class VictimRule:
     """Can its protection lift with time (a finite `Block.until`)? False: a block from it is
     for good (`until` inf), so a job it blocks is nobody's victim, now or in any forecast."""
     tiers: TierTest = _any_tiers
+    thrash_guard: bool = False
+    """Part of the thrash guard: it protects V against preemptors of tiers 2–4 and against
+    reclaims, never against a tier-1 preemptor taking V by priority (`guarded`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -475,24 +478,31 @@ def thrash_budget(ctx: RuleContext, v: Job) -> Block | None:
 
 def efficiency_floor(ctx: RuleContext, v: Job) -> Block | None:
     """Stretch the lease so a preemption never pushes the attempt's η below min_efficiency,
-    counting the startup and checkpoint time the attempt reported, or the policy's assumptions
-    where it reported none (`startup_of`, `checkpoint_of`)."""
+    counting what a preemption costs V once: its startup and one save, as the attempt reported
+    them or as the policy assumes where it reported none (`startup_of`, `checkpoint_of`). The
+    stretched lease never runs past `max_lease`."""
+    lifts_at = floor_lifts_at(ctx.policy, v)
+    return Block("efficiency", lifts_at) if ctx.now < lifts_at else None
+
+
+def floor_lifts_at(policy: Policy, v: Job) -> float:
+    """When the efficiency floor lets V go: its attempt's start plus (startup + one save) ÷
+    (1 − min_efficiency), at most `max_lease` after the start; inf without an attempt."""
     a = v.attempt
     if a is None:
-        return Block("efficiency")
-    floor = ctx.policy.thrash.min_efficiency
-    overhead = startup_of(ctx.policy, v) + checkpoint_of(ctx.policy, v)
+        return INF
+    floor = policy.thrash.min_efficiency
+    overhead = startup_of(policy, v) + checkpoint_of(policy, v)
     # With a little slack: 1 − 0.9 is not exactly 0.1 in binary floating point. The slack is in
     # the time the block names too, so a protection worked out at an earlier `now` lifts at
     # exactly the instant this rule, asked anew, stops blocking (warm passes equal fresh ones).
-    lifts_at = a.started_at + overhead / (1.0 - floor) - 1e-6
-    return Block("efficiency", lifts_at) if ctx.now < lifts_at else None
+    return min(a.started_at + overhead / (1.0 - floor) - 1e-6, a.started_at + policy.max_lease)
 
 
 PREEMPTIBLE = VictimRule("preemptible", preemptible, lifts=False, tiers=_preemptible_tiers)
 LEASE = VictimRule("lease", lease, lifts=True)
-THRASH_BUDGET = VictimRule("thrash_budget", thrash_budget, lifts=True)
-EFFICIENCY_FLOOR = VictimRule("efficiency", efficiency_floor, lifts=True)
+THRASH_BUDGET = VictimRule("thrash_budget", thrash_budget, lifts=True, thrash_guard=True)
+EFFICIENCY_FLOOR = VictimRule("efficiency", efficiency_floor, lifts=True, thrash_guard=True)
 DIRECTION = PairRule(
     "direction",
     direction,
@@ -510,6 +520,18 @@ SCOPE = PairRule(
 )
 
 VICTIM_RULES: tuple[VictimRule, ...] = (PREEMPTIBLE, LEASE, THRASH_BUDGET, EFFICIENCY_FLOOR)
+
+PRODUCTION = 1
+"""Production inference: the tier the thrash guard never delays (DESIGN §4.3). A tier-1 job is
+bound by its victims' leases and grace alone: production does not wait for opportunistic work
+to become efficient."""
+
+
+def guarded(p_tier: int, v_tier: int) -> bool:
+    """Does the thrash guard protect a victim of `v_tier` against a preemptor of `p_tier`?
+    Against every preemptor but a tier-1 one taking a lower tier by priority (a tier-1 job
+    takes a job of its own tier only by reclaim, which the guard bounds)."""
+    return p_tier != PRODUCTION or v_tier <= PRODUCTION
 PAIR_RULES: tuple[PairRule, ...] = (DIRECTION, SCOPE)
 RULES: tuple[VictimRule | PairRule, ...] = (*VICTIM_RULES, *PAIR_RULES)
 
@@ -553,17 +575,21 @@ def reservation_takes(ctx: RuleContext, holder_tier: int, v: Job, due: float) ->
     if v.tier <= holder_tier:
         return INF
     at = max(due - grace_of(ctx.policy, v), ctx.now)
-    lifts = protection(RuleContext(ctx.policy, ctx.quota, at), v)
+    lifts = protection(RuleContext(ctx.policy, ctx.quota, at), v, guarded(holder_tier, v.tier))
     return at if lifts == 0.0 else lifts
 
 
 # -- what the pass asks, derived from the rules -----------------------------------------------
 
 
-def protection(ctx: RuleContext, v: Job) -> float:
-    """When the victim rules let V go: 0.0 now, a time, or inf (never)."""
+def protection(ctx: RuleContext, v: Job, guard: bool = True) -> float:
+    """When the victim rules let V go: 0.0 now, a time, or inf (never). `guard`: with the thrash
+    guard's rules (against tiers 2–4 and reclaims); without them, as a tier-1 preemptor taking
+    V by priority sees V (`guarded`)."""
     until = 0.0
     for rule in VICTIM_RULES:
+        if rule.thrash_guard and not guard:
+            continue
         b = rule.check(ctx, v)
         if b is not None:
             if b.until == INF:
@@ -572,12 +598,15 @@ def protection(ctx: RuleContext, v: Job) -> float:
     return until
 
 
-def binding(ctx: RuleContext, v: Job) -> Block | None:
+def binding(ctx: RuleContext, v: Job, guard: bool = True) -> Block | None:
     """The victim rule whose protection of V lifts last (the one `protection` takes the time
-    of), or None when none protects it; on a tie, the first in `VICTIM_RULES`. What an
-    explanation names as the rule that holds a job (`reasons.WaitingForLease.rule`)."""
+    of, with or without the thrash guard), or None when none protects it; on a tie, the first in
+    `VICTIM_RULES`. What an explanation names as the rule that holds a job
+    (`reasons.WaitingForLease.rule`)."""
     found: Block | None = None
     for rule in VICTIM_RULES:
+        if rule.thrash_guard and not guard:
+            continue
         b = rule.check(ctx, v)
         if b is not None and (found is None or b.until > found.until):
             found = b
@@ -637,4 +666,4 @@ def takeable_tiers(ctx: RuleContext) -> dict[int, frozenset[int]]:
 
 def blocks(ctx: RuleContext, p: Preemptor, v: Job) -> float:
     """0.0 when P may take V now; the time V's protection lifts; inf when it never will for P."""
-    return protection(ctx, v) if allowed(ctx, p, v) else INF
+    return protection(ctx, v, guarded(p.job.tier, v.tier)) if allowed(ctx, p, v) else INF

@@ -92,15 +92,18 @@ class Memo:
     capacity in one go)."""
     victim_tiers: tuple[int, ...] | None = None
     """Tiers with a running job not already leaving when the pass began: for the pass."""
-    candidates: CandidatePool | None = None
-    """The running jobs the rules let go now, priced: once a pass (a claim drops its victims
-    from it)."""
-    lifted: dict[int, list[tuple[list[str], Job]]] | None = None
-    """The jobs the rules let go, by tier and (tier, queue) (`Victims.lifted`): once a pass."""
-    releases_fresh: bool = False
-    """`Allocation.releases` was refreshed to `now` (`Victims.releases`): once a pass."""
-    overdue: list[tuple[float, str]] | None = None
+    candidates: dict[bool, CandidatePool] = field(default_factory=dict)
+    """The running jobs the rules let go now, priced, as preemptors of tiers 2–4 (False) and a
+    tier-1 preemptor (True) see them (`rules.guarded`): each once a pass (a claim drops its
+    victims from both)."""
+    lifted: dict[bool, dict[int, list[tuple[list[str], Job]]]] = field(default_factory=dict)
+    """The jobs the rules let go, by tier and (tier, queue) (`Victims.lifted`), as from tiers
+    2–4 and from tier 1: once a pass."""
+    releases_fresh: set[bool] = field(default_factory=set)
+    """Which of `Allocation.releases` (False) and `Allocation.releases_t1` (True) were refreshed
+    to `now` (`Victims.releases`): once a pass."""
+    overdue: dict[bool, list[tuple[float, str]]] = field(default_factory=dict)
     """(expected end, id) of the jobs the rules let go that should have ended before `now`
-    (`Victims.overdue`): once a pass."""
+    (`Victims.overdue`), as from tiers 2–4 and from tier 1: once a pass."""
     leaving: list[Candidate] | None = None
     """Capacity already on its way out (`Victims.leaving`): until the next claim."""

@@ -26,7 +26,16 @@ from warden.engine.reasons import (
     Reserved,
     WaitingForLease,
 )
-from warden.engine.rules import binding, checkpoint_of, lease_of, preemptor, reclaim_kind, startup_of
+from warden.engine.rules import (
+    PRODUCTION,
+    binding,
+    checkpoint_of,
+    guarded,
+    lease_of,
+    preemptor,
+    reclaim_kind,
+    startup_of,
+)
 
 
 class NextSteps:
@@ -258,16 +267,18 @@ class NextSteps:
         return done[1]
 
     # -- protection -------------------------------------------------------------------------
-    def lease(self, victims: tuple[Job, ...], due: float) -> WaitingForLease:
-        """`WaitingForLease` naming the victim rule that holds the job longest, with its inputs."""
+    def lease(self, job: Job, victims: tuple[Job, ...], due: float) -> WaitingForLease:
+        """`WaitingForLease` naming the victim rule that holds the job longest, with its inputs
+        (as the rules protect the victims from the job: a tier-1 job is not held by the thrash
+        guard, `rules.guarded`)."""
         state = self.state
         ctx, policy = state.ctx, state.policy
         ids = tuple(v.id for v in victims)
         # The victim protected longest, by the protection the pass keeps per running job (the
         # first on a tie); the rules are asked again only about it.
-        facts = self.victims.releases().facts
+        facts = self.victims.releases(job.tier == PRODUCTION).facts
         last = max(victims, key=lambda v: facts[v.id][0] if v.id in facts else 0.0)
-        b = binding(ctx, last)
+        b = binding(ctx, last, guarded(job.tier, last.tier))
         if b is None or b.until == float("inf"):
             return WaitingForLease(ids, due)
         v = last

@@ -9,7 +9,7 @@ A pass never sorts the waiting jobs: `warden.engine.waiting` keeps each class of
 order between passes, by an anchor that does not move with time (−waited is the anchor minus
 `now`), and `Order` gives a member its rank key from the anchor and what this pass says of its
 queue (fair rank, the anchor at which its wait breaches the queue's maximum). A job holding a
-claim goes ahead of every other waiting job (`claimant_keys`).
+claim goes ahead of every other waiting job of its tier (`claimant_keys`).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from warden.engine.waiting import Entry, JobClass, OrderMode
 INF = math.inf
 
 RankKey = tuple[Any, ...]
-"""(tier as ranked, claimant, breach, fair rank or borrows, anchor, second, id, 0) — or, for a
-claimant, the key of the job it goes ahead of with (−1, its own key) in place of the trailing
-0: how a pass orders the waiting jobs. Unique per job (the id is)."""
+"""(tier as ranked, claimant, breach, fair rank or borrows, anchor, second, id, 0), the
+claimant field 0 for a claimant and 1 for any other job: how a pass orders the waiting jobs.
+Unique per job (the id is)."""
 Prefix = tuple[int, int, float]
 """What a class's members share of their rank keys in a pass (`Order.prefix`)."""
 BREACHED, STARVING, NOT_STARVING = 0, 1, 2
@@ -171,23 +171,22 @@ def borrowing_test(
     return borrows
 
 
-def claimant_keys(order: Order, claimants: Iterable[Job], classes: Iterable[JobClass]) -> dict[str, RankKey]:
-    """Each claimant's rank key: just ahead of the first other waiting job (in rank order among
-    claimants), or after every job where there is none.
+def claimant_keys(order: Order, claimants: Iterable[Job]) -> dict[str, RankKey]:
+    """Each claimant's rank key: its own with the claimant field 0, so it goes just ahead of
+    every other waiting job of its tier (as ranked; among claimants, by their own keys) and
+    behind every job of a higher tier.
 
-    A claimant's victims are leaving for it: considered first, it takes what they free (or
-    claims it again while they are still in their grace), so nobody is admitted into that
-    capacity — neither a job it would preempt for it again, nor a higher-tier one that would
-    leave it to preempt anew the next time capacity is short.
+    A claimant's victims are leaving for it: considered first within its tier, it takes what
+    they free (or claims it again while they are still in their grace), so no job of its tier
+    or a lower one is admitted into that capacity — one it would preempt for it again. A claim
+    never holds against a strictly higher tier (DESIGN §4.4): production does not wait behind
+    an opportunistic job's claim. (Under `order: fifo`, which ranks no tier, a claimant goes
+    ahead of every job.)
     """
-    claimants = list(claimants)
-    if not claimants:
-        return {}
-    ahead = min((order.key(order.prefix(c.members[0][3]), c.members[0]) for c in classes), default=None)
     out: dict[str, RankKey] = {}
     for job in claimants:
         own = order.key_of(job)
-        out[job.id] = (INF, -1, own) if ahead is None else (*ahead[:7], -1, own)
+        out[job.id] = (own[0], 0, *own[2:])
     return out
 
 

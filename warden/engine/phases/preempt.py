@@ -23,7 +23,7 @@ from warden.engine.phases.state import PassState
 from warden.engine.phases.victims import Victims
 from warden.engine.preemption import Candidate, search
 from warden.engine.reasons import PreemptionWouldNotPay, Reason
-from warden.engine.rules import grace_of, preemptors, starving_after
+from warden.engine.rules import PRODUCTION, grace_of, preemptors, starving_after
 
 INF = math.inf
 
@@ -105,9 +105,12 @@ class Preempt:
     def _may_decline(self, job: Job) -> bool:
         """Under `only_if_it_pays`: a job may wait for what frees by itself while a reservation
         is left to hold it, or while it is not starving (DESIGN §4.1: a starving job's wait
-        is worth more than the GPU-seconds its victims would lose)."""
+        is worth more than the GPU-seconds its victims would lose). Never a tier-1 job: it is
+        bound by its victims' leases and grace alone (DESIGN §4.3), not by what they would lose."""
         state = self.state
-        return self.pays and (len(state.reservations) < state.policy.scheduling.reservations or not self._starving(job))
+        if not self.pays or job.tier == PRODUCTION:
+            return False
+        return len(state.reservations) < state.policy.scheduling.reservations or not self._starving(job)
 
     def _starving(self, job: Job) -> bool:
         """Has the waiting job waited, over all its attempts and this wait, as long as it
@@ -200,7 +203,7 @@ class Preempt:
                 continue  # `search` would find no eligible victim: leave the candidates unpriced
             mark = state.mark()
             state.kinds.clear()
-            chosen = search(state, p, flavor, self.victims.pool(), leaving)
+            chosen = search(state, p, flavor, self.victims.pool(job.tier == PRODUCTION), leaving)
             state.rollback(mark)
             # A later way wins only where the earlier set is not as cheap (nor a NaN cost).
             if chosen and (not best[0] or not _set_cost(best[0]) <= _set_cost(chosen)):

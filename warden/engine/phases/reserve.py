@@ -30,6 +30,7 @@ from warden.engine.plan import Preemption, Reservation
 from warden.engine.reasons import Fragmented, InsufficientCapacity, PreemptionWouldNotPay, Reason
 from warden.engine.rules import (
     PAIR_READS,
+    PRODUCTION,
     PairKey,
     Preemptor,
     allowed,
@@ -63,11 +64,9 @@ class Forecast:
     """Its placement then: one node per replica."""
     waits_for: tuple[Job, ...]
     """The jobs whose exits it waits for, in the order they free capacity."""
-    lease_victims: tuple[Job, ...]
-    """Those of them it will preempt once their protection lifts."""
     taken: tuple[Job, ...] = ()
     """Those of them it needs preempted (none it could do without), in release order: what
-    `Reserve.take_back` signals ahead of `due`."""
+    `Reserve.take_back` signals ahead of `due`, and all its reason names."""
 
 
 class Reserve:
@@ -97,7 +96,7 @@ class Reserve:
             )
         )
         if waiting_for:
-            return self.steps.lease(waiting_for, best.due)
+            return self.steps.lease(job, waiting_for, best.due)
         if isinstance(blocked, (InsufficientCapacity, Fragmented, PreemptionWouldNotPay)):
             return replace(blocked, reserved_at=best.due)
         return blocked
@@ -111,7 +110,7 @@ class Reserve:
         now, policy = state.now, state.policy
         signal_at: float | None = None
         if best.due <= now:
-            return best.lease_victims, None  # it fits now: the preempt phase's business
+            return best.taken, None  # it fits now: the preempt phase's business
         signalled: set[str] = set()
         for v in best.taken:
             at = reservation_takes(state.ctx, job.tier, v, best.due)
@@ -129,7 +128,7 @@ class Reserve:
                 state.memo.quota_version += 1
             state.claimed.add(v.id)
             self.victims.taken(v)
-        left = tuple(v for v in best.lease_victims if v.id not in signalled)
+        left = tuple(v for v in best.taken if v.id not in signalled)
         return left, signal_at
 
     def earliest(self, job: Job, flavors: Sequence[str], before: float, natural: bool) -> Forecast | None:
@@ -174,7 +173,6 @@ class Reserve:
                     max(t, now),
                     names,
                     tuple(v for v, _ in released),
-                    tuple(v for v, how in released if how),
                     tuple(v for v, how in kept if how),
                 )
                 break
@@ -235,7 +233,8 @@ class Reserve:
         every running job.
         """
         state = self.state
-        index = self.victims.releases()
+        tier1 = p.job.tier == PRODUCTION
+        index = self.victims.releases(tier1)
         # The pair rules read the quota usage, which the releases change: ask them first.
         may = {kind: self._takes(p, kind, v) for kind, v in index.kind_jobs().items()}
         claimed, terminating, now = state.claimed, state.terminating, state.now
@@ -292,7 +291,7 @@ class Reserve:
         kinds = [(kind, way) for kind, way in may.items() if way != ITSELF]
         overdue = (
             (end, i, jobs[i], may[kind_of(jobs[i])])
-            for end, i in self.victims.overdue()
+            for end, i in self.victims.overdue(tier1)
             if end > 0.0 and takes(jobs[i]) and free(i)
         )
         lifts = [lifted(kind, way) for kind, way in kinds] + [lifting(kind, way) for kind, way in kinds]

@@ -65,6 +65,7 @@ class PassState:
         "preemptions",
         "quota",
         "releases",
+        "releases_t1",
         "reservations",
         "reserved",
         "rest_quota",
@@ -101,6 +102,7 @@ class PassState:
         self.nodes_of_block = alloc.nodes_of_block
         self.victim_facts = alloc.victim_facts
         self.releases = alloc.releases
+        self.releases_t1 = alloc.releases_t1
         self.holding = alloc.jobs
         self.tiers = alloc.tiers
         self.takeable = alloc.takeable

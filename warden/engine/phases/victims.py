@@ -23,6 +23,7 @@ from warden.engine.preemption import VICTIM_ORDERS, Candidate, CandidatePool, fr
 from warden.engine.releases import ReleaseIndex
 from warden.engine.rules import (
     PREEMPTOR_READS,
+    PRODUCTION,
     Preemptor,
     allowed_for,
     at_risk_since,
@@ -55,21 +56,24 @@ class Victims:
         self.state = state
         self.memo = state.memo
 
-    def pool(self) -> CandidatePool:
+    def pool(self, tier1: bool = False) -> CandidatePool:
         """Running jobs not yet signalled that the rules let go now, in the policy's victim
-        order, priced at `now`: once a pass."""
-        memo = self.memo
-        if memo.candidates is None:
-            rows, held_on, nonnegative = self._price()
+        order, priced at `now`: once a pass for preemptors of tiers 2–4, once for a tier-1
+        preemptor (`tier1`: the thrash guard does not hold it back, `rules.guarded`)."""
+        pools = self.memo.candidates
+        pool = pools.get(tier1)
+        if pool is None:
+            rows, held_on, nonnegative = self._price(tier1)
             by_cost = VICTIM_ORDERS[self.state.policy.preemption.victim_order].by_cost
-            memo.candidates = CandidatePool(
+            pool = pools[tier1] = CandidatePool(
                 _in_victim_order(rows), held_on, by_cost=by_cost, ascending=by_cost and nonnegative
             )
-        return memo.candidates
+        return pool
 
-    def _price(self) -> tuple[list[Row], dict[str, int], bool]:
+    def _price(self, tier1: bool) -> tuple[list[Row], dict[str, int], bool]:
         """One walk over the running jobs not signalled: a row per job the victim rules let go
-        now (`Row`), the GPUs those hold per node, and whether every cost is nonnegative.
+        now (`Row`; as from tier 1 where `tier1`), the GPUs those hold per node, and whether
+        every cost is nonnegative.
 
         This loop runs once per running job and pass, so it inlines the cost (`rules.cost_at`:
         same arithmetic, same floats; tests/engine/test_victims.py compares the two).
@@ -91,7 +95,9 @@ class Victims:
             facts = known.get(v.id)
             if facts is None or facts[0] is not v or facts[1] > now:
                 facts = self.facts(v)
-            _, _, protected, since, restart, freed, gpus, tie, flavor, _ = facts
+            _, _, protected, since, restart, freed, gpus, tie, flavor, _, from_t1 = facts
+            if tier1:
+                protected = from_t1
             if protected <= now:
                 if since is None:
                     lost = 0.0
@@ -117,17 +123,29 @@ class Victims:
             return {}
         return {leaf: share(state.ctx, q.index[leaf]) for leaf in q.paths}
 
-    def releases(self) -> ReleaseIndex:
-        """`Allocation.releases`, brought up to `now`: once a pass."""
+    def releases(self, tier1: bool = False) -> ReleaseIndex:
+        """`Allocation.releases` (protection from tiers 2–4 and reclaims), or with `tier1`
+        `Allocation.releases_t1` (protection from a tier-1 preemptor), brought up to `now`:
+        once a pass."""
         state, memo = self.state, self.memo
-        if not memo.releases_fresh:
-            state.releases.refresh(state.now, self._protected_and_end)
-            memo.releases_fresh = True
-        return state.releases
+        if tier1:
+            index = state.releases_t1
+            if tier1 not in memo.releases_fresh:
+                index.refresh(state.now, self._from_t1_and_end)
+        else:
+            index = state.releases
+            if tier1 not in memo.releases_fresh:
+                index.refresh(state.now, self._protected_and_end)
+        memo.releases_fresh.add(tier1)
+        return index
 
     def _protected_and_end(self, v: Job) -> tuple[float, float]:
         facts = self.facts(v)
         return facts[2], facts[9]
+
+    def _from_t1_and_end(self, v: Job) -> tuple[float, float]:
+        facts = self.facts(v)
+        return facts[10], facts[9]
 
     def any_eligible(self, p: Preemptor) -> bool:
         """Could a search for `p` take any running job now (`CandidatePool.eligible` without
@@ -153,7 +171,7 @@ class Victims:
         tier = p.job.tier
         take_back = may_take_back(ctx, p)
         terminating, claimed = state.terminating, state.claimed
-        for t, kinds in self.lifted().items():
+        for t, kinds in self.lifted(tier == PRODUCTION).items():
             if t <= tier and not take_back:
                 continue
             for ids, v in kinds:
@@ -165,27 +183,27 @@ class Victims:
                     return True
         return False
 
-    def lifted(self) -> dict[int, list[tuple[list[str], Job]]]:
-        """`ReleaseIndex.lifted` brought up to `now`, by tier: per kind (`rules.pair_key`) with a
-        job the rules let go, those jobs' ids and one of them (what the pair rules read). Once a pass:
-        the index changes only between passes, and a search for a job asks only the tiers it
-        may take."""
-        memo = self.memo
-        if memo.lifted is None:
-            index = self.releases()
+    def lifted(self, tier1: bool = False) -> dict[int, list[tuple[list[str], Job]]]:
+        """`ReleaseIndex.lifted` brought up to `now` (`releases(tier1)`), by tier: per kind
+        (`rules.pair_key`) with a job the rules let go, those jobs' ids and one of them (what the
+        pair rules read). Once a pass: the index changes only between passes, and a search for
+        a job asks only the tiers it may take."""
+        by_tier = self.memo.lifted.get(tier1)
+        if by_tier is None:
+            index = self.releases(tier1)
             jobs = index.jobs
-            by_tier: dict[int, list[tuple[list[str], Job]]] = {}
+            by_tier = self.memo.lifted[tier1] = {}
             for ids in index.lifted.values():
                 if ids:
                     one = jobs[ids[0]]
                     by_tier.setdefault(one.tier, []).append((ids, one))
-            memo.lifted = by_tier
-        return memo.lifted
+        return by_tier
 
     def facts(self, v: Job) -> VictimFacts:
         """What pricing a running job as a victim needs that does not change with time, kept
         between passes per job: (job, seen at, protected until, at risk since, restart cost,
-        GPUs freed per node, GPUs, victim-order ties, flavor, expected end).
+        GPUs freed per node, GPUs, victim-order ties, flavor, expected end, protected from tier 1
+        until: `allocation.VictimFacts`).
 
         A job's protection only ever lifts as time passes (a lease or stretched lease runs
         out, old preemptions leave the budget window), so what was computed at an earlier
@@ -195,10 +213,11 @@ class Victims:
         facts = state.victim_facts.get(v.id)
         if facts is None or facts[0] is not v or facts[1] > state.now:
             end = expected_end(v)
+            protected = protection(state.ctx, v)
             facts = (
                 v,
                 state.now,
-                protection(state.ctx, v),
+                protected,
                 at_risk_since(state.policy, v),
                 startup_of(state.policy, v) * v.total_gpus,
                 freed_gpus(v),
@@ -206,6 +225,7 @@ class Victims:
                 ties(state.policy.preemption.victim_order, v),
                 state.flavor_of_job[v.id],
                 end,
+                protected if v.tier <= PRODUCTION else protection(state.ctx, v, guard=False),
             )
             state.victim_facts[v.id] = facts
         return facts
@@ -245,29 +265,38 @@ class Victims:
     def claimed(self, c: Candidate) -> None:
         """A claimant counts on the candidate from now on: a new victim is no search's
         candidate any more, and what is leaving has changed."""
-        if not c.leaving and self.memo.candidates is not None:
-            self.memo.candidates.drop(c)
+        if not c.leaving:
+            for pool in self.memo.candidates.values():
+                if not pool.drop(c):  # a candidate of the other pool: found by its job
+                    _drop_job(pool, c.job.id)
         self.memo.leaving = None
 
     def taken(self, v: Job) -> None:
-        """A reservation's holder signalled V (`Reserve.take_back`), which it counts on: no
-        search's candidate any more, and nobody else's capacity on its way out."""
-        pool = self.memo.candidates
-        if pool is not None:
-            c = next((c for c in pool.free_now if c.job.id == v.id), None)
-            if c is not None:
-                pool.drop(c)
+        """A claimant or a reservation's holder signalled V (`Reserve.take_back`), which it
+        counts on: no search's candidate any more (in either pool), and nobody else's capacity
+        on its way out."""
+        for pool in self.memo.candidates.values():
+            _drop_job(pool, v.id)
         self.memo.leaving = None
 
-    def overdue(self) -> list[tuple[float, str]]:
-        """(expected end, id) of the jobs the rules let go whose expected end is before `now`,
-        sorted: a forecast counts them free at their end, not at `now`. Once a pass."""
-        memo = self.memo
-        if memo.overdue is None:
-            index, now = self.releases(), self.state.now
+    def overdue(self, tier1: bool = False) -> list[tuple[float, str]]:
+        """(expected end, id) of the jobs the rules let go (as from tier 1 where `tier1`) whose
+        expected end is before `now`, sorted: a forecast counts them free at their end, not at
+        `now`. Once a pass."""
+        found = self.memo.overdue.get(tier1)
+        if found is None:
+            index, now = self.releases(tier1), self.state.now
             ending = index.ending
-            memo.overdue = [(end, i) for end, i in ending[: bisect_left(ending, (now, ""))] if index.is_lifted(i)]
-        return memo.overdue
+            found = [(end, i) for end, i in ending[: bisect_left(ending, (now, ""))] if index.is_lifted(i)]
+            self.memo.overdue[tier1] = found
+        return found
+
+
+def _drop_job(pool: CandidatePool, job_id: str) -> None:
+    """Drop the job's candidate from the pool, if it has one."""
+    c = next((c for c in pool.free_now if c.job.id == job_id), None)
+    if c is not None:
+        pool.drop(c)
 
 
 def _in_victim_order(rows: list[Row]) -> list[Candidate]:

@@ -119,7 +119,7 @@ class Walker:
         now = self.now
         strict = self.state.policy.scheduling.head_of_line_blocking
         self.order, self.decide = order, decide
-        claims = claimant_keys(order, index.claimants.values(), index.classes.values())
+        claims = claimant_keys(order, index.claimants.values())
         heap = self.heap = self._start(index, claims)
         self.bounds, self.epochs, self.skipping = [], [(memo.hold_version, len(self.reserved))], []
         visited: dict[str, Reason | None] = {}
