@@ -405,7 +405,7 @@ def test_running_jobs_read_right_and_the_queue_tree_fits_a_laptop(long_server: S
             assert page.css(f"{row.format(job)} td.eta").text == "0 %"
         page.go(f"#/jobs/{serving}")
         page.until(lambda d: "not preemptible" in page.css(".facts").text, "the job page's lease")
-        assert "lease ends" not in page.css(".facts").text
+        assert "protected" not in page.css(".facts").text
 
         page.driver.set_window_size(1400, 900)
         try:

@@ -424,8 +424,8 @@ class PreemptionSpec(_Spec):
     )
     checkpoint_overhead: Duration = Field(
         default=30.0,
-        description="The time one checkpoint save is assumed to take for a job that has not reported one "
-        "(what the efficiency floor counts for the save a preemption forces before the job's first).",
+        description="The time one checkpoint save is assumed to take for a job that has reported none: the "
+        "one save the efficiency floor counts while no save's duration is known.",
     )
     max_attempts_per_pass: int = Field(default=16, ge=0)
     victim_order: Literal["cost", "newest", "smallest", "share"] = "cost"
@@ -434,7 +434,8 @@ class PreemptionSpec(_Spec):
         description=(
             "Preempt only when waiting for capacity that frees by itself (jobs ending, jobs "
             "already leaving) would cost the preemptor more GPU-seconds, counted from when its "
-            "victims would be gone, than the victims lose in work and restart."
+            "victims would be gone, than the victims lose in work and restart. Never for a tier-1 "
+            "job, which waits for its victims' leases and grace alone."
         ),
     )
     reclaim: ReclaimSpec = ReclaimSpec()

@@ -341,6 +341,11 @@ def search(ws: Workspace, p: Preemptor, flavor: str, pool: CandidatePool, leavin
     return [c for c in victims if c.job.id in needed]
 
 
+def set_cost(chosen: Sequence[Candidate]) -> tuple[float, int]:
+    """How victim sets compare (DESIGN §4.4): least cost, then fewest new victims."""
+    return sum(c.cost for c in chosen), sum(not c.leaving for c in chosen)
+
+
 def _satisfied(ws: Workspace, p: Preemptor, flavor: str) -> Callable[[], bool]:
     """The search's goal, asked of the state `ws` is in: `p` fits on `flavor` (and, for
     `p.reclaims`, is in-quota)."""

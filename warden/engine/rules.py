@@ -532,6 +532,8 @@ def guarded(p_tier: int, v_tier: int) -> bool:
     Against every preemptor but a tier-1 one taking a lower tier by priority (a tier-1 job
     takes a job of its own tier only by reclaim, which the guard bounds)."""
     return p_tier != PRODUCTION or v_tier <= PRODUCTION
+
+
 PAIR_RULES: tuple[PairRule, ...] = (DIRECTION, SCOPE)
 RULES: tuple[VictimRule | PairRule, ...] = (*VICTIM_RULES, *PAIR_RULES)
 

@@ -74,11 +74,18 @@ def what_if(snapshot: Snapshot, job: Job, now: float, forecast_passes: int | Non
     victims = tuple(
         _victim(by_id[p.job_id], now, now + p.grace, p.lost_work) for p in plan.preemptions if p.for_job == job.id
     )
-    if victims:
-        return Verdict(job.id, "preempt", victims=victims, explanation=explanation, expected_start=estimate)
+    later: tuple[Victim, ...] = ()
     if explanation is not None and isinstance(explanation.reason, WaitingForLease):
+        # A reservation signals some victims now and the rest when their time comes: its reason
+        # names them all, and so does the verdict (what it says it preempts, it preempts).
         at = explanation.reason.earliest_at
-        later = tuple(_lease_victim(trial, by_id[v], at) for v in explanation.reason.victims if v in by_id)
+        now_ids = {v.job_id for v in victims}
+        later = tuple(
+            _lease_victim(trial, by_id[v], at) for v in explanation.reason.victims if v in by_id and v not in now_ids
+        )
+    if victims:
+        return Verdict(job.id, "preempt", victims=victims + later, explanation=explanation, expected_start=estimate)
+    if later:
         return Verdict(job.id, "wait", victims=later, explanation=explanation, expected_start=estimate)
     return Verdict(job.id, "wait", explanation=explanation, expected_start=estimate)
 

@@ -25,7 +25,7 @@ from warden.engine.model import Job, Snapshot
 from warden.engine.plan import SortKey
 from warden.engine.policy import Policy
 from warden.engine.quota import QuotaTree
-from warden.engine.waiting import Entry, JobClass, OrderMode
+from warden.engine.waiting import Entry, OrderMode
 
 INF = math.inf
 

@@ -21,7 +21,7 @@ from warden.engine.phases.claim import Claim
 from warden.engine.phases.reserve import Forecast, Reserve
 from warden.engine.phases.state import PassState
 from warden.engine.phases.victims import Victims
-from warden.engine.preemption import Candidate, search
+from warden.engine.preemption import Candidate, search, set_cost
 from warden.engine.reasons import PreemptionWouldNotPay, Reason
 from warden.engine.rules import PRODUCTION, grace_of, preemptors, starving_after
 
@@ -185,7 +185,7 @@ class Preempt:
         for i, flavor in enumerate(flavors):
             chosen, reclaims, kinds = self._search(job, flavor)
             if chosen:
-                found = (*_set_cost(chosen), i, chosen, reclaims, kinds)
+                found = (*set_cost(chosen), i, chosen, reclaims, kinds)
                 if best is None or found[:3] < best[:3]:
                     best = found
         return None if best is None else (best[3], best[4], best[5])
@@ -206,7 +206,7 @@ class Preempt:
             chosen = search(state, p, flavor, self.victims.pool(job.tier == PRODUCTION), leaving)
             state.rollback(mark)
             # A later way wins only where the earlier set is not as cheap (nor a NaN cost).
-            if chosen and (not best[0] or not _set_cost(best[0]) <= _set_cost(chosen)):
+            if chosen and (not best[0] or not set_cost(best[0]) <= set_cost(chosen)):
                 best = (chosen, p.reclaims, {c.job.id: state.kinds[c.job.id] for c in chosen if not c.leaving})
         return best
 
@@ -244,8 +244,3 @@ class Preempt:
         if flavor is None or names is None:
             return None
         return flavor, names, sorted(needed, key=lambda c: c.rank)
-
-
-def _set_cost(chosen: Sequence[Candidate]) -> tuple[float, int]:
-    """How victim sets compare (DESIGN §4.4): least cost, then fewest new victims."""
-    return sum(c.cost for c in chosen), sum(not c.leaving for c in chosen)

@@ -26,19 +26,24 @@ from warden.engine.model import Job
 from warden.engine.phases.nextstep import NextSteps
 from warden.engine.phases.state import PassState
 from warden.engine.phases.victims import Victims
+from warden.engine.placement import CapacityIndex
 from warden.engine.plan import Preemption, Reservation
+from warden.engine.preemption import Candidate, search, set_cost
+from warden.engine.quota import QuotaTree
 from warden.engine.reasons import Fragmented, InsufficientCapacity, PreemptionWouldNotPay, Reason
 from warden.engine.rules import (
     PAIR_READS,
     PRODUCTION,
     PairKey,
     Preemptor,
+    RuleContext,
     allowed,
     downward_allowed,
     grace_of,
     kind_of,
     pair_key,
     preemptor,
+    preemptors,
     reclaim_of,
     reservation_takes,
     victim_cost,
@@ -104,21 +109,25 @@ class Reserve:
     def take_back(self, job: Job, best: Forecast) -> tuple[tuple[Job, ...], float | None]:
         """Signal, on the job's behalf, each victim its forecast counts on whose time has come
         (`rules.reservation_takes`: due − its grace, or when its protection lifts if later):
-        then it is gone when the reservation is due. The victims still to be signalled, and
-        when the first of them will be (None: none)."""
+        then it is gone when the reservation is due. Every victim it needs, signalled now or
+        later, and no more (what its reason names: what it preempts), and when the first still
+        to be signalled will be (None: none)."""
         state = self.state
         now, policy = state.now, state.policy
         signal_at: float | None = None
         if best.due <= now:
             return best.taken, None  # it fits now: the preempt phase's business
-        signalled: set[str] = set()
-        for v in best.taken:
-            at = reservation_takes(state.ctx, job.tier, v, best.due)
+        times = [reservation_takes(state.ctx, job.tier, v, best.due) for v in best.taken]
+        if INF in times:
+            # One of them it may take only by the preempt phase's search at `due` (a reclaim):
+            # the set is taken there whole, as the search chose it. Taking the others ahead
+            # would change what that search finds (a queue that no longer borrows).
+            return best.taken, None
+        for v, at in zip(best.taken, times):
             if at > now:
                 if at < INF and (signal_at is None or at < signal_at):
                     signal_at = at
                 continue
-            signalled.add(v.id)
             grace = grace_of(policy, v)
             cost, lost = victim_cost(policy, v, now)
             state.preemptions.append(Preemption(v.id, job.id, kind_of(job, v), grace, cost, lost))
@@ -128,8 +137,7 @@ class Reserve:
                 state.memo.quota_version += 1
             state.claimed.add(v.id)
             self.victims.taken(v)
-        left = tuple(v for v in best.taken if v.id not in signalled)
-        return left, signal_at
+        return best.taken, signal_at
 
     def earliest(self, job: Job, flavors: Sequence[str], before: float, natural: bool) -> Forecast | None:
         """`forecast` on whichever of `flavors` frees first (the first flavor on a tie), if
@@ -161,23 +169,57 @@ class Reserve:
             released.append((v, how))
             waits = waits or how != LENT
             if waits and state.fits(job, flavor, d):
+                fit = state.mark()
                 kept = self._needed(job, flavor, d, released)
                 if kept and all(how == LENT for _, how in kept):
                     # Jobs it takes back never set when it is due: they only fill out a
                     # placement that something else frees. Go on without those it dropped.
                     released, waits = kept, False
                     continue
+                taken = tuple(v for v, how in kept if how)
+                if any(how == TAKEN for _, how in kept):
+                    # What it will preempt then is what the preempt phase's search takes then.
+                    state.rollback(fit)
+                    chosen = self._search_at(job, flavor, max(t, now), released)
+                    if chosen is None:
+                        continue  # no set the search may take fits yet: wait for more to free
+                    taken = chosen
                 names = state.find(flavor, job)
                 assert names is not None
-                found = Forecast(
-                    max(t, now),
-                    names,
-                    tuple(v for v, _ in released),
-                    tuple(v for v, how in kept if how),
-                )
+                found = Forecast(max(t, now), names, tuple(v for v, _ in released), taken)
                 break
         state.rollback(mark)
         return found
+
+    def _search_at(self, job: Job, flavor: str, at: float, released: list[tuple[Job, int]]) -> tuple[Job, ...] | None:
+        """The victims the preempt phase's search (`preemption.search`, every way the scope
+        rule lets the job look, the cheapest set) takes for the job on `flavor` in a pass at
+        `at`, with what frees by itself by then freed: the set its reason names, so that what
+        warden says it will preempt is what it preempts (DESIGN §4.4). None when none makes
+        room. The victims stay released in the state (the caller rolls it back)."""
+        state = self.state
+        itself = [v for v, how in released if how == ITSELF]
+        mark = state.mark()
+        for v, how in released:
+            if how != ITSELF:
+                state.retake_job(v, only=flavor)
+        ws = _At(state, replace(state.ctx, now=at))
+        d = state.demand(job, flavor)
+        gone = {v.id for v in itself}
+        best: list[Candidate] = []
+        for p in preemptors(ws.ctx, job, d):
+            pool = self.victims.pool_at(at, job.tier == PRODUCTION, gone)
+            inner = state.mark()
+            chosen = search(ws, p, flavor, pool, [])
+            state.rollback(inner)
+            if chosen and (not best or not set_cost(best) <= set_cost(chosen)):
+                best = chosen
+        if not best:
+            state.rollback(mark)
+            return None
+        for c in best:
+            state.release(c)
+        return tuple(c.job for c in sorted(best, key=lambda c: c.rank))
 
     def _needed(
         self, job: Job, flavor: str, d: tuple[float, ...], released: list[tuple[Job, int]]
@@ -311,6 +353,39 @@ class Reserve:
 
 _TIER = PAIR_READS.index("tier")
 """Where a victim's tier is in its `pair_key`."""
+
+
+class _At:
+    """The pass's state as a `preemption.Workspace` whose rules are asked at another time: a
+    search as a pass at that time would run it (the victims' protections and the starvation
+    shield read `ctx.now`). Its own `kinds`: the pass's belong to its claims."""
+
+    __slots__ = ("ctx", "index", "kinds", "quota", "state")
+
+    def __init__(self, state: PassState, ctx: RuleContext) -> None:
+        self.state = state
+        self.ctx = ctx
+        self.index: CapacityIndex = state.index
+        self.quota: QuotaTree = state.quota
+        self.kinds: dict[str, str] = {}
+
+    def release(self, c: Candidate) -> None:
+        self.state.release(c)
+
+    def retake(self, c: Candidate) -> None:
+        self.state.retake(c)
+
+    def fits(self, job: Job, flavor: str, d: tuple[float, ...]) -> bool:
+        return self.state.fits(job, flavor, d)
+
+    def placeable(self, job: Job, flavor: str) -> bool:
+        return self.state.placeable(job, flavor)
+
+    def frees_quota_in(self, c: Candidate, queue: int) -> bool:
+        return self.state.frees_quota_in(c, queue)
+
+    def block_nodes(self, block: str) -> Sequence[str]:
+        return self.state.block_nodes(block)
 
 
 def _lent(v: Job) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from collections.abc import Collection
 from typing import Any
 
 from warden.engine.accounting import expected_end
@@ -70,10 +71,21 @@ class Victims:
             )
         return pool
 
-    def _price(self, tier1: bool) -> tuple[list[Row], dict[str, int], bool]:
-        """One walk over the running jobs not signalled: a row per job the victim rules let go
-        now (`Row`; as from tier 1 where `tier1`), the GPUs those hold per node, and whether
-        every cost is nonnegative.
+    def pool_at(self, at: float, tier1: bool, gone: Collection[str]) -> CandidatePool:
+        """The pool a pass at `at` would search, as far as this pass can tell: the running jobs
+        not signalled, not in `gone` (a forecast's jobs that have freed their capacity by
+        then), that the rules let go by `at`, priced at `at`. Built anew for each call: what a
+        forecast names as its victims is what the search at its due time takes."""
+        rows, held_on, nonnegative = self._price(tier1, at, gone)
+        by_cost = VICTIM_ORDERS[self.state.policy.preemption.victim_order].by_cost
+        return CandidatePool(_in_victim_order(rows), held_on, by_cost=by_cost, ascending=by_cost and nonnegative)
+
+    def _price(
+        self, tier1: bool, at: float | None = None, gone: Collection[str] = ()
+    ) -> tuple[list[Row], dict[str, int], bool]:
+        """One walk over the running jobs not signalled (nor in `gone`): a row per job the
+        victim rules let go at `at` (default: now; as from tier 1 where `tier1`), priced then
+        (`Row`), the GPUs those hold per node, and whether every cost is nonnegative.
 
         This loop runs once per running job and pass, so it inlines the cost (`rules.cost_at`:
         same arithmetic, same floats; tests/engine/test_victims.py compares the two).
@@ -90,7 +102,7 @@ class Victims:
         held_on: dict[str, int] = {}
         nonnegative = True
         for v in state.holding.values():
-            if v.id in terminating or (claimed and v.id in claimed):
+            if v.id in terminating or (claimed and v.id in claimed) or (gone and v.id in gone):
                 continue
             facts = known.get(v.id)
             if facts is None or facts[0] is not v or facts[1] > now:
@@ -98,11 +110,15 @@ class Victims:
             _, _, protected, since, restart, freed, gpus, tie, flavor, _, from_t1 = facts
             if tier1:
                 protected = from_t1
+            if at is not None:
+                if protected > at:
+                    continue
+                protected = 0.0
             if protected <= now:
                 if since is None:
                     lost = 0.0
                 else:
-                    at_risk = now - since
+                    at_risk = (now if at is None else at) - since
                     lost = gpus * (at_risk if at_risk > 0.0 else 0.0)  # max(0.0, now - since)
                 cost = lost + restart
                 if not cost >= 0.0:  # negative, or NaN

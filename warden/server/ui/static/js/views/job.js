@@ -7,7 +7,7 @@ import { ApiError, Unavailable, api, has } from "../api.js";
 import { facts, h, notice, swap, table } from "../dom.js";
 import { tierBadge, tierName } from "../palette.js";
 import { countdown, dur, when } from "../time.js";
-import { efficiency, expectedStart, leaseEnd, reasonCell, stateBadge } from "./jobs.js";
+import { PROTECTED_HELP, efficiency, expectedStart, leaseEnd, reasonCell, stateBadge, tier1From } from "./jobs.js";
 
 const LOG_POLL_MS = 2000;
 const LOG_KEEP = 2_000_000; // characters kept in the page
@@ -278,7 +278,11 @@ export default {
             ["submitted", when(job.submit_at)],
             ["waited", dur(job.wait_s)],
             ["lease", job.preemptible === false ? "not preemptible" : job.lease_s != null ? dur(job.lease_s) : null],
-            ["lease ends", job.started_at != null && job.preemptible !== false ? leaseEnd(job) : null],
+            [
+              job.tier > 1 ? h("span", { title: PROTECTED_HELP }, "protected from tiers 2–4 until") : "protected until",
+              job.started_at != null && job.preemptible !== false ? leaseEnd(job) : null,
+            ],
+            ["protected from tier 1 until", tier1From(job)],
             ["η", job.started_at != null ? efficiency(job.efficiency) : null],
             ["grace", job.grace_s != null ? dur(job.grace_s) : null],
             ["time limit", job.time_limit_s != null ? dur(job.time_limit_s) : null],

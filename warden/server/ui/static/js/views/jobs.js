@@ -1,11 +1,11 @@
 // Jobs: the waiting jobs in rank order with their reason, position and expected start, and
-// the running ones with their lease end and last checkpoint, a page at a time
+// the running ones with when they may be preempted and their last checkpoint, a page at a time
 // (GET /v1/jobs?limit=&offset=, X-Total-Count), so that 5,000 pending jobs stay fast.
 
 import { api, hasParam, paramEnum } from "../api.js";
 import { h, notice, swap, table } from "../dom.js";
 import { tierBadge } from "../palette.js";
-import { countdown, dur, humanizeMessage, when } from "../time.js";
+import { abs, countdown, dur, humanizeMessage, when } from "../time.js";
 
 export const WAITING = ["AWAITING_APPROVAL", "PENDING", "REQUEUED"];
 export const HOLDING = ["ADMITTED", "STARTING", "RUNNING", "PREEMPTING"];
@@ -105,14 +105,34 @@ export function efficiency(value) {
   return h("span", { title: "forward-progress efficiency of this attempt" }, `${Math.round(Math.max(0, value) * 100)} %`);
 }
 
-/** When a running job may first be preempted: "not preemptible" when its tier never is (the
+/** Whom the protection `lease_end_at` names guards a running job against: the thrash guard
+ * (efficiency floor, preemption budget) never holds back a tier-1 job taking a lower tier. */
+export const PROTECTED_HELP =
+  "When a job of tiers 2–4 may first preempt it: its lease, stretched by the efficiency floor, " +
+  "and its preemption budget. A tier-1 job may preempt a lower tier once its lease alone is over.";
+
+/** When a running job may first be preempted by a job of tiers 2–4 (`lease_end_at`), its title
+ * saying that tier 1 is held by its lease alone: "not preemptible" when its tier never is (the
  * API's `preemptible`), "—" while it is in its grace. */
 export function leaseEnd(job) {
   if (job.kill_at != null) return "—";
   if (job.preemptible === false) {
     return h("span", { class: "muted", title: `tier ${job.tier} is never preempted (tiers.${job.tier}.preemptible in the policy)` }, "not preemptible");
   }
-  return when(job.lease_end_at);
+  const at = when(job.lease_end_at);
+  if (job.lease_end_at != null && job.tier > 1) {
+    at.title = `protected from tiers 2–4 until ${abs(job.lease_end_at)}; from tier 1 only by its lease`;
+  }
+  return at;
+}
+
+/** When a tier-1 job may first preempt a running job of a lower tier: once its lease alone is
+ * over (`started_at` + `lease_s`, which only GET /v1/jobs/{id} gives); null where that does not
+ * apply or is not known. */
+export function tier1From(job) {
+  if (job.kill_at != null || job.preemptible === false || !(job.tier > 1)) return null;
+  if (job.started_at == null || job.lease_s == null) return null;
+  return when(job.started_at + job.lease_s);
 }
 
 export function stateBadge(state) {
@@ -224,7 +244,7 @@ export default {
                 { label: "GPUs", class: "num", cell: (j) => (j.replicas > 1 ? `${j.replicas}×${j.gpus_per_replica}` : String(j.gpus)) },
                 { label: "state", cell: (j) => [stateBadge(j.state), j.kill_at != null ? [" ", countdown(j.kill_at)] : null] },
                 { label: "started", cell: (j) => when(j.started_at) },
-                { label: "lease ends", class: "lease-end", cell: leaseEnd },
+                { label: h("span", { title: PROTECTED_HELP }, "protected until"), class: "lease-end", cell: leaseEnd },
                 { label: "last checkpoint", cell: (j) => when(j.last_checkpoint_at) },
                 { label: "η", class: "num eta", cell: (j) => efficiency(j.efficiency) },
               ],
