@@ -85,9 +85,10 @@ def test_a_tier1_job_takes_lease_expired_victims_at_once_whatever_the_efficiency
         submitted = job(c, prod)["submit_at"]
         running = until_state(c, prod, "RUNNING", timeout=10)
 
+        # Each victim would lose its assumed startup and nothing more (none has run 60 s): the
+        # costs tie, and the lower tier goes first.
         taken = preemptions_for(c, prod)
-        assert len(taken) == 2, taken
-        assert {p["victim"] for p in taken} < set(t4 + t3)
+        assert sorted(p["victim"] for p in taken) == sorted(t4), (t4, t3, taken)
         assert all(p["at"] <= submitted + 3.0 for p in taken), (submitted, taken)
         assert running["attempts"][-1]["started_at"] <= max(p["ended_at"] for p in taken) + 3.0
         # Every preemption was for the tier-1 job: nothing else was taken, and nothing is now.
@@ -177,6 +178,46 @@ def test_a_tier1_dry_run_names_the_victims_it_then_preempts_and_no_more(two_queu
         assert all(job(c, j)["state"] == "RUNNING" for j in leased)
 
 
+def test_a_tier1_job_waiting_for_a_lease_names_the_victims_it_takes_and_takes_each_when_it_said(
+    two_queue_server: Server,
+) -> None:
+    """The cluster above, the 4-GPU job inside a 6 s lease. The dry run names the same two
+    victims, each with its SIGTERM time: the tier-4 job now (its 120 s grace ends after the
+    lease), the 4-GPU job when its lease ends. Submitted, the job says it waits for that lease,
+    for those victims, and takes each at the time the dry run named, nothing else."""
+    with two_queue_server.client() as c:
+        big = submit(c, queue="serving", tier=3, gpus=4, lease="6s", command=SLEEP, name="big")
+        leased = [submit(c, queue="research", tier=3, gpus=1, command=SLEEP, name=f"leased-{i}") for i in range(3)]
+        spare = submit(c, queue="research", tier=4, gpus=1, command=SLEEP, name="spare")
+        for j in [big, *leased, spare]:
+            until_state(c, j, "RUNNING")
+        lease_end = job(c, big)["attempts"][0]["started_at"] + 6.0
+
+        body = {"queue": "serving", "tier": 1, "gpus": 5, "command": SLEEP, "workdir": str(REPO), "name": "prod"}
+        dry = c.post("/v1/jobs", params={"dry_run": "true"}, json=body).json()
+        signal_at = {v["id"]: v["signal_at"] for v in dry["victims"]}
+        assert set(signal_at) == {big, spare}, dry
+        assert signal_at[big] == pytest.approx(lease_end, abs=0.01), dry
+        assert signal_at[spare] < lease_end - 1.0, dry  # at once: lease end − its grace is past
+        assert dry["reason"]["code"] == "WaitingForLease" and dry["reason"]["details"]["rule"] == "lease", dry
+        assert set(dry["reason"]["details"]["victims"]) == {big, spare}, dry
+
+        prod = submit(c, **body)
+        assert prod == dry["id"]
+        reason = wait_for(lambda: (r := job(c, prod)["reason"]) and r["code"] == "WaitingForLease" and r, 10)
+        assert reason["details"]["rule"] == "lease" and reason["details"]["victim"] == big, reason
+        assert reason["details"]["earliest_at"] == pytest.approx(lease_end, abs=0.01), reason
+        assert set(reason["details"]["victims"]) <= {big, spare} and big in reason["details"]["victims"], reason
+
+        until_state(c, prod, "RUNNING", timeout=lease_end - time.time() + 10)
+        at = {p["victim"]: p["at"] for p in preemptions_for(c, prod)}
+        assert set(at) == set(signal_at), at
+        for victim, when in signal_at.items():
+            assert when - 0.01 <= at[victim] <= when + 2.5, (victim, when, at)
+        assert {p["victim"] for p in c.get("/v1/preemptions").json()} == set(signal_at)
+        assert all(job(c, j)["state"] == "RUNNING" for j in leased)
+
+
 # -- a victim that reports a save every second ---------------------------------------------------
 
 SAVE_S = 0.5
@@ -257,7 +298,7 @@ def test_a_tier3_job_preempts_a_victim_that_reports_saves_every_second_once_one_
         later = job(c, waiting)["reason"]
         assert later is not None and later["details"]["earliest_at"] == pytest.approx(floor, abs=0.01), later
 
-        [taken] = wait_for(lambda: preemptions_for(c, waiting), floor - time.time() + 5, "the preemption")
+        [taken] = wait_for(lambda: preemptions_for(c, waiting), max(floor - time.time(), 0) + 5, "the preemption")
         assert taken["victim"] == victim
         final = job(c, victim)["attempts"][0]
         assert floor_of(final) == pytest.approx(floor, abs=0.01)
