@@ -74,7 +74,7 @@ GOLDEN: dict[tuple[int, int, int, int, int, str], str] = {
     (40, 8, 120, 60, 2, "strict"): "e0d2398b70d3fdbab9935ae449e79680bc4571be636efecad968a183e5789049",
     (40, 8, 120, 60, 2, "fifo"): "29f7494cba0e6fb67f9cc96a2f0457c08221de32ebd1f7b04eef3fb137903f8b",
     (250, 8, 1500, 1200, 1, "default"): "cfa81d4e66608fd9be8a1d737a286fe5302e96728f9d6eafeb9c8ec12660b818",
-    (250, 8, 1500, 1200, 2, "reservations"): "57105cccd655667ae1eb9100f3c008df5ce46f4a69bdf6ca71a5f1759fa92266",
+    (250, 8, 1500, 1200, 2, "reservations"): "82696d5ec2c246107d1ea1972ba5a731a45ed976f67ee5f32999e5f573459d13",
     (300, 4, 900, 1500, 0, "smallest"): "50ee2e0fbb9646fa90357329e8abe39695eb8fed1d86f9bf6ecb7e2260042790",
     (250, 8, 1500, 1200, 3, "newest"): "c7bbcd87fec8691e979d1047f50653574e388bff66a2ef85b9012bd90f4f82e4",
 }

@@ -290,7 +290,7 @@ def test_a_tier3_job_preempts_a_victim_that_reports_saves_every_second_once_one_
         assert reason["details"]["rule"] == "efficiency" and reason["details"]["victims"] == [victim], reason
         attempt = job(c, victim)["attempts"][0]
         floor = floor_of(attempt)
-        assert floor < attempt["started_at"] + 20.0, attempt
+        assert floor < attempt["started_at"] + 30.0, attempt  # the premise: a short floor (here ~14 s)
         assert reason["details"]["earliest_at"] == pytest.approx(floor, abs=0.01), (reason, attempt)
         # Two more saves reported: the floor has not moved.
         saves = attempt["checkpoints"]

@@ -18,10 +18,11 @@ runner = CliRunner()
 
 @pytest.fixture
 def trace(tmp_path: Path) -> Path:
-    """One long tier-3 job that does not save on SIGTERM, and a tier-1 job every 1000 s that
-    needs the whole pool for 10 s: under `slurm` the long job is preempted by each of them."""
+    """One long tier-3 job that does not save on SIGTERM, and a tier-2 job every 1000 s that
+    needs the whole pool for 10 s: under `slurm` the long job is preempted by each of them.
+    (Tier 2: the thrash guard's budget holds back tiers 2–4, never tier 1.)"""
     lines = ["job_id,submit,num_gpus,duration,tier,resumable,lease", "long,0,8,20000,3,false,0"]
-    lines += [f"hi{k},{1000 * (k + 1)},8,10,1,false,0" for k in range(4)]
+    lines += [f"hi{k},{1000 * (k + 1)},8,10,2,false,0" for k in range(4)]
     path = tmp_path / "trace.csv"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -52,7 +52,8 @@ class Candidate(NamedTuple):
     cost: float
     lost: float
     protected_until: float
-    """0.0 when the victim rules let it go now; else when they will (inf: never)."""
+    """0.0 when the victim rules let every preemptor take it now; else when the thrash guard
+    lets preemptors of tiers 2–4 take it (a candidate only a tier-1 preemptor may take now)."""
     flavor: str
     rank: int
     """Position in victim order (jobs already leaving: negative, soonest out first)."""

@@ -92,6 +92,9 @@ class Memo:
     capacity in one go)."""
     victim_tiers: tuple[int, ...] | None = None
     """Tiers with a running job not already leaving when the pass began: for the pass."""
+    every: tuple[list[Candidate], dict[str, int], bool, bool] | None = None
+    """Every running job a tier-1 preemptor may take now, priced (`Victims._every`): once a
+    pass; both pools of `candidates` are drawn from it."""
     candidates: dict[bool, CandidatePool] = field(default_factory=dict)
     """The running jobs the rules let go now, priced, as preemptors of tiers 2–4 (False) and a
     tier-1 preemptor (True) see them (`rules.guarded`): each once a pass (a claim drops its

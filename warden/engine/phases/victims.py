@@ -38,8 +38,9 @@ from warden.engine.rules import (
 
 INF = math.inf
 
-Row = tuple[float, tuple[Any, ...], Job, float, float, tuple[tuple[str, int], ...], str]
-"""(cost or 0.0, ties, job, cost, lost work, GPUs freed per node, flavor): a priced victim.
+Row = tuple[float, tuple[Any, ...], Job, float, float, tuple[tuple[str, int], ...], str, float]
+"""(cost or 0.0, ties, job, cost, lost work, GPUs freed per node, flavor, guarded until): a
+priced victim, with when the thrash guard lets preemptors of tiers 2–4 take it (0.0: now).
 
 Its first two fields are the job's victim key (`preemption.victim_key`: cost leads when the
 order is by cost, and the rest, `preemption.ties`, ends with the unique id), so rows sort as
@@ -59,33 +60,56 @@ class Victims:
 
     def pool(self, tier1: bool = False) -> CandidatePool:
         """Running jobs not yet signalled that the rules let go now, in the policy's victim
-        order, priced at `now`: once a pass for preemptors of tiers 2–4, once for a tier-1
-        preemptor (`tier1`: the thrash guard does not hold it back, `rules.guarded`)."""
+        order, priced at `now`: as a tier-1 preemptor sees them (`tier1`: the thrash guard does
+        not hold it back, `rules.guarded`), or as preemptors of tiers 2–4 and reclaims do (those
+        of them the guard lets go too). Once a pass, from one walk: the two pools share their
+        candidates, so a claim drops a victim from both."""
         pools = self.memo.candidates
         pool = pools.get(tier1)
         if pool is None:
-            rows, held_on, nonnegative = self._price(tier1)
-            by_cost = VICTIM_ORDERS[self.state.policy.preemption.victim_order].by_cost
-            pool = pools[tier1] = CandidatePool(
-                _in_victim_order(rows), held_on, by_cost=by_cost, ascending=by_cost and nonnegative
-            )
+            every = self._every()
+            if tier1:
+                pool = self._pool(every[0], every[1], every[2])
+            else:
+                pool = self._pool([c for c in every[0] if c.protected_until == 0.0], None, every[3])
+            pools[tier1] = pool
         return pool
+
+    def _every(self) -> tuple[list[Candidate], dict[str, int], bool, bool]:
+        """Every running job not signalled that the rules let a tier-1 preemptor take now,
+        priced, in victim order (`protected_until` 0.0 for those they let every preemptor
+        take); the GPUs they hold per node; whether every cost is nonnegative, and whether
+        those of the jobs every preemptor may take are. Once a pass."""
+        every = self.memo.every
+        if every is None:
+            rows, held_on, nonnegative, guarded_nonnegative = self._price()
+            every = self.memo.every = (_in_victim_order(rows), held_on, nonnegative, guarded_nonnegative)
+        return every
+
+    def _pool(self, candidates: list[Candidate], held_on: dict[str, int] | None, nonnegative: bool) -> CandidatePool:
+        by_cost = VICTIM_ORDERS[self.state.policy.preemption.victim_order].by_cost
+        return CandidatePool(candidates, held_on, by_cost=by_cost, ascending=by_cost and nonnegative)
 
     def pool_at(self, at: float, tier1: bool, gone: Collection[str]) -> CandidatePool:
         """The pool a pass at `at` would search, as far as this pass can tell: the running jobs
         not signalled, not in `gone` (a forecast's jobs that have freed their capacity by
-        then), that the rules let go by `at`, priced at `at`. Built anew for each call: what a
-        forecast names as its victims is what the search at its due time takes."""
-        rows, held_on, nonnegative = self._price(tier1, at, gone)
-        by_cost = VICTIM_ORDERS[self.state.policy.preemption.victim_order].by_cost
-        return CandidatePool(_in_victim_order(rows), held_on, by_cost=by_cost, ascending=by_cost and nonnegative)
+        then), that the rules let go by `at` (as from tier 1 where `tier1`), priced at `at`.
+        Built anew for each call: what a forecast names as its victims is what the search at
+        its due time takes."""
+        rows, _, nonnegative, guarded_nonnegative = self._price(at, gone)
+        candidates = _in_victim_order(rows)
+        if tier1:
+            return self._pool(candidates, None, nonnegative)
+        return self._pool([c for c in candidates if c.protected_until == 0.0], None, guarded_nonnegative)
 
     def _price(
-        self, tier1: bool, at: float | None = None, gone: Collection[str] = ()
-    ) -> tuple[list[Row], dict[str, int], bool]:
+        self, at: float | None = None, gone: Collection[str] = ()
+    ) -> tuple[list[Row], dict[str, int], bool, bool]:
         """One walk over the running jobs not signalled (nor in `gone`): a row per job the
-        victim rules let go at `at` (default: now; as from tier 1 where `tier1`), priced then
-        (`Row`), the GPUs those hold per node, and whether every cost is nonnegative.
+        victim rules let a tier-1 preemptor take at `at` (default: now), priced then, with the
+        time the thrash guard still protects it from other preemptors (0.0: it does not), the
+        GPUs those jobs hold per node, whether every cost is nonnegative, and whether those of
+        the jobs the guard lets go are.
 
         This loop runs once per running job and pass, so it inlines the cost (`rules.cost_at`:
         same arithmetic, same floats; tests/engine/test_victims.py compares the two).
@@ -94,41 +118,38 @@ class Victims:
         order = state.policy.preemption.victim_order
         by_cost = VICTIM_ORDERS[order].by_cost
         shares = self.shares() if VICTIM_ORDERS[order].share_at is not None else None
-        now = state.now
+        now = state.now if at is None else at
         known = state.victim_facts
         terminating = state.terminating
         claimed = state.claimed
         rows: list[Row] = []
         held_on: dict[str, int] = {}
-        nonnegative = True
+        nonnegative = guarded_nonnegative = True
         for v in state.holding.values():
             if v.id in terminating or (claimed and v.id in claimed) or (gone and v.id in gone):
                 continue
             facts = known.get(v.id)
-            if facts is None or facts[0] is not v or facts[1] > now:
+            if facts is None or facts[0] is not v or facts[1] > state.now:
                 facts = self.facts(v)
             _, _, protected, since, restart, freed, gpus, tie, flavor, _, from_t1 = facts
-            if tier1:
-                protected = from_t1
-            if at is not None:
-                if protected > at:
-                    continue
-                protected = 0.0
-            if protected <= now:
+            if from_t1 <= now:
                 if since is None:
                     lost = 0.0
                 else:
-                    at_risk = (now if at is None else at) - since
+                    at_risk = now - since
                     lost = gpus * (at_risk if at_risk > 0.0 else 0.0)  # max(0.0, now - since)
                 cost = lost + restart
+                until = 0.0 if protected <= now else protected
                 if not cost >= 0.0:  # negative, or NaN
                     nonnegative = False
+                    if not until:
+                        guarded_nonnegative = False
                 if shares is not None:
                     tie = with_share(order, tie, shares.get(v.queue, 0.0))
-                rows.append((cost if by_cost else 0.0, tie, v, cost, lost, freed, flavor))
+                rows.append((cost if by_cost else 0.0, tie, v, cost, lost, freed, flavor, until))
                 for node, g in freed:
                     held_on[node] = held_on.get(node, 0) + g
-        return rows, held_on, nonnegative
+        return rows, held_on, nonnegative, guarded_nonnegative
 
     def shares(self) -> dict[str, float]:
         """Per leaf queue, its share as the pass begins (`rules.share`: GPUs held ÷ owed now),
@@ -283,8 +304,7 @@ class Victims:
         candidate any more, and what is leaving has changed."""
         if not c.leaving:
             for pool in self.memo.candidates.values():
-                if not pool.drop(c):  # a candidate of the other pool: found by its job
-                    _drop_job(pool, c.job.id)
+                pool.drop(c)  # the pools share their candidates
         self.memo.leaving = None
 
     def taken(self, v: Job) -> None:
@@ -320,6 +340,6 @@ def _in_victim_order(rows: list[Row]) -> list[Candidate]:
     new = tuple.__new__  # Candidate's own constructor is a Python function; this is C
     rows.sort()
     return [
-        new(Candidate, (v, cost, lost, 0.0, flavor, rank, freed, False, None, 0.0))
-        for rank, (_, _, v, cost, lost, freed, flavor) in enumerate(rows)
+        new(Candidate, (v, cost, lost, until, flavor, rank, freed, False, None, 0.0))
+        for rank, (_, _, v, cost, lost, freed, flavor, until) in enumerate(rows)
     ]
