@@ -182,11 +182,12 @@ def _drive(pol: Policy, cluster: tuple[Node, ...], jobs: list[Job], p: Job) -> t
     return named, taken, plan
 
 
-SEQUENCED = {290, 859}
-"""Seeds where a reservation signals part of its set ahead of `due` and that changes the
-problem the next pass solves: the job becomes in-quota once its own queue's victim left
-(859) or the victims gone make another node the cheaper place (290), and the search then
-takes another completion. What a reservation signals early is not yet kept across passes."""
+SEQUENCED = {859}
+"""Seeds where a reservation's victim signalled ahead of `due` changes the problem the next
+pass solves for the better: with its own queue's victim gone the job is in-quota, may take a
+job of another queue that is eligible at once, and does (DESIGN §4.4: a job that can make room
+now does not wait), instead of the one it named that lifts later. (A reservation signals a
+victim early only where the search at `due` then takes the rest it named, `Reserve._early`.)"""
 
 
 @pytest.mark.parametrize(

@@ -435,6 +435,23 @@ class Reserved(Reason):
 
 
 @dataclass(frozen=True, slots=True)
+class Claimed(Reason):
+    """The job would borrow, and a job of a lower tier is taking back capacity it lent: its
+    claim holds against borrowers of every tier (DESIGN §4.3: borrowed capacity is always
+    reclaimable by its lender; a borrower admitted into it would be reclaimed at once)."""
+
+    code: ClassVar[str] = "Claimed"
+    for_job: str
+
+    def render(self, at: TimeText = engine_time, job_id: str | None = None) -> str:
+        return (
+            f"The job would borrow capacity while job {self.for_job} waits for the jobs it preempted to "
+            "take back what its queue lent; no borrower starts until it has: the job starts then, or "
+            "at once within its queue's nominal quota."
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Position(Reason):
     """Strict ordering: jobs ahead of this one must start first."""
 
@@ -499,6 +516,7 @@ _CLASSES: tuple[type[Reason], ...] = (
     PreemptionWouldNotPay,
     WaitingForGrace,
     Reserved,
+    Claimed,
     Position,
     AwaitingApproval,
     ThrashBackoff,

@@ -9,6 +9,12 @@ Three steps per flavor the job may use (in name order; the first that fits wins)
   due − its grace (DESIGN §4.2, `PassState.lent`);
 - **held** — failing that, `Reserved` if the job would fit but for capacity held for a
   higher-ranked job (a claim or a reservation), else the capacity it lacks.
+
+A job that would borrow waits (`Claimed`) while a job of a lower tier holds a claim, or one
+under a queue below the root that it shares: claimants rank first only within their tier
+(`order.claimant_keys`), and what a claim counts on is also quota — a reclaim's victims (of
+any tier) borrowing back what was reclaimed, or a job of the claimant's own queue borrowing
+what the claimant needs to start in-quota, would be preempted again at once, and again.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from warden.engine.phases.memo import HeldParts, Part, PlaceKey, Shape
 from warden.engine.phases.state import Hold, PassState
 from warden.engine.placement import assign_gpu_indices
 from warden.engine.plan import Admission
-from warden.engine.reasons import Fragmented, InsufficientCapacity, Reason, Reserved, UnknownQueue
+from warden.engine.reasons import Claimed, Fragmented, InsufficientCapacity, Reason, Reserved, UnknownQueue
 
 INF = math.inf
 
@@ -63,6 +69,11 @@ class Admit:
                     continue
                 in_quota = seen[2]
             names, failed, lent = self._place(job, flavor, shape)
+            if names is not None and not in_quota:
+                holder = self._claimed(job)
+                if holder is not None:  # it would borrow what a claim counts on
+                    first = first or Claimed(holder)
+                    continue
             if names is not None:
                 self.admit(job, flavor, names, d, borrowing=not in_quota, lent=lent)
                 return None
@@ -70,6 +81,19 @@ class Admit:
         if first is None:  # a cluster without nodes
             first = InsufficientCapacity("gpu", job.total_gpus, 0)
         return first
+
+    def _claimed(self, job: Job) -> str | None:
+        """A claimant the job may not borrow against, or None: one of a lower priority (a
+        reclaim's victims may be of a higher tier, and would borrow back what was reclaimed),
+        or one sharing a queue below the root with it (whose usage the claimant counts on to
+        start in-quota)."""
+        state = self.state
+        if not state.claim_queues and not state.claim_tier:
+            return None
+        if job.tier < state.claim_tier and state.claim_holder != job.id:
+            return state.claim_holder
+        queues = state.claim_queues
+        return next((queues[q] for q in self.quota.paths[job.queue][:-1] if queues.get(q, job.id) != job.id), None)
 
     def _quota(self, queue: str, d: tuple[float, ...]) -> tuple[int, Reason | None, bool]:
         """(quota version, why the demand does not fit the queue's path or None, whether it is

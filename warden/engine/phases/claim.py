@@ -34,8 +34,11 @@ class Claim:
     def claim(self, job: Job, names: Sequence[str], d: tuple[float, ...], chosen: list[Candidate]) -> WaitingForGrace:
         """Signal the new victims of `chosen`, hold `names` for the job (its demand `d`), and
         hand on what the jobs it waits for leave over."""
-        self.state.claimants.add(job.id)
+        state = self.state
+        state.claimants.add(job.id)
         etas = self._signal(job, chosen)
+        taken_back = any(state.kinds.get(c.job.id, "downward") != "downward" and c.job.tier < job.tier for c in chosen)
+        state.claiming(job, lender=taken_back)
         due = max(etas.values(), default=self.state.now)
         hold = self.state.hold(job, names, due, backfill=False)
         footprints = self._promise(job, names, hold, chosen)

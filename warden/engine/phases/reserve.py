@@ -72,6 +72,8 @@ class Forecast:
     taken: tuple[Job, ...] = ()
     """Those of them it needs preempted (none it could do without), in release order: what
     `Reserve.take_back` signals ahead of `due`, and all its reason names."""
+    flavor: str = ""
+    """The flavor it fits on then."""
 
 
 class Reserve:
@@ -93,8 +95,9 @@ class Reserve:
         best = first if first is not None else self.earliest(job, state.flavors(job), INF, natural)
         if best is None:
             return None
+        early = self._early(job, best)
         state.hold(job, best.names, best.due, backfill=True)
-        waiting_for, signal_at = self.take_back(job, best)
+        waiting_for, signal_at = self.take_back(job, best, early)
         state.reservations.append(
             Reservation(
                 job.id, best.due, tuple(dict.fromkeys(best.names)), tuple(j.id for j in best.waits_for), signal_at
@@ -106,10 +109,32 @@ class Reserve:
             return replace(blocked, reserved_at=best.due)
         return blocked
 
-    def take_back(self, job: Job, best: Forecast) -> tuple[tuple[Job, ...], float | None]:
+    def _early(self, job: Job, best: Forecast) -> bool:
+        """May the reservation signal those of its victims whose time has come ahead of the
+        others? Only where the search at `due`, with them gone, still takes the others and no
+        more (their leaving may change what it finds: a queue they left borrows no more, or
+        makes the job in-quota, or another node becomes the cheaper place). Else the preempt
+        phase's search takes the whole set at `due`, as named."""
+        state = self.state
+        if best.due <= state.now or not best.taken:
+            return True
+        now = state.now
+        early = [v for v in best.taken if reservation_takes(state.ctx, job.tier, v, best.due) <= now]
+        if not early or len(early) == len(best.taken):
+            return True
+        taken = {v.id for v in best.taken}
+        gone = [v for v in best.waits_for if v.id not in taken] + early
+        mark = state.mark()
+        for v in gone:
+            state.release_job(v, only=best.flavor)
+        rest = self._search_at(job, best.flavor, best.due, [(v, ITSELF) for v in gone])
+        state.rollback(mark)
+        return rest is not None and {v.id for v in rest} == taken - {v.id for v in early}
+
+    def take_back(self, job: Job, best: Forecast, early: bool = True) -> tuple[tuple[Job, ...], float | None]:
         """Signal, on the job's behalf, each victim its forecast counts on whose time has come
         (`rules.reservation_takes`: due − its grace, or when its protection lifts if later):
-        then it is gone when the reservation is due. Every victim it needs, signalled now or
+        then it is gone when the reservation is due (where `early`, `_early`; else none now). Every victim it needs, signalled now or
         later, and no more (what its reason names: what it preempts), and when the first still
         to be signalled will be (None: none)."""
         state = self.state
@@ -118,11 +143,14 @@ class Reserve:
         if best.due <= now:
             return best.taken, None  # it fits now: the preempt phase's business
         times = [reservation_takes(state.ctx, job.tier, v, best.due) for v in best.taken]
+        if not early:
+            return best.taken, min((t for t in times if t > now), default=None)  # all at `due`
         if INF in times:
             # One of them it may take only by the preempt phase's search at `due` (a reclaim):
             # the set is taken there whole, as the search chose it. Taking the others ahead
             # would change what that search finds (a queue that no longer borrows).
             return best.taken, None
+        signalled = False
         for v, at in zip(best.taken, times):
             if at > now:
                 if at < INF and (signal_at is None or at < signal_at):
@@ -137,6 +165,15 @@ class Reserve:
                 state.memo.quota_version += 1
             state.claimed.add(v.id)
             self.victims.taken(v)
+            signalled = True
+        if signalled:
+            # Its victims leave for it, as a claim's do: what it will need of its queues'
+            # quota is kept from the jobs after it in this pass, and no borrower takes it.
+            state.claiming(job, lender=False)  # a reservation takes back by priority alone
+            d = state.demand(job, best.flavor)
+            if d:
+                state.quota.add(job.queue, d)
+                state.memo.quota_version += 1
         return best.taken, signal_at
 
     def earliest(self, job: Job, flavors: Sequence[str], before: float, natural: bool) -> Forecast | None:
@@ -186,7 +223,7 @@ class Reserve:
                     taken = chosen
                 names = state.find(flavor, job)
                 assert names is not None
-                found = Forecast(max(t, now), names, tuple(v for v, _ in released), taken)
+                found = Forecast(max(t, now), names, tuple(v for v, _ in released), taken, flavor)
                 break
         state.rollback(mark)
         return found
