@@ -27,6 +27,7 @@ SAMPLES: list[Reason] = [
     R.WaitingForGrace(("v1", "v2"), None),
     R.Reserved("big", 1_000.0),
     R.Reserved("big", None),
+    R.Claimed("lender"),
     R.Position(3, "head"),
     R.AwaitingApproval(2),
     R.ThrashBackoff(50.0),
