@@ -83,8 +83,9 @@ def test_lease_end_at_is_the_engines_protection(setup: tuple[Service, TestClient
         "lease": running(svc, 3, 0),
         # the efficiency floor binds: (600 + 30) / 0.1 = 6,300 s > 45 min
         "efficiency": running(svc, 3, 1, startup_s=600.0),
-        # measured checkpoints count instead of the assumed save: (60 + 400) / 0.1
-        "checkpoints": running(svc, 3, 2, checkpoint_s=400.0, last_checkpoint_at=T0 + 50),
+        # the last measured save counts instead of the assumed one, once, whatever the saves
+        # add up to (1,200 s here): (60 + 400) / 0.1
+        "checkpoints": running(svc, 3, 2, checkpoint_s=1_200.0, sigterm_save_s=400.0, last_checkpoint_at=T0 + 50),
         # no lease, so the floor alone: (60 + 30) / 0.1
         "floor only": running(svc, 4, 3),
         # preempted twice in the last 6 h: the thrash budget binds until the older one is 6 h old

@@ -251,15 +251,17 @@ def test_an_approval_names_the_command_with_the_jobs_id(store: Store) -> None:
     [
         ({}, 45.0),  # no save reported: one of `preemption.checkpoint_overhead`
         ({"sigterm_save_s": 20.0}, 20.0),  # one save as long as the job's
-        ({"checkpoint_s": 50.0, "sigterm_save_s": 25.0, "last_checkpoint_at": 1_400.0}, 50.0),  # what it saved
+        ({"checkpoint_s": 50.0, "sigterm_save_s": 25.0, "last_checkpoint_at": 1_400.0}, 25.0),  # its last save
     ],
 )
 def test_the_lease_end_counts_the_save_the_efficiency_floor_counts(
     store: Store, facts: dict[str, float], counted: float
 ) -> None:
-    """Tier 3's lease is 45 min; a 1 h startup stretches it to (startup + save) / (1 − 0.9)."""
+    """Tier 3's lease is 45 min; a 1 h startup stretches it to (startup + one save) / (1 − 0.9),
+    under a `max_lease` of 1 d (the stretched lease never runs past it)."""
     pol = parse_policy(
         {
+            "max_lease": "1d",
             "preemption": {"restart_overhead": "30s", "checkpoint_overhead": "45s"},
             "queues": {"name": "cluster", "children": [{"name": "team"}]},
         }

@@ -702,7 +702,11 @@ def _running_line(j: dict[str, Any], now: float) -> str | None:
         if at is None:
             parts.append("never preempted (its tier is not preemptible)")
         elif at > now:
-            parts.append(f"its lease ends at {_clock(at, now)}: preemptible from then")
+            # `lease_end_at` is the protection from tiers 2–4 (thrash guard included); tier 1
+            # is held by the lease alone (DESIGN §4.3).
+            parts.append(
+                f"its lease ends at {_clock(at, now)}: preemptible from then (by tier 1 once its lease alone is over)"
+            )
         else:
             parts.append(f"its lease ended at {_clock(at, now)}: preemptible")
     if j.get("efficiency") is not None:
