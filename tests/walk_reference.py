@@ -21,14 +21,18 @@ from warden.engine.waiting import WaitingIndex
 
 
 def claimants_first(ranking: list[Job], claims: dict[str, Job], order: Order) -> list[Job]:
-    """Every claimant (not awaiting approval) ahead of every other job of its tier as ranked
-    (all jobs under `fifo`, which ranks no tier), behind every job of a higher tier; claimants
-    among themselves in rank order."""
+    """Every claimant (not awaiting approval) ahead of every other job of tiers 2–4 as ranked
+    (all jobs under `fifo`, which ranks no tier), behind every job of tier 1 (a tier-1
+    claimant: ahead of the other tier-1 jobs); claimants among themselves in rank order."""
     first = {j.id for j in ranking if j.id in claims and j.state is not JobState.AWAITING_APPROVAL}
+
+    def group(j: Job) -> int:
+        return min(order.key_of(j)[0], 2)
+
     out: list[Job] = []
-    for tier in sorted({order.key_of(j)[0] for j in ranking}):
-        of_tier = [j for j in ranking if order.key_of(j)[0] == tier]
-        out += [j for j in of_tier if j.id in first] + [j for j in of_tier if j.id not in first]
+    for g in sorted({group(j) for j in ranking}):
+        of_group = [j for j in ranking if group(j) == g]
+        out += [j for j in of_group if j.id in first] + [j for j in of_group if j.id not in first]
     return out
 
 

@@ -125,21 +125,21 @@ def test_claimants_go_first_and_keep_their_victims_capacity() -> None:
     assert plan.claims == frozenset() and plan.released_claims == ()
 
 
-def test_a_claimant_goes_before_every_waiting_job_of_its_tier_and_behind_a_higher_tier() -> None:
-    """What a claimant's victims free is its own against its own tier and the lower ones (a job
-    of those admitted there would be preempted for it again), never against a strictly higher
-    tier (DESIGN §4.4): a tier-1 or tier-2 job ranks ahead of a tier-3 claimant and takes the
-    capacity; the claimant ranks ahead of a tier-3 job submitted before it."""
+def test_a_claimant_goes_before_every_waiting_job_of_tiers_2_to_4_and_behind_tier_1() -> None:
+    """What a claimant's victims free is its own against tiers 2–4 (a job of those admitted
+    there would be preempted for it again, or leave it to preempt anew the next time), never
+    against tier 1 (DESIGN §4.4: production does not wait behind a claim)."""
     pol = _policy("0s")
     cluster = (Node("n0", 2),)
     t2 = pending("t2", "platform", 2, gpus=2, submit=5.0)
     t3 = pending("t3", "platform", 3, gpus=2, submit=0.0)
     l1 = pending("l1", "language", 3, gpus=2, submit=1.0, claim=True)
     plan = schedule(Snapshot(cluster, (t3, l1, t2), pol), 100.0)
-    assert admitted(plan) == {"t2"}
+    assert admitted(plan) == {"l1"}
     order = sorted(plan.explanations.values(), key=lambda e: e.position)
-    assert [e.job_id for e in order] == ["l1", "t3"]
-    assert plan.explanations["l1"].position == 2  # after t2, before t3
-    # Without the higher-tier job the claimant takes it, ahead of the earlier tier-3 job.
-    plan = schedule(Snapshot(cluster, (t3, l1), pol), 100.0)
-    assert admitted(plan) == {"l1"} and plan.explanations["t3"].position == 2
+    assert [e.job_id for e in order] == ["t2", "t3"]
+    assert plan.explanations["t2"].position == 2  # after l1
+    # A tier-1 job goes first and takes the capacity; the claimant ranks right behind it.
+    t1 = pending("t1", "platform", 1, gpus=2, submit=9.0)
+    plan = schedule(Snapshot(cluster, (t3, l1, t2, t1), pol), 100.0)
+    assert admitted(plan) == {"t1"} and plan.explanations["l1"].position == 2

@@ -72,7 +72,7 @@ GOLDEN: dict[tuple[int, int, int, int, int, str], str] = {
     (40, 8, 120, 60, 2, "smallest"): "0680f0abe2032516091df3240087525488c1a71a73ec3a632ae0fddc50f5d5e3",
     (40, 8, 120, 60, 2, "reservations"): "7f531d33ce1cdd8c8d6ae41dbf374bffa590c908c88d309e1380194758dbf037",
     (40, 8, 120, 60, 2, "strict"): "e0d2398b70d3fdbab9935ae449e79680bc4571be636efecad968a183e5789049",
-    (40, 8, 120, 60, 2, "fifo"): "54f7b5a94915e93bef44a0acdeb20b8b87dfe50592b14ba9adcfab419d67de93",
+    (40, 8, 120, 60, 2, "fifo"): "29f7494cba0e6fb67f9cc96a2f0457c08221de32ebd1f7b04eef3fb137903f8b",
     (250, 8, 1500, 1200, 1, "default"): "cfa81d4e66608fd9be8a1d737a286fe5302e96728f9d6eafeb9c8ec12660b818",
     (250, 8, 1500, 1200, 2, "reservations"): "331d838e71318c691fa2ecd173095c4c9535b05ffdcec35ce357ee0a859f2b86",
     (300, 4, 900, 1500, 0, "smallest"): "50ee2e0fbb9646fa90357329e8abe39695eb8fed1d86f9bf6ecb7e2260042790",

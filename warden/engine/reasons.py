@@ -436,18 +436,19 @@ class Reserved(Reason):
 
 @dataclass(frozen=True, slots=True)
 class Claimed(Reason):
-    """The job would borrow, and a job of a lower tier is taking back capacity it lent: its
-    claim holds against borrowers of every tier (DESIGN §4.3: borrowed capacity is always
-    reclaimable by its lender; a borrower admitted into it would be reclaimed at once)."""
+    """The job would borrow quota that a tier-1 job of a queue it shares counts on: that job
+    preempted jobs to start within its nominal quota, and a borrower started there now would
+    be preempted for it again at once."""
 
     code: ClassVar[str] = "Claimed"
     for_job: str
 
     def render(self, at: TimeText = engine_time, job_id: str | None = None) -> str:
         return (
-            f"The job would borrow capacity while job {self.for_job} waits for the jobs it preempted to "
-            "take back what its queue lent; no borrower starts until it has: the job starts then, or "
-            "at once within its queue's nominal quota."
+            f"The job would borrow quota that job {self.for_job} needs: it preempted jobs to start "
+            "within its queue's nominal quota and waits for them to leave; no job of that queue "
+            "starts borrowing until it has: the job starts then, or at once within its queue's "
+            "nominal quota."
         )
 
 

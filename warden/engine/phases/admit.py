@@ -10,11 +10,10 @@ Three steps per flavor the job may use (in name order; the first that fits wins)
 - **held** — failing that, `Reserved` if the job would fit but for capacity held for a
   higher-ranked job (a claim or a reservation), else the capacity it lacks.
 
-A job that would borrow waits (`Claimed`) while a job of a lower tier holds a claim, or one
-under a queue below the root that it shares: claimants rank first only within their tier
-(`order.claimant_keys`), and what a claim counts on is also quota — a reclaim's victims (of
-any tier) borrowing back what was reclaimed, or a job of the claimant's own queue borrowing
-what the claimant needs to start in-quota, would be preempted again at once, and again.
+A job that would borrow waits (`Claimed`) while a claimant of a tier that starts only in-quota
+(tier 1) shares a queue below the root with it: what such a claim counts on is also quota, and
+a job of that queue borrowing what the claimant needs would be preempted again at once, and
+again.
 """
 
 from __future__ import annotations
@@ -83,16 +82,11 @@ class Admit:
         return first
 
     def _claimed(self, job: Job) -> str | None:
-        """A claimant the job may not borrow against, or None: one of a lower priority (a
-        reclaim's victims may be of a higher tier, and would borrow back what was reclaimed),
-        or one sharing a queue below the root with it (whose usage the claimant counts on to
-        start in-quota)."""
-        state = self.state
-        if not state.claim_queues and not state.claim_tier:
+        """A claimant the job may not borrow against, or None: one of a tier that starts only
+        in-quota sharing a queue below the root with it, whose usage that claimant counts on."""
+        queues = self.state.claim_queues
+        if not queues:
             return None
-        if job.tier < state.claim_tier and state.claim_holder != job.id:
-            return state.claim_holder
-        queues = state.claim_queues
         return next((queues[q] for q in self.quota.paths[job.queue][:-1] if queues.get(q, job.id) != job.id), None)
 
     def _quota(self, queue: str, d: tuple[float, ...]) -> tuple[int, Reason | None, bool]:

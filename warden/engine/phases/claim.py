@@ -37,8 +37,7 @@ class Claim:
         state = self.state
         state.claimants.add(job.id)
         etas = self._signal(job, chosen)
-        taken_back = any(state.kinds.get(c.job.id, "downward") != "downward" and c.job.tier < job.tier for c in chosen)
-        state.claiming(job, lender=taken_back)
+        state.claiming(job)
         due = max(etas.values(), default=self.state.now)
         hold = self.state.hold(job, names, due, backfill=False)
         footprints = self._promise(job, names, hold, chosen)

@@ -169,7 +169,7 @@ class Reserve:
         if signalled:
             # Its victims leave for it, as a claim's do: what it will need of its queues'
             # quota is kept from the jobs after it in this pass, and no borrower takes it.
-            state.claiming(job, lender=False)  # a reservation takes back by priority alone
+            state.claiming(job)
             d = state.demand(job, best.flavor)
             if d:
                 state.quota.add(job.queue, d)

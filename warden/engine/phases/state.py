@@ -45,9 +45,7 @@ class PassState:
     __slots__ = (
         "admissions",
         "charged_tiers",
-        "claim_holder",
         "claim_queues",
-        "claim_tier",
         "claimants",
         "claimed",
         "claims",
@@ -113,17 +111,11 @@ class PassState:
         """Jobs holding resources they are about to give back (signalled, or in their grace)."""
         self.claims = claims
         """The waiting jobs that come into the pass holding a claim (`Job.claim`)."""
-        self.claim_tier = 0
-        """The lowest priority (highest tier) of a claimant: no job of a higher priority
-        starts borrowing in this pass (`Admit._claimed`, `reasons.Claimed`)."""
-        self.claim_holder = ""
-        """A claimant of that tier, named by the reason."""
         self.claim_queues: dict[int, str] = {}
         """The queues below the root on a claimant's path → a claimant under each: no job under
         one of them starts borrowing in this pass (its usage is what the claimant counts on)."""
         for c in sorted(claims.values(), key=lambda j: j.id):
-            d = self.demand(c, c.flavor or next(iter(self.index.flavors()), "")) if c.queue in self.quota.paths else ()
-            self.claiming(c, lender=bool(d) and self.quota.in_quota(c.queue, d, reclaim=True))
+            self.claiming(c)
         self.claimants: set[str] = set()
         """The jobs that claimed their victims in this pass (`Plan.claims`)."""
         self.cpu_memory_governed = any(r in ("cpu", "memory") for r in self.quota.resources)
@@ -144,15 +136,11 @@ class PassState:
         self.preemptions: list[Preemption] = []
         self.reservations: list[Reservation] = []
 
-    def claiming(self, job: Job, lender: bool) -> None:
+    def claiming(self, job: Job) -> None:
         """The job counts on jobs leaving for it (a claim, or a reservation that signalled its
-        victims). From now on in the pass no job borrows what it counts on (`Admit._claimed`):
-        a job of a higher priority does not start borrowing where the job is a `lender` taking
-        back what its queue lent (a reclaim's victims may be of any tier); a job sharing a queue
-        below the root with it does not start borrowing where it may start only in-quota
-        (`Allocation.in_quota_tiers`): both would be preempted for it again at once."""
-        if lender and job.tier > self.claim_tier:
-            self.claim_tier, self.claim_holder = job.tier, job.id
+        victims). Where it may start only in-quota (`Allocation.in_quota_tiers`: tier 1), no
+        job sharing a queue below the root with it starts borrowing from now on in the pass
+        (`Admit._claimed`): it would be preempted for it again at once."""
         if job.tier in self.in_quota_tiers:
             for q in self.quota.paths.get(job.queue, ())[:-1]:
                 self.claim_queues.setdefault(q, job.id)
