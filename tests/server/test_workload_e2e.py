@@ -110,9 +110,10 @@ def floor_wait(c: httpx.Client, job: str) -> float:
 
 @pytest.mark.slow
 def test_the_thrash_guard_keeps_a_long_jobs_efficiency_above_its_floor(tmp_path: Path) -> None:
-    """Short tier-1 jobs keep arriving for the GPUs of one long tier-3 job. With
+    """Short tier-2 jobs keep arriving for the GPUs of one long tier-3 job. With
     `min_efficiency: 0.9` every attempt of the long job must run at least ten times its
-    startup and checkpoint time before it may be preempted again."""
+    startup and one save before a tier 2–4 job may preempt it again (the thrash guard never
+    holds back tier 1: tests/server/test_production_first.py)."""
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY.replace("min_efficiency: 0,", "min_efficiency: 0.9,"))
     s = Server(tmp_path / "state", policy=policy, gpus=2).start()
@@ -143,7 +144,7 @@ def test_the_thrash_guard_keeps_a_long_jobs_efficiency_above_its_floor(tmp_path:
                     submit(
                         c,
                         queue="serving",
-                        tier=1,
+                        tier=2,
                         gpus=2,
                         command=[sys.executable, "-c", "import time; time.sleep(0.5)"],
                     )
