@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-from serverproc import Server, kill_leftovers, started, submit, until_state, wait_for
+from serverproc import Server, kill_leftovers, server_fixture, submit, until_state, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 SLEEP = ["sleep", "600"]
@@ -136,15 +136,8 @@ queues:
 """
 
 
-@pytest.fixture
-def two_queue_server(tmp_path: Path) -> Iterator[Server]:
-    """The default tiers and thrash guard, 8 fake GPUs, two queues whose nominals cover them."""
-    s = started(tmp_path, TWO_QUEUES, gpus=8)
-    try:
-        yield s
-    finally:
-        s.stop()
-        kill_leftovers(tmp_path)
+two_queue_server = server_fixture(TWO_QUEUES, gpus=8)
+"""The default tiers and thrash guard, 8 fake GPUs, two queues whose nominals cover them."""
 
 
 def test_a_tier1_dry_run_names_the_victims_it_then_preempts_and_no_more(two_queue_server: Server) -> None:
@@ -237,15 +230,8 @@ while True:
 EAGER_POLICY = f"thrash: {{min_efficiency: {MIN_EFFICIENCY}}}\n"
 
 
-@pytest.fixture
-def eager_server(tmp_path: Path) -> Iterator[Server]:
-    """The default policy but for min_efficiency 0.95, on 4 fake GPUs."""
-    s = started(tmp_path, EAGER_POLICY, gpus=4)
-    try:
-        yield s
-    finally:
-        s.stop()
-        kill_leftovers(tmp_path)
+eager_server = server_fixture(EAGER_POLICY, gpus=4)
+"""The default policy but for min_efficiency 0.95, on 4 fake GPUs."""
 
 
 def eager_victim(c: httpx.Client) -> str:

@@ -170,12 +170,12 @@ class CandidatePool:
                 self._of_tier.setdefault(c.job.tier, []).append(c)
         return self._of_tier
 
-    def drop(self, c: Candidate) -> bool:
-        """The candidate was signalled: leave it out of every later search. False (nothing
-        changed) when it is not one of this pool's candidates."""
+    def drop(self, c: Candidate) -> None:
+        """The candidate was signalled: leave it out of every later search (nothing changes
+        where it is not one of this pool's candidates: the other pool's may be)."""
         j = bisect_left(self.free_now, c.rank, key=_rank)
         if j >= len(self.free_now) or self.free_now[j] is not c:
-            return False
+            return
         if self._held_on is not None:
             for node, gpus in c.freed:
                 self._held_on[node] -= gpus
@@ -187,7 +187,6 @@ class CandidatePool:
             j = bisect_left(members, c.rank, key=_rank)
             if j < len(members) and members[j] is c:
                 del members[j]
-        return True
 
 
 class Eligible:
