@@ -193,7 +193,10 @@ def test_contenders_in_processes_of_their_own_elect_one_a_round_with_the_next_ep
 def test_an_expired_lease_is_taken_with_the_next_epoch_and_the_old_holders_renew_fails(
     engines: Callable[[], Engine],
 ) -> None:
-    a, b = contender(engines, "a", lease_s=0.4, margin_s=0.1), contender(engines, "b")
+    # a's clock stands still: it cannot tell by itself that its lease ran out (a clock slower
+    # than the database's), so only the database tells it.
+    a = contender(engines, "a", lease_s=0.4, margin_s=0.1, clock=lambda: 0.0)
+    b = contender(engines, "b")
     assert a.acquire() == 1
     assert b.acquire() is None
     assert wait_for(b.acquire, 10, "the lease to run out and b to take it") == 2
@@ -202,6 +205,21 @@ def test_an_expired_lease_is_taken_with_the_next_epoch_and_the_old_holders_renew
     assert not a.renew()  # ... until it tries to renew
     assert not a.leading and not a.may_act()
     assert b.renew() and b.read().holder == b.holder.id
+
+
+def test_a_term_ends_by_itself_when_its_lease_runs_out_by_the_holders_clock(engines: Callable[[], Engine]) -> None:
+    """Nobody renews: the lease's steward ends the term at the end of its local validity,
+    before any contender may take it, and says why; the next renewal then fails."""
+    a, b = contender(engines, "a", lease_s=0.6, margin_s=0.2), contender(engines, "b")
+    assert a.acquire() == 1
+    taken = time.monotonic()
+    wait_for(lambda: not a.leading, 5, "a's term to lapse")
+    lapsed_after = time.monotonic() - taken
+    assert 0.3 <= lapsed_after < 0.6, lapsed_after  # its validity is lease_s - margin_s = 0.4 s
+    assert a.lapsed is not None and "epoch 1 ran out" in a.lapsed
+    assert not a.may_act() and not a.may_act_in(1)
+    assert not a.renew()
+    assert wait_for(b.acquire, 10, "b to take the lease") == 2
 
 
 def test_a_renewed_lease_is_kept_past_its_first_term(engines: Callable[[], Engine]) -> None:
@@ -257,12 +275,19 @@ def test_acting_stops_by_the_holders_own_clock_and_expiry_is_the_databases(engin
     assert a.acquire() == 1
     clock.now += 24.9
     assert a.may_act()
+    assert a.renew() and a.may_act()  # 25 s more from this renewal
+    clock.now += 24.9
+    assert a.may_act()
     clock.now += 0.1
     assert not a.may_act()
-    with pytest.raises(NotLeader, match=r"ran out 5s ago"):
+    with pytest.raises(NotLeader, match=r"ran out 5s ago|does not lead"):
         a.check("SIGKILL job 3")
+    wait_for(lambda: not a.leading, 5, "the lease's steward to end the term")  # by a's clock alone
+    assert a.lapsed is not None and "by this server's clock" in a.lapsed
     assert b.acquire() is None  # the database says a's lease lasts: b's clock does not count
-    assert a.renew() and a.may_act()
+    assert not a.renew()  # the term ended; a contends again once its lease is given back
+    a.give_back(1)
+    assert a.acquire() == 2 and a.may_act()
 
 
 # -- fencing: a leader's writes -----------------------------------------------------------------
@@ -287,7 +312,9 @@ def test_a_leaders_writes_go_through_while_it_leads(engines: Callable[[], Engine
 def test_a_replaced_leader_commits_no_write(engines: Callable[[], Engine]) -> None:
     """Once another server took the lease, every write of the old leader's store raises
     `NotLeader` and changes nothing, while users' writes (the unfenced store) go on."""
-    a, b = contender(engines, "a", lease_s=0.4, margin_s=0.1), contender(engines, "b")
+    # a's clock stands still (slower than the database's): it cannot notice by itself.
+    a = contender(engines, "a", lease_s=0.4, margin_s=0.1, clock=lambda: 0.0)
+    b = contender(engines, "b")
     users = Store(engines())
     assert a.acquire() == 1
     leader = Store(engines()).fenced(a)
@@ -438,3 +465,43 @@ def test_servers_starting_at_once_store_one_report_secret(engines: Callable[[], 
     for t in threads:
         t.join(30)
     assert len(got) == 4 and len(set(got)) == 1
+
+
+class RecordingWatch:
+    """What a lease told its watch, in order (the watchdog process itself: tests/server/test_watchdog.py)."""
+
+    def __init__(self) -> None:
+        self.said: list[tuple[str, float | None]] = []
+
+    def arm(self, until: float) -> None:
+        self.said.append(("arm", until))
+
+    def disarm(self) -> None:
+        self.said.append(("disarm", None))
+
+    def close(self) -> None:
+        self.said.append(("close", None))
+
+
+def test_the_watch_is_armed_with_each_terms_validity_and_disarmed_when_it_ends(engines: Callable[[], Engine]) -> None:
+    """A taken lease arms the watch with its local validity before `acquire` returns (before
+    anything of the term can act), each renewal moves it later, a step-down or a lapse disarms
+    it, and a try that takes nothing tells it nothing."""
+    watch = RecordingWatch()
+    a = contender(engines, "a", lease_s=0.8, margin_s=0.2, watch=watch)
+    b = contender(engines, "b", watch=(other := RecordingWatch()))
+    assert a.acquire() == 1
+    assert b.acquire() is None and other.said == []
+    assert [w for w, _ in watch.said] == ["arm"]
+    first = watch.said[0][1]
+    assert first is not None and first > a.clock()
+    time.sleep(0.05)
+    assert a.renew()
+    assert watch.said[-1][0] == "arm" and (watch.said[-1][1] or 0) > first
+    assert a.step_down() == 1
+    assert watch.said[-1] == ("disarm", None)
+    a.give_back(1)
+    assert a.acquire() == 2
+    wait_for(lambda: not a.leading, 5, "the term of epoch 2 to lapse")
+    assert watch.said[-2][0] == "arm" and watch.said[-1] == ("disarm", None)
+    assert a.lapsed is not None and "epoch 2" in a.lapsed

@@ -37,8 +37,8 @@ from warden import paths
 from warden.executors.base import Exit, Handle, LaunchError, LaunchSpec, ReplicaHandle, ReplicaLaunch
 from warden.executors.deadlines import KillTimer, adopted_deadline, deadline_pair, due
 from warden.executors.identity import Identities, Identity
-from warden.executors.records import CONTROL_FILE, CONTROL_MODE, record_killed_at, write_json_atomic
-from warden.executors.shim import group_alive, process_alive, read_json, start_ticks
+from warden.executors.records import CONTROL_FILE, CONTROL_MODE, record_killed_at, revoke_launch, write_json_atomic
+from warden.executors.shim import REFUSED, group_alive, process_alive, read_json, refusal, start_ticks
 from warden.executors.tracking import AttemptTable
 
 Key = tuple[str, int]
@@ -210,8 +210,8 @@ class LocalExecutor(AttemptTable[_Tracked]):
         control = spec.log_dir / CONTROL_FILE
         control.unlink(missing_ok=True)  # leftovers of an earlier start in the same directory
         for replica, (log, status, exit_path) in zip(ordered, replicas):
-            for stale in (status, exit_path):
-                stale.unlink(missing_ok=True)
+            # A status file that exists is never removed: it is a revocation (`recover`) or an
+            # earlier launch of this replica, and the shim refuses to start over it.
             env = job_environment(spec, replica, master_port=port, log_path=log, base=base, identity=who)
             launches.append(
                 {
@@ -231,8 +231,8 @@ class LocalExecutor(AttemptTable[_Tracked]):
         handles = []
         for replica, (log, status, exit_path) in zip(ordered, replicas):
             record = read_json(status)
-            if record is None:
-                continue
+            if record is None or "shim_pid" not in record:
+                continue  # not started, or its launch was revoked
             handles.append(
                 ReplicaHandle(
                     rank=replica.rank,
@@ -284,7 +284,9 @@ class LocalExecutor(AttemptTable[_Tracked]):
                 _signal_groups([shim.pid], signal.SIGKILL)  # the first process and the forked shim
                 shim.wait()
                 code = None
-            if code != 0:
+            if code == REFUSED:
+                failures.append(f"the launch of {launch['log']} was refused: {refusal(Path(launch['status']))}")
+            elif code != 0:
                 failures.append(f"shim for {launch['log']} failed ({'timed out' if code is None else f'exit {code}'})")
         return failures
 
@@ -457,11 +459,14 @@ class LocalExecutor(AttemptTable[_Tracked]):
 
     def recover(self, job_id: str, attempt: int, log_dir: Path, replicas: int) -> Handle | None:
         """Rebuild the handle of an attempt from the shims' status files in its `log_dir`.
-        Replicas whose shim never wrote one did not start; None when none did."""
+        A replica whose shim has not claimed its launch is revoked first (`revoke_launch`), so
+        it never starts, however late its launch arrives (a leader stalled while it launched);
+        one whose shim claimed it is waited for until its job's process group is recorded
+        (`CLAIM_WAIT_S`). None when no replica started, and then none ever will."""
         handles = []
         for rank in range(replicas):
             log, status, exit_path = _replica_paths(Path(log_dir), rank)
-            record = read_json(status)
+            record = _claimed_record(status, f"attempt {attempt} of job {job_id} was recovered unstarted")
             if record is None or "shim_pid" not in record:
                 continue
             handles.append(
@@ -587,6 +592,26 @@ def _reclaim_dirs(dirs: Iterable[Path]) -> None:
             os.chmod(directory, 0o700)  # its parent is the server's: the job cannot swap it for a link
         except FileNotFoundError:
             continue
+
+
+CLAIM_WAIT_S = 5.0
+"""How long `recover` waits for a shim that claimed its launch to record its job's process
+group (a moment: it starts the job right after the claim), while that shim lives."""
+
+
+def _claimed_record(status: Path, why: str) -> dict[str, Any] | None:
+    """The status record of a replica whose launch its shim claimed, once it names the job's
+    process group (or why the job could not start, or the shim is gone); None, and the launch
+    revoked, when no shim had claimed it."""
+    make_dirs(status.parent)  # where the launch has not got as far as its directory yet
+    record = revoke_launch(status, why)
+    deadline = time.monotonic() + CLAIM_WAIT_S
+    while record is not None and "pgid" not in record and time.monotonic() < deadline:
+        if not process_alive(int(record.get("shim_pid") or 0), record.get("shim_start_ticks")):
+            break
+        time.sleep(0.01)
+        record = read_json(status) or record
+    return record
 
 
 def _replica_paths(log_dir: Path, rank: int) -> tuple[Path, Path, Path]:

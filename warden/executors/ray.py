@@ -66,7 +66,14 @@ from warden.executors.local import (
     make_dirs,
 )
 from warden.executors.ray_launch import NAMESPACE, Launcher
-from warden.executors.records import CONTROL_FILE, read_job_json, record_ended_at, record_exit_code, record_killed_at
+from warden.executors.records import (
+    CONTROL_FILE,
+    read_job_json,
+    record_ended_at,
+    record_exit_code,
+    record_killed_at,
+    revoke_unstarted,
+)
 from warden.executors.tracking import Key, RemoteAttemptTable
 
 log = logging.getLogger("warden.executors.ray")
@@ -825,17 +832,21 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
         from ray.util.placement_group import get_placement_group, placement_group_table
 
         name = group_name(job_id, attempt)
+        ranks = tuple(ReplicaHandle.in_dir(Path(log_dir), rank) for rank in range(replicas))
         try:
             table = placement_group_table(get_placement_group(name))
         except Exception:
-            return None
+            table = {"state": "REMOVED"}
         if table.get("state") == "REMOVED":
+            revoke_unstarted(
+                [r.status_path for r in ranks], f"attempt {attempt} of job {job_id} was recovered unstarted"
+            )
             return None
         by_bundle = table.get("bundles_to_node_id") or {}
         return Handle(
             job_id,
             attempt,
-            tuple(ReplicaHandle.in_dir(Path(log_dir), rank) for rank in range(replicas)),
+            ranks,
             control_path=Path(log_dir) / CONTROL_FILE,
             external=(name, *(str(by_bundle.get(rank, "")) for rank in range(replicas))),
         )

@@ -73,6 +73,51 @@ def record_killed_at(record: Mapping[str, Any], deadline: float | None, now: flo
     return float(value) if deadline <= value <= now else None
 
 
+REVOKED = "revoked"
+"""The key of a status record that no launch wrote: an adopter revoked the launch (`revoke_launch`)."""
+
+
+def claim_launch(path: Path, record: Mapping[str, Any], mode: int = 0o600) -> bool:
+    """Create the replica's status file `path` with `record`, only if no such file exists: the
+    one step that makes a launch real. False (nothing written) when one exists already, which
+    is an adopter's revocation (`revoke_launch`) or an earlier launch of the same replica.
+    Exclusive and whole at once (a complete temporary file hard-linked to `path`), so a launch
+    and a revocation that race, in two processes on two machines sharing the directory, never
+    both succeed."""
+    return _write_json(path, record, mode, exclusive=True)
+
+
+def revoke_launch(path: Path, why: str) -> dict[str, Any] | None:
+    """Make sure the replica whose status file is `path` never starts: create the file with a
+    revocation, unless its launch claimed it first. Returns None when revoked (now or before),
+    else the launch's status record (it started, or is starting: the shim writes its job's
+    process group there a moment after the claim)."""
+    for _ in range(3):
+        if _write_json(path, {REVOKED: why}, 0o600, exclusive=True):
+            return None
+        record = read_job_json(path)
+        if record is None:
+            continue  # not a record the shim wrote: try once more, then leave it revoked
+        return None if REVOKED in record else record
+    return None
+
+
+def revoke_unstarted(status_paths: list[Path], why: str) -> None:
+    """Revoke the launch of every replica of an attempt that an executor found nothing of
+    (`Executor.recover` returns None): a launch still on its way (a submission that lands
+    late) then starts no job. Only where the attempt's directory exists: without it no launch
+    of it can run."""
+    for path in status_paths:
+        if path.parent.is_dir() and not path.parent.is_symlink():
+            revoke_launch(path, why)
+
+
+def launched(record: Mapping[str, Any] | None) -> bool:
+    """Whether a status record is a launch's (its replica started or is starting), not a
+    revocation or nothing."""
+    return record is not None and REVOKED not in record
+
+
 def write_json_atomic(path: Path, data: Mapping[str, Any], mode: int = 0o600) -> None:
     """Write `data` so that a reader sees either nothing or the whole file, even after a crash
     or power loss (temp file, fsync, rename, fsync the directory; the file `mode` whatever the
@@ -81,6 +126,12 @@ def write_json_atomic(path: Path, data: Mapping[str, Any], mode: int = 0o600) ->
     without following a link, the temp file is created in it by a fresh random name with
     O_EXCL|O_NOFOLLOW, and the rename replaces whatever `path` names (a link included) instead of
     writing through it. Safe even in a directory the job's account can write."""
+    _write_json(path, data, mode, exclusive=False)
+
+
+def _write_json(path: Path, data: Mapping[str, Any], mode: int, *, exclusive: bool) -> bool:
+    """`write_json_atomic`, or with `exclusive` only where `path` does not exist (a hard link
+    instead of the rename: False when `path` exists, and nothing is written)."""
     dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         raw = json.dumps(dict(data)).encode()
@@ -99,11 +150,20 @@ def write_json_atomic(path: Path, data: Mapping[str, Any], mode: int = 0o600) ->
                 out.write(raw)
                 out.flush()
                 os.fsync(out.fileno())
-            os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            if exclusive:
+                try:
+                    os.link(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+                except FileExistsError:
+                    return False
+                finally:
+                    os.unlink(tmp, dir_fd=dir_fd)
+            else:
+                os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dir_fd)
             raise
         os.fsync(dir_fd)
+        return True
     finally:
         os.close(dir_fd)

@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from warden.executors.records import write_json_atomic
+from warden.executors.records import REVOKED, claim_launch, write_json_atomic
 
 PR_SET_CHILD_SUBREAPER = 36
 # How often the shim looks at the job's process group when no child exited (a member whose
@@ -311,8 +311,22 @@ def _start_job(launch: dict[str, Any], log_fd: int) -> subprocess.Popen[bytes]:
     )
 
 
+REFUSED = 75
+"""The shim's exit status when its launch was refused (EX_TEMPFAIL): the status file existed,
+an adopter having revoked the launch (the attempt was requeued while this launch was on its way)."""
+
+
+def refusal(status_path: Path) -> str:
+    """Why a launch was refused, from the status file that was there before it."""
+    record = read_json(status_path) or {}
+    why = record.get(REVOKED)
+    return f"the launch was revoked ({why})" if why else f"{status_path} exists: this replica was launched before"
+
+
 def supervise(launch: dict[str, Any], ready_fd: int | None = None) -> int:
-    """Start the job, record it, wait for its whole process group, record the exit."""
+    """Claim the launch (its status file, `claim_launch`), start the job, record it, wait for
+    its whole process group, record the exit. A launch whose status file exists already (an
+    adopter revoked it: `revoke_launch`) starts nothing and returns `REFUSED`."""
     status_path, exit_path = Path(launch["status"]), Path(launch["exit"])
     subreaper = _become_subreaper()
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
@@ -329,6 +343,11 @@ def supervise(launch: dict[str, Any], ready_fd: int | None = None) -> int:
     }
     log_fd = os.open(launch["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
+        me["claimed_at"] = time.time()
+        if not claim_launch(status_path, me):
+            os.write(log_fd, f"warden-shim: not started: {refusal(status_path)}\n".encode())
+            _signal_ready(ready_fd, b"no")
+            return REFUSED
         proc = _start_job(launch, log_fd)
     except OSError as exc:
         code = 127 if exc.errno in (errno.ENOENT, errno.ENOTDIR) else 126
@@ -365,21 +384,21 @@ def supervise(launch: dict[str, Any], ready_fd: int | None = None) -> int:
     return 0
 
 
-def _signal_ready(ready_fd: int | None) -> None:
+def _signal_ready(ready_fd: int | None, answer: bytes = b"ok") -> None:
     if ready_fd is not None:
-        os.write(ready_fd, b"ok")
+        os.write(ready_fd, answer)
         os.close(ready_fd)
 
 
 def _detach() -> int:
-    """Fork; the first process waits until the shim has written its status file (or died) and
-    exits, so the shim is re-parented away from the server and never becomes its zombie.
+    """Fork; the first process waits until the shim has written its status file (or died, or
+    was refused its launch: `REFUSED`) and exits, so the shim is re-parented away from the server and never becomes its zombie.
     Returns, in the shim, the write end of the readiness pipe."""
     read_fd, write_fd = os.pipe()
     if os.fork() > 0:
         os.close(write_fd)
         answer = os.read(read_fd, 2)
-        os._exit(0 if answer == b"ok" else 1)
+        os._exit(0 if answer == b"ok" else REFUSED if answer == b"no" else 1)
     os.close(read_fd)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # stdout and stderr stay where the executor pointed them (the log)

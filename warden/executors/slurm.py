@@ -59,6 +59,7 @@ from warden.executors.records import (
     record_ended_at,
     record_exit_code,
     record_killed_at,
+    revoke_unstarted,
     write_json_atomic,
 )
 from warden.executors.slurm_launch import BATCH_SIGNALS, JOB_DIR, LAUNCH_FILE
@@ -792,12 +793,16 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
         clean-up cancels it)."""
         name = job_name(job_id, attempt)
         ids = tuple(sorted(i for i, job in self._read_jobs().items() if job.name == name and job.marked))
+        ranks = tuple(ReplicaHandle.in_dir(Path(log_dir) / JOB_DIR, rank) for rank in range(replicas))
         if not ids:
+            revoke_unstarted(
+                [r.status_path for r in ranks], f"attempt {attempt} of job {job_id} was recovered unstarted"
+            )
             return None
         return Handle(
             job_id,
             attempt,
-            tuple(ReplicaHandle.in_dir(Path(log_dir) / JOB_DIR, rank) for rank in range(replicas)),
+            ranks,
             control_path=Path(log_dir) / CONTROL_FILE,
             external=ids,
         )

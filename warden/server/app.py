@@ -42,6 +42,7 @@ from warden.server.leader import take_sqlite_lease, this_holder
 from warden.server.service import Service
 from warden.server.statedir import bind_database, check_reachable, interpreter_warning, lock_server
 from warden.server.ui import mount_ui
+from warden.server.watchdog import Watchdog
 from warden.store.db import connect, default_url, migrate, secure_sqlite_files
 from warden.store.leadership import Lease
 from warden.store.nodes import NodeRecord
@@ -212,7 +213,10 @@ def build_service(settings: Settings, say: Callable[[str], None] = print, conten
     api_url = settings.advertise_url or f"http://{_reachable(settings.host)}:{settings.port}"
     lease: Lease | None = None
     if contend:
-        lease = Lease(engine, this_holder(api_url))
+        # Where another server may take the lease over (PostgreSQL), a watchdog kills this one
+        # should it stall past its lease; on SQLite no other server runs while this one lives.
+        watch = Watchdog() if engine.dialect.name != "sqlite" else None
+        lease = Lease(engine, this_holder(api_url), watch=watch)
         if engine.dialect.name == "sqlite":
             take_sqlite_lease(lease, make_url(url).render_as_string(hide_password=True))
         else:

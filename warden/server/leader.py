@@ -4,12 +4,13 @@ or stands by (docs/control-plane.md, "Several servers").
 Every server contends for the lease (`warden.store.leadership.Lease`). The one that holds it
 *leads* for one term (its epoch): it recovers what the previous leader left (as a restart
 does), then runs the reconcile loop, the SIGKILL timers and every executor action, each write
-fenced by the epoch and each action by the lease's validity. The others *stand by*: they
+fenced by the epoch and each action by the lease's validity in that term. The others *stand by*: they
 answer the API from the database and take users' writes (submissions, cancels, approvals)
 through it, and try to take the lease every `ACQUIRE_POLL_S`. A leader that loses the lease
 (not renewed in time, taken over, a fenced write or action refused) steps down at once:
 its loop stops, its executor is closed (timers and threads; never its jobs), and it stands by
-and contends again like any other.
+and contends again like any other. A leader that cannot step down, its process stopped past its
+lease, is killed by its watchdog before another may lead (`warden.server.watchdog`).
 
 `Leading` is that loop; the service supplies what beginning and ending a term means.
 """
@@ -96,6 +97,8 @@ class Leading:
         self._take_from = take_from
         self.terms = 0
         """How many terms this server has led."""
+        self._epoch: int | None = None
+        """The epoch of the term this server began and has not ended yet."""
 
     def run(self, stop: threading.Event) -> None:
         """Until `stop`: contend while standing by, renew while leading. On `stop` a term in
@@ -110,12 +113,14 @@ class Leading:
                     if self.lease.leading:
                         stop.wait(max(0.0, next_renewal - time.monotonic()))
                         continue
+                if self._epoch is not None:  # the lease's steward ended the term by itself
+                    self._stop_leading(self.lease.lapsed or "the lease ran out before it was renewed", self._epoch)
                 if not self._contend():
                     self._follow()
                     stop.wait(ACQUIRE_POLL_S)
         finally:
-            if self.lease.leading:
-                self._stop_leading("the server is stopping")
+            if self.lease.leading or self._epoch is not None:
+                self._stop_leading("the server is stopping", self._epoch)
 
     def _contend(self) -> bool:
         """Try to take the lease (and begin a term); whether this server leads now."""
@@ -139,6 +144,7 @@ class Leading:
 
     def _start(self, epoch: int) -> None:
         self.terms += 1
+        self._epoch = epoch
         log.warning("this server leads now (epoch %d)", epoch)
         try:
             self._begin(epoch)
@@ -159,8 +165,8 @@ class Leading:
         try:
             if self.lease.renew():
                 return
-            seen = self._seen()
-            self._stop_leading(f"the lease was taken over ({seen})", epoch)
+            lapsed = self.lease.lapsed
+            self._stop_leading(lapsed or f"the lease was taken over ({self._seen()})", epoch)
         except Exception as err:
             if self.lease.may_act():
                 log.warning("renewing the lease failed (retrying while it lasts): %s", err)
@@ -178,6 +184,7 @@ class Leading:
         then give the lease back if it is still this server's (`lost_epoch`: the term's epoch
         when the lease already knows it is lost, and there is nothing to give back)."""
         epoch = self.lease.step_down()
+        self._epoch = None
         try:
             self._end(why)
         finally:

@@ -27,16 +27,12 @@ class Preemptions(Duty):
         current = self.store.get(job.id)
         if current is None or current.state is not job.state or current.cancel_requested:
             return
+        preemption_kind = "reclaim" if kind in ("reclaim", "fair_share") else "preemption"
+        # The decision is recorded before the SIGTERM leaves: a leader that stops in between
+        # leaves a preemption its successor finishes (`complete`), never a signal nobody knows of.
+        self.store.update_attempt(job.id, attempt.number, preempted_for=for_job, preemption_kind=preemption_kind)
         kill_at = self.executor.terminate(str(job.id), attempt.number, grace)
-        self.store.update_attempt(
-            job.id,
-            attempt.number,
-            state="terminating",
-            sigterm_at=now,
-            kill_at=kill_at,
-            preempted_for=for_job,
-            preemption_kind="reclaim" if kind in ("reclaim", "fair_share") else "preemption",
-        )
+        self.store.update_attempt(job.id, attempt.number, state="terminating", sigterm_at=now, kill_at=kill_at)
         if not self.store.transition(
             job.id,
             JobState.PREEMPTING,
@@ -62,13 +58,14 @@ class Preemptions(Duty):
         if job.cancel_requested:
             return
         grace = effective_grace(self.policy, job.tier, job.grace_s)
+        if job.state is JobState.RUNNING and attempt.handle is None:
+            return  # not tracked yet: its exit or recovery ends it
+        self.store.update_attempt(job.id, attempt.number, preemption_kind="eviction")  # recorded first (`preempt`)
         try:
             kill_at = self.executor.terminate(str(job.id), attempt.number, grace)
         except UnknownAttempt:
             return  # not tracked yet: its exit or recovery ends it
-        self.store.update_attempt(
-            job.id, attempt.number, state="terminating", sigterm_at=now, kill_at=kill_at, preemption_kind="eviction"
-        )
+        self.store.update_attempt(job.id, attempt.number, state="terminating", sigterm_at=now, kill_at=kill_at)
         if self.store.transition(
             job.id,
             JobState.PREEMPTING,
@@ -81,6 +78,43 @@ class Preemptions(Duty):
             expect_cancel_requested=False,
         ):
             self._count_cycles(job, None, now)
+
+    def complete(self, job: StoredJob, attempt: StoredAttempt, now: float) -> bool:
+        """Finish a preemption or eviction a leader recorded (`preempted_for`, `preemption_kind`)
+        and stopped before recording its SIGTERM (it stalled, died or lost its lease in
+        between): SIGTERM the adopted attempt unless it got one already (the executor keeps the
+        first deadline: `terminate` is idempotent and reads back what the attempt's control
+        file recorded), and record it as `preempt` does. Whether the SIGTERM left before the
+        stop is unknown, so the job is stopped either way: its processes may be saving already.
+        False when there is nothing to finish."""
+        if attempt.preemption_kind is None or attempt.sigterm_at is not None or attempt.ended_at is not None:
+            return False
+        if job.cancel_requested or attempt.handle is None:
+            return False  # a cancel ends it (`Cancels.cancels_pending`); an unstarted attempt is requeued
+        grace = effective_grace(self.policy, job.tier, job.grace_s)
+        try:
+            kill_at = self.executor.terminate(str(job.id), attempt.number, grace)
+        except UnknownAttempt:
+            return False
+        sigterm_at = min(now, kill_at - grace)
+        self.store.update_attempt(job.id, attempt.number, state="terminating", sigterm_at=sigterm_at, kill_at=kill_at)
+        what = (
+            "evicted"
+            if attempt.preemption_kind == "eviction"
+            else f"preempted for job {attempt.preempted_for} ({attempt.preemption_kind})"
+        )
+        self.store.transition(
+            job.id,
+            JobState.PREEMPTING,
+            event=Event.SIGNALLED,
+            now=now,
+            actor="warden",
+            reason=f"{what}, as the leader that chose it decided before it stopped; grace {format_duration(grace)}",
+            details={KILL_AT: kill_at, "grace_s": grace},
+            expect_state={JobState.RUNNING},
+            expect_cancel_requested=False,
+        )
+        return True
 
     def _count_cycles(self, victim: StoredJob, by: str | None, at: float) -> None:
         """Count the jobs the preemption of `victim` at `at` (for `by`) put into a preemption

@@ -120,13 +120,13 @@ class Reconciler:
         self.last_plan: Plan | None = None
         self.last_planned: tuple[Snapshot, float] | None = None
         """The snapshot and `now` of `last_plan` (what the expected starts are forecast from)."""
-        self.recovery = Recovery(self.ctx)
+        self.preemptions = Preemptions(self.ctx)
+        self.recovery = Recovery(self.ctx, self.preemptions)
         self.guard = EngineGuard(self.ctx)
         self.charging = Charging(self.ctx)
         self.exits = Exits(self.ctx)
         self.cancels = Cancels(self.ctx)
         self.time_limits = TimeLimits(self.ctx, self.cancels)
-        self.preemptions = Preemptions(self.ctx)
         self.follower = NodeFollower(self.ctx, self.preemptions)
         self.applier = PlanApplier(self.ctx, report_env)
 

@@ -15,13 +15,18 @@ from warden.engine import lifecycle
 from warden.engine.lifecycle import Event
 from warden.engine.model import JobState
 from warden.executors.base import Handle
-from warden.server.context import Duty, _codes
+from warden.server.context import Duty, ReconcileContext, _codes
 from warden.server.exits import requeue
+from warden.server.preempt import Preemptions
 from warden.store.jobs import StoredJob, moved
 
 
 class Recovery(Duty):
     """Brings the store and the executor back in step after a start (`recover`)."""
+
+    def __init__(self, ctx: ReconcileContext, preemptions: Preemptions) -> None:
+        super().__init__(ctx)
+        self.preemptions = preemptions
 
     def recover(self) -> None:
         """Finish whatever a killed server left half done, and track every attempt that is
@@ -59,6 +64,8 @@ class Recovery(Duty):
                         job.id, state, event=event, reason="processes started (recovered)", actor="warden", now=now
                     )
                     job = self.store.get(job.id) or job
+            if job.state is JobState.RUNNING:  # a preemption recorded, its SIGTERM not: finish it
+                self.preemptions.complete(job, self.store.attempt(job.id, attempt.number) or attempt, now)
         self.executor.cancel_unowned(self.executor.running())
 
     def bounded_kill_at(self, sigterm_at: float | None, kill_at: float | None) -> float | None:

@@ -200,14 +200,24 @@ class Service:
 
     @property
     def leading(self) -> bool:
-        """Whether this server leads now (always, without a lease)."""
-        return self.lease is None or self._term is not None
+        """Whether this server leads now (always, without a lease): it began a term and its
+        lease is valid by its own clock, in that term. A term whose lease ran out is not led
+        any more, even before it has ended (a server that was stalled says so at once)."""
+        if self.lease is None:
+            return True
+        term = self._term
+        return term is not None and self.lease.may_act_in(term.epoch)
+
+    def leading_term(self) -> bool:
+        """Whether a term of this server's has begun and not ended yet (its loop may run)."""
+        return self._term is not None
 
     @property
     def epoch(self) -> int | None:
-        """The epoch of this server's term while it leads; None otherwise (and without a lease)."""
+        """The epoch of this server's term while it leads (`leading`); None otherwise (and
+        without a lease)."""
         term = self._term
-        return None if term is None else term.epoch
+        return term.epoch if term is not None and self.leading else None
 
     @property
     def role(self) -> Literal["leader", "standby"]:
@@ -287,8 +297,9 @@ class Service:
         self._spare = None
         if executor is None:
             raise RuntimeError("no executor for a new term: the service was given no make_executor")
-        executor.fence(self.lease.may_act)
-        rec = self._reconciler(self.store.fenced(self.lease), executor, self._stored_policy())
+        fence = self.lease.term_fence(epoch)  # what this term decided is done in this term or not at all
+        executor.fence(fence.may_act)
+        rec = self._reconciler(self.store.fenced(fence), executor, self._stored_policy())
         rec.follow_policy = self._newer_policy
         term = _Term(epoch, rec, executor, threading.Event())
         with self.lock:
@@ -322,7 +333,7 @@ class Service:
             threading.Thread(
                 target=listen, args=(self.store.engine, rec.poke, term.stop), name="warden-wakeups", daemon=True
             ).start()
-        rec.run(term.stop, gate=self.lease.may_act)
+        rec.run(term.stop, gate=self.lease.term_fence(term.epoch).may_act)
 
     def _end_term(self, why: str) -> None:
         """The term ends (the lease is no longer held): its loop stops, its executor is closed
@@ -435,6 +446,8 @@ class Service:
             self.executor.close()
         elif self._spare is not None:
             self._spare.close()
+        if self.lease is not None and self.lease.watch is not None and not self.leading_term():
+            self.lease.watch.close()  # the lease was given back: nothing left to watch
 
     # -- who --------------------------------------------------------------------------------
     def authenticate(self, header: str | None) -> Principal:

@@ -40,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from sqlalchemy import ColumnElement, Connection, Engine, Table, func, literal_column, select, text, update
 from sqlalchemy.exc import OperationalError
@@ -137,10 +137,32 @@ class _Term:
     """By `Lease.clock`: until when this holder may act outside the database."""
 
 
+class Watch(Protocol):
+    """Whatever outlives a stall of this process and ends it when its lease ran out while it
+    still led (`warden.server.watchdog.Watchdog`): told each deadline, by `Lease.clock`."""
+
+    def arm(self, until: float) -> None: ...
+
+    def disarm(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+LAPSE_POLL_S = 0.05
+"""How often the lease's steward looks whether the term ran out unrenewed (`Lease._steward`)."""
+
+
 class Lease:
     """One server's side of the lease: take it, renew it, give it back, and check it before
     acting (`may_act`, `check`) or writing (`check_in`). Thread-safe: the lease thread renews
-    while the reconcile loop and the executor's timers check."""
+    while the reconcile loop and the executor's timers check.
+
+    A term ends by itself the moment it runs out unrenewed by this server's clock: a thread of
+    the lease's own (the steward) steps down then, so that the server says at once that it does
+    not lead, even while the thread that renews is stuck. With a `watch` (a process of its own,
+    `warden.server.watchdog`), a server that cannot even do that, being stopped as a whole
+    (SIGSTOP, a long stall), is killed before any other can take the lease over: it never acts
+    again on what it decided while it led."""
 
     def __init__(
         self,
@@ -150,6 +172,7 @@ class Lease:
         lease_s: float = LEASE_S,
         margin_s: float = MARGIN_S,
         clock: Callable[[], float] = boottime,
+        watch: Watch | None = None,
     ) -> None:
         if not 0 <= margin_s < lease_s:
             raise ValueError(f"margin_s: {margin_s!r} must be at least 0 and below lease_s ({lease_s!r})")
@@ -158,9 +181,14 @@ class Lease:
         self.lease_s = lease_s
         self.margin_s = margin_s
         self.clock = clock
+        self.watch = watch
         self._writer = writer(engine)
         self._term: _Term | None = None
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._steward_thread: threading.Thread | None = None
+        self.lapsed: str | None = None
+        """Why the last term ended by itself, when the steward ended it (None otherwise)."""
         self.last_seen: LeaseState | None = None
         """The row as the last `acquire` found it (who holds it when this server does not)."""
 
@@ -184,6 +212,16 @@ class Lease:
         term = self._term
         return term is not None and self.clock() < term.valid_until
 
+    def may_act_in(self, epoch: int) -> bool:
+        """`may_act`, and in the term of `epoch`: what a term decided is never done in a later
+        term of the same server."""
+        term = self._term
+        return term is not None and term.epoch == epoch and self.clock() < term.valid_until
+
+    def term_fence(self, epoch: int) -> TermFence:
+        """The fence of the term of `epoch`, for its store and its executor."""
+        return TermFence(self, epoch)
+
     def check(self, what: str = "act") -> None:
         """`may_act`, or `NotLeader` naming what was refused."""
         term = self._term
@@ -196,13 +234,16 @@ class Lease:
                 f"server's clock and was not renewed since"
             )
 
-    def check_in(self, conn: Connection) -> None:
+    def check_in(self, conn: Connection, epoch: int | None = None) -> None:
         """Inside a write transaction, before its first change: the row must still hold this
-        server's epoch, else `NotLeader` (and the transaction rolls back). The row is locked
-        for share until the transaction ends, so a takeover either waits for it or is seen."""
+        server's epoch (and `epoch`, when given), else `NotLeader` (and the transaction rolls
+        back). The row is locked for share until the transaction ends, so a takeover either
+        waits for it or is seen."""
         term = self._term
         if term is None:
             raise NotLeader(f"write refused: this server does not lead ({self.holder.id})")
+        if epoch is not None and term.epoch != epoch:
+            raise NotLeader(f"write refused: decided in epoch {epoch}, and this server's term is epoch {term.epoch}")
         columns: list[Any] = [LEASE.c.epoch, LEASE.c.holder]
         if conn.dialect.name == "postgresql":
             # One round trip: the idle limit of this transaction, and the check.
@@ -228,14 +269,20 @@ class Lease:
         holder the caller knows to be dead); returns the new epoch, or None when another holds
         it (`last_seen` says who) or a contender is taking it at this moment."""
         sent = self.clock()
+        if not self._take(sent, take_from):
+            return None
+        term = self._term
+        return None if term is None else term.epoch
+
+    def _take(self, sent: float, take_from: str | None) -> bool:
         try:
             with self._writer.begin() as conn:
                 _wait_at_most(conn, LOCK_WAIT_MS)
                 seen = self.last_seen = _read(conn, lock=True)
                 if seen.live and seen.holder != take_from:
-                    return None
+                    return False
                 now = db_now(conn)
-                taken = conn.execute(
+                took = conn.execute(
                     update(LEASE)
                     .where(LEASE.c.id == LEASE_ID, LEASE.c.epoch == seen.epoch)
                     .values(
@@ -250,15 +297,20 @@ class Lease:
                         url=self.holder.url or None,
                     )
                 )
-                if taken.rowcount != 1:
-                    return None
+                if took.rowcount != 1:
+                    return False
         except OperationalError as err:
             if _lock_timeout(err):
-                return None
+                return False
             raise
         with self._lock:
             self._term = _Term(seen.epoch + 1, sent + self.lease_s - self.margin_s)
-        return seen.epoch + 1
+            self.lapsed = None
+            if self.watch is not None:  # before anything of the term can act: it learns its epoch from here
+                self.watch.arm(self._term.valid_until)
+            self._changed.notify_all()
+        self._stewarding()
+        return True
 
     def renew(self) -> bool:
         """Extend the lease to `lease_s` from now; False, and this server no longer leads, when
@@ -280,13 +332,50 @@ class Lease:
             if self._term is None or self._term.epoch != term.epoch:
                 return False  # stepped down meanwhile
             self._term = _Term(term.epoch, sent + self.lease_s - self.margin_s) if renewed == 1 else None
+            if self.watch is not None:
+                if self._term is not None:
+                    self.watch.arm(self._term.valid_until)
+                else:
+                    self.watch.disarm()
+            self._changed.notify_all()
         return renewed == 1
 
     def step_down(self) -> int | None:
         """Stop leading here at once (nothing is written); the epoch that ended, if any."""
         with self._lock:
             term, self._term = self._term, None
+            if term is not None and self.watch is not None:
+                self.watch.disarm()
+            self._changed.notify_all()
         return None if term is None else term.epoch
+
+    def _stewarding(self) -> None:
+        """Start the steward once, with the first term."""
+        with self._lock:
+            if self._steward_thread is not None:
+                return
+            self._steward_thread = threading.Thread(target=self._steward, name="warden-lease-steward", daemon=True)
+        self._steward_thread.start()
+
+    def _steward(self) -> None:
+        """End each term the moment it runs out unrenewed by this server's clock (stepping
+        down, and so disarming the watch): the server says at once that it does not lead, and
+        is not killed for a renewal that was merely stuck."""
+        with self._lock:
+            while True:
+                term = self._term
+                if term is None:
+                    self._changed.wait()
+                    continue
+                left = term.valid_until - self.clock()
+                if left > 0:
+                    self._changed.wait(min(left, LAPSE_POLL_S))
+                    continue
+                self._term = None
+                self.lapsed = f"the lease of epoch {term.epoch} ran out by this server's clock before it was renewed"
+                if self.watch is not None:
+                    self.watch.disarm()
+                self._changed.notify_all()
 
     def release(self) -> None:
         """Step down and give the lease back, so that a standby takes over at once rather
@@ -305,6 +394,21 @@ class Lease:
                 .where(LEASE.c.id == LEASE_ID, LEASE.c.epoch == epoch, LEASE.c.holder == self.holder.id)
                 .values(expires_at=db_now(conn))
             )
+
+
+@dataclass(frozen=True, slots=True)
+class TermFence:
+    """One term's fence: its writes (`check_in`) and acts (`may_act`) pass only while this
+    server leads in that term's epoch."""
+
+    lease: Lease
+    epoch: int
+
+    def may_act(self) -> bool:
+        return self.lease.may_act_in(self.epoch)
+
+    def check_in(self, conn: Connection) -> None:
+        self.lease.check_in(conn, self.epoch)
 
 
 def db_now(conn: Connection) -> ColumnElement[float]:
