@@ -181,17 +181,18 @@ class Leading:
 
     def _stop_leading(self, why: str, lost_epoch: int | None = None) -> None:
         """Stop acting at once (the lease's local checks refuse from here on), end the term,
-        then give the lease back if it is still this server's (`lost_epoch`: the term's epoch
-        when the lease already knows it is lost, and there is nothing to give back)."""
-        epoch = self.lease.step_down()
+        then give the lease back if the row still holds this server's epoch (`lost_epoch`: the
+        term's epoch when the lease has ended the term already: taken over, or run out by this
+        server's clock, when the row may still be this server's until it runs out there)."""
+        epoch = self.lease.step_down() or lost_epoch
         self._epoch = None
         try:
             self._end(why)
         finally:
-            log.warning("this server stands by now (epoch %s ended: %s)", epoch or lost_epoch, why)
+            log.warning("this server stands by now (epoch %s ended: %s)", epoch, why)
             if epoch is not None:
                 try:
-                    self.lease.give_back(epoch)
+                    self.lease.give_back(epoch)  # nothing when another holds it now
                 except Exception as err:  # it runs out by itself
                     log.warning("giving the lease of epoch %d back failed: %s", epoch, err)
 
