@@ -8,15 +8,21 @@ SIGTERM, so SIGKILL must come, on time, whoever leads at the deadline:
 - a deadline after the takeover: the new leader's own timer, re-armed from the database.
 
 Either way the standby takes over, the preemptor runs, the gang is requeued (not failed), and
-no Slurm job is left that no attempt owns."""
+no Slurm job is left that no attempt owns.
+
+And a leader stopped with SIGSTOP in the middle of a launch (docs/control-plane.md, "What a
+stalled leader can and cannot do"): its watchdog kills it before the standby takes over, and no
+Slurm job of its launch appears, is released or runs after the takeover; the job runs once."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +52,15 @@ queues:
   children:
     - {name: vision, nominal: {gpu: 16}}
     - {name: language, nominal: {gpu: 16}}
+"""
+
+# Records each start of a rank (attempt, rank, pid, when), then runs until it is killed.
+STARTS = """\
+import os, sys, time
+with open(os.path.join(sys.argv[1], "started"), "a") as f:
+    f.write(f"{os.environ['WARDEN_ATTEMPT']} {os.environ.get('RANK', '0')} {os.getpid()} {time.time()!r}\\n")
+while True:
+    time.sleep(0.05)
 """
 
 # Records each SIGTERM (and ignores it) and its pid, then runs until SIGKILL.
@@ -118,6 +133,21 @@ class Pair:
         finally:
             engine.dispose()
         return {str(i) for (handle,) in rows if handle for i in handle["external"]}
+
+    def number_jobs_after(self, jobs: dict[str, tuple[str, str, str]]) -> None:
+        """Make the database number its next jobs after every warden job among `jobs`
+        (`Cluster.jobs`). The session's tests share one Slurm cluster, each with a fresh
+        database that numbers its jobs from 1, and squeue lists ended jobs for MinJobAge (300 s):
+        a recovering server looks an attempt's Slurm jobs up by name, and would take an earlier
+        test's ended ones, named like its attempt and marked, for its own."""
+        names = (re.fullmatch(r"warden\.([0-9]+)\.[0-9]+", name) for name, _, _ in jobs.values())
+        used = max((int(m[1]) for m in names if m), default=1)
+        engine = create_engine(self.db)
+        try:
+            with engine.begin() as conn:
+                conn.execute(text("SELECT setval(pg_get_serial_sequence('jobs', 'id'), :n)"), {"n": used})
+        finally:
+            engine.dispose()
 
     def live(self) -> set[str]:
         return {i for i, (_, state, _) in self.slurm.jobs().items() if state in LIVE}
@@ -245,3 +275,186 @@ def test_a_deadline_after_the_takeover_is_kept_by_the_new_leaders_timer(pair: Pa
     control = json.loads((Path(first["log_dir"]) / "control.json").read_text())
     print(f"the new leader's SIGKILL {control['killed_at'] - kill_at:.3f} s after the deadline")
     assert kill_at <= control["killed_at"] <= kill_at + LATE_S, (kill_at, control)
+
+
+# -- a leader stopped in a launch ----------------------------------------------------------------
+
+
+def attempt_jobs(pair: Pair, job_id: str, before: set[str]) -> dict[int, dict[str, tuple[str, str]]]:
+    """The Slurm jobs named for the job's attempts, but those in `before` (earlier tests' jobs,
+    whose warden ids may be the same): attempt -> Slurm id -> (state, nodes it ran on, '' for
+    none)."""
+    found: dict[int, dict[str, tuple[str, str]]] = {}
+    for slurm_id, (name, state, nodes) in pair.slurm.jobs().items():
+        match = re.fullmatch(rf"warden\.{job_id}\.([0-9]+)", name)
+        if match and slurm_id not in before:
+            found.setdefault(int(match[1]), {})[slurm_id] = (state, nodes)
+    return found
+
+
+def children(pid: int) -> dict[int, list[str]]:
+    """A process's children (every thread's) and their command lines."""
+    found = {}
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return {}
+    for thread in threads:
+        try:
+            kids = Path(f"/proc/{pid}/task/{thread}/children").read_text().split()
+        except OSError:
+            continue
+        for kid in kids:
+            try:
+                found[int(kid)] = Path(f"/proc/{kid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+    return found
+
+
+def running(a: Server, command: str, marker: str) -> list[int]:
+    """The leader's children that run `command` now with an argument that begins with `marker`."""
+    assert a.proc is not None
+    return [
+        pid
+        for pid, argv in children(a.proc.pid).items()
+        if os.path.basename(argv[0]) == command and any(arg.startswith(marker) for arg in argv[1:])
+    ]
+
+
+def open_files(pid: int) -> set[str]:
+    """What a process has open, as /proc names it (a pipe: `pipe:[INODE]`, either end)."""
+    found = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return set()
+    for fd in fds:
+        try:
+            found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+    return found
+
+
+def submitting(a: Server) -> bool:
+    """Whether the leader runs `sbatch --hold` now, having handed it the whole batch script (the
+    pipe to its stdin closed on the leader's side): the submission lands whatever becomes of the
+    leader."""
+    assert a.proc is not None
+    for pid in running(a, "sbatch", "--hold"):
+        try:
+            stdin = os.readlink(f"/proc/{pid}/fd/0")
+        except OSError:
+            continue
+        if stdin.startswith("pipe:") and stdin not in open_files(a.proc.pid):
+            return True
+    return False
+
+
+def launch_stopped(
+    pair: Pair, step: Callable[[Server], bool], what: str, *, replicas: int, gpus: int
+) -> tuple[str, dict[str, tuple[str, str]]]:
+    """A gang of `replicas` ranks of `gpus` GPUs each (a file in its directory records each
+    rank's start) is submitted to the standby; the leader is stopped (SIGSTOP) the moment
+    `step(leader)` holds, polled every millisecond from before the submission. The leader's
+    watchdog has killed it when the standby leads; the job then runs under the new leader
+    exactly once: one live attempt, each rank started once, only that attempt's Slurm jobs
+    live, every other attempt's never ran (its ranks' launches revoked), none of attempt 1
+    submitted after the takeover, and none that no attempt owns. What became of the stopped
+    leader's launch, "adopted" (attempt 1 runs) or "revoked", and attempt 1's Slurm jobs when
+    the standby led."""
+    a, b = pair.start()
+    assert a.proc is not None and a.log is not None
+    earlier = pair.slurm.jobs()
+    pair.number_jobs_after(earlier)
+    before = set(earlier)
+    out = pair.root / "gang"
+    out.mkdir()
+    os.chmod(out, 0o777)  # the job's account writes there
+    script = pair.root / "starts.py"
+    script.write_text(STARTS)
+
+    def stop() -> float:
+        assert a.proc is not None
+        wait_for(lambda: step(a), 30, what, interval=0.001)
+        a.proc.send_signal(signal.SIGSTOP)
+        return time.time()
+
+    with ThreadPoolExecutor(1) as pool, b.client() as cb:
+        stopping = pool.submit(stop)  # watching from before the submission: the launch follows at once
+        job_id = submit(
+            cb,
+            command=[sys.executable, str(script), str(out)],
+            workdir=str(out),
+            name="gang",
+            queue="vision",
+            tier=3,
+            gpus=gpus,
+            replicas=replicas,
+        )
+        assert not any(name.startswith(f"warden.{job_id}.") for name, _, _ in earlier.values()), job_id
+        stopped_at = stopping.result()
+        wait_for(lambda: role(b) == "leader", 20, "b to take over")
+        assert a.proc.poll() == -signal.SIGKILL, "the stopped leader was not dead when b took over"
+        led = time.time()
+        at_takeover = attempt_jobs(pair, job_id, before).get(1, {})
+        a.proc.send_signal(signal.SIGCONT)  # nothing left to continue
+        assert "warden watchdog: killed the server" in a.log.read_text()
+        assert health(b)["epoch"] == 2
+        print(f"a stopped; b led {led - stopped_at:.2f} s later; attempt 1's Slurm jobs then: {at_takeover}")
+        detail = until_state(cb, job_id, "RUNNING", timeout=30)
+        live = [x for x in detail["attempts"] if x["ended_at"] is None]
+        assert len(live) == 1, detail["attempts"]
+        number = live[0]["number"]
+        started = out / "started"
+        wait_for(lambda: started.exists() and len(started.read_text().splitlines()) >= replicas, 30, "every rank")
+    wait_for(lambda: pair.live() == pair.owned(), 30, "every live Slurm job owned by a running attempt")
+    jobs = attempt_jobs(pair, job_id, before)
+    print("the job's Slurm jobs, by attempt:", jobs)
+    assert set(pair.owned()) == set(jobs[number]), (pair.owned(), jobs)
+    assert all(state == "RUNNING" for state, _ in jobs[number].values()), jobs
+    for n, others in jobs.items():
+        assert n <= number, jobs
+        if n != number:  # ended without running (cancelled held, or never released)
+            assert all(state not in LIVE and not nodes for state, nodes in others.values()), jobs
+    assert set(jobs.get(1, {})) <= set(at_takeover), f"a Slurm job of attempt 1 appeared after the takeover: {jobs}"
+    first = detail["attempts"][0]
+    assert first["number"] == 1 and Path(first["log_dir"]).is_relative_to(a.state_dir), first
+    paths = [Path(first["log_dir"]) / "job" / f"rank-{rank}.status.json" for rank in range(replicas)]
+    statuses = [json.loads(path.read_text()) if path.exists() else None for path in paths]
+    if number == 1:  # a's launch was marked before a stopped: b adopted it (and released it if a had not)
+        assert all(s is not None and "revoked" not in s for s in statuses), statuses
+        outcome = "adopted"
+    else:  # b found no marked Slurm job of attempt 1: it revoked every rank's launch and ran attempt 2
+        assert number == 2 and all(s is not None and "revoked" in s for s in statuses), (number, statuses)
+        outcome = "revoked"
+    starts = sorted((int(x[0]), int(x[1])) for x in (line.split() for line in started.read_text().splitlines()))
+    assert starts == [(number, rank) for rank in range(replicas)], starts  # each rank once, of the live attempt
+    print(f"a's launch was {outcome}; attempt {number} runs")
+    return outcome, at_takeover
+
+
+def test_a_leader_stopped_as_it_submits_a_launch_gets_no_slurm_job_run_after_the_takeover(pair: Pair) -> None:
+    """The leader is stopped as it submits a gang of 3 ranks of 4 GPUs (two Slurm jobs: 2 ranks
+    on one node, 1 on another), the moment its first `sbatch --hold` has the batch script:
+    that submission lands while the leader is stopped, held and unmarked, and the second is
+    never made. The new leader finds no marked Slurm job of attempt 1, revokes its ranks'
+    launches, cancels the held job unreleased, and runs attempt 2, once."""
+    outcome, submitted = launch_stopped(pair, submitting, "a to submit the attempt", replicas=3, gpus=4)
+    assert outcome == "revoked"
+    assert 1 <= len(submitted) <= 2 and all(not nodes for _, nodes in submitted.values()), submitted
+
+
+def test_a_leader_stopped_as_it_releases_a_launch_has_it_run_once(pair: Pair) -> None:
+    """The leader is stopped as it marks a gang's held Slurm job (its `scontrol update
+    AdminComment=warden` under way), before it could release it. The new leader adopts the
+    marked job and releases it: attempt 1 runs, once, and no other attempt is made."""
+    outcome, submitted = launch_stopped(
+        pair,
+        lambda a: bool(running(a, "scontrol", "AdminComment=")),
+        "a to mark the attempt's Slurm job",
+        replicas=2,
+        gpus=8,
+    )
+    assert outcome == "adopted" and len(submitted) == 1, submitted
