@@ -68,6 +68,7 @@ from warden.executors.local import (
 from warden.executors.ray_launch import NAMESPACE, Launcher
 from warden.executors.records import (
     CONTROL_FILE,
+    launched,
     read_job_json,
     record_ended_at,
     record_exit_code,
@@ -289,6 +290,7 @@ class _Tracked:
     ended_mono: float | None = None
     dropped: bool = False  # warden killed its launchers itself (a failed start)
     orphaned_mono: float | None = None  # when a replica was first seen killed with its lost launcher
+    revoked: str | None = None  # why ranks of an adopted attempt never start (their launches were revoked)
 
 
 class RayExecutor(RemoteAttemptTable[_Tracked]):
@@ -518,7 +520,9 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
             control_path=spec.log_dir / CONTROL_FILE,
             external=(group_name(spec.job_id, spec.attempt), *(alive[r.node].node_id for r in ordered)),
         )
-        for stale in [handle.control_path, *(p for r in handle.replicas for p in (r.status_path, r.exit_path))]:
+        # A status file that exists is never removed: it is a revocation (`recover`, `adopt`) or an
+        # earlier launch of this replica, and the shim refuses to start over it.
+        for stale in [handle.control_path, *(r.exit_path for r in handle.replicas)]:
             if stale is not None:
                 stale.unlink(missing_ok=True)
         if identity is not None:  # the job writes its checkpoints there
@@ -690,7 +694,10 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
         shim then killed the replica). None when warden ended it (a signal, a kill, a failed
         start) or its replicas ended by themselves. _UNSETTLED while a replica was killed with
         its lost launcher and Ray does not say yet why (a dead node is declared dead seconds
-        after its workers are gone), for at most ORPHAN_SETTLE_S."""
+        after its workers are gone), for at most ORPHAN_SETTLE_S. An attempt adopted with ranks
+        whose launch was revoked (`adopt`) ended so, whatever warden did to the rest of it."""
+        if tracked.revoked is not None:
+            return tracked.revoked
         if tracked.signalled_at is not None or tracked.killed_at is not None or tracked.dropped:
             return None
         with self._lock:
@@ -756,7 +763,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
             return _RankEnd(code, time.time(), f"node {tracked.node_names[index]} is dead (Ray)")
         with self._lock:
             why = tracked.failed.get(replica.rank)
-        if why is not None and not replica.status_path.exists():
+        if why is not None and not launched(read_job_json(replica.status_path)):
             return _RankEnd(None, time.time(), f"did not start: {why}")
         return None
 
@@ -791,12 +798,19 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
 
     def adopt(self, handle: Handle, kill_at: float | None = None) -> None:
         """Track an attempt an earlier server process started: its group and launchers are
-        found by name; its SIGKILL is re-armed. A replica that never started is given
-        `start_timeout_s` from now."""
+        found by name; its SIGKILL is re-armed. A replica whose shim has not claimed its launch
+        is revoked (`revoke_launch`): its `start` went out from the process that launched it,
+        and a call that had not reached its launcher died with that process, so it may never
+        come; one that comes later starts nothing. An attempt with such a rank never runs whole:
+        the rest of it is killed, and it ends as evicted (`ended_by`), to be requeued."""
         from ray.util.placement_group import get_placement_group
 
         key = (handle.job_id, handle.attempt)
         control = self._control(handle)
+        why = f"attempt {handle.attempt} of job {handle.job_id} was adopted unstarted"
+        unended = [r for r in handle.replicas if not r.exit_path.exists()]
+        revoke_unstarted([r.status_path for r in unended], why)
+        revoked = [r.rank for r in unended if not launched(read_job_json(r.status_path))]
         name = handle.external[0] if handle.external else group_name(handle.job_id, handle.attempt)
         try:
             group = get_placement_group(name)
@@ -821,26 +835,36 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
                     started=True,  # the server recovered its state itself
                 )
                 for i, replica in enumerate(handle.replicas):
-                    if launchers[i] is None and not replica.exit_path.exists():
+                    if replica.rank in revoked:
+                        tracked.failed[replica.rank] = f"its launch was revoked ({why})"
+                    elif launchers[i] is None and not replica.exit_path.exists():
                         tracked.failed[replica.rank] = "its launcher is gone"
+                if revoked:
+                    tracked.revoked = (
+                        f"the launch of rank {revoked[0]} was revoked at adoption: the server that launched it "
+                        "stopped before it started"
+                    )
                 self._tracked[key] = tracked
             self._rearm(key, tracked, kill_at)
+        if 0 < len(revoked) < len(handle.replicas):
+            self._kill(tracked, drop_launchers=True)  # the ranks that started: the gang never runs whole
 
     def recover(self, job_id: str, attempt: int, log_dir: Path, replicas: int) -> Handle | None:
         """The handle of an attempt whose start the server may not have seen return: its
-        placement group, found by name. None when Ray has none."""
+        placement group, found by name. Every replica whose shim has not claimed its launch is
+        revoked first (`revoke_unstarted`): a `start` still on its way then starts nothing. None
+        when Ray has no group or no replica was claimed, and then none ever runs (a group and
+        launchers it left are no attempt's: `cancel_unowned` removes them)."""
         from ray.util.placement_group import get_placement_group, placement_group_table
 
         name = group_name(job_id, attempt)
         ranks = tuple(ReplicaHandle.in_dir(Path(log_dir), rank) for rank in range(replicas))
+        revoke_unstarted([r.status_path for r in ranks], f"attempt {attempt} of job {job_id} was recovered unstarted")
         try:
             table = placement_group_table(get_placement_group(name))
         except Exception:
             table = {"state": "REMOVED"}
-        if table.get("state") == "REMOVED":
-            revoke_unstarted(
-                [r.status_path for r in ranks], f"attempt {attempt} of job {job_id} was recovered unstarted"
-            )
+        if table.get("state") == "REMOVED" or not any(launched(read_job_json(r.status_path)) for r in ranks):
             return None
         by_bundle = table.get("bundles_to_node_id") or {}
         return Handle(

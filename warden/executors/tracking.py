@@ -14,7 +14,7 @@ from typing import Any, Generic, Protocol, Self, TypeVar
 
 from warden.executors.base import Fenced, Handle, LaunchError, LaunchSpec, UnknownAttempt, validate_spec
 from warden.executors.deadlines import KillTimer, adopted_deadline, deadline_pair, due
-from warden.executors.records import CONTROL_MODE, read_job_json, write_json_atomic
+from warden.executors.records import CONTROL_MODE, launched, read_job_json, write_json_atomic
 
 Key = tuple[str, int]
 log = logging.getLogger("warden.executors")
@@ -183,10 +183,12 @@ class RemoteAttemptTable(AttemptTable[S]):
 
     def started(self) -> list[Key]:
         """The attempts each of whose replicas has written its status file since the last
-        call: their job processes run. Each is reported once."""
+        call (a launch's, not a revocation): their job processes run. Each is reported once."""
         with self._lock:
             waiting = [(key, t) for key, t in self._tracked.items() if not t.started]
-        begun = [(key, t) for key, t in waiting if all(r.status_path.exists() for r in t.handle.replicas)]
+        begun = [
+            (key, t) for key, t in waiting if all(launched(read_job_json(r.status_path)) for r in t.handle.replicas)
+        ]
         out = []
         with self._lock:
             for key, tracked in begun:
