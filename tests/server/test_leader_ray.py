@@ -3,15 +3,14 @@ two real servers with `--executor ray` on one real PostgreSQL, the session's rea
 (tests/raycluster.py), real launchers, shims and job processes, real signals
 (docs/control-plane.md, "What a stalled leader can and cannot do"; docs/ray.md, "Restart").
 
-The leader is stopped at a step of its launch of a gang of two, found by waiting for that
-step to begin (`STEPS`: its placement group in Ray, its handle in the database, a launcher
-opening a rank's log; a stop before its group exists is tests/server/test_stalled_leader.py's
-case). The standby takes over once the leader's watchdog
-has killed it, and the job then runs whole, once: one live attempt, each rank's process
-started once, only that attempt's placement group and launchers in Ray (nothing any attempt
-does not own). Of what the old leader had begun, each rank's launch was either claimed by its
-shim before the takeover (adopted, or killed with a gang that could not run whole) or revoked
-by the new leader, and then it never ran.
+The leader is stopped at a step of its launch of a gang of two, found by waiting for that step
+to begin (`STEPS`: its placement group in Ray, its handle in the database, a launcher opening a
+rank's log; a stop before its group exists is tests/server/test_stalled_leader.py's case). The
+standby takes over once the leader's watchdog has killed it, and the job then runs whole, once:
+one live attempt, each rank's process started once, only that attempt's placement group and
+launchers in Ray (nothing any attempt does not own). Of what the old leader had begun, each
+rank's launch was either claimed by its shim before the takeover (adopted, or killed with a gang
+that could not run whole) or revoked by the new leader, and then it never ran.
 
 A gang's ranks are started by calls from the leader's own Ray driver, queued there until each
 launcher exists: a call that had not left when the leader was stopped dies with it. So a gang
@@ -179,10 +178,11 @@ STEPS = {
     "starting": "the job is STARTING (its handle stored: every launcher asked to start)",
     "log": "a launcher opens its rank's log (a start arrived)",
 }
-"""Where the leader is stopped: once its placement group exists (b finds it unclaimed: revoked, requeued, the group and
-launchers removed as no attempt's), once the launch is recorded (b adopts it, revokes what no
-shim claimed, and ends it as evicted), once a rank's start arrived (adopted whole, or a rank
-claimed before the takeover and the rest revoked: the claimed one killed, the gang requeued)."""
+"""Where the leader is stopped: once its placement group exists (b finds it unclaimed: revoked,
+requeued, the group and launchers removed as no attempt's), once the launch is recorded (b
+adopts it, revokes what no shim claimed, and ends it as evicted), once a rank's start arrived
+(adopted whole, or a rank claimed before the takeover and the rest revoked: the claimed one
+killed, the gang requeued)."""
 
 
 def running_whole(c: httpx.Client, servers: RayServers, job_id: str) -> dict[str, Any] | None:
