@@ -100,7 +100,13 @@ class Server:
             env["WARDEN_BOOTSTRAP_TOKEN"] = ADMIN  # a secret: never on the command line
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
-        wait_for(self._healthy, timeout, f"the server on {self.url} (log {self.log})")
+        try:
+            wait_for(self._healthy, timeout, f"the server on {self.url} (log {self.log})")
+        except BaseException:
+            if self.proc.poll() is None:  # never left behind: the test's teardown does not know it
+                self.proc.kill()
+                self.proc.wait(10)
+            raise
         return self
 
     def _healthy(self) -> bool:
