@@ -131,15 +131,21 @@ class Load:
 
     def send(self, method: str, path: str, **kw: Any) -> httpx.Response | None:
         """The answer of a running server, tried in turn at random (None: none answered)."""
+        return self.sent(method, path, **kw)[0]
+
+    def sent(self, method: str, path: str, **kw: Any) -> tuple[httpx.Response | None, bool]:
+        """`send`, and whether the request went out again after a connection was lost (the
+        server killed as it answered: what it stored may come back as a replay)."""
+        lost = False
         for _ in range(40):
             servers = live(self.cluster)
             if servers:
                 try:
-                    return self.client(self.rng.choice(servers)).request(method, path, **kw)
+                    return self.client(self.rng.choice(servers)).request(method, path, **kw), lost
                 except httpx.TransportError:
-                    pass
+                    lost = True
             time.sleep(0.05)
-        return None
+        return None, lost
 
     def body(self, tier: int, queue: str = "team") -> tuple[str, dict[str, Any]]:
         with self.lock:
@@ -165,7 +171,7 @@ class Load:
 
     def submit(self, tier: int) -> None:
         key, body = self.body(tier)
-        self.answered(key, self.send("POST", "/v1/jobs", json=body, headers={"Idempotency-Key": key}), False)
+        self.answered(key, *self.sent("POST", "/v1/jobs", json=body, headers={"Idempotency-Key": key}))
 
     def burst(self, server: Server, seconds: float) -> None:
         """Submissions one after another to `server` (the leader about to die) for `seconds`;
