@@ -57,10 +57,22 @@ def test_when_none_answers_the_error_names_every_url() -> None:
 
 
 def test_warden_url_is_the_default_and_a_bad_one_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("WARDEN_URL", "http://a:1, http://b:2/")
-    assert Client(token="t").servers.urls == ("http://a:1", "http://b:2")
-    monkeypatch.setenv("WARDEN_URL", "http://a:1,,http://b:2")
-    with pytest.raises(BadServerUrl, match=r"^WARDEN_URL: entry 2 of 'http://a:1,,http://b:2' is empty$"):
+    monkeypatch.setenv("WARDEN_URL", "https://a:1, https://b:2/")
+    assert Client(token="t").servers.urls == ("https://a:1", "https://b:2")
+    monkeypatch.setenv("WARDEN_URL", "https://a:1,,https://b:2")
+    with pytest.raises(BadServerUrl, match=r"^WARDEN_URL: entry 2 of 'https://a:1,,https://b:2' is empty$"):
         Client(token="t")
     with pytest.raises(BadServerUrl, match=r"^--url: 'tcp://a' is not an http"):
         Client("tcp://a", "t")
+
+
+@pytest.mark.parametrize("url", ["http://head:8765", "http://10.0.0.7:8765", "https://head:8765,http://[fd00::1]:1"])
+def test_a_token_is_never_sent_in_clear_to_another_machine(url: str) -> None:
+    with pytest.raises(BadServerUrl, match=r"is plain HTTP to another machine: a token is never sent there in clear"):
+        Client(url, "t")
+    assert Client(url, None).token is None  # without a token there is nothing to keep from it
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8765", "http://127.1.2.3:1", "http://[::1]:1", "http://localhost:1"])
+def test_plain_http_to_this_machine_may_carry_a_token(url: str) -> None:
+    assert Client(url, "t").token == "t"

@@ -1,9 +1,17 @@
 """A small client of warden's HTTP API, used by the CLI.
 
-The server's address comes from `WARDEN_URL` (default `http://127.0.0.1:8765`) and the token
+The server's address comes from `WARDEN_URL` (default `https://127.0.0.1:8765`) and the token
 from `WARDEN_TOKEN`; without one, the admin token a local server wrote into its state
 directory is used, so the CLI works out of the box on the server's own machine. Flags
 override both.
+
+Trust: an https:// server is checked against `WARDEN_CA` (or `--ca`: a PEM file), else the
+system's store and the `ca.crt` of this machine's servers' state directories. A token is never
+sent in clear to another machine (http:// to a non-loopback host is refused). The state
+directory's admin token goes only to the server that holds that state directory: over https,
+to a server presenting exactly the certificate it published there (`server.crt`), checked on
+the connection that would carry it; requests to any other server, or over http, go without it
+(`withheld` says why).
 
 `WARDEN_URL` (or `--url`) may name several servers of one database, separated by commas
 (`warden.urls`): each request goes to the server that answered last in this process, and to
@@ -19,7 +27,6 @@ milliseconds where an HTTP library's imports would be most of a quick verb's sta
 
 from __future__ import annotations
 
-import functools
 import http.client
 import json
 import os
@@ -31,8 +38,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import urlencode, urlsplit
 
-from warden.paths import default_state_dir
-from warden.urls import BadServerUrl, ServerList, parse_urls, unreachable
+from warden.paths import ROOT_STATE_DIR, default_state_dir
+from warden.urls import BadServerUrl, ServerList, is_loopback, parse_urls, tls_context, unreachable
 
 __all__ = [
     "DEFAULT_URL",
@@ -46,7 +53,7 @@ __all__ = [
     "local_token_path",
 ]
 
-DEFAULT_URL = "http://127.0.0.1:8765"
+DEFAULT_URL = "https://127.0.0.1:8765"
 SUBMIT_BACKOFF_S = 0.5
 """The first pause before a submission is sent again; it doubles on each retry."""
 CONNECT_TIMEOUT_S = 5.0
@@ -117,6 +124,37 @@ def local_token() -> str | None:
         return None
 
 
+def local_ca_files() -> tuple[str, ...]:
+    """The CAs of this machine's servers: the default state directory's `ca.crt` and root's
+    (/var/lib/warden/ca.crt, readable by every user), trusted beside the system's store."""
+    return tuple(dict.fromkeys(str(d / "ca.crt") for d in (default_state_dir(), ROOT_STATE_DIR)))
+
+
+def _served_certificate(state: Path) -> bytes | None:
+    """The DER form of the certificate the server of `state` serves (`server.crt`, its first
+    certificate); None when there is none (plain HTTP, or no server started there)."""
+    try:
+        pem = (state / "server.crt").read_text()
+    except OSError:
+        return None
+    begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
+    start = pem.find(begin)
+    stop = pem.find(end, start)
+    if start < 0 or stop < 0:
+        return None
+    try:
+        return ssl.PEM_cert_to_DER_cert(pem[start : stop + len(end)] + "\n")
+    except ValueError:
+        return None
+
+
+class Pin(NamedTuple):
+    """The one server the state directory's admin token may go to: the certificate it serves."""
+
+    der: bytes
+    state: Path
+
+
 def _token(given: str | None) -> tuple[str | None, str | None]:
     """The token to send, and where it came from (`--token`, `$WARDEN_TOKEN`, or the file of a
     local server it was read from; None: there is none)."""
@@ -148,14 +186,69 @@ class NotSent(OSError):
     """No connection could be made: the request cannot have reached the server."""
 
 
+def _peer(sock: socket.socket) -> bytes | None:
+    getpeercert = getattr(sock, "getpeercert", None)
+    return None if getpeercert is None else getpeercert(binary_form=True)
+
+
+def _trust_also(context: ssl.SSLContext, ca: Path) -> None:
+    """Add the CA of `ca` (a state directory's) to `context`, when there is one to read."""
+    try:
+        context.load_verify_locations(cafile=ca)
+    except (OSError, ssl.SSLError):
+        pass
+
+
+def _pin(state: Path, urls: tuple[str, ...]) -> tuple[Pin | None, str | None]:
+    """Where the admin token read from `state` may go: to the server presenting the certificate
+    `state` published, over https. (None, why) when it may go nowhere `urls` name."""
+    plain = [u for u in urls if not u.startswith("https:")]
+    if plain:
+        return None, (
+            f"the admin token of {state} is sent only over https, to the server holding that state directory; "
+            f"{plain[0]} is plain HTTP: give a token in WARDEN_TOKEN or --token"
+        )
+    der = _served_certificate(state)
+    if der is None:
+        return None, (
+            f"the admin token of {state} is sent only to the server holding that state directory, and none "
+            f"published its certificate there ({state / 'server.crt'}): give a token in WARDEN_TOKEN or --token"
+        )
+    return Pin(der, state), None
+
+
 class Client:
-    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0) -> None:
+    def __init__(
+        self, url: str | None = None, token: str | None = None, timeout: float = 30.0, ca: str | None = None
+    ) -> None:
         """`url`: one server's URL or several separated by commas (default `$WARDEN_URL`, else
-        `DEFAULT_URL`); a bad entry raises `BadServerUrl`, naming it."""
+        `DEFAULT_URL`); `ca`: a PEM file of the CAs to check https:// servers with (default
+        `$WARDEN_CA`). A bad entry or file raises `BadServerUrl`, naming it, as does a token
+        that would go in clear to another machine."""
         self.source = "--url" if url else "WARDEN_URL" if os.environ.get("WARDEN_URL") else "the default URL"
-        self.servers = server_list(parse_urls(url or os.environ.get("WARDEN_URL") or DEFAULT_URL, self.source))
+        urls = parse_urls(url or os.environ.get("WARDEN_URL") or DEFAULT_URL, self.source)
+        self.servers = server_list(urls)
+        ca_source = "--ca" if ca else "WARDEN_CA"
+        ca = ca or os.environ.get("WARDEN_CA") or None
+        self._tls = tls_context(ca, ca_source, extra=() if ca else local_ca_files())
         self.token, self.token_source = _token(token)
         """The token sent, and where it came from (`_token`)."""
+        self.withheld: str | None = None
+        """Why the state directory's admin token was not sent (None: it was, or there is none)."""
+        self._pin: Pin | None = None
+        if self.token and self.token_source is not None and not self.token_source.startswith(("-", "$")):
+            self._pin, self.withheld = _pin(default_state_dir(), urls)
+            if self._pin is None:
+                self.token, self.token_source = None, None
+            elif ca:
+                _trust_also(self._tls, self._pin.state / "ca.crt")
+        elif self.token:
+            clear = [u for u in urls if u.startswith("http:") and not is_loopback(u)]
+            if clear:
+                raise BadServerUrl(
+                    f"{self.source}: {clear[0]!r} is plain HTTP to another machine: a token is never sent there in "
+                    "clear; use the server's https:// URL"
+                )
         self.timeout = timeout
         self._headers = {"Accept": "application/json"}
         if self.token:
@@ -185,7 +278,9 @@ class Client:
         parts = urlsplit(url)
         timeout = self.timeout if timeout is None else timeout
         kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        options: dict[str, Any] = {"context": _tls()} if parts.scheme == "https" else {}
+        options: dict[str, Any] = {}
+        if parts.scheme == "https":
+            options["context"] = self._tls
         conn = kind(parts.hostname or "", parts.port, timeout=min(timeout, CONNECT_TIMEOUT_S), **options)
         try:
             try:
@@ -197,6 +292,13 @@ class Client:
             target = parts.path.rstrip("/") + path + (f"?{urlencode(params, doseq=True)}" if params else "")
             body = None if json is None else _json_dumps(json)
             sent = {**self._headers, **(headers or {})}
+            if self._pin is not None and _peer(conn.sock) != self._pin.der:
+                del sent["Authorization"]  # checked on the connection that would carry it
+                self.withheld = (
+                    f"the admin token of {self._pin.state} is sent only to the server holding that state directory, "
+                    f"and {url} presented another certificate than {self._pin.state / 'server.crt'}: give a token "
+                    "in WARDEN_TOKEN or --token"
+                )
             if body is not None:
                 sent["Content-Type"] = "application/json"
             conn.request(method, target, body=body, headers=sent)
@@ -374,18 +476,17 @@ def _json_dumps(data: Any) -> bytes:
     return json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
 
 
-@functools.cache
-def _tls() -> ssl.SSLContext:
-    """The process's one TLS context (the system's certificates; `SSL_CERT_FILE` to add one)."""
-    return ssl.create_default_context()
-
-
 def _why(err: BaseException) -> str:
     """Why a server did not answer, in words."""
     if isinstance(err, NotSent):
         cause = err.__cause__ or err
         if isinstance(cause, TimeoutError | socket.timeout):
             return "no connection within the connect timeout"
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return (
+                f"its certificate is not trusted ({cause.verify_message or cause}): give its CA's certificate in "
+                "WARDEN_CA or --ca (a server's own CA is ca.crt in its state directory)"
+            )
         return str(cause) or type(cause).__name__
     if isinstance(err, TimeoutError | socket.timeout):
         return f"no answer in time ({type(err).__name__})"

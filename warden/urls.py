@@ -12,7 +12,9 @@ Standard library only: the SDK imports it inside jobs.
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import ssl
 import threading
 import urllib.parse
 from collections.abc import Sequence
@@ -78,6 +80,46 @@ def _without_password(text: str) -> str:
     """`text` with whatever stands between `://` and `@` (a user name and password) hidden,
     for messages."""
     return re.sub(r"://[^/@,]*@", "://…@", text)
+
+
+PEM_BEGIN = "-----BEGIN CERTIFICATE-----"
+
+
+def tls_context(ca: str | None, source: str = "WARDEN_CA", extra: Sequence[str] = ()) -> ssl.SSLContext:
+    """The TLS context a client checks https:// servers with: the certificates `ca` holds
+    (PEM text, as warden gives jobs, or the path of a PEM file, as an admin gives the CLI),
+    else the system's store and the readable files of `extra`. The host name is always
+    checked. A `ca` that holds no certificate is refused (`BadServerUrl`, naming `source`)."""
+    if ca is None:
+        ctx = ssl.create_default_context()
+        for path in extra:
+            try:
+                ctx.load_verify_locations(cafile=path)
+            except (OSError, ssl.SSLError):
+                continue  # another server's state directory, or none on this machine
+        return ctx
+    try:
+        if ca.lstrip().startswith(PEM_BEGIN):
+            return ssl.create_default_context(cadata=ca)
+        return ssl.create_default_context(cafile=ca)
+    except FileNotFoundError:
+        raise BadServerUrl(f"{source}: {ca!r} does not exist (a PEM file of certificates, or the PEM text)") from None
+    except OSError as err:
+        raise BadServerUrl(f"{source}: cannot read {ca!r}: {err.strerror or err}") from None
+    except (ssl.SSLError, ValueError) as err:
+        shown = "the PEM text given" if ca.lstrip().startswith(PEM_BEGIN) else repr(ca)
+        raise BadServerUrl(f"{source}: {shown} holds no PEM certificate ({err})") from None
+
+
+def is_loopback(url: str) -> bool:
+    """Whether `url`'s host is this machine's loopback (127.0.0.0/8, ::1, localhost)."""
+    host = (urllib.parse.urlsplit(url).hostname or "").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class ServerList:

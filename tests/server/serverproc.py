@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -28,9 +29,14 @@ ADMIN = "admin-secret-token"
 AS_NOBODY = ("--run-as", "user", "--user-map", "*=nobody")
 
 
-PROBE = httpx.Client(timeout=2)
+PROBE = httpx.Client(timeout=2, verify=False)
 """One client for the tests' short probes (health), shared across threads: making a client
-costs ~20 ms of CPU (its TLS context), which a probe every 20 ms would pay each time."""
+costs ~20 ms of CPU (its TLS context), which a probe every 20 ms would pay each time. It does
+not check certificates: a probe carries no token and only asks whether a server answers."""
+
+_CAS: dict[str, Path] = {}
+"""The CA certificate of each server these tests started, by its URL (`cli` gives a child the
+CAs of the servers its `WARDEN_URL` names)."""
 
 
 def free_port() -> int:
@@ -68,10 +74,27 @@ class Server:
     env: dict[str, str] = field(default_factory=dict)  # more environment (SLURM_CONF, WARDEN_EXECUTOR)
     state_option: bool = True  # False: no --state-dir, the server picks its default (`state_dir` says which)
     log_dir: Path | None = None  # where the server's log goes (default: the state directory)
+    sockets: tuple[socket.socket, ...] = ()  # listening sockets handed over as systemd does (LISTEN_FDS)
+
+    @property
+    def plain_http(self) -> bool:
+        return "--plain-http" in self.args
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'http' if self.plain_http else 'https'}://127.0.0.1:{self.port}"
+
+    @property
+    def ca(self) -> Path:
+        """What its clients trust: the server's own CA certificate (in its state directory), or
+        the chain given in `--tls-cert` (the tests' certificates carry their CA)."""
+        if "--tls-cert" in self.args:
+            return Path(self.args[self.args.index("--tls-cert") + 1])
+        return self.state_dir / "ca.crt"
+
+    def tls(self) -> ssl.SSLContext | bool:
+        """What an httpx client checks this server's certificate with."""
+        return True if self.plain_http else ssl.create_default_context(cafile=self.ca)
 
     def start(self, timeout: float = 30) -> Server:
         """Start the server; return once it answers (`timeout`: how long that may take)."""
@@ -98,10 +121,18 @@ class Server:
         env.update(self.env)
         if self.bootstrap:
             env["WARDEN_BOOTSTRAP_TOKEN"] = ADMIN  # a secret: never on the command line
+        fds: tuple[int, ...] = ()
+        if self.sockets:  # at 3, 4, … with LISTEN_PID the server's own pid: bash (multi-digit fds) execs it
+            fds = tuple(s.fileno() for s in self.sockets)
+            moves = " ".join(f"{3 + i}<&{fd}" for i, fd in enumerate(fds))
+            env["LISTEN_FDS"] = str(len(fds))
+            args = ["/bin/bash", "-c", f'LISTEN_PID=$$ exec "$@" {moves}', "bash", *args]
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
+            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, pass_fds=fds)
         try:
             wait_for(self._healthy, timeout, f"the server on {self.url} (log {self.log})")
+            if not self.plain_http:
+                _CAS[self.url] = self.ca
         except BaseException:
             if self.proc.poll() is None:  # never left behind: the test's teardown does not know it
                 self.proc.kill()
@@ -134,7 +165,12 @@ class Server:
 
     def client(self, token: str | None = ADMIN) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=10)
+        return httpx.Client(base_url=self.url, headers=headers, timeout=10, verify=self.tls())
+
+
+def cas(*servers: Server) -> str:
+    """The CA certificates of `servers`, as one PEM text (what `WARDEN_CA` and `Client(ca=)` take)."""
+    return "".join(s.ca.read_text() for s in servers if not s.plain_http)
 
 
 def health(server: Server) -> dict[str, Any]:
@@ -160,13 +196,17 @@ def leading(servers: list[Server], after_epoch: int = 0) -> tuple[Server, int] |
 def cli(
     url: str, *args: str, token: str | None = ADMIN, check: bool = False, columns: int | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """`warden ARGS` in a child process with `WARDEN_URL=url` (one server's or a list) and
-    `WARDEN_TOKEN=token`, none of this process's other WARDEN_ variables, and `COLUMNS` when
-    given; with `check`, exit 0 is asserted."""
+    """`warden ARGS` in a child process with `WARDEN_URL=url` (one server's or a list),
+    `WARDEN_TOKEN=token`, `WARDEN_CA` the CAs of the servers `url` names, none of this
+    process's other WARDEN_ variables, and `COLUMNS` when given; with `check`, exit 0 is
+    asserted."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
     if columns is not None:
         env["COLUMNS"] = str(columns)
     env["WARDEN_URL"] = url
+    cas = [ca.read_text() for one in url.split(",") if (ca := _CAS.get(one.strip().rstrip("/"))) and ca.exists()]
+    if cas:
+        env["WARDEN_CA"] = "".join(cas)
     if token:
         env["WARDEN_TOKEN"] = token
     done = subprocess.run(

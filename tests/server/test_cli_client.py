@@ -477,7 +477,7 @@ def test_without_a_token_the_cli_says_where_it_looked_and_how_to_point_it(tmp_pa
 def _without_a_token(server: Server, tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
-    env.update({"WARDEN_URL": server.url, "WARDEN_STATE_DIR": str(elsewhere), "COLUMNS": "80"})
+    env.update({"WARDEN_URL": server.url, "WARDEN_CA": str(server.ca), "COLUMNS": "80"})
 
     def cli_as(state_dir: Path) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -68,7 +68,7 @@ def test_the_efficiency_floor_is_named_in_the_api_queue_and_describe(server: Ser
     assert re.search(r"at \d\d:\d\d \(in (14m\d+s|15m)\)", m) and not EPOCH.search(m)
 
     headers = {"Authorization": f"Bearer {ADMIN}"}
-    listed = httpx.get(f"{server.url}/v1/jobs", headers=headers, timeout=10).json()
+    listed = httpx.get(f"{server.url}/v1/jobs", headers=headers, timeout=10, verify=server.tls()).json()
     row = next(r for r in listed if r["id"] == urgent)
     assert row["reason"]["details"] == d and "efficiency floor" in row["reason"]["message"]
     assert not EPOCH.search(row["reason"]["message"])

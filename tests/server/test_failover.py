@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import ssl
 import struct
 import sys
 import threading
@@ -25,7 +26,7 @@ import httpx
 import pytest
 from clusterproc import Cluster, cluster, health, role  # noqa: F401  (cluster: a fixture)
 from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
-from serverproc import ADMIN, Server, cli, free_port, until_state, wait_for
+from serverproc import ADMIN, Server, cas, cli, free_port, until_state, wait_for
 
 from warden.client import Client, Unreachable
 
@@ -56,11 +57,11 @@ while True:
 
 def leading_pair(cluster: Cluster, advertise_b: bool = False) -> tuple[Server, Server, str]:
     """Server a leading, server b standing by, each knowing the other (the servers table);
-    and the URL b advertises (with `advertise_b`, --advertise-url http://localhost:PORT)."""
+    and the URL b advertises (with `advertise_b`, --advertise-url https://localhost:PORT)."""
     a = cluster.start("a")
     wait_for(lambda: role(a) == "leader", 10, "a to lead")
     port = free_port()
-    b_url = f"http://localhost:{port}" if advertise_b else f"http://127.0.0.1:{port}"
+    b_url = f"https://localhost:{port}" if advertise_b else f"https://127.0.0.1:{port}"
     b = cluster.start("b", *(("--advertise-url", b_url + "/") if advertise_b else ()), port=port)
     both = sorted([a.url, b_url])
     wait_for(lambda: sorted(health(a).get("servers", [])) == both, 10, "a to see b in the servers table")
@@ -83,10 +84,10 @@ def test_the_client_passes_over_a_dead_url_and_a_killed_leader(cluster: Cluster)
     a, b, _ = leading_pair(cluster)
     nobody = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     urls = f"{nobody},{a.url},{b.url}"
-    c = Client(urls, ADMIN)
+    c = Client(urls, ADMIN, ca=cas(a, b))
     job = c.submit(idempotency_key="first", retries=0, **body(cluster, "first"))
     assert c.url == a.url  # the first URL refused; the second answered and is kept
-    assert Client(urls, ADMIN).url == a.url  # for the rest of the process
+    assert Client(urls, ADMIN, ca=cas(a, b)).url == a.url  # for the rest of the process
     listed = json.loads(cli(urls, "queue", "--json", check=True).stdout)
     assert [r["id"] for r in listed] == [job["id"]]
 
@@ -109,26 +110,32 @@ def test_the_client_passes_over_a_dead_url_and_a_killed_leader(cluster: Cluster)
 
 
 class LosesAnswers:
-    """A TCP proxy to one server that passes each request on whole, reads the server's whole
-    answer, and then resets the client's connection without a byte of it: the request was
-    carried out and its answer lost on the way back."""
+    """A TLS proxy to one server (with that server's certificate) that passes each request on
+    whole, reads the server's whole answer, and then resets the client's connection without a
+    byte of it: the request was carried out and its answer lost on the way back."""
 
-    def __init__(self, port: int) -> None:
-        self.port = port
+    def __init__(self, server: Server) -> None:
+        self.port = server.port
         self.answers: list[bytes] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._serving = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self._serving.load_cert_chain(server.state_dir / "server.crt", server.state_dir / "server.key")
+        self._upstream = ssl.create_default_context(cafile=server.ca)
+        self.url = f"https://127.0.0.1:{self._listener.getsockname()[1]}"
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
         while True:
             try:
-                conn, _ = self._listener.accept()
+                raw, _ = self._listener.accept()
             except OSError:
                 return
-            with conn:
+            with self._serving.wrap_socket(raw, server_side=True) as conn:
                 request = _message(conn)
-                with socket.create_connection(("127.0.0.1", self.port), timeout=30) as upstream:
+                with (
+                    socket.create_connection(("127.0.0.1", self.port), timeout=30) as plain,
+                    self._upstream.wrap_socket(plain, server_hostname="127.0.0.1") as upstream,
+                ):
                     upstream.sendall(request)
                     self.answers.append(_message(upstream))
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST on close
@@ -168,9 +175,9 @@ def test_a_submission_whose_answer_was_lost_is_sent_to_the_next_server_and_not_d
     job. A cancel whose answer was lost is not sent to b: the client says it may have been
     carried out."""
     a, b, _ = leading_pair(cluster)
-    proxy = LosesAnswers(a.port)
+    proxy = LosesAnswers(a)
     try:
-        c = Client(f"{proxy.url},{b.url}", ADMIN)
+        c = Client(f"{proxy.url},{b.url}", ADMIN, ca=cas(a, b))
         job = c.submit(idempotency_key="once", retries=0, **body(cluster, "once"))
         assert len(proxy.answers) == 1 and b"201 Created" in proxy.answers[0]  # a stored it
         assert job["id"] == _json_body(proxy.answers[0])["id"]  # b answered with a's job
@@ -180,7 +187,7 @@ def test_a_submission_whose_answer_was_lost_is_sent_to_the_next_server_and_not_d
         assert [j["id"] for j in named] == [job["id"]]
 
         # Another list (this process keeps b first for the one above): the proxy first.
-        lost = Client(f"{proxy.url},{b.url},http://127.0.0.1:{free_port()}", ADMIN)
+        lost = Client(f"{proxy.url},{b.url},http://127.0.0.1:{free_port()}", ADMIN, ca=cas(a, b))
         with pytest.raises(Unreachable, match="may or may not have been carried out"):
             lost.cancel(job["id"])
         assert len(proxy.answers) == 2 and b"202 Accepted" in proxy.answers[1]  # a took the cancel once
@@ -240,7 +247,7 @@ def test_the_dashboard_works_from_a_standby(cluster: Cluster) -> None:
     with a.client() as ca:
         job = cluster.job(ca, "shown")
         until_state(ca, job, "RUNNING")
-    with httpx.Client(base_url=b.url, timeout=10) as page:
+    with httpx.Client(base_url=b.url, timeout=10, verify=b.tls()) as page:
         for path in ("/ui/", "/ui/js/main.js", "/ui/js/api.js", "/ui/style.css", "/openapi.json"):
             r = page.get(path)
             assert r.status_code == 200 and r.headers["x-warden-role"] == "standby", (path, r.status_code)

@@ -107,7 +107,7 @@ def test_concurrent_retries_create_one_job(api: tuple[Service, TestClient]) -> N
 def test_the_cli_client_sends_its_key_again_on_a_retry(tmp_path: Path) -> None:
     server = started(tmp_path, POLICY)
     try:
-        client = Client(server.url, "admin-secret-token")
+        client = Client(server.url, "admin-secret-token", ca=str(server.ca))
         body = job(command=["true"])
         first = client.submit(idempotency_key="cli-key", retries=2, **body)
         second = client.submit(idempotency_key="cli-key", retries=2, **body)

@@ -19,7 +19,7 @@ from serverproc import Server, until_state, wait_for
 
 
 def leader_gauge(server: Server) -> float:
-    text = httpx.get(f"{server.url}/metrics", timeout=5).text
+    text = httpx.get(f"{server.url}/metrics", timeout=5, verify=server.tls()).text
     line = next(x for x in text.splitlines() if x.startswith("warden_leader "))
     return float(line.split()[1])
 

@@ -47,7 +47,7 @@ time.sleep(3600)
 
 # Every attempt prints one JSON line; `ok` is whether it worked.
 ATTACKER = """\
-import json, os, signal, sys, urllib.error, urllib.request
+import json, os, signal, ssl, sys, urllib.error, urllib.request
 
 log = os.environ["WARDEN_LOG_FILE"]
 state = log.split("/jobs/")[0]  # what the audit did: ${WARDEN_LOG_FILE%/jobs/*}
@@ -78,13 +78,15 @@ def report(job):
         f"{os.environ['WARDEN_URL'].split(',')[0]}/v1/jobs/{job}/reports", data=body, method="POST",
         headers={"Authorization": f"Bearer {os.environ['WARDEN_REPORT_TOKEN']}", "Content-Type": "application/json"})
     try:
-        urllib.request.urlopen(request, timeout=10).close()
+        urllib.request.urlopen(request, timeout=10, context=ssl.create_default_context(cadata=os.environ["WARDEN_CA"])).close()
     except urllib.error.HTTPError as err:
         raise PermissionError(f"HTTP {err.code}") from None
 
 print(json.dumps({"name": "whoami", "uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(),
                   "euid": os.geteuid(), "env": dict(os.environ)}), flush=True)
 attempt("read the admin token", lambda: read(f"{state}/admin-token"))
+attempt("read the CA's key", lambda: read(f"{state}/ca.key"))
+attempt("read the server's TLS key", lambda: read(f"{state}/server.key"))
 attempt("read the database", lambda: read(f"{state}/warden.db"))
 attempt("write the database", lambda: write(f"{state}/warden.db"))
 attempt("write the database's WAL", lambda: write(f"{state}/warden.db-wal"))
@@ -108,6 +110,8 @@ attempt("own: report", lambda: report(os.environ["WARDEN_JOB_ID"]))
 
 ATTACKS = {
     "read the admin token",
+    "read the CA's key",
+    "read the server's TLS key",
     "read the database",
     "write the database",
     "write the database's WAL",

@@ -289,7 +289,7 @@ def test_metrics_are_prometheus_text_without_per_job_labels(server: Server, tmp_
     with server.client() as c:
         job = submit(c, queue="vision", tier=3, command=[sys.executable, "-c", "pass"])
         until_state(c, job, "SUCCEEDED")
-        text = httpx.get(f"{server.url}/metrics").text
+        text = httpx.get(f"{server.url}/metrics", verify=server.tls()).text
     assert "warden_gpus 4.0" in text
     assert 'warden_queue_wait_seconds_bucket{le="1.0",queue="vision",tier="3"}' in text
     assert "# TYPE warden_preemptions_total counter" in text

@@ -292,7 +292,9 @@ def test_as_root_with_the_defaults_sdk_jobs_checkpoint_are_preempted_and_resume(
             "--checkpoint-every", "20",
         )  # fmt: skip
         trainer = out.split()[-1]
-        with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=10) as c:
+        with httpx.Client(
+            base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=10, verify=server.tls()
+        ) as c:
             until_state(c, trainer, "RUNNING", timeout=60)
 
             def saved() -> bool:

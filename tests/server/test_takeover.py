@@ -126,7 +126,9 @@ class Load:
         """A client of its own per server, kept (a new one costs ~20 ms of CPU)."""
         with self.lock:
             if server.url not in self.clients:
-                self.clients[server.url] = httpx.Client(base_url=server.url, headers=AUTH, timeout=10)
+                self.clients[server.url] = httpx.Client(
+                    base_url=server.url, headers=AUTH, timeout=10, verify=server.tls()
+                )
             return self.clients[server.url]
 
     def send(self, method: str, path: str, **kw: Any) -> httpx.Response | None:

@@ -91,7 +91,7 @@ def test_the_cheapest_victim_saves_exits_and_resumes_from_the_saved_step(server:
         )
         assert int(resumed.group(1)) == saved
 
-        metrics = httpx.get(f"{server.url}/metrics").text
+        metrics = httpx.get(f"{server.url}/metrics", verify=server.tls()).text
         assert 'warden_lost_work_gpu_seconds_total{queue="vision"} 0.0' in metrics
         assert 'warden_preemptions_total{kind="downward",queue="vision",tier="3"} 1.0' in metrics
         c.post(f"/v1/jobs/{trainer}/cancel")

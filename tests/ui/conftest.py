@@ -5,6 +5,8 @@ unless WARDEN_REQUIRE_BROWSER=1 (then they fail)."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import shutil
 import sys
@@ -40,9 +42,31 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def tls_args(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, ...]:
+    """`--tls-cert/--tls-key` of one certificate for every dashboard test's server, which the
+    browser trusts (`driver`): as an admin's certificate that a browser's store trusts."""
+    from warden.server.tls import own_certificate, serving_names
+
+    tls = own_certificate(tmp_path_factory.mktemp("ui-tls"), serving_names("127.0.0.1", None))
+    return ("--tls-cert", str(tls.cert_file), "--tls-key", str(tls.key_file))
+
+
+def _spki_sha256(chain: Path) -> str:
+    """The base64 SHA-256 of the serving certificate's public key, as Chromium's
+    `--ignore-certificate-errors-spki-list` takes it."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    cert = x509.load_pem_x509_certificate(chain.read_bytes())
+    spki = cert.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return base64.b64encode(hashlib.sha256(spki).digest()).decode()
+
+
 @pytest.fixture(scope="module")
-def driver() -> Iterator[Any]:
-    """One headless Chromium for a module's tests; quit (browser and driver ended) after them."""
+def driver(tls_args: tuple[str, ...]) -> Iterator[Any]:
+    """One headless Chromium for a module's tests, trusting the servers' certificate
+    (`tls_args`); quit (browser and driver ended) after them."""
     missing = _missing()
     if missing:
         message = (
@@ -72,6 +96,7 @@ def driver() -> Iterator[Any]:
         "--disable-default-apps",
         "--lang=en-US",
         f"--user-data-dir={profile}",
+        f"--ignore-certificate-errors-spki-list={_spki_sha256(Path(tls_args[1]))}",
         *(("--no-sandbox",) if os.geteuid() == 0 else ()),  # Chromium's sandbox refuses root
     ):
         options.add_argument(arg)

@@ -52,11 +52,11 @@ STUBBORN = [
 ]
 
 
-def serve(tmp_path: Path, gpus: int = 4) -> Iterator[Server]:
+def serve(tmp_path: Path, tls_args: tuple[str, ...], gpus: int = 4) -> Iterator[Server]:
     # Each of the two queues is promised half of the GPUs.
     # A sample of history every second, so that the charts have a line to draw.
     policy = POLICY.replace("{gpu: 2}", f"{{gpu: {gpus // 2}}}")
-    s = started(tmp_path, policy, gpus=gpus, args=("--history-interval", "1"))
+    s = started(tmp_path, policy, gpus=gpus, args=("--history-interval", "1", *tls_args))
     try:
         yield s
     finally:
@@ -65,13 +65,13 @@ def serve(tmp_path: Path, gpus: int = 4) -> Iterator[Server]:
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    yield from serve(tmp_path)
+def server(tmp_path: Path, tls_args: tuple[str, ...]) -> Iterator[Server]:
+    yield from serve(tmp_path, tls_args)
 
 
 @pytest.fixture
-def big_server(tmp_path: Path) -> Iterator[Server]:
-    yield from serve(tmp_path, gpus=8)
+def big_server(tmp_path: Path, tls_args: tuple[str, ...]) -> Iterator[Server]:
+    yield from serve(tmp_path, tls_args, gpus=8)
 
 
 @pytest.fixture
@@ -375,8 +375,8 @@ PRETRAINING = "vision-pretraining-large-scale-experiments"
 
 
 @pytest.fixture
-def long_server(tmp_path: Path) -> Iterator[Server]:
-    s = started(tmp_path, LONG_POLICY, gpus=8, args=("--history-interval", "1"))
+def long_server(tmp_path: Path, tls_args: tuple[str, ...]) -> Iterator[Server]:
+    s = started(tmp_path, LONG_POLICY, gpus=8, args=("--history-interval", "1", *tls_args))
     try:
         yield s
     finally:

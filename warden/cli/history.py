@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from warden.cli.app import App, duration
-from warden.cli.jobs import TokenOpt, UrlOpt, client
+from warden.cli.jobs import CaOpt, TokenOpt, UrlOpt, client
 
 app = App(no_args_is_help=True)
 
@@ -63,6 +63,7 @@ def export(
     ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
+    ca: CaOpt = None,
 ) -> None:
     """The jobs submitted in the window that have run (finished, running, or requeued), as a
     native trace that `warden sim run --trace FILE` loads as it is."""
@@ -71,7 +72,7 @@ def export(
         raise fail(f"--format: {format!r} is not a trace format; allowed: native, parquet")
     if format == "parquet" and output is None:
         raise fail("--format parquet: Parquet is binary; name a file with -o FILE")
-    with client(url, token) as c:
+    with client(url, token, ca) as c:
         body, warning = c.export_history(time.time() - seconds, format)
     warn(warning)
     if output is None:

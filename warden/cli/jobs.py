@@ -88,12 +88,21 @@ UrlOpt = Annotated[
     typer.Option(
         "--url",
         help="Server URL, or several separated by commas, tried in turn (default $WARDEN_URL or "
-        "http://127.0.0.1:8765).",
+        "https://127.0.0.1:8765).",
         show_default=False,
     ),
 ]
 TokenOpt = Annotated[
     str | None, typer.Option("--token", help="Bearer token (default $WARDEN_TOKEN).", show_default=False)
+]
+CaOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ca",
+        help="PEM file of the certificates an https:// server is checked against (default $WARDEN_CA, else the "
+        "system's store and the ca.crt of this machine's server).",
+        show_default=False,
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 WideOpt = Annotated[bool, typer.Option("--wide", "-w", help="Show every column, however wide.")]
@@ -188,19 +197,20 @@ VICTIM_COLUMNS = (
 
 
 @contextmanager
-def client(url: str | None, token: str | None) -> Iterator[Client]:
+def client(url: str | None, token: str | None, ca: str | None = None) -> Iterator[Client]:
     """A client of the server(s); a refusal ends the command with its message (exit 2), as
     does a bad URL, and a server that cannot be reached with exit 1."""
     from warden.client import ApiRefused, BadServerUrl, Client, Unreachable
 
     try:
-        c = Client(url, token)
+        c = Client(url, token, ca=ca)
     except BadServerUrl as err:
         fail(str(err))
     try:
         yield c
     except ApiRefused as err:
-        fail(err.describe() + (_token_hint(c.token_source) if err.status == 401 else ""))
+        hint = (_token_hint(c.token_source) if c.withheld is None else f"; {c.withheld}") if err.status == 401 else ""
+        fail(err.describe() + hint)
     except Unreachable as err:
         fail(str(err), EXIT_UNREACHABLE)
     finally:
@@ -304,6 +314,7 @@ def register(app: typer.Typer) -> None:
         ] = False,
         url: UrlOpt = None,
         token: TokenOpt = None,
+        ca: CaOpt = None,
         json_out: JsonOpt = False,
     ) -> None:
         """Submit a job; prints its id as the last word. With --dry-run: would it start now (where),
@@ -327,11 +338,11 @@ def register(app: typer.Typer) -> None:
         if saves_on_sigterm:
             body["saves_on_sigterm"] = True
         if dry_run:
-            with client(url, token) as c:
+            with client(url, token, ca) as c:
                 verdict = c.dry_run(**body)
             _dump(verdict) if json_out else _print_verdict(verdict)
             return
-        with client(url, token) as c:
+        with client(url, token, ca) as c:
             # One key for this submission: should an answer be lost, the retry returns the same job.
             out = c.submit(idempotency_key=uuid.uuid4().hex, retries=SUBMIT_RETRIES, **body)
         if json_out:
@@ -350,11 +361,12 @@ def register(app: typer.Typer) -> None:
         wide: WideOpt = False,
         url: UrlOpt = None,
         token: TokenOpt = None,
+        ca: CaOpt = None,
         json_out: JsonOpt = False,
     ) -> None:
         """List jobs like squeue: id, name, queue, tier, state, GPUs, expected start, reason;
         --wide adds user, wait, position, time running, lease end and nodes."""
-        with client(url, token) as c:
+        with client(url, token, ca) as c:
             rows = c.jobs(queue=queue, state=state, user=user, all=all_jobs)
         if json_out:
             _dump(rows)
@@ -366,11 +378,12 @@ def register(app: typer.Typer) -> None:
         job_id: Annotated[str, typer.Argument(help="Job id.")],
         url: UrlOpt = None,
         token: TokenOpt = None,
+        ca: CaOpt = None,
         json_out: JsonOpt = False,
     ) -> None:
         """Why a job waits (one sentence), its sort key, attempts, preemptions and events; a
         warning when it is in a preemption cycle."""
-        with client(url, token) as c:
+        with client(url, token, ca) as c:
             j = c.job(job_id)
         if json_out:
             _dump(j)
@@ -394,6 +407,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         url: UrlOpt = None,
         token: TokenOpt = None,
+        ca: CaOpt = None,
         json_out: JsonOpt = False,
     ) -> None:
         """Cancel jobs, as scancel does: those named, or those the selection (--user, --queue,
@@ -408,7 +422,7 @@ def register(app: typer.Typer) -> None:
             if not job_id.isdigit():
                 fail(f"JOB_ID: {job_id!r} is not a job id (ASCII digits); nothing was cancelled")
         states = _cancellable_states(state)
-        with client(url, token) as c:
+        with client(url, token, ca) as c:
             me = c.whoami()
             if user is not None and user != me["user"] and me["role"] != "admin":
                 fail(f"--user: {user!r} is not you ({me['user']!r}); only an admin cancels another user's jobs")
@@ -433,10 +447,11 @@ def register(app: typer.Typer) -> None:
         job_id: Annotated[str, typer.Argument(help="Job id.")],
         url: UrlOpt = None,
         token: TokenOpt = None,
+        ca: CaOpt = None,
         json_out: JsonOpt = False,
     ) -> None:
         """Approve a tier-1/2 job that awaits an admin (admins only)."""
-        with client(url, token) as c:
+        with client(url, token, ca) as c:
             out = c.approve(job_id)
         _dump(out) if json_out else typer.echo(f"job {out['id']}: {out['state']}")
 
@@ -445,10 +460,11 @@ def register(app: typer.Typer) -> None:
         job_id: Annotated[str, typer.Argument(help="Job id.")],
         url: UrlOpt = None,
         token: TokenOpt = None,
+        ca: CaOpt = None,
         json_out: JsonOpt = False,
     ) -> None:
         """Let a held job be scheduled again, like Slurm's `scontrol release` (admins only)."""
-        with client(url, token) as c:
+        with client(url, token, ca) as c:
             out = c.release(job_id)
         _dump(out) if json_out else typer.echo(f"job {out['id']}: {out['state']} (released)")
 
@@ -462,10 +478,11 @@ def register(app: typer.Typer) -> None:
         follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the attempt ends.")] = False,
         url: UrlOpt = None,
         token: TokenOpt = None,
+        ca: CaOpt = None,
     ) -> None:
         """Print a job's output (stdout and stderr of one replica of one attempt)."""
         offset = 0
-        with client(url, token) as c:
+        with client(url, token, ca) as c:
             while True:
                 out = c.logs(job_id, attempt, rank, offset)
                 sys.stdout.write(out["text"])
@@ -478,9 +495,11 @@ def register(app: typer.Typer) -> None:
                     time.sleep(0.25)
 
     @app.command("nodes")
-    def nodes(wide: WideOpt = False, url: UrlOpt = None, token: TokenOpt = None, json_out: JsonOpt = False) -> None:
+    def nodes(
+        wide: WideOpt = False, url: UrlOpt = None, token: TokenOpt = None, ca: CaOpt = None, json_out: JsonOpt = False
+    ) -> None:
         """The nodes, their GPUs and what runs on them."""
-        with client(url, token) as c:
+        with client(url, token, ca) as c:
             rows = c.nodes()
         if json_out:
             _dump(rows)
@@ -503,10 +522,12 @@ def register(app: typer.Typer) -> None:
         tables.show(tables.console(), tables.listing(NODE_COLUMNS, cells, wide))
 
     @app.command("queues")
-    def queues(wide: WideOpt = False, url: UrlOpt = None, token: TokenOpt = None, json_out: JsonOpt = False) -> None:
+    def queues(
+        wide: WideOpt = False, url: UrlOpt = None, token: TokenOpt = None, ca: CaOpt = None, json_out: JsonOpt = False
+    ) -> None:
         """Queues: quota, GPUs in use and borrowed, owed vs delivered GPU-hours; --wide adds
         weight, borrowing and lending limits and fair-share usage."""
-        with client(url, token) as c:
+        with client(url, token, ca) as c:
             rows = c.queues()
         if json_out:
             _dump(rows)
@@ -549,20 +570,21 @@ def register(app: typer.Typer) -> None:
         ] = None,
         url: UrlOpt = None,
         token: TokenOpt = None,
+        ca: CaOpt = None,
         json_out: JsonOpt = False,
     ) -> None:
         """Create a token; prints it (it is shown only once)."""
         lifetime = None if expires is None else duration("--expires", expires)
-        with client(url, token) as c:
+        with client(url, token, ca) as c:
             out = c.create_token(user, role, [q.strip() for q in queues.split(",") if q.strip()], lifetime)
         _dump(out) if json_out else typer.echo(out["token"])
 
     @token_app.command("list")
     def token_list(
-        wide: WideOpt = False, url: UrlOpt = None, token: TokenOpt = None, json_out: JsonOpt = False
+        wide: WideOpt = False, url: UrlOpt = None, token: TokenOpt = None, ca: CaOpt = None, json_out: JsonOpt = False
     ) -> None:
         """Every token: id, user, role, queues, when created, expires and was revoked; never a secret."""
-        with client(url, token) as c:
+        with client(url, token, ca) as c:
             rows = c.tokens()
         if json_out:
             _dump(rows)
@@ -587,17 +609,18 @@ def register(app: typer.Typer) -> None:
         token_id: Annotated[int, typer.Argument(help="The token's id, as 'warden token list' shows it.")],
         url: UrlOpt = None,
         token: TokenOpt = None,
+        ca: CaOpt = None,
         json_out: JsonOpt = False,
     ) -> None:
         """Revoke a token: the server refuses it from the next request on."""
-        with client(url, token) as c:
+        with client(url, token, ca) as c:
             out = c.revoke_token(token_id)
         _dump(out) if json_out else typer.echo(f"token {out['id']} of {out['user']} revoked")
 
     @app.command("whoami")
-    def whoami(url: UrlOpt = None, token: TokenOpt = None, json_out: JsonOpt = False) -> None:
+    def whoami(url: UrlOpt = None, token: TokenOpt = None, ca: CaOpt = None, json_out: JsonOpt = False) -> None:
         """Who the token stands for: the user, the role and the queues it may submit to."""
-        with client(url, token) as c:
+        with client(url, token, ca) as c:
             me = c.whoami()
         if json_out:
             _dump(me)
@@ -610,10 +633,11 @@ def register(app: typer.Typer) -> None:
         limit: Annotated[int, typer.Option("--limit", parser=_within(1, AUDIT_MAX))] = 100,
         url: UrlOpt = None,
         token: TokenOpt = None,
+        ca: CaOpt = None,
         json_out: JsonOpt = False,
     ) -> None:
         """The append-only log of privileged actions (admins only)."""
-        with client(url, token) as c:
+        with client(url, token, ca) as c:
             rows = c.audit(limit)
         if json_out:
             _dump(rows)

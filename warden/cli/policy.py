@@ -188,13 +188,17 @@ def apply(
     token: Annotated[
         str | None, typer.Option("--token", help="Admin token (default $WARDEN_TOKEN).", show_default=False)
     ] = None,
+    ca: Annotated[
+        str | None,
+        typer.Option("--ca", help="PEM file of the server's CA (default $WARDEN_CA).", show_default=False),
+    ] = None,
 ) -> None:
     """Validate FILE here, then make it the server's policy (admins only; versioned; jobs keep
     their tier and lease)."""
     from warden.cli.jobs import client
 
     _load(file)
-    with client(url, token) as c:
+    with client(url, token, ca) as c:
         out = c.apply_policy(file.read_text())
     if out.get("changed", True):
         typer.echo(f"policy version {out['version']} applied")
@@ -223,6 +227,10 @@ def diff(
     token: Annotated[
         str | None, typer.Option("--token", help="Token (default $WARDEN_TOKEN).", show_default=False)
     ] = None,
+    ca: Annotated[
+        str | None,
+        typer.Option("--ca", help="PEM file of the server's CA (default $WARDEN_CA).", show_default=False),
+    ] = None,
 ) -> None:
     """What FILE would change for the jobs on the server now, were it applied: running jobs
     preemptible earlier or later, waiting jobs that move or wait for another reason, settings
@@ -235,7 +243,7 @@ def diff(
     _load(file)
     seconds = window("--replay", replay) if replay is not None else None
     source = file.read_text()
-    with client(url, token) as c:
+    with client(url, token, ca) as c:
         out = c.diff_policy(source)
         if seconds is not None:
             out["replay"] = replay_history(c, source, seconds)

@@ -123,6 +123,9 @@ CONFIG_KEYS = (
     "forecast_interval",
     "token_lifetime",
     "private_data",
+    "tls_cert",
+    "tls_key",
+    "plain_http",
 )
 """What a server config file may set: the options of `warden server`, by their names with '_'."""
 
@@ -184,7 +187,7 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--advertise-url",
                 help="The URL jobs and the other servers of the database reach this server at (default "
-                "http://HOST:PORT of --host, 127.0.0.1 for 0.0.0.0): set it when jobs run on other machines.",
+                "https://HOST:PORT of --host, 127.0.0.1 for 0.0.0.0; a TLS proxy's URL with --plain-http behind it): set it when jobs run on other machines.",
                 show_default=False,
             ),
         ] = None,
@@ -301,6 +304,27 @@ def register(app: typer.Typer) -> None:
                 "(only the owner and admins may); 'none', everything.",
             ),
         ] = "jobs",
+        tls_cert: Annotated[
+            Path | None,
+            typer.Option(
+                "--tls-cert",
+                help="Serve HTTPS with this certificate (PEM, its chain after it; with --tls-key) instead of the "
+                "server's own, which it makes at first start (ca.crt in the state directory; docs/service.md).",
+                show_default=False,
+            ),
+        ] = None,
+        tls_key: Annotated[
+            Path | None,
+            typer.Option("--tls-key", help="The key of --tls-cert (PEM, readable by root only).", show_default=False),
+        ] = None,
+        plain_http: Annotated[
+            bool,
+            typer.Option(
+                "--plain-http",
+                help="Serve plain HTTP, not HTTPS: tokens cross the network in clear, and a process that takes the "
+                "port while the server is down receives them. Only behind a proxy that terminates TLS on this machine.",
+            ),
+        ] = False,
         config: Annotated[
             Path | None,
             typer.Option(
@@ -317,8 +341,10 @@ def register(app: typer.Typer) -> None:
         from warden.engine.policy import PolicyError
         from warden.executors.ray import RayError
         from warden.executors.slurm import SlurmError
-        from warden.server.app import CannotListen, Settings, serve
+        from warden.server.app import Settings, serve
+        from warden.server.listen import CannotListen
         from warden.server.statedir import StateDirError
+        from warden.server.tls import TlsError
 
         if fake_gpus is not None and fake_gpus < 0:
             fail(f"--fake-gpus: {fake_gpus} must not be negative")
@@ -358,6 +384,16 @@ def register(app: typer.Typer) -> None:
                 fail(str(err))
             except ValueError:
                 fail(f"--advertise-url: {advertise_url!r} names several URLs; give this server's one")
+        if (tls_cert is None) != (tls_key is None):
+            given, missing = ("--tls-cert", "--tls-key") if tls_cert is not None else ("--tls-key", "--tls-cert")
+            fail(f"{missing}: {given} was given without it; give both, or neither for the server's own certificate")
+        if plain_http and tls_cert is not None:
+            fail(f"--plain-http: given with --tls-cert {str(tls_cert)!r}; choose one")
+        if not plain_http and advertise_url is not None and advertise_url.startswith("http://"):
+            fail(
+                f"--advertise-url: {advertise_url!r} is http://, but the server serves HTTPS (https://…; "
+                "--plain-http for plain HTTP)"
+            )
         token = _bootstrap_token(bootstrap_token_file)
         if state_dir is not None:
             os.environ["WARDEN_STATE_DIR"] = str(state_dir)
@@ -383,6 +419,9 @@ def register(app: typer.Typer) -> None:
                     forecast_interval_s=forecast_interval,
                     token_lifetime_s=lifetime,
                     private_data="none" if private_data == "none" else "jobs",
+                    tls_cert=tls_cert,
+                    tls_key=tls_key,
+                    plain_http=plain_http,
                 ),
                 say=lambda line: typer.echo(line, err=True),
             )
@@ -392,5 +431,5 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2) from None
         except (SlurmError, RayError) as err:
             fail(f"--executor {executor}: {err}")
-        except (StateDirError, CannotListen) as err:
+        except (StateDirError, CannotListen, TlsError) as err:
             fail(str(err))

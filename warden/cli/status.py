@@ -12,7 +12,7 @@ import typer
 
 from warden.cli import tables
 from warden.cli.app import fail
-from warden.cli.jobs import EXIT_UNREACHABLE, JsonOpt, UrlOpt, _dump, client
+from warden.cli.jobs import EXIT_UNREACHABLE, CaOpt, JsonOpt, UrlOpt, _dump, client
 from warden.cli.tables import Col
 
 if TYPE_CHECKING:
@@ -33,12 +33,13 @@ def register(app: typer.Typer) -> None:
     @app.command("status")
     def status(
         url: UrlOpt = None,
+        ca: CaOpt = None,
         json_out: JsonOpt = False,
         timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for each server.", min=0.1)] = 5.0,
     ) -> None:
         """Each server of the list: does it answer, does it lead or stand by, its epoch and the
         leader it knows (like scontrol ping). Exits 0 when a server leads, 1 otherwise."""
-        with client(url, None) as c:
+        with client(url, None, ca) as c:
             probes = c.health_of_each(timeout)
         rows = [_row(p) for p in probes]
         verdict = _verdict(rows)

@@ -3,7 +3,6 @@ HTTP app; `serve` runs it under uvicorn until SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import socket
@@ -12,6 +11,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 import yaml
 from fastapi import FastAPI
@@ -39,8 +39,17 @@ from warden.server.auth import DEFAULT_TOKEN_LIFETIME_S
 from warden.server.forecasts import INTERVAL_S as FORECAST_INTERVAL_S
 from warden.server.history import INTERVAL_S as HISTORY_INTERVAL_S
 from warden.server.leader import take_sqlite_lease, this_holder
+from warden.server.listen import CannotListen, inherited_sockets, listen_sockets
 from warden.server.service import Service
 from warden.server.statedir import bind_database, check_reachable, interpreter_warning, lock_server
+from warden.server.tls import (
+    ServerTls,
+    admin_certificate,
+    fingerprint,
+    no_certificate,
+    own_certificate,
+    serving_names,
+)
 from warden.server.ui import mount_ui
 from warden.server.watchdog import Watchdog
 from warden.store.db import connect, default_url, migrate, secure_sqlite_files
@@ -72,6 +81,13 @@ class Settings:
     forecast_interval_s: float = FORECAST_INTERVAL_S  # between two forecasts of expected starts
     token_lifetime_s: float | None = DEFAULT_TOKEN_LIFETIME_S  # of a token created without one; None: never
     private_data: Literal["jobs", "none"] = "jobs"  # "jobs": other users' commands, workdirs and logs hidden
+    tls_cert: Path | None = None  # an admin's certificate (PEM, its chain after it); default: the server's own
+    tls_key: Path | None = None  # its key
+    plain_http: bool = False  # serve plain HTTP: tokens cross the network in clear (docs/service.md)
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self.plain_http else "https"
 
 
 DEFAULT_FAKE_GPUS = 4
@@ -143,7 +159,7 @@ def secure_state_dir(state: Path, jobs_switch_uid: bool) -> None:
     jobs = state / "jobs"
     jobs.mkdir(exist_ok=True)
     os.chmod(jobs, 0o711)
-    for name in ("admin-token", "report-secret"):
+    for name in ("admin-token", "report-secret", "ca.key", "server.key"):
         _chmod(state / name, 0o600)
     for job in jobs.iterdir():
         if not job.is_dir() or job.is_symlink():
@@ -190,11 +206,14 @@ def fresh_identities(identities: Identities) -> Identities:
     return Identities(identities.mode, identities.pool.uids, dict(identities.user_map))
 
 
-def build_service(settings: Settings, say: Callable[[str], None] = print, contend: bool = False) -> Service:
+def build_service(
+    settings: Settings, say: Callable[[str], None] = print, contend: bool = False, ca_pem: str | None = None
+) -> Service:
     """The service `settings` describe. With `contend` (a server process, `serve`) it leads
     only while it holds the database's lease (`warden.server.leader`): on SQLite it takes the
     lease now or refuses to start, on PostgreSQL it starts as a standby and contends. Without,
-    it leads from `start` to `stop` (in-process use)."""
+    it leads from `start` to `stop` (in-process use). `ca_pem`: the server's own CA, which the
+    jobs it starts trust (`Service.trusted_cas`)."""
     import time
 
     state = settings.state_dir or default_state_dir()
@@ -210,7 +229,7 @@ def build_service(settings: Settings, say: Callable[[str], None] = print, conten
     migrate(engine)
     secure_sqlite_files(engine)
     store = Store(engine)
-    api_url = settings.advertise_url or f"http://{_reachable(settings.host)}:{settings.port}"
+    api_url = settings.advertise_url or f"{settings.scheme}://{_url_host(settings.host)}:{settings.port}"
     lease: Lease | None = None
     if contend:
         # Where another server may take the lease over (PostgreSQL), a watchdog kills this one
@@ -282,14 +301,28 @@ def build_service(settings: Settings, say: Callable[[str], None] = print, conten
         private_data=settings.private_data,
         lease=lease,
         make_executor=make_executor if lease is not None else None,
+        ca_pem=ca_pem,
     )
     _chmod(state / "report-secret", 0o600)
     return service
 
 
-def _reachable(host: str) -> str:
-    """The address jobs on this machine use to reach a server listening on `host`."""
-    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+def _url_host(host: str) -> str:
+    """The host of the URL jobs on this machine use to reach a server listening on `host`."""
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+def server_tls(settings: Settings, state: Path) -> ServerTls | None:
+    """What the server serves HTTPS with (`warden.server.tls`); None for plain HTTP."""
+    if settings.plain_http:
+        no_certificate(state)
+        return None
+    if settings.tls_cert is not None and settings.tls_key is not None:
+        return admin_certificate(state, settings.tls_cert, settings.tls_key)
+    advertised = urlsplit(settings.advertise_url).hostname if settings.advertise_url else None
+    return own_certificate(state, serving_names(settings.host, advertised))
 
 
 def create_app(service: Service) -> FastAPI:
@@ -320,35 +353,6 @@ def create_app(service: Service) -> FastAPI:
     return app
 
 
-class CannotListen(Exception):
-    """The API cannot listen where it was told (the port is taken, or the host does not
-    resolve): refused at start, before the server touches its database or says it serves."""
-
-
-def listen_socket(host: str, port: int) -> socket.socket:
-    """The API's socket, bound to `host:port` before anything else starts, so a busy port is
-    refused first (`CannotListen`), not after the server joined its database and said it
-    serves; uvicorn listens on it."""
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    except socket.gaierror as err:
-        raise CannotListen(f"--host {host}: cannot resolve it ({err.strerror})") from None
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind(address)
-    except OSError as err:
-        sock.close()
-        if err.errno == errno.EADDRINUSE:
-            raise CannotListen(
-                f"--port {port}: {host}:{port} is in use (another server listens there): stop it, or give "
-                "this server another --port"
-            ) from None
-        raise CannotListen(f"--port {port}: cannot listen on {host}:{port}: {err.strerror or err}") from None
-    sock.set_inheritable(True)
-    return sock
-
-
 def serve(settings: Settings, say: Callable[[str], None] = print) -> None:
     import uvicorn
 
@@ -359,21 +363,46 @@ def serve(settings: Settings, say: Callable[[str], None] = print) -> None:
     # Held until the process exits: the kernel releases them however it ends.
     locks = lock_server(state, settings.db or default_url(state), settings.port)
     try:
-        sock = listen_socket(settings.host, settings.port)
+        inherited = inherited_sockets()
+        sockets = inherited or listen_sockets(settings.host, settings.port)
     except CannotListen:
         for lock in locks:
             lock.release()
         raise
-    service = build_service(settings, say, contend=True)
+    tls = server_tls(settings, state)
+    service = build_service(settings, say, contend=True, ca_pem=tls.ca_pem if tls is not None else None)
     gpus = sum(n.gpus for n in service.nodes)
+    shown = ", ".join(_shown(sock) for sock in sockets) + ("; sockets from systemd" if inherited else "")
     say(
-        f"warden serving on http://{settings.host}:{settings.port} — {gpus} GPU(s), policy with "
+        f"warden serving on {service.url} ({shown}) — {gpus} GPU(s), policy with "
         f"{len(service.policy.leaves())} leaf queue(s), state in {service.state_dir}"
     )
+    if tls is None:
+        _warn(
+            "WARNING: --plain-http: tokens and jobs' data cross the network in clear, and any process that takes "
+            'this port while the server is down receives the tokens clients send (docs/service.md, "HTTPS")',
+            say,
+        )
+    elif tls.ca_file is not None and tls.ca_pem is not None:
+        say(f"TLS: the server's own CA {tls.ca_file} (SHA-256 {fingerprint(tls.ca_pem)}); clients trust it")
     try:
-        config = uvicorn.Config(create_app(service), host=settings.host, port=settings.port, log_level="warning")
-        uvicorn.Server(config).run(sockets=[sock])
+        config = uvicorn.Config(
+            create_app(service),
+            host=settings.host,
+            port=settings.port,
+            log_level="warning",
+            ssl_certfile=str(tls.cert_file) if tls is not None else None,
+            ssl_keyfile=str(tls.key_file) if tls is not None else None,
+            ssl_context_factory=(lambda _config, _default: tls.context()) if tls is not None else None,
+        )
+        uvicorn.Server(config).run(sockets=sockets)
     finally:
-        sock.close()
+        for sock in sockets:
+            sock.close()
         for lock in locks:
             lock.release()
+
+
+def _shown(sock: socket.socket) -> str:
+    address = sock.getsockname()
+    return f"[{address[0]}]:{address[1]}" if sock.family == socket.AF_INET6 else f"{address[0]}:{address[1]}"

@@ -113,8 +113,10 @@ class Service:
         private_data: PrivateData = "jobs",
         lease: Lease | None = None,
         make_executor: Callable[[], Executor] | None = None,
+        ca_pem: str | None = None,
     ) -> None:
-        """With a `lease` the server shares its database with others and leads only while it
+        """`ca_pem`: the CA that signed this server's own TLS certificate, which the jobs it
+        starts are given to trust (`WARDEN_CA`). With a `lease` the server shares its database with others and leads only while it
         holds the lease (`warden.server.leader`): `executor` serves its first term,
         `make_executor` each later one. Without one it leads from `start` to `stop` (one
         server, and the in-process tests)."""
@@ -136,7 +138,8 @@ class Service:
         the same tokens, so a job's reports are taken by whichever server is up."""
         self.lease = lease
         """The lease this server contends for; None: it leads alone."""
-        self._roster = Roster(store.engine, lease.holder) if lease is not None and lease.holder.url else None
+        self.ca_pem = ca_pem
+        self._roster = Roster(store.engine, lease.holder, ca=ca_pem) if lease is not None and lease.holder.url else None
         """This server's row of the `servers` table (with a lease); None: it knows only itself."""
         self._servers: tuple[str, ...] = ()
         """The servers' URLs the roster read last."""
@@ -841,7 +844,18 @@ class Service:
         starts (`servers`), the job's reporter tries them in turn (`warden.workload.report`)."""
         if not self.url:
             return {}
-        return {"WARDEN_URL": ",".join(self.servers()), "WARDEN_REPORT_TOKEN": self.report_token(job_id, attempt)}
+        env = {"WARDEN_URL": ",".join(self.servers()), "WARDEN_REPORT_TOKEN": self.report_token(job_id, attempt)}
+        cas = self.trusted_cas()
+        if cas:
+            env["WARDEN_CA"] = "".join(cas)
+        return env
+
+    def trusted_cas(self) -> tuple[str, ...]:
+        """The CAs of this server's own certificate and of the other servers seen up: what a
+        job given their URLs trusts (`WARDEN_CA`, PEM text). None of them for servers with an
+        admin's certificate, which jobs check against the system's store."""
+        seen = self._roster.cas if self._roster is not None else ()
+        return tuple(dict.fromkeys(ca for ca in (self.ca_pem, *seen) if ca))
 
     def report(self, job_id: str, header: str | None, req: ReportRequest) -> dict[str, Any]:
         """Startup, progress and checkpoint reports: what the engine's victim cost (the last

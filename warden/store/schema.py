@@ -307,3 +307,6 @@ class ServerRow(Base):
     pid: Mapped[int] = mapped_column(Integer)
     seen_at: Mapped[float] = mapped_column(Double)
     """When the server last refreshed its row, by the database's clock."""
+    ca: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """The PEM certificate of the CA that signed the server's own TLS certificate (None: an
+    admin's certificate, or plain HTTP): jobs given its URL trust it (`WARDEN_CA`)."""

@@ -34,10 +34,15 @@ FORGET_S = 86_400.0
 class Roster:
     """One server's side of the `servers` table."""
 
-    def __init__(self, engine: Engine, holder: Holder, *, seen_s: float = SEEN_S) -> None:
+    def __init__(self, engine: Engine, holder: Holder, *, seen_s: float = SEEN_S, ca: str | None = None) -> None:
+        """`ca`: the PEM certificate of the CA that signed this server's TLS certificate, when
+        it is the server's own: what jobs given this server's URL must trust."""
         if not holder.url:
             raise ValueError("a server without a URL has no row in the servers table")
         self.holder = holder
+        self.ca = ca
+        self.cas: tuple[str, ...] = ()
+        """The CAs of the servers the last `beat` saw, each once, in their URLs' order."""
         self.seen_s = seen_s
         self._writer = writer(engine)
         self._forgot = False
@@ -46,7 +51,7 @@ class Roster:
         """Write this server's row, seen now, and return the URLs of every server seen within
         `seen_s` (this one among them), in order."""
         h = self.holder
-        row = {"holder": h.id, "host": h.host, "pid": h.pid}
+        row = {"holder": h.id, "host": h.host, "pid": h.pid, "ca": self.ca}
         try:
             with self._writer.begin() as conn:
                 now = db_now(conn)
@@ -56,13 +61,15 @@ class Roster:
                 if changed.rowcount == 0:
                     conn.execute(insert(SERVERS).values(url=h.url, seen_at=now, **row))
                 seen = conn.execute(
-                    select(SERVERS.c.url).where(SERVERS.c.seen_at >= now - self.seen_s).order_by(SERVERS.c.url)
-                )
-                urls = tuple(str(url) for (url,) in seen)
+                    select(SERVERS.c.url, SERVERS.c.ca)
+                    .where(SERVERS.c.seen_at >= now - self.seen_s)
+                    .order_by(SERVERS.c.url)
+                ).all()
         except IntegrityError:  # another run at this URL inserted it meanwhile: next time
             return ()
         self._forgot = True
-        return urls
+        self.cas = tuple(dict.fromkeys(str(ca) for _, ca in seen if ca))
+        return tuple(str(url) for url, _ in seen)
 
     def leave(self) -> None:
         """Delete this server's row, if it is still this run's (the server stops)."""

@@ -39,7 +39,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from warden.urls import BadServerUrl, ServerList, parse_urls, unreachable
+from warden.urls import BadServerUrl, ServerList, parse_urls, tls_context, unreachable
 
 if TYPE_CHECKING:
     import urllib.request
@@ -107,13 +107,16 @@ class Reporter:
         min_interval: float = 10.0,
         timeout: float = 2.0,
         started_at: float | None = None,
+        ca: str | None = None,
     ) -> None:
         """``url``/``job_id`` None or empty disable the reporter; ``url`` may name several
         servers separated by commas (one that is not a URL makes every report fail, saying
         so). ``min_interval`` bounds the rate of progress calls; ``timeout`` bounds every HTTP
         call (a synchronous checkpoint report can delay a SIGTERM save by at most that, once
         per server that does not answer). ``started_at`` is the reference for
-        ``startup_finished`` (default: this process's start)."""
+        ``startup_finished`` (default: this process's start). ``ca``: the certificates an
+        https:// server is checked against (``WARDEN_CA``, the servers' own CA as warden gives
+        it: PEM text or a file; default the system's store)."""
         self.enabled: bool = bool(url) and bool(job_id)
         self.attempt = attempt
         self.min_interval = min_interval
@@ -134,11 +137,17 @@ class Reporter:
             if token:
                 self._headers["Authorization"] = f"Bearer {token}"
             # 15 ms of imports, only paid when there is somewhere to report to.
-            from urllib.request import ProxyHandler, build_opener
+            from urllib.request import HTTPSHandler, ProxyHandler, build_opener
 
             # The server is on the cluster's network: a job's HTTP(S)_PROXY (meant for
             # downloads) must not route reports through a proxy that cannot reach it.
-            self._opener = build_opener(ProxyHandler({}))
+            handlers: list[urllib.request.BaseHandler] = [ProxyHandler({})]
+            if self._servers is not None and any(u.startswith("https:") for u in self._servers.urls):
+                try:
+                    handlers.append(HTTPSHandler(context=tls_context(ca, "WARDEN_CA")))
+                except BadServerUrl as err:
+                    self._bad_url = str(err)
+            self._opener = build_opener(*handlers) if self._bad_url is None else None
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._next_progress_at = float("-inf")  # monotonic; the first progress goes out at once
@@ -170,7 +179,12 @@ class Reporter:
             except ValueError:
                 pass
         return cls(
-            url, env.get("WARDEN_JOB_ID"), env.get("WARDEN_REPORT_TOKEN"), _int(env.get("WARDEN_ATTEMPT"), 1), **kwargs
+            url,
+            env.get("WARDEN_JOB_ID"),
+            env.get("WARDEN_REPORT_TOKEN"),
+            _int(env.get("WARDEN_ATTEMPT"), 1),
+            ca=env.get("WARDEN_CA") or None,
+            **kwargs,
         )
 
     # -- the reports ---------------------------------------------------------------------------
