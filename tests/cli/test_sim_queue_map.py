@@ -109,7 +109,9 @@ def test_without_a_map_a_policy_file_missing_the_trace_queues_points_at_it(trace
         ("", ["must map trace queues to leaf queues", "got nothing"]),
         ('6214e9: "vi sion"\n', ["the entry for '6214e9'", "not a valid queue name", "'vi sion'"]),
         ("6214e9: [vision, language]\n", ["the entry for '6214e9' must be one leaf queue's name"]),
-        ("6214e9: vision\n  oops: [\n", ["is not YAML"]),
+        ("6214e9: vision\n  oops: [\n", ["YAML syntax error"]),
+        ("6214e9: &q vision\n012: *q\n", ["YAML aliases (*q) are not accepted (line 2, column 6)"]),
+        ("6214e9: vision\n6214e9: language\n", ["duplicate key '6214e9': given twice (line 2, column 1)"]),
     ],
 )
 def test_a_bad_map_is_refused_by_name_before_anything_runs(

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from serverproc import Server, server_fixture, submit, until_state
+from serverproc import Server, cli, server_fixture, submit, until_state
 
 from warden.engine.policy import PolicyError, parse_policy
 from warden.server.fairuse import SubmissionRate
@@ -76,6 +76,48 @@ def test_a_replayed_submission_takes_no_second_token(server: Server) -> None:
         for _ in range(4):
             submit(c, **JOB)
         assert c.post("/v1/jobs", json=body).status_code == 429
+
+
+def test_dry_runs_draw_on_the_submission_rate_and_a_flood_of_them_is_refused(server: Server) -> None:
+    """A dry run plans as a pass does: a user's dry runs take tokens of the same bucket as their
+    submissions, a refused one (422) none, and past the burst both answer 429 with Retry-After,
+    through the API and through `warden submit --dry-run`. An admin's are not limited."""
+    with server.client() as admin, client(server, admin, "planner") as planner:
+        body = dict(JOB, workdir=str(Path.cwd()))
+        bad = planner.post("/v1/jobs", params={"dry_run": "true"}, json=dict(body, queue="nowhere"))
+        assert bad.status_code == 422, bad.text
+        answers = [planner.post("/v1/jobs", params={"dry_run": "true"}, json=body) for _ in range(8)]
+        assert [r.status_code for r in answers] == [200] * 5 + [429] * 3, [r.text for r in answers]
+        refusal = answers[5]
+        error = refusal.json()["error"]
+        assert (error["field"], error["value"]) == ("user", "planner")
+        assert "dry-runs and submits faster than the limit of 0.001 jobs per second" in error["message"]
+        assert "dry runs counted" in error["message"]
+        assert "limits.submissions_per_second_per_user" in error["message"]
+        assert int(refusal.headers["Retry-After"]) >= 1
+        assert planner.post("/v1/jobs", json=body).status_code == 429  # one bucket for both
+        assert job_count(admin) == 0
+
+        token = admin.post("/v1/tokens", json={"user": "planner", "role": "user"}).json()["token"]
+        done = cli(
+            server.url,
+            "submit",
+            "-q",
+            "vision",
+            "-t",
+            "3",
+            "--dry-run",
+            "--",
+            sys.executable,
+            "-c",
+            "pass",
+            token=token,
+        )
+        assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+        assert "dry-runs and submits faster than the limit" in " ".join(done.stderr.split()), done.stderr
+
+        for _ in range(8):  # an admin's dry runs are not limited
+            assert admin.post("/v1/jobs", params={"dry_run": "true"}, json=body).status_code == 200
 
 
 def test_waiting_jobs_are_limited_per_user_and_per_queue(server: Server) -> None:

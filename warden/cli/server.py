@@ -137,14 +137,16 @@ def _load_config(ctx: typer.Context, _param: object, path: Path | None) -> Path 
         return None
     import yaml
 
-    from warden.engine.safeyaml import load_yaml
+    from warden.engine.safeyaml import describe, load_yaml
 
     try:
         data = load_yaml(path.read_text())
     except OSError as err:
         fail(f"--config: cannot read {str(path)!r}: {err.strerror or err}")
+    except UnicodeDecodeError as err:
+        fail(f"--config: cannot read {str(path)!r}: not UTF-8 text ({err.reason} at byte {err.start})")
     except yaml.YAMLError as err:
-        fail(f"--config: {str(path)!r} is not YAML: {err}")
+        fail(f"--config {str(path)!r}: {describe(err)}")
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -338,7 +340,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Run the warden server on this machine."""
-        from warden.engine.policy import PolicyError
+        from warden.engine.policy import PolicyError, load_policy
         from warden.executors.ray import RayError
         from warden.executors.slurm import SlurmError
         from warden.server.app import Settings, serve
@@ -395,6 +397,13 @@ def register(app: typer.Typer) -> None:
                 "--plain-http for plain HTTP)"
             )
         token = _bootstrap_token(bootstrap_token_file)
+        if policy is not None:
+            try:
+                load_policy(policy)  # a refused file is reported before anything is made
+            except PolicyError as err:
+                for issue in err.issues:
+                    typer.echo(f"{policy}: {issue}", err=True)
+                raise typer.Exit(2) from None
         if state_dir is not None:
             os.environ["WARDEN_STATE_DIR"] = str(state_dir)
         try:

@@ -46,7 +46,7 @@ from warden.engine.durations import (
     parse_duration,
 )
 from warden.engine.durations import refuse as _refuse
-from warden.engine.safeyaml import AliasRefused, SafeLoader
+from warden.engine.safeyaml import REFUSALS, SafeLoader, describe
 
 __all__ = [
     "Aging",
@@ -519,13 +519,14 @@ class Limits(_Spec):
         gt=0,
         le=1e6,
         allow_inf_nan=False,
-        description="Sustained submissions per second of one user (a token bucket; admins are exempt).",
+        description="Sustained submissions per second of one user, dry runs counted (a token bucket; admins are "
+        "exempt).",
     )
     submission_burst_per_user: int = Field(
         default=100,
         ge=1,
         le=_INT32_MAX,
-        description="Submissions one user may make at once before the per-second rate applies.",
+        description="Submissions (dry runs counted) one user may make at once before the per-second rate applies.",
     )
 
 
@@ -829,49 +830,19 @@ class Policy(_Spec):
 # ------------------------------------------------------------------------------------- loading
 
 
-class _StrictLoader(SafeLoader):  # type: ignore[misc, unused-ignore]  # Any, without the hints
-    """PyYAML keeps the last of duplicate keys silently; a policy file must not lose settings,
-    so each duplicate is noted (`duplicates`) and refused with the file's other problems.
-    Aliases are refused (`warden.engine.safeyaml`)."""
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self.duplicates: list[PolicyIssue] = []
-
-
-def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        try:
-            duplicate = key in seen
-            seen.add(key)
-        except TypeError:  # unhashable: construct_mapping reports it
-            continue
-        if duplicate:
-            mark = key_node.start_mark
-            where = f"line {mark.line + 1}, column {mark.column + 1}"
-            loader.duplicates.append(PolicyIssue("<file>", MISSING, f"duplicate key {key!r} at {where}: given twice"))
-    mapping: dict[Any, Any] = loader.construct_mapping(node)
-    return mapping
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
-
-
 def _load_yaml(text: str, source: str) -> tuple[Any, list[PolicyIssue]]:
-    """The document and its duplicate keys; a YAML syntax error (after which nothing more can
-    be read) is a PolicyError of its own."""
+    """The document and its duplicate keys (`warden.engine.safeyaml`: a policy file must not
+    lose a setting given twice, and each one is reported with the file's other problems); a
+    YAML error (after which nothing more can be read) is a PolicyError of its own."""
     loader = None
     try:
-        loader = _StrictLoader(text)  # its reader refuses a character YAML does not allow
-        return loader.get_single_data(), loader.duplicates
+        loader = SafeLoader(text)  # its reader refuses a character YAML does not allow
+        data = loader.get_single_data()
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err)
-        if isinstance(err, AliasRefused):
+        problem = getattr(err, "problem", None) or describe(err).removeprefix("YAML syntax error: ")
+        if isinstance(err, REFUSALS):
             message = f"{problem} ({where})" if where else problem
         else:
             message = f"YAML syntax error at {where}: {problem}" if where else f"YAML syntax error: {problem}"
@@ -880,6 +851,10 @@ def _load_yaml(text: str, source: str) -> tuple[Any, list[PolicyIssue]]:
     finally:
         if loader is not None:
             loader.dispose()
+    duplicates = [
+        PolicyIssue("<file>", MISSING, f"duplicate key {d.key!r} at {d.where}: given twice") for d in loader.duplicates
+    ]
+    return data, duplicates
 
 
 def parse_policy(data: Mapping[str, Any] | str | None, source: str = "<policy>") -> Policy:

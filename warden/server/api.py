@@ -83,7 +83,7 @@ _ANSWERS = {
     413: "the request body is larger than the policy's limits.max_body_bytes",
     422: "a field, parameter or header is invalid or above a limit",
     429: (
-        "a limit of the user's is reached: it submits faster than its limit, too many jobs of the user or "
+        "a limit of the user's is reached: it submits (dry runs counted) faster than its limit, too many jobs of the user or "
         "queue wait, or it already has as many of these requests in progress as one user may"
     ),
 }
@@ -248,7 +248,8 @@ def install_role_header(app: FastAPI, service: Service) -> None:
     app.add_middleware(RoleHeader, service=service)
 
 
-JobId = Annotated[str, Path(description="a job id: ASCII digits, at most 2^63 - 1")]
+JobId = Annotated[str, Path(description="a job id: ASCII digits, from 1 to 2^63 - 1")]
+TokenId = Annotated[str, Path(description="a token id (`GET /v1/tokens`): ASCII digits, from 1 to 2^63 - 1")]
 IdempotencyKey = Annotated[
     str | None,
     Header(
@@ -537,7 +538,7 @@ def build_router(service: Service) -> APIRouter:
         return [_token_view(t) for t in service.list_tokens(who)]
 
     @r.delete("/tokens/{token_id}", responses=errors(401, 403, 404, 409))
-    def revoke_token(token_id: int, who: Caller) -> dict[str, Any]:
+    def revoke_token(token_id: TokenId, who: Caller) -> dict[str, Any]:
         """Revoke a token (by its id in `GET /v1/tokens`): refused from the next request on."""
         return _token_view(service.revoke_token(token_id, who))
 

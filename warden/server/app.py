@@ -55,6 +55,7 @@ from warden.server.watchdog import Watchdog
 from warden.store.db import connect, default_url, migrate, secure_sqlite_files
 from warden.store.leadership import Lease
 from warden.store.nodes import NodeRecord
+from warden.store.pgtrust import trust_warning
 from warden.store.repo import Store
 
 log = logging.getLogger("warden.server")
@@ -116,8 +117,8 @@ def _policy(store: Store, path: Path | None, now: float) -> Policy:
     else the default."""
     current = store.current_policy()
     if path is not None:
-        source = path.read_text()
-        policy = load_policy(path)
+        policy = load_policy(path)  # refuses a file that cannot be read or is not UTF-8
+        source = path.read_text(encoding="utf-8")
         if current is None or current.source != source:
             version = store.apply_policy(source, policy.to_dict(), "server", now)
             store.audit("server", "policy.apply", f"file/{path}", {"version": version}, now)
@@ -228,6 +229,9 @@ def build_service(
     engine = connect(url)
     migrate(engine)
     secure_sqlite_files(engine)
+    trusting = trust_warning(engine)  # a PostgreSQL that lets jobs in as warden
+    if trusting is not None:
+        _warn(trusting, say)
     store = Store(engine)
     api_url = settings.advertise_url or f"{settings.scheme}://{_url_host(settings.host)}:{settings.port}"
     lease: Lease | None = None

@@ -7,13 +7,14 @@ bodies from here, not from the routes, so the two do not import each other.
 
 # No `from __future__ import annotations`: pydantic and FastAPI read these types at run time.
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from warden.engine.policy import Duration
 from warden.server.auth import TOKEN_LIFETIME_MAX_S
-from warden.server.errors import shorten
+from warden.server.errors import ApiError, shorten
 
 INT32_MAX = 2**31 - 1
 """The largest count the database holds in an Integer column on every backend."""
@@ -22,6 +23,17 @@ NAME_CHARS = 255
 """Names, queues, flavors and users are String(255) columns."""
 SECONDS_MAX = 1e9
 """About 30 years: the longest duration a report may state."""
+ID_RE = re.compile(r"[0-9]{1,19}")
+"""A stored row's id as a path gives it: ASCII digits (str.isdigit also takes '¹' and '٣')."""
+
+
+def stored_id(what: str, value: str) -> int:
+    """The id of the job or token a path names. Every id the store gives is from 1 to 2^63 - 1
+    (a BIGINT key on every backend); any other text names nothing stored, so it is a 404
+    naming the value, never a database error on a number the column cannot hold."""
+    if not ID_RE.fullmatch(value) or not 1 <= int(value) <= INT64_MAX:
+        raise ApiError(404, "id", value, f"no such {what}: a {what} id is ASCII digits, from 1 to 2^63 - 1")
+    return int(value)
 
 
 def clean_text(text: str) -> str:

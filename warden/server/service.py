@@ -10,7 +10,6 @@ import json
 import logging
 import math
 import os
-import re
 import secrets
 import stat
 import threading
@@ -42,7 +41,7 @@ from warden.server.metrics import ServerMetrics
 from warden.server.nodes import recorded_inventory
 from warden.server.policydiff import policy_diff
 from warden.server.reconcile import Reconciler
-from warden.server.requests import ReportRequest, SubmitRequest, TokenRequest
+from warden.server.requests import ReportRequest, SubmitRequest, TokenRequest, stored_id
 from warden.store.jobs import DuplicateSubmission, EarlierSubmission, StoredJob, TooManyWaiting, WaitingLimits
 from warden.store.leadership import Lease, NotLeader
 from warden.store.repo import Store
@@ -89,11 +88,6 @@ class Submitted(NamedTuple):
     state: JobState
     replayed: bool = False
     """The job was submitted earlier with the same Idempotency-Key: this is its first answer."""
-
-
-JOB_ID_RE = re.compile(r"[0-9]{1,19}")
-"""A job id: ASCII digits (str.isdigit also takes '¹' and '٣'), within int64 (checked too)."""
-INT64_MAX = 2**63 - 1
 
 
 class Service:
@@ -486,9 +480,7 @@ class Service:
             raise forbidden(who, what)
 
     def job(self, job_id: str) -> StoredJob:
-        if not JOB_ID_RE.fullmatch(job_id) or int(job_id) > INT64_MAX:
-            raise ApiError(404, "id", job_id, "no such job: a job id is ASCII digits, at most 2^63 - 1")
-        job = self.store.get(int(job_id))
+        job = self.store.get(stored_id("job", job_id))
         if job is None:
             raise ApiError(404, "id", job_id, "no such job")
         return job
@@ -511,21 +503,23 @@ class Service:
             self.submission_rate.give_back(who.user, limits.submission_burst_per_user)
             raise
 
-    def _check_rate(self, who: Principal, limits: Limits) -> None:
-        """Each user's submissions are limited to a rate with a burst (`limits.
-        submissions_per_second_per_user`, `limits.submission_burst_per_user`); admins' are not."""
+    def _check_rate(self, who: Principal, limits: Limits, dry_run: bool = False) -> None:
+        """Each user's submissions and dry runs together are limited to a rate with a burst
+        (`limits.submissions_per_second_per_user`, `limits.submission_burst_per_user`); admins'
+        are not."""
         if who.is_admin:
             return
         rate, burst = limits.submissions_per_second_per_user, limits.submission_burst_per_user
         wait = self.submission_rate.take(who.user, rate, burst)
         if wait is not None:
+            what = "dry-runs and submits" if dry_run else "submits"
             raise ApiError(
                 429,
                 "user",
                 who.user,
-                f"submits faster than the limit of {rate:g} jobs per second after a burst of {burst} (the "
-                f"policy's limits.submissions_per_second_per_user and limits.submission_burst_per_user); "
-                f"retry in {span(wait)}",
+                f"{what} faster than the limit of {rate:g} jobs per second after a burst of {burst}, dry "
+                "runs counted (the policy's limits.submissions_per_second_per_user and "
+                f"limits.submission_burst_per_user); retry in {span(wait)}",
                 {"Retry-After": str(max(1, math.ceil(wait)))},
             )
 
@@ -618,8 +612,12 @@ class Service:
     def dry_run(self, req: SubmitRequest, who: Principal) -> tuple[Verdict, JobState, float]:
         """What the engine would decide for this submission now, on the live snapshot: it is
         checked as `submit` checks it, planned as the next pass would plan it, and nothing is
-        stored, signalled or started. The job gets the id the store would give it next."""
+        stored, signalled or started. The job gets the id the store would give it next. A
+        dry run that passes the checks takes one of the user's submission tokens (`_check_rate`):
+        planning costs what a submission's pass does, so a user's dry runs and submissions share
+        one rate."""
         checked = self._check_submission(req, who, dry_run=True)
+        self._check_rate(who, self.policy.limits, dry_run=True)
         # One dry run at a time, planned outside the loop's lock: a storm of them costs the
         # API's callers, not the reconcile loop.
         with self._dry_runs:
@@ -1004,15 +1002,16 @@ class Service:
         self.require_admin(who, "list tokens")
         return self.store.list_tokens()
 
-    def revoke_token(self, token_id: int, who: Principal) -> TokenInfo:
+    def revoke_token(self, token: str, who: Principal) -> TokenInfo:
         """Revoke a token by id; it is refused from the next request on (the cache forgets it
         here). 404 when there is no such token, 409 when it is revoked already."""
         self.require_admin(who, "revoke tokens")
+        token_id = stored_id("token", token)
         if self.store.token_by_id(token_id) is None:
-            raise ApiError(404, "id", token_id, "no such token")
+            raise ApiError(404, "id", token, "no such token")
         now = self.now()
         if not self.store.revoke_token(token_id, now):
-            raise ApiError(409, "id", token_id, "the token is revoked already")
+            raise ApiError(409, "id", token, "the token is revoked already")
         with self._tokens_lock:
             for secret in [k for k, v in self._tokens.items() if v[2].id == token_id]:
                 self._tokens.pop(secret, None)

@@ -23,7 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from warden.engine.model import DEFAULT_FLAVOR, Node
-from warden.engine.safeyaml import load_yaml
+from warden.engine.safeyaml import describe, load_yaml
 
 
 class ClusterError(ValueError):
@@ -84,10 +84,14 @@ def load_cluster(path: str | Path) -> tuple[Node, ...]:
         text = p.read_text()
     except OSError as err:
         raise ClusterError(f"--cluster: cannot read {str(p)!r}: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise ClusterError(
+            f"--cluster: cannot read {str(p)!r}: not UTF-8 text ({err.reason} at byte {err.start})"
+        ) from None
     try:
         data = load_yaml(text)
     except yaml.YAMLError as err:
-        raise ClusterError(f"{p}: not valid YAML: {err}") from None
+        raise ClusterError(f"--cluster {p}: {describe(err)}") from None
     return parse_cluster(data, str(p))
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from warden.engine.policy import PolicyError, check_queue_name
+from warden.engine.safeyaml import describe, load_yaml
 from warden.sim.records import Trace
 
 REST = "*"
@@ -59,10 +60,12 @@ def load_queue_map(path: str | Path) -> QueueMap:
         text = Path(path).read_text()
     except OSError as err:
         raise empty.refused(err.strerror or "cannot be read") from None
+    except UnicodeDecodeError as err:
+        raise empty.refused(f"is not UTF-8 text ({err.reason} at byte {err.start})") from None
     try:
-        data = yaml.load(text, Loader=yaml.BaseLoader)  # every scalar as text: names as written
+        data = load_yaml(text, text_only=True)  # every scalar as text: names as written
     except yaml.YAMLError as err:
-        raise empty.refused(f"is not YAML: {err}") from None
+        raise empty.refused(describe(err)) from None
     if not isinstance(data, dict) or not data:
         raise empty.refused(
             f"must map trace queues to leaf queues, one `trace_queue: leaf` a line (and `{REST!r}: leaf` for "
