@@ -139,3 +139,11 @@ def test_describe_a_running_job_says_where_since_when_its_lease_end_and_eta() ->
     assert "its lease ended at" in over and "(1m ago): preemptible" in over
     never = " ".join(warden(detail(row("2", tier=1, started_at=now - 60)), "describe", "2").split())
     assert "never preempted (its tier is not preemptible)" in never
+
+
+def test_describe_says_when_a_finished_jobs_command_was_dropped() -> None:
+    dropped = detail(row("4", "SUCCEEDED"), command=[], command_expired_at=time.time() - 120)
+    flat = " ".join(warden(dropped, "describe", "4").split())
+    assert "command: dropped at" in flat and "(2m ago) to make room (limits.max_stored_bytes_per_user)" in flat
+    kept = " ".join(warden(detail(row("5", "SUCCEEDED"), command_expired_at=None), "describe", "5").split())
+    assert "command: python train.py" in kept

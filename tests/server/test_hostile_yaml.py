@@ -17,6 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from warden.server.app import Settings, build_service, create_app
+from warden.server.export import Export
 from warden.server.service import Service
 
 TOKEN = "hostile-admin-token"
@@ -132,7 +133,7 @@ class Gate:
     ("method", "attribute", "result", "request_args"),
     [
         ("diff_policy", "diff_policy", {"changes": []}, ("POST", "/v1/policy/diff", {"source": POLICY})),
-        ("export_history", "export_history", [], ("GET", "/v1/history/export", None)),
+        ("export_history", "export_history", Export(0, None, iter(())), ("GET", "/v1/history/export", None)),
     ],
     ids=["policy-diff", "history-export"],
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import json
 import threading
 import tomllib
 from collections.abc import Iterator
@@ -176,3 +177,45 @@ def test_0015_says_what_measured_lost_work_rests_on_and_charges_a_cancel_nothing
         6: (None, None),
     }
     assert store.get(1).saves_on_sigterm is False  # type: ignore[union-attr]
+
+
+def test_0017_counts_the_bytes_each_user_keeps_from_the_jobs_already_stored(engine: Engine) -> None:
+    """Every job stored before 0017, finished or not, counts toward its user's `user_storage`
+    row, as `stored_bytes` counts it; a user with no job has no row; submissions add to it."""
+    from alembic import command
+
+    from warden.store.jobs import stored_bytes
+
+    config = alembic_config()
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0016")
+    jobs = {  # id: (user, state, command, env, workdir)
+        1: ("ana", "SUCCEEDED", ["python", "tráin.py"], {"K": "v" * 700}, "/home/ana"),
+        2: ("ana", "PENDING", ["sleep", "1"], {}, ""),
+        3: ("bo", "CANCELLED", ["x" * 1200], {"LANG": "C.UTF-8"}, "/"),
+    }
+    jobs.update({i: ("cy", "FAILED", ["true"], {}, "/tmp") for i in range(4, 1204)})  # more than a batch
+    insert = text(
+        'INSERT INTO jobs (name, "user", queue, tier, state, replicas, gpus, cpu, memory, placement, command, '
+        "workdir, env, submit_at, preempted_at, saves_on_sigterm) VALUES ('x', :user, 'q', 3, :state, 1, 1, 0, 0, "
+        "'any', :command, :workdir, :env, :at, '[]', false)"
+    )
+    with engine.begin() as conn:
+        conn.execute(
+            insert,
+            [
+                {"user": u, "state": s, "command": json.dumps(c), "workdir": w, "env": json.dumps(e), "at": i}
+                for i, (u, s, c, e, w) in jobs.items()
+            ],
+        )
+    migrate(engine)
+    store = Store(engine)
+    expected = {u: 0 for u, *_ in jobs.values()}
+    for u, _, c, e, w in jobs.values():
+        expected[u] += stored_bytes(c, e, w)
+    assert {u: store.stored_bytes_of(u) for u in expected} == expected
+    assert expected["cy"] == 1200 * 8
+    assert store.stored_bytes_of("nobody") == 0
+    store.submit(name="y", user="bo", queue="q", tier=3, command=["ab"], env={"c": "d"}, actor="bo", now=2e6)
+    assert store.stored_bytes_of("bo") == expected["bo"] + 4

@@ -763,6 +763,8 @@ def _print_job(j: dict[str, Any]) -> None:
     con = tables.console()
     now = time.time()
     command = shlex.join(j["command"]) if "command" in j else "hidden (another user's job)"
+    if j.get("command_expired_at") is not None:  # dropped to make room under limits.max_stored_bytes_per_user
+        command = f"dropped at {_clock(j['command_expired_at'], now)} to make room (limits.max_stored_bytes_per_user)"
     state = shown_state(j)
     con.print(
         f"[bold]job {j['id']}[/bold] {j['name']}  user {j['user']}  queue {j['queue']}  tier {j['tier']}  "

@@ -480,6 +480,8 @@ class SchedulingSpec(_Spec):
 
 _INT32_MAX = 2**31 - 1
 """The largest count a database Integer column holds on every backend."""
+_INT64_MAX = 2**63 - 1
+"""The largest count a database BigInteger column holds."""
 
 
 class Limits(_Spec):
@@ -527,6 +529,15 @@ class Limits(_Spec):
         ge=1,
         le=_INT32_MAX,
         description="Submissions (dry runs counted) one user may make at once before the per-second rate applies.",
+    )
+    max_stored_bytes_per_user: int = Field(
+        default=1 << 30,
+        ge=1,
+        le=_INT64_MAX,
+        description=(
+            "UTF-8 bytes of command, env and workdir that one user's jobs keep, finished ones "
+            "included (admins are exempt)."
+        ),
     )
 
 

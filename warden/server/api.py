@@ -11,12 +11,14 @@ Bad input gets a 4xx and a JSON body naming the field and the value
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Annotated, Any, Literal
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from contextlib import ExitStack
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from warden.engine.model import JobState
@@ -25,7 +27,7 @@ from warden.server.auth import Principal, bearer
 from warden.server.busy import PerUserLimit
 from warden.server.errors import ApiError, ErrorBody, error_body, safe_value, shorten
 from warden.server.explanations import wall_times
-from warden.server.export import PARQUET_HINT, assumption_warning, to_csv, to_parquet
+from warden.server.export import PARQUET_HINT, Export, csv_chunks, parquet_chunks
 from warden.server.history import MOST_SAMPLES, SPAN_MAX_S, history_view
 from warden.server.requests import INT32_MAX, INT64_MAX, Name, PolicyRequest, ReportRequest, SubmitRequest, TokenRequest
 from warden.server.service import Service
@@ -41,6 +43,12 @@ from warden.server.views import (
 )
 from warden.store.tokens import TokenInfo
 
+T = TypeVar("T")
+EXPORT_FILES = {
+    "native": ("warden-trace.csv", "text/csv; charset=utf-8"),
+    "parquet": ("warden-trace.parquet", "application/vnd.apache.parquet"),
+}
+"""`GET /v1/history/export`'s file name and media type for each format."""
 PRIVATE_FIELDS = ("command", "workdir")
 """What `GET /v1/jobs/{id}` leaves out of another user's job under `--private-data jobs`."""
 
@@ -340,9 +348,9 @@ def build_router(service: Service) -> APIRouter:
     ) -> list[dict[str, Any]]:
         """Jobs holding resources (by id), then waiting ones in rank order, then finished ones;
         `X-Total-Count` is how many match the filters, whatever the page."""
-        rows = listed_jobs(service.store, queue, _states(state, include_finished=all), user)
-        response.headers["X-Total-Count"] = str(len(rows))
-        page = rows[offset : offset + limit if limit is not None else None]
+        listing = listed_jobs(service.store, queue, _states(state, include_finished=all), user, offset, limit)
+        response.headers["X-Total-Count"] = str(listing.total)
+        page = listing.page
         now, policy = service.now(), service.policy
         view = service.forecasts.view
         cycles = cycles_of(service.store, (job for job, _ in page), policy)
@@ -504,28 +512,34 @@ def build_router(service: Service) -> APIRouter:
         """The jobs submitted at `since` or later that have run, as a native trace
         (docs/traces.md) that `warden sim run --trace` loads as it is. Where durations rest on
         an assumption (`duration_basis` not `observed`), a `Warning: 299` header counts them.
-        One in progress per user at a time (429)."""
+        One in progress per user at a time (429), held until its rows are sent: they are read
+        and sent a batch of jobs at a time, so its cost does not grow with its window."""
         now = service.now()
         start = _finite("since", since) if since is not None else now - EXPORT_DEFAULT_S
         if now - start > EXPORT_MAX_S:
             raise ApiError(422, "since", since, f"is more than {EXPORT_MAX_S / DAY_S:.0f} days ago")
-        with exports.hold(who.user):
-            return _export(service.export_history(start), format)
+        with ExitStack() as held:
+            held.enter_context(exports.hold(who.user))
+            export = service.export_history(start)
+            chunks = _chunks(export, format)
+            sent = held.pop_all()  # held until the rows are sent, or the sending stops
+        headers = {"X-Total-Count": str(export.total)}
+        if export.warning is not None:
+            headers["Warning"] = f'299 - "{export.warning}"'
+        name, media = EXPORT_FILES[format]
+        headers["Content-Disposition"] = f'attachment; filename="{name}"'
+        return StreamingResponse(
+            _releasing(chunks, sent), media_type=media, headers=headers, background=BackgroundTask(sent.close)
+        )
 
-    def _export(rows: list[Any], format: str) -> Response:
-        headers = {"X-Total-Count": str(len(rows))}
-        warning = assumption_warning(rows)
-        if warning is not None:
-            headers["Warning"] = f'299 - "{warning}"'
+    def _chunks(export: Export, format: str) -> Iterator[str] | Iterator[bytes]:
+        """The export's rows as they are read (`warden.server.export`), in `format`."""
         if format == "native":
-            headers["Content-Disposition"] = 'attachment; filename="warden-trace.csv"'
-            return Response(content=to_csv(rows), media_type="text/csv; charset=utf-8", headers=headers)
+            return csv_chunks(export.rows)
         try:
-            body = to_parquet(rows)
+            return parquet_chunks(export.rows)
         except ImportError:
             raise ApiError(422, "format", format, PARQUET_HINT) from None
-        headers["Content-Disposition"] = 'attachment; filename="warden-trace.parquet"'
-        return Response(content=body, media_type="application/vnd.apache.parquet", headers=headers)
 
     @r.post("/tokens", status_code=201, responses=errors(401, 403))
     def create_token(req: TokenRequest, who: Caller) -> dict[str, Any]:
@@ -557,6 +571,15 @@ def _finite(field: str, value: float) -> float:
     if not math.isfinite(value):
         raise ApiError(422, field, value, "is not a finite number of seconds")
     return value
+
+
+def _releasing(chunks: Iterator[T], held: ExitStack) -> Iterator[T]:
+    """`chunks`, then `held` let go, however the sending ends: the response's background task
+    lets it go too, should the generator never be closed."""
+    try:
+        yield from chunks
+    finally:
+        held.close()
 
 
 def _states(state: list[str] | None, include_finished: bool) -> set[str] | None:

@@ -33,21 +33,25 @@ from __future__ import annotations
 import csv
 import io
 import statistics
-from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import astuple, dataclass
+from typing import Any
 
 from warden.engine.accounting import assumed_startup
 from warden.engine.model import JobState
 from warden.engine.policy import Policy
-from warden.store.jobs import StoredAttempt, StoredJob
+from warden.store.jobs import EXPORT_FINISHED, JobHead, StoredAttempt
+from warden.store.repo import Store
 from warden.traces import NATIVE_COLUMNS, native_cell
 
 FORMATS = ("native", "parquet")
 """`?format=`: native CSV (text/csv), or the same columns as Parquet."""
 PARQUET_HINT = "writing Parquet needs pyarrow on the server: pip install 'gpu-warden[parquet]'"
-FINISHED = frozenset({JobState.SUCCEEDED, JobState.FAILED})
+FINISHED = frozenset(JobState(s) for s in EXPORT_FINISHED)
 """The states in which a job has shown all the work it needs: it ended by itself."""
+BATCH = 500
+"""Jobs read (with their attempts) and written at a time: an export holds one batch, however
+long its window."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +78,7 @@ class ExportedJob:
     duration_basis: str
 
 
-def exported_job(job: StoredJob, attempts: Sequence[StoredAttempt], policy: Policy, now: float) -> ExportedJob:
+def exported_job(job: JobHead, attempts: Sequence[StoredAttempt], policy: Policy, now: float) -> ExportedJob:
     """A job and its attempts as one trace row (the module docstring says how)."""
     gpus = job.gpus * job.replicas
     reported = [a.startup_s for a in attempts if a.startup_s is not None]
@@ -142,42 +146,132 @@ def _saved_on_sigterm(a: StoredAttempt) -> bool:
     return a.sigterm_at is not None and a.last_checkpoint_at is not None and a.last_checkpoint_at >= a.sigterm_at
 
 
-def export_rows(
-    history: Iterable[tuple[StoredJob, Sequence[StoredAttempt]]], policy: Policy, now: float
-) -> list[ExportedJob]:
-    return [exported_job(job, attempts, policy, now) for job, attempts in history]
+@dataclass(frozen=True, slots=True)
+class Export:
+    """An export as `GET /v1/history/export` sends it: what its headers say, read before any
+    row, and its rows, read from the store `BATCH` jobs at a time as they are written."""
+
+    total: int
+    """How many rows it has (`X-Total-Count`)."""
+    warning: str | None
+    """`assumption_warning`'s sentence, if any."""
+    rows: Iterator[ExportedJob]
 
 
-def assumption_warning(rows: Sequence[ExportedJob]) -> str | None:
-    """One sentence counting the rows whose duration rests on an assumption (None: none does)."""
-    counts = Counter(r.duration_basis for r in rows)
+def export(store: Store, since: float, policy: Policy, now: float) -> Export:
+    """The jobs submitted at `since` or later that have run, as trace rows: their ids and how
+    many rest on an assumption from one read (`Store.export_window`), then each batch of jobs
+    with its attempts (`Store.export_batch`), so that an export costs one batch of memory. A
+    job's row is as it is when its batch is read: one that finishes meanwhile is exported
+    finished, though the warning counted it as unfinished."""
+    window = store.export_window(since)
+
+    def rows() -> Iterator[ExportedJob]:
+        for start in range(0, len(window.ids), BATCH):
+            for job, attempts in store.export_batch(window.ids[start : start + BATCH]):
+                yield exported_job(job, attempts, policy, now)
+
+    total = len(window.ids)
+    return Export(total, assumption_warning(total, window.unfinished, window.assumed), rows())
+
+
+def assumption_warning(total: int, at_least: int, assumed: int) -> str | None:
+    """One sentence counting the rows of `total` whose duration rests on an assumption: `at_least`
+    that never finished, `assumed` whose lost work was assumed (None: none does)."""
     parts = []
-    if counts["at_least"]:
-        parts.append(f"{counts['at_least']} never finished (at_least: they need at least what they ran)")
-    if counts["assumed"]:
-        parts.append(f"{counts['assumed']} had their lost work assumed at a preemption (assumed: they may need more)")
+    if at_least:
+        parts.append(f"{at_least} never finished (at_least: they need at least what they ran)")
+    if assumed:
+        parts.append(f"{assumed} had their lost work assumed at a preemption (assumed: they may need more)")
     if not parts:
         return None
-    total = counts["at_least"] + counts["assumed"]
-    return f"{total} of {len(rows)} durations rest on an assumption: " + "; ".join(parts) + " (column duration_basis)"
+    return (
+        f"{at_least + assumed} of {total} durations rest on an assumption: "
+        + "; ".join(parts)
+        + " (column duration_basis)"
+    )
 
 
-def to_csv(rows: Iterable[ExportedJob]) -> str:
-    """The native CSV: a header of every column, an empty cell where a value is not set."""
+def csv_chunks(rows: Iterable[ExportedJob]) -> Iterator[str]:
+    """The native CSV, `BATCH` rows a chunk: a header of every column, an empty cell where a
+    value is not set."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(NATIVE_COLUMNS)
-    for row in rows:
+    for n, row in enumerate(rows, 1):
         writer.writerow([native_cell(v) for v in astuple(row)])
-    return out.getvalue()
+        if n % BATCH == 0:
+            yield _drained(out)
+    yield _drained(out)
 
 
-def to_parquet(rows: Sequence[ExportedJob]) -> bytes:
-    """The same columns as Parquet, typed (nulls where the CSV has empty cells). Raises
-    ImportError without pyarrow."""
+def _drained(out: io.StringIO) -> str:
+    text = out.getvalue()
+    out.seek(0)
+    out.truncate()
+    return text
+
+
+class _Chunks(io.RawIOBase):
+    """A write-only file that keeps what was written until `take`: where Parquet is written, a
+    row group at a time. `tell` counts every byte written, as Parquet's footer offsets need."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._parts: list[bytes] = []
+        self._written = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        chunk = bytes(data)
+        self._parts.append(chunk)
+        self._written += len(chunk)
+        return len(chunk)
+
+    def tell(self) -> int:
+        return self._written
+
+    def take(self) -> bytes:
+        taken = b"".join(self._parts)
+        self._parts.clear()
+        return taken
+
+
+def parquet_chunks(rows: Iterable[ExportedJob]) -> Iterator[bytes]:
+    """The same columns as Parquet, typed (nulls where the CSV has empty cells), one row group
+    of up to `BATCH` rows a chunk. Raises ImportError without pyarrow, before any chunk."""
     import pyarrow as pa  # type: ignore[import-untyped]
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
+    schema = pa.schema([(name, _parquet_type(pa, name)) for name in NATIVE_COLUMNS])
+
+    def chunks() -> Iterator[bytes]:
+        sink = _Chunks()
+        with pq.ParquetWriter(pa.PythonFile(sink, mode="w"), schema) as writer:
+            batch: list[ExportedJob] = []
+            wrote = False
+            for row in rows:
+                batch.append(row)
+                if len(batch) == BATCH:
+                    writer.write_table(_parquet_table(pa, schema, batch))
+                    batch.clear()
+                    wrote = True
+                    yield sink.take()
+            if batch or not wrote:  # an empty export is still one (empty) row group
+                writer.write_table(_parquet_table(pa, schema, batch))
+        yield sink.take()
+
+    return chunks()
+
+
+def _parquet_table(pa: Any, schema: Any, rows: Sequence[ExportedJob]) -> Any:
+    columns = list(zip(*(astuple(r) for r in rows))) if rows else [() for _ in NATIVE_COLUMNS]
+    return pa.Table.from_arrays([pa.array(list(c), type=t) for c, t in zip(columns, schema.types)], schema=schema)
+
+
+def _parquet_type(pa: Any, name: str) -> Any:
     types = {
         "job_id": pa.string(),
         "submit": pa.float64(),
@@ -198,9 +292,4 @@ def to_parquet(rows: Sequence[ExportedJob]) -> bytes:
         "flavor": pa.string(),
         "duration_basis": pa.string(),
     }
-    schema = pa.schema([(name, types[name]) for name in NATIVE_COLUMNS])
-    columns = list(zip(*(astuple(r) for r in rows))) if rows else [() for _ in NATIVE_COLUMNS]
-    table = pa.Table.from_arrays([pa.array(list(c), type=t) for c, t in zip(columns, schema.types)], schema=schema)
-    sink = io.BytesIO()
-    pq.write_table(table, sink)
-    return sink.getvalue()
+    return types[name]

@@ -19,7 +19,7 @@ from typing import Any
 from warden.engine.forecast import MAX_PASSES, Estimate, expected_starts
 from warden.engine.model import Snapshot
 from warden.server.views import estimate_view
-from warden.store.jobs import StoredJob
+from warden.store.jobs import JobHead
 
 log = logging.getLogger("warden.server")
 
@@ -77,7 +77,7 @@ class Forecasts:
             if stop.wait(self.interval_s):
                 return
 
-    def view(self, job: StoredJob) -> dict[str, Any] | None:
+    def view(self, job: JobHead) -> dict[str, Any] | None:
         """A job's `expected_start` as the API shows it: None unless it waits."""
         if not job.state.waiting:
             return None

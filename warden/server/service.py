@@ -31,7 +31,7 @@ from warden.executors.base import Executor, Fenced, Inventory
 from warden.server.auth import CHALLENGE, DEFAULT_TOKEN_LIFETIME_S, Principal, bearer, forbidden
 from warden.server.errors import ApiError, shorten
 from warden.server.explanations import wall_times
-from warden.server.export import ExportedJob, export_rows
+from warden.server.export import Export, export
 from warden.server.fairuse import SubmissionRate
 from warden.server.forecasts import INTERVAL_S as FORECAST_INTERVAL_S
 from warden.server.forecasts import Forecasts
@@ -42,7 +42,14 @@ from warden.server.nodes import recorded_inventory
 from warden.server.policydiff import policy_diff
 from warden.server.reconcile import Reconciler
 from warden.server.requests import ReportRequest, SubmitRequest, TokenRequest, stored_id
-from warden.store.jobs import DuplicateSubmission, EarlierSubmission, StoredJob, TooManyWaiting, WaitingLimits
+from warden.store.jobs import (
+    DuplicateSubmission,
+    EarlierSubmission,
+    StoredJob,
+    TooManyWaiting,
+    TooMuchStored,
+    WaitingLimits,
+)
 from warden.store.leadership import Lease, NotLeader
 from warden.store.repo import Store
 from warden.store.servers import BEAT_S, Roster
@@ -537,6 +544,22 @@ class Service:
             "submit more once some have started or been cancelled",
         )
 
+    @staticmethod
+    def _too_much_stored(err: TooMuchStored) -> ApiError:
+        """At most `limits.max_stored_bytes_per_user` bytes of command, env and workdir kept
+        per user (admins are exempt): warden keeps every job, so what one user writes is what
+        it must bound. A finished job's are dropped, oldest first, to make room; the refusal
+        comes only where the unfinished jobs keep too much. Counted in the transaction that
+        would store the job, under the submission lock, as the waiting limits are."""
+        return ApiError(
+            422,
+            "user",
+            err.user,
+            f"keeps {err.kept} bytes of commands, envs and workdirs in unfinished jobs; this job's "
+            f"{err.adding} more would pass the limit of {err.limit} bytes (the policy's "
+            "limits.max_stored_bytes_per_user); submit it once some have finished",
+        )
+
     def _store_submission(
         self, req: SubmitRequest, who: Principal, idempotency_key: str | None, digest: str | None, limits: Limits
     ) -> Submitted:
@@ -573,9 +596,12 @@ class Service:
                 waiting_limits=WaitingLimits(
                     None if who.is_admin else limits.max_pending_per_user, limits.max_pending_per_queue
                 ),
+                stored_bytes_limit=None if who.is_admin else limits.max_stored_bytes_per_user,
             )
         except TooManyWaiting as err:
             raise self._too_many_waiting(err) from None
+        except TooMuchStored as err:
+            raise self._too_much_stored(err) from None
         except DuplicateSubmission as dup:  # a concurrent retry with the same key got there first
             assert idempotency_key is not None
             replayed = self._replay(idempotency_key, dup.earlier, digest)
@@ -977,10 +1003,10 @@ class Service:
             snapshot = self.reconciler.live_snapshot(now)
         return policy_diff(snapshot, policy, now)
 
-    def export_history(self, since: float) -> list[ExportedJob]:
-        """The jobs submitted at `since` or later that have run, as trace rows
-        (`warden.server.export`)."""
-        return export_rows(self.store.ran_since(since), self.policy, self.now())
+    def export_history(self, since: float) -> Export:
+        """The jobs submitted at `since` or later that have run, as trace rows read as they are
+        sent (`warden.server.export`)."""
+        return export(self.store, since, self.policy, self.now())
 
     def create_token(self, req: TokenRequest, who: Principal) -> tuple[str, float | None]:
         """A new token and when it expires (None: never): after `req.expires_in_s`, else the

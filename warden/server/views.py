@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from warden.engine import accounting
 from warden.engine.cycles import Preempted, PreemptionCycle, preemption_cycles
@@ -23,17 +23,17 @@ from warden.engine.rules import RuleContext, efficiency, protection
 from warden.engine.whatif import Verdict
 from warden.server.explanations import KILL_AT, event_message, rendered, wall_times
 from warden.store.history import PreemptionRecord
-from warden.store.jobs import EventRecord, StoredAttempt, StoredJob, job_key
+from warden.store.jobs import EventRecord, JobHead, StoredAttempt, StoredJob, job_key
 from warden.store.repo import Store
 
 
-def wait_s(job: StoredJob, now: float) -> float:
+def wait_s(job: JobHead, now: float) -> float:
     """Seconds pending over all attempts, up to now for a job that still waits."""
     return accounting.wait_time(job.waited_s, job.pending_since, job.submit_at, now, job.state.waiting)
 
 
 def job_summary(
-    job: StoredJob,
+    job: JobHead,
     now: float,
     attempt: StoredAttempt | None = None,
     policy: Policy | None = None,
@@ -118,7 +118,7 @@ def victim_rules(policy: Policy, now: float, capacity: Mapping[str, int] | None 
     return RuleContext(policy, seen[1], now)
 
 
-def listing_order(job: StoredJob) -> tuple[int, float, int]:
+def listing_order(job: JobHead) -> tuple[int, float, int]:
     """`GET /v1/jobs`'s order: the jobs that hold resources by id, then the waiting ones in
     rank order (their `position`; held and not yet ranked ones after them, by id), then the
     finished ones by id."""
@@ -132,26 +132,51 @@ def listing_order(job: StoredJob) -> tuple[int, float, int]:
     return (0, 0.0, job.id)
 
 
-def listed_jobs(
-    store: Store, queue: str | None, states: set[str] | None, user: str | None
-) -> list[tuple[StoredJob, StoredAttempt | None]]:
-    """The jobs `GET /v1/jobs` lists, in `listing_order`, each with its live attempt: the
-    unfinished ones from the store's `active()` (rows cached between reads), the finished
-    ones, when `states` takes any (None: every state), from the table."""
+class Listing(NamedTuple):
+    """A page of `GET /v1/jobs` (`listed_jobs`)."""
 
-    def wanted(job: StoredJob) -> bool:
+    total: int
+    """How many jobs match the filters, whatever the page (`X-Total-Count`)."""
+    page: list[tuple[JobHead, StoredAttempt | None]]
+    """The page's jobs in `listing_order`, each with its live attempt (None for a finished one)."""
+
+
+def listed_jobs(
+    store: Store,
+    queue: str | None,
+    states: set[str] | None,
+    user: str | None,
+    offset: int = 0,
+    limit: int | None = None,
+) -> Listing:
+    """The jobs `GET /v1/jobs` lists, `limit` of them (None: all) from `offset`, in
+    `listing_order`: the unfinished ones from the store's `active()` (rows cached between
+    reads, their number bounded by the policy's limits on waiting jobs), ranked here; then,
+    when `states` takes any (None: every state), the finished ones, counted and paged by the
+    database, and read without what they wrote to run (`Store.finished_part`), so that a
+    page costs the same however many jobs have finished."""
+
+    def wanted(job: JobHead) -> bool:
         return (
             (queue is None or job.queue == queue)
             and (user is None or job.user == user)
             and (states is None or job.state.value in states)
         )
 
-    rows = {a.job.id: (a.job, a.attempt) for a in store.active() if wanted(a.job)}
+    active: list[tuple[JobHead, StoredAttempt | None]] = sorted(
+        ((a.job, a.attempt) for a in store.active() if wanted(a.job)), key=lambda row: listing_order(row[0])
+    )
     finished = {s.value for s in JobState if s.terminal}
     finished = finished if states is None else finished & states
-    if finished:  # read after `active()`: a job that ended in between is listed once, ended
-        rows.update((j.id, (j, None)) for j in store.list(queue=queue, state=finished, user=user))
-    return sorted(rows.values(), key=lambda row: listing_order(row[0]))
+    if not finished:
+        return Listing(len(active), active[offset : None if limit is None else offset + limit])
+    # Read after `active()`: a job that ended in between is listed once, ended.
+    part = store.finished_part(
+        states=finished, queue=queue, user=user, before=[j.id for j, _ in active], offset=offset, limit=limit
+    )
+    first = [row for row in active if row[0].id not in part.ended]
+    page = first[offset : None if limit is None else offset + limit]
+    return Listing(len(first) + part.total, page + [(head, None) for head in part.page])
 
 
 def job_detail(
@@ -177,6 +202,7 @@ def job_detail(
         {
             "command": list(job.command),
             "workdir": job.workdir,
+            "command_expired_at": job.command_expired_at,
             "placement": job.placement,
             "flavor": job.flavor,
             "cpu": job.cpu,
@@ -309,7 +335,7 @@ def attempt_efficiency(a: StoredAttempt, policy: Policy) -> float | None:
     return None if eta is None else round(eta, 4)
 
 
-def cycles_of(store: Store, jobs: Iterable[StoredJob], policy: Policy) -> dict[int, tuple[PreemptionCycle, ...]]:
+def cycles_of(store: Store, jobs: Iterable[JobHead], policy: Policy) -> dict[int, tuple[PreemptionCycle, ...]]:
     """The preemption cycles of each of `jobs` that is in one, read in one batch (a job that
     never started was never preempted, and is not read)."""
     ids = [j.id for j in jobs if j.attempt > 0]

@@ -7,11 +7,25 @@ from __future__ import annotations
 import builtins
 import math
 import threading
+from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple, cast, get_args
 
-from sqlalchemy import Connection, Engine, Row, Table, bindparam, func, insert, literal_column, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    Row,
+    Table,
+    bindparam,
+    func,
+    insert,
+    literal_column,
+    select,
+    update,
+)
 from sqlalchemy.types import JSON
 
 from warden.engine import lifecycle
@@ -19,14 +33,18 @@ from warden.engine.accounting import LossBasis
 from warden.engine.lifecycle import Event
 from warden.engine.model import Attempt, Job, JobState, ReplicaPlacement
 from warden.store.base import _READ_CHUNK, StoreBase, _advisory_lock, _new_id, _record, _str_list
-from warden.store.schema import AttemptRow, EventRow, JobRow
+from warden.store.schema import AttemptRow, EventRow, JobRow, UserStorageRow
 
 JOBS = cast(Table, JobRow.__table__)
 ATTEMPTS = cast(Table, AttemptRow.__table__)
 EVENTS = cast(Table, EventRow.__table__)
+USER_STORAGE = cast(Table, UserStorageRow.__table__)
 
 TERMINAL_STATES = frozenset(s.value for s in JobState if s.terminal)
 WAITING_STATES = frozenset(s.value for s in JobState if s.waiting)
+EXPORT_FINISHED = frozenset({JobState.SUCCEEDED.value, JobState.FAILED.value})
+"""The states in which a job has shown all the work it needs (it ended by itself): an exported
+duration of any other rests on an assumption (`warden.server.export.FINISHED`)."""
 PLACEMENTS = frozenset({"pack", "block", "any"})
 ATTEMPT_STATES = frozenset({"running", "terminating", "exited"})
 LIVE_ATTEMPT_STATES = frozenset({"running", "terminating"})
@@ -43,7 +61,13 @@ _JOB_IMMUTABLE = frozenset({"id", "state", "version", "submit_at", "tier"})
 """Columns `transition`/`update` refuse: the id and submit order are fixed, the state moves only
 through `transition`'s compare-and-set, the version only by the store, and a tier is immutable
 (DESIGN §2)."""
+_JOB_WRITTEN = frozenset({"command", "workdir", "env"})
+"""What the submitter wrote to run the job, fixed once stored (`update` refuses it; only
+`_drop_oldest` empties a finished job's): its bytes are counted in the user's `user_storage`
+row (`stored_bytes`), and that count stays exact."""
 _ATTEMPT_IMMUTABLE = frozenset({"job_id", "number"})
+HEAD_COLUMNS = tuple(c for c in JOBS.c if c.name not in _JOB_WRITTEN)
+"""The columns of a `JobHead`, read where the command, workdir and env are not shown."""
 
 
 class JobNotFound(LookupError):
@@ -86,9 +110,32 @@ class TooManyWaiting(Exception):
         self.field, self.value, self.waiting, self.limit = field, value, waiting, limit
 
 
-@dataclass(frozen=True, slots=True)
-class StoredJob:
-    """A row of `jobs`. `id` is the database key; users see `job_id` (its string form)."""
+class TooMuchStored(Exception):
+    """`submit` found that the job's `adding` bytes (`stored_bytes`) would take what `user`'s
+    jobs keep past `limit` even were every finished job's dropped: its unfinished jobs keep
+    `kept` bytes. Nothing was inserted, and nothing dropped."""
+
+    def __init__(self, user: str, kept: int, adding: int, limit: int) -> None:
+        super().__init__(
+            f"user {user!r} keeps {kept} bytes in unfinished jobs; {adding} more would pass the limit of {limit}"
+        )
+        self.user, self.kept, self.adding, self.limit = user, kept, adding, limit
+
+
+def stored_bytes(command: Sequence[str], env: Mapping[str, str], workdir: str) -> int:
+    """What a job keeps of what its submitter wrote, as `limits.max_stored_bytes_per_user`
+    counts it: the UTF-8 bytes of its command's words, of its env's names and values, and of
+    its workdir. A finished job keeps them too (`GET /v1/jobs/{id}` shows them) until they are
+    dropped to make room for a newer job of its user (`_drop_oldest`)."""
+    words = sum(len(w.encode()) for w in command)
+    return words + sum(len(k.encode()) + len(v.encode()) for k, v in env.items()) + len(workdir.encode())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobHead:
+    """A row of `jobs` without what its submitter wrote to run it (command, workdir, env): all
+    that a listing shows, an export reads and the engine schedules, and small, whatever those
+    are. `id` is the database key; users see `job_id` (its string form)."""
 
     id: int
     name: str
@@ -105,9 +152,6 @@ class StoredJob:
     lease_s: float | None
     grace_s: float | None
     expected_duration_s: float | None
-    command: tuple[str, ...]
-    workdir: str
-    env: dict[str, str]
     submit_at: float
     pending_since: float | None
     waited_s: float
@@ -127,6 +171,9 @@ class StoredJob:
     """It waits for capacity its victims are freeing, held for it (`Job.claim`)."""
     saves_on_sigterm: bool = False
     """Its submitter declared that it saves on SIGTERM (`jobs.saves_on_sigterm`)."""
+    command_expired_at: float | None = None
+    """When its command, env and workdir were dropped to keep its user within the policy's
+    `limits.max_stored_bytes_per_user` (`jobs.command_expired_at`); None while they are kept."""
 
     @property
     def job_id(self) -> str:
@@ -163,6 +210,15 @@ class StoredJob:
             claim=self.claim and self.state.waiting,
             attempt=None if live is None else live.to_engine(),
         )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredJob(JobHead):
+    """A whole row of `jobs`: its head and what its submitter wrote to run it."""
+
+    command: tuple[str, ...]
+    workdir: str
+    env: dict[str, str]
 
 
 def moved(before: Job, after: Job) -> dict[str, Any]:
@@ -291,6 +347,29 @@ class AttemptSpan(NamedTuple):
     ended_at: float | None
 
 
+class FinishedPart(NamedTuple):
+    """The finished jobs of a listing (`JobStore.finished_part`), read in one transaction."""
+
+    ended: frozenset[int]
+    """Of the unfinished jobs the listing shows first, those that have ended since they were
+    read (into a state it shows): it lists them here, once, as they are now."""
+    total: int
+    """How many finished jobs match its filters."""
+    page: tuple[JobHead, ...]
+    """Those of them on its page, by id."""
+
+
+class ExportWindow(NamedTuple):
+    """What `GET /v1/history/export` writes (`JobStore.export_window`), read in one transaction."""
+
+    ids: array[int]
+    """The jobs submitted in the window that have had an attempt, in (submit, id) order."""
+    unfinished: int
+    """How many of them are not SUCCEEDED or FAILED (their duration is `at_least`)."""
+    assumed: int
+    """How many of the others had a preemption's lost work assumed (their duration is `assumed`)."""
+
+
 def _check_waiting(conn: Connection, user: str, queue: str, limits: WaitingLimits) -> None:
     """Raise `TooManyWaiting` when `user` or `queue` has as many jobs waiting as `limits` allow."""
     waiting = select(func.count()).select_from(JOBS).where(JOBS.c.state.in_(sorted(WAITING_STATES)))
@@ -303,6 +382,72 @@ def _check_waiting(conn: Connection, user: str, queue: str, limits: WaitingLimit
         count = int(conn.execute(waiting.where(column == value)).scalar_one())
         if count >= limit:
             raise TooManyWaiting(field, value, count, limit)
+
+
+def _keep_bytes(conn: Connection, values: Mapping[str, Any], limit: int | None, now: float) -> None:
+    """Add the job's `stored_bytes` to its user's `user_storage` row. Where that would pass
+    `limit` (None: no limit, as for an admin), first drop the command, env and workdir of the
+    user's finished jobs, oldest first, until the job fits (`_drop_oldest`); raise
+    `TooMuchStored` where even that would not make room. Called under the submission lock, so
+    the read and the writes are one step for every server."""
+    user = values["user"]
+    adding = stored_bytes(values["command"], values["env"], values["workdir"])
+    row = USER_STORAGE.c
+    found = conn.execute(select(row.stored_bytes).where(row.user == user)).scalar()
+    stored = int(found or 0)
+    if limit is not None and stored + adding > limit:
+        stored -= _drop_oldest(conn, user, stored + adding - limit, limit, adding, stored, now)
+    if found is None:
+        conn.execute(insert(USER_STORAGE), {"user": user, "stored_bytes": adding})
+    else:
+        conn.execute(update(USER_STORAGE).where(row.user == user).values(stored_bytes=stored + adding))
+
+
+_DROP_BATCH = 16
+"""Finished jobs read at a time when making room: what dropping holds, whatever the history."""
+
+
+def _drop_oldest(conn: Connection, user: str, need: int, limit: int, adding: int, stored: int, now: float) -> int:
+    """Drop the command, env and workdir of `user`'s oldest finished jobs that still keep them
+    until they free `need` bytes; return the bytes freed. Only the jobs dropped are read whole
+    (`_DROP_BATCH` at a time), so this reads about what it frees. Raise `TooMuchStored`, having
+    dropped nothing (the caller's transaction rolls back), where every one would not do."""
+    job = JOBS.c
+    candidates = (
+        select(job.id, job.command, job.env, job.workdir)
+        .where(job.user == user, job.state.in_(sorted(TERMINAL_STATES)), job.command_expired_at.is_(None))
+        .order_by(job.id)
+    )
+    freed, dropped, last = 0, [], 0
+    while freed < need:
+        batch = conn.execute(candidates.where(job.id > last).limit(_DROP_BATCH)).all()
+        if not batch:  # every finished job read: what is left is the unfinished ones'
+            raise TooMuchStored(user, stored - freed, adding, limit)
+        for job_id, command, env, workdir in batch:
+            freed += stored_bytes(command or (), env or {}, workdir or "")
+            dropped.append(int(job_id))
+            last = int(job_id)
+            if freed >= need:
+                break
+    for start in range(0, len(dropped), _READ_CHUNK):
+        conn.execute(
+            update(JOBS)
+            .where(job.id.in_(dropped[start : start + _READ_CHUNK]))
+            .values(command=[], env={}, workdir="", command_expired_at=now, version=job.version + 1)
+        )
+    return freed
+
+
+class _Submission(NamedTuple):
+    """One `submit` waiting for its turn in `GroupCommit`: the row, its first event and its limits."""
+
+    values: dict[str, Any]
+    now: float
+    reason: str
+    actor: str
+    details: Mapping[str, Any] | None
+    waiting_limits: WaitingLimits | None
+    stored_bytes_limit: int | None
 
 
 class GroupCommit:
@@ -387,6 +532,7 @@ class JobStore(StoreBase):
         request_digest: str | None = None,
         waiting_limits: WaitingLimits | None = None,
         saves_on_sigterm: bool = False,
+        stored_bytes_limit: int | None = None,
     ) -> int:
         """Insert a job and its first event atomically; return its id.
 
@@ -397,7 +543,9 @@ class JobStore(StoreBase):
         With an `idempotency_key` the user already used, nothing is inserted and
         `DuplicateSubmission` names the earlier job (checked under the submission lock, so
         two concurrent retries create one job). With `waiting_limits`, `TooManyWaiting` when the
-        user or the queue already has that many jobs waiting (counted under the same lock).
+        user or the queue already has that many jobs waiting (counted under the same lock). The
+        job's `stored_bytes` are added to its user's `user_storage` row in the same transaction;
+        with `stored_bytes_limit`, `TooMuchStored` when they would take it past that limit.
         """
         initial = _submit_state(state)
         _check_request(tier=tier, replicas=replicas, gpus=gpus, cpu=cpu, memory=memory, placement=placement)
@@ -431,24 +579,24 @@ class JobStore(StoreBase):
             request_digest=request_digest,
             saves_on_sigterm=bool(saves_on_sigterm),
         )
-        return self._submissions.run((values, now, reason, actor, details, waiting_limits))
+        return self._submissions.run(
+            _Submission(values, now, reason, actor, details, waiting_limits, stored_bytes_limit)
+        )
 
-    def _insert_jobs(
-        self,
-        batch: Sequence[tuple[dict[str, Any], float, str, str, Mapping[str, Any] | None, WaitingLimits | None]],
-    ) -> list[int]:
+    def _insert_jobs(self, batch: Sequence[_Submission]) -> list[int]:
         """One transaction for every submission that arrived while the previous one committed."""
         ids = []
         with self._write() as conn:
             _advisory_lock(conn, SUBMIT_LOCK_KEY)
             newest = conn.execute(select(JOBS.c.submit_at).order_by(JOBS.c.id.desc()).limit(1)).scalar()
-            for values, now, reason, actor, details, limits in batch:
+            for values, now, reason, actor, details, limits, bytes_limit in batch:
                 if values["idempotency_key"] is not None:
                     earlier = _earlier_submission(conn, values["user"], values["idempotency_key"])
                     if earlier is not None:
                         raise DuplicateSubmission(earlier)  # the batch is retried item by item
                 if limits is not None:
                     _check_waiting(conn, values["user"], values["queue"], limits)
+                _keep_bytes(conn, values, bytes_limit, now)
                 newest = values["submit_at"] = _next_submit_at(now, newest)
                 job_id = _new_id(conn.execute(insert(JOBS), values))
                 _add_event(conn, job_id, now, None, values["state"], reason, actor, details)
@@ -497,6 +645,97 @@ class JobStore(StoreBase):
             query = query.limit(limit)
         with self._read() as conn:
             return tuple(_job(row) for row in conn.execute(query))
+
+    def stored_bytes_of(self, user: str) -> int:
+        """The bytes `user`'s jobs keep of what they wrote (`stored_bytes`), every job counted."""
+        with self._read() as conn:
+            found = conn.execute(select(USER_STORAGE.c.stored_bytes).where(USER_STORAGE.c.user == user)).scalar()
+        return int(found or 0)
+
+    def finished_part(
+        self,
+        *,
+        states: Iterable[JobState | str],
+        queue: str | None = None,
+        user: str | None = None,
+        before: Sequence[int] = (),
+        offset: int = 0,
+        limit: int | None = None,
+    ) -> FinishedPart:
+        """The finished jobs in `states` (terminal ones) of `queue` and `user` as a listing
+        shows them after `before`, the ids of the unfinished jobs it lists first (as read
+        from `active()`): how many match (a COUNT), and those that fall in the listing's
+        page, `limit` jobs from `offset` (None: every one), by id. The ids of the page are
+        found first, then only those jobs' heads are read: whatever the jobs wrote to run
+        (command, env) is never read, and a job off the page costs an index entry.
+
+        One read transaction (a snapshot on PostgreSQL too), so that `ended`, the total and
+        the page agree: a job of `before` that has ended since is counted here, not there."""
+        wanted = sorted(_state_set(states) or ())
+        where: builtins.list[ColumnElement[bool]] = [JOBS.c.state.in_(wanted)]
+        if queue is not None:
+            where.append(JOBS.c.queue == queue)
+        if user is not None:
+            where.append(JOBS.c.user == user)
+        with self._snapshot() as conn:
+            ended: set[int] = set()
+            for start in range(0, len(before), _READ_CHUNK):
+                chunk = before[start : start + _READ_CHUNK]
+                ended.update(
+                    int(i) for i in conn.execute(select(JOBS.c.id).where(*where, JOBS.c.id.in_(chunk))).scalars()
+                )
+            total = int(conn.execute(select(func.count()).select_from(JOBS).where(*where)).scalar_one())
+            first = len(before) - len(ended)  # the listing's position of the first finished job
+            skip = max(0, offset - first)
+            take = None if limit is None else offset + limit - max(offset, first)
+            if skip >= total or (take is not None and take <= 0):
+                return FinishedPart(frozenset(ended), total, ())
+            ids = select(JOBS.c.id).where(*where).order_by(JOBS.c.id).offset(skip)
+            page = [int(i) for i in conn.execute(ids if take is None else ids.limit(take)).scalars()]
+            heads = _heads(conn, page)
+        return FinishedPart(frozenset(ended), total, tuple(heads[i] for i in page if i in heads))
+
+    def export_window(self, since: float) -> ExportWindow:
+        """The jobs submitted at `since` or later that have had an attempt, in (submit, id)
+        order, and how many of them have a duration that rests on an assumption (as
+        `warden.server.export.exported_job` decides it), in one read: what the export's
+        headers say before its rows are read, `export_batch` at a time."""
+        ran = (JOBS.c.submit_at >= since) & (JOBS.c.attempt > 0)
+        finished = JOBS.c.state.in_(sorted(EXPORT_FINISHED))
+        assumed = (
+            select(ATTEMPTS.c.job_id)
+            .where(ATTEMPTS.c.job_id == JOBS.c.id, ATTEMPTS.c.lost_work_basis == "assumed")
+            .exists()
+        )
+        count = select(func.count()).select_from(JOBS)
+        with self._snapshot() as conn:
+            ids = array("q", conn.execute(select(JOBS.c.id).where(ran).order_by(JOBS.c.submit_at, JOBS.c.id)).scalars())
+            unfinished = int(conn.execute(count.where(ran, ~finished)).scalar_one())
+            guessed = int(conn.execute(count.where(ran, finished, assumed)).scalar_one())
+        return ExportWindow(ids, unfinished, guessed)
+
+    def export_batch(self, ids: Sequence[int]) -> builtins.list[tuple[JobHead, tuple[StoredAttempt, ...]]]:
+        """The heads of the jobs `ids` (in that order) with their attempts (first first), read
+        in one transaction: one batch of an export's rows. A job no longer stored is left out."""
+        attempts = select(ATTEMPTS).where(ATTEMPTS.c.job_id.in_(builtins.list(ids)))
+        runs: dict[int, builtins.list[StoredAttempt]] = {}
+        with self._read() as conn:
+            heads = _heads(conn, ids)
+            for row in conn.execute(attempts.order_by(ATTEMPTS.c.job_id, ATTEMPTS.c.number)):
+                a = _attempt(row)
+                runs.setdefault(a.job_id, []).append(a)
+        return [(heads[i], tuple(runs.get(i, ()))) for i in ids if i in heads]
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[Connection]:
+        """A read transaction whose statements all see the database as of its first one: what
+        SQLite's read transactions are, and PostgreSQL's at REPEATABLE READ (its default,
+        READ COMMITTED, lets each statement see later commits)."""
+        with self.engine.connect() as conn:
+            if conn.dialect.name == "postgresql":
+                conn = conn.execution_options(isolation_level="REPEATABLE READ")
+            with conn.begin():
+                yield conn
 
     def events(self, job_id: int | str) -> tuple[EventRecord, ...]:
         """The job's transitions, oldest first (empty for an unknown job)."""
@@ -765,21 +1004,6 @@ class JobStore(StoreBase):
             )
             return demands, tuple(AttemptSpan(int(j), float(a), b) for j, a, b in conn.execute(spans))
 
-    def ran_since(self, since: float) -> tuple[tuple[StoredJob, tuple[StoredAttempt, ...]], ...]:
-        """The jobs submitted at `since` or later that have had an attempt, in (submit, id)
-        order, each with its attempts (first first), read in one transaction: what `warden
-        history export` turns into a trace."""
-        ran = select(JOBS.c.id).where(JOBS.c.submit_at >= since, JOBS.c.attempt > 0)
-        jobs = select(JOBS).where(JOBS.c.id.in_(ran)).order_by(JOBS.c.submit_at, JOBS.c.id)
-        attempts = select(ATTEMPTS).where(ATTEMPTS.c.job_id.in_(ran)).order_by(ATTEMPTS.c.job_id, ATTEMPTS.c.number)
-        with self._read() as conn:
-            rows = [_job(row) for row in conn.execute(jobs)]
-            runs: dict[int, builtins.list[StoredAttempt]] = {}
-            for row in conn.execute(attempts):
-                a = _attempt(row)
-                runs.setdefault(a.job_id, []).append(a)
-        return tuple((job, tuple(runs.get(job.id, ()))) for job in rows)
-
     def running_attempts(self) -> tuple[StoredAttempt, ...]:
         """Attempts still running or terminating: what executors must re-adopt after a restart."""
         query = (
@@ -959,13 +1183,13 @@ def _job_updates(updates: Mapping[str, Any]) -> dict[str, Any]:
     """Validate `transition`/`update` keyword fields and turn them into column values."""
     values: dict[str, Any] = {}
     for name, value in updates.items():
-        if name in _JOB_IMMUTABLE or name not in JOBS.c:
+        if name in _JOB_IMMUTABLE or name in _JOB_WRITTEN or name not in JOBS.c:
             raise ValueError(f"{name}: not a job field that can be updated")
         if name == "placement" and value not in PLACEMENTS:
             raise ValueError(f"placement: expected one of pack, block, any, got {value!r}")
-        if name in ("command", "preempted_at"):
+        if name == "preempted_at":
             value = builtins.list(value)
-        elif name in ("env", "explanation") and value is not None:
+        elif name == "explanation" and value is not None:
             value = dict(value)
         values[name] = value
     return values
@@ -1005,23 +1229,39 @@ def _assignment_json(assignment: Iterable[ReplicaPlacement | Mapping[str, Any]])
     return out
 
 
+def _heads(conn: Connection, ids: Sequence[int]) -> dict[int, JobHead]:
+    """The heads of the jobs `ids`, by id: `_READ_CHUNK` ids a query."""
+    found: dict[int, JobHead] = {}
+    for start in range(0, len(ids), _READ_CHUNK):
+        chunk = builtins.list(ids[start : start + _READ_CHUNK])
+        for row in conn.execute(select(*HEAD_COLUMNS).where(JOBS.c.id.in_(chunk))):
+            head = _head_from(row._mapping)
+            found[head.id] = head
+    return found
+
+
 def _job(row: Row[Any]) -> StoredJob:
     return _job_from(row._mapping)
 
 
 def _job_from(m: Mapping[Any, Any]) -> StoredJob:
-    return StoredJob(
-        **{
-            **{f.name: m[f.name] for f in fields(StoredJob)},
-            "state": JobState(m["state"]),
-            "command": tuple(m["command"]),
-            "env": dict(m["env"]),
-            "preempted_at": tuple(float(t) for t in m["preempted_at"]),
-            "cancel_requested": bool(m["cancel_requested"]),
-            "claim": bool(m["claim"]),
-            "saves_on_sigterm": bool(m["saves_on_sigterm"]),
-        }
-    )
+    return StoredJob(**_head_fields(m), command=tuple(m["command"]), workdir=m["workdir"], env=dict(m["env"]))
+
+
+def _head_from(m: Mapping[Any, Any]) -> JobHead:
+    return JobHead(**_head_fields(m))
+
+
+def _head_fields(m: Mapping[Any, Any]) -> dict[str, Any]:
+    """The fields of a `JobHead` from a row of `jobs` (whole, or its `HEAD_COLUMNS`)."""
+    return {
+        **{f.name: m[f.name] for f in fields(JobHead)},
+        "state": JobState(m["state"]),
+        "preempted_at": tuple(float(t) for t in m["preempted_at"]),
+        "cancel_requested": bool(m["cancel_requested"]),
+        "claim": bool(m["claim"]),
+        "saves_on_sigterm": bool(m["saves_on_sigterm"]),
+    }
 
 
 def _attempt(row: Row[Any]) -> StoredAttempt:

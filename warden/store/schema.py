@@ -58,6 +58,12 @@ class JobRow(Base):
         Index("ix_jobs_state", "state"),
         Index("ix_jobs_queue_state", "queue", "state"),
         Index("ix_jobs_user", "user"),
+        # What `GET /v1/history/export` selects and counts, read from the index alone: on SQLite
+        # a row's later columns sit past its command and env.
+        Index("ix_jobs_submit_at_attempt_state", "submit_at", "attempt", "state"),
+        # A user's jobs that still keep their command, oldest first: what a submission at the
+        # policy's limits.max_stored_bytes_per_user drops, found without its history's scan.
+        Index("ix_jobs_user_command_expired_at_id", "user", "command_expired_at", "id"),
         UniqueConstraint("user", "idempotency_key"),
         {"sqlite_autoincrement": True},  # ids are never reused, even after the newest row goes
     )
@@ -106,6 +112,10 @@ class JobRow(Base):
     saves_on_sigterm: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     """The submitter declared that the job saves its state on SIGTERM: a clean exit in its grace
     after one counts as a save (`accounting.measured_loss`)."""
+    command_expired_at: Mapped[float | None] = mapped_column(Double)
+    """When this finished job's command, env and workdir were dropped (emptied) to make room
+    for a newer job of its user under the policy's `limits.max_stored_bytes_per_user`; None
+    while they are kept."""
 
 
 class AttemptRow(Base):
@@ -310,3 +320,16 @@ class ServerRow(Base):
     ca: Mapped[str | None] = mapped_column(Text, nullable=True)
     """The PEM certificate of the CA that signed the server's own TLS certificate (None: an
     admin's certificate, or plain HTTP): jobs given its URL trust it (`WARDEN_CA`)."""
+
+
+class UserStorageRow(Base):
+    """What each user's jobs keep of what they wrote: the UTF-8 bytes of the command, env and
+    workdir of every job of theirs, finished ones included (`warden.store.jobs.stored_bytes`),
+    less what was dropped to make room. Kept by `Store.submit` in the transaction that inserts
+    the job, so that the policy's `limits.max_stored_bytes_per_user` is one row's read, however
+    many jobs the user has."""
+
+    __tablename__ = "user_storage"
+
+    user: Mapped[str] = mapped_column(String(255), primary_key=True)
+    stored_bytes: Mapped[int] = mapped_column(BigInteger)

@@ -291,7 +291,15 @@ export default {
             ["exit code", job.exit_code != null ? String(job.exit_code) : null],
             ["finished", job.finished_at != null ? when(job.finished_at) : null],
             ["held", job.held_reason],
-            ["command", job.private ? "hidden (another user's job)" : job.command ? h("code", { class: "command" }, job.command.join(" ")) : null, true],
+            [
+              "command",
+              job.private
+                ? "hidden (another user's job)"
+                : job.command_expired_at != null
+                  ? h("span", null, "dropped ", when(job.command_expired_at), " to make room (limits.max_stored_bytes_per_user)")
+                  : job.command ? h("code", { class: "command" }, job.command.join(" ")) : null,
+              true,
+            ],
             ["workdir", job.private ? "hidden (another user's job)" : job.workdir ? h("code", null, job.workdir) : null, true],
           ]),
         );
