@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 wait_for(lambda: c.get(f"/v1/jobs/{first}").json()["state"] == "RUNNING")
                 for _ in range(args.jobs - 1):
                     submit(c, queue="team", tier=3, gpus=1, command=["true"], workdir=d)
-            here = {**base, "WARDEN_URL": server.url}
+            here = {**base, "WARDEN_URL": server.url, "WARDEN_CA": str(server.ca)}
             out["queue_s"], out["queue_s_all"] = median_of([*warden, "queue"], here, args.runs)
         finally:
             server.stop()

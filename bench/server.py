@@ -268,7 +268,7 @@ def backlog(pending: int, clients: int, seconds: float, runs: int) -> dict[str, 
                 wait_for(lambda: c.get(f"/v1/jobs/{holder}").json()["state"] == "RUNNING")
                 _fill(s, _job(d, ["true"]), pending)
                 cli = [sys.executable, "-m", "warden.cli.main", "queue", "--json", "--token", ADMIN]
-                queue = [_timed([*cli, "--url", s.url]) for _ in range(runs)]
+                queue = [_timed([*cli, "--url", s.url, "--ca", str(s.ca)]) for _ in range(runs)]
                 startup = [_timed([*cli, "--url", "http://127.0.0.1:9"]) for _ in range(runs)]
                 api = []
                 for _ in range(runs):

@@ -26,6 +26,7 @@ from warden.engine.policy import parse_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIT = ROOT / "deploy" / "warden.service"
+SOCKET = ROOT / "deploy" / "warden.socket"
 DOC = ROOT / "docs" / "service.md"
 CONFIG = "/etc/warden/server.yaml"
 ENV_FILE = "/etc/warden/warden.env"
@@ -276,6 +277,29 @@ def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
     text = UNIT.read_text().replace(exec_start(unit())[0], installed, 1)
     copy = tmp_path / UNIT.name
     copy.write_text(text)
-    done = subprocess.run([analyze, "verify", "--man=no", str(copy)], capture_output=True, text=True, timeout=60)
-    complaints = [line for line in (done.stdout + done.stderr).splitlines() if UNIT.name in line]
+    (tmp_path / SOCKET.name).write_text(SOCKET.read_text())
+    done = subprocess.run(
+        [analyze, "verify", "--man=no", str(copy), str(tmp_path / SOCKET.name)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    complaints = [
+        line for line in (done.stdout + done.stderr).splitlines() if UNIT.name in line or SOCKET.name in line
+    ]
     assert done.returncode == 0 and not complaints, done.stdout + done.stderr
+
+
+def test_the_socket_holds_the_documented_address_for_the_service() -> None:
+    """warden.socket listens where the documented server.yaml says the server serves (every
+    address its `host` stands for), and the service requires it, so the port is never free
+    while the server restarts."""
+    sockets = parse_unit(SOCKET.read_text())
+    config = yaml.safe_load(next(body for path, body in doc_blocks("yaml") if path == CONFIG))  # the first: local
+    assert config["host"] == "127.0.0.1"
+    assert sorted(sockets["Socket"]["ListenStream"]) == sorted(
+        [f"127.0.0.1:{config['port']}", f"[::1]:{config['port']}"]
+    )
+    assert one(sockets["Socket"], "Service") == UNIT.name and one(sockets["Socket"], "Accept") == "no"
+    assert one(unit()["Unit"], "Requires") == SOCKET.name
+    assert SOCKET.name in unit()["Unit"]["After"]
