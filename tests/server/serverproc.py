@@ -68,6 +68,7 @@ class Server:
     env: dict[str, str] = field(default_factory=dict)  # more environment (SLURM_CONF, WARDEN_EXECUTOR)
     state_option: bool = True  # False: no --state-dir, the server picks its default (`state_dir` says which)
     log_dir: Path | None = None  # where the server's log goes (default: the state directory)
+    nofile: int | None = None  # the server's RLIMIT_NOFILE, soft and hard (default: this process's)
 
     @property
     def url(self) -> str:
@@ -99,7 +100,9 @@ class Server:
         if self.bootstrap:
             env["WARDEN_BOOTSTRAP_TOKEN"] = ADMIN  # a secret: never on the command line
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
+            self.proc = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=self._limits if self.nofile else None
+            )
         try:
             wait_for(self._healthy, timeout, f"the server on {self.url} (log {self.log})")
         except BaseException:
@@ -108,6 +111,12 @@ class Server:
                 self.proc.wait(10)
             raise
         return self
+
+    def _limits(self) -> None:
+        """In the child, before it runs the server: its descriptor limit."""
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
 
     def _healthy(self) -> bool:
         assert self.proc is not None

@@ -527,6 +527,12 @@ class Limits(_Spec):
         le=_INT32_MAX,
         description="Submissions one user may make at once before the per-second rate applies.",
     )
+    expensive_requests_at_once: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Policy diffs, history exports and dry runs the server works on at once, every user together.",
+    )
 
 
 # ------------------------------------------------------------------------- flat form of queues

@@ -36,6 +36,7 @@ from warden.server.api import (
     metrics_route,
 )
 from warden.server.auth import DEFAULT_TOKEN_LIFETIME_S
+from warden.server.connections import connection_settings, listening
 from warden.server.forecasts import INTERVAL_S as FORECAST_INTERVAL_S
 from warden.server.history import INTERVAL_S as HISTORY_INTERVAL_S
 from warden.server.leader import take_sqlite_lease, this_holder
@@ -371,8 +372,10 @@ def serve(settings: Settings, say: Callable[[str], None] = print) -> None:
         f"{len(service.policy.leaves())} leaf queue(s), state in {service.state_dir}"
     )
     try:
-        config = uvicorn.Config(create_app(service), host=settings.host, port=settings.port, log_level="warning")
-        uvicorn.Server(config).run(sockets=[sock])
+        config = uvicorn.Config(
+            create_app(service), host=settings.host, port=settings.port, log_level="warning", **connection_settings()
+        )
+        uvicorn.Server(config).run(sockets=[listening(sock)])  # bounds: warden.server.connections
     finally:
         sock.close()
         for lock in locks:
