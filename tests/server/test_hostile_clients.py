@@ -66,6 +66,25 @@ def answer_of(sock: socket.socket, timeout: float) -> bytes:
     raise AssertionError(f"the connection is still open after {timeout} s; it sent {b''.join(chunks)[:200]!r}")
 
 
+def one_answer(sock: socket.socket) -> bytes:
+    """One whole answer (its head and its Content-Length of body) on a kept-alive connection."""
+    sock.settimeout(10)
+    raw = b""
+    while b"\r\n\r\n" not in raw:
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection closed before a whole answer: {raw!r}"
+        raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection closed before a whole answer: {raw + body!r}"
+        body += chunk
+    return raw
+
+
 def status_of(raw: bytes) -> int:
     return int(raw.split(b" ", 2)[1]) if raw.startswith(b"HTTP/1.1 ") else 0
 
@@ -82,8 +101,7 @@ def test_a_half_sent_head_and_a_trickled_body_are_answered_408_after_their_time(
     head.sendall(HALF_HEAD)
     kept = connect(server)
     kept.sendall(b"GET /v1/health HTTP/1.1\r\nHost: warden\r\n\r\n")
-    kept.settimeout(10)
-    first = kept.recv(65536)
+    first = one_answer(kept)
     assert status_of(first) == 200, first
     kept.sendall(HALF_HEAD)  # the next request on a kept-alive connection, never finished
     body = connect(server)

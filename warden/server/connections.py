@@ -19,8 +19,8 @@ memory) for ever, and enough of them use up the process's descriptors. Here:
   holds more descriptors than the cap (`ListeningSocket`);
 - when accept() fails for want of descriptors anyway (EMFILE, ENFILE: the process or the system
   is out of them), the connection waiting is accepted on a spare descriptor and refused the
-  same way. asyncio's own accept loop logs a traceback for each
-  try and schedules a retry for each, up to the backlog (2048) per wake-up, which floods the log.
+  same way (asyncio's own accept loop would log a traceback for each try, up to the backlog,
+  2048, per wake-up).
 
 Refusals of these kinds are logged at most once per `LOG_EVERY_S`, with a count of the others.
 """
@@ -121,7 +121,7 @@ def _raw_answer(status: int, reason: str, message: str, headers: tuple[tuple[str
 
 
 class TimedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with deadlines on what the client sends, and the connection cap."""
+    """uvicorn's h11 protocol with deadlines on what the client sends."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
