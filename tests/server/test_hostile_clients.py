@@ -82,7 +82,7 @@ def one_answer(sock: socket.socket) -> bytes:
         chunk = sock.recv(65536)
         assert chunk, f"the connection closed before a whole answer: {raw + body!r}"
         body += chunk
-    return raw
+    return head + b"\r\n\r\n" + body
 
 
 def status_of(raw: bytes) -> int:

@@ -6,9 +6,9 @@ job that ran in the window) and dry runs (a plan over the live snapshot).
   one more is refused with 429 and `Retry-After`.
 - The server works on at most `limits.expensive_requests_at_once` of them, every user and
   kind together (`ServerBudget`); one more is refused with 503 and `Retry-After`. Their work
-  is Python holding the interpreter's lock: two at once take as long as one after the other
-  and slow every other request (`/v1/health`, the reconcile loop) twice as much, so many
-  users each within their own limit cannot stall the server.
+  is CPU-bound Python: in the server's threads (exports, dry runs) it holds the interpreter's
+  lock, and in worker processes (diffs, `warden.server.offload`) it takes a core and memory
+  each; so many users each within their own limit cannot stall the server.
 
 Refusals come at once, instead of queueing behind the work. The counts live in the server
 process (one process serves the API), so a restart forgets them, which loses nothing."""
