@@ -9,11 +9,14 @@
   server answers again.
 - The server's budget of expensive work: while one user's diff of a 20,000-queue policy is
   worked on, another user's diff is refused 503 with `Retry-After`, and `/v1/health` keeps
-  answering at once."""
+  answering at once. The diff is worked on in a worker process that does not hold the API's
+  socket; a worker killed midway costs its request a 503, and the next diff is answered."""
 
 from __future__ import annotations
 
+import os
 import selectors
+import signal
 import socket
 import ssl
 import threading
@@ -222,10 +225,20 @@ def test_one_huge_diff_at_a_time_and_health_answers_meanwhile(server: Server) ->
     with server.client() as admin:
         tokens = [admin.post("/v1/tokens", json={"user": u, "role": "user"}).json()["token"] for u in ("ana", "bob")]
     ana, bob = server.client(tokens[0]), server.client(tokens[1])
+    assert bob.post("/v1/policy/diff", json={"source": POLICY}).status_code == 200  # the worker is up
     answers: list[httpx.Response] = []
-    worker = threading.Thread(
-        target=lambda: answers.append(ana.post("/v1/policy/diff", json={"source": huge}, timeout=300))
-    )
+
+    def huge_diff() -> None:
+        """Ana's diff, sent again after a refusal by the budget (bob's small one held it)."""
+        deadline = time.monotonic() + 120
+        while True:
+            r = ana.post("/v1/policy/diff", json={"source": huge}, timeout=300)
+            if r.status_code != 503 or time.monotonic() > deadline:
+                answers.append(r)
+                return
+            time.sleep(float(r.headers.get("retry-after", "1")) / 10)
+
+    worker = threading.Thread(target=huge_diff)
     health: list[float] = []
     worker.start()
     try:
@@ -257,3 +270,68 @@ def test_one_huge_diff_at_a_time_and_health_answers_meanwhile(server: Server) ->
     assert max(health) < 2.0, f"/v1/health took {max(health):.2f} s during the diff"
     ana.close()
     bob.close()
+
+
+def children_of(server: Server) -> list[int]:
+    """The server's child processes (no job runs in these tests)."""
+    assert server.proc is not None
+    out: list[int] = []
+    for task in Path(f"/proc/{server.proc.pid}/task").iterdir():
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def workers_of(server: Server) -> list[int]:
+    """The server's worker processes (multiprocessing's, not its resource tracker)."""
+    out = []
+    for pid in children_of(server):
+        try:
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+def listening_inode(port: int) -> str:
+    """The socket inode that listens on `port` (IPv4 or IPv6)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[1].rsplit(":", 1)[1] == f"{port:04X}" and fields[3] == "0A":
+                return fields[9]
+    raise AssertionError(f"nothing listens on port {port}")
+
+
+def test_the_diff_runs_in_a_worker_without_the_api_socket_and_a_dead_worker_is_replaced(server: Server) -> None:
+    huge = flat_policy(20_000)
+    port = urlsplit(server.url).port
+    assert port is not None
+    answers: list[httpx.Response] = []
+    with server.client() as admin:
+        worker = threading.Thread(
+            target=lambda: answers.append(admin.post("/v1/policy/diff", json={"source": huge}, timeout=300))
+        )
+        worker.start()
+        try:
+            pids = wait_for(lambda: workers_of(server), 60, "a worker process of the server")
+            inode = listening_inode(port)
+            for pid in children_of(server):  # the workers and whatever helps them
+                held = set()
+                for fd in os.listdir(f"/proc/{pid}/fd"):
+                    try:
+                        held.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+                    except OSError:
+                        pass  # closed meanwhile
+                assert f"socket:[{inode}]" not in held, f"worker {pid} holds the API's socket"
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+        finally:
+            worker.join(300)
+        assert [a.status_code for a in answers] == [503], [a.text[:300] for a in answers]
+        assert "worker process" in answers[0].json()["error"]["message"]
+        again = admin.post("/v1/policy/diff", json={"source": POLICY}, timeout=300)
+        assert again.status_code == 200, again.text
