@@ -284,9 +284,7 @@ def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
         text=True,
         timeout=60,
     )
-    complaints = [
-        line for line in (done.stdout + done.stderr).splitlines() if UNIT.name in line or SOCKET.name in line
-    ]
+    complaints = [line for line in (done.stdout + done.stderr).splitlines() if UNIT.name in line or SOCKET.name in line]
     assert done.returncode == 0 and not complaints, done.stdout + done.stderr
 
 

@@ -75,6 +75,7 @@ class Server:
     state_option: bool = True  # False: no --state-dir, the server picks its default (`state_dir` says which)
     log_dir: Path | None = None  # where the server's log goes (default: the state directory)
     sockets: tuple[socket.socket, ...] = ()  # listening sockets handed over as systemd does (LISTEN_FDS)
+    nofile: int | None = None  # the server's RLIMIT_NOFILE, soft and hard (default: this process's)
 
     @property
     def plain_http(self) -> bool:
@@ -128,7 +129,14 @@ class Server:
             env["LISTEN_FDS"] = str(len(fds))
             args = ["/bin/bash", "-c", f'LISTEN_PID=$$ exec "$@" {moves}', "bash", *args]
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, pass_fds=fds)
+            self.proc = subprocess.Popen(
+                args,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                pass_fds=fds,
+                preexec_fn=self._limits if self.nofile else None,
+            )
         try:
             wait_for(self._healthy, timeout, f"the server on {self.url} (log {self.log})")
             if not self.plain_http:
@@ -139,6 +147,12 @@ class Server:
                 self.proc.wait(10)
             raise
         return self
+
+    def _limits(self) -> None:
+        """In the child, before it runs the server: its descriptor limit."""
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
 
     def _healthy(self) -> bool:
         assert self.proc is not None

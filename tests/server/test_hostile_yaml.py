@@ -1,7 +1,8 @@
 """Hostile policy YAML and expensive requests: an alias bomb is refused before it expands,
 quickly and without the server's memory growing; `POST /v1/policy/diff` and
-`GET /v1/history/export` are limited to one in progress per user. In process, on the real app
-and store; the reconcile loop is not started."""
+`GET /v1/history/export` are limited to one in progress per user, and all of them, dry runs
+too, to the server's budget (`limits.expensive_requests_at_once`, 1 by default) whoever sends
+them. In process, on the real app and store; the reconcile loop is not started."""
 
 from __future__ import annotations
 
@@ -63,9 +64,16 @@ def service(tmp_path: Path) -> Iterator[Service]:
         svc.store.close()
 
 
+_APPS: dict[int, Any] = {}
+
+
 def client_for(svc: Service, token: str) -> TestClient:
-    app = create_app(svc)
-    app.router.lifespan_context = no_lifespan  # no reconcile loop
+    """A client of the service's one app (its limits are the app's, as in a server process)."""
+    app = _APPS.get(id(svc))
+    if app is None or app.state.service is not svc:
+        app = _APPS[id(svc)] = create_app(svc)
+        app.state.service = svc
+        app.router.lifespan_context = no_lifespan  # no reconcile loop
     return TestClient(app, headers={"Authorization": f"Bearer {token}"}, raise_server_exceptions=False)
 
 
@@ -116,17 +124,25 @@ def test_anchors_without_aliases_are_still_accepted(service: Service) -> None:
 
 
 class Gate:
-    """Holds every call made through it until released; says when the first has entered."""
+    """Holds every call made through it until released; counts the calls that have entered."""
 
     def __init__(self, result: Any) -> None:
         self.result = result
+        self.calls = 0
         self.entered = threading.Event()
         self.release = threading.Event()
 
     def __call__(self, *_: Any) -> Any:
+        self.calls += 1
         self.entered.set()
         assert self.release.wait(20), "the test never released the gate"
         return self.result
+
+    def wait_calls(self, n: int) -> None:
+        deadline = time.monotonic() + 20
+        while self.calls < n:
+            assert time.monotonic() < deadline, f"{self.calls} calls entered the gate, not {n}"
+            time.sleep(0.01)
 
 
 @pytest.mark.parametrize(
@@ -160,12 +176,64 @@ def test_one_expensive_request_per_user_at_a_time(
         assert second.json()["error"]["field"] == "user"
         assert "at most 1 at once per user" in second.json()["error"]["message"]
         assert second.headers["retry-after"] == "1"
-        gate.release.set()  # bob is another user: his goes through the gate freely
-        assert bob.request(verb, path, json=body).status_code == 200
+        busy = bob.request(verb, path, json=body)  # another user: within his own limit, not the server's
+        assert busy.status_code == 503, busy.text
+        assert busy.json()["error"]["field"] == "server"
+        assert "at most 1 policy diffs, history exports and dry runs at once" in busy.json()["error"]["message"]
+        assert "limits.expensive_requests_at_once" in busy.json()["error"]["message"]
+        assert busy.headers["retry-after"] == "2"
     finally:
         gate.release.set()
         first.join(20)
     assert [a.status_code for a in answers] == [200]
-    assert ana.request(verb, path, json=body).status_code == 200  # the slot is free again
+    assert ana.request(verb, path, json=body).status_code == 200  # the slots are free again
+    assert bob.request(verb, path, json=body).status_code == 200
     ana.close()
     bob.close()
+
+
+DRY_RUN = {"queue": "team", "tier": 3, "gpus": 1, "command": ["true"], "workdir": "/"}
+
+
+def test_the_server_budget_holds_dry_runs_and_follows_the_policy(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dry run counts against the budget as a diff does, and an admin widens the budget with
+    the policy: then two users' diffs are worked on at once, and a third request waits for
+    neither."""
+    gate = Gate({"changes": []})
+    monkeypatch.setattr(service, "diff_policy", gate)
+    admin = client_for(service, TOKEN)
+    ana = client_for(service, service.store.create_token("ana", "user", ["*"], "test", time.time()))
+    bob = client_for(service, service.store.create_token("bob", "user", ["*"], "test", time.time()))
+    threads: list[threading.Thread] = []
+    answers: list[httpx.Response] = []
+
+    def diff_in_thread(client: TestClient) -> None:
+        threads.append(
+            threading.Thread(target=lambda: answers.append(client.post("/v1/policy/diff", json={"source": POLICY})))
+        )
+        threads[-1].start()
+
+    try:
+        assert admin.post("/v1/jobs", params={"dry_run": "true"}, json=DRY_RUN).status_code == 200
+        diff_in_thread(ana)
+        gate.wait_calls(1)
+        dry = bob.post("/v1/jobs", params={"dry_run": "true"}, json=DRY_RUN)
+        assert dry.status_code == 503, dry.text
+        assert "1 policy diffs" in dry.json()["error"]["message"]
+        wider = POLICY + "limits: {expensive_requests_at_once: 2}\n"
+        assert admin.put("/v1/policy", json={"source": wider}).status_code == 200
+        diff_in_thread(bob)
+        gate.wait_calls(2)  # two at once now
+        third = admin.post("/v1/jobs", params={"dry_run": "true"}, json=DRY_RUN)
+        assert third.status_code == 503, third.text
+        assert "2 policy diffs" in third.json()["error"]["message"]
+    finally:
+        gate.release.set()
+        for t in threads:
+            t.join(20)
+    assert [a.status_code for a in answers] == [200, 200]
+    assert admin.post("/v1/jobs", params={"dry_run": "true"}, json=DRY_RUN).status_code == 200
+    for c in (admin, ana, bob):
+        c.close()

@@ -539,6 +539,12 @@ class Limits(_Spec):
             "included (admins are exempt)."
         ),
     )
+    expensive_requests_at_once: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Policy diffs, history exports and dry runs the server works on at once, every user together.",
+    )
 
 
 # ------------------------------------------------------------------------- flat form of queues

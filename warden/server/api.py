@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from warden.engine.model import JobState
 from warden.engine.overcommit import quota_warnings
 from warden.server.auth import Principal, bearer
-from warden.server.busy import PerUserLimit
+from warden.server.busy import PerUserLimit, ServerBudget
 from warden.server.errors import ApiError, ErrorBody, error_body, safe_value, shorten
 from warden.server.explanations import wall_times
 from warden.server.export import PARQUET_HINT, Export, csv_chunks, parquet_chunks
@@ -93,6 +93,10 @@ _ANSWERS = {
     429: (
         "a limit of the user's is reached: it submits (dry runs counted) faster than its limit, too many jobs of the user or "
         "queue wait, or it already has as many of these requests in progress as one user may"
+    ),
+    503: (
+        "the server works on as many policy diffs, history exports and dry runs as it may at once, every "
+        "user together (the policy's limits.expensive_requests_at_once); retry after Retry-After"
     ),
 }
 
@@ -184,6 +188,8 @@ class BodyLimit:
         chunks, size = [], 0
         while True:
             message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client is gone, or its body timed out (warden.server.connections)
             if message["type"] != "http.request":
                 break
             chunks.append(message.get("body", b""))
@@ -272,6 +278,7 @@ def build_router(service: Service) -> APIRouter:
     """The /v1 routes over a `warden.server.service.Service` (the state behind the API)."""
     r = APIRouter(prefix=f"/{API_VERSION}")
     diffs, exports = PerUserLimit("policy diffs"), PerUserLimit("history exports")
+    expensive = ServerBudget(lambda: service.policy.limits.expensive_requests_at_once)
 
     def principal(authorization: Annotated[str | None, Header()] = None) -> Principal:
         return service.authenticate(authorization)
@@ -283,8 +290,10 @@ def build_router(service: Service) -> APIRouter:
         bearer(authorization)
         return authorization or ""
 
+    # On the event loop, not in the thread pool that the other routes share: it reads only what
+    # the server holds in memory, so a pool busy with slow requests never delays it.
     @r.get("/health", responses={503: {"description": "a helper thread died: scheduling is stopped"}})
-    def health(response: Response) -> dict[str, Any]:
+    async def health(response: Response) -> dict[str, Any]:
         dead = service.dead_threads()
         if dead:
             response.status_code = 503
@@ -307,7 +316,7 @@ def build_router(service: Service) -> APIRouter:
                 "description": "a replay: the job first submitted with this Idempotency-Key; or, with "
                 "dry_run=true, what the scheduler would decide for the job now (nothing is stored)"
             },
-            **errors(401, 403, 409, 429),
+            **errors(401, 403, 409, 429, 503),
         },
     )
     def submit(
@@ -321,7 +330,8 @@ def build_router(service: Service) -> APIRouter:
     ) -> dict[str, Any]:
         if dry_run:
             response.status_code = 200
-            verdict, state, now = service.dry_run(req, who)
+            with expensive.hold("dry runs"):
+                verdict, state, now = service.dry_run(req, who)
             return verdict_view(verdict, state, now)
         job = service.submit(req, who, idempotency_key)
         if job.replayed:
@@ -481,19 +491,19 @@ def build_router(service: Service) -> APIRouter:
         (`quota_warnings`)."""
         return [w.to_dict() for w in quota_warnings(service.policy, service.nodes)]
 
-    @r.post("/policy/diff", responses=errors(401, 429))
+    @r.post("/policy/diff", responses=errors(401, 429, 503))
     def diff_policy(req: PolicyRequest, who: Caller) -> dict[str, Any]:
         """What the policy `source` would change for the jobs in the system now, were it
         applied: validated as `PUT /v1/policy` validates it; nothing is changed. One in
-        progress per user at a time (429)."""
-        with diffs.hold(who.user):
+        progress per user at a time (429), and the server's budget of such work (503)."""
+        with diffs.hold(who.user), expensive.hold("policy diffs"):
             return service.diff_policy(req.source)
 
     @r.get(
         "/history/export",
         responses={
             200: {"content": {"text/csv": {}, "application/vnd.apache.parquet": {}}, "description": "the trace"},
-            **errors(401, 429),
+            **errors(401, 429, 503),
         },
     )
     def export_history(
@@ -512,7 +522,7 @@ def build_router(service: Service) -> APIRouter:
         """The jobs submitted at `since` or later that have run, as a native trace
         (docs/traces.md) that `warden sim run --trace` loads as it is. Where durations rest on
         an assumption (`duration_basis` not `observed`), a `Warning: 299` header counts them.
-        One in progress per user at a time (429), held until its rows are sent: they are read
+        One in progress per user at a time (429), and the server's budget of such work (503), both held until its rows are sent: they are read
         and sent a batch of jobs at a time, so its cost does not grow with its window."""
         now = service.now()
         start = _finite("since", since) if since is not None else now - EXPORT_DEFAULT_S
@@ -520,6 +530,7 @@ def build_router(service: Service) -> APIRouter:
             raise ApiError(422, "since", since, f"is more than {EXPORT_MAX_S / DAY_S:.0f} days ago")
         with ExitStack() as held:
             held.enter_context(exports.hold(who.user))
+            held.enter_context(expensive.hold("history exports"))
             export = service.export_history(start)
             chunks = _chunks(export, format)
             sent = held.pop_all()  # held until the rows are sent, or the sending stops

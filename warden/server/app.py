@@ -36,6 +36,7 @@ from warden.server.api import (
     metrics_route,
 )
 from warden.server.auth import DEFAULT_TOKEN_LIFETIME_S
+from warden.server.connections import connection_settings, listening
 from warden.server.forecasts import INTERVAL_S as FORECAST_INTERVAL_S
 from warden.server.history import INTERVAL_S as HISTORY_INTERVAL_S
 from warden.server.leader import take_sqlite_lease, this_holder
@@ -398,8 +399,10 @@ def serve(settings: Settings, say: Callable[[str], None] = print) -> None:
             ssl_certfile=str(tls.cert_file) if tls is not None else None,
             ssl_keyfile=str(tls.key_file) if tls is not None else None,
             ssl_context_factory=(lambda _config, _default: tls.context()) if tls is not None else None,
+            **connection_settings(),
         )
-        uvicorn.Server(config).run(sockets=sockets)
+        # bounds: warden.server.connections
+        uvicorn.Server(config).run(sockets=[listening(sock, tls=tls is not None) for sock in sockets])
     finally:
         for sock in sockets:
             sock.close()

@@ -23,7 +23,7 @@ from prometheus_client import Counter
 
 from warden.engine.durations import span
 from warden.engine.lifecycle import Event
-from warden.engine.model import Job, JobState, Node
+from warden.engine.model import Job, JobState, Node, Snapshot
 from warden.engine.overcommit import quota_warnings
 from warden.engine.policy import Limits, Policy, PolicyError, format_duration, parse_policy, parse_policy_source
 from warden.engine.whatif import Verdict, what_if
@@ -39,6 +39,7 @@ from warden.server.history import INTERVAL_S as HISTORY_INTERVAL_S
 from warden.server.leader import Leading, StandbyExecutor
 from warden.server.metrics import ServerMetrics
 from warden.server.nodes import recorded_inventory
+from warden.server.offload import in_worker
 from warden.server.policydiff import policy_diff
 from warden.server.reconcile import Reconciler
 from warden.server.requests import ReportRequest, SubmitRequest, TokenRequest, stored_id
@@ -996,12 +997,12 @@ class Service:
     def diff_policy(self, source: str) -> dict[str, Any]:
         """What `source` would change for the jobs in the system now, were it applied
         (`warden.server.policydiff`); validated as `apply_policy` validates it, and nothing is
-        changed. The snapshot is read under the reconcile lock; both plans are made after it."""
-        policy = _parse_source(source)
+        changed. The snapshot is read under the reconcile lock; the policy is parsed and both
+        plans are made after it, in a worker process (`warden.server.offload`)."""
         with self.reconciler.lock:
             now = self.now()
             snapshot = self.reconciler.live_snapshot(now)
-        return policy_diff(snapshot, policy, now)
+        return in_worker(_diff, source, snapshot, now)
 
     def export_history(self, since: float) -> Export:
         """The jobs submitted at `since` or later that have run, as trace rows read as they are
@@ -1045,6 +1046,11 @@ class Service:
         assert info is not None
         self.store.audit(who.user, "token.revoke", f"token/{token_id}", {"user": info.user, "role": info.role}, now)
         return info
+
+
+def _diff(source: str, snapshot: Snapshot, now: float) -> dict[str, Any]:
+    """`Service.diff_policy`'s work, in a worker process."""
+    return policy_diff(snapshot, _parse_source(source), now)
 
 
 def _parse_source(source: str) -> Policy:
