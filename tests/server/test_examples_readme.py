@@ -87,7 +87,7 @@ def test_a_submit_command_runs_under_the_default_policy(command: str, tmp_path: 
     server = Server(tmp_path / "state", gpus=8).start()  # no --policy: the default
     try:
         env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
-        env.update(WARDEN_URL=server.url, WARDEN_TOKEN=ADMIN)
+        env.update(WARDEN_URL=server.url, WARDEN_STATE_DIR=str(server.state_dir), WARDEN_TOKEN=ADMIN)  # its CA
         done = subprocess.run(job_command(argv), cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, f"{command}\n{done.stdout}{done.stderr}"
         job = done.stdout.split()[-1]

@@ -33,7 +33,7 @@ EPOCH = re.compile(r"\d{10}")
 
 def warden(server: Server, *args: str, columns: int = 80) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
-    env.update(WARDEN_URL=server.url, WARDEN_TOKEN=ADMIN, COLUMNS=str(columns))
+    env.update(WARDEN_URL=server.url, WARDEN_CA=str(server.ca), WARDEN_TOKEN=ADMIN, COLUMNS=str(columns))
     done = subprocess.run(
         [sys.executable, "-m", "warden.cli.main", *args], capture_output=True, text=True, env=env, timeout=60
     )

@@ -37,7 +37,7 @@ queues:
 
 def warden(server: Server, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
-    env.update(WARDEN_URL=server.url, WARDEN_TOKEN=ADMIN, COLUMNS="80", TERM="dumb")
+    env.update(WARDEN_URL=server.url, WARDEN_CA=str(server.ca), WARDEN_TOKEN=ADMIN, COLUMNS="80", TERM="dumb")
     return subprocess.run(
         [sys.executable, "-m", "warden.cli.main", *args], capture_output=True, text=True, env=env, timeout=120
     )

@@ -185,7 +185,7 @@ def test_a_job_preempted_again_and_again_lists_its_preemptions_and_is_flagged_on
         assert summary(c, low)["preemption_cycle"] is True
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
-    env.update(WARDEN_URL=server.url, WARDEN_TOKEN=ADMIN, COLUMNS="80")
+    env.update(WARDEN_URL=server.url, WARDEN_CA=str(server.ca), WARDEN_TOKEN=ADMIN, COLUMNS="80")
     done = subprocess.run(
         [sys.executable, "-m", "warden.cli.main", "describe", low], capture_output=True, text=True, env=env, timeout=60
     )

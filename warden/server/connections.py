@@ -204,12 +204,16 @@ class TimedH11Protocol(H11Protocol):
 
 
 class ServerLoop(asyncio.SelectorEventLoop):
-    """asyncio's loop, with TLS handshakes bounded by `HANDSHAKE_TIMEOUT_S`, and accept()'s
+    """asyncio's loop, with TLS handshakes and closing handshakes (asyncio waits 30 s for a
+    client's close_notify, holding the connection) bounded by `HANDSHAKE_TIMEOUT_S`, and accept()'s
     running out of descriptors left to `ListeningSocket` to log."""
 
     async def create_server(self, *args: Any, **kwargs: Any) -> asyncio.Server:
-        if kwargs.get("ssl") is not None and kwargs.get("ssl_handshake_timeout") is None:
-            kwargs["ssl_handshake_timeout"] = HANDSHAKE_TIMEOUT_S
+        if kwargs.get("ssl") is not None:
+            if kwargs.get("ssl_handshake_timeout") is None:
+                kwargs["ssl_handshake_timeout"] = HANDSHAKE_TIMEOUT_S
+            if kwargs.get("ssl_shutdown_timeout") is None:
+                kwargs["ssl_shutdown_timeout"] = HANDSHAKE_TIMEOUT_S
         return await super().create_server(*args, **kwargs)
 
     def call_exception_handler(self, context: dict[str, Any]) -> None:
