@@ -60,6 +60,8 @@ queues:
 """The policy's default `limits`: the flood of submissions meets the user's rate and its
 waiting jobs' cap (the seeded jobs, finished, count against neither)."""
 HALF_HEAD = b"GET /v1/jobs HTTP/1.1\r\nHost: warden\r\nAuthorization: Bearer "
+HALF_HELLO = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"
+"""The first bytes of a TLS ClientHello announcing 512: a handshake that never ends (HTTPS)."""
 
 
 def bulky(job_bytes: int, i: int) -> tuple[list[str], dict[str, str]]:
@@ -169,6 +171,7 @@ class Load:
     def half_open(self) -> None:
         url = urlsplit(self.server.url)
         assert url.hostname is not None and url.port is not None
+        half = HALF_HELLO if url.scheme == "https" else HALF_HEAD
         held: list[socket.socket] = []
         try:
             while not self.stop.is_set():
@@ -189,7 +192,7 @@ class Load:
                 while len(held) < self.args.half_open and not self.stop.is_set():
                     try:
                         sock = socket.create_connection((url.hostname, url.port), timeout=5)
-                        sock.sendall(HALF_HEAD)
+                        sock.sendall(half)
                     except OSError as err:
                         self.counts["half_open"][type(err).__name__] += 1
                         break
@@ -216,7 +219,7 @@ class Load:
                     self.stop.wait(1.0)
 
     def prober(self) -> None:
-        with httpx.Client(timeout=30) as probe:
+        with httpx.Client(timeout=30, verify=self.server.tls()) as probe:
             while not self.stop.is_set():
                 t = time.perf_counter()
                 try:

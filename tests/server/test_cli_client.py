@@ -495,8 +495,9 @@ def _without_a_token(server: Server, tmp_path: Path) -> None:
     assert "--state-dir DIR" in text and "WARDEN_STATE_DIR=DIR" in text and "WARDEN_TOKEN" in text, text
     (elsewhere).mkdir()
     (elsewhere / "admin-token").write_text("not-the-servers\n")
-    wrong = " ".join(cli_as(elsewhere).stderr.split())
-    assert "unknown token" in wrong and f"the token was read from {elsewhere}/admin-token" in wrong, wrong
+    wrong = " ".join(cli_as(elsewhere).stderr.split())  # not that server's directory: its token stays here
+    assert "a bearer token is required" in wrong, wrong
+    assert f"the admin token of {elsewhere} is sent only to the server holding that state directory" in wrong, wrong
     assert cli_as(server.state_dir).returncode == 0  # the server's own state directory: its admin token
 
 

@@ -44,6 +44,7 @@ from warden.server.errors import error_body
 
 __all__ = [
     "BODY_TIMEOUT_S",
+    "CLOSE_TIMEOUT_S",
     "HANDSHAKE_TIMEOUT_S",
     "HEAD_TIMEOUT_S",
     "MAX_CONNECTIONS",
@@ -67,6 +68,8 @@ MIN_BODY_BYTES_PER_S = 64 * 1024
 default 1 MiB body limit then allows 26 s."""
 HANDSHAKE_TIMEOUT_S = 10.0
 """Time a TLS client has to finish its handshake."""
+CLOSE_TIMEOUT_S = 2.0
+"""Time a TLS client has to answer the server's close_notify before its connection is dropped."""
 MAX_CONNECTIONS = 4096
 """Connections served at once, at most (fewer where the descriptor limit is lower)."""
 FD_RESERVE = 256
@@ -138,6 +141,17 @@ class TimedH11Protocol(H11Protocol):
         self._stop_timer()
         super().connection_lost(exc)
 
+    def shutdown(self) -> None:
+        """At the server's stop, a connection with no request in progress and nothing left to
+        send is dropped at once: over TLS a polite close waits for the client's close_notify,
+        which an idle client (a pooled keep-alive connection) does not send, and the stop would
+        wait `CLOSE_TIMEOUT_S` for it."""
+        idle = self.cycle is None or self.cycle.response_complete
+        if idle and self.transport.get_write_buffer_size() == 0:
+            self.transport.abort()
+        else:
+            super().shutdown()
+
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         if self.transport.is_closing():
@@ -204,8 +218,9 @@ class TimedH11Protocol(H11Protocol):
 
 
 class ServerLoop(asyncio.SelectorEventLoop):
-    """asyncio's loop, with TLS handshakes and closing handshakes (asyncio waits 30 s for a
-    client's close_notify, holding the connection) bounded by `HANDSHAKE_TIMEOUT_S`, and accept()'s
+    """asyncio's loop, with TLS handshakes bounded by `HANDSHAKE_TIMEOUT_S` and closing ones
+    (asyncio waits 30 s for a client's close_notify, holding the connection) by
+    `CLOSE_TIMEOUT_S`, and accept()'s
     running out of descriptors left to `ListeningSocket` to log."""
 
     async def create_server(self, *args: Any, **kwargs: Any) -> asyncio.Server:
@@ -213,7 +228,7 @@ class ServerLoop(asyncio.SelectorEventLoop):
             if kwargs.get("ssl_handshake_timeout") is None:
                 kwargs["ssl_handshake_timeout"] = HANDSHAKE_TIMEOUT_S
             if kwargs.get("ssl_shutdown_timeout") is None:
-                kwargs["ssl_shutdown_timeout"] = HANDSHAKE_TIMEOUT_S
+                kwargs["ssl_shutdown_timeout"] = CLOSE_TIMEOUT_S
         return await super().create_server(*args, **kwargs)
 
     def call_exception_handler(self, context: dict[str, Any]) -> None:
