@@ -269,6 +269,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 t.join(300)
             rss_peak = rss_mib(server.proc.pid, "VmHWM")
             log = server.log.read_text() if server.log else ""
+            if "Traceback" in log:  # shown whole: a traceback under load is a finding
+                print(log, file=sys.stderr)
         finally:
             server.stop()
     h = load.health_s
