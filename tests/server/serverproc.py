@@ -182,6 +182,38 @@ class Server:
         return httpx.Client(base_url=self.url, headers=headers, timeout=10, verify=self.tls())
 
 
+def self_signed(directory: Path, name: str = "127.0.0.1") -> Path:
+    """A self-signed certificate for the address `name` (nobody's server: a squatter's) and its
+    key, as `cert.pem` and `key.pem` in `directory`; the certificate's path."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(name))]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    (directory / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (directory / "key.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return directory / "cert.pem"
+
+
 def cas(*servers: Server) -> str:
     """The CA certificates of `servers`, as one PEM text (what `WARDEN_CA` and `Client(ca=)` take)."""
     return "".join(s.ca.read_text() for s in servers if not s.plain_http)

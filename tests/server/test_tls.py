@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime
 import errno
-import ipaddress
 import json
 import os
 import socket
@@ -21,8 +20,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-from serverproc import Server, cli, kill_jobs_of, started, submit, until_state, wait_for
+from serverproc import Server, cli, kill_jobs_of, self_signed, started, submit, until_state, wait_for
 
 from warden.server import tls
 from warden.workload.report import Reporter
@@ -74,29 +72,6 @@ while True:
         out.write(heard + b"\n--\n")
     conn.close()
 """
-
-
-def self_signed(directory: Path, name: str = "127.0.0.1") -> Path:
-    """A certificate of someone else's (not the server's CA) for `name`, and its key."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(name))]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    (directory / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (directory / "key.pem").write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return directory / "cert.pem"
 
 
 def as_root_of(state: Path, url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
