@@ -46,7 +46,7 @@ def free_port() -> int:
 
 
 def wait_for(
-    predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition", interval: float = 0.02
+    predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition", interval: float = 0.1
 ) -> Any:
     """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
