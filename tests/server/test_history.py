@@ -5,6 +5,7 @@ from the attempts; the preemption kinds a database migrated from 0006 gets. A re
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -29,6 +30,7 @@ from warden.server.service import Service
 from warden.store import Store, connect, migrate
 from warden.store.db import alembic_config
 from warden.store.history import SAMPLES, HistorySample
+from warden.store.leadership import NotLeader
 
 T0 = 1_000_000.0
 POLICY = {
@@ -357,3 +359,34 @@ def test_a_gang_on_a_node_that_goes_down_is_listed_as_an_eviction(store: Store, 
     finally:
         end_everything(svc)
         svc.stop()
+
+
+def test_a_sample_refused_because_the_term_ended_ends_the_loop_without_a_traceback(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The sample is written after the pass, outside its lock: where the fence refuses that
+    write (this server's term ended meanwhile), the loop stops as for a refused pass, and no
+    traceback is logged for what is a step down, not a failure."""
+    clock = Clock(T0)
+    svc = service(store, tmp_path / "state", clock)
+
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise NotLeader("write refused: decided in epoch 1, and this server's term is epoch 2")
+
+    monkeypatch.setattr(store, "record_sample", refused)
+    try:
+        stop = threading.Event()
+        loop = threading.Thread(target=svc.reconciler.run, args=(stop, 0.05))
+        loop.start()
+        loop.join(30)
+        stopped = not loop.is_alive()
+        stop.set()
+        loop.join(10)
+    finally:
+        end_everything(svc)
+        svc.stop()
+        store.close()
+    assert stopped, "the loop went on after its sample's write was refused"
+    assert svc.reconciler.lost is not None and "epoch 2" in svc.reconciler.lost
+    assert "recording the history sample failed" not in caplog.text
+    assert "Traceback" not in caplog.text

@@ -18,6 +18,7 @@ from support import move
 
 from warden.engine.model import JobState
 from warden.store import Store
+from warden.store import jobs as jobs_module
 from warden.store.jobs import EXPORT_FINISHED, TERMINAL_STATES, TooMuchStored, stored_bytes
 
 T0 = 1_700_000_000.0
@@ -119,6 +120,42 @@ def test_the_oldest_finished_jobs_are_dropped_to_make_room_and_no_more(store: St
     assert info.value.kept == 220
     assert store.stored_bytes_of("bo") == 50 == kept(store, "bo")  # another user's jobs are theirs
     assert fifth in {j.id for j in store.list(user="ana")}
+
+
+def test_a_user_already_past_the_bound_is_brought_under_it_a_few_jobs_a_transaction(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Jobs kept from before a limit (or a lower one): the next submission first drops the
+    oldest finished jobs down to the limit in transactions of at most `_TRIM_BYTES` each, so no
+    other write waits behind one huge drop; the submission itself then drops only its own size."""
+    monkeypatch.setattr(jobs_module, "_TRIM_BYTES", 120)
+    ids = [submit(store, command=["z" * 50]) for _ in range(10)]
+    for i, job_id in enumerate(ids[:8]):
+        move(store, job_id, JobState.SUCCEEDED, reason="done", actor="warden", now=T0 + 1 + i)
+    assert store.stored_bytes_of("ana") == 500
+    drops: list[int] = []  # jobs dropped by each transaction that dropped any
+    pending: list[int] = [0]
+
+    def executed(conn: Any, cursor: Any, sql: str, params: Any, context: Any, many: bool) -> None:
+        if sql.lstrip().upper().startswith("UPDATE JOBS") and "command_expired_at" in sql:
+            pending[0] += cursor.rowcount
+
+    def committed(conn: Any) -> None:
+        if pending[0]:
+            drops.append(pending[0])
+        pending[0] = 0
+
+    event.listen(store.engine, "after_cursor_execute", executed)
+    event.listen(store.engine, "commit", committed)
+    try:
+        submit(store, command=["n" * 50], stored_bytes_limit=260, now=T0 + 20)
+    finally:
+        event.remove(store.engine, "after_cursor_execute", executed)
+        event.remove(store.engine, "commit", committed)
+    # 500 bytes: 3 jobs (≥ 120 bytes), then 2 (≥ 90) bring it to 250; the submission takes 1 more.
+    assert drops == [3, 2, 1], drops
+    assert [j.id for j in store.list(user="ana") if j.command_expired_at is not None] == ids[:6]
+    assert store.stored_bytes_of("ana") == 250 == kept(store)
 
 
 def test_a_refusal_drops_nothing(store: Store) -> None:

@@ -352,7 +352,9 @@ def create_app(service: Service) -> FastAPI:
     install_error_handlers(app)
     install_request_limits(app, service)
     install_role_header(app, service)
-    app.include_router(build_router(service))
+    # The /v1 routes join the app's own: an included router would build each route's models a
+    # second time, at the first request.
+    app.router.routes.extend(build_router(service).routes)
     metrics_route(app, service)
     mount_ui(app)  # the dashboard, /ui/ (docs/dashboard.md)
     return app

@@ -281,10 +281,13 @@ class Reconciler:
     def _sample(self, now: float) -> None:
         """The history's sample, when one is due: after the pass and outside its lock (it reads
         every job's attempts, as `GET /v1/queues` does). A sample that fails is logged and
-        tried again an interval later; it never fails the pass."""
+        tried again an interval later; it never fails the pass. A write refused because this
+        server no longer leads ends the loop, as a pass's does."""
         try:
             if self.history.due(now):
                 self.history.record(now, self.policy, self.ledger, self.cluster)
+        except (NotLeader, Fenced):
+            raise
         except Exception:
             log.exception("recording the history sample failed; the next try is in %g s", self.history.interval_s)
 

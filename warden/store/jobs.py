@@ -405,6 +405,8 @@ def _keep_bytes(conn: Connection, values: Mapping[str, Any], limit: int | None, 
 
 _DROP_BATCH = 16
 """Finished jobs read at a time when making room: what dropping holds, whatever the history."""
+_TRIM_BYTES = 16 << 20
+"""What one transaction of `JobStore._trim_stored` frees at most (and so about what it reads)."""
 
 
 def _drop_oldest(conn: Connection, user: str, need: int, limit: int, adding: int, stored: int, now: float) -> int:
@@ -579,9 +581,30 @@ class JobStore(StoreBase):
             request_digest=request_digest,
             saves_on_sigterm=bool(saves_on_sigterm),
         )
+        if stored_bytes_limit is not None:
+            self._trim_stored(user, stored_bytes_limit, now)
         return self._submissions.run(
             _Submission(values, now, reason, actor, details, waiting_limits, stored_bytes_limit)
         )
+
+    def _trim_stored(self, user: str, limit: int, now: float) -> None:
+        """Bring what `user`'s jobs keep down to `limit` where it is already past it (a limit
+        lowered, or jobs kept from before there was one), `_TRIM_BYTES` a transaction: the
+        submission then drops no more than its own size under the submission lock, and no
+        other write (a lease's renewal) waits behind gigabytes of reads."""
+        row = USER_STORAGE.c
+        while True:
+            try:
+                with self._write() as conn:
+                    _advisory_lock(conn, SUBMIT_LOCK_KEY)
+                    stored = conn.execute(select(row.stored_bytes).where(row.user == user)).scalar()
+                    if stored is None or stored <= limit:
+                        return
+                    need = min(int(stored) - limit, _TRIM_BYTES)
+                    freed = _drop_oldest(conn, user, need, limit, 0, int(stored), now)
+                    conn.execute(update(USER_STORAGE).where(row.user == user).values(stored_bytes=int(stored) - freed))
+            except TooMuchStored:
+                return  # nothing finished left to drop: the submission says whether it fits
 
     def _insert_jobs(self, batch: Sequence[_Submission]) -> list[int]:
         """One transaction for every submission that arrived while the previous one committed."""
