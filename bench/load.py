@@ -16,7 +16,8 @@ and half) are written straight into its database through warden's `Store`. Then,
 Throughout, `/v1/health` is timed every `--probe-interval` s (`health_p50_s`, `health_p99_s`,
 `health_max_s`, `health_failures`) and the server's resident memory is read every 0.1 s
 (`rss_max_mib`; `rss_peak_mib` is the kernel's high-water mark, VmHWM; `rss_workers_max_mib`
-the most its worker processes held together). Each client's counts
+the most its worker processes held together). `terms_led` counts the terms the server led: 1
+unless the load made it step down. Each client's counts
 say what it got; `--skip` leaves some out. `limits` names the bounds in force.
 """
 
@@ -311,6 +312,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "counts": {k: dict(v) for k, v in load.counts.items()},
         "log_lines": len(log.splitlines()),
         "log_tracebacks": log.count("Traceback"),
+        "terms_led": log.count("this server leads now"),
     }
 
 
