@@ -9,8 +9,6 @@ A leader's store (`Store.fenced`) checks its lease's epoch in every write transa
 from __future__ import annotations
 
 import builtins
-import contextlib
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
@@ -18,7 +16,7 @@ from typing import Any, Protocol
 
 from sqlalchemy import Connection, CursorResult, Engine, Row, text
 
-from warden.store.db import writer
+from warden.store.db import write_turn, writer
 
 
 class Fence(Protocol):
@@ -38,16 +36,13 @@ class StoreBase:
         self.fence: Fence | None = None
         """Checked at the start of every write transaction (a leader's store); None: unfenced."""
         self._writer = writer(engine)
-        self._write_lock: threading.Lock | contextlib.nullcontext[None] = (
-            threading.Lock() if engine.dialect.name == "sqlite" else contextlib.nullcontext()
-        )
+        self._turn = write_turn(engine)
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
-        # SQLite admits one writer at a time and makes the others poll with growing sleeps
-        # (its busy handler); queueing this process's writers on a lock instead hands the
-        # database over the moment a commit ends. PostgreSQL needs no such help.
-        with self._write_lock, self._writer.begin() as conn:
+        # This process's writers take turns (`WriteTurn`): on SQLite each gets the database
+        # the moment the last commit ends, and the lease's renewal before any of them.
+        with self._turn.hold(), self._writer.begin() as conn:
             if self.fence is not None:
                 self.fence.check_in(conn)
             yield conn

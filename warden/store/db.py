@@ -9,6 +9,10 @@ before the server answers; on PostgreSQL the server's own defaults (`synchronous
 from __future__ import annotations
 
 import os
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -120,6 +124,62 @@ def secure_sqlite_files(engine: Engine) -> None:
 def writer(engine: Engine) -> Engine:
     """The same pool, marked for writing (see WRITE_OPTION); a no-op on PostgreSQL."""
     return engine.execution_options(**{WRITE_OPTION: True})
+
+
+class WriteTurn:
+    """Whose turn it is to write to one SQLite database, among this process's threads.
+
+    SQLite admits one writer at a time and makes the others poll with growing sleeps (its busy
+    handler); writers queued here instead get the database the moment a commit ends. An urgent
+    writer (the lease's renewal) goes before every queued one: a lease that must be renewed
+    every second never polls behind a backlog of submissions, passes and reports, which would
+    end the term while nothing is wrong. PostgreSQL queues its writers itself: there a turn is
+    taken at once."""
+
+    def __init__(self, queued: bool) -> None:
+        self._queued = queued
+        self._changed = threading.Condition()
+        self._busy = False
+        self._urgent = 0
+        self.waiting = 0
+        """How many writers wait for the turn now."""
+
+    @contextmanager
+    def hold(self, urgent: bool = False) -> Iterator[None]:
+        """The turn for the body of the `with` (not reentrant)."""
+        if not self._queued:
+            yield
+            return
+        with self._changed:
+            self._urgent += urgent
+            self.waiting += 1
+            try:
+                while self._busy or (self._urgent and not urgent):
+                    self._changed.wait()
+            finally:
+                self._urgent -= urgent
+                self.waiting -= 1
+            self._busy = True
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._busy = False
+                self._changed.notify_all()
+
+
+_TURNS: weakref.WeakKeyDictionary[Any, WriteTurn] = weakref.WeakKeyDictionary()
+_TURNS_LOCK = threading.Lock()
+
+
+def write_turn(engine: Engine) -> WriteTurn:
+    """The one `WriteTurn` of `engine`'s database in this process: every engine on the same
+    pool (`writer`'s, a fenced store's, the lease's) shares it."""
+    with _TURNS_LOCK:
+        turn = _TURNS.get(engine.pool)
+        if turn is None:
+            turn = _TURNS[engine.pool] = WriteTurn(engine.dialect.name == "sqlite")
+        return turn
 
 
 def alembic_config() -> Config:

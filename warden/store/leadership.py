@@ -46,7 +46,7 @@ from sqlalchemy import ColumnElement, Connection, Engine, Table, func, literal_c
 from sqlalchemy.exc import OperationalError
 
 from warden.engine.durations import span
-from warden.store.db import writer
+from warden.store.db import write_turn, writer
 from warden.store.schema import LeaseRow
 
 LEASE = cast(Table, LeaseRow.__table__)
@@ -183,6 +183,8 @@ class Lease:
         self.clock = clock
         self.watch = watch
         self._writer = writer(engine)
+        self._turn = write_turn(engine)
+        """This process's writers' turns: the lease's writes go first (`WriteTurn`)."""
         self._term: _Term | None = None
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -276,7 +278,7 @@ class Lease:
 
     def _take(self, sent: float, take_from: str | None) -> bool:
         try:
-            with self._writer.begin() as conn:
+            with self._turn.hold(urgent=True), self._writer.begin() as conn:
                 _wait_at_most(conn, LOCK_WAIT_MS)
                 seen = self.last_seen = _read(conn, lock=True)
                 if seen.live and seen.holder != take_from:
@@ -320,7 +322,7 @@ class Lease:
         if term is None:
             return False
         sent = self.clock()
-        with self._writer.begin() as conn:
+        with self._turn.hold(urgent=True), self._writer.begin() as conn:
             _wait_at_most(conn, LOCK_WAIT_MS)
             now = db_now(conn)
             renewed = conn.execute(
@@ -387,7 +389,7 @@ class Lease:
     def give_back(self, epoch: int) -> None:
         """Expire the lease now if the row still holds this server's `epoch` (after
         `step_down`); otherwise (taken over meanwhile) nothing."""
-        with self._writer.begin() as conn:
+        with self._turn.hold(urgent=True), self._writer.begin() as conn:
             _wait_at_most(conn, LOCK_WAIT_MS)
             conn.execute(
                 update(LEASE)
