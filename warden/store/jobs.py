@@ -593,16 +593,20 @@ class JobStore(StoreBase):
         submission then drops no more than its own size under the submission lock, and no
         other write (a lease's renewal) waits behind gigabytes of reads."""
         row = USER_STORAGE.c
-        while True:
+        kept = select(row.stored_bytes).where(row.user == user)
+        with self._read() as conn:  # the common case, under the limit: no write's turn taken
+            found = conn.execute(kept).scalar()
+        while found is not None and found > limit:
             try:
                 with self._write() as conn:
                     _advisory_lock(conn, SUBMIT_LOCK_KEY)
-                    stored = conn.execute(select(row.stored_bytes).where(row.user == user)).scalar()
-                    if stored is None or stored <= limit:
+                    found = conn.execute(kept).scalar()
+                    if found is None or found <= limit:
                         return
-                    need = min(int(stored) - limit, _TRIM_BYTES)
-                    freed = _drop_oldest(conn, user, need, limit, 0, int(stored), now)
-                    conn.execute(update(USER_STORAGE).where(row.user == user).values(stored_bytes=int(stored) - freed))
+                    stored = int(found)
+                    freed = _drop_oldest(conn, user, min(stored - limit, _TRIM_BYTES), limit, 0, stored, now)
+                    conn.execute(update(USER_STORAGE).where(row.user == user).values(stored_bytes=stored - freed))
+                    found = stored - freed
             except TooMuchStored:
                 return  # nothing finished left to drop: the submission says whether it fits
 
