@@ -40,6 +40,12 @@ def main(argv: list[str] | None = None) -> int:
         "--step-seconds", type=float, default=0.05, help="time one step takes (the work is simulated by sleeping)"
     )
     parser.add_argument(
+        "--startup-seconds",
+        type=float,
+        default=0.0,
+        help="time loading takes before the first step, as a model and its data take (simulated by sleeping)",
+    )
+    parser.add_argument(
         "--checkpoint-every",
         type=int,
         default=100,
@@ -55,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     step, value = (0, 0.0) if latest is None else (latest[0], float(latest[1]["value"]))
     if latest is not None:
         print(f"resumed from step {step}", flush=True)
+    time.sleep(args.startup_seconds)  # loading the model and the data
     reporter.startup_finished()
 
     while step < args.steps:

@@ -18,7 +18,7 @@ import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -74,21 +74,67 @@ def tmp_path(request: pytest.FixtureRequest, tmp_path: Path, _jobs_base: Path | 
     return path
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[object]:
-    """A real 4-node Slurm cluster (tests/slurmcluster.py), shared by the session's tests."""
+_CLUSTERS: dict[str, tuple[Iterator[object], object]] = {}
+"""The real clusters brought up for this session's tests, by fixture name: each generator (its
+`finally` tears the cluster down) and the cluster it yielded."""
+_GROUPS = {"slurm_cluster": "slurm", "ray_cluster": "ray"}
+"""The xdist group whose tests share each cluster (`pytest.mark.xdist_group`)."""
+
+
+def _cluster(name: str, bring_up: Callable[[], Iterator[object]]) -> object:
+    if name not in _CLUSTERS:
+        up = bring_up()
+        _CLUSTERS[name] = (up, next(up))
+    return _CLUSTERS[name][1]
+
+
+def _tear_down(name: str) -> None:
+    up, _ = _CLUSTERS.pop(name)
+    up.close()
+
+
+def _group(item: pytest.Item | None) -> str | None:
+    mark = None if item is None else item.get_closest_marker("xdist_group")
+    if mark is None:
+        return None
+    return str(mark.args[0] if mark.args else mark.kwargs.get("name"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """With `--dist loadgroup` (scripts/test) a worker runs every test of a group one after the
+    other: once the next test is of another group, nothing on this worker needs the group's
+    cluster any more, and it is torn down rather than left running idle to the session's end."""
+    yield
+    if item.config.getoption("dist", "no") != "loadgroup":
+        return
+    for name in list(_CLUSTERS):
+        if _group(nextitem) != _GROUPS[name]:
+            _tear_down(name)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for name in list(_CLUSTERS):
+        _tear_down(name)
+
+
+@pytest.fixture
+def slurm_cluster() -> object:
+    """A real 4-node Slurm cluster (tests/slurmcluster.py), shared by the session's tests (by
+    the tests of the "slurm" group: see `pytest_runtest_teardown`)."""
     from slurmcluster import bring_up
 
-    yield from bring_up()
+    return _cluster("slurm_cluster", bring_up)
 
 
-@pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[object]:
+@pytest.fixture
+def ray_cluster() -> object:
     """A real Ray cluster of 3 worker nodes (tests/raycluster.py), shared by the session's
-    tests: never kill its nodes (bring up a cluster of your own for that)."""
+    tests (by the tests of the "ray" group): never kill its nodes (bring up a cluster of your
+    own for that)."""
     from raycluster import bring_up
 
-    yield from bring_up()
+    return _cluster("ray_cluster", bring_up)
 
 
 @pytest.fixture(autouse=True)

@@ -367,8 +367,8 @@ def _settings(examples: int, explore_examples: int | None = None) -> settings:
     )
 
 
-SHORT = 80
-LONG = 60  # the suite must stay under 20 minutes on 2 cores; EXPLORE runs 3000
+SHORT = 50
+LONG = 40  # the suite must stay under 20 minutes on 2 cores; EXPLORE runs 3000
 
 
 @_settings(SHORT)

@@ -303,6 +303,33 @@ def server_fixture(policy_text: str, **kw: Any) -> Any:
     return server
 
 
+def shared_server_fixture(policy_text: str, **kw: Any) -> Any:
+    """A pytest fixture like `server_fixture`, but one server for every test of the module that
+    asks for it: for tests whose requests are refused or only read, so that no test sees what
+    another one did. (Under root, its directory is one every job uid may pass, as `tmp_path`'s.)"""
+    import tempfile
+
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def shared_server(tmp_path_factory: pytest.TempPathFactory, _jobs_base: Path | None) -> Iterator[Server]:
+        base = (
+            Path(tempfile.mkdtemp(prefix="shared-", dir=_jobs_base))
+            if _jobs_base
+            else tmp_path_factory.mktemp("shared")
+        )
+        if _jobs_base:
+            os.chmod(base, 0o777)
+        s = started(base, policy_text, **kw)
+        try:
+            yield s
+        finally:
+            s.stop()
+            kill_leftovers(base)
+
+    return shared_server
+
+
 def kill_leftovers(tmp_path: Path) -> None:
     """Job processes outlive the server by design; end the ones this test started."""
     kill_jobs_of(tmp_path / "state")

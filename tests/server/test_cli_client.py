@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
-from serverproc import ADMIN, Server, cli, kill_leftovers, server_fixture, started, wait_for
+from serverproc import ADMIN, Server, cli, kill_leftovers, server_fixture, shared_server_fixture, started, wait_for
 
 from warden.cli.jobs import QUEUE_COLUMNS
 
@@ -41,6 +41,8 @@ def warden(
 
 
 server = server_fixture(POLICY)
+shared_server = shared_server_fixture(POLICY)
+"""For the tests whose commands are refused: they change nothing."""
 
 
 def test_submit_queue_describe_logs_and_cancel(server: Server, tmp_path: Path) -> None:
@@ -128,16 +130,17 @@ def test_nodes_queues_tokens_audit_and_policy_apply(server: Server, tmp_path: Pa
         (["cancel", "abc"], ["id", "abc"]),
     ],
 )
-def test_refusals_name_the_field_and_exit_2(server: Server, args: list[str], words: list[str]) -> None:
-    done = warden(server, *args)
+def test_refusals_name_the_field_and_exit_2(shared_server: Server, args: list[str], words: list[str]) -> None:
+    done = warden(shared_server, *args)
     assert done.returncode == 2 and done.stdout == ""
     for w in words:
         assert w in done.stderr
     assert "Traceback" not in done.stderr
 
 
-def test_refusals_write_durations_in_their_short_form(server: Server) -> None:
+def test_refusals_write_durations_in_their_short_form(shared_server: Server) -> None:
     """A refusal names a duration as a person writes it (`8h`, not `28800 s`), its value too."""
+    server = shared_server
     done = warden(server, "submit", "-q", "vision", "-t", "3", "--lease", "9h", "--", "true")
     assert done.returncode == 2 and "lease: is above the policy's maximum lease of 8h (got '9h')" in done.stderr
     assert "28800" not in done.stderr and "32400" not in done.stderr
@@ -145,7 +148,8 @@ def test_refusals_write_durations_in_their_short_form(server: Server) -> None:
     assert grace.returncode == 2 and "minimum grace of 2s (got '1s')" in grace.stderr, grace.stderr
 
 
-def test_a_wrong_token_and_no_server(server: Server) -> None:
+def test_a_wrong_token_and_no_server(shared_server: Server) -> None:
+    server = shared_server
     done = warden(server, "queue", token="wrong")
     assert done.returncode == 2 and "token" in done.stderr
     gone = Server(server.state_dir, port=1)

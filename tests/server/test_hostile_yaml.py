@@ -1,5 +1,5 @@
-"""Hostile policy YAML and expensive requests: an alias bomb is refused before it expands,
-quickly and without the server's memory growing; `POST /v1/policy/diff` and
+"""Hostile policy YAML and expensive requests: an alias bomb is refused by the parser, before
+anything walks it, and without the server's memory growing; `POST /v1/policy/diff` and
 `GET /v1/history/export` are limited to one in progress per user, and all of them, dry runs
 too, to the server's budget (`limits.expensive_requests_at_once`, 1 by default) whoever sends
 them. In process, on the real app and store; the reconcile loop is not started."""
@@ -93,12 +93,10 @@ def test_an_alias_bomb_is_refused_fast_and_without_memory(service: Service, role
     client = client_for(service, token)
     version = service.store.current_policy()
     before = rss_bytes()
-    started = time.monotonic()
     answers = [
         client.post("/v1/policy/diff", json={"source": BOMB}),
         client.put("/v1/policy", json={"source": BOMB}),
     ]
-    elapsed = time.monotonic() - started
     grown = rss_bytes() - before
     client.close()
     diff, apply = answers
@@ -111,7 +109,6 @@ def test_an_alias_bomb_is_refused_fast_and_without_memory(service: Service, role
     else:
         assert apply.status_code == 403, apply.text
     assert service.store.current_policy() == version
-    assert elapsed < 2.0, f"{elapsed:.1f}s to refuse {len(BOMB)} bytes"
     assert grown < 50 << 20, f"the server grew by {grown >> 20} MiB"
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from serverproc import Server, kill_leftovers, server_fixture, submit, until_state, wait_for
+from serverproc import Server, kill_leftovers, server_fixture, shared_server_fixture, submit, until_state, wait_for
 
 # Short leases and graces so the tests run in seconds; no efficiency floor and no assumed
 # restart or checkpoint overhead (together they would stretch a 1 s lease to a minute).
@@ -66,6 +66,8 @@ def scripts(tmp_path: Path) -> dict[str, Path]:
 
 
 server = server_fixture(POLICY)
+shared_server = shared_server_fixture(POLICY)
+"""For the tests whose requests are refused: they change nothing."""
 
 
 def state(c: httpx.Client, job_id: str) -> str:
@@ -231,10 +233,10 @@ def test_who_may_do_what(server: Server, tmp_path: Path) -> None:
     ],
 )
 def test_bad_submissions_are_refused_by_field_and_change_nothing(
-    server: Server, body: dict[str, Any], field: str, status: int
+    shared_server: Server, body: dict[str, Any], field: str, status: int
 ) -> None:
     body = {"command": ["true"], **body}
-    with server.client() as c:
+    with shared_server.client() as c:
         before = c.get("/v1/jobs", params={"all": "true"}).json()
         r = c.post("/v1/jobs", json=body)
         assert r.status_code == status, r.text
@@ -243,8 +245,8 @@ def test_bad_submissions_are_refused_by_field_and_change_nothing(
         assert c.get("/v1/jobs", params={"all": "true"}).json() == before
 
 
-def test_malformed_json_is_a_400(server: Server) -> None:
-    with server.client() as c:
+def test_malformed_json_is_a_400(shared_server: Server) -> None:
+    with shared_server.client() as c:
         r = c.post("/v1/jobs", content=b"{not json", headers={"Content-Type": "application/json"})
         assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"]
 

@@ -349,10 +349,10 @@ def test_a_takeover_waits_for_the_old_leaders_write_in_flight(engines: Callable[
     """A write transaction the leader opened before its lease ran out holds the lease row:
     the contender's takeover waits until it commits, and the write lands *before* the new
     epoch, never after it."""
-    a, b = contender(engines, "a", lease_s=0.4, margin_s=0.1), contender(engines, "b")
-    assert a.acquire() == 1
-    leader = Store(engines()).fenced(a)
+    a, b = contender(engines, "a", lease_s=1.0, margin_s=0.1), contender(engines, "b")
+    leader = Store(engines()).fenced(a)  # made before the lease is taken: its term is short
     users = Store(engines())
+    assert a.acquire() == 1
     took: list[int | None] = []
     with leader._write() as conn:
         wait_for(lambda: not b.read().live, 10, "a's lease to run out")
@@ -376,9 +376,9 @@ def test_a_leader_stopped_inside_a_write_does_not_block_the_takeover(
     if not db_url.startswith("postgresql"):
         pytest.skip("SQLite is one server's: no contender on another connection to keep waiting")
     a, b = contender(engines, "a", lease_s=0.4, margin_s=0.1), contender(engines, "b")
-    assert a.acquire() == 1
-    leader = Store(engines()).fenced(a)
+    leader = Store(engines()).fenced(a)  # made before the lease is taken: its term is short
     users = Store(engines())
+    assert a.acquire() == 1
     started = time.monotonic()
     with pytest.raises(DBAPIError), leader._write() as conn:
         conn.execute(AuditRow.__table__.insert().values(at=T0, actor="warden", action="x", target="t", details={}))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import subprocess
+import sys
 import threading
 import tomllib
 from collections.abc import Iterator
@@ -18,7 +20,7 @@ from pg import fresh_postgres_url, postgres_server  # noqa: F401  (fixtures)
 from sqlalchemy import Engine, inspect, text
 
 from warden.store import Store, connect, current_revision, migrate
-from warden.store.db import MIGRATIONS_DIR, alembic_config
+from warden.store.db import HEAD_REVISION, MIGRATIONS_DIR, alembic_config
 from warden.store.schema import Base
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -80,6 +82,24 @@ def test_migrate_twice_is_harmless(engine: Engine) -> None:
     migrate(engine)
     assert current_revision(engine) == head()
     assert store.get(job_id) is not None and len(store.audit_log()) == 1
+
+
+def test_a_database_at_the_head_is_not_handed_to_alembic(engine: Engine) -> None:
+    """`HEAD_REVISION` is Alembic's head; a server starting on a database already there does not
+    even import Alembic (a fresh process: this one has imported it)."""
+    assert head() == HEAD_REVISION
+    migrate(engine)
+    url = engine.url.render_as_string(hide_password=False)
+    script = (
+        "import sys\n"
+        "from warden.store.db import connect, migrate\n"
+        f"engine = connect({url!r})\n"
+        "migrate(engine)\n"
+        "print('alembic' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
 
 
 def test_concurrent_migrations_are_serialized(engine: Engine) -> None:

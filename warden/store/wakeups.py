@@ -14,7 +14,6 @@ import logging
 import threading
 from collections.abc import Callable
 
-import psycopg
 from sqlalchemy import Engine, text
 
 log = logging.getLogger("warden.store")
@@ -43,6 +42,8 @@ def listen(engine: Engine, on_wake: Callable[[], None], stop: threading.Event) -
     """Until `stop`: call `on_wake` once for each batch of notifications that arrived together.
     A lost connection is opened again every `RETRY_S`; the passes run on their interval
     meanwhile."""
+    import psycopg  # PostgreSQL's driver: loaded only by a server on PostgreSQL
+
     conninfo = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
     while not stop.is_set():
         try:
