@@ -83,6 +83,24 @@ def test_ranges_and_maps_parse() -> None:
         parse_user_map(["alice"])
 
 
+@needs_root
+def test_accounts_several_users_share_are_named_and_the_server_warns_of_them() -> None:
+    from warden.server.app import Settings, job_identities
+
+    assert Identities("user", UIDS, {"ana": "nobody", "bob": "daemon"}).shared_accounts() == {}
+    assert Identities("dynamic", UIDS, {"*": "nobody"}).shared_accounts() == {}
+    shared = Identities("user", UIDS, {"ana": "daemon", "bob": "daemon", "*": "nobody", "eve": "nobody"})
+    assert shared.shared_accounts() == {"daemon": ["ana", "bob"], "nobody": ["eve", "*"]}
+    said: list[str] = []
+    job_identities(Settings(run_as="user", user_map=(("*", "nobody"),)), said.append)
+    warning = [line for line in said if line.startswith("WARNING")]
+    assert len(warning) == 1 and "every user not mapped all run as the account nobody" in warning[0], said
+    assert "report tokens" in warning[0] and "docs/security.md" in warning[0]
+    said.clear()
+    job_identities(Settings(run_as="user", user_map=(("ana", "nobody"),)), said.append)
+    assert not [line for line in said if line.startswith("WARNING")], said
+
+
 def test_a_handle_remembers_the_uid() -> None:
     replica = ReplicaHandle(0, 10, 11, Path("s"), Path("e"), Path("l"), uid=61001)
     handle = Handle("j", 1, (replica,), control_path=Path("c"))

@@ -155,7 +155,8 @@ def test_a_replay_of_jobs_preempted_and_cancelled_without_the_sdk_preempts_and_u
         replay = json.loads(out.stdout)["replay"]
         assert replay["warning"].startswith("1 of 4 durations rest on an assumption: 1 never finished")
         assert "warning: 1 of 4 durations rest on an assumption" in " ".join(out.stderr.split())
-        assert replay["current"]["preemptions"] == preempted
+        rows = warden(server, "history", "export", "--since", "1d").stdout  # what the replay ran, if it differs
+        assert replay["current"]["preemptions"] == preempted, (replay, spans, rows)
         # the run has a pass between each exit and the next start, the replay none: a few GPU-seconds
         assert replay["current"]["utilization"] == pytest.approx(used, abs=0.15)
         exported = warden(server, "history", "export", "--since", "1d")

@@ -203,6 +203,18 @@ class Identities:
     def release(self, key: Key) -> None:
         self.pool.release(key)
 
+    def shared_accounts(self) -> dict[str, list[str]]:
+        """The Unix accounts `user_map` runs more than one warden user's jobs as, each with whose
+        (`*` standing for every user the map does not name). Jobs of one account can read each
+        other's environment (report tokens and secrets included) and files, and signal each other:
+        nothing on the machine tells them apart."""
+        if self.mode != "user":
+            return {}
+        users: dict[str, list[str]] = {}
+        for user, account in sorted(self.user_map.items(), key=lambda item: (item[0] == "*", item[0])):
+            users.setdefault(account, []).append(user)
+        return {account: names for account, names in users.items() if len(names) > 1 or "*" in names}
+
     def describe(self) -> str:
         if self.mode == "none":
             return f"jobs run as the server's own uid {os.geteuid()} (no isolation: the server is not root)"

@@ -150,6 +150,14 @@ def job_identities(settings: Settings, say: Callable[[str], None]) -> Identities
         return Identities.fixed()
     identities = Identities(settings.run_as, settings.job_uids, dict(settings.user_map))
     say(identities.describe())
+    for account, users in identities.shared_accounts().items():
+        whose = ", ".join("every user not mapped" if u == "*" else u for u in users)
+        _warn(
+            f"WARNING: the jobs of {whose} all run as the account {account}: each can read the others' "
+            "environment (report tokens and secrets included) and files, and signal them; map users to "
+            "accounts of their own to keep them apart (docs/security.md)",
+            say,
+        )
     return identities
 
 
