@@ -31,6 +31,7 @@ from warden.executors.ray import (
     parse_nodes,
     probe,
 )
+from warden.executors.ray_launch import bound_gpus
 from warden.executors.records import record_killed_at
 
 pytestmark = pytest.mark.xdist_group("ray")  # one xdist worker runs every Ray test: one cluster
@@ -81,6 +82,13 @@ def test_a_kill_the_shims_kept_before_the_adopter_is_the_attempts_kill(tmp_path:
     record = {"exit_code": -9, "ended_at": deadline + 0.3, "killed_at": deadline - 1}  # before the deadline: forged
     assert record_killed_at(record, deadline, time.time()) is None
     assert record_killed_at({**record, "killed_at": deadline + 0.2}, deadline, time.time()) == deadline + 0.2
+
+
+def test_a_replica_runs_on_the_gpu_ids_ray_gave_its_bundle_where_they_are_indices() -> None:
+    assert bound_gpus(["3", "0"], "0,1") == (0, 3)
+    assert bound_gpus(["0"], "0,1") is None  # not as many as placed: the plan stands
+    assert bound_gpus(["GPU-6f1c"], "2") is None  # not indices
+    assert bound_gpus([], "") is None and bound_gpus(["0"], "") is None  # a replica placed on no GPU
 
 
 def test_a_dead_node_keeps_its_last_known_capacity_and_a_live_incarnation_wins() -> None:

@@ -42,6 +42,7 @@ from warden.executors.slurm import (
     parse_squeue_json,
     parse_topology,
 )
+from warden.executors.slurm_launch import bound_gpus
 
 pytestmark = pytest.mark.xdist_group("slurm")  # one xdist worker runs every Slurm test: one cluster
 
@@ -161,6 +162,17 @@ def test_gres_detail_says_which_gpus_a_job_holds() -> None:
     assert gres_indices("gpu:a100:4(IDX:0,2-3,7)") == (0, 2, 3, 7)
     assert gres_indices("gpu:1(IDX:5),mps:100(0)") == (5,)
     assert gres_indices("gpu:2(IDX:N/A)") is None and gres_indices("gpu:2") is None
+
+
+def test_a_task_takes_its_part_of_the_gpus_slurm_bound_on_its_node_in_rank_order() -> None:
+    launch = {"replicas": [{"node": "n1", "gpus": [0, 1]}, {"node": "n2", "gpus": [0]}, {"node": "n1", "gpus": [2, 3]}]}
+    # Slurm chose 2,3,5,6 on n1; confining its devices, it names them 0-3 in the step.
+    assert bound_gpus(launch, "n1", 0, "2,3,5,6", "0,1,2,3") == ((2, 3), "0,1")
+    assert bound_gpus(launch, "n1", 1, "6,5,3,2", "0,1,2,3") == ((5, 6), "2,3")
+    assert bound_gpus(launch, "n1", 1, "2,3,5,6", None) == ((5, 6), "5,6")  # no value of Slurm's: the indices
+    assert bound_gpus(launch, "n2", 0, "4", "4") == ((4,), "4")
+    with pytest.raises(LookupError, match="Slurm bound GPUs 2,3,5 on node n1, fewer than the 4 warden placed there"):
+        bound_gpus(launch, "n1", 1, "2,3,5", None)
 
 
 def test_a_fenced_slurm_client_refuses_every_command_that_changes_the_cluster(tmp_path: Path) -> None:
