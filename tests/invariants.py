@@ -56,7 +56,8 @@ class QuotaModel:
         self.policy = policy
         self.capacity: dict[str, float] = defaultdict(float)
         for n in nodes:
-            for r, amount in (("gpu", n.gpus), (f"gpu:{n.flavor}", n.gpus), ("cpu", n.cpu), ("memory", n.memory)):
+            usable = n.gpus - len(n.unavailable)  # unavailable GPUs are no capacity
+            for r, amount in (("gpu", usable), (f"gpu:{n.flavor}", usable), ("cpu", n.cpu), ("memory", n.memory)):
                 self.capacity[r] += amount
         self.root = policy.queues.name
         self.spec: dict[str, QueueSpec] = {}
@@ -181,7 +182,7 @@ class Free:
 
     def __init__(self, nodes: tuple[Node, ...]) -> None:
         self.nodes = {n.name: n for n in nodes}
-        self.free = {n.name: [n.gpus, n.cpu, n.memory] for n in nodes}
+        self.free = {n.name: [n.gpus - len(n.unavailable), n.cpu, n.memory] for n in nodes}
 
     def copy(self) -> Free:
         other = object.__new__(Free)
@@ -389,7 +390,8 @@ def check_plan_shape(v: PassView) -> None:
 
 def check_capacity(v: PassView) -> None:
     """Invariant 1 (and gang shape of admissions): nothing beyond node capacity, counting
-    jobs in their grace period and the new admissions; no GPU index given twice."""
+    jobs in their grace period and the new admissions; no GPU index given twice, none of a
+    node's unavailable ones."""
     used: dict[str, list[int]] = {n: [0, 0, 0] for n in v.nodes}
     indices: dict[str, dict[int, str]] = defaultdict(dict)
 
@@ -405,6 +407,7 @@ def check_capacity(v: PassView) -> None:
             )
             for g in rp.gpus:
                 assert 0 <= g < v.nodes[rp.node].gpus, f"{job.id}: GPU index {g} outside {rp.node}"
+                assert g not in v.nodes[rp.node].unavailable, f"{job.id}: GPU {rp.node}:{g} is unavailable"
                 other = indices[rp.node].get(g)
                 assert other is None, f"GPU {rp.node}:{g} assigned to both {other} and {job.id}"
                 indices[rp.node][g] = job.id
@@ -428,7 +431,7 @@ def check_capacity(v: PassView) -> None:
         charge(job, a.placement)
     for name, (g, c, m) in used.items():
         node = v.nodes[name]
-        assert g <= node.gpus, f"{name}: {g} GPUs allocated of {node.gpus}"
+        assert g <= node.gpus - len(node.unavailable), f"{name}: {g} GPUs allocated of {node.usable_gpus} usable"
         assert not node.cpu or c <= node.cpu, f"{name}: {c} cpu allocated of {node.cpu}"
         assert not node.memory or m <= node.memory, f"{name}: {m} memory allocated of {node.memory}"
 

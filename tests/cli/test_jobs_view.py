@@ -150,3 +150,15 @@ def test_describe_says_when_a_finished_jobs_command_was_dropped() -> None:
     assert re.search(r"\(2m(\d+s)? ago\) to make room \(limits.max_stored_bytes_per_user\)", flat)
     kept = " ".join(warden(detail(row("5", "SUCCEEDED"), command_expired_at=None), "describe", "5").split())
     assert "command: python train.py" in kept
+
+
+def test_nodes_say_which_gpus_work_outside_warden_holds_where_the_executor_knows() -> None:
+    from warden.cli.jobs import _node_state
+
+    assert _node_state({"down": None, "gpus_foreign": 2, "gpu_indices_foreign": [0, 1]}) == (
+        "up; 2 GPU(s) (0, 1) held outside warden"
+    )
+    assert (
+        _node_state({"down": None, "gpus_foreign": 2, "gpu_indices_foreign": []}) == "up; 2 GPU(s) held outside warden"
+    )
+    assert _node_state({"down": "DRAIN (disk)", "gpus_foreign": 0}) == "down: DRAIN (disk)"

@@ -63,16 +63,21 @@ def clusters(draw: st.DrawFn) -> tuple[Node, ...]:
     blocks = draw(st.booleans())
     cpu = draw(st.sampled_from([0, 0, 0, 16_000, 64_000]))
     memory = draw(st.sampled_from([0, 0, 0, 65_536, 262_144]))
+    unavailable = draw(st.integers(0, 2)) == 0  # GPUs held outside warden, failed or drained
     out = []
     for i in range(count):
+        gpus = draw(st.integers(1, 8))
         out.append(
             Node(
                 f"n{i}",
-                gpus=draw(st.integers(1, 8)),
+                gpus=gpus,
                 cpu=cpu,
                 memory=memory,
                 flavor=draw(st.sampled_from(FLAVORS)) if two_flavors else "default",
                 block=draw(st.sampled_from([None, "r0", "r1"])) if blocks else None,
+                unavailable=tuple(sorted(draw(st.sets(st.integers(0, gpus - 1), max_size=gpus // 2))))
+                if unavailable
+                else (),
             )
         )
     return tuple(out)

@@ -31,6 +31,7 @@ from warden.executors.ray import (
     parse_nodes,
     probe,
 )
+from warden.executors.ray_launch import bound_gpus
 from warden.executors.records import record_killed_at
 
 pytestmark = pytest.mark.xdist_group("ray")  # one xdist worker runs every Ray test: one cluster
@@ -81,6 +82,13 @@ def test_a_kill_the_shims_kept_before_the_adopter_is_the_attempts_kill(tmp_path:
     record = {"exit_code": -9, "ended_at": deadline + 0.3, "killed_at": deadline - 1}  # before the deadline: forged
     assert record_killed_at(record, deadline, time.time()) is None
     assert record_killed_at({**record, "killed_at": deadline + 0.2}, deadline, time.time()) == deadline + 0.2
+
+
+def test_a_replica_runs_on_the_gpu_ids_ray_gave_its_bundle_where_they_are_indices() -> None:
+    assert bound_gpus(["3", "0"], "0,1") == (0, 3)
+    assert bound_gpus(["0"], "0,1") is None  # not as many as placed: the plan stands
+    assert bound_gpus(["GPU-6f1c"], "2") is None  # not indices
+    assert bound_gpus([], "") is None and bound_gpus(["0"], "") is None  # a replica placed on no GPU
 
 
 def test_a_dead_node_keeps_its_last_known_capacity_and_a_live_incarnation_wins() -> None:
@@ -241,15 +249,20 @@ def test_a_gang_runs_where_warden_placed_it_with_the_contract_environment_only(
         wait(lambda r=r: (p := Path(f"{r.log_path}.env.json")).exists() and json.loads(p.read_text()), 10, "env")
         for r in handle.replicas
     ]
+    records = [json.loads(r.status_path.read_text()) for r in handle.replicas]
+    assert [len(r["ray_gpus"]) for r in records] == [1] * 6
+    # Ray chose each bundle's GPU: the job runs on it, and the executor reports it.
     assert [(e["WARDEN_NODE"], e["CUDA_VISIBLE_DEVICES"], e["RANK"]) for e in envs] == [
-        (node, str(gpus[0]), str(rank)) for rank, (node, gpus) in enumerate(placement)
+        (node, records[rank]["ray_gpus"][0], str(rank)) for rank, (node, _) in enumerate(placement)
     ]
+    for node in ("w1", "w2", "w3"):
+        assert len({e["CUDA_VISIBLE_DEVICES"] for e in envs if e["WARDEN_NODE"] == node}) == 2
+    bound = tuple((int(r["ray_gpus"][0]),) for r in records)
+    assert wait(lambda: executor.devices("11", 1) == bound, 10, "Ray's GPUs read back")
     assert {e["WORLD_SIZE"] for e in envs} == {"6"} and {e["MASTER_ADDR"] for e in envs} == {"127.0.0.2"}
     assert len({e["MASTER_PORT"] for e in envs}) == 1 and envs[0]["MASTER_PORT"].isdigit()
     assert not [k for e in envs for k in e if k.startswith("RAY_")]  # nothing of Ray's reaches the job
-    records = [json.loads(r.status_path.read_text()) for r in handle.replicas]
     assert [r["ray_node_id"] for r in records] == [ids[node] for node, _ in placement]
-    assert [len(r["ray_gpus"]) for r in records] == [1] * 6  # what Ray assigned, beside warden's choice
     assert ray_groups()[group_name("11", 1)] == "CREATED"
     executor.terminate("11", 1, 1.0)
     ended = exit_of(executor, "11")
@@ -485,13 +498,14 @@ def test_gpus_a_detached_actor_that_is_not_warden_s_holds_are_foreign(
 ) -> None:
     ours = executor.start(spec(tmp_path, "24", [("w3", (0,))], STUBBORN))  # warden's own GPU there is not foreign
     wait(lambda: ("24", 1) in executor.started(), 60, "warden's replica running")
-    assert executor.inventory().foreign == {}
+    assert executor.inventory().foreign_unknown == {}
     try:
         assert "up True" in driver(ray_cluster, FOREIGN, "w3", "2")
-        assert wait(lambda: executor.inventory().foreign, 10, "the foreign GPUs seen") == {"w3": 2}
+        assert wait(lambda: executor.inventory().foreign_unknown, 10, "the foreign GPUs seen") == {"w3": 2}
+        assert executor.inventory().foreign == {}  # Ray says how many, not which
     finally:
         driver(ray_cluster, "ray.kill(ray.get_actor('squatter', namespace='elsewhere'))\n")
-    wait(lambda: executor.inventory().foreign == {}, 10, "the foreign GPUs free again")
+    wait(lambda: executor.inventory().foreign_unknown == {}, 10, "the foreign GPUs free again")
     assert ours.job_id == "24"
 
 

@@ -35,12 +35,14 @@ from warden.executors.slurm import (
     _Tracked,
     check_cluster,
     expand_hostlist,
+    gres_indices,
     job_name,
     parse_gres,
     parse_sinfo,
     parse_squeue_json,
     parse_topology,
 )
+from warden.executors.slurm_launch import bound_gpus
 
 pytestmark = pytest.mark.xdist_group("slurm")  # one xdist worker runs every Slurm test: one cluster
 
@@ -151,7 +153,26 @@ def test_squeue_json_gives_marks_and_gpus_per_node_of_the_partitions_jobs() -> N
     jobs = parse_squeue_json(text, "main")
     assert set(jobs) == {"7", "8"}
     assert jobs["7"].marked and dict(jobs["7"].gpus) == {"n0": 4, "n1": 1} and jobs["7"].state == "RUNNING"
+    assert dict(jobs["7"].indices) == {"n0": (0, 1, 2, 3), "n1": (0,)}
     assert not jobs["8"].marked and not jobs["8"].gpus
+
+
+def test_gres_detail_says_which_gpus_a_job_holds() -> None:
+    assert gres_indices("gpu:2(IDX:0-1)") == (0, 1)
+    assert gres_indices("gpu:a100:4(IDX:0,2-3,7)") == (0, 2, 3, 7)
+    assert gres_indices("gpu:1(IDX:5),mps:100(0)") == (5,)
+    assert gres_indices("gpu:2(IDX:N/A)") is None and gres_indices("gpu:2") is None
+
+
+def test_a_task_takes_its_part_of_the_gpus_slurm_bound_on_its_node_in_rank_order() -> None:
+    launch = {"replicas": [{"node": "n1", "gpus": [0, 1]}, {"node": "n2", "gpus": [0]}, {"node": "n1", "gpus": [2, 3]}]}
+    # Slurm chose 2,3,5,6 on n1; confining its devices, it names them 0-3 in the step.
+    assert bound_gpus(launch, "n1", 0, "2,3,5,6", "0,1,2,3") == ((2, 3), "0,1")
+    assert bound_gpus(launch, "n1", 1, "6,5,3,2", "0,1,2,3") == ((5, 6), "2,3")
+    assert bound_gpus(launch, "n1", 1, "2,3,5,6", None) == ((5, 6), "5,6")  # no value of Slurm's: the indices
+    assert bound_gpus(launch, "n2", 0, "4", "4") == ((4,), "4")
+    with pytest.raises(LookupError, match="Slurm bound GPUs 2,3,5 on node n1, fewer than the 4 warden placed there"):
+        bound_gpus(launch, "n1", 1, "2,3,5", None)
 
 
 def test_a_fenced_slurm_client_refuses_every_command_that_changes_the_cluster(tmp_path: Path) -> None:
@@ -262,6 +283,8 @@ def test_a_gang_runs_where_warden_placed_it_with_the_local_executors_environment
     envs = [json.loads((tmp_path / "out" / f"env-{r}.json").read_text()) for r in range(3)]
     assert [e["WARDEN_NODE"] for e in envs] == ["n1", "n1", "n2"]
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0,1,2,3", "4,5,6,7", "0,1,2,3"]
+    bound = ((0, 1, 2, 3), (4, 5, 6, 7), (0, 1, 2, 3))  # Slurm's IDX, split among a node's replicas by rank
+    assert wait_for("Slurm's GPUs read back", lambda: executor.devices("41", 1) == bound)
     assert [e["RANK"] for e in envs] == ["0", "1", "2"] and {e["WORLD_SIZE"] for e in envs} == {"3"}
     assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "0"]
     assert {e["MASTER_ADDR"] for e in envs} == {"127.0.0.1"} and len({e["MASTER_PORT"] for e in envs}) == 1
@@ -274,12 +297,13 @@ def test_a_gang_runs_where_warden_placed_it_with_the_local_executors_environment
     assert ended.exit_codes == (-9, -9, -9) and ended.killed
 
 
-def test_gpus_slurm_did_not_bind_are_refused(executor: SlurmExecutor, tmp_path: Path) -> None:
-    # Slurm binds the lowest free GPU (0); a replica placed on GPU 5 must not run on it.
+def test_a_replica_runs_on_the_gpus_slurm_bound_and_they_are_read_back(executor: SlurmExecutor, tmp_path: Path) -> None:
+    # Slurm binds the lowest free GPU (0) to a replica warden placed on GPU 5: it runs there, and says so.
     executor.start(spec(tmp_path, "42", [("n3", (5,))]))
-    ended = exit_of(executor)
-    assert ended.exit_codes == (None,)
-    assert ended.error is not None and "Slurm bound GPUs 0 on node n3" in ended.error
+    running(tmp_path, 1)
+    assert json.loads((tmp_path / "out" / "env-0.json").read_text())["CUDA_VISIBLE_DEVICES"] == "0"
+    assert wait_for("Slurm's GPU read back", lambda: executor.devices("42", 1) == ((0,),))
+    assert executor.devices("nothing", 1) == ()
 
 
 def test_sigterm_reaches_batch_and_replicas_together_and_sigkill_comes_at_the_deadline(
@@ -497,7 +521,8 @@ def test_gpus_held_by_jobs_that_are_not_wardens_are_foreign(
         "sbatch", "--parsable", "-p", "main", "-w", "n2", "--gres=gpu:4", "-o", "/dev/null", "--wrap", "sleep 100"
     ).strip()  # fmt: skip
     try:
-        assert wait_for("the admin's GPUs foreign", lambda: executor.inventory().foreign == {"n2": 4})
+        assert wait_for("the admin's GPUs foreign", lambda: executor.inventory().foreign == {"n2": (0, 1, 2, 3)})
+        assert executor.inventory().foreign_counts() == {"n2": 4} and not executor.inventory().foreign_unknown
     finally:
         slurm_cluster.run("scancel", admin, check=False)
     assert wait_for("n2's GPUs back", lambda: not executor.inventory().foreign)

@@ -26,7 +26,7 @@ from warden.engine.policy import parse_policy
 from warden.executors.base import Exit, Inventory
 from warden.executors.local import LocalExecutor
 from warden.server.app import create_app
-from warden.server.nodes import without_foreign
+from warden.server.nodes import unavailable_gpus
 from warden.server.service import Service
 from warden.store import Store
 
@@ -56,6 +56,18 @@ class EndedOutside(LocalExecutor):
         ]
 
 
+class BindsElsewhere(LocalExecutor):
+    """The local executor, reporting that each replica was bound to other GPUs than planned
+    (`bound`, per attempt), as Slurm and Ray report the indices they chose."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bound: dict[tuple[str, int], tuple[tuple[int, ...] | None, ...]] = {}
+
+    def devices(self, job_id: str, attempt: int) -> tuple[tuple[int, ...] | None, ...] | None:
+        return self.bound.get((job_id, attempt), (None,))
+
+
 @asynccontextmanager
 async def no_lifespan(_: Any) -> AsyncIterator[None]:
     yield
@@ -76,7 +88,7 @@ def submit(store: Store, gpus: int, command: list[str]) -> int:
 
 
 def test_gpus_held_outside_warden_are_never_offered_and_are_shown(store: Store, tmp_path: Path) -> None:
-    seen = [Inventory((NODE,), foreign={"node-0": 3})]
+    seen = [Inventory((NODE,), foreign={"node-0": (0, 2, 3)})]
     (tmp_path / "state").mkdir()
     svc = Service(store, LocalExecutor(), (NODE,), parse_policy(POLICY), tmp_path / "state", inventory=lambda: seen[0])
     token = store.create_token("admin", "admin", ["*"], "test", time.time())
@@ -99,6 +111,7 @@ def test_gpus_held_outside_warden_are_never_offered_and_are_shown(store: Store, 
                 assert states()[0] is JobState.PENDING
             node = c.get("/v1/nodes").json()[0]
             assert (node["gpus"], node["gpus_used"], node["gpus_foreign"], node["gpus_free"]) == (4, 1, 3, 0)
+            assert (node["gpu_indices_foreign"], node["gpu_indices_used"]) == ([0, 2, 3], [1])  # where they are
             assert 'warden_gpus_foreign{node="node-0"} 3.0' in c.get("/metrics").text
             # The outside work ends: its GPUs are warden's again.
             seen[0] = Inventory((NODE,))
@@ -108,12 +121,18 @@ def test_gpus_held_outside_warden_are_never_offered_and_are_shown(store: Store, 
         end_everything(svc)
 
 
-def test_a_node_is_never_shrunk_below_the_gpus_warden_holds_there() -> None:
-    assert without_foreign(NODE, 3, set()).gpus == 1
-    assert without_foreign(NODE, 3, {0}).gpus == 1
-    assert without_foreign(NODE, 3, {2, 3}).gpus == 4  # warden holds the top two: indices stay in range
-    assert without_foreign(NODE, 9, set()).gpus == 0
-    assert without_foreign(NODE, 0, {3}) is NODE
+def test_gpus_held_outside_warden_are_unavailable_where_they_are_and_leave_room_for_warden_s() -> None:
+    assert unavailable_gpus(NODE, (1, 2, 3), 0, set()) == (1, 2, 3)
+    assert unavailable_gpus(NODE, (), 3, set()) == (0, 1, 2)  # which, Ray cannot say: the lowest stand for them
+    assert unavailable_gpus(NODE, (), 3, {0}) == (1, 2, 3)  # never one warden holds
+    assert unavailable_gpus(NODE, (3,), 1, {0}) == (1, 3)
+    assert unavailable_gpus(NODE, (), 3, {2, 3}) == (0, 1)  # no more than leave room for warden's
+    # Warden's record of an attempt not corrected yet names a foreign GPU: still one GPU fewer.
+    assert unavailable_gpus(NODE, (0, 1), 0, {1}) == (0, 1)
+    assert unavailable_gpus(NODE, (0, 1, 2, 3), 0, {2, 3}) == (0, 1)
+    assert unavailable_gpus(NODE, (0, 1, 2, 3), 0, {0, 1}, holding=4) == ()  # an exit not collected yet
+    assert unavailable_gpus(NODE, (7,), 9, set()) == (0, 1, 2, 3)  # nothing outside the node
+    assert unavailable_gpus(NODE, (), 0, {3}) == ()
 
 
 def test_an_attempt_ended_outside_warden_is_evicted_and_requeued_not_failed(store: Store, tmp_path: Path) -> None:
@@ -175,5 +194,41 @@ def test_an_exit_time_outside_the_attempt_is_never_recorded(store: Store, tmp_pa
         wait_for(ended, what="the job finished")
         attempt = store.attempts(job)[0]
         assert attempt.ended_at is not None and attempt.started_at <= attempt.ended_at <= time.time()
+    finally:
+        end_everything(svc)
+
+
+def test_an_attempt_bound_to_other_gpus_than_planned_is_recorded_where_it_runs(store: Store, tmp_path: Path) -> None:
+    """The substrate chose GPUs 2,3 for a job planned on 0,1: its recorded assignment follows,
+    with an event that says so, and the next job is planned on the GPUs really free; a replica
+    bound to another number of GPUs than placed is requeued with the reason, never failed."""
+    executor = BindsElsewhere()
+    (tmp_path / "state").mkdir()
+    svc = Service(store, executor, (NODE,), parse_policy(POLICY), tmp_path / "state")
+    try:
+        first = submit(store, 2, ["sleep", "600"])
+        executor.bound[(str(first), 1)] = ((2, 3),)
+
+        def placed(job: int) -> list[tuple[str, tuple[int, ...]]]:
+            svc.reconciler.reconcile()
+            got = store.get(job)
+            assert got is not None
+            attempt = store.attempt(job, got.attempt) if got.attempt else None
+            return [] if attempt is None else [(p.node, p.gpus) for p in attempt.assignment]
+
+        wait_for(lambda: placed(first) == [("node-0", (2, 3))], what="the first job recorded on GPUs 2,3")
+        noted = [e for e in store.events(first) if "as the executor bound them" in e.reason]
+        assert len(noted) == 1 and "node-0:2,3" in noted[0].reason and "not node-0:0,1" in noted[0].reason, noted
+        assert noted[0].details["bound"] == [{"node": "node-0", "gpus": [2, 3]}]
+        second = submit(store, 2, ["sleep", "600"])
+        executor.bound[(str(second), 1)] = ((0, 1, 2),)  # more GPUs than placed: never happens, requeued if it did
+        wait_for(lambda: placed(second) == [("node-0", (0, 1))], what="the second job planned on the free GPUs")
+
+        def requeued() -> bool:
+            svc.reconciler.reconcile()
+            return any("not as many as placed" in e.reason and e.to_state == "PREEMPTING" for e in store.events(second))
+
+        wait_for(requeued, what="the second job evicted for it")
+        assert all(e.to_state != "FAILED" for e in store.events(second))
     finally:
         end_everything(svc)

@@ -134,9 +134,14 @@ def test_jobs_run_on_the_nodes_and_gpus_warden_chose_with_the_contract_environme
             first = job(c, job_id)["attempts"][0]
             placement = first["placement"]
             envs = [json.loads((out / f"env-1-{r}.json").read_text()) for r in range(ranks)]
-            assert [(e["WARDEN_NODE"], e["CUDA_VISIBLE_DEVICES"]) for e in envs] == [
-                (p["node"], ",".join(map(str, p["gpus"]))) for p in placement
-            ]
+            bound = [(e["WARDEN_NODE"], e["CUDA_VISIBLE_DEVICES"]) for e in envs]
+            # The GPUs Ray bound are the job's, and warden's record says so (corrected where Ray chose others).
+
+            def recorded(j: str = job_id, b: list[tuple[str, str]] = bound) -> list[dict[str, Any]] | None:
+                got = job(c, j)["attempts"][0]["placement"]
+                return got if [(p["node"], ",".join(map(str, p["gpus"]))) for p in got] == b else None
+
+            placement = wait_for(recorded, 10, "the recorded assignment where the job runs")
             assert all(e["WARDEN_JOB_ID"] == job_id for e in envs)
             # Each replica ran on the Ray node warden placed it on, in a bundle of the job's group.
             records = statuses(Path(first["log_dir"]), ranks)
@@ -162,6 +167,84 @@ def test_jobs_run_on_the_nodes_and_gpus_warden_chose_with_the_contract_environme
             assert c.post(f"/v1/jobs/{job_id}/cancel").status_code == 202
             until_state(c, job_id, "CANCELLED", timeout=30)
     assert wait_for(lambda: not groups(ray_cluster), 30, "the groups removed")
+
+
+SQUAT = """
+import json, sys, ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+ray.init(address=sys.argv[1], namespace="elsewhere", log_to_driver=False, logging_level="ERROR")
+node = {n["NodeName"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}[sys.argv[2]]
+
+@ray.remote
+class Squatter:
+    def gpus(self):
+        return [str(g) for g in ray.get_gpu_ids()]
+
+held = {}
+for name in sys.argv[3:]:
+    actor = Squatter.options(
+        name=name, lifetime="detached", num_cpus=0, num_gpus=1,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+    ).remote()
+    held[name] = ray.get(actor.gpus.remote(), timeout=60)
+print(json.dumps(held))
+"""
+
+UNSQUAT = """
+import sys, ray
+ray.init(address=sys.argv[1], namespace="elsewhere", log_to_driver=False, logging_level="ERROR")
+for name in sys.argv[2:]:
+    try:
+        ray.kill(ray.get_actor(name))
+    except ValueError:
+        pass
+print("{}")
+"""
+
+
+def outside(cluster: RayCluster, script: str, *args: str) -> Any:
+    """Run `script` as a driver that is not warden's (detached actors in another namespace)."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, cluster.address, *args], capture_output=True, text=True, env=cluster.env,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_job_runs_on_the_gpus_ray_bound_beside_an_outside_actor_and_warden_records_them(
+    server: Server, ray_cluster: RayCluster, trainer: Path, tmp_path: Path
+) -> None:
+    """An actor that is not warden's holds one GPU of w3, and not the lowest (Ray hands out the
+    lowest free ids: two actors took 0 and 1, the first one is gone). Ray says how many GPUs
+    are taken, not which: warden counts one foreign GPU there, plans its 3-GPU job on the three
+    others it guesses free, and Ray binds the three really free. The job runs on Ray's, and
+    warden's record of the attempt follows them, with an event that says so."""
+    try:
+        held = outside(ray_cluster, SQUAT, "w3", "early", "squatter")
+        assert held == {"early": ["0"], "squatter": ["1"]}, held
+        outside(ray_cluster, UNSQUAT, "early")
+        with server.client() as c:
+            wait_for(
+                lambda: (n := {n["name"]: n for n in c.get("/v1/nodes").json()}["w3"])["gpus_foreign"] == 1 and n,
+                30,
+                "one GPU of w3 held outside warden",
+            )
+            three = run_trainer(c, trainer, tmp_path / "three", queue="vision", tier=3, gpus=3, placement="pack")
+            until_state(c, three, "RUNNING", timeout=60)
+            running_pids(tmp_path / "three", 1, 1)
+            env = json.loads((tmp_path / "three" / "env-1-0.json").read_text())
+            assert (env["WARDEN_NODE"], env["CUDA_VISIBLE_DEVICES"]) == ("w3", "0,2,3")
+            detail = wait_for(
+                lambda: (j := job(c, three))["attempts"][0]["placement"] == [{"node": "w3", "gpus": [0, 2, 3]}] and j,
+                10,
+                "the assignment recorded where Ray bound it",
+            )
+            noted = [e for e in detail["events"] if "as the executor bound them" in e["reason"]]
+            assert len(noted) == 1 and "w3:0,2,3" in noted[0]["reason"] and "not w3:1,2,3" in noted[0]["reason"]
+            assert statuses(Path(detail["attempts"][0]["log_dir"]), 1)[0]["ray_gpus"] == ["0", "2", "3"]
+    finally:
+        outside(ray_cluster, UNSQUAT, "early", "squatter")
 
 
 def test_a_gang_of_three_nodes_runs_whole(

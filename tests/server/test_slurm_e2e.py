@@ -339,23 +339,25 @@ def test_a_server_killed_mid_launch_adopts_the_held_job_and_cancels_strays(
 def test_gpus_a_job_outside_warden_holds_are_never_given_to_a_warden_job(
     server: Server, slurm_cluster: Cluster, trainer: Path, tmp_path: Path
 ) -> None:
-    """An admin's own Slurm job (submitted as root, not through warden) holds all 8 GPUs of
-    three nodes: warden places its 8-GPU job on the fourth, and a second one waits rather than
-    land on a node whose GPUs are taken."""
+    """An admin's own Slurm jobs (submitted as root, not through warden) hold all 8 GPUs of
+    two nodes and GPUs 0,1 of a third: warden places its 8-GPU job on the fourth, a second
+    one waits rather than land on a node whose GPUs are taken, and a 2-GPU job runs beside
+    the admin's on GPUs 2,3, where warden planned it, Slurm bound it and warden records it."""
     outside = [
         slurm_cluster.run(
-            "sbatch", "--parsable", "-p", "main", "-w", node, "--gres=gpu:8", "-o", "/dev/null", "--wrap", "sleep 600"
+            "sbatch", "--parsable", "-p", "main", "-w", node, f"--gres=gpu:{gpus}", "-o", "/dev/null",
+            "--wrap", "sleep 600",
         ).strip()
-        for node in ("n0", "n1", "n2")
-    ]
+        for node, gpus in (("n0", 8), ("n1", 8), ("n2", 2))
+    ]  # fmt: skip
     with server.client() as c:
         wait_for(
             lambda: (
-                {n["name"]: n["gpus_foreign"] for n in c.get("/v1/nodes").json()}
-                == {"n0": 8, "n1": 8, "n2": 8, "n3": 0}
+                {n["name"]: (n["gpus_foreign"], n["gpu_indices_foreign"]) for n in c.get("/v1/nodes").json()}
+                == {"n0": (8, list(range(8))), "n1": (8, list(range(8))), "n2": (2, [0, 1]), "n3": (0, [])}
             ),
             30,
-            "the outside jobs' GPUs seen as foreign",
+            "the outside jobs' GPUs seen as foreign, where they are",
         )
         first = run_trainer(c, trainer, tmp_path / "first", queue="vision", tier=3, gpus=8)
         until_state(c, first, "RUNNING", timeout=60)
@@ -364,10 +366,18 @@ def test_gpus_a_job_outside_warden_holds_are_never_given_to_a_warden_job(
         waiting = wait_for(lambda: (j := job(c, second))["reason"] is not None and j, 30, "the second job's reason")
         assert waiting["state"] == "PENDING" and not waiting["attempts"], waiting
         metrics = c.get("/metrics").text
-        assert 'warden_gpus_foreign{node="n0"} 8.0' in metrics
+        assert 'warden_gpus_foreign{node="n0"} 8.0' in metrics and 'warden_gpus_foreign{node="n2"} 2.0' in metrics
+        beside = run_trainer(c, trainer, tmp_path / "beside", queue="vision", tier=3, gpus=2)
+        until_state(c, beside, "RUNNING", timeout=60)
+        running_pids(tmp_path / "beside", 1, 1)
+        env = json.loads((tmp_path / "beside" / "env-1-0.json").read_text())
+        assert (env["WARDEN_NODE"], env["CUDA_VISIBLE_DEVICES"]) == ("n2", "2,3")
+        assert job(c, beside)["attempts"][0]["placement"] == [{"node": "n2", "gpus": [2, 3]}]
+        [ours] = [i for i, v in slurm_cluster.jobs().items() if v[0] == job_name(beside, 1) and v[1] == "RUNNING"]
+        assert "IDX:2-3" in slurm_cluster.run("scontrol", "-d", "-o", "show", "job", ours)
         slurm_cluster.run("scancel", *outside)
         until_state(c, second, "RUNNING", timeout=60)  # the GPUs came back to warden
-        assert job(c, second)["attempts"][0]["placement"][0]["node"] in ("n0", "n1", "n2")
+        assert job(c, second)["attempts"][0]["placement"][0]["node"] in ("n0", "n1")
 
 
 def test_a_warden_job_cancelled_outside_warden_is_requeued_with_what_happened(

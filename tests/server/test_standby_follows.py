@@ -107,7 +107,12 @@ def test_a_standby_shows_the_cluster_and_the_ledger_the_leader_records(pair: Pai
         wait_for(lambda: ca.get(f"/v1/jobs/{job_id}").json()["state"] == "RUNNING", 15, "the job to run")
 
         # The cluster changes under the leader: a node joins and drains, outside work holds GPUs.
-        pair.seen[0] = Inventory((NODE, OTHER), down={"node-1": "DRAIN (maintenance)"}, foreign={"node-0": 2})
+        pair.seen[0] = Inventory(
+            (NODE, OTHER),
+            down={"node-1": "DRAIN (maintenance)"},
+            foreign={"node-0": (3,)},
+            foreign_unknown={"node-0": 1},
+        )
 
         def standby_nodes() -> dict[str, Any]:
             return {n["name"]: n for n in cb.get("/v1/nodes").json()}
@@ -116,6 +121,7 @@ def test_a_standby_shows_the_cluster_and_the_ledger_the_leader_records(pair: Pai
         nodes = standby_nodes()
         assert nodes["node-1"]["down"] == "DRAIN (maintenance)" and nodes["node-1"]["gpus"] == 8
         assert (nodes["node-0"]["gpus_foreign"], nodes["node-0"]["gpus_used"]) == (2, 1)
+        assert nodes["node-0"]["gpu_indices_foreign"] == [3]  # the one known by index, kept by the database
         assert nodes == {n["name"]: n for n in ca.get("/v1/nodes").json()}
         # A submission the standby checks against the cluster as it is now: 8 GPUs fit only on node-1.
         r = cb.post(

@@ -699,9 +699,11 @@ def test_nodes_are_replaced_whole(store: Store) -> None:
     store.replace_nodes(first)
     assert store.nodes() == (first[1], first[0])  # by name
     assert store.nodes()[1].to_engine() == Node("n1", 8, cpu=64000, memory=512000, flavor="h100", block="rack1")
-    store.replace_nodes([NodeRecord("n9", 2, updated_at=T0 + 1, down="DRAIN (disk)", foreign_gpus=1)])
+    store.replace_nodes(
+        [NodeRecord("n9", 4, updated_at=T0 + 1, down="DRAIN (disk)", foreign_gpus=3, foreign_indices=(0, 2))]
+    )
     [n9] = store.nodes()
-    assert (n9.name, n9.down, n9.foreign_gpus) == ("n9", "DRAIN (disk)", 1)
+    assert (n9.name, n9.down, n9.foreign_gpus, n9.foreign_indices) == ("n9", "DRAIN (disk)", 3, (0, 2))
     assert (store.nodes()[0].down, first[0].foreign_gpus) == ("DRAIN (disk)", 0)
     store.replace_nodes([])
     assert store.nodes() == ()

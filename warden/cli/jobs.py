@@ -927,7 +927,9 @@ def _node_state(n: dict[str, Any]) -> str:
     """`warden nodes`' STATE: up or down with why, and the GPUs held outside warden."""
     state = "up" if n.get("down") is None else f"down: {n['down']}"
     foreign = n.get("gpus_foreign") or 0
-    return f"{state}; {foreign} GPU(s) held outside warden" if foreign else state
+    which = n.get("gpu_indices_foreign") or []
+    where = f" ({', '.join(map(str, which))})" if which and len(which) == foreign else ""
+    return f"{state}; {foreign} GPU(s){where} held outside warden" if foreign else state
 
 
 def _clock(t: float | None, now: float) -> str:

@@ -59,6 +59,7 @@ class Allocation:
         "releases_t1",
         "takeable",
         "tiers",
+        "unavailable",
         "used",
         "victim_facts",
     )
@@ -80,8 +81,10 @@ class Allocation:
         tests read neither the usage nor the time)."""
         self.jobs: dict[str, Job] = {}
         self.flavor_of_job: dict[str, str] = {}
-        self.used: dict[str, int] = {}
-        """GPU indices in use per node, as bit sets (`gpu_mask`)."""
+        self.unavailable = {n.name: gpu_mask(n.unavailable) for n in nodes if n.unavailable}
+        """Per node with any, its unavailable GPU indices as a bit set: never placed on."""
+        self.used: dict[str, int] = dict(self.unavailable)
+        """GPU indices in use per node, as bit sets (`gpu_mask`): held by jobs, or unavailable."""
         self.victim_facts: dict[str, VictimFacts] = {}
         """Per running job, what pricing it as a victim needs that does not change with time
         (`warden.engine.phases.victims.Victims.facts`)."""
@@ -169,7 +172,7 @@ class Allocation:
         assert a is not None
         for rp in a.assignment:
             self.index.give(rp.node, job.gpus, job.cpu, job.memory)
-            self.used[rp.node] = self.used[rp.node] & ~gpu_mask(rp.gpus)
+            self.used[rp.node] = self.used[rp.node] & ~gpu_mask(rp.gpus) | self.unavailable.get(rp.node, 0)
         if self.charged(job):
             self.quota.remove(job.queue, self.quota.demand(job, self.flavor_of_job[job.id]))
         del self.flavor_of_job[job.id]

@@ -94,5 +94,5 @@ def owed_by_queue(policy: Policy, quota: QuotaTree, demand: Mapping[str, float],
 
 
 def cluster_gpus(nodes: Iterable[Node]) -> int:
-    """All the GPUs of the cluster."""
-    return sum(n.gpus for n in nodes)
+    """All the GPUs of the cluster a job may be placed on (`Node.usable_gpus`)."""
+    return sum(n.usable_gpus for n in nodes)

@@ -21,10 +21,10 @@ if TYPE_CHECKING:
 
 
 def cluster_capacity(nodes: Iterable[Node]) -> tuple[int, int, int]:
-    """Total (gpus, cpu, memory) of the cluster."""
+    """Total (gpus, cpu, memory) of the cluster; unavailable GPUs are no capacity."""
     g = c = m = 0
     for n in nodes:
-        g += n.gpus
+        g += n.usable_gpus
         c += n.cpu
         m += n.memory
     return g, c, m

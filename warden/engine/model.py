@@ -57,7 +57,11 @@ _TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, 
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    """One machine. `block` labels its topology block (rack, NVLink domain); None: its own."""
+    """One machine. `block` labels its topology block (rack, NVLink domain); None: its own.
+
+    `unavailable` are GPU indices of the node that no job may be placed on (held by work that
+    is not warden's, failed, drained), sorted, each in range(gpus): the engine places only on
+    the others and counts only those as capacity (`usable_gpus`)."""
 
     name: str
     gpus: int
@@ -65,6 +69,12 @@ class Node:
     memory: int = 0
     flavor: str = DEFAULT_FLAVOR
     block: str | None = None
+    unavailable: tuple[int, ...] = ()
+
+    @property
+    def usable_gpus(self) -> int:
+        """The GPUs a job may be placed on: all but the unavailable ones."""
+        return self.gpus - len(self.unavailable)
 
 
 @dataclass(frozen=True, slots=True)

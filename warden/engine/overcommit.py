@@ -94,12 +94,13 @@ def _units(resource: str) -> str:
 
 
 def cluster_totals(nodes: Iterable[Node]) -> dict[str, int]:
-    """What the cluster has of every resource a quota can name: gpu, gpu:FLAVOR, cpu, memory."""
+    """What the cluster has of every resource a quota can name: gpu, gpu:FLAVOR, cpu, memory
+    (unavailable GPUs left out: `Node.usable_gpus`)."""
     nodes = tuple(nodes)
     gpus, cpu, memory = cluster_capacity(nodes)
     totals = {"gpu": gpus, "cpu": cpu, "memory": memory}
     for n in nodes:
-        totals[f"gpu:{n.flavor}"] = totals.get(f"gpu:{n.flavor}", 0) + n.gpus
+        totals[f"gpu:{n.flavor}"] = totals.get(f"gpu:{n.flavor}", 0) + n.usable_gpus
     return totals
 
 

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 
 from warden.engine.model import Node
 
-__all__ = ["CONSTRAINTS", "CapacityIndex", "assign_gpu_indices", "gpu_mask"]
+__all__ = ["CONSTRAINTS", "CapacityIndex", "assign_gpu_indices", "check_unavailable", "gpu_mask"]
 
 CONSTRAINTS: tuple[str, ...] = ("pack", "block", "any")
 _FAILED_CACHE_MAX = 4096
@@ -281,10 +281,12 @@ class CapacityIndex:
                 raise ValueError(f"duplicate node name {node.name!r}")
             if node.gpus < 0 or node.cpu < 0 or node.memory < 0:
                 raise ValueError(f"node {node.name!r} declares a negative capacity")
+            check_unavailable(node)
+            gpus = node.gpus - len(node.unavailable)
             self._pos[node.name] = i
             self._names.append(node.name)
-            self._fg.append(node.gpus)
-            self._cg.append(node.gpus)
+            self._fg.append(gpus)
+            self._cg.append(gpus)
             self._fc.append(node.cpu)
             self._cc.append(node.cpu)
             self._fm.append(node.memory)
@@ -302,11 +304,11 @@ class CapacityIndex:
                 fl.block_list.append(blk)
             self._flavor.append(fl)
             self._block.append(blk)
-            fl.nodes.add(node.gpus, i)
-            blk.nodes.add(node.gpus, i)
-            blk.free += node.gpus
-            fl.free += node.gpus
-            fl.capacity += node.gpus
+            fl.nodes.add(gpus, i)
+            blk.nodes.add(gpus, i)
+            blk.free += gpus
+            fl.free += gpus
+            fl.capacity += gpus
             if node.cpu:
                 fl.cpu.add(node.cpu)
             else:
@@ -328,7 +330,8 @@ class CapacityIndex:
         return self._fg[i], self._fc[i], self._fm[i]
 
     def capacity(self, node: str) -> tuple[int, int, int]:
-        """(gpus, cpu, memory) the node declared; 0 cpu/memory means not tracked."""
+        """(gpus, cpu, memory) the node declared, its unavailable GPUs left out; 0 cpu/memory
+        means not tracked."""
         i = self._pos[node]
         return self._cg[i], self._cc[i], self._cm[i]
 
@@ -667,6 +670,16 @@ def _check_buckets(b: _Buckets, expect: dict[int, int]) -> None:
 
 def _first(run: list[int]) -> int:
     return run[0]
+
+
+def check_unavailable(node: Node) -> None:
+    """ValueError naming the node unless its `unavailable` GPU indices are sorted, distinct and
+    each in range(gpus)."""
+    bad = node.unavailable
+    if any(not isinstance(g, int) or isinstance(g, bool) or not 0 <= g < node.gpus for g in bad):
+        raise ValueError(f"node {node.name!r}: unavailable: GPU indices must be in range({node.gpus}), got {bad!r}")
+    if any(a >= b for a, b in zip(bad, bad[1:])):
+        raise ValueError(f"node {node.name!r}: unavailable: GPU indices must be sorted and distinct, got {bad!r}")
 
 
 def gpu_mask(indices: Iterable[int]) -> int:

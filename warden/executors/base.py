@@ -21,6 +21,7 @@ from warden.engine.model import Node
 
 _EMPTY_ENV: Mapping[str, str] = MappingProxyType({})
 _EMPTY_COUNTS: Mapping[str, int] = MappingProxyType({})
+_EMPTY_INDICES: Mapping[str, tuple[int, ...]] = MappingProxyType({})
 
 
 class Fenced(RuntimeError):
@@ -156,6 +157,10 @@ class Handle:
         )
 
 
+Devices = tuple[tuple[int, ...] | None, ...]
+"""Per rank, the GPU indices a replica was bound to (None: not known yet): `Executor.devices`."""
+
+
 class LaunchError(OSError):
     """The attempt could not be started (its workdir is missing, a shim failed); nothing of it is
     left running. An OSError, like the failures of `subprocess` it stands for."""
@@ -202,13 +207,25 @@ class Inventory:
 
     nodes: tuple[Node, ...]
     down: Mapping[str, str] = field(default_factory=lambda: _EMPTY_ENV)
-    foreign: Mapping[str, int] = field(default_factory=lambda: _EMPTY_COUNTS)
-    """GPUs per node held by work that is not warden's (a Slurm job an admin submitted, a Ray
-    actor or placement group warden did not make): never free for warden's jobs."""
+    foreign: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: _EMPTY_INDICES)
+    """Per node, the GPU indices (sorted) held by work that is not warden's (a Slurm job an admin
+    submitted): never free for warden's jobs."""
+    foreign_unknown: Mapping[str, int] = field(default_factory=lambda: _EMPTY_COUNTS)
+    """Per node, how many GPUs such work holds where the substrate cannot tell which (a Ray actor
+    or placement group warden did not make): never free either, though which are is a guess."""
 
     @property
     def usable(self) -> tuple[Node, ...]:
         return tuple(n for n in self.nodes if n.name not in self.down)
+
+    def foreign_count(self, node: str) -> int:
+        """How many of the node's GPUs work that is not warden's holds, known by index or not."""
+        return len(self.foreign.get(node, ())) + self.foreign_unknown.get(node, 0)
+
+    def foreign_counts(self) -> dict[str, int]:
+        """`foreign_count` of every node that has any."""
+        names = sorted(self.foreign.keys() | self.foreign_unknown.keys())
+        return {n: c for n in names if (c := self.foreign_count(n))}
 
 
 @runtime_checkable
@@ -236,6 +253,14 @@ class Executor(Protocol):
 
     def exits(self) -> list[Exit]:
         """Attempts whose every process is gone since the last call, each reported once."""
+        ...
+
+    def devices(self, job_id: str, attempt: int) -> Devices | None:
+        """Per rank, the GPU indices the substrate bound the replica to, as read back from it
+        once it runs (None for a rank not known yet); None when this executor binds exactly the
+        GPUs of the launch (local). Where Slurm or Ray chose other indices than the plan's, the
+        server corrects the attempt's recorded assignment (`warden.server.apply`). An attempt
+        it does not track reads as not known yet."""
         ...
 
     def adopt(self, handle: Handle, kill_at: float | None = None) -> None:

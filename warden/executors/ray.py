@@ -27,7 +27,10 @@ path), never exported to the GCS's function table.
 
 An attempt ended behind warden's back (its node died, its placement group was removed, a
 launcher killed by someone else) exits with `ended_by` saying so. GPUs held by actors and
-placement groups that are not warden's are the inventory's `foreign`.
+placement groups that are not warden's are the inventory's `foreign_unknown`: Ray says how
+many a node has left, not which. Ray also picks the GPU ids of each bundle itself: the
+launcher gives the job Ray's ids as CUDA_VISIBLE_DEVICES and reports them, and the server
+records them as the attempt's assignment (`devices`).
 
 The nodes come from `ray.nodes()`: GPUs, CPUs and memory from their resources, the flavor
 from an `accelerator_type:<X>` resource, the topology block from the `warden.io/block`
@@ -57,7 +60,7 @@ from typing import Any, NamedTuple
 
 from warden.engine.durations import format_duration
 from warden.engine.model import DEFAULT_FLAVOR, Node
-from warden.executors.base import Exit, Handle, Inventory, LaunchError, LaunchSpec, ReplicaHandle
+from warden.executors.base import Devices, Exit, Handle, Inventory, LaunchError, LaunchSpec, ReplicaHandle
 from warden.executors.identity import Identities, Identity
 from warden.executors.local import (
     identity_environment,
@@ -291,6 +294,8 @@ class _Tracked:
     dropped: bool = False  # warden killed its launchers itself (a failed start)
     orphaned_mono: float | None = None  # when a replica was first seen killed with its lost launcher
     revoked: str | None = None  # why ranks of an adopted attempt never start (their launches were revoked)
+    planned: tuple[tuple[int, ...], ...] = ()  # per rank, the GPUs warden placed it on (empty: adopted)
+    gpus: dict[int, tuple[int, ...]] = field(default_factory=dict)  # rank -> the GPUs Ray bound it to
 
 
 class RayExecutor(RemoteAttemptTable[_Tracked]):
@@ -369,11 +374,13 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
     # -- the cluster -----------------------------------------------------------------------
 
     def inventory(self) -> Inventory:
-        """The cluster's nodes as last polled (see `inventory_of`)."""
+        """The cluster's nodes as last polled (see `inventory_of`). Ray does not say which GPU
+        ids an actor or placement group that is not warden's holds, only how many are taken:
+        those are `foreign_unknown`, counted, never named."""
         with self._lock:
             held = {(name, node_id) for t in self._tracked.values() for name, node_id in zip(t.node_names, t.node_ids)}
             inventory = inventory_of(self._nodes, held, self._known)
-            return dataclasses.replace(inventory, foreign=dict(self._foreign))
+            return dataclasses.replace(inventory, foreign_unknown=dict(self._foreign))
 
     def _alive(self) -> dict[str, RayNode]:
         with self._lock:
@@ -462,15 +469,20 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
             for rank, ref in starts.items():
                 if ref not in done:
                     continue
+                bound: tuple[int, ...] | None = None
                 try:
                     status = ray.get(ref, timeout=CALL_TIMEOUT_S)
                     error = status.get("error") if status.get("pgid") is None else None
+                    if status.get("gpus") is not None:
+                        bound = tuple(int(g) for g in status["gpus"])
                 except Exception as err:  # the actor died, could not be placed, or start raised
                     error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
                 with self._lock:
                     tracked.starts.pop(rank, None)
                     if error:
                         tracked.failed[rank] = error
+                    elif bound is not None:
+                        tracked.gpus[rank] = bound
             with self._lock:
                 late = bool(tracked.starts) and time.monotonic() - tracked.submitted_mono > self._start_timeout_s
                 failed = bool(tracked.failed)
@@ -486,6 +498,26 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
                 )
                 self._kill(tracked, drop_launchers=True)
         return answered
+
+    def devices(self, job_id: str, attempt: int) -> Devices | None:
+        """Per rank, the GPUs Ray reserved for the replica's bundle, as its launcher read them
+        (`ray.get_gpu_ids()`) and gave them to the job as CUDA_VISIBLE_DEVICES: Ray picks the
+        indices of a bundle itself. A rank whose launcher named none keeps warden's plan; not
+        known for a rank still starting, nor for an attempt adopted from an earlier server."""
+        with self._lock:
+            tracked = self._tracked.get((job_id, attempt))
+            if tracked is None:
+                return ()
+            out: list[tuple[int, ...] | None] = []
+            for i, replica in enumerate(tracked.handle.replicas):
+                rank = replica.rank
+                if rank in tracked.gpus:
+                    out.append(tracked.gpus[rank])
+                elif tracked.planned and rank not in tracked.starts and rank not in tracked.failed:
+                    out.append(tracked.planned[i])
+                else:
+                    out.append(None)
+            return tuple(out)
 
     def _group_state(self, tracked: _Tracked) -> str:
         from ray.util.placement_group import placement_group_table
@@ -572,6 +604,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
             launchers,
             time.monotonic(),
             starts=starts,
+            planned=tuple(r.gpus for r in ordered),
         )
         with self._lock:
             self._tracked[key] = tracked

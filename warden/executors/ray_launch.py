@@ -74,13 +74,17 @@ class Launcher:
         launch["env"] = dict(launch["env"])
         if master_port is not None:
             launch["env"]["MASTER_PORT"] = str(master_port)
+        ray_gpus = _ray_gpus()
+        gpus = bound_gpus(ray_gpus, launch["env"].get("CUDA_VISIBLE_DEVICES", ""))
+        if gpus is not None:
+            launch["env"]["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         me = os.getpid()
         launch["owner"] = {"pid": me, "ticks": start_ticks(me)}
         launch["extra_status"] = {
             **launch.get("extra_status", {}),
             **extra,
             "launcher_pid": me,
-            "ray_gpus": _ray_gpus(),
+            "ray_gpus": ray_gpus,
         }
         status = self._spawn(launch)
         with self._lock:
@@ -88,7 +92,7 @@ class Launcher:
             late = self._signal
         if late is not None and self._pgid is not None:
             _killpg(self._pgid, late)
-        return status
+        return {**status, "gpus": None if gpus is None else list(gpus)}
 
     def _spawn(self, launch: dict[str, Any]) -> dict[str, Any]:
         fd = os.open(str(launch["log"]), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -142,8 +146,20 @@ def shim_environment(worker_env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in worker_env.items() if not k.startswith("RAY_")}
 
 
+def bound_gpus(ray_gpus: list[str], planned: str) -> tuple[int, ...] | None:
+    """The GPU indices Ray reserved for this replica, where they are what the replica must run
+    on: as many as warden placed it on (`planned`, its CUDA_VISIBLE_DEVICES), each a number.
+    Ray picks the indices of a bundle itself, whatever warden planned: the replica runs on
+    Ray's, and the server records them (`RayExecutor.devices`). None: Ray named none of the
+    right count (not inside a Ray worker, or ids that are not indices), and the plan stands."""
+    want = len([g for g in planned.split(",") if g.strip()])
+    if not want or len(ray_gpus) != want or not all(g.isdigit() for g in ray_gpus):
+        return None
+    return tuple(sorted(int(g) for g in ray_gpus))
+
+
 def _ray_gpus() -> list[str]:
-    """The GPU ids Ray assigned to this actor's bundle (recorded beside warden's choice)."""
+    """The GPU ids Ray assigned to this actor's bundle."""
     try:
         import ray
 

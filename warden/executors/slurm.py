@@ -5,7 +5,9 @@ admitted gang into a Slurm batch job pinned there (`--nodelist`, per-node task a
 submitted held and released at once, so that Slurm's own scheduler has nothing to decide. The
 job's batch script is warden's batch supervisor (`warden.executors.slurm_launch`), which runs one
 `srun` step with one task per replica; each task runs the job command with the environment of
-DESIGN §6, exactly as the local executor builds it.
+DESIGN §6, exactly as the local executor builds it. Slurm cannot be asked for given GPU
+indices, only for a count per node: each task runs on the GPUs Slurm bound, and `devices` reads
+them back from Slurm (`IDX`) so that the server records where the attempt really runs.
 
 Signals are warden's, timed by warden: `terminate` sends SIGTERM to the batch supervisor and to
 every task's processes in two concurrent `scancel` calls, and warden's own timer sends SIGKILL
@@ -45,7 +47,17 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from warden.engine.model import DEFAULT_FLAVOR, Node
-from warden.executors.base import Exit, Fenced, Handle, Inventory, LaunchError, LaunchSpec, ReplicaHandle, ReplicaLaunch
+from warden.executors.base import (
+    Devices,
+    Exit,
+    Fenced,
+    Handle,
+    Inventory,
+    LaunchError,
+    LaunchSpec,
+    ReplicaHandle,
+    ReplicaLaunch,
+)
 from warden.executors.identity import Identities, Identity
 from warden.executors.local import (
     identity_environment,
@@ -308,6 +320,7 @@ class SlurmJob(NamedTuple):
     marked: bool  # its AdminComment is warden's mark
     gpus: Mapping[str, int]  # GPUs allocated per node (empty until it runs)
     partition: str = ""
+    indices: Mapping[str, tuple[int, ...]] = {}  # which GPUs per node, where Slurm says (`IDX:`)
 
 
 def parse_squeue_json(text: str, partition: str) -> dict[str, SlurmJob]:
@@ -322,10 +335,14 @@ def parse_squeue_json(text: str, partition: str) -> dict[str, SlurmJob]:
         state = str(state[0] if isinstance(state, list) and state else state)
         nodes = [n.get("nodename", "") for n in (job.get("job_resources") or {}).get("allocated_nodes", []) or []]
         gpus: dict[str, int] = {}
+        indices: dict[str, tuple[int, ...]] = {}
         for node, gres in zip(nodes, job.get("gres_detail") or []):
             count, _ = _gres_count(str(gres))
             if count:
                 gpus[node] = gpus.get(node, 0) + count
+                which = gres_indices(str(gres))
+                if which is not None and len(which) == count:
+                    indices[node] = which
         jobs[str(job.get("job_id", ""))] = SlurmJob(
             str(job.get("name", "")),
             state,
@@ -333,8 +350,28 @@ def parse_squeue_json(text: str, partition: str) -> dict[str, SlurmJob]:
             job.get("admin_comment") == MARK,
             gpus,
             str(job.get("partition", "")),
+            indices,
         )
     return jobs
+
+
+_GPU_IDX = re.compile(r"(?:^|,)gpu(?::[^:(,]+)?:\d+\(IDX:([^)]*)\)")
+
+
+def gres_indices(gres: str) -> tuple[int, ...] | None:
+    """Which GPUs a job holds on a node, from its `gres_detail` entry (`gpu:2(IDX:0-1)`,
+    `gpu:a100:3(IDX:0,2-3)`), sorted; None where Slurm does not say (`IDX:N/A`, no IDX)."""
+    found: set[int] = set()
+    matches = _GPU_IDX.findall(gres)
+    if not matches:
+        return None
+    for spec in matches:
+        for part in spec.split(","):
+            low, _, high = part.partition("-")
+            if not low.isdigit() or (high and not high.isdigit()):
+                return None
+            found.update(range(int(low), int(high or low) + 1))
+    return tuple(sorted(found))
 
 
 def _gres_count(gres: str) -> tuple[int, str | None]:
@@ -366,6 +403,8 @@ class _Tracked:
     warned: bool = False  # the log said it is still pending in Slurm
     ended_mono: float | None = None
     floor: float = 0.0  # the earliest an exit of it can be: its submission (wall clock)
+    nodes: tuple[str, ...] = ()  # per rank, its node (empty for an adopted attempt)
+    gpus: tuple[int, ...] = ()  # per rank, how many GPUs
 
 
 @dataclass(slots=True)
@@ -376,14 +415,38 @@ class _Poll:
     jobs: dict[str, SlurmJob] = field(default_factory=dict)
     nodes: tuple[SlurmNode, ...] = ()
 
-    def foreign(self) -> dict[str, int]:
-        """GPUs per node held by the partition's jobs that do not carry warden's mark."""
-        held: dict[str, int] = {}
+    def foreign(self) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
+        """The GPUs per node held by the partition's jobs that do not carry warden's mark: by
+        index where Slurm says which (`IDX:`), else how many."""
+        known: dict[str, set[int]] = {}
+        unknown: dict[str, int] = {}
         for job in self.jobs.values():
             if not job.marked and job.state in HOLDING:
                 for node, count in job.gpus.items():
-                    held[node] = held.get(node, 0) + count
-        return held
+                    which = job.indices.get(node)
+                    if which is not None:
+                        known.setdefault(node, set()).update(which)
+                    else:
+                        unknown[node] = unknown.get(node, 0) + count
+        return {n: tuple(sorted(g)) for n, g in known.items()}, unknown
+
+    def devices(self, slurm_ids: Sequence[str], nodes: Sequence[str], gpus: Sequence[int]) -> Devices:
+        """Per rank, the GPUs Slurm bound the replica to (None: not known yet): each node's
+        indices of the attempt's jobs, handed to the replicas there in rank order, `gpus` each,
+        as the batch supervisor's tasks take them (`warden.executors.slurm_launch.task`)."""
+        on: dict[str, tuple[int, ...]] = {}
+        for i in slurm_ids:
+            job = self.jobs.get(i)
+            if job is not None and job.state in HOLDING:
+                on.update(job.indices)
+        taken: dict[str, int] = {}
+        out: list[tuple[int, ...] | None] = []
+        for node, count in zip(nodes, gpus):
+            first = taken.get(node, 0)
+            taken[node] = first + count
+            which = on.get(node)
+            out.append(None if which is None or len(which) < first + count else which[first : first + count])
+        return tuple(out)
 
 
 def job_name(job_id: str, attempt: int) -> str:
@@ -458,11 +521,11 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
         without warden's mark hold (an admin's) are in `foreign`."""
         with self._lock:
             nodes = self._poll.nodes
-            foreign = self._poll.foreign()
+            foreign, unknown = self._poll.foreign()
         down = {
             n.node.name: f"{n.state.upper()}" + (f" ({n.reason})" if n.reason else "") for n in nodes if not n.usable
         }
-        return Inventory(tuple(n.node for n in nodes), down, foreign=foreign)
+        return Inventory(tuple(n.node for n in nodes), down, foreign=foreign, foreign_unknown=unknown)
 
     def _addresses(self) -> dict[str, str]:
         with self._lock:
@@ -548,7 +611,14 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
             external=tuple(ids),
         )
         with self._lock:
-            self._tracked[key] = _Tracked(handle, tuple(ids), time.monotonic(), floor=submitted)
+            self._tracked[key] = _Tracked(
+                handle,
+                tuple(ids),
+                time.monotonic(),
+                floor=submitted,
+                nodes=tuple(r.node for r in sorted(spec.replicas, key=lambda r: r.rank)),
+                gpus=tuple(len(r.gpus) for r in sorted(spec.replicas, key=lambda r: r.rank)),
+            )
             self._to_release.extend(ids)
             self._release_due.notify()
         return handle
@@ -751,6 +821,18 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
         )
 
     # -- restart ---------------------------------------------------------------------------
+
+    def devices(self, job_id: str, attempt: int) -> Devices | None:
+        """Per rank, the GPUs Slurm allocated to the replica, from the last poll (`IDX:` of the
+        attempt's jobs while they hold their nodes): Slurm is never asked for given indices,
+        only for a count per node. Not known for an attempt adopted from an earlier server (it
+        keeps the assignment that server recorded)."""
+        with self._lock:
+            tracked = self._tracked.get((job_id, attempt))
+            if tracked is None or not tracked.nodes:
+                n = 0 if tracked is None else len(tracked.handle.replicas)
+                return tuple(None for _ in range(n))
+            return self._poll.devices(tracked.slurm_ids, tracked.nodes, tracked.gpus)
 
     def adopt(self, handle: Handle, kill_at: float | None = None) -> None:
         """Track an attempt an earlier server process submitted; release it if that server

@@ -17,8 +17,8 @@ subdirectory `ATTEMPT_DIR/job/`: the batch log, `batch.signals`, `master.json` a
 logs and records, none of which the server trusts more than Slurm's own word.
 
 A task finds its replica in `launch.json` by the node it runs
-on and its index among the tasks there, and runs the job command under the same supervision as
-the local executor's shim (`warden.executors.shim.supervise`): a process group of its own,
+on and its index among the tasks there, takes its part of the GPUs Slurm bound on that node
+(`bound_gpus`), and runs the job command under the same supervision as the local executor's shim (`warden.executors.shim.supervise`): a process group of its own,
 orphans kept as its children, `rank-N.status.json` once it runs and `rank-N.exit.json` once
 its last process is gone. For a gang whose master port is not fixed, rank 0 picks a free
 port on its node and writes it to `master.json`; the other ranks wait for it before they start.
@@ -59,6 +59,33 @@ def replica_for(launch: dict[str, Any], node: str, local_id: int) -> dict[str, A
     return dict(mine[local_id])
 
 
+def bound_gpus(
+    launch: dict[str, Any], node: str, local_id: int, bound: str, visible: str | None
+) -> tuple[tuple[int, ...], str]:
+    """The GPUs Slurm bound the `local_id`-th task on `node` to, and its CUDA_VISIBLE_DEVICES.
+
+    Slurm allocates a count per node, never the indices warden planned, and binds the step to
+    the ones it chose (`SLURM_STEP_GPUS`, the node's indices, sorted). The node's replicas take
+    them in rank order, as many each as warden placed, and the server reads the same split
+    back from Slurm's `IDX` (`SlurmExecutor.devices`). Slurm's own CUDA_VISIBLE_DEVICES names
+    the same GPUs in the same order, as the step's processes must name them (relative to the
+    step where Slurm confines its devices), so the task takes its part of that; without one,
+    the node's indices. LookupError where Slurm bound fewer GPUs than placed."""
+    mine = [r for r in launch["replicas"] if r["node"] == node]
+    first = sum(len(r["gpus"]) for r in mine[:local_id])
+    want = len(mine[local_id]["gpus"])
+    indices = sorted(int(g) for g in bound.split(",") if g.strip().isdigit())
+    if len(indices) < first + want:
+        raise LookupError(
+            f"Slurm bound GPUs {bound or 'none'} on node {node}, fewer than the {first + want} warden placed there"
+        )
+    gpus = tuple(indices[first : first + want])
+    names = [v.strip() for v in (visible or "").split(",") if v.strip()]
+    if len(names) == len(indices):
+        return gpus, ",".join(names[first : first + want])
+    return gpus, ",".join(map(str, gpus))
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
@@ -88,15 +115,20 @@ def task(attempt_dir: Path) -> int:
         raise FileNotFoundError(f"{attempt_dir / LAUNCH_FILE} is missing")
     node = os.environ["SLURMD_NODENAME"]
     out = attempt_dir / JOB_DIR
-    replica = replica_for(launch, node, int(os.environ["SLURM_LOCALID"]))
+    local_id = int(os.environ["SLURM_LOCALID"])
+    replica = replica_for(launch, node, local_id)
     rank = replica["rank"]
     bound = os.environ.get("SLURM_STEP_GPUS", os.environ.get("SLURM_JOB_GPUS", ""))
-    if replica["gpus"] and not set(replica["gpus"]) <= {int(g) for g in bound.split(",") if g.strip().isdigit()}:
-        # The job would use GPUs Slurm gave someone else (or may deny it, with cgroups).
-        error = f"Slurm bound GPUs {bound or 'none'} on node {node}, but warden placed rank {rank} on {replica['gpus']}"
-        write_json_atomic(out / f"rank-{rank}.exit.json", {"exit_code": None, "ended_at": time.time(), "error": error})
-        raise LookupError(error)
     env = dict(replica["env"])
+    try:
+        gpus, visible = bound_gpus(launch, node, local_id, bound, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    except LookupError as err:
+        write_json_atomic(
+            out / f"rank-{rank}.exit.json", {"exit_code": None, "ended_at": time.time(), "error": str(err)}
+        )
+        raise
+    if replica["gpus"]:
+        env["CUDA_VISIBLE_DEVICES"] = visible
     if launch["world_size"] > 1 and "MASTER_PORT" not in env:
         env["MASTER_PORT"] = str(_master_port(attempt_dir, replica))
     return supervise(
@@ -112,6 +144,7 @@ def task(attempt_dir: Path) -> int:
                 "node": node,
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
                 "slurm_gpus": bound,
+                "gpus": list(gpus),
             },
         }
     )

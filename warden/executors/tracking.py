@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, Self, TypeVar
 
-from warden.executors.base import Fenced, Handle, LaunchError, LaunchSpec, UnknownAttempt, validate_spec
+from warden.executors.base import Devices, Fenced, Handle, LaunchError, LaunchSpec, UnknownAttempt, validate_spec
 from warden.executors.deadlines import KillTimer, adopted_deadline, deadline_pair, due
 from warden.executors.records import CONTROL_MODE, launched, read_job_json, write_json_atomic
 
@@ -94,6 +94,11 @@ class AttemptTable(ABC, Generic[T]):
     def _end_start(self, key: Key) -> None:
         with self._lock:
             self._starting.discard(key)
+
+    def devices(self, job_id: str, attempt: int) -> Devices | None:
+        """None: the replicas run on exactly the GPUs of their launch (`Executor.devices`);
+        executors whose substrate picks the indices itself read them back instead."""
+        return None
 
     def running(self) -> list[Key]:
         """Every tracked attempt whose exit `exits()` has not reported yet."""

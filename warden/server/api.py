@@ -429,7 +429,7 @@ def build_router(service: Service) -> APIRouter:
             if (job := service.store.get(job_id)) is not None:
                 jobs[job_id] = job
         cluster = service.reconciler.cluster
-        return node_views(service.nodes, attempts, cluster.down, jobs, cluster.foreign)
+        return node_views(service.nodes, attempts, cluster.down, jobs, cluster)
 
     @r.get("/history", responses=errors(401))
     def history(

@@ -177,7 +177,7 @@ class _Gauges:
         foreign = GaugeMetricFamily(
             "warden_gpus_foreign", "GPUs held by work that is not warden's, by node (never scheduled).", labels=["node"]
         )
-        for node, count in sorted(s.reconciler.cluster.foreign.items()):
+        for node, count in s.reconciler.cluster.foreign_counts().items():
             foreign.add_metric([node], count)
         yield foreign
         in_use = GaugeMetricFamily("warden_gpus_in_use", "GPUs held by jobs (a job in its grace period included).")

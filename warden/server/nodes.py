@@ -37,10 +37,15 @@ class NodeFollower(Duty):
             self.record(inventory, now)
         for name in inventory.down.keys() - self.ctx.cluster.down.keys():
             log.warning("node %s takes no jobs: %s", name, inventory.down[name])
-        for name, gpus in sorted(inventory.foreign.items()):
-            if gpus != self.ctx.cluster.foreign.get(name, 0):
+        before = self.ctx.cluster
+        for name, gpus in inventory.foreign_counts().items():
+            which = inventory.foreign.get(name, ())
+            if gpus != before.foreign_count(name) or which != before.foreign.get(name, ()):
                 log.warning(
-                    "node %s: %d GPU(s) held by work that is not warden's are kept out of scheduling", name, gpus
+                    "node %s: %d GPU(s) held by work that is not warden's (%s) are kept out of scheduling",
+                    name,
+                    gpus,
+                    f"indices {','.join(map(str, which))}" if len(which) == gpus else "which is not known",
                 )
         self.take(inventory, now)
 
@@ -48,10 +53,11 @@ class NodeFollower(Duty):
         """Schedule on `inventory` from now on: the snapshot keeps a down node only while jobs
         still hold resources on it, shrunk to exactly what they hold, so that nothing new is
         placed there, and GPUs that work which is not warden's holds (`Inventory.foreign`) are
-        never offered: the node is shrunk by them (`without_foreign`). With `now` (the leader's
-        pass), a gang on a down node is evicted; without (a standby), nothing is done to it."""
+        unavailable to the engine (`Node.unavailable`, `unavailable_gpus`). With `now` (the
+        leader's pass), a gang on a down node is evicted; without (a standby), nothing is done
+        to it."""
         self.ctx.cluster = inventory
-        if not inventory.down and not inventory.foreign:
+        if not inventory.down and not inventory.foreign and not inventory.foreign_unknown:
             self.ctx.nodes = inventory.nodes
             return
         held: dict[str, list[int]] = {}
@@ -72,7 +78,14 @@ class NodeFollower(Duty):
         nodes = []
         for node in inventory.nodes:
             if node.name not in inventory.down:
-                nodes.append(without_foreign(node, inventory.foreign.get(node.name, 0), indices.get(node.name, set())))
+                unavailable = unavailable_gpus(
+                    node,
+                    inventory.foreign.get(node.name, ()),
+                    inventory.foreign_unknown.get(node.name, 0),
+                    indices.get(node.name, set()),
+                    held.get(node.name, [0])[0],
+                )
+                nodes.append(replace(node, unavailable=unavailable) if unavailable else node)
             elif node.name in held:
                 gpus, cpu, memory = held[node.name]
                 nodes.append(replace(node, gpus=gpus, cpu=min(cpu, node.cpu), memory=min(memory, node.memory)))
@@ -83,7 +96,11 @@ def node_records(inventory: Inventory, now: float) -> list[NodeRecord]:
     """`inventory` as the database records it."""
     return [
         NodeRecord.from_engine(
-            n, updated_at=now, down=inventory.down.get(n.name), foreign_gpus=inventory.foreign.get(n.name, 0)
+            n,
+            updated_at=now,
+            down=inventory.down.get(n.name),
+            foreign_gpus=inventory.foreign_count(n.name),
+            foreign_indices=inventory.foreign.get(n.name, ()),
         )
         for n in inventory.nodes
     ]
@@ -95,17 +112,29 @@ def recorded_inventory(records: Iterable[NodeRecord]) -> Inventory:
     return Inventory(
         tuple(r.to_engine() for r in kept),
         {r.name: r.down for r in kept if r.down is not None},
-        {r.name: r.foreign_gpus for r in kept if r.foreign_gpus},
+        {r.name: r.foreign_indices for r in kept if r.foreign_indices},
+        {r.name: r.foreign_gpus - len(r.foreign_indices) for r in kept if r.foreign_gpus > len(r.foreign_indices)},
     )
 
 
-def without_foreign(node: Node, foreign: int, held: set[int]) -> Node:
-    """`node` as the engine may use it when `foreign` of its GPUs are held by work that is not
-    warden's: that many fewer. The engine names GPUs by index below the node's count, so the
-    count never drops below one past the highest index warden's own attempts hold there; while
-    they hold the top ones, up to that many foreign GPUs stay offered until those attempts end
-    (a job placed on them waits in Slurm or Ray, which never give one GPU to two jobs)."""
-    if foreign <= 0:
-        return node
-    floor = max(held) + 1 if held else 0
-    return replace(node, gpus=max(node.gpus - foreign, floor, 0))
+def unavailable_gpus(
+    node: Node, foreign: Iterable[int], unknown: int, held: set[int], holding: int | None = None
+) -> tuple[int, ...]:
+    """The GPU indices of `node` the engine must not place on: those work that is not warden's
+    holds (`foreign`), and for `unknown` more that it holds where the substrate cannot say which
+    (Ray), as many of the lowest indices warden's own attempts do not hold (`held`): foreign
+    work that began first holds the lowest where a substrate hands out the lowest free ones, so
+    the guess keeps warden's plan and the substrate's choice alike most often.
+
+    A foreign index that warden's record of an attempt also names is a record not corrected yet
+    (`Executor.devices` corrects it once the attempt runs): it is still one GPU fewer, so it is
+    unavailable too. They never leave fewer usable GPUs than warden's attempts hold there
+    (`holding`, default `len(held)`): the engine must be able to count them all, and an attempt
+    whose exit is not collected yet may still count GPUs the substrate has given to other work.
+    Foreign GPUs known by index come first, the guesses next, those warden's record names last."""
+    room = max(0, node.gpus - (len(held) if holding is None else holding))
+    known = sorted({g for g in foreign if 0 <= g < node.gpus})
+    order = [g for g in known if g not in held]
+    order += [g for g in range(node.gpus) if g not in held and g not in order][: max(unknown, 0)]
+    order += [g for g in known if g in held]
+    return tuple(sorted(order[:room]))

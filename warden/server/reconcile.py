@@ -8,7 +8,9 @@ second, one pass runs this fixed sequence under one lock:
    `CANCELLED`, one that ran out its time limit `TIMEOUT`, the rest `SUCCEEDED` (all replicas
    exited 0) or `FAILED`; then every attempt past its job's time limit gets SIGTERM, its grace
    and SIGKILL, as a cancel does (`TimeLimits`);
-2. **snapshot** — the nodes, every job that is not finished with its attempt's facts, the
+2. **snapshot** — the nodes (GPUs held outside warden unavailable), and the GPUs each new
+   attempt was bound to where the executor chose them (its recorded assignment corrected:
+   `BoundDevices`); every job that is not finished with its attempt's facts, the
    policy and the fair-share ledger (advanced to now); a job's engine form is kept between
    passes and built again only once its row's `version` moved (`EngineJobs`);
 3. **plan** — `Engine.plan(snapshot, now, changed)`, told only the jobs that changed since the
@@ -33,7 +35,7 @@ second, one pass runs this fixed sequence under one lock:
 
 Each duty is an object of its own module, handed the store, the executor and the policy in one
 shared `ReconcileContext` (`warden.server.context`): `Charging` (the ledger, charged first),
-`Exits` (1), `NodeFollower`, `Cancels` and `TimeLimits` (before the snapshot), `EngineGuard` (3, and the held
+`Exits` (1), `NodeFollower`, `BoundDevices`, `Cancels` and `TimeLimits` (before the snapshot), `EngineGuard` (3, and the held
 jobs), `Preemptions` (4, and evictions), `PlanApplier` (5 and 6) and `Recovery` (at start).
 The `Reconciler` owns the lock, the loop and the order of the steps; none of its duties
 imports it back.
@@ -61,6 +63,7 @@ from warden.server.apply import PlanApplier
 from warden.server.cancels import Cancels
 from warden.server.charging import Charging
 from warden.server.context import PassStats, ReconcileContext
+from warden.server.devices import BoundDevices
 from warden.server.engineguard import EngineGuard, EngineJobs
 from warden.server.exits import Exits
 from warden.server.history import INTERVAL_S, History
@@ -128,6 +131,7 @@ class Reconciler:
         self.cancels = Cancels(self.ctx)
         self.time_limits = TimeLimits(self.ctx, self.cancels)
         self.follower = NodeFollower(self.ctx, self.preemptions)
+        self.devices = BoundDevices(self.ctx, self.preemptions)
         self.applier = PlanApplier(self.ctx, report_env)
 
     # -- the shared state, under the names service.py, app.py and tests read ---------------
@@ -244,6 +248,7 @@ class Reconciler:
             self.charging.charge(now)
             self.applier.running(now)  # before the exits: a job that began and ended since the last pass did run
             self.exits.collect(now)
+            self.devices.check(now)  # first: which GPUs warden holds is what the follower keeps apart
             if self.inventory is not None:
                 self.follower.follow(self.inventory(), now)
             active = self.cancels.cancel_marked(self.store.active(), now)

@@ -21,6 +21,7 @@ from warden.engine.policy import Policy
 from warden.engine.quota import QuotaTree
 from warden.engine.rules import RuleContext, efficiency, protection
 from warden.engine.whatif import Verdict
+from warden.executors.base import Inventory
 from warden.server.explanations import KILL_AT, event_message, rendered, wall_times
 from warden.store.history import PreemptionRecord
 from warden.store.jobs import EventRecord, JobHead, StoredAttempt, StoredJob, job_key
@@ -423,14 +424,16 @@ def node_views(
     attempts: Iterable[StoredAttempt],
     down: Mapping[str, str] | None = None,
     jobs: Mapping[int, StoredJob] | None = None,
-    foreign: Mapping[str, int] | None = None,
+    cluster: Inventory | None = None,
 ) -> list[dict[str, Any]]:
     """Each node with what runs on it; `down` says why a node takes no job now (Slurm's state).
     `holders` names the job on each GPU held (`jobs`: the attempts' jobs, for their queue,
     tier, user and state); a job holding no GPU on a node is listed there once, `gpu` null.
-    `foreign`: GPUs per node held by work that is not warden's (`gpus_foreign`), never free."""
+    `cluster`: the inventory that says which GPUs of each node work that is not warden's holds
+    (`gpu_indices_foreign`, where the substrate can tell) and how many (`gpus_foreign`), never
+    free."""
     down = down or {}
-    foreign = foreign or {}
+    cluster = cluster or Inventory(())
     jobs = jobs or {}
     used: dict[str, list[int]] = {}
     on: dict[str, list[str]] = {}
@@ -450,9 +453,10 @@ def node_views(
             "name": n.name,
             "gpus": n.gpus,
             "gpus_used": len(used.get(n.name, [])),
-            "gpus_free": max(0, n.gpus - len(used.get(n.name, [])) - foreign.get(n.name, 0)),
-            "gpus_foreign": foreign.get(n.name, 0),
+            "gpus_free": max(0, n.gpus - len(used.get(n.name, [])) - cluster.foreign_count(n.name)),
+            "gpus_foreign": cluster.foreign_count(n.name),
             "gpu_indices_used": sorted(used.get(n.name, [])),
+            "gpu_indices_foreign": list(cluster.foreign.get(n.name, ())),
             "flavor": n.flavor,
             "block": n.block,
             "cpu": n.cpu,

@@ -20,7 +20,8 @@ NODES = cast(Table, NodeRow.__table__)
 class NodeRecord:
     """A node as discovered; `gpu_names` are the device names (e.g. "NVIDIA H100 80GB HBM3"),
     `down` why it takes no job now (None: it does), `foreign_gpus` how many of its GPUs work that
-    is not warden's holds."""
+    is not warden's holds, `foreign_indices` which of those are known by index (sorted; the rest,
+    a substrate could not name: Ray's)."""
 
     name: str
     gpus: int
@@ -32,6 +33,7 @@ class NodeRecord:
     updated_at: float = 0.0
     down: str | None = None
     foreign_gpus: int = 0
+    foreign_indices: tuple[int, ...] = ()
 
     @classmethod
     def from_engine(
@@ -42,6 +44,7 @@ class NodeRecord:
         gpu_names: Sequence[str] = (),
         down: str | None = None,
         foreign_gpus: int = 0,
+        foreign_indices: Sequence[int] = (),
     ) -> NodeRecord:
         return cls(
             node.name,
@@ -54,6 +57,7 @@ class NodeRecord:
             updated_at,
             down,
             foreign_gpus,
+            tuple(foreign_indices),
         )
 
     def to_engine(self) -> Node:
@@ -77,6 +81,7 @@ class NodeStore(StoreBase):
                 "updated_at": n.updated_at,
                 "down": n.down,
                 "foreign_gpus": n.foreign_gpus,
+                "foreign_indices": builtins.list(n.foreign_indices),
             }
             for n in nodes
         ]
@@ -101,6 +106,7 @@ class NodeStore(StoreBase):
                 r.updated_at,
                 r.down,
                 r.foreign_gpus,
+                tuple(int(i) for i in r.foreign_indices or ()),
             )
             for r in rows
         )

@@ -276,6 +276,8 @@ class NodeRow(Base):
     updated_at: Mapped[float] = mapped_column(Double)
     down: Mapped[str | None] = mapped_column(String(1024))
     foreign_gpus: Mapped[int] = mapped_column(Integer, server_default="0")
+    foreign_indices: Mapped[list[int] | None] = mapped_column(JSON)
+    """Which of `foreign_gpus` are known by index (None or []: none are)."""
 
 
 class LeaseRow(Base):

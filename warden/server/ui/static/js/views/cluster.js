@@ -1,7 +1,7 @@
 // Cluster: every node and GPU as a grid, grouped by flavor and topology block (GET /v1/nodes).
 // A GPU cell is coloured by the tier of the job holding it and labelled with its queue and
-// job; a job in its grace shows its SIGKILL deadline counting down; free and down GPUs look
-// different from each other and from held ones.
+// job; a job in its grace shows its SIGKILL deadline counting down; free and down GPUs, and
+// those held by work outside warden, look different from each other and from held ones.
 
 import { api } from "../api.js";
 import { h, notice, swap } from "../dom.js";
@@ -43,6 +43,14 @@ function cellFor(node, gpu, holder, fallbackJob) {
       fallbackJob ? h("a", { href: `#/jobs/${encodeURIComponent(fallbackJob)}`, class: "gpu-job" }, `#${fallbackJob}`) : null,
     );
   }
+  if (foreignIndices(node).has(gpu)) {
+    return h(
+      "li",
+      { class: ["gpu", "foreign"], dataset: { ...data, free: "foreign" }, title: `GPU ${gpu} of ${node.name}: held by work outside warden` },
+      h("span", { class: "gpu-index" }, `GPU ${gpu}`),
+      h("span", { class: "gpu-queue" }, "outside warden"),
+    );
+  }
   if (down) {
     return h(
       "li",
@@ -57,6 +65,12 @@ function cellFor(node, gpu, holder, fallbackJob) {
     h("span", { class: "gpu-index" }, `GPU ${gpu}`),
     h("span", { class: "gpu-queue" }, "free"),
   );
+}
+
+// The GPUs of a node held by work that is not warden's, where the executor can tell which
+// (Slurm); on Ray only their count is known (`gpus_foreign`, the card's badge).
+function foreignIndices(node) {
+  return new Set((node.gpu_indices_foreign || []).map(Number));
 }
 
 function nodeCard(node) {
@@ -152,6 +166,7 @@ export default {
       { class: "legend", "aria-label": "GPU states" },
       h("li", null, h("span", { class: "swatch gpu-swatch free" }), " free"),
       h("li", null, h("span", { class: "swatch gpu-swatch down" }), " down"),
+      h("li", null, h("span", { class: "swatch gpu-swatch foreign" }), " held outside warden"),
       h("li", null, h("span", { class: "swatch gpu-swatch terminating tier-3" }), " in grace (SIGTERM sent; SIGKILL countdown; reserved for its preemptor)"),
     );
     const stats = h("section", { "aria-label": "summary" });
