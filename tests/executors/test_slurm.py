@@ -136,6 +136,44 @@ def test_a_kill_the_supervisors_kept_before_the_adopter_is_the_attempts_kill(tmp
     assert not _exit(forged, seen).killed
 
 
+def test_an_end_time_a_job_wrote_is_kept_inside_what_slurm_saw(tmp_path: Path) -> None:
+    """A rank's record is its job's to write: a 33 s attempt that records it ended 3.9 s in is
+    believed only back to the last poll that saw it running, and never past the second after
+    Slurm's own end time."""
+    handle = Handle("1", 1, (ReplicaHandle.in_dir(tmp_path, 0),), tmp_path / "control.json", ("7",))
+    submitted = float(int(time.time()) - 40)  # a whole second, as Slurm writes times
+    tracked = _Tracked(handle, ("7",), 0.0, floor=submitted, running_at=submitted + 32.5)
+    ended = {"7": SlurmJob("warden.1.1", "COMPLETED", "", True, {}, ended_at=submitted + 33)}
+    write_json_atomic(tmp_path / "rank-0.exit.json", {"exit_code": 0, "ended_at": submitted + 3.9})
+    assert _exit(tracked, ended).ended_at == submitted + 32.5  # the last poll that saw it running
+    write_json_atomic(tmp_path / "rank-0.exit.json", {"exit_code": 0, "ended_at": submitted + 39})
+    assert _exit(tracked, ended).ended_at == submitted + 34  # Slurm's end, to its second
+    write_json_atomic(tmp_path / "rank-0.exit.json", {"exit_code": 0, "ended_at": submitted + 33.2})
+    assert _exit(tracked, ended).ended_at == submitted + 33.2  # an honest record keeps its precision
+    gone = {"7": None}  # no longer listed: nothing of Slurm's bounds it from above but now
+    write_json_atomic(tmp_path / "rank-0.exit.json", {"exit_code": 0, "ended_at": "soon"})
+    assert submitted + 32.5 <= _exit(tracked, gone).ended_at <= time.time()
+
+
+def test_squeue_json_gives_the_end_time_of_ended_jobs_only() -> None:
+    def job(job_id: int, state: str, end: object) -> dict[str, object]:
+        return {"job_id": job_id, "partition": "main", "job_state": state, "end_time": end, "name": "x"}
+
+    text = json.dumps(
+        {
+            "jobs": [
+                job(1, "COMPLETED", 1700000000),
+                job(2, "RUNNING", 1700009999),
+                job(3, "CANCELLED", {"set": True, "infinite": False, "number": 1700000005}),
+                job(4, "FAILED", 0),
+                job(5, "TIMEOUT", {"set": False, "number": 0}),
+            ]
+        }
+    )
+    ends = {i: j.ended_at for i, j in parse_squeue_json(text, "main").items()}
+    assert ends == {"1": 1700000000.0, "2": None, "3": 1700000005.0, "4": None, "5": None}
+
+
 def test_squeue_json_gives_marks_and_gpus_per_node_of_the_partitions_jobs() -> None:
     text = json.dumps(
         {

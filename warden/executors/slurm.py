@@ -321,6 +321,7 @@ class SlurmJob(NamedTuple):
     gpus: Mapping[str, int]  # GPUs allocated per node (empty until it runs)
     partition: str = ""
     indices: Mapping[str, tuple[int, ...]] = {}  # which GPUs per node, where Slurm says (`IDX:`)
+    ended_at: float | None = None  # when it ended, as Slurm recorded it (whole seconds); None while it runs
 
 
 def parse_squeue_json(text: str, partition: str) -> dict[str, SlurmJob]:
@@ -351,8 +352,19 @@ def parse_squeue_json(text: str, partition: str) -> dict[str, SlurmJob]:
             gpus,
             str(job.get("partition", "")),
             indices,
+            _slurm_time(job.get("end_time")) if state in ENDED else None,
         )
     return jobs
+
+
+def _slurm_time(value: Any) -> float | None:
+    """A time `squeue --json` gives (seconds since the epoch: a number in 22.05, `{"set": true,
+    "number": N}` later); None when unset or not a positive finite number."""
+    if isinstance(value, Mapping):
+        value = value.get("number") if value.get("set", True) and not value.get("infinite") else None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        return None
+    return float(value)
 
 
 _GPU_IDX = re.compile(r"(?:^|,)gpu(?::[^:(,]+)?:\d+\(IDX:([^)]*)\)")
@@ -403,6 +415,7 @@ class _Tracked:
     warned: bool = False  # the log said it is still pending in Slurm
     ended_mono: float | None = None
     floor: float = 0.0  # the earliest an exit of it can be: its submission (wall clock)
+    running_at: float | None = None  # the latest poll (wall clock) that saw a job of it running
     nodes: tuple[str, ...] = ()  # per rank, its node (empty for an adopted attempt)
     gpus: tuple[int, ...] = ()  # per rank, how many GPUs
 
@@ -789,6 +802,8 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
             if poll.began < tracked.submitted_mono:
                 continue  # that poll may not show its jobs yet
             seen = {i: poll.jobs.get(i) for i in tracked.slurm_ids}
+            if any(s is not None and s.state == "RUNNING" for s in seen.values()):
+                tracked.running_at = max(tracked.running_at or 0.0, time.time() - (time.monotonic() - poll.began))
             if all(s is None or s.state in ENDED for s in seen.values()):
                 done.append((key, tracked, seen))
                 continue
@@ -952,7 +967,7 @@ def _submitted_at(handle: Handle) -> float:
 
 def _exit(tracked: _Tracked, seen: Mapping[str, SlurmJob | None]) -> Exit:
     """The attempt's exit from its ranks' records, believed only as far as Slurm agrees: the
-    records are the job's to write. An end time outside [submission, now] is replaced by now;
+    records are the job's to write. An end time is kept inside what Slurm saw (`_end_bounds`);
     an exit code 0 of a Slurm job that did not end COMPLETED is not believed; a Slurm job ended
     by someone else (cancelled while warden never signalled it, timed out, its node failed) sets
     `ended_by`. The kill is the earliest SIGKILL at the deadline, the server's or one the ranks'
@@ -962,6 +977,7 @@ def _exit(tracked: _Tracked, seen: Mapping[str, SlurmJob | None]) -> Exit:
     kills = [] if tracked.killed_at is None else [tracked.killed_at]
     errors: list[str] = []
     now = time.time()
+    earliest, latest = _end_bounds(tracked, seen, now)
     states = {i: job.state for i, job in seen.items() if job is not None}
     completed = bool(states) and all(state == "COMPLETED" for state in states.values())
     for replica in tracked.handle.replicas:
@@ -972,8 +988,7 @@ def _exit(tracked: _Tracked, seen: Mapping[str, SlurmJob | None]) -> Exit:
                 code = None
                 errors.append(f"rank {replica.rank}: its record says exit code 0, Slurm says {_describe(seen)}")
             codes.append(code)
-            at = record_ended_at(record, now)
-            ended.append(at if tracked.floor <= at <= now else now)
+            ended.append(min(max(record_ended_at(record, latest), earliest), latest))
             killed_at = record_killed_at(record, tracked.kill_at, now)
             if killed_at is not None:
                 kills.append(killed_at)
@@ -997,13 +1012,26 @@ def _exit(tracked: _Tracked, seen: Mapping[str, SlurmJob | None]) -> Exit:
         job_id=tracked.handle.job_id,
         attempt=tracked.handle.attempt,
         exit_codes=tuple(codes),
-        ended_at=max(ended) if len(ended) == len(codes) else now,
+        ended_at=max(ended) if len(ended) == len(codes) else latest,
         signalled_at=tracked.signalled_at,
         killed=bool(kills),
         killed_at=min(kills, default=None),
         error="; ".join(errors) or None,
         ended_by=ended_by,
     )
+
+
+def _end_bounds(tracked: _Tracked, seen: Mapping[str, SlurmJob | None], now: float) -> tuple[float, float]:
+    """Between which times the attempt ended, as Slurm saw it: not before the last poll that
+    saw it running (nor its submission), not after Slurm's own end time of its last job (whole
+    seconds: up to one later), nor now. A rank's record, which its job's account can write, is
+    believed only inside these bounds."""
+    ends = [job.ended_at for job in seen.values() if job is not None]
+    latest = now
+    if ends and len(ends) == len(seen) and all(e is not None for e in ends):
+        latest = min(now, max(e for e in ends if e is not None) + 1.0)
+    earliest = min(max(tracked.floor, tracked.running_at or 0.0), latest)
+    return earliest, latest
 
 
 _ENDED_BY = {
