@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, Self, TypeVar
 
-from warden.executors.base import Fenced, Handle, LaunchError, LaunchSpec, UnknownAttempt, validate_spec
+from warden.executors.base import Fenced, Handle, LaunchError, LaunchSpec, Stopped, UnknownAttempt, validate_spec
 from warden.executors.deadlines import KillTimer, adopted_deadline, deadline_pair, due
 from warden.executors.records import CONTROL_MODE, launched, read_job_json, write_json_atomic
 
@@ -94,6 +94,10 @@ class AttemptTable(ABC, Generic[T]):
     def _end_start(self, key: Key) -> None:
         with self._lock:
             self._starting.discard(key)
+
+    def stopped(self) -> dict[Key, Stopped]:
+        """Attempts with stopped processes (`Executor.stopped`): none that this executor sees."""
+        return {}
 
     def running(self) -> list[Key]:
         """Every tracked attempt whose exit `exits()` has not reported yet."""
