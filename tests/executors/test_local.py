@@ -926,3 +926,13 @@ def test_the_hierarchies_are_read_from_mounts_and_own_cgroups() -> None:
     )
     program = cgroups.device_filter((("c", 195, 0), ("c", 195, 1)))
     assert len(program) == 8 * (4 + 2 * 5 + 2)  # the loads, five instructions a node, the final allow
+
+
+def test_the_containment_is_said_in_one_line(h: Harness) -> None:
+    off = h.new_executor(cgroup_parent=None)
+    assert off.layout is None
+    assert off.containment().startswith(
+        "no cgroups (no cgroup parent was given): a job's processes, memory and GPU device nodes are not bounded"
+    )
+    if isinstance(LAYOUT, cgroups.Layout):
+        assert h.executor.containment().startswith("each replica in a cgroup of its own, in warden/local/ under: ")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from serverproc import Server, server_fixture, submit, until_state, wait_for
 
+from warden.executors import cgroups
 from warden.executors.shim import TIME_LIMIT_SLACK_S
 
 POLICY = """\
@@ -31,6 +32,10 @@ LIMIT = 3.0
 
 
 def test_the_time_limit_is_kept_while_no_server_runs(server: Server, tmp_path: Path) -> None:
+    assert server.log is not None
+    contained = isinstance(cgroups.find_layout("warden/local"), cgroups.Layout)
+    said = "containment: each replica in a cgroup of its own" if contained else "WARNING: containment: no cgroups"
+    assert said in server.log.read_text()  # how its jobs are contained, said at start
     with server.client() as c:
         job = submit(c, queue="vision", tier=3, time_limit="3s", command=["sleep", "60"])
         started = until_state(c, job, "RUNNING")["attempts"][0]["started_at"]
