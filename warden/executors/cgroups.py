@@ -441,6 +441,16 @@ def remove(group: Group, wait_s: float = 1.0) -> bool:
     return not left
 
 
+def remove_parent(layout: Layout, parent: str) -> None:
+    """Remove `parent` (e.g. `warden/3f2a…`) where it holds no cgroup any more; leave it where
+    it does (a cgroup that is not empty cannot be removed) or cannot be removed."""
+    for _, base in layout.bases:
+        try:
+            os.rmdir(os.path.join(base, parent))
+        except OSError:
+            continue
+
+
 def gpu_device_nodes(directory: str = "/dev") -> dict[int, tuple[str, int, int]]:
     """The NVIDIA GPU device nodes present (`/dev/nvidiaN`), by index: (type, major, minor).
     `/dev/nvidiactl`, `/dev/nvidia-uvm` and the like are not among them: every job needs those."""

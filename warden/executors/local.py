@@ -591,10 +591,13 @@ class LocalExecutor(AttemptTable[_Tracked]):
 
     def close(self) -> None:
         """Stop the timer thread. Jobs keep running; pending SIGKILLs are left to an adopter
-        (they are recorded in each attempt's control.json)."""
+        (they are recorded in each attempt's control.json). The cgroup parent is removed where
+        no job's cgroup is left in it (a shim remakes it)."""
         with self._lock:
             self._closed = True
         self._timer.close()
+        if self.layout is not None:
+            cgroups.remove_parent(self.layout, self.cgroup_parent)
 
 
 # -- helpers --------------------------------------------------------------------------------
