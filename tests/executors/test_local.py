@@ -936,3 +936,18 @@ def test_the_containment_is_said_in_one_line(h: Harness) -> None:
     )
     if isinstance(LAYOUT, cgroups.Layout):
         assert h.executor.containment().startswith("each replica in a cgroup of its own, in warden/local/ under: ")
+
+
+def test_a_late_terminate_keeps_the_sigterm_the_supervisor_sent_at_the_time_limit(h: Harness) -> None:
+    """The server's pass that would stop an attempt at its time limit comes late (it stalled):
+    its shim has sent SIGTERM already, and the server's `terminate` keeps that SIGTERM's
+    deadline rather than give the job a second SIGTERM and a new grace."""
+    executor = h.new_executor(time_limit_slack_s=0.1)
+    handle = h.start(replace(h.spec("slow", "ignore", grace_s=1.0), time_limit_s=0.3), executor)
+    seen_path = handle.replicas[0].status_path.parent / "rank-0.seen.json"
+    wait_until(lambda: seen_path.exists() and json.loads(seen_path.read_text())["limit_sigterm_at"], what="its SIGTERM")
+    seen = json.loads(seen_path.read_text())
+    assert executor.terminate("slow", 1, 30.0) == seen["limit_kill_at"]
+    exit_ = h.wait_exit("slow", executor=executor)
+    assert exit_.killed and exit_.exit_codes == (-9,) and exit_.timed_out_at == seen["limit_sigterm_at"]
+    assert exit_.ended_at < seen["limit_kill_at"] + 1.0

@@ -364,7 +364,8 @@ class LocalExecutor(AttemptTable[_Tracked]):
         """SIGTERM every replica's process group in one loop, and arm a single SIGKILL for all
         of them at the returned deadline (`time.time()` based). The deadline is taken after the
         last SIGTERM went out, so no group gets less than `grace_s`. Idempotent: a second call
-        returns the first deadline and sends nothing."""
+        returns the first deadline and sends nothing; so does a call after the attempt's shims
+        sent SIGTERM at its time limit (its deadline is theirs)."""
         if grace_s < 0:
             raise ValueError(f"grace_s must be >= 0, got {grace_s!r}")
         self._acting(f"SIGTERM attempt {attempt} of job {job_id}")
@@ -373,13 +374,20 @@ class LocalExecutor(AttemptTable[_Tracked]):
             tracked = self._get(key)
             if tracked.kill_at is not None:
                 return tracked.kill_at
-            groups = _live_groups(tracked.handle)
-            sent = _signal_groups(groups, signal.SIGTERM)
-            _signal_groups(groups, signal.SIGCONT)  # a stopped process handles SIGTERM once it runs
-            tracked.kill_at, tracked.kill_mono = deadline_pair(grace_s)
-            if sent:  # else every group was gone already: it ended by itself, no SIGTERM
-                tracked.signalled_at = tracked.kill_at - grace_s
+            if kept := _shims_time_limit(tracked.handle):
+                # its shims ran out its time limit first (the server's pass was late): their
+                # SIGTERM stands, and so does their SIGKILL deadline
+                tracked.signalled_at, tracked.kill_at = kept["signalled_at"], kept["kill_at"]
+                tracked.kill_mono = time.monotonic() + (tracked.kill_at - time.time())
                 self._timer.arm(tracked.kill_mono, key)
+            else:
+                groups = _live_groups(tracked.handle)
+                sent = _signal_groups(groups, signal.SIGTERM)
+                _signal_groups(groups, signal.SIGCONT)  # a stopped process handles SIGTERM once it runs
+                tracked.kill_at, tracked.kill_mono = deadline_pair(grace_s)
+                if sent:  # else every group was gone already: it ended by itself, no SIGTERM
+                    tracked.signalled_at = tracked.kill_at - grace_s
+                    self._timer.arm(tracked.kill_mono, key)
             deadline = tracked.kill_at
         self._persist(tracked)
         return deadline

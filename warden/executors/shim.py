@@ -435,6 +435,7 @@ def _empty_cgroup(group: cgroups.Group) -> int:
     children meanwhile (the killed are re-parented to the shim, a subreaper). Returns how many
     processes were killed."""
     killed = 0
+    wait = 0.005
     while True:
         try:
             found = cgroups.kill(group)
@@ -449,7 +450,10 @@ def _empty_cgroup(group: cgroups.Group) -> int:
                 break
         if not cgroups.procs(group):
             return killed
-        signal.sigtimedwait([signal.SIGCHLD], 0.01)
+        # A process that does not die at once (in the kernel, on a stuck device) is waited for,
+        # killed again less and less often: the attempt ends only once it is gone.
+        signal.sigtimedwait([signal.SIGCHLD], wait)
+        wait = min(wait * 2, POLL_S)
 
 
 JOB_UMASK = 0o022
