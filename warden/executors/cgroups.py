@@ -28,7 +28,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
 import re
 import signal
 import stat
@@ -520,9 +519,10 @@ def attach_device_filter(directory: str, deny: tuple[tuple[str, int, int], ...])
     """Refuse the device nodes `deny` to every process of the cgroup v2 `directory`: load
     `device_filter` and attach it to the cgroup (it stays attached while the cgroup exists).
     Raises CgroupError where the kernel refuses or this machine's bpf() is unknown here."""
-    number = _BPF_SYSCALL.get(platform.machine())
+    machine = os.uname().machine
+    number = _BPF_SYSCALL.get(machine)
     if number is None:
-        raise CgroupError(errno.ENOSYS, f"cannot deny device nodes: no bpf() number known for {platform.machine()}")
+        raise CgroupError(errno.ENOSYS, f"cannot deny device nodes: no bpf() number known for {machine}")
     libc = ctypes.CDLL(None, use_errno=True)
     code = ctypes.create_string_buffer(device_filter(deny))
     license = ctypes.create_string_buffer(b"GPL")
