@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -26,7 +27,10 @@ from typing import Any
 import pytest
 
 import warden
+from warden.executors import cgroups
 from warden.executors.base import (
+    OPEN_FILES_HARD,
+    Bounds,
     Executor,
     Exit,
     Fenced,
@@ -36,12 +40,14 @@ from warden.executors.base import (
     ReplicaLaunch,
     UnknownAttempt,
 )
-from warden.executors.local import LocalExecutor, log_paths
+from warden.executors.local import LocalExecutor, cgroup_name, log_paths
 from warden.executors.shim import KEEPER_SLACK_S, DeadlineKeeper, group_alive, process_alive
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the local executor needs Linux")
 
 REPO_ROOT = Path(warden.__file__).resolve().parents[1]
+LAYOUT = cgroups.find_layout("warden/local")
+contained = pytest.mark.skipif(not isinstance(LAYOUT, cgroups.Layout), reason=f"no cgroups here: {LAYOUT}")
 
 PROGRAM = textwrap.dedent("""
     import json, os, signal, sys, time
@@ -95,6 +101,48 @@ PROGRAM = textwrap.dedent("""
             while True:
                 time.sleep(1)
         wait_for("daemon")
+    elif mode == "escape":  # a double fork into a session of its own, deaf to SIGTERM, as the main process is
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                mark("daemon", str(os.getpid()))
+                while True:
+                    time.sleep(1)
+            os._exit(0)
+        wait_for("daemon")
+        mark(f"ready-{rank}")
+        while True:
+            time.sleep(1)
+    elif mode == "forks":  # as many processes as it may, up to argv[3]
+        made = 0
+        for _ in range(int(sys.argv[3])):
+            try:
+                if os.fork() == 0:
+                    time.sleep(60)
+                    os._exit(0)
+            except OSError:
+                break
+            made += 1
+        mark("forks", str(made))
+        while True:
+            time.sleep(1)
+    elif mode == "hog":  # argv[3] times 8 MiB, each written
+        held = []
+        for _ in range(int(sys.argv[3])):
+            held.append(b"x" * (8 << 20))
+            mark("hogged", str(len(held)))
+    elif mode == "open":  # which of the paths in argv[3:] it may open: "ok" or the errno
+        opened = {}
+        for path in sys.argv[3:]:
+            try:
+                with open(path, "rb"):
+                    opened[path] = "ok"
+            except OSError as e:
+                opened[path] = e.errno
+        import resource
+        opened["nofile"] = list(resource.getrlimit(resource.RLIMIT_NOFILE))
+        mark("opened", json.dumps(opened))
 """)
 
 
@@ -650,3 +698,256 @@ def test_the_supervisor_rereads_a_changed_deadline_and_ignores_a_damaged_one(tmp
     again = keeper.until_due(0)
     assert again is not None and again <= left
     assert keeper.killed_at is None
+
+
+# -- containment: cgroups, limits, ends as they happened --------------------------------------------
+
+
+def cgroup_dirs(handle: Handle) -> list[Path]:
+    status = json.loads(handle.replicas[0].status_path.read_text())
+    return [Path(d) for d in status["cgroup"]["dirs"].values()]
+
+
+@contained
+def test_nothing_of_an_attempt_outlives_it_however_it_escapes(h: Harness) -> None:
+    """A double fork into a session of its own, deaf to SIGTERM like its main process, stays in
+    the replica's cgroup; SIGKILL at the deadline ends the whole cgroup, which is then removed."""
+    handle = h.start(h.spec("escape", "escape"))
+    h.wait_ready("escape")
+    escaped, leader = int((h.marks("escape") / "daemon").read_text()), handle.replicas[0].pgid
+    assert os.getsid(escaped) != leader
+    dirs = cgroup_dirs(handle)
+    assert dirs and all(str(escaped) in (d / "cgroup.procs").read_text().split() for d in dirs)
+    h.executor.terminate("escape", 1, 0.3)
+    exit_ = h.wait_exit("escape")
+    assert exit_.killed and exit_.exit_codes == (-9,) and exit_.ended_by is None
+    assert not process_alive(escaped)
+    assert json.loads(handle.replicas[0].exit_path.read_text())["escaped_killed"] >= 1
+    assert not any(d.exists() for d in dirs)
+
+
+@contained
+def test_a_fork_bomb_stays_inside_its_cgroup(h: Harness) -> None:
+    executor = h.new_executor()
+    handle = h.start(replace(h.spec("bomb", "forks", "200"), bounds=Bounds(max_processes=12)), executor)
+    marks = h.marks("bomb")
+    wait_until(lambda: (marks / "forks").exists(), what="the forks")
+    assert 1 <= int((marks / "forks").read_text()) < 12  # the main process counts too
+    executor.kill("bomb", 1)
+    assert h.wait_exit("bomb", executor=executor).exit_codes == (-9,)
+    assert not any(d.exists() for d in cgroup_dirs(handle))
+
+
+@contained
+def test_a_memory_hog_is_killed_inside_its_cgroup(h: Harness) -> None:
+    if "memory" not in LAYOUT.controllers:  # type: ignore[union-attr]
+        pytest.skip("no memory controller")
+    h.start(replace(h.spec("hog", "hog", "40"), bounds=Bounds(memory_mib=48)))
+    exit_ = h.wait_exit("hog")
+    assert exit_.exit_codes == (-9,) and exit_.ended_by is None  # its own doing: a failure, never an eviction
+    assert "OOM killer" in (exit_.error or "")
+    assert int((h.marks("hog") / "hogged").read_text()) < 40
+
+
+@contained
+def test_a_replica_opens_only_the_gpu_device_nodes_it_was_given(h: Harness, tmp_path: Path) -> None:
+    """Two fake GPU device nodes (aliases of /dev/full and /dev/zero, char devices 1:7 and 1:5):
+    the replica given GPU 1 opens its node, not GPU 0's. Its open files limit is its own."""
+    if "devices" not in LAYOUT.controllers:  # type: ignore[union-attr]
+        pytest.skip("no devices controller")
+    dev = tmp_path / "dev"
+    dev.mkdir(mode=0o755)
+    nodes = {0: ("c", 1, 7), 1: ("c", 1, 5)}
+    for index, (_, major, minor) in nodes.items():
+        os.mknod(dev / f"nvidia{index}", 0o666 | 0o020000, os.makedev(major, minor))
+        (dev / f"nvidia{index}").chmod(0o666)
+    assert cgroups.gpu_device_nodes(str(dev)) == nodes
+    executor = h.new_executor(gpu_nodes=lambda: nodes)
+    paths = [str(dev / "nvidia0"), str(dev / "nvidia1")]
+    h.start(h.spec("gpus", "open", *paths, gpus=[(1,)]), executor)
+    assert h.wait_exit("gpus", executor=executor).exit_codes == (0,)
+    opened = json.loads((h.marks("gpus") / "opened").read_text())
+    assert opened[paths[0]] == 1 and opened[paths[1]] == "ok"  # EPERM for the GPU it was not given
+    # its own soft limit, not this process's; its hard one as high as the shim may set it
+    assert opened["nofile"][0] == Bounds().open_files != resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert opened["nofile"][1] in (OPEN_FILES_HARD, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+
+
+def test_cgroup_names_and_records_name_only_this_executor_s_cgroups(tmp_path: Path) -> None:
+    name = cgroup_name("a/b", 2, 1, tmp_path)
+    assert name.startswith("a_b-2-1-") and name == cgroup_name("a/b", 2, 1, tmp_path)
+    assert cgroup_name(".x", 1, 0, tmp_path).startswith("_x-")
+    assert name != cgroup_name("a/b", 2, 1, tmp_path / "other")
+    layout = cgroups.Layout(1, (("pids", "/sys/fs/cgroup/pids"),))
+    good = {"version": 1, "dirs": {"pids": f"/sys/fs/cgroup/pids/warden/x/{name}"}}
+    assert cgroups.Group.from_record(good, layout, "warden/x") is not None
+    for bad in (
+        {"version": 1, "dirs": {"pids": "/sys/fs/cgroup/pids/warden/y/other"}},  # another server's
+        {"version": 1, "dirs": {"pids": "/sys/fs/cgroup/pids/warden/x/../../system.slice"}},
+        {"version": 1, "dirs": {"memory": f"/sys/fs/cgroup/memory/warden/x/{name}"}},
+        {"version": 2, "dirs": {"": f"/sys/fs/cgroup/warden/x/{name}"}},
+        "nonsense",
+    ):
+        assert cgroups.Group.from_record(bad, layout, "warden/x") is None, bad
+
+
+def test_an_end_by_a_signal_warden_did_not_send_is_an_eviction(h: Harness) -> None:
+    """SIGTERM from another process (of the job's account, say) ends the attempt: an eviction,
+    with what happened; the same signal from warden, or a job's own failure, is none."""
+    handle = h.start(h.spec("outside", "wait", "0"))
+    h.wait_ready("outside")
+    assert handle.replicas[0].pgid is not None
+    os.killpg(handle.replicas[0].pgid, signal.SIGTERM)
+    exit_ = h.wait_exit("outside")
+    assert exit_.exit_codes == (-15,) and not exit_.killed and exit_.signalled_at is None
+    assert exit_.ended_by == "rank 0 was killed by SIGTERM, which warden did not send"
+
+    h.start(h.spec("inside", "wait", "0"))
+    h.wait_ready("inside")
+    h.executor.terminate("inside", 1, 5.0)
+    exit_ = h.wait_exit("inside")
+    assert exit_.exit_codes == (-15,) and exit_.ended_by is None
+
+
+def test_a_stopped_job_is_seen_and_warden_s_sigterm_reaches_it(h: Harness) -> None:
+    handle = h.start(h.spec("frozen", "wait", "0"))
+    h.wait_ready("frozen")
+    leader = handle.replicas[0].pgid
+    assert leader is not None
+    before = time.time()
+    os.killpg(leader, signal.SIGSTOP)
+    wait_until(lambda: ("frozen", 1) in h.executor.stopped(), what="the stop seen")
+    seen = h.executor.stopped()[("frozen", 1)]
+    assert before - 0.01 <= seen.since <= time.time() and seen.what == f"rank 0: pid {leader}"
+    os.killpg(leader, signal.SIGCONT)
+    wait_until(lambda: not h.executor.stopped(), what="the resumption seen")
+    os.killpg(leader, signal.SIGSTOP)
+    wait_until(lambda: h.executor.stopped(), what="the second stop seen")
+    h.executor.terminate("frozen", 1, 10.0)  # SIGTERM and SIGCONT: it ends now, not at its SIGKILL
+    exit_ = h.wait_exit("frozen", timeout=5)
+    assert exit_.exit_codes == (-15,) and not exit_.killed
+
+
+def test_with_no_server_the_supervisor_keeps_the_time_limit(h: Harness) -> None:
+    """No server runs (its executor closed) when an attempt reaches its time limit: its shim
+    sends SIGTERM (slack after it), SIGKILL after its grace; a server that adopts it meanwhile
+    keeps that deadline, and its exit says the time limit ended it."""
+    executor = h.new_executor(time_limit_slack_s=0.1)
+    spec = replace(h.spec("late", "ignore", grace_s=1.0), time_limit_s=0.4)
+    handle = h.start(spec, executor)
+    h.wait_ready("late")
+    started = json.loads(handle.replicas[0].status_path.read_text())["started_at"]
+    executor.close()
+    seen_path = handle.replicas[0].status_path.parent / "rank-0.seen.json"
+    wait_until(lambda: seen_path.exists() and json.loads(seen_path.read_text())["limit_sigterm_at"], what="its SIGTERM")
+    seen = json.loads(seen_path.read_text())
+    assert seen["limit_sigterm_at"] - started >= 0.5
+    assert seen["limit_kill_at"] == pytest.approx(seen["limit_sigterm_at"] + 1.0)
+    adopter = h.new_executor()
+    adopter.adopt(handle)
+    assert adopter.terminate("late", 1, 30.0) == seen["limit_kill_at"]  # nothing more sent: its deadline kept
+    exit_ = h.wait_exit("late", executor=adopter)
+    assert exit_.exit_codes == (-9,) and exit_.killed and exit_.ended_by is None
+    assert exit_.timed_out_at == seen["limit_sigterm_at"]
+    assert exit_.killed_at is not None and exit_.killed_at >= seen["limit_kill_at"]
+
+
+@contained
+def test_an_adopter_ends_the_cgroup_of_a_lost_supervisor(h: Harness) -> None:
+    """The shim is killed (an admin; a job cannot, it runs as another uid) and the server
+    restarts: the adopter finds the replica's cgroup in the status file and, once the job's
+    group is gone, kills what is left in it (the escaped process) before it records the exit."""
+    handle = h.start(h.spec("lost", "escape"))
+    h.wait_ready("lost")
+    escaped = int((h.marks("lost") / "daemon").read_text())
+    dirs = cgroup_dirs(handle)
+    os.kill(handle.replicas[0].shim_pid, signal.SIGKILL)
+    wait_until(lambda: not process_alive(handle.replicas[0].shim_pid), what="the shim to die")
+    h.executor.close()
+    adopter = h.new_executor()
+    adopter.adopt(Handle.from_dict(handle.to_dict()))
+    adopter.kill("lost", 1)
+    exit_ = h.wait_exit("lost", executor=adopter)
+    assert exit_.exit_codes == (None,) and "supervisor" in (exit_.error or "")
+    assert not process_alive(escaped)
+    assert not any(d.exists() for d in dirs)
+
+
+DEVICE_PROBE = textwrap.dedent("""
+    import json, os, sys
+    with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
+    opened = {}
+    for path in ("/dev/full", "/dev/zero"):
+        try:
+            open(path, "rb").close()
+            opened[path] = "ok"
+        except OSError as e:
+            opened[path] = e.errno
+    print(json.dumps(opened))
+""")
+
+
+def test_the_cgroup_v2_device_filter_refuses_exactly_its_nodes() -> None:
+    """cgroup v2 has no devices files: an eBPF program attached to the cgroup refuses the nodes
+    (here /dev/full, 1:7, in a cgroup of the unified hierarchy, which a "hybrid" machine
+    mounts beside v1's)."""
+    unified = cgroups.parse_mounts(Path("/proc/self/mounts").read_text())[1]
+    if unified is None or os.geteuid() != 0:
+        pytest.skip("no cgroup v2 hierarchy this test may write")
+    directory = Path(unified) / f"warden-test-{os.getpid()}-{time.monotonic_ns()}"
+    directory.mkdir()
+    try:
+        cgroups.attach_device_filter(str(directory), (("c", 1, 7),))
+        done = subprocess.run(
+            [sys.executable, "-c", DEVICE_PROBE, str(directory)], capture_output=True, text=True, timeout=30
+        )
+        assert json.loads(done.stdout) == {"/dev/full": 1, "/dev/zero": "ok"}, done.stderr
+    finally:
+        wait_until(lambda: not (directory / "cgroup.procs").read_text().split(), what="the probe gone")
+        directory.rmdir()
+
+
+def test_the_hierarchies_are_read_from_mounts_and_own_cgroups() -> None:
+    mounts = (
+        "cgroup /sys/fs/cgroup/pids cgroup rw,relatime,pids 0 0\n"
+        "cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0\n"
+        "cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,cpu,cpuacct 0 0\n"
+        "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0\n"
+    )
+    assert cgroups.parse_mounts(mounts) == (
+        {"pids": "/sys/fs/cgroup/pids", "memory": "/sys/fs/cgroup/memory"},
+        "/sys/fs/cgroup/unified",
+    )
+    own = "9:name=systemd:/\n8:pids:/\n4:memory:/system.slice/warden.service\n0::/system.slice/warden.service\n"
+    assert cgroups.parse_own(own) == (
+        {"pids": "/", "memory": "/system.slice/warden.service"},
+        "/system.slice/warden.service",
+    )
+    program = cgroups.device_filter((("c", 195, 0), ("c", 195, 1)))
+    assert len(program) == 8 * (4 + 2 * 5 + 2)  # the loads, five instructions a node, the final allow
+
+
+def test_the_containment_is_said_in_one_line(h: Harness) -> None:
+    off = h.new_executor(cgroup_parent=None)
+    assert off.layout is None
+    assert off.containment().startswith(
+        "no cgroups (no cgroup parent was given): a job's processes, memory and GPU device nodes are not bounded"
+    )
+    if isinstance(LAYOUT, cgroups.Layout):
+        assert h.executor.containment().startswith("each replica in a cgroup of its own, in warden/local/ under: ")
+
+
+def test_a_late_terminate_keeps_the_sigterm_the_supervisor_sent_at_the_time_limit(h: Harness) -> None:
+    """The server's pass that would stop an attempt at its time limit comes late (it stalled):
+    its shim has sent SIGTERM already, and the server's `terminate` keeps that SIGTERM's
+    deadline rather than give the job a second SIGTERM and a new grace."""
+    executor = h.new_executor(time_limit_slack_s=0.1)
+    handle = h.start(replace(h.spec("slow", "ignore", grace_s=1.0), time_limit_s=0.3), executor)
+    seen_path = handle.replicas[0].status_path.parent / "rank-0.seen.json"
+    wait_until(lambda: seen_path.exists() and json.loads(seen_path.read_text())["limit_sigterm_at"], what="its SIGTERM")
+    seen = json.loads(seen_path.read_text())
+    assert executor.terminate("slow", 1, 30.0) == seen["limit_kill_at"]
+    exit_ = h.wait_exit("slow", executor=executor)
+    assert exit_.killed and exit_.exit_codes == (-9,) and exit_.timed_out_at == seen["limit_sigterm_at"]
+    assert exit_.ended_at < seen["limit_kill_at"] + 1.0

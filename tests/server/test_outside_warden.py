@@ -232,3 +232,69 @@ def test_an_attempt_bound_to_other_gpus_than_planned_is_recorded_where_it_runs(s
         assert all(e.to_state != "FAILED" for e in store.events(second))
     finally:
         end_everything(svc)
+
+
+def pgid_of(tmp_path: Path, job: int) -> int:
+    statuses = list((tmp_path / "state" / "jobs" / str(job) / "attempt-1").glob("rank-*.status.json"))
+    assert statuses
+    return int(json.loads(statuses[0].read_text())["pgid"])
+
+
+def test_a_sigterm_warden_did_not_send_evicts_and_requeues(store: Store, tmp_path: Path) -> None:
+    """What another job of the same account can do (`--user-map '*=ACCOUNT'`): SIGTERM this one.
+    The real local executor tells it from warden's own SIGTERM; the job is requeued."""
+    (tmp_path / "state").mkdir()
+    svc = Service(store, LocalExecutor(), (NODE,), parse_policy(POLICY), tmp_path / "state")
+    try:
+        job = submit(store, 1, ["sleep", "600"])
+
+        def state() -> JobState:
+            svc.reconciler.reconcile()
+            got = store.get(job)
+            assert got is not None
+            return got.state
+
+        wait_for(lambda: state() is JobState.RUNNING, what="the job running")
+        os.killpg(pgid_of(tmp_path, job), signal.SIGTERM)
+        wait_for(lambda: state() and store.attempts(job)[0].ended_at is not None, what="the exit recorded")
+        first = store.attempts(job)[0]
+        assert first.reason == "evicted" and list(first.exit_codes or ()) == [-15]
+        reasons = [e.reason for e in store.events(job)]
+        said = "evicted: rank 0 was killed by SIGTERM, which warden did not send (exit -15); the job is requeued"
+        assert said in reasons, reasons
+        wait_for(lambda: state() is JobState.RUNNING and len(store.attempts(job)) == 2, what="the second attempt")
+    finally:
+        end_everything(svc)
+
+
+def test_a_stopped_attempt_is_noted_and_past_its_bound_evicted(store: Store, tmp_path: Path) -> None:
+    (tmp_path / "state").mkdir()
+    policy = parse_policy({**POLICY, "containment": {"stopped_limit": "1s"}})
+    svc = Service(store, LocalExecutor(), (NODE,), policy, tmp_path / "state")
+    try:
+        job = submit(store, 1, ["sleep", "600"])
+
+        def state() -> JobState:
+            svc.reconciler.reconcile()
+            got = store.get(job)
+            assert got is not None
+            return got.state
+
+        wait_for(lambda: state() is JobState.RUNNING, what="the job running")
+        pgid = pgid_of(tmp_path, job)
+        stopped_at = time.time()
+        os.killpg(pgid, signal.SIGSTOP)
+        wait_for(lambda: state() and store.attempts(job)[0].ended_at is not None, what="the eviction's exit")
+        first = store.attempts(job)[0]
+        assert list(first.exit_codes or ()) == [-15]  # SIGTERM reached it: SIGCONT came with it
+        assert first.sigterm_at is not None and first.sigterm_at - stopped_at >= 1.0
+        reasons = [e.reason for e in store.events(job)]
+        noted = (
+            f"its processes are stopped (rank 0: pid {pgid}), not by warden: it holds its resources and runs nothing"
+        )
+        assert any(r.startswith(noted) for r in reasons), reasons
+        evicted = f"evicted: its processes were stopped for 1s (rank 0: pid {pgid}); the whole gang stops"
+        assert any(r.startswith(evicted) for r in reasons), reasons
+        wait_for(lambda: state() is JobState.RUNNING and len(store.attempts(job)) == 2, what="the second attempt")
+    finally:
+        end_everything(svc)

@@ -72,6 +72,16 @@ def write(path):
 def create(path):
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
 
+def leave_cgroup():
+    # into the root of the pids hierarchy (v1), else the unified one: the server's (root's) to write
+    for line in sorted(open("/proc/self/mounts"), key=lambda line: "pids" not in line.split()[3].split(",")):
+        fields = line.split()
+        if fields[2] == "cgroup2" or (fields[2] == "cgroup" and "pids" in fields[3].split(",")):
+            with open(os.path.join(fields[1], "cgroup.procs"), "w") as out:
+                out.write(str(os.getpid()))
+            return
+    raise FileNotFoundError("no cgroup hierarchy")
+
 def report(job):
     body = json.dumps({"attempt": 1, "kind": "progress", "step": 12345}).encode()
     request = urllib.request.Request(
@@ -93,6 +103,8 @@ attempt("write the database's WAL", lambda: write(f"{state}/warden.db-wal"))
 attempt("list the state directory", lambda: os.listdir(state))
 attempt("create a file in the state directory", lambda: create(f"{state}/planted"))
 attempt("forge its own exit record", lambda: create(log.replace(".log", ".exit.json")))
+attempt("forge what its supervisor saw", lambda: create(log.replace(".log", ".seen.json")))
+attempt("leave its cgroup", leave_cgroup)
 attempt("read another job's log", lambda: read(f"{other}/attempt-1/rank-0.log"))
 attempt("read another job's checkpoint", lambda: read(f"{other}/checkpoints/secret"))
 attempt("write another job's checkpoint", lambda: create(f"{other}/checkpoints/planted"))
@@ -118,6 +130,8 @@ ATTACKS = {
     "list the state directory",
     "create a file in the state directory",
     "forge its own exit record",
+    "forge what its supervisor saw",
+    "leave its cgroup",
     "read another job's log",
     "read another job's checkpoint",
     "write another job's checkpoint",

@@ -547,6 +547,38 @@ class Limits(_Spec):
     )
 
 
+class ContainmentSpec(_Spec):
+    """What each replica of a job may use where its executor bounds it (the local executor:
+    its cgroup and its resource limits; docs/executors.md, "Containment"), and how long it may
+    stay stopped."""
+
+    max_processes: int = Field(
+        default=4096,
+        ge=1,
+        le=_INT32_MAX,
+        description="Processes and threads one replica may have at once (its cgroup's pids.max): a fork "
+        "bomb stays inside its job.",
+    )
+    default_memory: int = Field(
+        default=0,
+        ge=0,
+        le=_INT64_MAX >> 20,
+        description="MiB of memory a replica of a job that asked for none may use (its cgroup's memory bound; "
+        "a job that asked for memory gets what it asked for); 0: no bound.",
+    )
+    open_files: int = Field(
+        default=4096,
+        ge=64,
+        le=1 << 20,
+        description="A job's soft limit of open files (RLIMIT_NOFILE; its hard limit is 1048576), not the server's.",
+    )
+    stopped_limit: PositiveDuration = Field(
+        default=60.0,
+        description="How long a job's processes may stay stopped (a SIGSTOP from outside warden): then it is "
+        "evicted (its grace, SIGKILL) and requeued.",
+    )
+
+
 # ------------------------------------------------------------------------- flat form of queues
 
 
@@ -662,6 +694,7 @@ class Policy(_Spec):
     preemption: PreemptionSpec = PreemptionSpec()
     scheduling: SchedulingSpec = SchedulingSpec()
     limits: Limits = Limits()
+    containment: ContainmentSpec = ContainmentSpec()
     queues: QueueSpec = Field(default_factory=_default_queues)
 
     _queues_by_name: dict[str, QueueSpec] = PrivateAttr(default_factory=dict)

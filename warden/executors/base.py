@@ -45,6 +45,20 @@ class ReplicaLaunch:
 
 
 @dataclass(frozen=True, slots=True)
+class Bounds:
+    """What one replica may use, where its executor bounds it (local: its cgroup and its
+    resource limits; see docs/executors.md, "Containment"). 0: no bound of its own."""
+
+    max_processes: int = 4096  # processes and threads at once (cgroup pids.max)
+    memory_mib: int = 0  # its memory (cgroup memory bound); 0: the spec's `memory`, else none
+    open_files: int = 4096  # RLIMIT_NOFILE's soft limit (the hard one: OPEN_FILES_HARD)
+
+
+OPEN_FILES_HARD = 1 << 20
+"""A job's RLIMIT_NOFILE hard limit: as far as it may raise its own (Linux's default nr_open)."""
+
+
+@dataclass(frozen=True, slots=True)
 class LaunchSpec:
     """Everything needed to start one attempt of a job; the executor adds nothing of its own
     except the free port of a gang whose `master_port` is None."""
@@ -62,6 +76,8 @@ class LaunchSpec:
     user: str | None = None  # the submitting warden user: whose Unix account runs it, where mapped
     cpu: int = 0  # millicores per replica the engine counted (executors that reserve cores ask for them)
     memory: int = 0  # MiB per replica the engine counted
+    bounds: Bounds = Bounds()
+    time_limit_s: float | None = None  # the attempt's time limit: supervisors keep it while no server runs
 
     @property
     def world_size(self) -> int:
@@ -176,6 +192,12 @@ def validate_spec(spec: LaunchSpec) -> None:
         raise ValueError(f"job {spec.job_id!r}: replica ranks must be 0..{len(ranks) - 1}, got {ranks}")
     if spec.grace_s < 0:
         raise ValueError(f"job {spec.job_id!r}: grace_s must be >= 0, got {spec.grace_s!r}")
+    for name in ("max_processes", "memory_mib", "open_files"):
+        value = getattr(spec.bounds, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"job {spec.job_id!r}: bounds.{name} must be a whole number >= 0, got {value!r}")
+    if spec.time_limit_s is not None and not 0 < spec.time_limit_s < float("inf"):
+        raise ValueError(f"job {spec.job_id!r}: time_limit_s must be above 0 and finite, got {spec.time_limit_s!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,10 +216,22 @@ class Exit:
     """What ended the attempt behind warden's back, in words (a Slurm job cancelled by another
     user, a placement group removed, its node lost): the attempt is evicted and its job requeued,
     never failed for it. None: the attempt's own processes ended (or warden ended them)."""
+    timed_out_at: float | None = None
+    """When the attempt's supervisors sent SIGTERM at its time limit because no server had
+    (it was down): the attempt ran out its time limit, as if the server had stopped it."""
 
     @property
     def succeeded(self) -> bool:
         return all(code == 0 for code in self.exit_codes)
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """An attempt some of whose processes are stopped (SIGSTOP from outside warden, SIGTSTP):
+    since when (wall clock, the earliest of its replicas) and what, in words."""
+
+    since: float
+    what: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +295,11 @@ class Executor(Protocol):
         GPUs of the launch (local). Where Slurm or Ray chose other indices than the plan's, the
         server corrects the attempt's recorded assignment (`warden.server.apply`). An attempt
         it does not track reads as not known yet."""
+        ...
+
+    def stopped(self) -> dict[tuple[str, int], Stopped]:
+        """The tracked attempts some of whose processes are stopped now (state T), with since
+        when; an executor that cannot see it returns {}."""
         ...
 
     def adopt(self, handle: Handle, kill_at: float | None = None) -> None:

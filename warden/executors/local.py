@@ -6,11 +6,14 @@ server killed with SIGKILL. The job runs in a process group of its own (a new se
 what warden signals: SIGTERM to every replica's group in one loop, then SIGKILL to every group
 from a single timer thread at the deadline, never earlier. An attempt is reported as exited only
 when the shims of all its replicas have written their exit files, i.e. when no process of any of
-its groups is left, because only then may its GPUs be given to someone else.
+its groups is left, because only then may its GPUs be given to someone else. Where this
+machine gives the server a cgroup hierarchy, each replica runs in a cgroup of its own, with
+bounds of its own (`warden.executors.cgroups`), and is killed as a whole at its end.
 
 Files per attempt, all under `LaunchSpec.log_dir`:
 `rank-N.log` (the replica's stdout and stderr), `rank-N.status.json` (written by the shim once
-the job runs), `rank-N.exit.json` (written by the shim once the group is gone) and
+the job runs), `rank-N.exit.json` (written by the shim once the group is gone),
+`rank-N.seen.json` (what the shim saw meanwhile: a stop, the time limit it kept) and
 `control.json` (written here on terminate/kill, so that an adopter re-arms the SIGKILL timer).
 The job runs as the identity `Identities` picks (a uid of its own when the server is root); its
 checkpoint directory and `home/` are its own while it runs, everything else stays the server's.
@@ -20,24 +23,43 @@ See docs/executors.md and docs/security.md.
 from __future__ import annotations
 
 import json
+import math
 import os
 import pwd
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from warden import paths
-from warden.executors.base import Exit, Handle, LaunchError, LaunchSpec, ReplicaHandle, ReplicaLaunch
+from warden.executors import cgroups
+from warden.executors.base import (
+    OPEN_FILES_HARD,
+    Exit,
+    Handle,
+    LaunchError,
+    LaunchSpec,
+    ReplicaHandle,
+    ReplicaLaunch,
+    Stopped,
+)
 from warden.executors.deadlines import KillTimer, adopted_deadline, deadline_pair, due
 from warden.executors.identity import Identities, Identity
-from warden.executors.records import CONTROL_FILE, CONTROL_MODE, record_killed_at, revoke_launch, write_json_atomic
+from warden.executors.records import (
+    CONTROL_FILE,
+    CONTROL_MODE,
+    read_job_json,
+    record_killed_at,
+    revoke_launch,
+    write_json_atomic,
+)
 from warden.executors.shim import REFUSED, group_alive, process_alive, read_json, refusal, start_ticks
 from warden.executors.tracking import AttemptTable
 
@@ -153,7 +175,12 @@ class LocalExecutor(AttemptTable[_Tracked]):
     `base_env` is the environment jobs inherit (default: INHERITED_NAMES of this process's,
     read at each start); `identities` picks the Unix identity of each attempt (default: a uid of
     its own when this process is root, else this process's); `python` runs the shim;
-    `start_timeout_s` bounds how long `start` waits for every shim to report its job running."""
+    `start_timeout_s` bounds how long `start` waits for every shim to report its job running.
+    `cgroup_parent` is where each replica's cgroup goes, under this process's own cgroup (a
+    name of this server's; None: no cgroups); `gpu_nodes` lists the GPU device nodes of this
+    machine by index (default: `/dev/nvidiaN`), those a replica was not given are denied to it.
+    `time_limit_slack_s`: how long after an attempt's time limit its shims send SIGTERM
+    themselves when no server did (default: the shim's `TIME_LIMIT_SLACK_S`)."""
 
     def __init__(
         self,
@@ -162,8 +189,18 @@ class LocalExecutor(AttemptTable[_Tracked]):
         identities: Identities | None = None,
         python: str = sys.executable,
         start_timeout_s: float = 30.0,
+        cgroup_parent: str | None = "warden/local",
+        gpu_nodes: Callable[[], Mapping[int, tuple[str, int, int]]] = cgroups.gpu_device_nodes,
+        time_limit_slack_s: float | None = None,
     ) -> None:
         self._base_env = base_env
+        self._time_limit_slack_s = time_limit_slack_s
+        self.cgroup_parent = cgroup_parent or ""
+        found = cgroups.find_layout(cgroup_parent) if cgroup_parent else "no cgroup parent was given"
+        self.layout: cgroups.Layout | None = found if isinstance(found, cgroups.Layout) else None
+        """Where each replica's cgroup goes; None: jobs run without one (`uncontained` says why)."""
+        self.uncontained: str | None = found if isinstance(found, str) else None
+        self._gpu_nodes = gpu_nodes
         self.identities = identities if identities is not None else Identities.default()
         self._python = python
         self._start_timeout_s = start_timeout_s
@@ -172,6 +209,19 @@ class LocalExecutor(AttemptTable[_Tracked]):
         self._started: list[Key] = []
         self._unreaped: dict[int, int | None] = {}  # shim pid -> start ticks
         self._timer = KillTimer(self._deadlines_reached)
+
+    def containment(self) -> str:
+        """How this executor contains its jobs, in one line (the server says it at start)."""
+        if self.layout is None:
+            return (
+                f"no cgroups ({self.uncontained}): a job's processes, memory and GPU device nodes are not "
+                "bounded, and a process that leaves its process group is found only among its "
+                "supervisor's orphans"
+            )
+        unenforced = self.layout.unenforced
+        return f"each replica in a cgroup of its own, in {self.cgroup_parent}/ under: {self.layout.describe()}" + (
+            "; not bounded: " + "; ".join(unenforced) if unenforced else ""
+        )
 
     # -- start -----------------------------------------------------------------------------
 
@@ -209,23 +259,41 @@ class LocalExecutor(AttemptTable[_Tracked]):
         launches: list[dict[str, Any]] = []
         control = spec.log_dir / CONTROL_FILE
         control.unlink(missing_ok=True)  # leftovers of an earlier start in the same directory
+        nodes = self._gpu_nodes() if self.layout is not None else {}
+        memory_mib = spec.bounds.memory_mib or spec.memory
         for replica, (log, status, exit_path) in zip(ordered, replicas):
             # A status file that exists is never removed: it is a revocation (`recover`) or an
             # earlier launch of this replica, and the shim refuses to start over it.
             env = job_environment(spec, replica, master_port=port, log_path=log, base=base, identity=who)
-            launches.append(
-                {
-                    "argv": list(spec.command),
-                    "cwd": str(spec.workdir),
-                    "env": env,
-                    "log": str(log),
-                    "status": str(status),
-                    "exit": str(exit_path),
-                    "identity": _identity_record(identity),
-                    "private_dirs": private,
-                    "control": str(control),
+            if not status.exists():
+                _seen_path(spec.log_dir, replica.rank).unlink(missing_ok=True)  # an earlier start's
+            launch: dict[str, Any] = {
+                "argv": list(spec.command),
+                "cwd": str(spec.workdir),
+                "env": env,
+                "log": str(log),
+                "status": str(status),
+                "exit": str(exit_path),
+                "seen": str(_seen_path(spec.log_dir, replica.rank)),
+                "identity": _identity_record(identity),
+                "private_dirs": private,
+                "control": str(control),
+                "grace_s": spec.grace_s,
+                "time_limit_s": spec.time_limit_s,
+                "time_limit_slack_s": self._time_limit_slack_s,
+                "open_files": [spec.bounds.open_files, max(spec.bounds.open_files, OPEN_FILES_HARD)]
+                if spec.bounds.open_files
+                else None,
+            }
+            if self.layout is not None:
+                launch["cgroup"] = {
+                    "parent": self.cgroup_parent,
+                    "name": cgroup_name(spec.job_id, spec.attempt, replica.rank, spec.log_dir),
+                    "max_processes": spec.bounds.max_processes,
+                    "memory_bytes": memory_mib << 20,
+                    "deny_devices": [list(node) for index, node in sorted(nodes.items()) if index not in replica.gpus],
                 }
-            )
+            launches.append(launch)
         shims = [self._spawn_shim(launch) for launch in launches]
         failures = self._await_shims(shims, launches)
         handles = []
@@ -296,7 +364,8 @@ class LocalExecutor(AttemptTable[_Tracked]):
         """SIGTERM every replica's process group in one loop, and arm a single SIGKILL for all
         of them at the returned deadline (`time.time()` based). The deadline is taken after the
         last SIGTERM went out, so no group gets less than `grace_s`. Idempotent: a second call
-        returns the first deadline and sends nothing."""
+        returns the first deadline and sends nothing; so does a call after the attempt's shims
+        sent SIGTERM at its time limit (its deadline is theirs)."""
         if grace_s < 0:
             raise ValueError(f"grace_s must be >= 0, got {grace_s!r}")
         self._acting(f"SIGTERM attempt {attempt} of job {job_id}")
@@ -305,11 +374,20 @@ class LocalExecutor(AttemptTable[_Tracked]):
             tracked = self._get(key)
             if tracked.kill_at is not None:
                 return tracked.kill_at
-            sent = _signal_groups(_live_groups(tracked.handle), signal.SIGTERM)
-            tracked.kill_at, tracked.kill_mono = deadline_pair(grace_s)
-            if sent:  # else every group was gone already: it ended by itself, no SIGTERM
-                tracked.signalled_at = tracked.kill_at - grace_s
+            if kept := _shims_time_limit(tracked.handle):
+                # its shims ran out its time limit first (the server's pass was late): their
+                # SIGTERM stands, and so does their SIGKILL deadline
+                tracked.signalled_at, tracked.kill_at = kept["signalled_at"], kept["kill_at"]
+                tracked.kill_mono = time.monotonic() + (tracked.kill_at - time.time())
                 self._timer.arm(tracked.kill_mono, key)
+            else:
+                groups = _live_groups(tracked.handle)
+                sent = _signal_groups(groups, signal.SIGTERM)
+                _signal_groups(groups, signal.SIGCONT)  # a stopped process handles SIGTERM once it runs
+                tracked.kill_at, tracked.kill_mono = deadline_pair(grace_s)
+                if sent:  # else every group was gone already: it ended by itself, no SIGTERM
+                    tracked.signalled_at = tracked.kill_at - grace_s
+                    self._timer.arm(tracked.kill_mono, key)
             deadline = tracked.kill_at
         self._persist(tracked)
         return deadline
@@ -379,7 +457,7 @@ class LocalExecutor(AttemptTable[_Tracked]):
         for key, tracked in candidates:
             records = []
             for replica, ticks in zip(tracked.handle.replicas, tracked.shim_ticks):
-                record = _replica_exit(replica, ticks)
+                record = _replica_exit(replica, ticks, self._group_of)
                 if record is None:
                     break
                 records.append(record)
@@ -401,6 +479,29 @@ class LocalExecutor(AttemptTable[_Tracked]):
             self._reap_shims()
         return reported
 
+    def stopped(self) -> dict[Key, Stopped]:
+        """The tracked attempts some of whose processes are stopped now, as their shims saw
+        them (each replica's `seen` file), with the earliest time one was seen stopped."""
+        with self._lock:
+            candidates = list(self._tracked.items())
+        found: dict[Key, Stopped] = {}
+        for key, tracked in candidates:
+            since: list[float] = []
+            what: list[str] = []
+            for replica in tracked.handle.replicas:
+                record = _seen(replica.status_path.parent, replica.rank)
+                at = _finite(record.get("stopped_since"))
+                if at is None or replica.exit_path.exists():
+                    continue
+                pids = [p for p in record.get("stopped_pids") or () if isinstance(p, int) and not isinstance(p, bool)]
+                since.append(at)
+                what.append(
+                    f"rank {replica.rank}: pid {', '.join(map(str, pids[:8]))}" + (" …" if len(pids) > 8 else "")
+                )
+            if since:
+                found[key] = Stopped(min(since), "; ".join(what))
+        return found
+
     def _reap_shims(self) -> None:
         """Shims are re-parented to init, which reaps them. Where this process is init (the
         server as PID 1 of a container) or a subreaper, they are re-parented here instead and
@@ -416,6 +517,11 @@ class LocalExecutor(AttemptTable[_Tracked]):
             except ChildProcessError:
                 pass  # not our child: init reaps it
             del self._unreaped[pid]
+
+    def _group_of(self, replica: ReplicaHandle) -> cgroups.Group | None:
+        """The replica's cgroup, as its shim recorded it, when it is one of this executor's."""
+        record = read_json(replica.status_path) or {}
+        return cgroups.Group.from_record(record.get("cgroup"), self.layout, self.cgroup_parent)
 
     def replica_exit_codes(self, job_id: str, attempt: int) -> tuple[int | None, ...]:
         """Per replica, its exit code if its group is already gone, else None. For a server's
@@ -437,6 +543,8 @@ class LocalExecutor(AttemptTable[_Tracked]):
         control = read_json(handle.control_path) if handle.control_path is not None else None
         control = control or {}
         status = [read_json(r.status_path) or {} for r in handle.replicas]
+        if control.get("signalled_at") is None:  # no SIGTERM of a server: perhaps one of its shims'
+            control = {**control, **_shims_time_limit(handle)}
         with self._lock:
             tracked = self._tracked.get(key)
             if tracked is None:
@@ -491,10 +599,13 @@ class LocalExecutor(AttemptTable[_Tracked]):
 
     def close(self) -> None:
         """Stop the timer thread. Jobs keep running; pending SIGKILLs are left to an adopter
-        (they are recorded in each attempt's control.json)."""
+        (they are recorded in each attempt's control.json). The cgroup parent is removed where
+        no job's cgroup is left in it (a shim remakes it)."""
         with self._lock:
             self._closed = True
         self._timer.close()
+        if self.layout is not None:
+            cgroups.remove_parent(self.layout, self.cgroup_parent)
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -643,10 +754,15 @@ def _signal_groups(pgids: Iterable[int | None], sig: signal.Signals) -> int:
     return sent
 
 
-def _replica_exit(replica: ReplicaHandle, shim_ticks: int | None) -> dict[str, Any] | None:
+def _replica_exit(
+    replica: ReplicaHandle,
+    shim_ticks: int | None,
+    group_of: Callable[[ReplicaHandle], cgroups.Group | None] | None = None,
+) -> dict[str, Any] | None:
     """The replica's exit record, or None while any of its processes may live. A shim that
     died without writing one (killed by hand, OOM, reboot) is survived: once its group is gone
-    too, an exit with an unknown status is recorded in its place."""
+    too, whatever is left in its cgroup (`group_of`) is killed and, once that is empty too, an
+    exit with an unknown status is recorded in its place."""
     record = read_json(replica.exit_path)
     if record is not None or (replica.shim_pid is not None and process_alive(replica.shim_pid, shim_ticks)):
         return record
@@ -655,6 +771,14 @@ def _replica_exit(replica: ReplicaHandle, shim_ticks: int | None) -> dict[str, A
         return record
     if replica.pgid is not None and group_alive(replica.pgid):
         return None
+    group = None if group_of is None else group_of(replica)
+    if group is not None:  # what its supervisor would have done: nothing of the job outlives it
+        try:
+            if cgroups.kill(group) or cgroups.procs(group):
+                return None  # killed now; gone once their parents (or init) reaped them
+        except OSError:
+            pass
+        cgroups.remove(group, wait_s=0)
     record = {
         "exit_code": None,
         "ended_at": time.time(),
@@ -664,25 +788,100 @@ def _replica_exit(replica: ReplicaHandle, shim_ticks: int | None) -> dict[str, A
     return record
 
 
+OUTSIDE_SIGNALS = frozenset({signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
+"""Signals that end a process when another one sends them: a main process they killed when
+warden had sent none was ended outside warden (a crash's own signals, SIGSEGV, SIGABRT, SIGBUS,
+are the job's failure)."""
+
+
 def _exit(tracked: _Tracked, records: list[dict[str, Any]]) -> Exit:
-    errors = [f"rank {r.rank}: {rec['error']}" for r, rec in zip(tracked.handle.replicas, records) if rec.get("error")]
+    replicas = tracked.handle.replicas
+    errors = [f"rank {r.rank}: {rec['error']}" for r, rec in zip(replicas, records) if rec.get("error")]
     now = time.time()
+    # A time limit its shims kept while no server did: SIGTERM at it, SIGKILL after the grace.
+    limit_terms = [t for rec in records if (t := _finite(rec.get("limit_sigterm_at"))) is not None and t <= now]
+    timed_out_at = min(limit_terms, default=None)
+    if timed_out_at is not None and tracked.signalled_at is not None and tracked.signalled_at < timed_out_at:
+        timed_out_at = None  # a server's SIGTERM came first (the shims then keep no time limit)
+    deadline = tracked.kill_at
+    if timed_out_at is not None:
+        deadline = min((t for rec in records if (t := _finite(rec.get("limit_kill_at"))) is not None), default=None)
     # The earliest SIGKILL at the deadline: the server's, or one the shims sent while no server could.
-    kills = [
-        k for k in (tracked.killed_at, *(record_killed_at(r, tracked.kill_at, now) for r in records)) if k is not None
-    ]
+    kills = [k for k in (tracked.killed_at, *(record_killed_at(r, deadline, now) for r in records)) if k is not None]
     killed_at = min(kills, default=None)
+    codes = tuple(_optional_int(rec.get("exit_code")) for rec in records)
+    for replica, rec in zip(replicas, records):
+        oom = rec.get("oom_kills")
+        if isinstance(oom, int) and not isinstance(oom, bool) and oom > 0:
+            errors.append(
+                f"rank {replica.rank}: the kernel's OOM killer killed {oom} of its processes at its memory bound"
+            )
+    ended_by = None
+    if tracked.signalled_at is None and timed_out_at is None and killed_at is None and not errors:
+        ended_by = _ended_outside(replicas, codes)
     return Exit(
         job_id=tracked.handle.job_id,
         attempt=tracked.handle.attempt,
-        exit_codes=tuple(_optional_int(rec.get("exit_code")) for rec in records),
+        exit_codes=codes,
         ended_at=max(float(rec["ended_at"]) for rec in records),
-        signalled_at=tracked.signalled_at,
+        signalled_at=tracked.signalled_at if timed_out_at is None else timed_out_at,
         killed=killed_at is not None,
         killed_at=killed_at,
         error="; ".join(errors) or None,
+        ended_by=ended_by,
+        timed_out_at=timed_out_at,
     )
+
+
+def _ended_outside(replicas: tuple[ReplicaHandle, ...], codes: tuple[int | None, ...]) -> str | None:
+    """Why an attempt warden sent no signal to ended outside it, in words: a main process
+    killed by a signal another process sends (`OUTSIDE_SIGNALS`); None for any other end. A
+    job that catches the signal and exits by itself cannot be told from one that finished."""
+    for replica, code in zip(replicas, codes):
+        if code is not None and code < 0 and -code in OUTSIDE_SIGNALS:
+            name = signal.Signals(-code).name
+            return f"rank {replica.rank} was killed by {name}, which warden did not send"
+    return None
+
+
+def _finite(value: Any) -> float | None:
+    """A number a record holds, when it is a finite time; else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
 
 
 def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def cgroup_name(job_id: str, attempt: int, rank: int, log_dir: Path) -> str:
+    """The name of a replica's cgroup: `<job>-<attempt>-<rank>-<an id of the attempt's
+    directory>` (two executors sharing a parent, each with its own job 1, never share one), the
+    job id's characters that a cgroup name may not hold replaced by `_`."""
+    import hashlib
+
+    where = hashlib.sha256(str(Path(log_dir).resolve()).encode()).hexdigest()[:8]
+    return f"{re.sub(r'^[.]|[^A-Za-z0-9_.-]', '_', job_id)[:80]}-{attempt}-{rank}-{where}"
+
+
+def _seen_path(log_dir: Path, rank: int) -> Path:
+    return log_dir / f"rank-{rank}.seen.json"
+
+
+def _seen(log_dir: Path, rank: int) -> dict[str, Any]:
+    """What a replica's shim saw of it: stopped processes, its time limit kept."""
+    return read_job_json(_seen_path(log_dir, rank)) or {}
+
+
+def _shims_time_limit(handle: Handle) -> dict[str, Any]:
+    """The SIGTERM the attempt's shims sent at its time limit while no server did, as
+    control.json records a server's: `signalled_at`, `kill_at` (the earliest); {} for none."""
+    terms, kills = [], []
+    for replica in handle.replicas:
+        record = _seen(replica.status_path.parent, replica.rank)
+        term, kill = _finite(record.get("limit_sigterm_at")), _finite(record.get("limit_kill_at"))
+        if term is not None and kill is not None:
+            terms.append(term)
+            kills.append(kill)
+    return {"signalled_at": min(terms), "kill_at": min(kills)} if terms else {}

@@ -8,9 +8,17 @@ shim. It runs detached in its own session, is a child subreaper (orphaned descen
 are re-parented to it, so it can tell when the very last one is gone), ignores the terminal
 signals, and records everything in two small JSON files written atomically:
 
-- the status file, as soon as the job has started: shim pid, job pid and process group;
-- the exit file, once no process of the job's group is left: the main process's exit status
-  (subprocess convention, -9 = killed by SIGKILL) and the time the last process was gone.
+- the status file, as soon as the job has started: shim pid, job pid and process group, and
+  the job's cgroup when it has one;
+- the exit file, once no process of the job's group is left and whatever remained in its
+  cgroup was killed: the main process's exit status (subprocess convention, -9 = killed by
+  SIGKILL) and the time the last process was gone, by the shim's clock;
+- the `seen` file, when something changes that the server should know while the job runs:
+  its processes stopped (state T) or running again, the time limit it kept (below).
+
+A launch may name a `cgroup` (`warden.executors.cgroups`): the shim makes it, with the job's
+bounds, and the job enters it between fork and exec; the job's end is when it is empty, and
+the shim then removes it. A launch may give the job's `open_files` limit (RLIMIT_NOFILE).
 
 A launch may name an `owner` process (pid and start ticks): the job then lives only as long as
 that process does (the Ray executor's launcher actor, see `warden.executors.ray_launch`).
@@ -20,6 +28,8 @@ job cannot write): once it records a SIGKILL deadline (`kill_at`, set when warde
 the shim keeps that deadline too, `KEEPER_SLACK_S` after the server's own timer would have. A
 server that is killed, or a leader that dies and is replaced, so never leaves a job in its
 grace unkilled past its deadline (`DeadlineKeeper`).
+With the attempt's `time_limit_s`, the shim keeps the time limit too while no server has
+signalled the attempt: SIGTERM `TIME_LIMIT_SLACK_S` after it, SIGKILL after `grace_s`.
 
 Protocol (used by `warden.executors.local`): the launch description comes as JSON on stdin
 (so the job's environment is never on a command line or in a file of the executor's). The
@@ -39,13 +49,16 @@ import errno
 import json
 import math
 import os
+import resource
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from warden.executors import cgroups
 from warden.executors.records import REVOKED, claim_launch, write_json_atomic
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -188,6 +201,29 @@ KEEPER_SLACK_S = 0.2
 fires at the deadline; the shim's SIGKILL is the one that counts only when no server did (it was
 killed, or a leader died and its successor has not yet taken over)."""
 
+TIME_LIMIT_SLACK_S = 3.0
+"""How long after the attempt's time limit (counted from the job's start here) the shim sends
+SIGTERM itself, when no server has signalled the attempt by then: the server counts from when it
+saw the job running and acts at its next pass, both a moment later (the launch's
+`time_limit_slack_s` may say otherwise)."""
+
+
+def _kill_group(group: int) -> None:
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _terminate_group(group: int) -> None:
+    """SIGTERM the job's process group, then SIGCONT: a stopped process handles SIGTERM only
+    once it runs again."""
+    for sig in (signal.SIGTERM, signal.SIGCONT):
+        try:
+            os.killpg(group, sig)
+        except ProcessLookupError:
+            pass
+
 
 class DeadlineKeeper:
     """The SIGKILL deadline of the attempt, as the server recorded it in `control`, kept by the
@@ -196,15 +232,42 @@ class DeadlineKeeper:
     time recorded plus `KEEPER_SLACK_S`, and the monotonic time that was as far away when it
     was read, so a step of the wall clock after reading never brings SIGKILL earlier. A
     recorded value that is not a finite time is ignored here (the server's adopter deals with
-    it)."""
+    it).
 
-    def __init__(self, control: Path | None) -> None:
+    With a time limit (`limit_at`, wall clock, and `limit_mono`, the same on the monotonic
+    clock), the attempt's time limit is kept too while the server has not signalled the
+    attempt: SIGTERM (and SIGCONT) at it, SIGKILL `grace_s` later, as the server would have
+    done (`limit_sigterm_at`, `limit_kill_at`). `kill` ends the whole attempt (default: SIGKILL
+    to its process group); `changed` is called when the time limit was acted on."""
+
+    def __init__(
+        self,
+        control: Path | None,
+        *,
+        limit_at: float | None = None,
+        limit_mono: float | None = None,
+        grace_s: float = 0.0,
+        kill: Callable[[int], None] = _kill_group,
+        changed: Callable[[], None] | None = None,
+    ) -> None:
         self.control = control
         self._seen: tuple[int, int] | None = None
         self._wall: float | None = None
         self._mono: float | None = None
+        self._limit = (
+            None
+            if limit_at is None
+            else (limit_at, limit_mono if limit_mono is not None else time.monotonic() + limit_at - time.time())
+        )
+        self._grace_s = grace_s
+        self._kill = kill
+        self._changed = changed
         self.killed_at: float | None = None
         """When the shim sent SIGKILL at the deadline (wall clock); None if it did not."""
+        self.limit_sigterm_at: float | None = None
+        """When the shim sent SIGTERM at the attempt's time limit (wall clock); None if it did not."""
+        self.limit_kill_at: float | None = None
+        """The SIGKILL deadline that SIGTERM set (wall clock)."""
 
     def _refresh(self) -> None:
         if self.control is None:
@@ -227,34 +290,109 @@ class DeadlineKeeper:
         self._wall = float(kill_at) + KEEPER_SLACK_S
         self._mono = time.monotonic() + (self._wall - time.time())
 
+    def _time_limit(self, group: int) -> float | None:
+        """Seconds until the time limit is due, or None once acted on, or not to be (the
+        server signalled the attempt first, or there is none). SIGTERM it when it is due."""
+        if self._limit is None or self.limit_sigterm_at is not None or self._wall is not None:
+            return None
+        wall, mono = self._limit
+        left = max(mono - time.monotonic(), wall - time.time())
+        if left > 0:
+            return left
+        _terminate_group(group)
+        self.limit_sigterm_at = time.time()
+        self._wall = self.limit_kill_at = self.limit_sigterm_at + self._grace_s
+        self._mono = time.monotonic() + self._grace_s
+        if self._changed is not None:
+            self._changed()
+        return None
+
     def until_due(self, group: int) -> float | None:
         """SIGKILL `group` if its deadline has come (once); else the seconds until it does, or
-        None when there is no deadline (yet) or it was kept already."""
+        None when there is no deadline (yet) or it was kept already. SIGTERM it at its time
+        limit first, where there is one to keep."""
         if self.killed_at is not None:
             return None
         self._refresh()
+        limit_left = self._time_limit(group)
+        if limit_left is not None:
+            return limit_left
         if self._wall is None or self._mono is None:
             return None
         left = max(self._mono - time.monotonic(), self._wall - time.time())
         if left > 0:
             return left
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        self._kill(group)
         self.killed_at = time.time()
         return None
 
 
+STOPPED_POLL_S = 0.5
+"""How often the shim looks for stopped processes of the job."""
+
+
+class StopWatch:
+    """Notices a job whose processes are stopped (state T: a SIGSTOP from another process of
+    its account, a SIGTSTP) and records it in the replica's `seen` file, with the time-limit
+    acts of the keeper, so that the server shows it and, past its policy's bound, evicts it."""
+
+    def __init__(self, path: Path | None, leader: int, group: cgroups.Group | None, keeper: DeadlineKeeper) -> None:
+        self.path = path
+        self.leader = leader
+        self.group = group
+        self.keeper = keeper
+        self.stopped_since: float | None = None
+        self.stopped_pids: list[int] = []
+        self._next = 0.0
+
+    def look(self) -> None:
+        """Look again (at most every `STOPPED_POLL_S`); write the file when something changed."""
+        now = time.monotonic()
+        if self.path is None or now < self._next:
+            return
+        self._next = now + STOPPED_POLL_S
+        if self.group is not None:
+            pids = cgroups.stopped(self.group)
+        else:
+            fields = _proc_stat(self.leader)
+            pids = [self.leader] if fields and fields[0] == "T" else []
+        if bool(pids) == (self.stopped_since is not None):
+            return
+        self.stopped_since = time.time() if pids else None
+        self.stopped_pids = sorted(pids)
+        self.write()
+
+    def write(self) -> None:
+        if self.path is None:
+            return
+        record = {
+            "stopped_since": self.stopped_since,
+            "stopped_pids": self.stopped_pids,
+            "limit_sigterm_at": self.keeper.limit_sigterm_at,
+            "limit_kill_at": self.keeper.limit_kill_at,
+        }
+        try:
+            write_json_atomic(self.path, record)
+        except OSError:
+            pass
+
+
 def wait_for_group(
-    leader: int, owner: tuple[int, int | None] | None = None, keeper: DeadlineKeeper | None = None
+    leader: int,
+    owner: tuple[int, int | None] | None = None,
+    keeper: DeadlineKeeper | None = None,
+    group: cgroups.Group | None = None,
+    watch: StopWatch | None = None,
 ) -> tuple[int, float, int, bool]:
-    """Wait until the main process has exited and no process of its group is left.
+    """Wait until the main process has exited and no process of its group is left, then kill
+    whatever of the job is left elsewhere (its cgroup `group`, the shim's orphaned children),
+    and wait until it is gone.
 
     With `owner` (pid, start ticks), the job lives only as long as that process: once it is
-    gone, the whole group gets SIGKILL (the Ray executor's launcher, whose death means Ray has
-    taken the job's reservation back). With `keeper`, the group gets SIGKILL at the deadline
-    the server recorded, even when no server is there to send it.
+    gone, the whole job gets SIGKILL (the Ray executor's launcher, whose death means Ray has
+    taken the job's reservation back). With `keeper`, the job gets SIGKILL at the deadline
+    the server recorded, even when no server is there to send it. `watch` looks for stopped
+    processes meanwhile.
 
     Returns (main exit status in subprocess convention, wall time the last one was gone,
     number of escaped descendants killed, whether the owner's death killed it). SIGCHLD must
@@ -270,14 +408,52 @@ def wait_for_group(
             break
         if owner is not None and not orphaned and not process_alive(*owner):
             orphaned = True
-            try:
-                os.killpg(leader, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            kill_whole(leader, group)
         left = None if keeper is None else keeper.until_due(leader)
+        if watch is not None:
+            watch.look()
         signal.sigtimedwait([signal.SIGCHLD], POLL_S if left is None else min(POLL_S, left))
-    escaped = _kill_escaped()
+    escaped = 0
+    if group is not None:
+        escaped = _empty_cgroup(group)
+    escaped += _kill_escaped()
     return leader_code, time.time(), escaped, orphaned
+
+
+def kill_whole(leader: int, group: cgroups.Group | None) -> None:
+    """SIGKILL the whole job: its process group, and every process in its cgroup."""
+    _kill_group(leader)
+    if group is not None:
+        try:
+            cgroups.kill(group)
+        except OSError:
+            pass
+
+
+def _empty_cgroup(group: cgroups.Group) -> int:
+    """Kill what is left in the job's cgroup and wait until it is empty, reaping the shim's
+    children meanwhile (the killed are re-parented to the shim, a subreaper). Returns how many
+    processes were killed."""
+    killed = 0
+    wait = 0.005
+    while True:
+        try:
+            found = cgroups.kill(group)
+        except OSError:
+            found = 0
+        killed += found
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        if not cgroups.procs(group):
+            return killed
+        # A process that does not die at once (in the kernel, on a stuck device) is waited for,
+        # killed again less and less often: the attempt ends only once it is gone.
+        signal.sigtimedwait([signal.SIGCHLD], wait)
+        wait = min(wait * 2, POLL_S)
 
 
 JOB_UMASK = 0o022
@@ -285,17 +461,41 @@ JOB_UMASK = 0o022
 private anyway; files it shares on purpose, in a place it may write to, stay readable)."""
 
 
-def _identity_kwargs(launch: dict[str, Any]) -> dict[str, Any]:
-    """The uid, gid and supplementary groups the job runs as (`identity` in the launch), set
-    in the child between fork and exec; nothing when the job runs as the shim's own uid. The
-    shim itself stays privileged: it must signal the job and write the exit file."""
+def _in_child(launch: dict[str, Any], group: cgroups.Group | None) -> Callable[[], None]:
+    """What the job's process does between fork and exec, in this order: default signal
+    handling, its cgroup (while it is still privileged: a process that dropped them cannot
+    move itself), its own resource limits, then the identity it runs as (`identity` in the
+    launch: uid, gid and supplementary groups; the shim itself stays privileged, it must
+    signal the job and write the exit file)."""
     identity = launch.get("identity")
-    if not identity:
-        return {}
-    return {"user": int(identity["uid"]), "group": int(identity["gid"]), "extra_groups": list(identity["groups"])}
+    nofile = launch.get("open_files")
+
+    def child() -> None:
+        _reset_signals_in_child()
+        if group is not None:
+            cgroups.join(group)
+        if nofile:
+            _set_nofile(int(nofile[0]), int(nofile[1]))
+        if identity:
+            os.setgroups([int(g) for g in identity["groups"]])
+            os.setregid(int(identity["gid"]), int(identity["gid"]))
+            os.setreuid(int(identity["uid"]), int(identity["uid"]))
+
+    return child
 
 
-def _start_job(launch: dict[str, Any], log_fd: int) -> subprocess.Popen[bytes]:
+def _set_nofile(soft: int, hard: int) -> None:
+    """The job's own RLIMIT_NOFILE, not the server's: `hard` where this process may raise its
+    own that far (root), else as far as it may; `soft` at most the hard limit."""
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, hard), hard))
+    except (ValueError, OSError):
+        current = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        hard = hard if current == resource.RLIM_INFINITY else min(hard, current)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, hard), hard))
+
+
+def _start_job(launch: dict[str, Any], log_fd: int, group: cgroups.Group | None = None) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         launch["argv"],
         cwd=launch["cwd"],
@@ -305,9 +505,24 @@ def _start_job(launch: dict[str, Any], log_fd: int) -> subprocess.Popen[bytes]:
         stderr=log_fd,
         start_new_session=True,
         close_fds=True,
-        preexec_fn=_reset_signals_in_child,
+        preexec_fn=_in_child(launch, group),
         umask=JOB_UMASK,
-        **_identity_kwargs(launch),
+    )
+
+
+def _make_cgroup(spec: dict[str, Any]) -> cgroups.Group:
+    """The replica's cgroup as the launch's `cgroup` describes it (parent, name, bounds)."""
+    parent = str(spec["parent"])
+    layout = cgroups.find_layout(parent)
+    if isinstance(layout, str):
+        raise cgroups.CgroupError(errno.EPERM, f"no cgroup to contain it: {layout}")
+    return cgroups.create(
+        layout,
+        parent,
+        str(spec["name"]),
+        max_processes=int(spec.get("max_processes") or 0),
+        memory_bytes=int(spec.get("memory_bytes") or 0),
+        deny_devices=tuple((str(k), int(a), int(b)) for k, a, b in spec.get("deny_devices") or ()),
     )
 
 
@@ -342,33 +557,59 @@ def supervise(launch: dict[str, Any], ready_fd: int | None = None) -> int:
         **launch.get("extra_status", {}),
     }
     log_fd = os.open(launch["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    group: cgroups.Group | None = None
     try:
         me["claimed_at"] = time.time()
         if not claim_launch(status_path, me):
             os.write(log_fd, f"warden-shim: not started: {refusal(status_path)}\n".encode())
             _signal_ready(ready_fd, b"no")
             return REFUSED
-        proc = _start_job(launch, log_fd)
-    except OSError as exc:
-        code = 127 if exc.errno in (errno.ENOENT, errno.ENOTDIR) else 126
-        error = f"cannot start {launch['argv'][0]!r}: {exc.strerror or exc}"
+        if launch.get("cgroup"):
+            group = _make_cgroup(launch["cgroup"])
+            me["cgroup"] = group.record()
+        proc = _start_job(launch, log_fd, group)
+    except (OSError, subprocess.SubprocessError) as exc:
+        if isinstance(exc, cgroups.CgroupError):
+            code, error = 126, f"cannot start {launch['argv'][0]!r}: {exc.strerror or exc}"
+        elif isinstance(exc, OSError):
+            code = 127 if exc.errno in (errno.ENOENT, errno.ENOTDIR) else 126
+            error = f"cannot start {launch['argv'][0]!r}: {exc.strerror or exc}"
+        else:  # the child failed before exec: its cgroup, its limits or its identity
+            code, error = 126, f"cannot start {launch['argv'][0]!r}: its process could not be set up ({exc})"
         os.write(log_fd, f"warden-shim: {error}\n".encode())
         now = time.time()
+        if group is not None:
+            _empty_cgroup(group)
+            cgroups.remove(group)
         write_json_atomic(status_path, {**me, "pid": None, "pgid": None, "started_at": now, "error": error})
         _signal_ready(ready_fd)
         write_json_atomic(exit_path, {"exit_code": code, "ended_at": now, "error": error, "escaped_killed": 0})
         return 0
     finally:
         os.close(log_fd)
+    started_at, started_mono = time.time(), time.monotonic()
     write_json_atomic(
         status_path,
-        {**me, "pid": proc.pid, "pgid": proc.pid, "started_at": time.time(), "job_start_ticks": start_ticks(proc.pid)},
+        {**me, "pid": proc.pid, "pgid": proc.pid, "started_at": started_at, "job_start_ticks": start_ticks(proc.pid)},
     )
     _signal_ready(ready_fd)
     owner = launch.get("owner")
-    keeper = DeadlineKeeper(Path(launch["control"]) if launch.get("control") else None)
+    limit = launch.get("time_limit_s")
+    slack = launch.get("time_limit_slack_s")
+    limit_s = float(limit) + (TIME_LIMIT_SLACK_S if slack is None else float(slack)) if limit is not None else None
+    watch_ref: list[StopWatch] = []
+    keeper = DeadlineKeeper(
+        Path(launch["control"]) if launch.get("control") else None,
+        limit_at=None if limit_s is None else started_at + limit_s,
+        limit_mono=None if limit_s is None else started_mono + limit_s,
+        grace_s=float(launch.get("grace_s") or 0.0),
+        kill=lambda leader: kill_whole(leader, group),
+        changed=lambda: watch_ref[0].write() if watch_ref else None,
+    )
+    watch = StopWatch(Path(launch["seen"]) if launch.get("seen") else None, proc.pid, group, keeper)
+    watch_ref.append(watch)
     code, ended_at, escaped, orphaned = wait_for_group(
-        proc.pid, None if owner is None else (int(owner["pid"]), owner.get("ticks")), keeper
+        proc.pid, None if owner is None else (int(owner["pid"]), owner.get("ticks")), keeper, group, watch
     )
     proc.returncode = code  # reaped by wait_for_group; keeps Popen from waiting again
     why = f"its owner (pid {owner['pid']}) was gone, so it was killed" if orphaned and owner else None
@@ -379,7 +620,13 @@ def supervise(launch: dict[str, Any], ready_fd: int | None = None) -> int:
         "escaped_killed": escaped,
         "orphaned": orphaned,
         "killed_at": keeper.killed_at,
+        "limit_sigterm_at": keeper.limit_sigterm_at,
+        "limit_kill_at": keeper.limit_kill_at,
+        "stopped_since": watch.stopped_since,
     }
+    if group is not None:
+        record["oom_kills"] = cgroups.oom_kills(group)
+        record["cgroup_removed"] = cgroups.remove(group)
     write_json_atomic(exit_path, record)
     return 0
 

@@ -12,7 +12,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, Self, TypeVar
 
-from warden.executors.base import Devices, Fenced, Handle, LaunchError, LaunchSpec, UnknownAttempt, validate_spec
+from warden.executors.base import (
+    Devices,
+    Fenced,
+    Handle,
+    LaunchError,
+    LaunchSpec,
+    Stopped,
+    UnknownAttempt,
+    validate_spec,
+)
 from warden.executors.deadlines import KillTimer, adopted_deadline, deadline_pair, due
 from warden.executors.records import CONTROL_MODE, launched, read_job_json, write_json_atomic
 
@@ -99,6 +108,10 @@ class AttemptTable(ABC, Generic[T]):
         """None: the replicas run on exactly the GPUs of their launch (`Executor.devices`);
         executors whose substrate picks the indices itself read them back instead."""
         return None
+
+    def stopped(self) -> dict[Key, Stopped]:
+        """Attempts with stopped processes (`Executor.stopped`): none that this executor sees."""
+        return {}
 
     def running(self) -> list[Key]:
         """Every tracked attempt whose exit `exits()` has not reported yet."""

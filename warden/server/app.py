@@ -210,6 +210,14 @@ def _tokens(store: Store, bootstrap: str | None, state: Path, now: float, say: C
     say(f"created the first admin token; it is in {path} (the CLI on this machine reads it from there)")
 
 
+def cgroup_parent(state: Path) -> str:
+    """Where the local executor puts its jobs' cgroups, under the server's own: `warden/` and an
+    id of the state directory, so that servers of one machine never share one."""
+    import hashlib
+
+    return "warden/" + hashlib.sha256(str(Path(state).resolve()).encode()).hexdigest()[:12]
+
+
 def fresh_identities(identities: Identities) -> Identities:
     """The same choice of job identities, with no uid held yet: each term's executor keeps
     its own (an adopted attempt claims its uid again)."""
@@ -288,11 +296,17 @@ def build_service(
             )
 
     else:
-        executor = LocalExecutor(identities=identities)
+        parent = cgroup_parent(state)
+        local = LocalExecutor(identities=identities, cgroup_parent=parent)
+        executor = local
         nodes = local_node(settings.fake_gpus, say)
+        if local.layout is None:
+            _warn(f"WARNING: containment: {local.containment()}", say)
+        else:
+            say(f"containment: {local.containment()}")
 
         def make_executor() -> Executor:
-            return LocalExecutor(identities=fresh_identities(identities))
+            return LocalExecutor(identities=fresh_identities(identities), cgroup_parent=parent)
 
     if lease is None:  # else the leader records them, each term (a standby writes nothing of the cluster)
         store.replace_nodes(NodeRecord.from_engine(n, updated_at=now) for n in nodes)

@@ -14,7 +14,7 @@ from warden.engine.accounting import effective_grace
 from warden.engine.lifecycle import Event
 from warden.engine.model import Attempt, JobState, ReplicaPlacement
 from warden.engine.plan import Plan
-from warden.executors.base import LaunchSpec, ReplicaLaunch
+from warden.executors.base import Bounds, LaunchSpec, ReplicaLaunch
 from warden.server.context import Duty, ReconcileContext, log
 from warden.server.statedir import set_aside_stale
 from warden.store.jobs import ActiveJob, StoredJob, moved
@@ -91,6 +91,12 @@ class PlanApplier(Duty):
             user=job.user,
             cpu=job.cpu,
             memory=job.memory,
+            bounds=Bounds(
+                max_processes=self.policy.containment.max_processes,
+                memory_mib=job.memory or self.policy.containment.default_memory,
+                open_files=self.policy.containment.open_files,
+            ),
+            time_limit_s=job.expected_duration_s,
         )
 
     def launch_all(self, specs: Sequence[LaunchSpec], now: float) -> None:

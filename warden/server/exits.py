@@ -35,6 +35,8 @@ class Exits(Duty):
         # before it started, never after now, so no charge or lost work comes out negative.
         if not attempt.started_at <= ex.ended_at <= now:  # NaN included
             ex = replace(ex, ended_at=attempt.started_at if ex.ended_at < attempt.started_at else now)
+        if ex.timed_out_at is not None and not attempt.timed_out and attempt.sigterm_at is None:
+            attempt = self._timed_out_unwatched(job, attempt, ex, now)
         for _ in range(CAS_TRIES):
             self._phase("exit")
             loss = self._loss(job, attempt, ex)
@@ -46,6 +48,24 @@ class Exits(Duty):
         else:
             log.error("job %s: its exit could not be recorded (it kept changing); the next restart finishes it", job.id)
         self.stats.finished += 1
+
+    def _timed_out_unwatched(self, job: StoredJob, attempt: StoredAttempt, ex: Exit, now: float) -> StoredAttempt:
+        """The attempt ran out its time limit while no server ran, and its supervisors sent
+        SIGTERM (and SIGKILL after its grace): record it as `TimeLimits` records its own, so
+        it ends TIMEOUT. A time outside the attempt's life is no fact: never before it started."""
+        sigterm_at = min(max(ex.timed_out_at or now, attempt.started_at), ex.ended_at)
+        self.store.update_attempt(job.id, attempt.number, timed_out=True, sigterm_at=sigterm_at, kill_at=ex.killed_at)
+        self.store.transition(
+            job.id,
+            job.state,
+            event=Event.NOTED,
+            reason=f"{ran_out(job)}: SIGTERM from its supervisor, no server running then",
+            details={"sigterm_at": sigterm_at, "time_limit_s": job.expected_duration_s},
+            actor="warden",
+            now=now,
+            expect_state={job.state},
+        )
+        return self.store.attempt(job.id, attempt.number) or attempt
 
     def _loss(self, job: StoredJob, attempt: StoredAttempt, ex: Exit) -> MeasuredLoss | None:
         """The work a preemption, reclaim or eviction of the attempt threw away, from its SIGTERM
@@ -106,7 +126,7 @@ class Exits(Duty):
             said = (
                 f"{ran_out(job)}: {after_sigterm}"
                 if out.state is JobState.TIMEOUT
-                else f"{reason}: exit {_codes(codes)}"
+                else f"{reason}: exit {_codes(codes)}" + (f" ({ex.error})" if ex.error else "")
             )
             return self.store.transition(
                 job.id,

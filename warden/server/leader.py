@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from warden.executors.base import Devices, Exit, Fenced, Handle, LaunchSpec, UnknownAttempt
+from warden.executors.base import Devices, Exit, Fenced, Handle, LaunchSpec, Stopped, UnknownAttempt
 from warden.executors.shim import process_alive, start_ticks
 from warden.server.statedir import StateDirError
 from warden.store.leadership import ACQUIRE_POLL_S, LEASE_S, RENEW_S, Holder, Lease, LeaseState, NotLeader
@@ -222,6 +222,9 @@ class StandbyExecutor:
 
     def devices(self, job_id: str, attempt: int) -> Devices | None:
         return None
+
+    def stopped(self) -> dict[tuple[str, int], Stopped]:
+        return {}
 
     def adopt(self, handle: Handle, kill_at: float | None = None) -> None:
         raise self._refuse(f"adopt attempt {handle.attempt} of job {handle.job_id}")

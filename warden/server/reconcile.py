@@ -71,6 +71,7 @@ from warden.server.metrics import ServerMetrics
 from warden.server.nodes import NodeFollower
 from warden.server.preempt import Preemptions
 from warden.server.recovery import Recovery
+from warden.server.stops import Stops
 from warden.server.timelimits import TimeLimits
 from warden.store.jobs import ActiveJob, StoredJob
 from warden.store.leadership import NotLeader
@@ -130,6 +131,7 @@ class Reconciler:
         self.exits = Exits(self.ctx)
         self.cancels = Cancels(self.ctx)
         self.time_limits = TimeLimits(self.ctx, self.cancels)
+        self.stops = Stops(self.ctx, self.preemptions)
         self.follower = NodeFollower(self.ctx, self.preemptions)
         self.devices = BoundDevices(self.ctx, self.preemptions)
         self.applier = PlanApplier(self.ctx, report_env)
@@ -254,6 +256,7 @@ class Reconciler:
             active = self.cancels.cancel_marked(self.store.active(), now)
             active = self.cancels.cancels_pending(active, now)
             active = self.time_limits.enforce(active, now)
+            active = self.stops.watch(active, now)
             snapshot = self._snapshot(active, now)
             plan = self.guard.plan(snapshot, now)
             self.ctx.phase("planned")
