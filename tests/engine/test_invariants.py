@@ -372,8 +372,8 @@ def _settings(examples: int, explore_examples: int | None = None) -> settings:
     )
 
 
-SHORT = 50
-LONG = 40  # the suite must stay under 20 minutes on 2 cores; EXPLORE runs 3000
+SHORT = 40
+LONG = 30  # the suite must stay under 20 minutes on 2 cores; EXPLORE runs 3000
 
 
 @_settings(SHORT)

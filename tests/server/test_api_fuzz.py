@@ -29,7 +29,7 @@ from warden.server.service import Service
 
 TOKEN = "fuzz-admin-token"
 POLICY = "queues:\n  name: cluster\n  children:\n    - {name: team}\n"
-EXAMPLES = int(os.environ.get("WARDEN_FUZZ_EXAMPLES", "20"))
+EXAMPLES = int(os.environ.get("WARDEN_FUZZ_EXAMPLES", "15"))
 """Examples per operation and generation mode: well under a minute on two shared cores at 30."""
 
 

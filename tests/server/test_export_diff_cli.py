@@ -110,9 +110,13 @@ def test_a_replay_of_jobs_preempted_and_cancelled_without_the_sdk_preempts_and_u
     tmp_path: Path,
 ) -> None:
     """Two tier-4 trainers without the SDK (tests/server/plaintrainer.py), one declared
-    `saves_on_sigterm` and done after 240 steps, the other never done, are preempted twice each
+    `saves_on_sigterm` and done after 400 steps, the other never done, are preempted twice each
     by a tier-3 job of the whole node; the second is then cancelled. Replayed, the export
-    preempts four times too, at about the utilization the run had."""
+    preempts four times too, at about the utilization the run had.
+
+    The replay restarts a victim as soon as its preemptor ends, where the run waits for a pass
+    and a process start (seconds on a loaded machine): the work both trainers have left after
+    the second preemption (~14 s) outlasts that head start, so both still run when it comes."""
     policy = yaml.safe_load(POLICY)
     policy["tiers"][3]["scope"] = "cluster"  # its jobs preempt tier 4 in every queue
     source = yaml.safe_dump(policy)
@@ -127,7 +131,7 @@ def test_a_replay_of_jobs_preempted_and_cancelled_without_the_sdk_preempts_and_u
                 tier=4,
                 gpus=2,
                 saves_on_sigterm=True,
-                command=[sys.executable, str(TRAINER), str(marks["declared"]), "240"],
+                command=[sys.executable, str(TRAINER), str(marks["declared"]), "400"],
             )
             plain = submit(
                 c, queue="language", tier=4, gpus=2, command=[sys.executable, str(TRAINER), str(marks["plain"])]

@@ -405,7 +405,7 @@ def test_twenty_kill_9s_of_the_leader_under_load_lose_double_and_delay_nothing(l
     assert max(takeovers) < TAKEOVER_S, takeovers
 
 
-ROUNDS = 3
+ROUNDS = 2
 TOGETHER = 4
 
 
@@ -446,7 +446,7 @@ def observe(engine: Engine, servers: list[Server], times: int) -> tuple[Server, 
 def test_servers_started_together_elect_one_leader_and_each_handover_the_next_epoch(
     tmp_path: Path, fresh_postgres_url: str
 ) -> None:
-    """Four server processes started at the same instant, three times over: at every look
+    """Four server processes started at the same instant, twice over: at every look
     exactly one leads, the lease row names it, and the others stand by naming it. Each round
     the leader is stopped (it gives the lease back and the others contend at once) until two
     are left: each time exactly one other leads, with the next epoch. Over all rounds each

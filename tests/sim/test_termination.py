@@ -174,7 +174,7 @@ def test_every_simulation_ends_without_tripping_the_loop_guard(scenario: Any, pr
 
 
 @pytest.mark.slow
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario=scenarios(), preset=st.sampled_from(["kueue", "slurm", "governed", "k8s"]))
 def test_every_simulation_ends_without_tripping_the_loop_guard_long(scenario: Any, preset: str) -> None:
     _terminates(scenario, preset)
