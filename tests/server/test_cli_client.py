@@ -409,7 +409,8 @@ def test_cancel_several_ids_or_a_selection_within_the_callers_rights(server: Ser
     wait_for(lambda: state(b1) == "CANCELLED")
 
 
-def test_whoami_names_the_tokens_user_role_and_queues(server: Server) -> None:
+def test_whoami_names_the_tokens_user_role_and_queues(shared_server: Server) -> None:
+    server = shared_server  # a token of its own is all it adds
     assert warden(server, "whoami", check=True).stdout == "admin (admin); queues: every queue\n"
     carol = warden(server, "token", "create", "--user", "carol", "--queues", "language,vision", check=True)
     me = warden(server, "whoami", token=carol.stdout.strip(), check=True).stdout
@@ -445,9 +446,10 @@ def test_queues_show_what_each_queue_borrows_and_its_limits(server: Server) -> N
         warden(server, "cancel", job_id)
 
 
-def test_a_job_without_a_name_is_named_after_its_program_and_describe_quotes_its_command(server: Server) -> None:
+def test_a_job_without_a_name_is_named_after_its_program_and_describe_quotes_its_command(shared_server: Server) -> None:
     """As Slurm names a job after its script: `/bin/sh -c 'echo hi there'` is `sh`; `describe`
     writes the command as a shell would take it back (shlex.join)."""
+    server = shared_server  # two short jobs of its own, found by their ids
     out = warden(server, "submit", "-q", "vision", "-t", "3", "--", "/bin/sh", "-c", "echo 'hi there'", check=True)
     job = out.stdout.split()[-1]
     named = warden(server, "submit", "-q", "vision", "-t", "3", "--name", "mine", "--", "true", check=True)
@@ -505,9 +507,10 @@ def _without_a_token(server: Server, tmp_path: Path) -> None:
     assert cli_as(server.state_dir).returncode == 0  # the server's own state directory: its admin token
 
 
-def test_a_second_server_on_a_busy_port_says_so_before_it_serves(server: Server, tmp_path: Path) -> None:
+def test_a_second_server_on_a_busy_port_says_so_before_it_serves(shared_server: Server, tmp_path: Path) -> None:
     """Another server (another state directory) on the port of a running one exits non-zero at
     once, naming the port, without having said it serves or touched a database of its own."""
+    server = shared_server
     other = tmp_path / "other"
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
     argv = [sys.executable, "-m", "warden.cli.main", "server", "--port", str(server.port), "--fake-gpus", "1"]
