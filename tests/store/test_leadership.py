@@ -349,7 +349,7 @@ def test_a_takeover_waits_for_the_old_leaders_write_in_flight(engines: Callable[
     """A write transaction the leader opened before its lease ran out holds the lease row:
     the contender's takeover waits until it commits, and the write lands *before* the new
     epoch, never after it."""
-    a, b = contender(engines, "a", lease_s=1.0, margin_s=0.1), contender(engines, "b")
+    a, b = contender(engines, "a", lease_s=0.4, margin_s=0.1), contender(engines, "b")
     leader = Store(engines()).fenced(a)  # made before the lease is taken: its term is short
     users = Store(engines())
     assert a.acquire() == 1
