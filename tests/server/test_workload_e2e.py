@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from serverproc import Server, server_fixture, submit, until_state, wait_for
+from serverproc import Server, kill_jobs_of, server_fixture, submit, until_state, wait_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -163,3 +163,4 @@ def test_the_thrash_guard_keeps_a_long_jobs_efficiency_above_its_floor(tmp_path:
             until_state(c, long, "CANCELLED", timeout=60)
     finally:
         s.stop()
+        kill_jobs_of(s.state_dir)  # the long job, if the test failed before cancelling it
