@@ -170,14 +170,11 @@ class PlanApplier(Duty):
                 reason = "claim released: its victims' capacity is no longer needed"
             else:
                 reason = "claim ended"
-            self.store.transition(
+            self.store.note(
                 job.id,
                 job.state,
-                event=Event.NOTED,
                 reason=reason,
-                actor="warden",
                 now=now,
-                expect_state={job.state},
                 claim=want,
             )
 

@@ -50,14 +50,12 @@ class Cancels(Duty):
         return f"cancelled while {job.state.value}, before it started" if done else None
 
     def _cancel_holding(self, job: StoredJob, actor: str, now: float) -> str | None:
-        if not self.store.transition(
+        if not self.store.note(
             job.id,
             job.state,
-            event=Event.NOTED,
             reason=f"cancel requested by {actor}",
             actor=actor,
             now=now,
-            expect_state={job.state},
             expect_cancel_requested=False,
             cancel_requested=True,
         ):
@@ -108,15 +106,12 @@ class Cancels(Duty):
             if kill_at is None:
                 continue
             signalled = True
-            self.store.transition(
+            self.store.note(
                 job.id,
                 job.state,
-                event=Event.NOTED,
                 reason=f"SIGTERM sent for the cancel requested earlier; grace {format_duration(grace)}",
                 details={KILL_AT: kill_at, "grace_s": grace},
-                actor="warden",
                 now=now,
-                expect_state={job.state},
             )
         return self.store.active() if signalled else active
 

@@ -13,7 +13,6 @@ with the reason.
 
 from __future__ import annotations
 
-from warden.engine.lifecycle import Event
 from warden.engine.model import ReplicaPlacement
 from warden.server.context import Duty, ReconcileContext, log
 from warden.server.preempt import Preemptions
@@ -66,14 +65,11 @@ class BoundDevices(Duty):
             "its recorded assignment follows the GPUs it holds"
         )
         log.info("job %s attempt %d %s", job_id, number, reason)
-        self.store.transition(
+        self.store.note(
             job.id,
             job.state,
-            event=Event.NOTED,
             reason=reason,
-            actor="warden",
             now=now,
-            expect_state={job.state},
             details={
                 "planned": [{"node": p.node, "gpus": list(p.gpus)} for p in planned],
                 "bound": [{"node": b.node, "gpus": list(b.gpus)} for b in bound],

@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from warden.engine import lifecycle
-from warden.engine.lifecycle import Event
 from warden.engine.model import Job, Node, Snapshot
 from warden.engine.plan import Plan
 from warden.engine.policy import Policy
@@ -241,14 +240,11 @@ class EngineGuard(Duty):
             "sort_key": None,
             "position": None,
         }
-        held = self.store.transition(
+        held = self.store.note(
             int(job.id),
             job.state,
-            event=Event.NOTED,
             reason=reason,
-            actor="warden",
             now=now,
-            expect_state={job.state},
             held_reason=reason,
             explanation=explanation,
         )

@@ -55,15 +55,12 @@ class Exits(Duty):
         it ends TIMEOUT. A time outside the attempt's life is no fact: never before it started."""
         sigterm_at = min(max(ex.timed_out_at or now, attempt.started_at), ex.ended_at)
         self.store.update_attempt(job.id, attempt.number, timed_out=True, sigterm_at=sigterm_at, kill_at=ex.killed_at)
-        self.store.transition(
+        self.store.note(
             job.id,
             job.state,
-            event=Event.NOTED,
             reason=f"{ran_out(job)}: SIGTERM from its supervisor, no server running then",
             details={"sigterm_at": sigterm_at, "time_limit_s": job.expected_duration_s},
-            actor="warden",
             now=now,
-            expect_state={job.state},
         )
         return self.store.attempt(job.id, attempt.number) or attempt
 

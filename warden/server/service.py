@@ -774,14 +774,12 @@ class Service:
         def act(job: StoredJob) -> bool | None:
             if not job.held:
                 raise ApiError(409, "id", job_id, f"the job is not held ({job.state.value})")
-            released = self.store.transition(
+            released = self.store.note(
                 job.id,
                 job.state,
-                event=Event.NOTED,
                 reason=f"released by {who.user}",
                 actor=who.user,
                 now=now,
-                expect_state={job.state},
                 expect_cancel_requested=False,
                 held_reason=None,
                 explanation=None,
@@ -956,13 +954,10 @@ class Service:
         """A report that claimed more than warden saw leaves a trace in the job's events."""
         now = self.now()
         job = self._reread(job)  # under the reconcile lock: its state cannot change meanwhile
-        self.store.transition(
+        self.store.note(
             job.id,
             job.state,
-            event=Event.NOTED,
-            expect_state={job.state},
             reason=f"{what} report of {span(reported)} clamped to {span(kept)}, {why}",
-            actor="warden",
             now=now,
             details={"attempt": attempt, "report": what, "reported_s": reported, "kept_s": kept},
         )

@@ -8,11 +8,10 @@ SIGKILL) and its job requeued.
 
 from __future__ import annotations
 
-from warden.engine.lifecycle import Event
 from warden.engine.policy import format_duration
 from warden.server.context import Duty, ReconcileContext
 from warden.server.preempt import Preemptions
-from warden.store.jobs import ActiveJob, StoredJob
+from warden.store.jobs import ActiveJob
 
 STOPPED_SINCE = "stopped_since"
 """The detail of a stop's event: when the job's processes were first seen stopped."""
@@ -43,16 +42,17 @@ class Stops(Duty):
             seen = stopped.get(key)
             if seen is None:
                 if self._noted.pop(key, None) is not None:
-                    self._note(job, "its processes run again", {}, now)
+                    self.store.note(job.id, job.state, reason="its processes run again", now=now)
                 continue
             if self._noted.get(key) != seen.since:
                 self._noted[key] = seen.since
-                self._note(
-                    job,
-                    f"its processes are stopped ({seen.what}), not by warden: it holds its resources and runs "
-                    f"nothing; it is evicted if still stopped after {format_duration(limit)}",
-                    {STOPPED_SINCE: seen.since},
-                    now,
+                self.store.note(
+                    job.id,
+                    job.state,
+                    reason=f"its processes are stopped ({seen.what}), not by warden: it holds its resources and "
+                    f"runs nothing; it is evicted if still stopped after {format_duration(limit)}",
+                    details={STOPPED_SINCE: seen.since},
+                    now=now,
                 )
             if attempt.sigterm_at is None and not job.cancel_requested and now - seen.since >= limit:
                 self.preemptions.evict(
@@ -63,15 +63,3 @@ class Stops(Duty):
         for key in [k for k in self._noted if k not in live]:
             del self._noted[key]
         return self.store.active() if changed else active
-
-    def _note(self, job: StoredJob, reason: str, details: dict[str, float], now: float) -> None:
-        self.store.transition(
-            job.id,
-            job.state,
-            event=Event.NOTED,
-            reason=reason,
-            details=details,
-            actor="warden",
-            now=now,
-            expect_state={job.state},
-        )

@@ -10,7 +10,6 @@ The deadline is the forecast's and the reservations' expected end of the attempt
 from __future__ import annotations
 
 from warden.engine.accounting import effective_grace, run_end
-from warden.engine.lifecycle import Event
 from warden.engine.policy import format_duration
 from warden.server.cancels import Cancels
 from warden.server.context import Duty, ReconcileContext
@@ -71,13 +70,10 @@ class TimeLimits(Duty):
         return self.store.active() if changed else active
 
     def _note(self, job: StoredJob, reason: str, details: dict[str, float], now: float) -> None:
-        self.store.transition(
+        self.store.note(
             job.id,
             job.state,
-            event=Event.NOTED,
             reason=reason,
             details={**details, "time_limit_s": job.expected_duration_s},
-            actor="warden",
             now=now,
-            expect_state={job.state},
         )

@@ -863,6 +863,24 @@ class JobStore(StoreBase):
                 _update_attempt(conn, key, number, _attempt_updates(attempt_fields))
         return True
 
+    def note(
+        self,
+        job_id: int | str,
+        state: JobState | str,
+        /,
+        *,
+        reason: str,
+        now: float,
+        actor: str = "warden",
+        **changes: Any,
+    ) -> bool:
+        """Record an event that changes no state (`Event.NOTED`): the job stays in `state`, where
+        it must still be (else False and nothing changes); `changes` go to `transition` (details,
+        fields, a cancel-flag expectation)."""
+        return self.transition(
+            job_id, state, event=Event.NOTED, reason=reason, actor=actor, now=now, expect_state={state}, **changes
+        )
+
     def update(self, job_id: int | str, /, *, expect_version: int | None = None, **field_updates: Any) -> bool:
         """Change a job's fields without a state change (no event); bumps `version`.
 
