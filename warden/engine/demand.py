@@ -31,29 +31,54 @@ def charged_gpus(policy: Policy, leaves: Container[str], job: Job) -> int:
 class Demand:
     """Charged GPU demand per leaf queue, kept job by job (`sync`, `apply`)."""
 
-    __slots__ = ("_jobs", "_leaves", "_owed", "by_queue", "version")
+    __slots__ = ("_jobs", "_leaves", "_owed", "_policy", "_shown", "by_queue", "version")
 
     def __init__(self) -> None:
+        self._policy: Policy | None = None
         self._leaves: frozenset[str] = frozenset()
         self._jobs: dict[str, tuple[str, int]] = {}
+        self._shown: dict[str, Job] = {}
+        """The jobs of the last `sync`, by id: a job shown again unchanged is not looked at."""
         self.by_queue: dict[str, int] = {}
         self.version = 0
         """Bumped whenever a queue's demand changes (what `owed` remembers)."""
         self._owed: tuple[int, int, list[float]] | None = None
 
     def sync(self, policy: Policy, jobs: Iterable[Job]) -> None:
-        """Make the demand that of exactly these jobs."""
-        self._leaves = frozenset(q.name for q in policy.leaves())
-        self._jobs.clear()
-        self.by_queue.clear()
+        """Make the demand that of exactly these jobs, touching only those that changed since
+        the last `sync` (the same object) under the same policy: the demand, and so what each
+        queue is owed, is worked out again only when it changed."""
+        shown, before = {}, self._shown
+        if policy is not self._policy:
+            self._policy = policy
+            self._leaves = frozenset(q.name for q in policy.leaves())
+            self._jobs.clear()
+            self.by_queue.clear()
+            self.version += 1
+            before = {}
         for job in jobs:
-            self._put(policy, job)
-        self.version += 1
+            shown[job.id] = job
+            if before.get(job.id) is not job:
+                self._put(policy, job)
+        for job_id in before.keys() - shown.keys():
+            self._drop(job_id)
+        self._shown = shown
 
     def apply(self, policy: Policy, changed: Iterable[Job]) -> None:
         """Take these jobs' new versions; every other job is as before."""
+        shown = self._shown
         for job in changed:
             self._put(policy, job)
+            if job.state.terminal:
+                shown.pop(job.id, None)
+            else:
+                shown[job.id] = job
+
+    def _drop(self, job_id: str) -> None:
+        old = self._jobs.pop(job_id, None)
+        if old is not None:
+            self.by_queue[old[0]] -= old[1]
+            self.version += 1
 
     def _put(self, policy: Policy, job: Job) -> None:
         gpus = charged_gpus(policy, self._leaves, job)

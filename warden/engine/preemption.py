@@ -115,6 +115,7 @@ class CandidatePool:
         self._downward: dict[tuple[object, ...], list[Candidate]] = {}
         """Lower-tier victims per `rules.downward_key`: for the pass."""
         self._of_tier: dict[int, list[Candidate]] | None = None
+        self._of_queue: dict[int, dict[str, list[Candidate]]] | None = None
         self._held_on = held_on
 
     def held_on(self) -> dict[str, int]:
@@ -147,19 +148,17 @@ class CandidatePool:
             ]
         taken_back: list[Candidate] = []
         if may_take_back(ctx, p):
-            kinds: dict[tuple[int, str], bool] = {}
-            for t, members in sorted(self._tiers().items()):
-                if not ctx.policy.tier(t).charged:
-                    continue  # no reclaim takes an uncharged job: skip its whole list
-                for c in members:
-                    v = c.job
-                    k = (t, v.queue)
-                    may = kinds.get(k)
-                    if may is None:
-                        may = kinds[k] = not downward_allowed(ctx, p, v) and reclaim_kind(ctx, p, v) is not None
-                    if may:
-                        taken_back.append(c)
-            taken_back.sort(key=_rank)
+            # The rules read a victim's tier and queue alone here: asked once per (tier, queue).
+            runs = [
+                members
+                for t, by_queue in sorted(self._queues().items())
+                if ctx.policy.tier(t).charged  # no reclaim takes an uncharged job
+                for members in by_queue.values()
+                if members
+                and not downward_allowed(ctx, p, members[0].job)
+                and reclaim_kind(ctx, p, members[0].job) is not None
+            ]
+            taken_back = runs[0].copy() if len(runs) == 1 else sorted(chain.from_iterable(runs), key=_rank)
         return Eligible(leaving, lower, taken_back)
 
     def _tiers(self) -> dict[int, list[Candidate]]:
@@ -169,6 +168,16 @@ class CandidatePool:
             for c in self.free_now:
                 self._of_tier.setdefault(c.job.tier, []).append(c)
         return self._of_tier
+
+    def _queues(self) -> dict[int, dict[str, list[Candidate]]]:
+        """`free_now` by tier, then by queue, in victim order."""
+        if self._of_queue is None:
+            self._of_queue = {}
+            for t, members in self._tiers().items():
+                by_queue: dict[str, list[Candidate]] = self._of_queue.setdefault(t, {})
+                for c in members:
+                    by_queue.setdefault(c.job.queue, []).append(c)
+        return self._of_queue
 
     def drop(self, c: Candidate) -> None:
         """The candidate was signalled: leave it out of every later search (nothing changes
@@ -182,6 +191,8 @@ class CandidatePool:
         lists = [self.free_now, *self._downward.values()]
         if self._of_tier is not None:
             lists.extend(self._of_tier.values())
+        if self._of_queue is not None:
+            lists.extend(m for by_queue in self._of_queue.values() for m in by_queue.values())
         for members in lists:
             # Every list is in victim order, so the candidate is found by its rank.
             j = bisect_left(members, c.rank, key=_rank)

@@ -263,13 +263,25 @@ class Reserve:
     ) -> list[tuple[Job, int]]:
         """The released jobs the job needs gone to fit: all that free by themselves, and of
         those it would preempt each, the latest first, unless it still fits without it (that
-        one is taken back: the state is the caller's to roll back)."""
+        one is taken back: the state is the caller's to roll back).
+
+        A placement the job has (`at`) stays one while the jobs taken back hold nothing on its
+        nodes, so only their quota is asked then: a forecast that released thousands of jobs
+        places the job once per job that lands on where it would run, not once per job."""
         state = self.state
+        names = state.find(flavor, job)
+        at = set() if names is None else set(names)
         kept: list[tuple[Job, int]] = []
         for v, how in reversed(released):
             if how:
                 state.retake_job(v, only=flavor)
-                if state.fits(job, flavor, d):
+                assert v.attempt is not None
+                if names is not None and all(rp.node not in at for rp in v.attempt.assignment):
+                    if state.within_quota(job, d):
+                        continue
+                elif state.fits(job, flavor, d):
+                    names = state.find(flavor, job)
+                    at = set() if names is None else set(names)
                     continue
                 state.release_job(v, only=flavor)
             kept.append((v, how))

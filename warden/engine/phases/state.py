@@ -174,13 +174,17 @@ class PassState:
         """Within its quota path and placeable; for a tier admitted only in-quota
         (`Allocation.in_quota_tiers`), within nominal too: a search or a forecast that makes
         room for it makes it in-quota room."""
+        return self.within_quota(job, d) and self.find(flavor, job) is not None
+
+    def within_quota(self, job: Job, d: tuple[float, ...]) -> bool:
+        """`fits`, but for the placement."""
         if d:
             quota = self.quota
             if quota.violation(job.queue, d) is not None:
                 return False
             if job.tier in self.in_quota_tiers and quota.over_nominal_at(job.queue, d) is not None:
                 return False
-        return self.find(flavor, job) is not None
+        return True
 
     def block_nodes(self, block: str) -> Sequence[str]:
         return self.nodes_of_block[block]
