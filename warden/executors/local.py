@@ -207,6 +207,7 @@ class LocalExecutor(AttemptTable[_Tracked]):
         self._start_timeout_s = start_timeout_s
         super().__init__()
         self._control_lock = threading.Lock()  # orders control.json writes; taken before _lock
+        self._terminating = threading.Lock()  # one terminate at a time: its mark, then its SIGTERM, once
         self._started: list[Key] = []
         self._unreaped: dict[int, int | None] = {}  # shim pid -> start ticks
         self._timer = KillTimer(self._deadlines_reached)
@@ -370,18 +371,18 @@ class LocalExecutor(AttemptTable[_Tracked]):
         if grace_s < 0:
             raise ValueError(f"grace_s must be >= 0, got {grace_s!r}")
         self._acting(f"SIGTERM attempt {attempt} of job {job_id}")
-        key = (job_id, attempt)
+        with self._terminating:
+            return self._terminate((job_id, attempt), grace_s)
+
+    def _terminate(self, key: Key, grace_s: float) -> float:
         with self._lock:
             tracked = self._get(key)
             if tracked.kill_at is not None:
                 return tracked.kill_at
-            announce = tracked.terminating_at is None
-            if announce:
-                tracked.terminating_at = time.time()
-        if announce:
-            self._persist(tracked)  # before the SIGTERM: the job can tell warden's from another's
+            tracked.terminating_at = time.time()
+        self._persist(tracked)  # before the SIGTERM: the job can tell warden's from another's
         with self._lock:
-            if tracked.kill_at is not None:
+            if tracked.kill_at is not None:  # a kill() came meanwhile
                 return tracked.kill_at
             if kept := _shims_time_limit(tracked.handle):
                 # its shims ran out its time limit first (the server's pass was late): their
