@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import signal
 import subprocess
@@ -473,6 +474,98 @@ def test_a_launcher_killed_by_another_driver_is_ended_by_it(
     )
     ended = exit_of(executor, "23")
     assert ended.ended_by is not None and "rank 0" in ended.ended_by and "outside warden" in ended.ended_by, ended
+
+
+# Saves and exits 0 once its guard saw SIGTERM (warden's SDK): whose SIGTERM it was decides how it ends.
+GUARDED = (
+    "import os, time\n"
+    "from warden.workload import install\n"
+    "guard = install()\n"
+    "mark = os.environ['WARDEN_LOG_FILE']\n"
+    "open(mark + '.up.tmp', 'w').write(str(os.getpid()))\n"
+    "os.rename(mark + '.up.tmp', mark + '.up')\n"
+    "while not guard.should_stop():\n"
+    "    time.sleep(0.01)\n"
+    "open(mark + '.saved', 'w').write('')\n"
+    "guard.exit()\n"
+)
+
+
+def exits_of(ex: RayExecutor, jobs: set[str], timeout: float = 30) -> dict[str, Exit]:
+    found: dict[str, Exit] = {}
+
+    def all_there() -> bool:
+        found.update((e.job_id, e) for e in ex.exits())
+        return jobs <= found.keys()
+
+    wait(all_there, timeout, f"the exits of {sorted(jobs)}")
+    return found
+
+
+def up(handle: Handle) -> int:
+    path = Path(f"{handle.replicas[0].log_path}.up")
+    wait(path.exists, 60, f"{path} up")
+    return int(path.read_text())
+
+
+@pytest.mark.slow
+def test_a_sigterm_another_job_sends_is_an_eviction_even_when_the_guard_saves_and_exits(
+    executor: RayExecutor, tmp_path: Path
+) -> None:
+    """`kill -TERM` of a job's process by another job of its account, against warden's own
+    SIGTERM, to two jobs whose guard saves and exits 0: the first ends by the SIGTERM and is
+    evicted, the second exits 0, warden's preemption."""
+    handles = {
+        job: executor.start(spec(tmp_path, job, [(node, (0,))], GUARDED)) for job, node in (("27", "w1"), ("28", "w2"))
+    }
+    pids = {job: up(handle) for job, handle in handles.items()}
+    os.kill(pids["27"], signal.SIGTERM)
+    executor.terminate("28", 1, 5.0)
+    ended = exits_of(executor, {"27", "28"})
+    outside, own = ended["27"], ended["28"]
+    assert outside.exit_codes == (-15,) and not outside.succeeded and outside.signalled_at is None
+    assert outside.ended_by == "rank 0 was killed by SIGTERM, which warden did not send"
+    assert own.exit_codes == (0,) and own.ended_by is None and own.signalled_at is not None and not own.killed
+    assert all(Path(f"{h.replicas[0].log_path}.saved").exists() for h in handles.values())
+
+
+@pytest.mark.slow
+def test_a_stopped_replica_is_reported_and_warden_s_sigterm_reaches_it(executor: RayExecutor, tmp_path: Path) -> None:
+    handle = executor.start(spec(tmp_path, "29", [("w3", (1,))], STUBBORN))
+    pid = up(handle)
+    assert executor.stopped() == {}
+    os.kill(pid, signal.SIGSTOP)  # another process of its account
+    seen = wait(lambda: executor.stopped().get(("29", 1)), 10, "the stop reported")
+    assert seen.what == f"rank 0: pid {pid}" and time.time() - 5 < seen.since <= time.time()
+    executor.terminate("29", 1, 1.0)  # the eviction: SIGCONT follows SIGTERM, so its handler runs
+    wait(Path(f"{handle.replicas[0].log_path}.term").exists, 10, "its SIGTERM handled")
+    ended = exit_of(executor, "29")
+    assert ended.exit_codes == (-9,) and ended.killed and ended.ended_by is None
+
+
+# Kills its supervisor, which would write the true record, and writes its own: ended long ago.
+FORGER = (
+    "import json, os, time\n"
+    "mark = os.environ['WARDEN_LOG_FILE']\n"
+    "open(mark + '.up.tmp', 'w').write(str(os.getpid()))\n"
+    "os.rename(mark + '.up.tmp', mark + '.up')\n"
+    "time.sleep(1.0)\n"
+    "os.kill(os.getppid(), 9)\n"
+    "exit_path = mark[: -len('.log')] + '.exit.json'\n"
+    "open(exit_path + '.tmp', 'w').write(json.dumps({'exit_code': 0, 'ended_at': 1000.0}))\n"
+    "os.rename(exit_path + '.tmp', exit_path)\n"
+)
+
+
+@pytest.mark.slow
+def test_an_end_time_a_job_wrote_is_kept_between_the_looks_that_saw_it_running_and_gone(
+    executor: RayExecutor, tmp_path: Path
+) -> None:
+    handle = executor.start(spec(tmp_path, "30", [("w1", (2,))], FORGER))
+    up(handle)
+    seen_up = time.time()
+    ended = exit_of(executor, "30")
+    assert seen_up <= ended.ended_at <= time.time()
 
 
 FOREIGN = """

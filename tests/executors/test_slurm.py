@@ -11,6 +11,7 @@ import os
 import pwd
 import select
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -564,6 +565,71 @@ def test_gpus_held_by_jobs_that_are_not_wardens_are_foreign(
     finally:
         slurm_cluster.run("scancel", admin, check=False)
     assert wait_for("n2's GPUs back", lambda: not executor.inventory().foreign)
+
+
+# Saves and exits 0 once its guard saw SIGTERM (warden's SDK): whose SIGTERM it was decides how it ends.
+GUARDED = """\
+import pathlib, sys, time
+from warden.workload import install
+guard = install()
+out, name = pathlib.Path(sys.argv[1]), sys.argv[2]
+(out / f"up-{name}").write_text("")
+while not guard.should_stop():
+    time.sleep(0.01)
+(out / f"saved-{name}").write_text("")
+guard.exit()
+"""
+
+
+def exits_of(ex: SlurmExecutor, jobs: set[str], timeout: float = 30.0) -> dict[str, Exit]:
+    found: dict[str, Exit] = {}
+
+    def all_there() -> bool:
+        found.update((e.job_id, e) for e in ex.exits())
+        return jobs <= found.keys()
+
+    wait_for(f"the exits of {sorted(jobs)}", all_there, timeout)
+    return found
+
+
+def test_a_sigterm_warden_did_not_send_is_an_eviction_even_when_the_guard_saves_and_exits(
+    executor: SlurmExecutor, slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """`scancel --signal=TERM` by someone else (Slurm then says COMPLETED, 0:0) against warden's
+    own SIGTERM, to two jobs whose guard saves and exits 0: the first ends by the SIGTERM and is
+    evicted, the second exits 0, warden's preemption."""
+    (tmp_path / "guarded.py").write_text(GUARDED)
+    handles = {}
+    for job, node in (("51", "n2"), ("52", "n3")):
+        s = dataclasses.replace(
+            spec(tmp_path, job, [(node, (0,))]),
+            command=(sys.executable, str(tmp_path / "guarded.py"), str(tmp_path / "out"), job),
+            log_dir=tmp_path / job / "attempt-1",
+        )
+        handles[job] = executor.start(s)
+    wait_for("both guards installed", lambda: all((tmp_path / "out" / f"up-{j}").exists() for j in handles))
+    slurm_cluster.run("scancel", "--signal=TERM", handles["51"].external[0])
+    executor.terminate("52", 1, 5.0)
+    ended = exits_of(executor, {"51", "52"})
+    outside, own = ended["51"], ended["52"]
+    assert outside.exit_codes == (-15,) and not outside.succeeded and outside.signalled_at is None
+    assert outside.ended_by == "rank 0 was killed by SIGTERM, which warden did not send"
+    assert own.exit_codes == (0,) and own.ended_by is None and own.signalled_at is not None and not own.killed
+    assert all((tmp_path / "out" / f"saved-{j}").exists() for j in handles)
+
+
+def test_a_stopped_replica_is_reported_and_warden_s_sigterm_reaches_it(executor: SlurmExecutor, tmp_path: Path) -> None:
+    executor.start(spec(tmp_path, "53", [("n0", (0,))], grace=1.0))
+    (pid,) = running(tmp_path, 1)
+    assert executor.stopped() == {}
+    os.kill(pid, signal.SIGSTOP)  # another process of its account
+    seen = wait_for("the stop reported", lambda: executor.stopped().get(("53", 1)))
+    assert seen.what == f"rank 0: pid {pid}" and time.time() - 5 < seen.since <= time.time()
+    executor.terminate("53", 1, 1.0)  # the eviction: SIGCONT follows SIGTERM, so its handler runs
+    wait_for("its SIGTERM handled", (tmp_path / "out" / "term-0").exists)
+    ended = exit_of(executor)
+    assert ended.exit_codes == (-9,) and ended.killed and ended.ended_by is None
+    assert executor.stopped() == {}
 
 
 # -- what a job writes ------------------------------------------------------------------------

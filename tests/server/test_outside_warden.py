@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -26,6 +27,7 @@ from warden.engine.policy import parse_policy
 from warden.executors.base import Exit, Inventory
 from warden.executors.local import LocalExecutor
 from warden.server.app import create_app
+from warden.server.auth import Principal
 from warden.server.nodes import unavailable_gpus
 from warden.server.service import Service
 from warden.store import Store
@@ -296,5 +298,56 @@ def test_a_stopped_attempt_is_noted_and_past_its_bound_evicted(store: Store, tmp
         evicted = f"evicted: its processes were stopped for 1s (rank 0: pid {pgid}); the whole gang stops"
         assert any(r.startswith(evicted) for r in reasons), reasons
         wait_for(lambda: state() is JobState.RUNNING and len(store.attempts(job)) == 2, what="the second attempt")
+    finally:
+        end_everything(svc)
+
+
+SAVES_AND_EXITS = """\
+import time
+from warden.workload import install
+guard = install()
+print("up", flush=True)
+while not guard.should_stop():
+    time.sleep(0.01)
+print("saved", flush=True)
+guard.exit()
+"""
+
+
+def test_a_job_whose_guard_saves_after_an_outside_sigterm_is_evicted_and_warden_s_own_still_exits_0(
+    store: Store, tmp_path: Path
+) -> None:
+    """The SDK guard turns SIGTERM into "save, exit 0", which warden takes for a preempted
+    job's when it sent SIGTERM: after another's SIGTERM the guard ends the job by it once it
+    saved, and the job is requeued, not SUCCEEDED; after warden's (a cancel) it exits 0."""
+    (tmp_path / "state").mkdir()
+    svc = Service(store, LocalExecutor(), (NODE,), parse_policy(POLICY), tmp_path / "state")
+    try:
+        job = submit(store, 1, [sys.executable, "-c", SAVES_AND_EXITS])
+
+        def state() -> JobState:
+            svc.reconciler.reconcile()
+            got = store.get(job)
+            assert got is not None
+            return got.state
+
+        def log(attempt: int) -> str:
+            path = tmp_path / "state" / "jobs" / str(job) / f"attempt-{attempt}" / "rank-0.log"
+            return path.read_text() if path.exists() else ""
+
+        wait_for(lambda: state() is JobState.RUNNING and "up" in log(1), what="the job's guard installed")
+        os.killpg(pgid_of(tmp_path, job), signal.SIGTERM)
+        wait_for(lambda: state() and store.attempts(job)[0].ended_at is not None, what="the exit recorded")
+        first = store.attempts(job)[0]
+        assert first.reason == "evicted" and list(first.exit_codes or ()) == [-15], first
+        assert "saved" in log(1)
+        reasons = [e.reason for e in store.events(job)]
+        said = "evicted: rank 0 was killed by SIGTERM, which warden did not send (exit -15); the job is requeued"
+        assert said in reasons, reasons
+        wait_for(lambda: state() is JobState.RUNNING and "up" in log(2), what="the second attempt's guard")
+        svc.cancel(str(job), Principal("root", "admin", ("*",)))
+        wait_for(lambda: state() is JobState.CANCELLED, what="the cancel")
+        second = store.attempts(job)[1]
+        assert list(second.exit_codes or ()) == [0] and "saved" in log(2)
     finally:
         end_everything(svc)

@@ -3,6 +3,7 @@ cheap to poll, visible from any thread, installable only where Python runs handl
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -265,3 +266,56 @@ def test_exit_with_an_explicit_reporter_and_code(restore_sigterm: None) -> None:
     with pytest.raises(SystemExit) as exited:
         guard.exit(3)
     assert exited.value.code == 3
+
+
+SAVES_AND_EXITS = """\
+import pathlib, sys, time
+from warden.workload import install
+guard = install()
+out = pathlib.Path(sys.argv[1])
+(out / "up").write_text("")
+while not guard.should_stop():
+    time.sleep(0.01)
+(out / "saved").write_text("")
+guard.exit()
+"""
+
+
+@pytest.mark.parametrize(
+    ("records", "code"),
+    [
+        (None, 0),  # outside warden: exit 0 as asked
+        ({}, -signal.SIGTERM),  # under warden, no stop of warden's marked: it ends by the SIGTERM it got
+        ({"control": {"terminating_at": 1.0, "signalled_at": None}}, 0),  # warden's SIGTERM
+        ({"seen": {"stopped_since": None, "limit_sigterm_at": 1.0}}, 0),  # its supervisor's, at the time limit
+        ({"control": {"signalled_at": "soon"}, "seen": {"limit_sigterm_at": None}}, -signal.SIGTERM),
+        ({"linked": {"terminating_at": 1.0}}, -signal.SIGTERM),  # a link a job planted is never followed
+    ],
+)
+def test_exit_zero_after_a_sigterm_warden_did_not_mark_ends_by_that_signal_once_saved(
+    tmp_path: Path, records: dict[str, dict[str, object]] | None, code: int
+) -> None:
+    control, seen = tmp_path / "control.json", tmp_path / "rank-0.seen.json"
+    env = {k: v for k, v in os.environ.items() if k != "WARDEN_STOP_RECORDS"} | {"PYTHONPATH": str(REPO)}
+    if records is not None:
+        env["WARDEN_STOP_RECORDS"] = f"{control}{os.pathsep}{seen}"
+        for name, path in (("control", control), ("seen", seen)):
+            if name in records:
+                path.write_text(json.dumps(records[name]))
+        if "linked" in records:
+            (tmp_path / "elsewhere.json").write_text(json.dumps(records["linked"]))
+            control.symlink_to(tmp_path / "elsewhere.json")
+    script = tmp_path / "job.py"
+    script.write_text(SAVES_AND_EXITS)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env)
+    try:
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "up").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the job never came up"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == code
+        assert (tmp_path / "saved").exists()  # it saved first either way
+    finally:
+        proc.kill()
+        proc.wait()

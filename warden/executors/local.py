@@ -23,7 +23,6 @@ See docs/executors.md and docs/security.md.
 from __future__ import annotations
 
 import json
-import math
 import os
 import pwd
 import re
@@ -48,14 +47,14 @@ from warden.executors.base import (
     LaunchSpec,
     ReplicaHandle,
     ReplicaLaunch,
-    Stopped,
 )
 from warden.executors.deadlines import KillTimer, adopted_deadline, deadline_pair, due
 from warden.executors.identity import Identities, Identity
+from warden.executors.outside import STOP_RECORDS_ENV, TERMINATING, ended_outside, seen, seen_path, stop_records
 from warden.executors.records import (
     CONTROL_FILE,
     CONTROL_MODE,
-    read_job_json,
+    finite_time,
     record_killed_at,
     revoke_launch,
     write_json_atomic,
@@ -120,6 +119,7 @@ def job_environment(
             "WARDEN_GRACE_SECONDS": _seconds(spec.grace_s),
             "WARDEN_CHECKPOINT_DIR": str(spec.checkpoint_dir),
             "WARDEN_LOG_FILE": str(log_path),
+            STOP_RECORDS_ENV: stop_records(spec.log_dir / CONTROL_FILE, seen_path(log_path.parent, replica.rank)),
             "WARDEN_NODE": replica.node,
             "CUDA_VISIBLE_DEVICES": ",".join(str(gpu) for gpu in replica.gpus),
         }
@@ -166,6 +166,7 @@ class _Tracked:
     kill_at: float | None = None  # wall clock deadline, as returned by terminate()
     kill_mono: float | None = None  # the same deadline on the monotonic clock
     killed_at: float | None = None
+    terminating_at: float | None = None  # when warden decided to SIGTERM it (recorded before it did)
     private_dirs: tuple[Path, ...] = ()  # the job's own while it runs; the server's again after
 
 
@@ -206,6 +207,7 @@ class LocalExecutor(AttemptTable[_Tracked]):
         self._start_timeout_s = start_timeout_s
         super().__init__()
         self._control_lock = threading.Lock()  # orders control.json writes; taken before _lock
+        self._terminating = threading.Lock()  # one terminate at a time: its mark, then its SIGTERM, once
         self._started: list[Key] = []
         self._unreaped: dict[int, int | None] = {}  # shim pid -> start ticks
         self._timer = KillTimer(self._deadlines_reached)
@@ -266,7 +268,7 @@ class LocalExecutor(AttemptTable[_Tracked]):
             # earlier launch of this replica, and the shim refuses to start over it.
             env = job_environment(spec, replica, master_port=port, log_path=log, base=base, identity=who)
             if not status.exists():
-                _seen_path(spec.log_dir, replica.rank).unlink(missing_ok=True)  # an earlier start's
+                seen_path(spec.log_dir, replica.rank).unlink(missing_ok=True)  # an earlier start's
             launch: dict[str, Any] = {
                 "argv": list(spec.command),
                 "cwd": str(spec.workdir),
@@ -274,7 +276,7 @@ class LocalExecutor(AttemptTable[_Tracked]):
                 "log": str(log),
                 "status": str(status),
                 "exit": str(exit_path),
-                "seen": str(_seen_path(spec.log_dir, replica.rank)),
+                "seen": str(seen_path(spec.log_dir, replica.rank)),
                 "identity": _identity_record(identity),
                 "private_dirs": private,
                 "control": str(control),
@@ -369,10 +371,18 @@ class LocalExecutor(AttemptTable[_Tracked]):
         if grace_s < 0:
             raise ValueError(f"grace_s must be >= 0, got {grace_s!r}")
         self._acting(f"SIGTERM attempt {attempt} of job {job_id}")
-        key = (job_id, attempt)
+        with self._terminating:
+            return self._terminate((job_id, attempt), grace_s)
+
+    def _terminate(self, key: Key, grace_s: float) -> float:
         with self._lock:
             tracked = self._get(key)
             if tracked.kill_at is not None:
+                return tracked.kill_at
+            tracked.terminating_at = time.time()
+        self._persist(tracked)  # before the SIGTERM: the job can tell warden's from another's
+        with self._lock:
+            if tracked.kill_at is not None:  # a kill() came meanwhile
                 return tracked.kill_at
             if kept := _shims_time_limit(tracked.handle):
                 # its shims ran out its time limit first (the server's pass was late): their
@@ -438,6 +448,7 @@ class LocalExecutor(AttemptTable[_Tracked]):
                     "signalled_at": tracked.signalled_at,
                     "kill_at": tracked.kill_at,
                     "killed_at": tracked.killed_at,
+                    TERMINATING: tracked.terminating_at,
                 }
             write_json_atomic(tracked.handle.control_path, record, mode=CONTROL_MODE)
 
@@ -478,29 +489,6 @@ class LocalExecutor(AttemptTable[_Tracked]):
                     )
             self._reap_shims()
         return reported
-
-    def stopped(self) -> dict[Key, Stopped]:
-        """The tracked attempts some of whose processes are stopped now, as their shims saw
-        them (each replica's `seen` file), with the earliest time one was seen stopped."""
-        with self._lock:
-            candidates = list(self._tracked.items())
-        found: dict[Key, Stopped] = {}
-        for key, tracked in candidates:
-            since: list[float] = []
-            what: list[str] = []
-            for replica in tracked.handle.replicas:
-                record = _seen(replica.status_path.parent, replica.rank)
-                at = _finite(record.get("stopped_since"))
-                if at is None or replica.exit_path.exists():
-                    continue
-                pids = [p for p in record.get("stopped_pids") or () if isinstance(p, int) and not isinstance(p, bool)]
-                since.append(at)
-                what.append(
-                    f"rank {replica.rank}: pid {', '.join(map(str, pids[:8]))}" + (" …" if len(pids) > 8 else "")
-                )
-            if since:
-                found[key] = Stopped(min(since), "; ".join(what))
-        return found
 
     def _reap_shims(self) -> None:
         """Shims are re-parented to init, which reaps them. Where this process is init (the
@@ -788,24 +776,18 @@ def _replica_exit(
     return record
 
 
-OUTSIDE_SIGNALS = frozenset({signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
-"""Signals that end a process when another one sends them: a main process they killed when
-warden had sent none was ended outside warden (a crash's own signals, SIGSEGV, SIGABRT, SIGBUS,
-are the job's failure)."""
-
-
 def _exit(tracked: _Tracked, records: list[dict[str, Any]]) -> Exit:
     replicas = tracked.handle.replicas
     errors = [f"rank {r.rank}: {rec['error']}" for r, rec in zip(replicas, records) if rec.get("error")]
     now = time.time()
     # A time limit its shims kept while no server did: SIGTERM at it, SIGKILL after the grace.
-    limit_terms = [t for rec in records if (t := _finite(rec.get("limit_sigterm_at"))) is not None and t <= now]
+    limit_terms = [t for rec in records if (t := finite_time(rec.get("limit_sigterm_at"))) is not None and t <= now]
     timed_out_at = min(limit_terms, default=None)
     if timed_out_at is not None and tracked.signalled_at is not None and tracked.signalled_at < timed_out_at:
         timed_out_at = None  # a server's SIGTERM came first (the shims then keep no time limit)
     deadline = tracked.kill_at
     if timed_out_at is not None:
-        deadline = min((t for rec in records if (t := _finite(rec.get("limit_kill_at"))) is not None), default=None)
+        deadline = min((t for rec in records if (t := finite_time(rec.get("limit_kill_at"))) is not None), default=None)
     # The earliest SIGKILL at the deadline: the server's, or one the shims sent while no server could.
     kills = [k for k in (tracked.killed_at, *(record_killed_at(r, deadline, now) for r in records)) if k is not None]
     killed_at = min(kills, default=None)
@@ -818,7 +800,7 @@ def _exit(tracked: _Tracked, records: list[dict[str, Any]]) -> Exit:
             )
     ended_by = None
     if tracked.signalled_at is None and timed_out_at is None and killed_at is None and not errors:
-        ended_by = _ended_outside(replicas, codes)
+        ended_by = ended_outside(replicas, codes)
     return Exit(
         job_id=tracked.handle.job_id,
         attempt=tracked.handle.attempt,
@@ -831,24 +813,6 @@ def _exit(tracked: _Tracked, records: list[dict[str, Any]]) -> Exit:
         ended_by=ended_by,
         timed_out_at=timed_out_at,
     )
-
-
-def _ended_outside(replicas: tuple[ReplicaHandle, ...], codes: tuple[int | None, ...]) -> str | None:
-    """Why an attempt warden sent no signal to ended outside it, in words: a main process
-    killed by a signal another process sends (`OUTSIDE_SIGNALS`); None for any other end. A
-    job that catches the signal and exits by itself cannot be told from one that finished."""
-    for replica, code in zip(replicas, codes):
-        if code is not None and code < 0 and -code in OUTSIDE_SIGNALS:
-            name = signal.Signals(-code).name
-            return f"rank {replica.rank} was killed by {name}, which warden did not send"
-    return None
-
-
-def _finite(value: Any) -> float | None:
-    """A number a record holds, when it is a finite time; else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def _optional_int(value: Any) -> int | None:
@@ -865,22 +829,13 @@ def cgroup_name(job_id: str, attempt: int, rank: int, log_dir: Path) -> str:
     return f"{re.sub(r'^[.]|[^A-Za-z0-9_.-]', '_', job_id)[:80]}-{attempt}-{rank}-{where}"
 
 
-def _seen_path(log_dir: Path, rank: int) -> Path:
-    return log_dir / f"rank-{rank}.seen.json"
-
-
-def _seen(log_dir: Path, rank: int) -> dict[str, Any]:
-    """What a replica's shim saw of it: stopped processes, its time limit kept."""
-    return read_job_json(_seen_path(log_dir, rank)) or {}
-
-
 def _shims_time_limit(handle: Handle) -> dict[str, Any]:
     """The SIGTERM the attempt's shims sent at its time limit while no server did, as
     control.json records a server's: `signalled_at`, `kill_at` (the earliest); {} for none."""
     terms, kills = [], []
     for replica in handle.replicas:
-        record = _seen(replica.status_path.parent, replica.rank)
-        term, kill = _finite(record.get("limit_sigterm_at")), _finite(record.get("limit_kill_at"))
+        record = seen(replica)
+        term, kill = finite_time(record.get("limit_sigterm_at")), finite_time(record.get("limit_kill_at"))
         if term is not None and kill is not None:
             terms.append(term)
             kills.append(kill)

@@ -68,6 +68,7 @@ from warden.executors.local import (
     job_environment,
     make_dirs,
 )
+from warden.executors.outside import ended_outside, seen_path
 from warden.executors.ray_launch import NAMESPACE, Launcher
 from warden.executors.records import (
     CONTROL_FILE,
@@ -289,6 +290,7 @@ class _Tracked:
     kill_at: float | None = None
     kill_mono: float | None = None
     killed_at: float | None = None
+    terminating_at: float | None = None
     started: bool = False
     ended_mono: float | None = None
     dropped: bool = False  # warden killed its launchers itself (a failed start)
@@ -296,6 +298,9 @@ class _Tracked:
     revoked: str | None = None  # why ranks of an adopted attempt never start (their launches were revoked)
     planned: tuple[tuple[int, ...], ...] = ()  # per rank, the GPUs warden placed it on (empty: adopted)
     gpus: dict[int, tuple[int, ...]] = field(default_factory=dict)  # rank -> the GPUs Ray bound it to
+    floor: float = 0.0  # the earliest an exit of it can be: its start (wall clock; 0 when adopted)
+    running_at: dict[int, float] = field(default_factory=dict)  # rank -> the latest look that found no exit record
+    gone_at: dict[int, float] = field(default_factory=dict)  # rank -> the first look that found one
 
 
 class RayExecutor(RemoteAttemptTable[_Tracked]):
@@ -445,7 +450,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
         found = False
         for key, t in items:
             if all(
-                r.exit_path.exists() or t.node_ids[i] in dead or r.rank in t.failed
+                self._looked(t, i) or t.node_ids[i] in dead or r.rank in t.failed
                 for i, r in enumerate(t.handle.replicas)
             ):
                 with self._lock:
@@ -554,7 +559,8 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
         )
         # A status file that exists is never removed: it is a revocation (`recover`, `adopt`) or an
         # earlier launch of this replica, and the shim refuses to start over it.
-        for stale in [handle.control_path, *(r.exit_path for r in handle.replicas)]:
+        earlier = [seen_path(spec.log_dir, r.rank) for r in handle.replicas if not r.status_path.exists()]
+        for stale in [handle.control_path, *(r.exit_path for r in handle.replicas), *earlier]:
             if stale is not None:
                 stale.unlink(missing_ok=True)
         if identity is not None:  # the job writes its checkpoints there
@@ -562,6 +568,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
             os.chmod(spec.checkpoint_dir, 0o700)
         launches = self._launches(spec, ordered, alive, identity)
         bundles = [_bundle(spec, len(r.gpus)) for r in ordered]
+        floor = time.time()
         try:
             group = placement_group(
                 bundles,
@@ -605,6 +612,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
             time.monotonic(),
             starts=starts,
             planned=tuple(r.gpus for r in ordered),
+            floor=floor,
         )
         with self._lock:
             self._tracked[key] = tracked
@@ -645,6 +653,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
                     "log": str(log_path),
                     "status": str(spec.log_dir / f"rank-{r.rank}.status.json"),
                     "exit": str(spec.log_dir / f"rank-{r.rank}.exit.json"),
+                    "seen": str(seen_path(spec.log_dir, r.rank)),
                     "control": str(spec.log_dir / CONTROL_FILE),
                     "identity": None
                     if identity is None
@@ -672,6 +681,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
             running = {i for i, r in enumerate(tracked.handle.replicas) if r.rank not in tracked.starts}
         dead = self._dead_ids()
         running = {i for i in running if tracked.node_ids[i] not in dead}  # no answer comes from a dead node
+        self._announce(tracked)
         sent = time.time()
         _send(launchers, signal.SIGTERM, awaited=running)
         return self._arm(key, tracked, sent, grace_s)  # the grace counts from the last running rank's SIGTERM
@@ -709,7 +719,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
             ranks = [self._rank_end(tracked, i, dead) for i in range(len(tracked.handle.replicas))]
             if any(r is None for r in ranks):
                 continue
-            ended_by = self._ended_by(tracked, dead)
+            ended_by = self._ended_by(tracked, dead, [r.code for r in ranks if r is not None])
             if ended_by is _UNSETTLED:
                 continue  # a launcher was lost, and Ray does not say yet how: asked again next time
             with self._lock:
@@ -721,10 +731,11 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
             reported.append(_exit(tracked, [r for r in ranks if r is not None], ended_by))
         return reported
 
-    def _ended_by(self, tracked: _Tracked, dead: set[str]) -> str | None:
-        """What ended an attempt behind warden's back, once every replica is gone: its node
-        died, its placement group was removed, or a launcher was killed by someone else (its
-        shim then killed the replica). None when warden ended it (a signal, a kill, a failed
+    def _ended_by(self, tracked: _Tracked, dead: set[str], codes: Sequence[int | None]) -> str | None:
+        """What ended an attempt behind warden's back, once every replica is gone (`codes`, their
+        exit codes): its node died, its placement group was removed, a launcher was killed by
+        someone else (its shim then killed the replica), or a signal warden did not send killed
+        a replica (`ended_outside`). None when warden ended it (a signal, a kill, a failed
         start) or its replicas ended by themselves. _UNSETTLED while a replica was killed with
         its lost launcher and Ray does not say yet why (a dead node is declared dead seconds
         after its workers are gone), for at most ORPHAN_SETTLE_S. An attempt adopted with ranks
@@ -745,7 +756,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
             r.rank for r in tracked.handle.replicas if (read_job_json(r.exit_path) or {}).get("orphaned") is True
         ]
         if not orphans:
-            return None
+            return ended_outside(tracked.handle.replicas, codes)
         with self._lock:
             by_id = {n.node_id: n for n in self._nodes}
         index = {r.rank: i for i, r in enumerate(tracked.handle.replicas)}
@@ -778,16 +789,32 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
         except Exception:  # Ray no longer knows it
             return True
 
+    def _looked(self, tracked: _Tracked, index: int) -> bool:
+        """Whether the replica's exit record is there, noting when it was looked for: the
+        replica ended after the latest look that found none and before the first that found
+        one (`_end_bounds`)."""
+        rank = tracked.handle.replicas[index].rank
+        before = time.time()
+        there = tracked.handle.replicas[index].exit_path.exists()
+        with self._lock:
+            if not there:
+                tracked.running_at[rank] = before
+            else:
+                tracked.gone_at.setdefault(rank, time.time())
+        return there
+
     def _rank_end(self, tracked: _Tracked, index: int, dead: set[str]) -> _RankEnd | None:
-        """How a replica that is gone ended, None while it may still run."""
+        """How a replica that is gone ended, None while it may still run. Its end time is the
+        one its record gives (the job's account may write it), kept inside `_end_bounds`."""
         replica = tracked.handle.replicas[index]
-        record = read_job_json(replica.exit_path)
+        record = read_job_json(replica.exit_path) if self._looked(tracked, index) else None
         if record is not None:
             now = time.time()
+            earliest, latest = _end_bounds(tracked, replica.rank, now)
             error = str(record["error"])[:500] if record.get("error") else None
             return _RankEnd(
                 record_exit_code(record),
-                min(record_ended_at(record, now), now),
+                min(max(record_ended_at(record, latest), earliest), latest),
                 error,
                 record_killed_at(record, tracked.kill_at, now),
             )
@@ -1047,6 +1074,15 @@ def _kill_actor(actor: Any) -> None:
         ray.kill(actor, no_restart=True)
     except Exception:  # already dead
         pass
+
+
+def _end_bounds(tracked: _Tracked, rank: int, now: float) -> tuple[float, float]:
+    """Between which times a replica ended, as warden saw it: not before the latest look that
+    found no exit record (nor the attempt's start), not after the first look that found one,
+    nor now. Ray keeps no end time of a replica's processes: its record, which the job's
+    account can write, is believed only inside these bounds."""
+    latest = min(tracked.gone_at.get(rank, now), now)
+    return min(max(tracked.floor, tracked.running_at.get(rank, 0.0)), latest), latest
 
 
 class _RankEnd(NamedTuple):

@@ -91,7 +91,7 @@ class Launcher:
             self._pgid = status.get("pgid")
             late = self._signal
         if late is not None and self._pgid is not None:
-            _killpg(self._pgid, late)
+            _deliver(self._pgid, late)
         return {**status, "gpus": None if gpus is None else list(gpus)}
 
     def _spawn(self, launch: dict[str, Any]) -> dict[str, Any]:
@@ -133,7 +133,7 @@ class Launcher:
             if self._signal != signal.SIGKILL:
                 self._signal = signum
             pgid = self._pgid
-        return pgid is not None and _killpg(pgid, signum)
+        return pgid is not None and _deliver(pgid, signum)
 
     def ping(self) -> int:
         return os.getpid()
@@ -166,6 +166,15 @@ def _ray_gpus() -> list[str]:
         return [str(g) for g in ray.get_gpu_ids()]
     except Exception:  # not inside a Ray worker
         return []
+
+
+def _deliver(pgid: int, signum: int) -> bool:
+    """Signal the replica's process group; SIGTERM with SIGCONT after it, since a stopped
+    process handles SIGTERM only once it runs again."""
+    sent = _killpg(pgid, signum)
+    if sent and signum == signal.SIGTERM:
+        _killpg(pgid, signal.SIGCONT)
+    return sent
 
 
 def _killpg(pgid: int, signum: int) -> bool:

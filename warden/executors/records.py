@@ -55,12 +55,40 @@ def record_exit_code(record: Mapping[str, Any]) -> int | None:
     return code if isinstance(code, int) and not isinstance(code, bool) and -256 < code < 256 else None
 
 
+TERMINATING = "terminating_at"
+"""The control file's key for when warden decided to SIGTERM the attempt, written before the
+signal leaves: a SIGTERM the job gets later than that may be warden's."""
+
+STOP_RECORDS_ENV = "WARDEN_STOP_RECORDS"
+"""The job's environment variable naming the files (joined by `os.pathsep`) where warden marks
+a SIGTERM of its own before sending it: the attempt's control file and the replica's `seen`
+file (where its supervisor marks the SIGTERM it sends at a time limit)."""
+
+STOP_MARKS = (TERMINATING, "signalled_at", "kill_at", "limit_sigterm_at")
+"""The keys of those files whose time says warden asked the attempt to stop."""
+
+
+def stop_asked(paths: str) -> bool:
+    """Whether warden marked a SIGTERM of its own in any of the files `paths` names (the value
+    of `STOP_RECORDS_ENV`), each read as a record a job may have written."""
+    for path in paths.split(os.pathsep):
+        record = read_job_json(Path(path)) if path else None
+        if record is not None and any(finite_time(record.get(key)) is not None for key in STOP_MARKS):
+            return True
+    return False
+
+
+def finite_time(value: Any) -> float | None:
+    """A number a record holds, when it is a finite time; else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
 def record_ended_at(record: Mapping[str, Any], default: float) -> float:
     """When the record says the replica's last process was gone, else `default`."""
-    value = record.get("ended_at")
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return default
+    value = finite_time(record.get("ended_at"))
+    return default if value is None else value
 
 
 def record_killed_at(record: Mapping[str, Any], deadline: float | None, now: float) -> float | None:

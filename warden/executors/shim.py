@@ -299,12 +299,12 @@ class DeadlineKeeper:
         left = max(mono - time.monotonic(), wall - time.time())
         if left > 0:
             return left
-        _terminate_group(group)
         self.limit_sigterm_at = time.time()
         self._wall = self.limit_kill_at = self.limit_sigterm_at + self._grace_s
         self._mono = time.monotonic() + self._grace_s
-        if self._changed is not None:
+        if self._changed is not None:  # recorded before it leaves: the job can tell it is warden's
             self._changed()
+        _terminate_group(group)
         return None
 
     def until_due(self, group: int) -> float | None:
@@ -329,6 +329,8 @@ class DeadlineKeeper:
 
 STOPPED_POLL_S = 0.5
 """How often the shim looks for stopped processes of the job."""
+SEEN_MODE = 0o644
+"""The `seen` file is the job's to read (pids and times only), as the control file is."""
 
 
 class StopWatch:
@@ -371,8 +373,8 @@ class StopWatch:
             "limit_sigterm_at": self.keeper.limit_sigterm_at,
             "limit_kill_at": self.keeper.limit_kill_at,
         }
-        try:
-            write_json_atomic(self.path, record)
+        try:  # readable by the job: its guard tells warden's SIGTERM at the time limit by it
+            write_json_atomic(self.path, record, SEEN_MODE)
         except OSError:
             pass
 

@@ -65,6 +65,7 @@ from warden.executors.local import (
     job_environment,
     make_dirs,
 )
+from warden.executors.outside import ended_outside
 from warden.executors.records import (
     CONTROL_FILE,
     read_job_json,
@@ -410,6 +411,7 @@ class _Tracked:
     kill_at: float | None = None
     kill_mono: float | None = None
     killed_at: float | None = None
+    terminating_at: float | None = None
     ran: bool = False  # Slurm showed a job of it running (or its tasks wrote a status file)
     started: bool = False  # every replica's status file is written: reported by `started()`
     warned: bool = False  # the log said it is still pending in Slurm
@@ -763,13 +765,16 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
                 tracked.kill_at = now
             self._persist(tracked)
             return now
+        self._announce(tracked)
         calls = [
             self.slurm.start("scancel", "--signal=TERM", "--batch", *ids),
             self.slurm.start("scancel", "--signal=TERM", *ids),
         ]
         for call in calls:
             call.wait()
-        return self._arm(key, tracked, time.time(), grace_s)
+        sent = time.time()
+        self.slurm.run("scancel", "--signal=CONT", *ids, check=False)  # a stopped process handles SIGTERM once it runs
+        return self._arm(key, tracked, sent, grace_s)
 
     def _kill(self, tracked: _Tracked) -> None:
         with self._lock:
@@ -1008,6 +1013,8 @@ def _exit(tracked: _Tracked, seen: Mapping[str, SlurmJob | None]) -> Exit:
                 + (f" ({seen[i].reason})" if seen[i] is not None and seen[i].reason not in ("", "None") else "")  # type: ignore[union-attr]
                 for i, state in outside
             )
+        else:  # `scancel --signal=TERM` by someone else, a `kill` of a replica: Slurm still says COMPLETED
+            ended_by = ended_outside(tracked.handle.replicas, codes)
     return Exit(
         job_id=tracked.handle.job_id,
         attempt=tracked.handle.attempt,

@@ -139,6 +139,7 @@ def task(attempt_dir: Path) -> int:
             "log": str(out / f"rank-{rank}.log"),
             "status": str(out / f"rank-{rank}.status.json"),
             "exit": str(out / f"rank-{rank}.exit.json"),
+            "seen": str(out / f"rank-{rank}.seen.json"),
             "control": str(attempt_dir / CONTROL_FILE),
             "extra_status": {
                 "node": node,

@@ -23,6 +23,7 @@ from warden.executors.base import (
     validate_spec,
 )
 from warden.executors.deadlines import KillTimer, adopted_deadline, deadline_pair, due
+from warden.executors.outside import TERMINATING, stopped_of
 from warden.executors.records import CONTROL_MODE, launched, read_job_json, write_json_atomic
 
 Key = tuple[str, int]
@@ -110,8 +111,12 @@ class AttemptTable(ABC, Generic[T]):
         return None
 
     def stopped(self) -> dict[Key, Stopped]:
-        """Attempts with stopped processes (`Executor.stopped`): none that this executor sees."""
-        return {}
+        """The tracked attempts some of whose processes are stopped now (`Executor.stopped`), as
+        their replicas' supervisors saw them (each one's `seen` file), with the earliest time one
+        was seen stopped."""
+        with self._lock:
+            handles = [(key, tracked.handle) for key, tracked in self._tracked.items()]
+        return {key: stop for key, handle in handles if (stop := stopped_of(handle)) is not None}
 
     def running(self) -> list[Key]:
         """Every tracked attempt whose exit `exits()` has not reported yet."""
@@ -149,6 +154,7 @@ class Signalled(HasHandle, Protocol):
     kill_at: float | None
     kill_mono: float | None
     killed_at: float | None
+    terminating_at: float | None  # when warden decided to SIGTERM it (`_announce`)
     ended_mono: float | None
     started: bool  # reported by `started()`
 
@@ -178,6 +184,15 @@ class RemoteAttemptTable(AttemptTable[S]):
     def _hand_over(self, spec: LaunchSpec, key: Key) -> Handle:
         """Submit the attempt, pinned where warden placed it, and track it; LaunchError when
         the other system refuses it."""
+
+    def _announce(self, tracked: S) -> None:
+        """Record in control.json that warden is about to SIGTERM the attempt, before it does:
+        a job that catches SIGTERM reads it to tell warden's from another's (`outside`)."""
+        with self._lock:
+            if tracked.terminating_at is not None:
+                return
+            tracked.terminating_at = time.time()
+        self._persist(tracked)
 
     def _arm(self, key: Key, tracked: S, signalled_at: float, grace_s: float) -> float:
         """Record a SIGTERM that just went out and arm SIGKILL `grace_s` from now (after the
@@ -245,7 +260,12 @@ class RemoteAttemptTable(AttemptTable[S]):
         if tracked.handle.control_path is None:
             return
         with self._lock:
-            record = {"signalled_at": tracked.signalled_at, "kill_at": tracked.kill_at, "killed_at": tracked.killed_at}
+            record = {
+                "signalled_at": tracked.signalled_at,
+                "kill_at": tracked.kill_at,
+                "killed_at": tracked.killed_at,
+                TERMINATING: tracked.terminating_at,
+            }
         write_json_atomic(tracked.handle.control_path, record, mode=CONTROL_MODE)  # never through a planted link
 
     @staticmethod

@@ -17,6 +17,13 @@ exits 0 after SIGTERM is requeued by warden, not marked done.
 
 The handler does nothing that could block (no lock, no I/O): Python runs it between two
 bytecodes of the main thread, which may itself hold any lock at that moment.
+
+A SIGTERM warden did not send (another job of the same account, an admin's ``kill``,
+``scancel --signal=TERM``) must not read as "saved, done": under warden (``WARDEN_STOP_RECORDS``
+set) ``exit(0)`` looks whether warden marked a stop of its own, which it does before it sends
+SIGTERM, and where it did not, ends the process by the signal it got, after the job saved; its
+executor then evicts and requeues the attempt with what happened (docs/security.md, "Outside
+signals"). Outside warden ``exit()`` exits as asked.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import FrameType, TracebackType
 from typing import Any, NoReturn, Self
 
+from warden.executors.records import STOP_RECORDS_ENV, stop_asked
 from warden.workload.report import Reporter, default_reporter
 
 __all__ = ["PreemptionGuard", "active_guard", "install"]
@@ -72,6 +80,7 @@ class PreemptionGuard:
         self.local_rank: int = _int(env.get("LOCAL_RANK"), 0)
         self.signals: tuple[int, ...] = tuple(signals)
         self.chain = chain
+        self._stop_records = env.get(STOP_RECORDS_ENV, "")
         self.signalled_at: float | None = None
         """``time.time()`` when the first signal was handled (None: not signalled)."""
         self.signum: int | None = None
@@ -215,7 +224,10 @@ class PreemptionGuard:
         """Flushes pending reports and the standard streams, then ``sys.exit(code)``.
 
         Exit 0 after SIGTERM tells warden "saved, requeue me"; the job is not marked done.
-        ``flush_timeout`` defaults to 5 s, less if the grace period is nearly over."""
+        After a signal warden did not send (``outside_signal``), the process ends by that
+        signal instead of exit 0, so that warden evicts and requeues the attempt rather than
+        record it done. ``flush_timeout`` defaults to 5 s, less if the grace period is nearly
+        over."""
         if flush_timeout is None:
             flush_timeout = max(0.0, min(5.0, self.remaining() - 0.5))
         reporter = self._reporter if self._reporter is not None else default_reporter()
@@ -225,12 +237,31 @@ class PreemptionGuard:
                 stream.flush()
             except Exception:
                 pass
+        if code == 0 and self.signum is not None and self.outside_signal():
+            _die_of(self.signum)
         sys.exit(code)
+
+    def outside_signal(self) -> bool:
+        """True when the signal that raised the flag is not warden's: under warden (its
+        ``WARDEN_STOP_RECORDS``), no file it names marks a stop warden asked for, which warden
+        records before it sends SIGTERM. False outside warden, and without a signal."""
+        if self.signum is None or not self._stop_records:
+            return False
+        return not stop_asked(self._stop_records)
 
 
 def install(**kwargs: Any) -> PreemptionGuard:
     """Creates and installs a ``PreemptionGuard`` (same arguments); returns it."""
     return PreemptionGuard(**kwargs).install()
+
+
+def _die_of(signum: int) -> NoReturn:
+    """End this process by `signum`, as if it had not been caught: its exit status then says
+    which signal ended it."""
+    signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+    os.kill(os.getpid(), signum)  # unblocked in this thread: delivered before kill returns
+    sys.exit(128 + signum)  # a signal whose default is not to end the process
 
 
 def _float(value: str | None) -> float | None:

@@ -1,0 +1,86 @@
+"""What happened to an attempt outside warden, read the same way by every executor: a replica
+killed by a signal warden did not send, and processes something stopped.
+
+Whoever sends it (another job of the same account, an admin, `scancel --signal=TERM`), a
+signal that ends a replica while warden sent none is no end of the job's own: the attempt is
+evicted and its job requeued with what happened (`ended_outside`), never SUCCEEDED or FAILED.
+A stop is what each replica's supervisor saw and wrote in its `seen` file
+(`warden.executors.shim.StopWatch`), which the job's account may write on Slurm and Ray: it is
+read as any record a job wrote (`read_job_json`).
+
+warden marks its own SIGTERM before it sends it (`TERMINATING` in the attempt's control file;
+the supervisor's `limit_sigterm_at` in the `seen` file at a time limit it keeps), and hands the
+job both paths in `STOP_RECORDS_ENV`, so that a job that catches SIGTERM can tell warden's from
+another's (`warden.workload.guard`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from warden.executors.base import Handle, ReplicaHandle, Stopped
+from warden.executors.records import STOP_RECORDS_ENV, TERMINATING, finite_time, read_job_json
+
+__all__ = [
+    "OUTSIDE_SIGNALS",
+    "STOP_RECORDS_ENV",
+    "TERMINATING",
+    "ended_outside",
+    "seen",
+    "seen_path",
+    "stop_records",
+    "stopped_of",
+]
+
+OUTSIDE_SIGNALS = frozenset({signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
+"""Signals that end a process when another one sends them: a main process they killed when
+warden had sent none was ended outside warden (a crash's own signals, SIGSEGV, SIGABRT, SIGBUS,
+are the job's failure)."""
+
+
+def ended_outside(replicas: Sequence[ReplicaHandle], codes: Sequence[int | None]) -> str | None:
+    """Why an attempt warden sent no signal to ended outside it, in words: a main process
+    killed by a signal another process sends (`OUTSIDE_SIGNALS`); None for any other end. A
+    job that catches the signal and exits by itself cannot be told from one that finished,
+    unless it asks (`warden.workload.guard` does)."""
+    for replica, code in zip(replicas, codes):
+        if code is not None and code < 0 and -code in OUTSIDE_SIGNALS:
+            name = signal.Signals(-code).name
+            return f"rank {replica.rank} was killed by {name}, which warden did not send"
+    return None
+
+
+def seen_path(directory: Path, rank: int) -> Path:
+    """A replica's `seen` file, beside its status and exit records."""
+    return directory / f"rank-{rank}.seen.json"
+
+
+def seen(replica: ReplicaHandle) -> dict[str, Any]:
+    """What a replica's supervisor saw of it (stopped processes, a time limit it kept), read as
+    a record its job's account may have written."""
+    return read_job_json(seen_path(replica.status_path.parent, replica.rank)) or {}
+
+
+def stopped_of(handle: Handle) -> Stopped | None:
+    """The attempt's stop, as its replicas' supervisors saw it: the earliest time one was seen
+    stopped and which processes; None when none of its running replicas is stopped."""
+    since: list[float] = []
+    what: list[str] = []
+    for replica in handle.replicas:
+        record = seen(replica)
+        at = finite_time(record.get("stopped_since"))
+        if at is None or replica.exit_path.exists():
+            continue
+        pids = [p for p in record.get("stopped_pids") or () if isinstance(p, int) and not isinstance(p, bool)]
+        since.append(at)
+        what.append(f"rank {replica.rank}: pid {', '.join(map(str, pids[:8]))}" + (" …" if len(pids) > 8 else ""))
+    return Stopped(min(since), "; ".join(what)) if since else None
+
+
+def stop_records(control: Path, seen_file: Path) -> str:
+    """The value of `STOP_RECORDS_ENV` for a replica."""
+    return os.pathsep.join((str(control), str(seen_file)))
