@@ -34,6 +34,7 @@ from warden.executors.ray import (
 )
 from warden.executors.ray_launch import bound_gpus
 from warden.executors.records import record_killed_at
+from warden.executors.shim import TIME_LIMIT_SLACK_S
 
 pytestmark = pytest.mark.xdist_group("ray")  # one xdist worker runs every Ray test: one cluster
 
@@ -291,6 +292,26 @@ def test_sigterm_reaches_every_rank_at_once_and_sigkill_comes_at_the_deadline(
     assert ended.signalled_at is not None and deadline - ended.signalled_at >= 1.5  # never before the grace
     control = json.loads((s.log_dir / "control.json").read_text())
     assert control["kill_at"] == deadline
+
+
+def test_the_supervisor_keeps_the_time_limit_while_nothing_signals_the_attempt(
+    executor: RayExecutor, tmp_path: Path
+) -> None:
+    """No server runs its passes here: the replica's supervisor sends SIGTERM at the time limit
+    (plus its slack) and SIGKILL a grace later, and the attempt ends timed out, by warden."""
+    s = dataclasses.replace(spec(tmp_path, "13", [("w1", (0,))], STUBBORN), time_limit_s=0.5)
+    handle = executor.start(s)
+    wait(lambda: Path(f"{handle.replicas[0].log_path}.up").exists(), 60, "the job up")
+    pid = int(Path(f"{handle.replicas[0].log_path}.up").read_text())
+    started = time.time()
+    ended = exit_of(executor, "13")
+    term = float(Path(f"{handle.replicas[0].log_path}.term").read_text())
+    assert ended.timed_out_at is not None and ended.ended_by is None, ended
+    assert ended.signalled_at == ended.timed_out_at and abs(term - ended.timed_out_at) < 0.5
+    assert ended.exit_codes == (-9,) and ended.killed_at is not None  # it ignored SIGTERM
+    assert ended.killed_at - ended.timed_out_at >= 1.0  # its grace, never less
+    assert term - started < 0.5 + TIME_LIMIT_SLACK_S + 2.0
+    assert not _alive(pid)
 
 
 @pytest.mark.slow

@@ -26,6 +26,7 @@ from warden.engine.model import Node
 from warden.executors.base import Exit, Fenced, Handle, LaunchSpec, ReplicaHandle, ReplicaLaunch
 from warden.executors.identity import Identities
 from warden.executors.records import CONTROL_MODE, read_job_json, write_json_atomic
+from warden.executors.shim import TIME_LIMIT_SLACK_S, process_alive
 from warden.executors.slurm import (
     Slurm,
     SlurmError,
@@ -370,6 +371,25 @@ def test_sigterm_reaches_batch_and_replicas_together_and_sigkill_comes_at_the_de
     assert ended.exit_codes == (-9, -9) and ended.killed and ended.signalled_at is not None
     assert ended.killed_at is not None and ended.killed_at >= deadline
     assert ended.ended_by is None  # warden's own end is no eviction
+
+
+def test_the_supervisors_keep_the_time_limit_while_nothing_signals_the_attempt(
+    executor: SlurmExecutor, tmp_path: Path
+) -> None:
+    """No server runs its passes here: the ranks' supervisors send SIGTERM at the time limit
+    (plus their slack) and SIGKILL a grace later, and the attempt ends timed out, by warden."""
+    s = dataclasses.replace(spec(tmp_path, "44", [("n0", (0,))], grace=1.0), time_limit_s=0.5)
+    executor.start(s)
+    (pid,) = running(tmp_path, 1)
+    started = time.time()
+    ended = exit_of(executor, timeout=30)
+    term = float((tmp_path / "out" / "term-0").read_text().split()[0])
+    assert ended.timed_out_at is not None and ended.ended_by is None, ended
+    assert ended.signalled_at == ended.timed_out_at and abs(term - ended.timed_out_at) < 0.5
+    assert ended.exit_codes == (-9,) and ended.killed_at is not None  # it ignored SIGTERM
+    assert ended.killed_at - ended.timed_out_at >= 1.0  # its grace, never less
+    assert term - started < 0.5 + TIME_LIMIT_SLACK_S + 2.0
+    assert not process_alive(pid)
 
 
 def test_a_restarted_executor_adopts_the_attempt_and_keeps_its_deadline(slurm_cluster: Cluster, tmp_path: Path) -> None:

@@ -50,7 +50,15 @@ from warden.executors.base import (
 )
 from warden.executors.deadlines import KillTimer, adopted_deadline, deadline_pair, due
 from warden.executors.identity import Identities, Identity
-from warden.executors.outside import STOP_RECORDS_ENV, TERMINATING, ended_outside, seen, seen_path, stop_records
+from warden.executors.outside import (
+    STOP_RECORDS_ENV,
+    TERMINATING,
+    ended_outside,
+    kept_time_limit,
+    seen,
+    seen_path,
+    stop_records,
+)
 from warden.executors.records import (
     CONTROL_FILE,
     CONTROL_MODE,
@@ -781,13 +789,8 @@ def _exit(tracked: _Tracked, records: list[dict[str, Any]]) -> Exit:
     errors = [f"rank {r.rank}: {rec['error']}" for r, rec in zip(replicas, records) if rec.get("error")]
     now = time.time()
     # A time limit its shims kept while no server did: SIGTERM at it, SIGKILL after the grace.
-    limit_terms = [t for rec in records if (t := finite_time(rec.get("limit_sigterm_at"))) is not None and t <= now]
-    timed_out_at = min(limit_terms, default=None)
-    if timed_out_at is not None and tracked.signalled_at is not None and tracked.signalled_at < timed_out_at:
-        timed_out_at = None  # a server's SIGTERM came first (the shims then keep no time limit)
-    deadline = tracked.kill_at
-    if timed_out_at is not None:
-        deadline = min((t for rec in records if (t := finite_time(rec.get("limit_kill_at"))) is not None), default=None)
+    timed_out_at, limit_deadline = kept_time_limit(records, tracked.signalled_at, now)
+    deadline = tracked.kill_at if timed_out_at is None else limit_deadline
     # The earliest SIGKILL at the deadline: the server's, or one the shims sent while no server could.
     kills = [k for k in (tracked.killed_at, *(record_killed_at(r, deadline, now) for r in records)) if k is not None]
     killed_at = min(kills, default=None)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ __all__ = [
     "STOP_RECORDS_ENV",
     "TERMINATING",
     "ended_outside",
+    "kept_time_limit",
     "seen",
     "seen_path",
     "stop_records",
@@ -52,6 +53,22 @@ def ended_outside(replicas: Sequence[ReplicaHandle], codes: Sequence[int | None]
             name = signal.Signals(-code).name
             return f"rank {replica.rank} was killed by {name}, which warden did not send"
     return None
+
+
+def kept_time_limit(
+    records: Sequence[Mapping[str, Any]], signalled_at: float | None, now: float
+) -> tuple[float | None, float | None]:
+    """When the attempt's supervisors sent SIGTERM at its time limit because no server had
+    signalled it first (`limit_sigterm_at` in their exit records, the earliest), and the
+    SIGKILL deadline that SIGTERM set (`limit_kill_at`); (None, None) when none did, or when a
+    server's SIGTERM (`signalled_at`) came first. The attempt then ran out its time limit, as if
+    a server had stopped it: no end outside warden."""
+    terms = [t for rec in records if (t := finite_time(rec.get("limit_sigterm_at"))) is not None and t <= now]
+    timed_out_at = min(terms, default=None)
+    if timed_out_at is None or (signalled_at is not None and signalled_at < timed_out_at):
+        return None, None
+    kills = [t for rec in records if (t := finite_time(rec.get("limit_kill_at"))) is not None]
+    return timed_out_at, min(kills, default=None)
 
 
 def seen_path(directory: Path, rank: int) -> Path:

@@ -68,7 +68,7 @@ from warden.executors.local import (
     job_environment,
     make_dirs,
 )
-from warden.executors.outside import ended_outside, seen_path
+from warden.executors.outside import ended_outside, kept_time_limit, seen_path
 from warden.executors.ray_launch import NAMESPACE, Launcher
 from warden.executors.records import (
     CONTROL_FILE,
@@ -655,6 +655,8 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
                     "exit": str(spec.log_dir / f"rank-{r.rank}.exit.json"),
                     "seen": str(seen_path(spec.log_dir, r.rank)),
                     "control": str(spec.log_dir / CONTROL_FILE),
+                    "grace_s": spec.grace_s,  # the supervisor keeps the time limit while no server does
+                    "time_limit_s": spec.time_limit_s,
                     "identity": None
                     if identity is None
                     else {"uid": identity.uid, "gid": identity.gid, "groups": list(identity.groups)},
@@ -719,7 +721,15 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
             ranks = [self._rank_end(tracked, i, dead) for i in range(len(tracked.handle.replicas))]
             if any(r is None for r in ranks):
                 continue
-            ended_by = self._ended_by(tracked, dead, [r.code for r in ranks if r is not None])
+            # A time limit the supervisors kept while no server did: warden's end, not another's.
+            records = [read_job_json(r.exit_path) or {} for r in tracked.handle.replicas]
+            now = time.time()
+            timed_out_at, limit_deadline = kept_time_limit(records, tracked.signalled_at, now)
+            ended_by = (
+                self._ended_by(tracked, dead, [r.code for r in ranks if r is not None])
+                if timed_out_at is None
+                else None
+            )
             if ended_by is _UNSETTLED:
                 continue  # a launcher was lost, and Ray does not say yet how: asked again next time
             with self._lock:
@@ -728,7 +738,10 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
                 tracked.ended_mono = time.monotonic()
                 self._ended_seen.discard(key)
             self._remove(tracked.handle.external[0], len(tracked.handle.replicas), tracked)
-            reported.append(_exit(tracked, [r for r in ranks if r is not None], ended_by))
+            limit_kills = (
+                [record_killed_at(r, limit_deadline, now) for r in records] if timed_out_at is not None else []
+            )
+            reported.append(_exit(tracked, [r for r in ranks if r is not None], ended_by, timed_out_at, limit_kills))
         return reported
 
     def _ended_by(self, tracked: _Tracked, dead: set[str], codes: Sequence[int | None]) -> str | None:
@@ -1095,20 +1108,28 @@ class _RankEnd(NamedTuple):
     killed_at: float | None = None
 
 
-def _exit(tracked: _Tracked, ranks: Sequence[_RankEnd], ended_by: str | None) -> Exit:
+def _exit(
+    tracked: _Tracked,
+    ranks: Sequence[_RankEnd],
+    ended_by: str | None,
+    timed_out_at: float | None = None,
+    limit_kills: Sequence[float | None] = (),
+) -> Exit:
     """The attempt's exit; its kill the earliest SIGKILL at the deadline, the server's or one
-    the shims sent while no server could (a takeover's adopter sends its own later)."""
+    the shims sent while no server could (a takeover's adopter sends its own later), or at
+    the time limit they kept (`timed_out_at`, `limit_kills`)."""
     now = time.time()
     errors = [f"rank {i}: {r.error}" for i, r in enumerate(ranks) if r.error]
-    kills = [k for k in (tracked.killed_at, *(r.killed_at for r in ranks)) if k is not None]
+    kills = [k for k in (tracked.killed_at, *(r.killed_at for r in ranks), *limit_kills) if k is not None]
     return Exit(
         job_id=tracked.handle.job_id,
         attempt=tracked.handle.attempt,
         exit_codes=tuple(r.code for r in ranks),
         ended_at=min(now, max(r.at for r in ranks)),
-        signalled_at=tracked.signalled_at,
+        signalled_at=tracked.signalled_at if timed_out_at is None else timed_out_at,
         killed=bool(kills),
         killed_at=min(kills, default=None),
         error="; ".join(errors) or None,
         ended_by=ended_by,
+        timed_out_at=timed_out_at,
     )

@@ -65,7 +65,7 @@ from warden.executors.local import (
     job_environment,
     make_dirs,
 )
-from warden.executors.outside import ended_outside
+from warden.executors.outside import ended_outside, kept_time_limit
 from warden.executors.records import (
     CONTROL_FILE,
     read_job_json,
@@ -705,6 +705,8 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
             "cwd": str(spec.workdir),
             "world_size": spec.world_size,
             "replicas": replicas,
+            "grace_s": spec.grace_s,  # the supervisors keep the time limit while no server does
+            "time_limit_s": spec.time_limit_s,
         }
 
     def _submit(self, spec: LaunchSpec, nodes: Sequence[str], per_node: int, identity: Identity | None) -> str:
@@ -985,8 +987,11 @@ def _exit(tracked: _Tracked, seen: Mapping[str, SlurmJob | None]) -> Exit:
     earliest, latest = _end_bounds(tracked, seen, now)
     states = {i: job.state for i, job in seen.items() if job is not None}
     completed = bool(states) and all(state == "COMPLETED" for state in states.values())
-    for replica in tracked.handle.replicas:
-        record = read_job_json(replica.exit_path)
+    records = [read_job_json(replica.exit_path) for replica in tracked.handle.replicas]
+    # A time limit the supervisors kept while no server did: SIGTERM at it, SIGKILL after the grace.
+    timed_out_at, limit_deadline = kept_time_limit([r for r in records if r], tracked.signalled_at, now)
+    deadline = tracked.kill_at if timed_out_at is None else limit_deadline
+    for replica, record in zip(tracked.handle.replicas, records):
         if record is not None:
             code = record_exit_code(record)
             if code == 0 and states and not completed:
@@ -994,7 +999,7 @@ def _exit(tracked: _Tracked, seen: Mapping[str, SlurmJob | None]) -> Exit:
                 errors.append(f"rank {replica.rank}: its record says exit code 0, Slurm says {_describe(seen)}")
             codes.append(code)
             ended.append(min(max(record_ended_at(record, latest), earliest), latest))
-            killed_at = record_killed_at(record, tracked.kill_at, now)
+            killed_at = record_killed_at(record, deadline, now)
             if killed_at is not None:
                 kills.append(killed_at)
             if record.get("error"):
@@ -1005,7 +1010,7 @@ def _exit(tracked: _Tracked, seen: Mapping[str, SlurmJob | None]) -> Exit:
             codes.append(None)
             errors.append(f"rank {replica.rank}: no exit record; Slurm: {_describe(seen)}")
     ended_by = None
-    if tracked.signalled_at is None and tracked.kill_at is None:
+    if tracked.signalled_at is None and tracked.kill_at is None and timed_out_at is None:
         outside = sorted((i, state) for i, state in states.items() if state in OUTSIDE_ENDS)
         if outside:
             ended_by = "; ".join(
@@ -1020,11 +1025,12 @@ def _exit(tracked: _Tracked, seen: Mapping[str, SlurmJob | None]) -> Exit:
         attempt=tracked.handle.attempt,
         exit_codes=tuple(codes),
         ended_at=max(ended) if len(ended) == len(codes) else latest,
-        signalled_at=tracked.signalled_at,
+        signalled_at=tracked.signalled_at if timed_out_at is None else timed_out_at,
         killed=bool(kills),
         killed_at=min(kills, default=None),
         error="; ".join(errors) or None,
         ended_by=ended_by,
+        timed_out_at=timed_out_at,
     )
 
 

@@ -141,6 +141,8 @@ def task(attempt_dir: Path) -> int:
             "exit": str(out / f"rank-{rank}.exit.json"),
             "seen": str(out / f"rank-{rank}.seen.json"),
             "control": str(attempt_dir / CONTROL_FILE),
+            "grace_s": launch.get("grace_s"),
+            "time_limit_s": launch.get("time_limit_s"),
             "extra_status": {
                 "node": node,
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
