@@ -46,6 +46,7 @@ class QuotaTree:
     """The compiled queue tree with live usage per queue and resource."""
 
     __slots__ = (
+        "_ancestors",
         "_demands",
         "_log",
         "child_excess",
@@ -75,6 +76,8 @@ class QuotaTree:
         """Where GPUs are in a demand vector (−1: GPUs are not governed)."""
         self.names: list[str] = []
         self.index: dict[str, int] = {}
+        self._ancestors: dict[tuple[str, str], tuple[int, int, int]] = {}
+        """`lowest_common_ancestor` of the pairs asked: the tree's shape never changes."""
         self.parent: list[int] = []
         self.children: list[list[int]] = []
         self.nominal: list[list[float]] = []
@@ -425,7 +428,11 @@ class QuotaTree:
 
     def over_nominal(self, q: int) -> bool:
         """Is the queue above its nominal once the usage already leaving is gone (borrowing)?"""
-        return any(u - left > n + 1e-9 for u, left, n in zip(self.usage[q], self.leaving[q], self.nominal[q]))
+        usage, leaving, nominal = self.usage[q], self.leaving[q], self.nominal[q]
+        for r in range(len(nominal)):  # noqa: SIM110 - a loop, not any(): asked per victim kind, per search
+            if usage[r] - leaving[r] > nominal[r] + 1e-9:
+                return True
+        return False
 
     def stays_at_nominal(self, leaf: str, upto: int, d: tuple[float, ...]) -> bool:
         """Would every queue from `leaf` up to `upto` that borrows (`over_nominal`) still hold at
@@ -448,12 +455,16 @@ class QuotaTree:
 
     def lowest_common_ancestor(self, a: str, b: str) -> tuple[int, int, int]:
         """(ancestor, child of it on a's side, child of it on b's side) for two leaves."""
+        known = self._ancestors.get((a, b))
+        if known is not None:
+            return known
         pa, pb = self.paths[a], self.paths[b]
         ia, ib = len(pa) - 1, len(pb) - 1
         while ia > 0 and ib > 0 and pa[ia - 1] == pb[ib - 1]:
             ia -= 1
             ib -= 1
-        return pa[ia], pa[ia - 1] if ia > 0 else -1, pb[ib - 1] if ib > 0 else -1
+        known = self._ancestors[a, b] = (pa[ia], pa[ia - 1] if ia > 0 else -1, pb[ib - 1] if ib > 0 else -1)
+        return known
 
     def governed(self) -> bool:
         return bool(self.resources)
