@@ -10,9 +10,10 @@ indices, only for a count per node: each task runs on the GPUs Slurm bound, and 
 them back from Slurm (`IDX`) so that the server records where the attempt really runs.
 
 Signals are warden's, timed by warden: `terminate` sends SIGTERM to the batch supervisor and to
-every task's processes in two concurrent `scancel` calls, and warden's own timer sends SIGKILL
+every task (whose supervisor passes it on to its replica) in two concurrent `scancel` calls, and warden's own timer sends SIGKILL
 at the deadline (`scancel --signal=KILL JOB.0`, the replicas' step), then ends the job. Slurm's `GraceTime` poll
-and its preemption are never involved.
+and its preemption are never involved. The cluster must track processes by cgroup
+(`proctrack/cgroup`, checked at start), so that nothing of an attempt outlives its Slurm job.
 
 A gang whose nodes do not all run the same number of replicas becomes one Slurm job per
 distinct count (Slurm's heterogeneous jobs are started only by its backfill pass, every 30 s
