@@ -74,6 +74,9 @@ def live(cluster: Cluster) -> list[str]:
 def test_jobs_run_on_the_nodes_and_gpus_warden_chose_with_the_contract_environment(
     server: Server, slurm_cluster: Cluster, trainer: Path, tmp_path: Path
 ) -> None:
+    assert server.log is not None  # how Slurm contains its jobs, said at start
+    assert "containment: Slurm's cgroups (proctrack/cgroup)" in server.log.read_text()
+    assert "opens only the GPU devices Slurm allocated it" in server.log.read_text()
     with server.client() as c:
         nodes = c.get("/v1/nodes").json()
         assert [(n["name"], n["gpus"], n["block"], n["down"]) for n in nodes] == [
