@@ -35,14 +35,17 @@ from warden.executors.slurm import (
     _changes_cluster,
     _exit,
     _Tracked,
+    _tracking_problems,
     check_cluster,
     expand_hostlist,
     gres_indices,
     job_name,
+    parse_config,
     parse_gres,
     parse_sinfo,
     parse_squeue_json,
     parse_topology,
+    unconstrained,
 )
 from warden.executors.slurm_launch import bound_gpus
 
@@ -242,6 +245,39 @@ def test_a_fenced_slurm_client_refuses_every_command_that_changes_the_cluster(tm
         ("scontrol", "show", "topology"),
     ]
     assert not any(_changes_cluster(argv) for argv in reads)
+
+
+CONFIG = """\
+Configuration data as of 2026-12-07T20:31:40
+AccountingStorageType   = accounting_storage/none
+ProctrackType           = {proctrack}
+TaskPlugin              = {task}
+TaskPluginParam         = (null type)
+
+Cgroup Support Configuration:
+CgroupMountpoint        = /sys/fs/cgroup
+CgroupPlugin            = cgroup/v1
+ConstrainDevices        = {devices}
+ConstrainRAMSpace       = no
+"""
+
+
+def test_the_start_check_reads_slurms_process_tracking_and_device_confinement() -> None:
+    def config(proctrack: str, task: str, devices: str) -> dict[str, str]:
+        return parse_config(CONFIG.format(proctrack=proctrack, task=task, devices=devices))
+
+    contained = config("proctrack/cgroup", "task/affinity,task/cgroup", "yes")
+    assert contained["CgroupPlugin"] == "cgroup/v1"
+    assert not _tracking_problems(contained) and not unconstrained(contained)
+    for proctrack in ("proctrack/linuxproc", "proctrack/pgid"):
+        (problem,) = _tracking_problems(config(proctrack, "task/cgroup", "yes"))
+        assert f"ProctrackType={proctrack}: processes of an ended attempt can outlive it" in problem
+        assert "set ProctrackType=proctrack/cgroup" in problem
+    (open_devices,) = unconstrained(config("proctrack/cgroup", "task/affinity", "no"))
+    assert "TaskPlugin=task/affinity has no task/cgroup and ConstrainDevices=no in cgroup.conf" in open_devices
+    assert "a job can open every GPU of its nodes" in open_devices
+    (no_cgroup_conf,) = unconstrained(parse_config("ProctrackType = proctrack/cgroup\nTaskPlugin = task/cgroup\n"))
+    assert no_cgroup_conf.startswith("GPU devices: ConstrainDevices=no in cgroup.conf")
 
 
 def test_leaf_switches_are_blocks() -> None:
@@ -479,7 +515,7 @@ def test_the_start_check_refuses_a_partition_slurm_would_decide_in(slurm_cluster
         slurm_cluster.run("scontrol", "delete", "PartitionName=open")
     with pytest.raises(SlurmError, match="partition 'nope' does not exist"):
         SlurmExecutor(conf=slurm_cluster.conf, partition="nope")
-    check_cluster(Slurm(slurm_cluster.conf), "main", run_as_user=True)  # the real one passes
+    assert check_cluster(Slurm(slurm_cluster.conf), "main", run_as_user=True) == []  # the real one passes, contained
     slurm_cluster.run("scontrol", "update", "PartitionName=main", "RootOnly=YES")
     try:  # Slurm would never start a job of another account there
         with pytest.raises(SlurmError, match=r"RootOnly=YES: Slurm never starts a job of another account"):
@@ -650,6 +686,133 @@ def test_a_stopped_replica_is_reported_and_warden_s_sigterm_reaches_it(executor:
     ended = exit_of(executor)
     assert ended.exit_codes == (-9,) and ended.killed and ended.ended_by is None
     assert executor.stopped() == {}
+
+
+# -- containment: nothing of an attempt outlives it, no GPU it was not given ------------------
+
+# Leaves processes behind as a job's account can: a sleeper double-forked into a session of
+# its own; with "overlap", a step of its own job (`srun --jobid --overlap`) that does the same;
+# with "supervisor", it then kills its task's supervisor (once the test says go). Each pid is
+# recorded as `NAME.pid`.
+ESCAPER = """\
+import os, subprocess, sys, time
+out, how = sys.argv[1], sys.argv[2]
+
+def record(name, pid):
+    with open(f"{out}/.{name}", "w") as f:
+        f.write(str(pid))
+    os.rename(f"{out}/.{name}", f"{out}/{name}.pid")
+
+def escape(name):
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            record(name, os.getpid())
+            os.execvp("sleep", ["sleep", "600"])
+        os._exit(0)
+    os.wait()
+
+record(how, os.getpid())
+escape(f"{how}-setsid")
+if how == "step":
+    time.sleep(600)
+supervisor = os.getppid()
+with open(f"/proc/{supervisor}/environ") as f:
+    slurm = dict(v.split("=", 1) for v in f.read().split("\\0") if v.startswith("SLURM"))
+if how == "overlap":
+    srun = ["srun", f"--jobid={slurm['SLURM_JOB_ID']}", "--overlap", "--ntasks=1", "--input=none"]
+    subprocess.Popen([*srun, sys.executable, sys.argv[0], out, "step"], env={**os.environ, **slurm})
+    while not os.path.exists(f"{out}/step-setsid.pid"):
+        time.sleep(0.02)
+record("ready", os.getpid())
+if how == "supervisor":
+    while not os.path.exists(f"{out}/go"):  # the test saw every process alive
+        time.sleep(0.02)
+    os.kill(supervisor, 9)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def alive(pid: int) -> bool:
+    """A process of that pid runs (a zombie's work is done)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def escaper(tmp_path: Path, job: str, how: str) -> LaunchSpec:
+    s = spec(tmp_path, job, [("n2", (0,))], grace=1.0)
+    (tmp_path / "escaper.py").write_text(ESCAPER)
+    return dataclasses.replace(s, command=(sys.executable, str(tmp_path / "escaper.py"), str(tmp_path / "out"), how))
+
+
+def recorded(tmp_path: Path, names: list[str]) -> dict[str, int]:
+    out = tmp_path / "out"
+    wait_for("the job's processes", lambda: all((out / f"{n}.pid").exists() for n in [*names, "ready"]))
+    pids = {n: int((out / f"{n}.pid").read_text()) for n in names}
+    assert all(alive(p) for p in pids.values()), pids
+    return pids
+
+
+def test_no_process_of_a_terminated_attempt_outlives_it_not_one_in_a_step_of_its_own(
+    executor: SlurmExecutor, tmp_path: Path
+) -> None:
+    executor.start(escaper(tmp_path, "51", "overlap"))
+    pids = recorded(tmp_path, ["overlap", "overlap-setsid", "step", "step-setsid"])
+    executor.terminate("51", 1, 1.0)
+    ended = exit_of(executor)
+    assert ended.signalled_at is not None and ended.ended_by is None
+    assert not {n: p for n, p in pids.items() if alive(p)}
+
+
+def test_no_process_of_an_attempt_that_killed_its_supervisor_outlives_it(
+    executor: SlurmExecutor, tmp_path: Path
+) -> None:
+    executor.start(escaper(tmp_path, "52", "supervisor"))
+    pids = recorded(tmp_path, ["supervisor", "supervisor-setsid"])
+    (tmp_path / "out" / "go").touch()
+    ended = exit_of(executor)
+    assert not ended.succeeded and ended.signalled_at is None
+    assert ended.error is not None and "rank 0: no exit record" in ended.error, ended
+    assert not {n: p for n, p in pids.items() if alive(p)}
+
+
+# Tries every fake GPU device of its node and records how each open ended.
+OPENER = """\
+import errno, json, os, sys, time
+out, dev = sys.argv[1], sys.argv[2]
+seen = {}
+for name in os.listdir(dev):
+    try:
+        os.close(os.open(os.path.join(dev, name), os.O_RDONLY))
+        seen[name] = "opened"
+    except OSError as err:
+        seen[name] = errno.errorcode[err.errno]
+with open(f"{out}/.devices.json", "w") as f:
+    json.dump(seen, f)
+os.rename(f"{out}/.devices.json", f"{out}/devices.json")
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_job_opens_the_gpus_slurm_gave_it_and_no_other(
+    executor: SlurmExecutor, slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    s = spec(tmp_path, "53", [("n1", (0, 1))])
+    (tmp_path / "opener.py").write_text(OPENER)
+    command = (sys.executable, str(tmp_path / "opener.py"), str(tmp_path / "out"), str(slurm_cluster.root / "dev"))
+    executor.start(dataclasses.replace(s, command=command))
+    (given,) = wait_for("Slurm's GPUs read back", lambda: [d for d in executor.devices("53", 1) or () if d])
+    report = tmp_path / "out" / "devices.json"
+    wait_for("the job's report", report.exists)
+    seen = json.loads(report.read_text())
+    # No driver answers a fake GPU: an allowed open fails ENXIO, one the devices cgroup denies EPERM.
+    assert seen == {f"nvidia{i}": "ENXIO" if i in given else "EPERM" for i in range(8)}, (given, seen)
+    assert len(given) == 2
 
 
 # -- what a job writes ------------------------------------------------------------------------

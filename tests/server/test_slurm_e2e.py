@@ -74,6 +74,9 @@ def live(cluster: Cluster) -> list[str]:
 def test_jobs_run_on_the_nodes_and_gpus_warden_chose_with_the_contract_environment(
     server: Server, slurm_cluster: Cluster, trainer: Path, tmp_path: Path
 ) -> None:
+    assert server.log is not None  # how Slurm contains its jobs, said at start
+    assert "containment: Slurm's cgroups (proctrack/cgroup)" in server.log.read_text()
+    assert "opens only the GPU devices Slurm allocated it" in server.log.read_text()
     with server.client() as c:
         nodes = c.get("/v1/nodes").json()
         assert [(n["name"], n["gpus"], n["block"], n["down"]) for n in nodes] == [
@@ -371,7 +374,8 @@ def test_gpus_a_job_outside_warden_holds_are_never_given_to_a_warden_job(
         until_state(c, beside, "RUNNING", timeout=60)
         running_pids(tmp_path / "beside", 1, 1)
         env = json.loads((tmp_path / "beside" / "env-1-0.json").read_text())
-        assert (env["WARDEN_NODE"], env["CUDA_VISIBLE_DEVICES"]) == ("n2", "2,3")
+        # Slurm confines the job to GPUs 2,3 (ConstrainDevices): CUDA, seeing only those, numbers them 0,1.
+        assert (env["WARDEN_NODE"], env["CUDA_VISIBLE_DEVICES"]) == ("n2", "0,1")
         assert job(c, beside)["attempts"][0]["placement"] == [{"node": "n2", "gpus": [2, 3]}]
         [ours] = [i for i, v in slurm_cluster.jobs().items() if v[0] == job_name(beside, 1) and v[1] == "RUNNING"]
         assert "IDX:2-3" in slurm_cluster.run("scontrol", "-d", "-o", "show", "job", ours)

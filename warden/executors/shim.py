@@ -20,6 +20,10 @@ A launch may name a `cgroup` (`warden.executors.cgroups`): the shim makes it, wi
 bounds, and the job enters it between fork and exec; the job's end is when it is empty, and
 the shim then removes it. A launch may give the job's `open_files` limit (RLIMIT_NOFILE).
 
+A launch may ask the shim to `forward_sigterm`: a SIGTERM that reaches the shim is then sent on
+to the job's process group (and SIGCONT), not ignored. Slurm's proctrack/cgroup signals only a
+step's tasks, this shim among them (`warden.executors.slurm_launch`), never their children.
+
 A launch may name an `owner` process (pid and start ticks): the job then lives only as long as
 that process does (the Ray executor's launcher actor, see `warden.executors.ray_launch`).
 
@@ -589,6 +593,8 @@ def supervise(launch: dict[str, Any], ready_fd: int | None = None) -> int:
         return 0
     finally:
         os.close(log_fd)
+    if launch.get("forward_sigterm"):
+        signal.signal(signal.SIGTERM, lambda _sig, _frame: _terminate_group(proc.pid))
     started_at, started_mono = time.time(), time.monotonic()
     write_json_atomic(
         status_path,

@@ -10,9 +10,10 @@ indices, only for a count per node: each task runs on the GPUs Slurm bound, and 
 them back from Slurm (`IDX`) so that the server records where the attempt really runs.
 
 Signals are warden's, timed by warden: `terminate` sends SIGTERM to the batch supervisor and to
-every task's processes in two concurrent `scancel` calls, and warden's own timer sends SIGKILL
+every task (whose supervisor passes it on to its replica) in two concurrent `scancel` calls, and warden's own timer sends SIGKILL
 at the deadline (`scancel --signal=KILL JOB.0`, the replicas' step), then ends the job. Slurm's `GraceTime` poll
-and its preemption are never involved.
+and its preemption are never involved. The cluster must track processes by cgroup
+(`proctrack/cgroup`, checked at start), so that nothing of an attempt outlives its Slurm job.
 
 A gang whose nodes do not all run the same number of replicas becomes one Slurm job per
 distinct count (Slurm's heterogeneous jobs are started only by its backfill pass, every 30 s
@@ -498,8 +499,12 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
         self.identities = identities
         self.slurm = Slurm(conf)
         self.partition = partition or self._default_partition()
+        self.unconstrained: list[str] | None = None
+        """What the cluster leaves a job free to do beyond its plan (`unconstrained`), from the
+        start check; None where it was not checked."""
         if check:
-            check_cluster(self.slurm, self.partition, run_as_user=identities is not None and identities.mode == "user")
+            run_as_user = identities is not None and identities.mode == "user"
+            self.unconstrained = check_cluster(self.slurm, self.partition, run_as_user=run_as_user)
         self._base_env = base_env
         self._python = python
         self._poll_s = poll_s
@@ -518,6 +523,15 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
         self._releaser.start()
 
     # -- the cluster -----------------------------------------------------------------------
+
+    def containment(self) -> str:
+        """How Slurm contains this executor's jobs, in one line (the server says it at start)."""
+        if self.unconstrained is None:
+            return "not checked: Slurm's configuration was not read"
+        line = "Slurm's cgroups (proctrack/cgroup): no process of an attempt outlives it"
+        if self.unconstrained:
+            return line + "; not bounded: " + "; ".join(self.unconstrained)
+        return line + "; each job opens only the GPU devices Slurm allocated it (ConstrainDevices)"
 
     def _default_partition(self) -> str:
         for line in self.slurm.run("scontrol", "-o", "show", "partition").splitlines():
@@ -1065,13 +1079,16 @@ def _describe(seen: Mapping[str, SlurmJob | None]) -> str:
 # -- the start check -------------------------------------------------------------------------
 
 
-def check_cluster(slurm: Slurm, partition: str, *, run_as_user: bool = False) -> None:
+def check_cluster(slurm: Slurm, partition: str, *, run_as_user: bool = False) -> list[str]:
     """Refuse (SlurmError naming the setting) a partition where Slurm would decide behind
     warden's back: preemption, a time limit, forced or exclusive node sharing, nodes shared
     with another partition, a partition open to direct submission (no job_submit.lua with
     warden's rules for it, or jobs listed to every account), RootOnly with jobs run as their
-    users' accounts (Slurm would never start them). Jobs an admin runs there are no reason to
-    refuse: their GPUs are reported as foreign (`Inventory.foreign`) and never offered."""
+    users' accounts (Slurm would never start them), processes not tracked by cgroup (an ended
+    attempt's could live on). Jobs an admin runs there are no reason to refuse: their GPUs are
+    reported as foreign (`Inventory.foreign`) and never offered. Returns what the cluster does
+    not bound (`unconstrained`), for the server to say at start."""
+    config = parse_config(slurm.run("scontrol", "show", "config"))
     lines = slurm.run("scontrol", "-o", "show", "partition", partition, check=False).strip().splitlines()
     if not lines or not lines[0].startswith("PartitionName="):
         raise SlurmError(f"partition {partition!r} does not exist in this Slurm cluster")
@@ -1093,7 +1110,8 @@ def check_cluster(slurm: Slurm, partition: str, *, run_as_user: bool = False) ->
             "RootOnly=YES: Slurm never starts a job of another account there, and warden runs jobs as their "
             "users' accounts (--run-as user); set RootOnly=NO (warden's job_submit.lua keeps the partition warden's)"
         )
-    problems += _closed_problems(slurm, partition)
+    problems += _closed_problems(config, partition)
+    problems += _tracking_problems(config)
     mine = set(expand_hostlist(p.get("Nodes", "")))
     for line in slurm.run("scontrol", "-o", "show", "partition").splitlines():
         other = parse_keyvalues(line)
@@ -1107,19 +1125,63 @@ def check_cluster(slurm: Slurm, partition: str, *, run_as_user: bool = False) ->
             )
     if problems:
         raise SlurmError(f"Slurm partition {partition!r} is not warden's to govern: " + "; ".join(problems))
+    return unconstrained(config)
 
 
-def _closed_problems(slurm: Slurm, partition: str) -> list[str]:
-    """What leaves the partition open to anyone but warden: job_submit/lua not loaded, no
-    job_submit.lua next to slurm.conf with warden's rules naming the partition, or jobs listed
-    to every account (PrivateData without jobs)."""
+def parse_config(text: str) -> dict[str, str]:
+    """`scontrol show config`: `Key = Value` lines, cgroup.conf's section among them."""
     config = {}
-    for line in slurm.run("scontrol", "show", "config").splitlines():
+    for line in text.splitlines():
         key, sep, value = line.partition("=")
         if sep:
             config[key.strip()] = value.strip()
+    return config
+
+
+def _plugins(config: Mapping[str, str], key: str) -> list[str]:
+    return [p.strip() for p in config.get(key, "").split(",") if p.strip()]
+
+
+def _tracking_problems(config: Mapping[str, str]) -> list[str]:
+    """Processes an ended attempt leaves behind: without proctrack/cgroup, Slurm finds a job's
+    processes by their parents or process group, and loses any that a job's account moves out
+    of them (a double fork, killing its own task's supervisor, a step of its own started with
+    `srun --jobid --overlap` that forks): they outlive the attempt, on GPUs warden then gives
+    another job."""
+    track = config.get("ProctrackType") or "(null)"
+    if track == "proctrack/cgroup":
+        return []
+    return [
+        f"ProctrackType={track}: processes of an ended attempt can outlive it, on GPUs warden gives the next job "
+        "(set ProctrackType=proctrack/cgroup in slurm.conf, with a cgroup.conf; see docs/slurm.md)"
+    ]
+
+
+def unconstrained(config: Mapping[str, str]) -> list[str]:
+    """What the cluster's configuration leaves a job free to do that warden's plan does not
+    give it: open the device of a GPU it was not given, without task/cgroup and
+    ConstrainDevices=yes in cgroup.conf. Said at start, not refused: what Slurm allocates and
+    warden reads back stays true, only a job that reaches past `CUDA_VISIBLE_DEVICES` on
+    purpose can use another's GPU."""
+    missing = []
+    if "task/cgroup" not in _plugins(config, "TaskPlugin"):
+        missing.append(f"TaskPlugin={config.get('TaskPlugin') or '(null)'} has no task/cgroup")
+    if config.get("ConstrainDevices", "no").lower() != "yes":
+        missing.append(f"ConstrainDevices={config.get('ConstrainDevices') or 'no'} in cgroup.conf")
+    if not missing:
+        return []
+    return [
+        "GPU devices: " + " and ".join(missing) + ": a job can open every GPU of its nodes, not only those Slurm "
+        "allocated it (set TaskPlugin=task/cgroup in slurm.conf and ConstrainDevices=yes in cgroup.conf)"
+    ]
+
+
+def _closed_problems(config: Mapping[str, str], partition: str) -> list[str]:
+    """What leaves the partition open to anyone but warden: job_submit/lua not loaded, no
+    job_submit.lua next to slurm.conf with warden's rules naming the partition, or jobs listed
+    to every account (PrivateData without jobs)."""
     problems = []
-    plugins = [p.strip().removeprefix("job_submit/") for p in config.get("JobSubmitPlugins", "").split(",")]
+    plugins = [p.removeprefix("job_submit/") for p in _plugins(config, "JobSubmitPlugins")]
     script = Path(config.get("SLURM_CONF", "/etc/slurm/slurm.conf")).parent / "job_submit.lua"
     fix = f"install deploy/slurm/job_submit.lua as {script} with {partition!r} in its GOVERNED list"
     if "lua" not in plugins:

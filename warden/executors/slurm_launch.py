@@ -20,8 +20,10 @@ A task finds its replica in `launch.json` by the node it runs
 on and its index among the tasks there, takes its part of the GPUs Slurm bound on that node
 (`bound_gpus`), and runs the job command under the same supervision as the local executor's shim (`warden.executors.shim.supervise`): a process group of its own,
 orphans kept as its children, `rank-N.status.json` once it runs and `rank-N.exit.json` once
-its last process is gone. For a gang whose master port is not fixed, rank 0 picks a free
-port on its node and writes it to `master.json`; the other ranks wait for it before they start.
+its last process is gone. A SIGTERM to the step reaches only the task (Slurm's proctrack/cgroup
+signals a step's tasks, not their children): the supervisor passes it on to the job's group.
+For a gang whose master port is not fixed, rank 0 picks a free port on its node and writes it
+to `master.json`; the other ranks wait for it before they start.
 
 Only the standard library and the shim are imported: a node needs nothing else of warden's.
 """
@@ -143,6 +145,7 @@ def task(attempt_dir: Path) -> int:
             "control": str(attempt_dir / CONTROL_FILE),
             "grace_s": launch.get("grace_s"),
             "time_limit_s": launch.get("time_limit_s"),
+            "forward_sigterm": True,  # Slurm's proctrack/cgroup signals this task, not the job below it
             "extra_status": {
                 "node": node,
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID"),

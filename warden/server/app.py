@@ -138,6 +138,14 @@ def _warn(message: str, say: Callable[[str], None]) -> None:
     say(message)
 
 
+def _say_containment(line: str, unbounded: bool, say: Callable[[str], None]) -> None:
+    """The executor's containment line at start: a warning where something is left unbounded."""
+    if unbounded:
+        _warn(f"WARNING: containment: {line}", say)
+    else:
+        say(f"containment: {line}")
+
+
 def job_identities(settings: Settings, say: Callable[[str], None]) -> Identities:
     """Who jobs run as. Only root can run them as anyone else; a server that is not root says
     loudly that its jobs can do whatever it can (docs/security.md)."""
@@ -271,6 +279,7 @@ def build_service(
         executor, inventory = slurm, slurm.inventory
         nodes = slurm.inventory().nodes
         say(f"executor slurm: partition {slurm.partition!r}, {len(nodes)} node(s)")
+        _say_containment(slurm.containment(), bool(slurm.unconstrained), say)
 
         def make_executor() -> Executor:
             return SlurmExecutor(partition=slurm.partition, identities=fresh_identities(identities))
@@ -300,10 +309,7 @@ def build_service(
         local = LocalExecutor(identities=identities, cgroup_parent=parent)
         executor = local
         nodes = local_node(settings.fake_gpus, say)
-        if local.layout is None:
-            _warn(f"WARNING: containment: {local.containment()}", say)
-        else:
-            say(f"containment: {local.containment()}")
+        _say_containment(local.containment(), local.layout is None, say)
 
         def make_executor() -> Executor:
             return LocalExecutor(identities=fresh_identities(identities), cgroup_parent=parent)
