@@ -181,7 +181,7 @@ STUBBORN = (
 @pytest.fixture
 def executor(ray_cluster: RayCluster) -> Iterator[RayExecutor]:
     ray_cluster.connect()
-    ex = RayExecutor(address=ray_cluster.address, poll_s=0.1)
+    ex = RayExecutor(address=ray_cluster.address, poll_s=0.1, heartbeat_s=0.5)
     try:
         yield ex
     finally:
@@ -579,6 +579,29 @@ FORGER = (
 
 
 @pytest.mark.slow
+def test_a_supervisor_stopped_by_the_job_s_account_is_reported_by_its_silence(
+    executor: RayExecutor, tmp_path: Path
+) -> None:
+    """The launcher's shim runs as the job's account, which can stop it too: then nothing writes
+    that anything is stopped, and its heartbeat (0.5 s here) stands still instead."""
+    s = spec(tmp_path, "16", [("w1", (0,))], STUBBORN)
+    handle = executor.start(s)
+    up = Path(f"{handle.replicas[0].log_path}.up")
+    wait(up.exists, 60, "the job up")
+    supervisor = int(Path(f"/proc/{int(up.read_text())}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    wait(lambda: executor.stopped() == {}, 10, "a first look")
+    os.kill(supervisor, signal.SIGSTOP)
+    try:
+        seen = wait(lambda: executor.stopped().get(("16", 1)), 20, "the silent supervisor reported")
+        assert "its supervisor" in seen.what, seen
+    finally:
+        os.kill(supervisor, signal.SIGCONT)
+    wait(lambda: executor.stopped() == {}, 20, "its heartbeat again")
+    executor.terminate("16", 1, 1.0)
+    ended = exit_of(executor, "16")
+    assert ended.killed and ended.ended_by is None
+
+
 def test_an_end_time_a_job_wrote_is_kept_between_the_looks_that_saw_it_running_and_gone(
     executor: RayExecutor, tmp_path: Path
 ) -> None:

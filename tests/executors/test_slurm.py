@@ -294,7 +294,7 @@ def test_leaf_switches_are_blocks() -> None:
 
 @pytest.fixture
 def executor(slurm_cluster: Cluster) -> Iterator[SlurmExecutor]:
-    ex = SlurmExecutor(conf=slurm_cluster.conf)
+    ex = SlurmExecutor(conf=slurm_cluster.conf, heartbeat_s=HEARTBEAT_S)
     try:
         yield ex
     finally:
@@ -302,6 +302,10 @@ def executor(slurm_cluster: Cluster) -> Iterator[SlurmExecutor]:
             ex.kill(job_id, attempt)
         ex.close()
         slurm_cluster.cancel_all()
+
+
+HEARTBEAT_S = 0.5
+"""The supervisors' heartbeat here: a silent one is noticed after 2 s (`outside.SILENT_BEATS`)."""
 
 
 def spec(tmp_path: Path, job: str, replicas: list[tuple[str, tuple[int, ...]]], grace: float = 2.0) -> LaunchSpec:
@@ -686,6 +690,25 @@ def test_a_stopped_replica_is_reported_and_warden_s_sigterm_reaches_it(executor:
     ended = exit_of(executor)
     assert ended.exit_codes == (-9,) and ended.killed and ended.ended_by is None
     assert executor.stopped() == {}
+
+
+def test_a_step_frozen_by_scancel_signal_stop_is_reported_by_its_silent_supervisor(
+    executor: SlurmExecutor, slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """Under proctrack/cgroup `scancel --signal=STOP` freezes the whole step, its supervisor with
+    it (state D, not T), so nothing writes that the job is stopped: its heartbeat stops instead."""
+    handle = executor.start(spec(tmp_path, "54", [("n0", (0,))], grace=1.0))
+    (pid,) = running(tmp_path, 1)
+    wait_for("a first heartbeat", lambda: executor.stopped() == {} and (tmp_path / "attempt-1").exists())
+    frozen = time.time()
+    slurm_cluster.run("scancel", "--signal=STOP", handle.external[0])
+    seen = wait_for("the frozen step reported", lambda: executor.stopped().get(("54", 1)), timeout=20)
+    assert "its supervisor" in seen.what and frozen - 2 * HEARTBEAT_S <= seen.since <= time.time(), seen
+    executor.terminate("54", 1, 1.0)  # SIGCONT follows SIGTERM: the step thaws and the job gets it
+    wait_for("its SIGTERM handled", (tmp_path / "out" / "term-0").exists)
+    ended = exit_of(executor)
+    assert ended.exit_codes == (-9,) and ended.killed and ended.ended_by is None
+    assert not process_alive(pid) and executor.stopped() == {}
 
 
 # -- containment: nothing of an attempt outlives it, no GPU it was not given ------------------

@@ -18,17 +18,20 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from warden.executors.base import Handle, ReplicaHandle, Stopped
-from warden.executors.records import STOP_RECORDS_ENV, TERMINATING, finite_time, read_job_json
+from warden.executors.records import STOP_RECORDS_ENV, TERMINATING, finite_time, launched, read_job_json
 
 __all__ = [
+    "HEARTBEAT_S",
     "OUTSIDE_SIGNALS",
     "STOP_RECORDS_ENV",
     "TERMINATING",
+    "Beats",
     "ended_outside",
     "kept_time_limit",
     "seen",
@@ -82,20 +85,63 @@ def seen(replica: ReplicaHandle) -> dict[str, Any]:
     return read_job_json(seen_path(replica.status_path.parent, replica.rank)) or {}
 
 
-def stopped_of(handle: Handle) -> Stopped | None:
+def stopped_of(handle: Handle, beats: Beats | None = None) -> Stopped | None:
     """The attempt's stop, as its replicas' supervisors saw it: the earliest time one was seen
-    stopped and which processes; None when none of its running replicas is stopped."""
+    stopped and which processes, or (with `beats`) since when a supervisor has been silent;
+    None when none of its running replicas is stopped."""
     since: list[float] = []
     what: list[str] = []
     for replica in handle.replicas:
+        if replica.exit_path.exists():
+            continue
         record = seen(replica)
         at = finite_time(record.get("stopped_since"))
-        if at is None or replica.exit_path.exists():
-            continue
-        pids = [p for p in record.get("stopped_pids") or () if isinstance(p, int) and not isinstance(p, bool)]
-        since.append(at)
-        what.append(f"rank {replica.rank}: pid {', '.join(map(str, pids[:8]))}" + (" …" if len(pids) > 8 else ""))
+        if at is not None:
+            pids = [p for p in record.get("stopped_pids") or () if isinstance(p, int) and not isinstance(p, bool)]
+            since.append(at)
+            what.append(f"rank {replica.rank}: pid {', '.join(map(str, pids[:8]))}" + (" …" if len(pids) > 8 else ""))
+        elif beats is not None and (quiet := beats.silent(handle, replica, record)) is not None:
+            since.append(quiet)
+            what.append(f"rank {replica.rank}: its supervisor, frozen or stopped with it, writes nothing")
     return Stopped(min(since), "; ".join(what)) if since else None
+
+
+HEARTBEAT_S = 5.0
+"""How often a supervisor that runs as its job's account (Slurm, Ray) writes its `seen` file
+when nothing changed (`shim.StopWatch`)."""
+SILENT_BEATS = 4
+"""A supervisor is silent once its count has stood still for this many heartbeats."""
+
+
+class Beats:
+    """The heartbeats of supervisors that run as their job's account: a job's account can stop
+    or freeze the supervisor with the job (Slurm's `scancel --signal=STOP` freezes the whole
+    step), and then nothing writes that the job is stopped. A count that stands still says so.
+    Only this process's clocks are compared (when it saw the count change), never a node's."""
+
+    def __init__(self, every_s: float = HEARTBEAT_S) -> None:
+        self.every_s = every_s
+        self._seen: dict[tuple[str, int, int], tuple[Any, float, float]] = {}
+        """(job, attempt, rank) → (the count, when it was first seen: monotonic, wall clock)."""
+
+    def silent(self, handle: Handle, replica: ReplicaHandle, record: Mapping[str, Any]) -> float | None:
+        """Since when (wall clock, first seen) the replica's count has stood still, once that is
+        `SILENT_BEATS` heartbeats or more and its supervisor has started it; else None."""
+        key = (handle.job_id, handle.attempt, replica.rank)
+        beat, now = record.get("beat"), time.monotonic()
+        known = self._seen.get(key)
+        if known is None or known[0] != beat:
+            self._seen[key] = (beat, now, time.time())
+            return None
+        if now - known[1] < SILENT_BEATS * self.every_s or not launched(read_job_json(replica.status_path)):
+            return None
+        return known[2]
+
+    def keep(self, attempts: Iterable[tuple[str, int]]) -> None:
+        """Forget the replicas of every attempt but these."""
+        live = set(attempts)
+        for key in [k for k in self._seen if k[:2] not in live]:
+            del self._seen[key]
 
 
 def stop_records(control: Path, seen_file: Path) -> str:

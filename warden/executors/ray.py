@@ -68,7 +68,7 @@ from warden.executors.local import (
     job_environment,
     make_dirs,
 )
-from warden.executors.outside import ended_outside, kept_time_limit, seen_path
+from warden.executors.outside import HEARTBEAT_S, ended_outside, kept_time_limit, seen_path
 from warden.executors.ray_launch import NAMESPACE, Launcher
 from warden.executors.records import (
     CONTROL_FILE,
@@ -320,6 +320,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
         poll_s: float = 0.25,
         start_timeout_s: float = 120.0,
         trust_unauthenticated: bool = False,
+        heartbeat_s: float = HEARTBEAT_S,
     ) -> None:
         if identities is not None and identities.mode == "dynamic":
             raise RayError(
@@ -365,7 +366,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
                 if handler is not None:
                     signal.signal(sig, handler)
         self._launcher: Any = ray.remote(Launcher)
-        super().__init__()
+        super().__init__(heartbeat_s)
         self._nodes: tuple[RayNode, ...] = ()
         self._foreign: dict[str, int] = {}  # node name -> GPUs held by what is not warden's
         self._known: dict[str, Node] = {}  # node id -> the node as last seen alive
@@ -657,6 +658,7 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
                     "control": str(spec.log_dir / CONTROL_FILE),
                     "grace_s": spec.grace_s,  # the supervisor keeps the time limit while no server does
                     "time_limit_s": spec.time_limit_s,
+                    "heartbeat_s": self.heartbeat_s,
                     "identity": None
                     if identity is None
                     else {"uid": identity.uid, "gid": identity.gid, "groups": list(identity.groups)},

@@ -24,6 +24,9 @@ A launch may ask the shim to `forward_sigterm`: a SIGTERM that reaches the shim 
 to the job's process group (and SIGCONT), not ignored. Slurm's proctrack/cgroup signals only a
 step's tasks, this shim among them (`warden.executors.slurm_launch`), never their children.
 
+A launch may ask for a `heartbeat_s`: the `seen` file is then written at least that often, so
+that a supervisor stopped or frozen with its job is noticed by its silence (`StopWatch`).
+
 A launch may name an `owner` process (pid and start ticks): the job then lives only as long as
 that process does (the Ray executor's launcher actor, see `warden.executors.ray_launch`).
 
@@ -340,19 +343,35 @@ SEEN_MODE = 0o644
 class StopWatch:
     """Notices a job whose processes are stopped (state T: a SIGSTOP from another process of
     its account, a SIGTSTP) and records it in the replica's `seen` file, with the time-limit
-    acts of the keeper, so that the server shows it and, past its policy's bound, evicts it."""
+    acts of the keeper, so that the server shows it and, past its policy's bound, evicts it.
 
-    def __init__(self, path: Path | None, leader: int, group: cgroups.Group | None, keeper: DeadlineKeeper) -> None:
+    With `heartbeat_s`, it also writes the file at least that often (`beat`, a count): a
+    supervisor that runs as the job's account can be stopped or frozen with its job (Slurm's
+    `scancel --signal=STOP` freezes the step's cgroup, supervisor included), and then writes
+    nothing; the executor tells that from the count standing still (`executors.outside.Beats`)."""
+
+    def __init__(
+        self,
+        path: Path | None,
+        leader: int,
+        group: cgroups.Group | None,
+        keeper: DeadlineKeeper,
+        heartbeat_s: float | None = None,
+    ) -> None:
         self.path = path
         self.leader = leader
         self.group = group
         self.keeper = keeper
+        self.heartbeat_s = heartbeat_s
         self.stopped_since: float | None = None
         self.stopped_pids: list[int] = []
+        self.beat = 0
         self._next = 0.0
+        self._beat_due = 0.0
 
     def look(self) -> None:
-        """Look again (at most every `STOPPED_POLL_S`); write the file when something changed."""
+        """Look again (at most every `STOPPED_POLL_S`); write the file when something changed,
+        or when a heartbeat is due."""
         now = time.monotonic()
         if self.path is None or now < self._next:
             return
@@ -362,20 +381,25 @@ class StopWatch:
         else:
             fields = _proc_stat(self.leader)
             pids = [self.leader] if fields and fields[0] == "T" else []
-        if bool(pids) == (self.stopped_since is not None):
-            return
-        self.stopped_since = time.time() if pids else None
-        self.stopped_pids = sorted(pids)
-        self.write()
+        if bool(pids) != (self.stopped_since is not None):
+            self.stopped_since = time.time() if pids else None
+            self.stopped_pids = sorted(pids)
+            self.write()
+        elif self.heartbeat_s is not None and now >= self._beat_due:
+            self.write()
 
     def write(self) -> None:
         if self.path is None:
             return
+        self.beat += 1
+        if self.heartbeat_s is not None:
+            self._beat_due = time.monotonic() + self.heartbeat_s
         record = {
             "stopped_since": self.stopped_since,
             "stopped_pids": self.stopped_pids,
             "limit_sigterm_at": self.keeper.limit_sigterm_at,
             "limit_kill_at": self.keeper.limit_kill_at,
+            "beat": self.beat,
         }
         try:  # readable by the job: its guard tells warden's SIGTERM at the time limit by it
             write_json_atomic(self.path, record, SEEN_MODE)
@@ -614,7 +638,14 @@ def supervise(launch: dict[str, Any], ready_fd: int | None = None) -> int:
         kill=lambda leader: kill_whole(leader, group),
         changed=lambda: watch_ref[0].write() if watch_ref else None,
     )
-    watch = StopWatch(Path(launch["seen"]) if launch.get("seen") else None, proc.pid, group, keeper)
+    heartbeat = launch.get("heartbeat_s")
+    watch = StopWatch(
+        Path(launch["seen"]) if launch.get("seen") else None,
+        proc.pid,
+        group,
+        keeper,
+        None if heartbeat is None else float(heartbeat),
+    )
     watch_ref.append(watch)
     code, ended_at, escaped, orphaned = wait_for_group(
         proc.pid, None if owner is None else (int(owner["pid"]), owner.get("ticks")), keeper, group, watch

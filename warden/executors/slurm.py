@@ -66,7 +66,7 @@ from warden.executors.local import (
     job_environment,
     make_dirs,
 )
-from warden.executors.outside import ended_outside, kept_time_limit
+from warden.executors.outside import HEARTBEAT_S, ended_outside, kept_time_limit
 from warden.executors.records import (
     CONTROL_FILE,
     read_job_json,
@@ -490,6 +490,7 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
         pending_warning_s: float = 60.0,
         check: bool = True,
         identities: Identities | None = None,
+        heartbeat_s: float = HEARTBEAT_S,
     ) -> None:
         if identities is not None and identities.mode == "dynamic":
             raise SlurmError(
@@ -509,7 +510,7 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
         self._python = python
         self._poll_s = poll_s
         self._pending_warning_s = pending_warning_s
-        super().__init__()
+        super().__init__(heartbeat_s)
         self._poll = _Poll()
         self._polled = threading.Condition(self._lock)
         self._blocks: dict[str, str] = {}
@@ -721,6 +722,7 @@ class SlurmExecutor(RemoteAttemptTable[_Tracked]):
             "replicas": replicas,
             "grace_s": spec.grace_s,  # the supervisors keep the time limit while no server does
             "time_limit_s": spec.time_limit_s,
+            "heartbeat_s": self.heartbeat_s,
         }
 
     def _submit(self, spec: LaunchSpec, nodes: Sequence[str], per_node: int, identity: Identity | None) -> str:

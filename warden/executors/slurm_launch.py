@@ -145,6 +145,7 @@ def task(attempt_dir: Path) -> int:
             "control": str(attempt_dir / CONTROL_FILE),
             "grace_s": launch.get("grace_s"),
             "time_limit_s": launch.get("time_limit_s"),
+            "heartbeat_s": launch.get("heartbeat_s"),
             "forward_sigterm": True,  # Slurm's proctrack/cgroup signals this task, not the job below it
             "extra_status": {
                 "node": node,

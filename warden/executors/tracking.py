@@ -23,7 +23,7 @@ from warden.executors.base import (
     validate_spec,
 )
 from warden.executors.deadlines import KillTimer, adopted_deadline, deadline_pair, due
-from warden.executors.outside import TERMINATING, stopped_of
+from warden.executors.outside import HEARTBEAT_S, TERMINATING, Beats, stopped_of
 from warden.executors.records import CONTROL_MODE, launched, read_job_json, write_json_atomic
 
 Key = tuple[str, int]
@@ -167,9 +167,20 @@ class RemoteAttemptTable(AttemptTable[S]):
     `scancel`, Ray's launcher actors): its SIGKILL timer, the deadline a terminate arms, and
     the control file an adopter reads back. Subclasses say how SIGKILL is sent (`_kill`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, heartbeat_s: float = HEARTBEAT_S) -> None:
         super().__init__()
         self._timer = KillTimer(self._deadlines_reached)
+        self.heartbeat_s = heartbeat_s
+        """How often each replica's supervisor writes when nothing changed (its launch's `heartbeat_s`)."""
+        self._beats = Beats(heartbeat_s)
+
+    def stopped(self) -> dict[Key, Stopped]:
+        """`AttemptTable.stopped`, and the attempts a replica of which has a silent supervisor:
+        it runs as the job's account, which can stop or freeze it with the job (`Beats`)."""
+        with self._lock:
+            handles = [(key, tracked.handle) for key, tracked in self._tracked.items()]
+        self._beats.keep(key for key, _ in handles)
+        return {key: stop for key, handle in handles if (stop := stopped_of(handle, self._beats)) is not None}
 
     def start(self, spec: LaunchSpec) -> Handle:
         """Hand the attempt to the other system (`_hand_over`) and return at once: `started()`
