@@ -602,6 +602,30 @@ def test_a_supervisor_stopped_by_the_job_s_account_is_reported_by_its_silence(
     assert ended.killed and ended.ended_by is None
 
 
+# Kills its own supervisor (its parent, the shim: same account) once it is up, then runs on.
+SUPERVISOR_KILLER = (
+    "import os, signal, time\n"
+    "open(os.environ['WARDEN_LOG_FILE'] + '.up.tmp', 'w').write(str(os.getpid()))\n"
+    "os.rename(os.environ['WARDEN_LOG_FILE'] + '.up.tmp', os.environ['WARDEN_LOG_FILE'] + '.up')\n"
+    "os.kill(os.getppid(), signal.SIGKILL)\n"
+    "time.sleep(600)\n"
+)
+
+
+def test_a_job_that_kills_its_supervisor_is_killed_and_evicted(executor: RayExecutor, tmp_path: Path) -> None:
+    """The launcher outlives the shim, which runs as the job's account: once the shim is gone
+    without an exit record, the launcher kills the job's group and records the loss, and the
+    attempt ends as evicted (requeued), never as the job's success or failure."""
+    handle = executor.start(spec(tmp_path, "17", [("w1", (0,))], SUPERVISOR_KILLER))
+    up = Path(f"{handle.replicas[0].log_path}.up")
+    wait(up.exists, 60, "the job up")
+    pid = int(up.read_text())
+    ended = exit_of(executor, "17")
+    assert ended.ended_by is not None and "its supervisor ended without recording" in ended.ended_by, ended
+    assert ended.signalled_at is None and not ended.succeeded
+    wait(lambda: not _alive(pid), 5, "the job gone")
+
+
 def test_an_end_time_a_job_wrote_is_kept_between_the_looks_that_saw_it_running_and_gone(
     executor: RayExecutor, tmp_path: Path
 ) -> None:

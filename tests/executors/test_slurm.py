@@ -800,6 +800,7 @@ def test_no_process_of_an_attempt_that_killed_its_supervisor_outlives_it(
     ended = exit_of(executor)
     assert not ended.succeeded and ended.signalled_at is None
     assert ended.error is not None and "rank 0: no exit record" in ended.error, ended
+    assert ended.ended_by is not None and "its supervisor ended without recording" in ended.ended_by, ended
     assert not {n: p for n, p in pids.items() if alive(p)}
 
 

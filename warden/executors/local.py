@@ -52,6 +52,7 @@ from warden.executors.deadlines import KillTimer, adopted_deadline, deadline_pai
 from warden.executors.identity import Identities, Identity
 from warden.executors.outside import (
     STOP_RECORDS_ENV,
+    SUPERVISOR_LOST,
     TERMINATING,
     ended_outside,
     kept_time_limit,
@@ -779,6 +780,7 @@ def _replica_exit(
         "exit_code": None,
         "ended_at": time.time(),
         "error": f"supervisor (pid {replica.shim_pid}) is gone without an exit record",
+        SUPERVISOR_LOST: True,
     }
     write_json_atomic(replica.exit_path, record)
     return record
@@ -802,8 +804,9 @@ def _exit(tracked: _Tracked, records: list[dict[str, Any]]) -> Exit:
                 f"rank {replica.rank}: the kernel's OOM killer killed {oom} of its processes at its memory bound"
             )
     ended_by = None
-    if tracked.signalled_at is None and timed_out_at is None and killed_at is None and not errors:
-        ended_by = ended_outside(replicas, codes)
+    lost = [r.rank for r, rec in zip(replicas, records) if rec.get(SUPERVISOR_LOST) is True]
+    if tracked.signalled_at is None and timed_out_at is None and killed_at is None and (lost or not errors):
+        ended_by = ended_outside(replicas, codes, lost)
     return Exit(
         job_id=tracked.handle.job_id,
         attempt=tracked.handle.attempt,

@@ -19,17 +19,25 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from warden.executors.base import Handle, ReplicaHandle, Stopped
-from warden.executors.records import STOP_RECORDS_ENV, TERMINATING, finite_time, launched, read_job_json
+from warden.executors.records import (
+    STOP_RECORDS_ENV,
+    SUPERVISOR_LOST,
+    TERMINATING,
+    finite_time,
+    launched,
+    read_job_json,
+)
 
 __all__ = [
     "HEARTBEAT_S",
     "OUTSIDE_SIGNALS",
     "STOP_RECORDS_ENV",
+    "SUPERVISOR_LOST",
     "TERMINATING",
     "Beats",
     "ended_outside",
@@ -46,11 +54,18 @@ warden had sent none was ended outside warden (a crash's own signals, SIGSEGV, S
 are the job's failure)."""
 
 
-def ended_outside(replicas: Sequence[ReplicaHandle], codes: Sequence[int | None]) -> str | None:
-    """Why an attempt warden sent no signal to ended outside it, in words: a main process
-    killed by a signal another process sends (`OUTSIDE_SIGNALS`); None for any other end. A
-    job that catches the signal and exits by itself cannot be told from one that finished,
-    unless it asks (`warden.workload.guard` does)."""
+def ended_outside(
+    replicas: Sequence[ReplicaHandle], codes: Sequence[int | None], lost: Collection[int] = ()
+) -> str | None:
+    """Why an attempt warden sent no signal to ended outside it, in words: the supervisor of a
+    replica (ranks `lost`) ended without recording the job's end — killed by the job's account,
+    which it runs as on Slurm and Ray, or by anyone else: whatever happened, the job's own end
+    is unknown and not its failure —, or a main process killed by a signal another process
+    sends (`OUTSIDE_SIGNALS`); None for any other end. A job that catches the signal and exits
+    by itself cannot be told from one that finished, unless it asks (`warden.workload.guard`
+    does)."""
+    for rank in sorted(lost):
+        return f"rank {rank}: its supervisor ended without recording how the job ended (killed outside warden)"
     for replica, code in zip(replicas, codes):
         if code is not None and code < 0 and -code in OUTSIDE_SIGNALS:
             name = signal.Signals(-code).name

@@ -68,7 +68,7 @@ from warden.executors.local import (
     job_environment,
     make_dirs,
 )
-from warden.executors.outside import HEARTBEAT_S, ended_outside, kept_time_limit, seen_path
+from warden.executors.outside import HEARTBEAT_S, SUPERVISOR_LOST, ended_outside, kept_time_limit, seen_path
 from warden.executors.ray_launch import NAMESPACE, Launcher
 from warden.executors.records import (
     CONTROL_FILE,
@@ -771,7 +771,12 @@ class RayExecutor(RemoteAttemptTable[_Tracked]):
             r.rank for r in tracked.handle.replicas if (read_job_json(r.exit_path) or {}).get("orphaned") is True
         ]
         if not orphans:
-            return ended_outside(tracked.handle.replicas, codes)
+            lost = [
+                r.rank
+                for r in tracked.handle.replicas
+                if (read_job_json(r.exit_path) or {}).get(SUPERVISOR_LOST) is True
+            ]
+            return ended_outside(tracked.handle.replicas, codes, lost)
         with self._lock:
             by_id = {n.node_id: n for n in self._nodes}
         index = {r.rank: i for i, r in enumerate(tracked.handle.replicas)}

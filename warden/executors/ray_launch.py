@@ -35,12 +35,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from warden.executors.records import write_json_atomic
-from warden.executors.shim import read_json, start_ticks
+from warden.executors.records import SUPERVISOR_LOST, write_json_atomic
+from warden.executors.shim import process_alive, read_json, start_ticks
 
 NAMESPACE = "warden"
 START_TIMEOUT_S = 60.0
 """How long a launcher waits for its shim to report the job running."""
+SHIM_WATCH_S = 1.0
+"""How often a launcher looks whether its shim is still there."""
+SHIM_GONE_SETTLE_S = 0.5
 
 
 def free_port() -> int:
@@ -92,7 +95,32 @@ class Launcher:
             late = self._signal
         if late is not None and self._pgid is not None:
             _deliver(self._pgid, late)
+        threading.Thread(target=self._watch, args=(status, Path(launch["exit"])), daemon=True).start()
         return {**status, "gpus": None if gpus is None else list(gpus)}
+
+    def _watch(self, status: dict[str, Any], exit_path: Path) -> None:
+        """Outlive the shim: it runs as the job's account, which can kill it. Once it is gone
+        without an exit record, SIGKILL what is left of the job's group and write the record
+        the shim did not (`SUPERVISOR_LOST`), so that the attempt ends, and ends as evicted."""
+        shim, ticks, pgid = status.get("shim_pid"), status.get("shim_start_ticks"), status.get("pgid")
+        if not isinstance(shim, int):
+            return
+        while not exit_path.exists():
+            if not process_alive(shim, ticks):
+                time.sleep(SHIM_GONE_SETTLE_S)  # an exit record written just before it exited
+                if exit_path.exists():
+                    return
+                if isinstance(pgid, int):
+                    _killpg(pgid, signal.SIGKILL)
+                record = {
+                    "exit_code": None,
+                    "ended_at": time.time(),
+                    "error": f"its supervisor (pid {shim}) ended without an exit record",
+                    SUPERVISOR_LOST: True,
+                }
+                write_json_atomic(exit_path, record)
+                return
+            time.sleep(SHIM_WATCH_S)
 
     def _spawn(self, launch: dict[str, Any]) -> dict[str, Any]:
         fd = os.open(str(launch["log"]), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)

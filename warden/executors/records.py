@@ -59,6 +59,10 @@ TERMINATING = "terminating_at"
 """The control file's key for when warden decided to SIGTERM the attempt, written before the
 signal leaves: a SIGTERM the job gets later than that may be warden's."""
 
+SUPERVISOR_LOST = "supervisor_lost"
+"""The key of an exit record that someone other than the replica's supervisor wrote, because the
+supervisor was gone without one (the Ray launcher, the local executor): the job's end is unknown."""
+
 STOP_RECORDS_ENV = "WARDEN_STOP_RECORDS"
 """The job's environment variable naming the files (joined by `os.pathsep`) where warden marks
 a SIGTERM of its own before sending it: the attempt's control file and the replica's `seen`

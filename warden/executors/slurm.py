@@ -1004,6 +1004,7 @@ def _exit(tracked: _Tracked, seen: Mapping[str, SlurmJob | None]) -> Exit:
     states = {i: job.state for i, job in seen.items() if job is not None}
     completed = bool(states) and all(state == "COMPLETED" for state in states.values())
     records = [read_job_json(replica.exit_path) for replica in tracked.handle.replicas]
+    lost: list[int] = []  # ranks whose supervisor wrote no exit record
     # A time limit the supervisors kept while no server did: SIGTERM at it, SIGKILL after the grace.
     timed_out_at, limit_deadline = kept_time_limit([r for r in records if r], tracked.signalled_at, now)
     deadline = tracked.kill_at if timed_out_at is None else limit_deadline
@@ -1024,6 +1025,7 @@ def _exit(tracked: _Tracked, seen: Mapping[str, SlurmJob | None]) -> Exit:
             codes.append(-9)
         else:
             codes.append(None)
+            lost.append(replica.rank)
             errors.append(f"rank {replica.rank}: no exit record; Slurm: {_describe(seen)}")
     ended_by = None
     if tracked.signalled_at is None and tracked.kill_at is None and timed_out_at is None:
@@ -1035,7 +1037,7 @@ def _exit(tracked: _Tracked, seen: Mapping[str, SlurmJob | None]) -> Exit:
                 for i, state in outside
             )
         else:  # `scancel --signal=TERM` by someone else, a `kill` of a replica: Slurm still says COMPLETED
-            ended_by = ended_outside(tracked.handle.replicas, codes)
+            ended_by = ended_outside(tracked.handle.replicas, codes, lost)
     return Exit(
         job_id=tracked.handle.job_id,
         attempt=tracked.handle.attempt,
