@@ -401,7 +401,7 @@ def run_stress(svc: Service, submissions: int, seed: int) -> dict[str, Any]:
 
 
 def test_randomized_cancels_are_never_lost(db_url: str, tmp_path: Path) -> None:
-    submissions = 600
+    submissions = 400
     svc = make_service(db_url, tmp_path / "state", gpus=4)
     try:
         result = run_stress(svc, submissions, seed=submissions)
