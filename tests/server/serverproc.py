@@ -391,7 +391,7 @@ def end_everything(svc: Service) -> None:
     root = Principal("root", "admin", ("*",))
     for active in svc.store.active():
         try:
-            svc.cancel(active.job.job_id, root)
+            svc.actions.cancel(active.job.job_id, root)
         except ApiError:
             pass
     for job_id, attempt in svc.executor.running():

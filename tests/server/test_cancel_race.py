@@ -117,7 +117,7 @@ class Cancel:
 
     def __call__(self) -> None:
         try:
-            self.svc.cancel(str(self.job_id), ANA)
+            self.svc.actions.cancel(str(self.job_id), ANA)
             self.answered = True
         except ApiError as err:
             self.refused = f"{err.status}: {err}"
@@ -271,7 +271,7 @@ def race_action(service: Service, action: str, first: str) -> None:
 
     def act() -> None:
         try:
-            getattr(service, action)(str(job), ROOT)
+            getattr(service.actions, action)(str(job), ROOT)
             other.append("done")
         except ApiError as err:
             other.append(str(err.status))
@@ -356,7 +356,7 @@ class Stress:
             try:
                 with self.lock:
                     self.attempts += 1
-                self.svc.cancel(str(job), ANA)
+                self.svc.actions.cancel(str(job), ANA)
                 with self.lock:
                     self.answered.setdefault(job, time.time())
             except ApiError as err:
@@ -379,7 +379,7 @@ def run_stress(svc: Service, submissions: int, seed: int) -> dict[str, Any]:
     for job in stress.jobs:  # whatever was never cancelled may still run: end it
         if not state(svc, job).terminal:
             try:
-                svc.cancel(str(job), ROOT)
+                svc.actions.cancel(str(job), ROOT)
             except ApiError:
                 pass
     wait_for(lambda: all(state(svc, j).terminal for j in stress.jobs), 60, "every job to end", 0.1)

@@ -73,7 +73,7 @@ def request(**fields: Any) -> SubmitRequest:
 
 def submit_if_valid(svc: Service, req: SubmitRequest) -> None:
     try:
-        svc.submit(req, ROOT)
+        svc.submissions.submit(req, ROOT)
     except ApiError as err:
         assert err.status == 422, err  # larger than the cluster: refused, as it should be
 
@@ -174,16 +174,16 @@ def test_a_dry_run_then_the_real_submission_get_the_same_decision(
 
         before = fingerprint(svc)
         try:
-            verdict, state, _ = svc.dry_run(req, who)
+            verdict, state, _ = svc.submissions.dry_run(req, who)
         except ApiError as refused:  # refused as the submission is refused
             with pytest.raises(ApiError) as real:
-                svc.submit(req, who)
+                svc.submissions.submit(req, who)
             assert str(real.value) == str(refused)
             assert fingerprint(svc) == before
             return
         assert fingerprint(svc) == before, "a dry run changed something"
 
-        job_id = svc.submit(req, who).id
+        job_id = svc.submissions.submit(req, who).id
         assert str(job_id) == verdict.job_id and svc.store.get(job_id).state is state  # type: ignore[union-attr]
         plan = svc.reconciler.reconcile()
         assert plan is not None
@@ -218,7 +218,7 @@ def api(tmp_path: Path) -> Iterator[tuple[Service, TestClient, list[float]]]:
 def test_the_api_answers_each_decision_and_stores_nothing(api: tuple[Service, TestClient, list[float]]) -> None:
     svc, client, clock = api
     for _ in range(2):
-        svc.submit(request(queue="a", tier=3, gpus=4, time_limit=3600.0), ROOT)
+        svc.submissions.submit(request(queue="a", tier=3, gpus=4, time_limit=3600.0), ROOT)
     settle(svc)
     clock[0] += 3600.0  # past their leases
     before = fingerprint(svc)
@@ -249,7 +249,7 @@ def test_the_api_answers_each_decision_and_stores_nothing(api: tuple[Service, Te
 def test_a_dry_run_names_its_victims_and_what_they_lose(api: tuple[Service, TestClient, list[float]]) -> None:
     svc, client, clock = api
     for _ in range(2):
-        svc.submit(request(queue="a", tier=4, gpus=4), ROOT)
+        svc.submissions.submit(request(queue="a", tier=4, gpus=4), ROOT)
     settle(svc)
     clock[0] += 60.0
     out = client.post(

@@ -135,7 +135,7 @@ def test_a_preemption_event_says_when_sigkill_comes_in_local_and_relative_time(s
         refused = client.get("/v1/history", params={"since": service.now(), "until": service.now() - 60})
         assert refused.status_code == 422 and not EPOCH.search(refused.json()["error"]["message"])
 
-    service.cancel(str(victim), ROOT)  # already terminating: the audit entry says so without a number
+    service.actions.cancel(str(victim), ROOT)  # already terminating: the audit entry says so without a number
     (entry,) = [a for a in service.store.audit_log() if a.action == "cancel" and a.target == f"job/{victim}"]
     assert "already terminating" in entry.details["done"] and not EPOCH.search(entry.details["done"])
 
@@ -143,7 +143,7 @@ def test_a_preemption_event_says_when_sigkill_comes_in_local_and_relative_time(s
 def test_a_cancel_of_a_running_job_audits_its_sigterm_without_epoch_seconds(service: Service) -> None:
     job = submit(service, 3, ["sleep", "30"])
     passes_until(service, job, JobState.RUNNING)
-    service.cancel(str(job), ROOT)
+    service.actions.cancel(str(job), ROOT)
     (entry,) = [a for a in service.store.audit_log() if a.action == "cancel" and a.target == f"job/{job}"]
     assert entry.details["done"].startswith("SIGTERM sent while RUNNING"), entry.details
     assert not EPOCH.search(entry.details["done"]), entry.details

@@ -160,7 +160,7 @@ def test_one_expensive_request_per_user_at_a_time(
 ) -> None:
     verb, path, body = request_args
     gate = Gate(result)
-    monkeypatch.setattr(service, attribute, gate)
+    monkeypatch.setattr(service.governance, attribute, gate)
     ana = client_for(service, service.store.create_token("ana", "user", ["*"], "test", time.time()))
     bob = client_for(service, service.store.create_token("bob", "user", ["*"], "test", time.time()))
     answers: list[httpx.Response] = []
@@ -199,7 +199,7 @@ def test_the_server_budget_holds_dry_runs_and_follows_the_policy(
     the policy: then two users' diffs are worked on at once, and a third request waits for
     neither."""
     gate = Gate({"changes": []})
-    monkeypatch.setattr(service, "diff_policy", gate)
+    monkeypatch.setattr(service.governance, "diff_policy", gate)
     admin = client_for(service, TOKEN)
     ana = client_for(service, service.store.create_token("ana", "user", ["*"], "test", time.time()))
     bob = client_for(service, service.store.create_token("bob", "user", ["*"], "test", time.time()))

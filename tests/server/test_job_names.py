@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from warden.server.service import default_name
+from warden.server.submissions import default_name
 
 
 @pytest.mark.parametrize(

@@ -78,7 +78,7 @@ def test_a_lapsed_term_says_standby_at_once_and_its_executor_acts_on_nothing(
     with TestClient(app, headers={"Authorization": f"Bearer {token}"}) as c:
         health = c.get("/v1/health")
         assert health.json()["role"] == "leader" and health.json()["epoch"] == 1
-        term1 = svc._term
+        term1 = svc.ctx.term
         assert term1 is not None
         spec = LaunchSpec(
             job_id="x",

@@ -345,7 +345,7 @@ def test_a_job_whose_guard_saves_after_an_outside_sigterm_is_evicted_and_warden_
         said = "evicted: rank 0 was killed by SIGTERM, which warden did not send (exit -15); the job is requeued"
         assert said in reasons, reasons
         wait_for(lambda: state() is JobState.RUNNING and "up" in log(2), what="the second attempt's guard")
-        svc.cancel(str(job), Principal("root", "admin", ("*",)))
+        svc.actions.cancel(str(job), Principal("root", "admin", ("*",)))
         wait_for(lambda: state() is JobState.CANCELLED, what="the cancel")
         second = store.attempts(job)[1]
         assert list(second.exit_codes or ()) == [0] and "saved" in log(2)

@@ -97,7 +97,7 @@ def test_a_user_sees_another_users_job_but_not_its_command_workdir_or_logs(setup
 
 def test_with_private_data_none_every_user_reads_every_job(setup: Clients) -> None:
     svc, c, as_, workdir = setup
-    svc.private_data = "none"
+    svc.logs.private_data = "none"
     job = bo_job(c, as_, workdir)
     detail = c.get(f"/v1/jobs/{job}", headers=as_["ana"]).json()
     assert detail["private"] is False and detail["command"] == ["train", SECRET]

@@ -12,7 +12,7 @@ from apiclient import Clock, api_service
 from fastapi.testclient import TestClient
 
 from warden.engine.model import Node
-from warden.server import service as service_module
+from warden.server import authenticator
 from warden.server.explanations import wall_times
 from warden.server.service import Service
 
@@ -22,7 +22,7 @@ POLICY = {"queues": {"name": "cluster", "children": [{"name": "team"}]}}
 
 @pytest.fixture
 def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Service, TestClient, Clock]]:
-    monkeypatch.setattr(service_module, "TOKEN_CACHE_S", 3600.0)
+    monkeypatch.setattr(authenticator, "TOKEN_CACHE_S", 3600.0)
     clock = Clock(T0)
     with api_service(tmp_path, POLICY, (Node("node-0", 2, 16_000, 64_000),), clock) as (svc, client):
         yield svc, client, clock
@@ -51,7 +51,7 @@ def test_a_cached_token_is_refused_once_it_expires(setup: tuple[Service, TestCli
 def test_the_server_default_lifetime_applies_and_none_means_never(setup: tuple[Service, TestClient, Clock]) -> None:
     svc, c, _ = setup
     assert c.post("/v1/tokens", json={"user": "ana"}).json()["expires_at"] == T0 + 90 * 86400
-    svc.token_lifetime_s = None
+    svc.governance.token_lifetime_s = None
     assert c.post("/v1/tokens", json={"user": "bo"}).json()["expires_at"] is None
     for bad in (0, 5e-324, 0.5, -1, 3650 * 86400 + 1):
         r = c.post("/v1/tokens", json={"user": "cy", "expires_in_s": bad})

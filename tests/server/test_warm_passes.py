@@ -211,13 +211,13 @@ def test_every_pass_plans_what_a_fresh_engine_plans_of_the_whole_snapshot(servic
         if cancellable and rng.random() < 0.25:  # a cancel, waiting or running
             victim = rng.choice(cancellable)
             try:
-                svc.cancel(victim.job_id, ROOT)
+                svc.actions.cancel(victim.job_id, ROOT)
             except ApiError:
                 pass
         awaiting = [j for j in unfinished if j.state is JobState.AWAITING_APPROVAL]
         if awaiting and rng.random() < 0.3:
             try:
-                svc.approve(rng.choice(awaiting).job_id, ROOT)
+                svc.actions.approve(rng.choice(awaiting).job_id, ROOT)
             except ApiError:  # the cancel just now ended it
                 pass
         if step == 40:  # a job that makes every pass fail: it is held, the others go on
@@ -227,7 +227,7 @@ def test_every_pass_plans_what_a_fresh_engine_plans_of_the_whole_snapshot(servic
             held.append(culprit)
             rec.broken, culprit = False, None
         if step == 70 and held:
-            svc.release(str(held[0]), ROOT)
+            svc.actions.release(str(held[0]), ROOT)
         if step in (55, 100):  # another policy: the engine starts over whole
             policy_at = 1 - policy_at
             svc.reconciler.set_policy(policies[policy_at])

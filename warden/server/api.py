@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from warden.engine.model import JobState
 from warden.engine.overcommit import quota_warnings
-from warden.server.auth import Principal, bearer
+from warden.server.auth import Principal, bearer, require_admin
 from warden.server.busy import PerUserLimit, ServerBudget
 from warden.server.errors import ApiError, ErrorBody, error_body, safe_value, shorten
 from warden.server.explanations import wall_times
@@ -248,8 +248,8 @@ class RoleHeader:
         async def with_role(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers") or ())
-                headers.append((b"x-warden-role", self.service.role.encode()))
-                leader = self.service.leader_url()
+                headers.append((b"x-warden-role", self.service.terms.role.encode()))
+                leader = self.service.terms.leader_url()
                 if leader:
                     headers.append((b"x-warden-leader", leader.encode("latin-1", "replace")))
                 message["headers"] = headers
@@ -281,7 +281,7 @@ def build_router(service: Service) -> APIRouter:
     expensive = ServerBudget(lambda: service.policy.limits.expensive_requests_at_once)
 
     def principal(authorization: Annotated[str | None, Header()] = None) -> Principal:
-        return service.authenticate(authorization)
+        return service.auth.authenticate(authorization)
 
     Caller = Annotated[Principal, Depends(principal)]
 
@@ -294,7 +294,7 @@ def build_router(service: Service) -> APIRouter:
     # the server holds in memory, so a pool busy with slow requests never delays it.
     @r.get("/health", responses={503: {"description": "a helper thread died: scheduling is stopped"}})
     async def health(response: Response) -> dict[str, Any]:
-        dead = service.dead_threads()
+        dead = service.threads.dead()
         if dead:
             response.status_code = 503
         return {
@@ -302,10 +302,10 @@ def build_router(service: Service) -> APIRouter:
             "passes": service.reconciler.stats.passes,
             "scheduling": "stopped" if dead else "running" if service.leading else "standby",
             "dead_threads": dead,
-            "role": service.role,
+            "role": service.terms.role,
             "epoch": service.epoch,
-            "leader": service.leader_url(),
-            "servers": service.servers(),
+            "leader": service.terms.leader_url(),
+            "servers": service.peers.servers(),
         }
 
     @r.post(
@@ -331,9 +331,9 @@ def build_router(service: Service) -> APIRouter:
         if dry_run:
             response.status_code = 200
             with expensive.hold("dry runs"):
-                verdict, state, now = service.dry_run(req, who)
+                verdict, state, now = service.submissions.dry_run(req, who)
             return verdict_view(verdict, state, now)
-        job = service.submit(req, who, idempotency_key)
+        job = service.submissions.submit(req, who, idempotency_key)
         if job.replayed:
             response.status_code = 200
             response.headers["Idempotent-Replayed"] = "true"
@@ -370,7 +370,7 @@ def build_router(service: Service) -> APIRouter:
     def get_job(job_id: JobId, who: Caller) -> dict[str, Any]:
         """One job; another user's without its command and workdir under `--private-data
         jobs` (`private` true then)."""
-        job = service.job(job_id)
+        job = service.ctx.job(job_id)
         attempts = service.store.attempts(job.id)
         out = job_detail(
             job,
@@ -383,7 +383,7 @@ def build_router(service: Service) -> APIRouter:
             links=service.store.preemption_links([job.id]),
             preemptors=service.store.queues_and_tiers(a.preempted_for for a in attempts),
         )
-        readable = service.may_read(who, job)
+        readable = service.logs.may_read(who, job)
         if not readable:
             for name in PRIVATE_FIELDS:
                 out.pop(name, None)
@@ -392,24 +392,24 @@ def build_router(service: Service) -> APIRouter:
 
     @r.post("/jobs/{job_id}/cancel", status_code=202, responses=errors(401, 403, 404, 409))
     def cancel(job_id: JobId, who: Caller) -> dict[str, Any]:
-        job = service.cancel(job_id, who)
+        job = service.actions.cancel(job_id, who)
         return {"id": str(job.id), "state": job.state.value}
 
     @r.post("/jobs/{job_id}/approve", responses=errors(401, 403, 404, 409))
     def approve(job_id: JobId, who: Caller) -> dict[str, Any]:
-        job = service.approve(job_id, who)
+        job = service.actions.approve(job_id, who)
         return {"id": str(job.id), "state": job.state.value}
 
     @r.post("/jobs/{job_id}/release", responses=errors(401, 403, 404, 409))
     def release(job_id: JobId, who: Caller) -> dict[str, Any]:
-        job = service.release(job_id, who)
+        job = service.actions.release(job_id, who)
         return {"id": str(job.id), "state": job.state.value}
 
     @r.post("/jobs/{job_id}/reports", status_code=202, responses=errors(401, 403, 404, 409))
     def report(
         job_id: JobId, req: ReportRequest, authorization: Annotated[str, Depends(report_bearer)]
     ) -> dict[str, Any]:
-        return service.report(job_id, authorization, req)
+        return service.reports.take(job_id, authorization, req)
 
     @r.get("/jobs/{job_id}/logs", responses=errors(401, 403, 404))
     def logs(
@@ -419,7 +419,7 @@ def build_router(service: Service) -> APIRouter:
         rank: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
         offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
     ) -> dict[str, Any]:
-        return service.logs(job_id, attempt, rank, offset, who)
+        return service.logs.read(job_id, attempt, rank, offset, who)
 
     @r.get("/nodes", responses=errors(401))
     def nodes(who: Caller) -> list[dict[str, Any]]:
@@ -483,7 +483,7 @@ def build_router(service: Service) -> APIRouter:
 
     @r.put("/policy", responses=errors(401, 403))
     def put_policy(req: PolicyRequest, who: Caller) -> dict[str, Any]:
-        version, changed = service.apply_policy(req.source, who)
+        version, changed = service.governance.apply_policy(req.source, who)
         return {"version": version, "changed": changed, "warnings": policy_warnings()}
 
     def policy_warnings() -> list[dict[str, object]]:
@@ -497,7 +497,7 @@ def build_router(service: Service) -> APIRouter:
         applied: validated as `PUT /v1/policy` validates it; nothing is changed. One in
         progress per user at a time (429), and the server's budget of such work (503)."""
         with diffs.hold(who.user), expensive.hold("policy diffs"):
-            return service.diff_policy(req.source)
+            return service.governance.diff_policy(req.source)
 
     @r.get(
         "/history/export",
@@ -531,7 +531,7 @@ def build_router(service: Service) -> APIRouter:
         with ExitStack() as held:
             held.enter_context(exports.hold(who.user))
             held.enter_context(expensive.hold("history exports"))
-            export = service.export_history(start)
+            export = service.governance.export_history(start)
             chunks = _chunks(export, format)
             sent = held.pop_all()  # held until the rows are sent, or the sending stops
         headers = {"X-Total-Count": str(export.total)}
@@ -554,22 +554,22 @@ def build_router(service: Service) -> APIRouter:
 
     @r.post("/tokens", status_code=201, responses=errors(401, 403))
     def create_token(req: TokenRequest, who: Caller) -> dict[str, Any]:
-        token, expires_at = service.create_token(req, who)
+        token, expires_at = service.governance.create_token(req, who)
         return {"user": req.user, "role": req.role, "queues": req.queues, "expires_at": expires_at, "token": token}
 
     @r.get("/tokens", responses=errors(401, 403))
     def list_tokens(who: Caller) -> list[dict[str, Any]]:
         """Every token's grant, revoked and expired ones included; never a secret."""
-        return [_token_view(t) for t in service.list_tokens(who)]
+        return [_token_view(t) for t in service.governance.list_tokens(who)]
 
     @r.delete("/tokens/{token_id}", responses=errors(401, 403, 404, 409))
     def revoke_token(token_id: TokenId, who: Caller) -> dict[str, Any]:
         """Revoke a token (by its id in `GET /v1/tokens`): refused from the next request on."""
-        return _token_view(service.revoke_token(token_id, who))
+        return _token_view(service.governance.revoke_token(token_id, who))
 
     @r.get("/audit", responses=errors(401, 403))
     def audit(who: Caller, limit: int = Query(default=100, ge=1, le=10000)) -> list[dict[str, Any]]:
-        service.require_admin(who, "read the audit log")
+        require_admin(who, "read the audit log")
         return [
             {"id": a.id, "at": a.at, "actor": a.actor, "action": a.action, "target": a.target, "details": a.details}
             for a in service.store.audit_log(limit=limit)

@@ -239,7 +239,7 @@ def build_service(
     only while it holds the database's lease (`warden.server.leader`): on SQLite it takes the
     lease now or refuses to start, on PostgreSQL it starts as a standby and contends. Without,
     it leads from `start` to `stop` (in-process use). `ca_pem`: the server's own CA, which the
-    jobs it starts trust (`Service.trusted_cas`)."""
+    jobs it starts trust (`Peers.trusted_cas`)."""
     import time
 
     state = settings.state_dir or default_state_dir()

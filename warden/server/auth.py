@@ -45,3 +45,9 @@ def bearer(header: str | None) -> str:
 
 def forbidden(who: Principal, what: str) -> ApiError:
     return ApiError(403, "token", who.user, f"user {who.user!r} ({who.role}) may not {what}")
+
+
+def require_admin(who: Principal, what: str) -> None:
+    """403 unless `who` is an admin."""
+    if not who.is_admin:
+        raise forbidden(who, what)

@@ -136,7 +136,7 @@ class Reconciler:
         self.devices = BoundDevices(self.ctx, self.preemptions)
         self.applier = PlanApplier(self.ctx, report_env)
 
-    # -- the shared state, under the names service.py, app.py and tests read ---------------
+    # -- the shared state, under the names the service, app.py and tests read -------------
     @property
     def policy(self) -> Policy:
         return self.ctx.policy

@@ -1,8 +1,9 @@
 """The bodies the API takes (`POST /v1/jobs`, reports, tokens, policies), validated by pydantic.
 
-A module of their own: the HTTP routes (`warden.server.api`) parse them and the service
-(`warden.server.service`) acts on them. The routes import the service; the service takes the
-bodies from here, not from the routes, so the two do not import each other.
+A module of their own: the HTTP routes (`warden.server.api`) parse them and the service's
+collaborators (`warden.server.submissions`, `reports`, `governance`) act on them. The routes
+import the service; its collaborators take the bodies from here, not from the routes, so the two
+do not import each other.
 """
 
 # No `from __future__ import annotations`: pydantic and FastAPI read these types at run time.
