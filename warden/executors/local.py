@@ -389,7 +389,7 @@ class LocalExecutor(AttemptTable[_Tracked]):
             if tracked.kill_at is not None:
                 return tracked.kill_at
             tracked.terminating_at = time.time()
-        self._persist(tracked)  # before the SIGTERM: the job can tell warden's from another's
+        self._persist(tracked, durable=False)  # before the SIGTERM: the job can tell warden's from another's
         with self._lock:
             if tracked.kill_at is not None:  # a kill() came meanwhile
                 return tracked.kill_at
@@ -446,7 +446,7 @@ class LocalExecutor(AttemptTable[_Tracked]):
             tracked.kill_at = tracked.killed_at
         return True
 
-    def _persist(self, tracked: _Tracked) -> None:
+    def _persist(self, tracked: _Tracked, durable: bool = True) -> None:
         """Write the attempt's signal state to control.json for a future adopter. Outside the
         main lock (fsync is slow); the latest state is read under it, so writes never regress."""
         if tracked.handle.control_path is None:
@@ -459,7 +459,7 @@ class LocalExecutor(AttemptTable[_Tracked]):
                     "killed_at": tracked.killed_at,
                     TERMINATING: tracked.terminating_at,
                 }
-            write_json_atomic(tracked.handle.control_path, record, mode=CONTROL_MODE)
+            write_json_atomic(tracked.handle.control_path, record, mode=CONTROL_MODE, durable=durable)
 
     # -- exits -----------------------------------------------------------------------------
 

@@ -150,18 +150,19 @@ def launched(record: Mapping[str, Any] | None) -> bool:
     return record is not None and REVOKED not in record
 
 
-def write_json_atomic(path: Path, data: Mapping[str, Any], mode: int = 0o600) -> None:
+def write_json_atomic(path: Path, data: Mapping[str, Any], mode: int = 0o600, *, durable: bool = True) -> None:
     """Write `data` so that a reader sees either nothing or the whole file, even after a crash
     or power loss (temp file, fsync, rename, fsync the directory; the file `mode` whatever the
-    writer's umask), without
+    writer's umask; without `durable`, no fsync: whole for every reader, not across a power
+    loss, for a record on a signal's path that must not wait on the disk), without
     following a symbolic link anywhere a job could have planted one: the directory is opened
     without following a link, the temp file is created in it by a fresh random name with
     O_EXCL|O_NOFOLLOW, and the rename replaces whatever `path` names (a link included) instead of
     writing through it. Safe even in a directory the job's account can write."""
-    _write_json(path, data, mode, exclusive=False)
+    _write_json(path, data, mode, exclusive=False, durable=durable)
 
 
-def _write_json(path: Path, data: Mapping[str, Any], mode: int, *, exclusive: bool) -> bool:
+def _write_json(path: Path, data: Mapping[str, Any], mode: int, *, exclusive: bool, durable: bool = True) -> bool:
     """`write_json_atomic`, or with `exclusive` only where `path` does not exist (a hard link
     instead of the rename: False when `path` exists, and nothing is written)."""
     dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
@@ -181,7 +182,8 @@ def _write_json(path: Path, data: Mapping[str, Any], mode: int, *, exclusive: bo
                 os.fchmod(out.fileno(), mode)  # the umask took bits off at creation (a server's is 077)
                 out.write(raw)
                 out.flush()
-                os.fsync(out.fileno())
+                if durable:
+                    os.fsync(out.fileno())
             if exclusive:
                 try:
                     os.link(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
@@ -195,7 +197,8 @@ def _write_json(path: Path, data: Mapping[str, Any], mode: int, *, exclusive: bo
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dir_fd)
             raise
-        os.fsync(dir_fd)
+        if durable:
+            os.fsync(dir_fd)
         return True
     finally:
         os.close(dir_fd)

@@ -203,7 +203,7 @@ class RemoteAttemptTable(AttemptTable[S]):
             if tracked.terminating_at is not None:
                 return
             tracked.terminating_at = time.time()
-        self._persist(tracked)
+        self._persist(tracked, durable=False)  # read by the job after the SIGTERM: no disk wait before it
 
     def _arm(self, key: Key, tracked: S, signalled_at: float, grace_s: float) -> float:
         """Record a SIGTERM that just went out and arm SIGKILL `grace_s` from now (after the
@@ -266,7 +266,7 @@ class RemoteAttemptTable(AttemptTable[S]):
                     continue  # reported, re-armed later at adoption, or the wall clock not there yet
             self._kill(tracked)
 
-    def _persist(self, tracked: S) -> None:
+    def _persist(self, tracked: S, durable: bool = True) -> None:
         """control.json: what a server that restarts mid-grace needs to kill on time."""
         if tracked.handle.control_path is None:
             return
@@ -277,7 +277,7 @@ class RemoteAttemptTable(AttemptTable[S]):
                 "killed_at": tracked.killed_at,
                 TERMINATING: tracked.terminating_at,
             }
-        write_json_atomic(tracked.handle.control_path, record, mode=CONTROL_MODE)  # never through a planted link
+        write_json_atomic(tracked.handle.control_path, record, mode=CONTROL_MODE, durable=durable)  # no planted link
 
     @staticmethod
     def _control(handle: Handle) -> dict[str, Any]:
