@@ -204,18 +204,11 @@ class PassState:
         that still to come?
 
         The answer reads the job's tier, lease, grace and preemption record alone (fields
-        `waiting.class_key` keeps alike within a class), so it is remembered per hold; of the
-        record, only the preemptions the thrash budget can still count (those after now − its
-        window: the rules are asked at due − grace, never before now), so that jobs preempted
-        long ago share one answer."""
+        `waiting.class_key` keeps alike within a class), so it is remembered per hold."""
         due = hold.due
         if due is None or job.tier <= hold.tier or job.state is JobState.AWAITING_APPROVAL:
             return False  # (a job awaiting approval starts nowhere)
-        record = job.preempted_at
-        if record:
-            since = self.now - self.policy.thrash.max_preemptions.per
-            record = tuple([t for t in record if t > since])
-        key = (id(hold), job.tier, job.lease, job.grace, record)
+        key = (id(hold), job.tier, job.lease, job.grace, job.preempted_at)
         known = self.memo.lent.get(key)
         if known is None:
             at = due - grace_of(self.policy, job)
