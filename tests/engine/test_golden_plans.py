@@ -49,7 +49,7 @@ GOLDEN: dict[tuple[int, int, int, int, int, str], str] = {
     (40, 8, 120, 60, 9, "default"): "da0ed2ad234f5eb8fd9deca9f935b0bdca8ee1b6a3e0aec109253bc3b21e73ff",
     (40, 8, 120, 60, 10, "default"): "cbbdbe4ed1b6ec71948a070b162cb94a558c52f92acbf22a16ce0ab5c80a60b3",
     (40, 8, 120, 60, 11, "default"): "ee65b8ac535498a47cf9d2523d237199db3215603cb3a0f350f1a8a505e0fb7a",
-    (40, 8, 120, 60, 12, "default"): "8fe91e9270704b914ed73e4db96825d7cfcb46ba5b0f478d128de9198c9e01d2",
+    (40, 8, 120, 60, 12, "default"): "b40edad8e599275bba1e5413fede414849ba4505cb192f30e24393cf9e5e8fb8",
     (40, 8, 120, 60, 13, "default"): "b55f0e5f4d7c3d617ab37b9b18e9c3c25a937cf399f4881512cb40cb9b53854c",
     (40, 8, 120, 60, 14, "default"): "134a0651b6feee442cce5cdfa15e6c34971fddca78f6f893631fcb8ea8cea399",
     (40, 8, 120, 60, 15, "default"): "75824b698451b49de7bf0f1557885914285b5962c2cedec67910e0ec05af1a13",

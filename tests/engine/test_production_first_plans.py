@@ -223,3 +223,26 @@ def test_a_waiting_job_in_its_grace_still_names_its_victims() -> None:
     assert isinstance(leaving.attempt, Attempt)
     again = plan_for(pol, nodes(1), [leaving, replace(p, claim=True)], now=NOW + 1)
     assert preempted(again) == set() and again.explanations["p"].reason.victims == ("v",)  # type: ignore[attr-defined]
+
+
+def test_a_job_the_pass_had_no_search_left_for_names_no_victims() -> None:
+    """`preemption.max_attempts_per_pass: 1`: of two jobs that could each preempt now, the
+    second is not searched this pass. Its reason names no victims (it takes none now) and no
+    reservation counts on any; the next pass searches it, and it takes them."""
+    pol = _default(preemption={"max_attempts_per_pass": 1, "only_if_it_pays": False})
+    old = NOW - 5_000.0
+    v1 = running(
+        "v1", "default", 4, ("n0", 8), started=old, startup_s=5.0, checkpoint_s=3.0, last_checkpoint_at=NOW - 10
+    )
+    v2 = running("v2", "default", 4, ("n1", 4), started=old, startup_s=5.0)
+    v3 = running("v3", "default", 4, ("n1", 4), started=old, startup_s=5.0, first_gpu=4)
+    first = pending("p1", "default", 3, gpus=8, submit=NOW - 20)
+    second = pending("p2", "default", 3, gpus=4, submit=NOW - 10)
+    plan = plan_for(pol, nodes(2), [v1, v2, v3, first, second], now=NOW)
+    assert preempted(plan) == {"v1"}
+    why = plan.explanations["p2"].reason
+    assert not getattr(why, "victims", ()), why.message
+    assert all(not set(r.waits_for) & {"v2", "v3"} for r in plan.reservations if r.job_id == "p2")
+    later = plan_for(pol, nodes(2), [v2, v3, replace(first, claim=True), second], now=NOW + 1)
+    assert len(preempted(later)) == 1 and preempted(later) <= {"v2", "v3"}
+    assert later.preemptions[0].for_job == "p2"

@@ -226,7 +226,7 @@ class Cycle:
             blocked = self.steps.refused(job, blocked)  # what the job can do instead
         taken = len(self.state.reservations) >= self.reservations
         if not taken:  # 5. reserve
-            natural = blocked is waiting
+            natural = blocked is waiting or self.preempt.skipped
             frees = self.preempt.frees
             first = frees[1] if natural and frees is not None and frees[0] == job.id else None
             reserved = self.reserve.attempt(job, blocked, natural, first)

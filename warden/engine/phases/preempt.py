@@ -40,6 +40,7 @@ class Preempt:
         "memo",
         "pays",
         "reserve",
+        "skipped",
         "state",
         "victims",
     )
@@ -55,6 +56,9 @@ class Preempt:
         """`preemption.only_if_it_pays`, read once a pass."""
         self.attempts_left = state.policy.preemption.max_attempts_per_pass
         """Victim searches this pass may still run (a shape that failed is not searched again)."""
+        self.skipped = False
+        """The last job was not searched: the pass had run its searches. Its reservation counts
+        only what frees by itself, so its reason names no victim this pass does not take."""
         self.frees: tuple[str, Forecast] | None = None
         """The job that last declined, and where capacity frees by itself for it first: what
         its reservation would forecast again (`Reserve.attempt`'s `first`)."""
@@ -64,12 +68,16 @@ class Preempt:
         `PreemptionWouldNotPay` when the victims that would make room cost more than waiting;
         None when no set of victims makes room (or the pass has run out of searches)."""
         self.frees = None
+        self.skipped = False
         state = self.state
         if not state.terminating and not state.takeable.get(job.tier):
             return None  # `_could` is False for the whole pass: nothing to claim, nobody to take
         key = (job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.cpu, job.memory, job.placement)
         fail = self.memo.preempt_fail
-        if key in fail or self.attempts_left <= 0:
+        if key in fail:
+            return None
+        if self.attempts_left <= 0:
+            self.skipped = True
             return None
         may_decline = self._may_decline(job)  # nothing below adds a reservation
         known = self.memo.preempt_declined.get(key)
