@@ -42,7 +42,7 @@ from warden.engine.fairshare import accrue, cluster_capacity
 from warden.engine.model import Attempt, Job, JobState, Node, Snapshot, UsageLedger
 from warden.engine.plan import Plan
 from warden.engine.policy import Policy
-from warden.engine.rules import RuleContext, guarded, protection
+from warden.engine.rules import RuleContext, closes_at, guarded, protection
 from warden.engine.scheduler import Engine, schedule
 
 __all__ = ["Driver", "Eviction", "JobSpec", "StepRecord", "run_history"]
@@ -121,8 +121,12 @@ def check_warm_engine(engine: Engine, snapshot: Snapshot, plan: Plan, now: float
     assert engine._index is not None
     engine._index.check()
     ctx = RuleContext(snapshot.policy, built.quota, now)
-    alloc.releases.check(alloc.jobs, now, lambda v: (protection(ctx, v), expected_end(v)))
-    alloc.releases_t1.check(alloc.jobs, now, lambda v: (protection(ctx, v, guarded(1, v.tier)), expected_end(v)))
+    alloc.releases.check(alloc.jobs, now, lambda v: (protection(ctx, v), expected_end(v), closes_at(ctx, v)))
+    alloc.releases_t1.check(
+        alloc.jobs,
+        now,
+        lambda v: (protection(ctx, v, guarded(1, v.tier)), expected_end(v), closes_at(ctx, v, guarded(1, v.tier))),
+    )
     assert alloc.jobs == built.jobs
     assert alloc.flavor_of_job == built.flavor_of_job
     assert {n: u for n, u in alloc.used.items() if u} == {n: u for n, u in built.used.items() if u}

@@ -506,6 +506,13 @@ def check_preemptions(v: PassView) -> None:
             assert ran >= min(overhead / (1.0 - floor) - 2e-6, pol.max_lease), (
                 f"{where}: efficiency {eta:.4f} below {floor} (ran {ran}s, overhead {overhead}s)"
             )
+            # Nor in the last `protect_before_time_limit` of its time limit (the same reach).
+            window = pol.preemption.protect_before_time_limit
+            if window > 0 and victim.expected_duration is not None:
+                assert ran < victim.expected_duration - window, (
+                    f"{where}: preempted {victim.expected_duration - ran}s before its time limit "
+                    f"(protect_before_time_limit {window}s)"
+                )
         # -- 5: the grace period, at least min_grace and the victim's own
         own = victim.grace if victim.grace is not None else tier.grace
         assert p.grace >= pol.min_grace and p.grace >= own, (

@@ -136,6 +136,7 @@ def test_show_json_is_one_object_with_defaults_filled(tmp_path: Path) -> None:
         "max_attempts_per_pass": 16,
         "victim_order": "cost",
         "only_if_it_pays": True,
+        "protect_before_time_limit": "0s",
         "reclaim": {
             "nominal": "any",
             "fair_share": "final",

@@ -243,6 +243,7 @@ def policy_data(draw: st.DrawFn, cluster: tuple[Node, ...], pressure: bool, recl
             "victim_order": draw(st.sampled_from(["cost", "cost", "newest", "smallest"])),
             "max_attempts_per_pass": draw(st.sampled_from([32, 32, 32, 1, 3])),
             "only_if_it_pays": draw(st.sampled_from([True, True, False])),
+            "protect_before_time_limit": draw(st.sampled_from([0, 0, 0, 60, 600, 3600])),
         },
         "scheduling": {
             "order": (order := draw(st.sampled_from(["governed", "governed", "fifo", "priority"]))),

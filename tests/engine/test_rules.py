@@ -29,6 +29,7 @@ from warden.engine.rules import (
     allowed,
     blocks,
     checkpoint_of,
+    closes_at,
     direction,
     downward_key,
     efficiency,
@@ -523,7 +524,12 @@ def _random_policy(rng: Random) -> Policy:
         for t in (1, 2, 3, 4)
     }
     return parse_policy(
-        {"queues": DESIGN_QUEUES, "tiers": tiers, "thrash": {"max_preemptions": {"per": "1h", "count": 2}}}
+        {
+            "queues": DESIGN_QUEUES,
+            "tiers": tiers,
+            "thrash": {"max_preemptions": {"per": "1h", "count": 2}},
+            "preemption": {"protect_before_time_limit": rng.choice(["0s", "0s", "10m", "2h"])},
+        }
     )
 
 
@@ -546,6 +552,7 @@ def _random_victim(rng: Random, job_id: str = "v") -> Job:
         startup_s=rng.choice([None, 30.0, 600.0]),
         checkpoint_s=rng.choice([0.0, 120.0]),
         preempted_at=tuple(sorted(rng.uniform(0.0, 20_000.0) for _ in range(rng.randint(0, 3)))),
+        expected_duration=rng.choice([None, 1_800.0, 7_200.0, 20_000.0]),
     )
 
 
@@ -616,21 +623,33 @@ def test_each_rules_tier_test_is_a_necessary_condition(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_victim_rules_protection_only_lifts_as_time_passes(seed: int) -> None:
-    """What a victim rule says at one `now` holds at every later one (the pass keeps the answer
-    between passes), and a rule that declares it never lifts blocks for good."""
+def test_what_the_victim_rules_say_at_one_now_holds_at_every_later_one(seed: int) -> None:
+    """The pass keeps the victim rules' answer between passes as a window: V may go from
+    `protection` until `closes_at`. A rule that declares it never lifts blocks for good; one
+    that starts later (`starts_at`, the same asked at any `now`) lets V go before its start and
+    blocks for good from then on."""
     rng = Random(seed)
+    started = 0
     for c, _, v in _cases(seed):
         later = RuleContext(c.policy, c.quota, c.now + rng.uniform(0.0, 10_000.0))
         for rule in VICTIM_RULES:
             b = rule.check(c, v)
             if b is not None and not rule.lifts:
                 assert b.until == INF
-        was, now = protection(c, v), protection(later, v)
-        if was > later.now:
-            assert now == was
-        else:
-            assert now <= later.now
+            if rule.starts_at is not None:
+                start = rule.starts_at(c, v)
+                assert rule.starts_at(later, v) == start
+                assert (rule.check(later, v) is not None) == (later.now >= start)
+                started += start < INF
+        for guard in (True, False):
+            was, closes, now = protection(c, v, guard), closes_at(c, v, guard), protection(later, v, guard)
+            if later.now >= closes:
+                assert now == INF
+            elif was > later.now:
+                assert now == was
+            else:
+                assert now <= later.now
+    assert started  # the cases reach a protection that starts
 
 
 def test_a_borrower_in_quota_only_after_reclaim_searches_both_ways() -> None:

@@ -34,13 +34,16 @@ VictimFacts = tuple[
     str,
     float,
     float,
+    float,
+    float,
 ]
 """(the job as seen, seen at, protected until, progress at risk since, restart cost, GPUs freed
-per node, GPUs, victim-order ties, flavor, expected end, protected from tier 1 until): what
-pricing a running job as a victim needs that does not change with time (the ties:
-`preemption.ties`, its victim key after cost). It is protected from tiers 2–4 and reclaims
-until the first time, from a tier-1 preemptor until the last (`rules.guarded`: the thrash
-guard never delays tier 1)."""
+per node, GPUs, victim-order ties, flavor, expected end, protected from tier 1 until, protected
+again from, protected from tier 1 again from): what pricing a running job as a victim needs
+that does not change with time (the ties: `preemption.ties`, its victim key after cost). Tiers
+2–4 and reclaims may take it from the first time until the twelfth (`rules.protection`,
+`rules.closes_at`), a tier-1 preemptor from the eleventh until the last (`rules.guarded`: rules
+of the thrash guard's reach never delay tier 1)."""
 
 
 class Allocation:

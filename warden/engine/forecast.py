@@ -31,7 +31,7 @@ from warden.engine.model import Attempt, Job, JobState, Snapshot
 from warden.engine.overcommit import cluster_totals
 from warden.engine.plan import Plan
 from warden.engine.quota import QuotaTree
-from warden.engine.rules import RuleContext, grace_of, protection
+from warden.engine.rules import RuleContext, closes_at, grace_of, protection
 from warden.engine.scheduler import Engine
 
 if TYPE_CHECKING:
@@ -178,9 +178,10 @@ class _Forecast:
         if now <= end < INF:
             heapq.heappush(self.events, (end, _END, job.id, v))
         ctx = replace(self.ctx, now=now)
-        for lifts in {protection(ctx, job), protection(ctx, job, guard=False)}:  # from tiers 2–4; tier 1
-            if now < lifts < INF:
-                heapq.heappush(self.wakes, lifts)
+        for guard in (True, False):  # from tiers 2–4; from tier 1
+            for changes in (protection(ctx, job, guard), closes_at(ctx, job, guard)):
+                if now < changes < INF:
+                    heapq.heappush(self.wakes, changes)
 
     def _apply(self, plan: Plan, t: float) -> list[Job]:
         """The plan carried out at `t`: victims signalled, admitted jobs running, claims marked."""

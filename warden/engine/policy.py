@@ -438,6 +438,12 @@ class PreemptionSpec(_Spec):
             "job, which waits for its victims' leases and grace alone."
         ),
     )
+    protect_before_time_limit: Duration = Field(
+        default=0.0,
+        description="No preemption in the last this much of a job's time limit: a job that ends by its "
+        "limit soon anyway keeps its work (0: off). Its reach is the thrash guard's: tiers 2–4 and "
+        "reclaims wait for such a job to end, a tier-1 job does not.",
+    )
     reclaim: ReclaimSpec = ReclaimSpec()
 
 

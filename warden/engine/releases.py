@@ -3,9 +3,10 @@
 A forecast (where capacity frees first) and the question "has this preemptor any victim at
 all?" both read every running job. Pass after pass the running jobs hardly change, and what
 orders them does not move with time: an expected end is a time, and so is the moment the
-victim rules let a job go. So the engine keeps them sorted between passes (in
-`Allocation.releases`), re-indexes only the jobs that started, stopped or changed, and moves
-a job from "protected" to "may go" once `now` passes its protection. A pass then walks only
+victim rules let a job go, or protect it again (the last stretch of its time limit). So the
+engine keeps them sorted between passes (in `Allocation.releases`), re-indexes only the jobs
+that started, stopped or changed, moves a job from "protected" to "may go" once `now` passes
+its protection, and out of "may go" for good once `now` passes the protection that starts. A pass then walks only
 as far as it needs, in order, and prices the victims (`phases.victims.Victims.pool`) only when
 a search has something to take.
 """
@@ -24,8 +25,9 @@ INF = math.inf
 Kind = PairKey
 """What the pair rules read of a victim (`rules.pair_key`; today its tier and queue): the
 jobs of one kind are allowed or refused together."""
-Facts = Callable[[Job], tuple[float, float]]
-"""A job's (protected until, expected end): when the victim rules let it go and when it ends."""
+Facts = Callable[[Job], tuple[float, float, float]]
+"""A job's (protected until, expected end, protected again from): when the victim rules let it
+go, when it ends, and when they protect it for good (inf: never; `rules.closes_at`)."""
 
 
 class ReleaseIndex:
@@ -38,13 +40,25 @@ class ReleaseIndex:
     jobs a claimant counts on.
     """
 
-    __slots__ = ("at", "dirty", "ending", "facts", "jobs", "kinds", "lifted", "protected", "protected_of")
+    __slots__ = (
+        "at",
+        "closing",
+        "dirty",
+        "ending",
+        "facts",
+        "jobs",
+        "kinds",
+        "lifted",
+        "protected",
+        "protected_of",
+    )
 
     def __init__(self) -> None:
         self.jobs: dict[str, Job] = {}
         """The indexed jobs, as indexed."""
-        self.facts: dict[str, tuple[float, float]] = {}
-        """Per indexed job, (protected until, expected end) as it was indexed with."""
+        self.facts: dict[str, tuple[float, float, float]] = {}
+        """Per indexed job, (protected until, expected end, protected again from) as it was
+        indexed with."""
         self.dirty: set[str] = set()
         """Jobs that started or changed since the last refresh: indexed at the next one."""
         self.ending: list[tuple[float, str]] = []
@@ -56,6 +70,9 @@ class ReleaseIndex:
         """`protected`, per kind."""
         self.lifted: dict[Kind, list[str]] = {}
         """Per kind, the ids of the jobs the rules let go at the last refresh, sorted."""
+        self.closing: list[tuple[float, str]] = []
+        """(protected again from, id) of the jobs in `lifted` or `protected` that the rules will
+        protect for good at that time, sorted: what the next refresh may take out of both."""
         self.kinds: dict[Kind, set[str]] = {}
         """Per kind, every indexed job."""
         self.at = -INF
@@ -81,9 +98,13 @@ class ReleaseIndex:
         facts = self.facts.pop(job_id, None)
         if facts is None:
             return
-        protected, end = facts
+        protected, end, closes = facts
         if end < INF:
             _remove(self.ending, (end, job_id))
+        if closes <= self.at:
+            return  # protected for good: in neither order
+        if closes < INF:
+            _remove(self.closing, (closes, job_id))
         if protected <= self.at:
             _remove(self.lifted[kind], job_id)
         elif protected < INF:
@@ -91,14 +112,16 @@ class ReleaseIndex:
             _remove(self.protected_of[kind], (protected, job_id))
 
     def refresh(self, now: float, facts_of: Facts) -> None:
-        """Index the jobs that started or changed, and let go those whose protection lifted by
-        `now`. A `now` earlier than the last one indexes everything anew (protection only lifts
-        as time passes, so what was let go earlier may be protected at that `now`)."""
+        """Index the jobs that started or changed, let go those whose protection lifted by
+        `now`, and take out those a protection that starts covers by then. A `now` earlier than
+        the last one indexes everything anew (what was let go or protected for good earlier may
+        be neither at that `now`)."""
         if now < self.at:
             for table in (self.facts, self.protected_of, self.lifted):
                 table.clear()
             self.ending.clear()
             self.protected.clear()
+            self.closing.clear()
             self.dirty = set(self.jobs)
         self.at = now
         for job_id in self.dirty:  # every order is a sorted list: the order of indexing is moot
@@ -114,18 +137,30 @@ class ReleaseIndex:
                 _remove(self.protected_of[kind], entry)
                 insort(self.lifted.setdefault(kind, []), job.id)
             del protected[:lifts]
+        closing = self.closing
+        closes = bisect_left(closing, (now, "\U0010ffff"))  # every entry closing at <= now
+        if closes:
+            for _, job_id in closing[:closes]:
+                _remove(self.lifted[pair_key(self.jobs[job_id])], job_id)
+            del closing[:closes]
 
-    def _index(self, job: Job, facts: tuple[float, float], now: float) -> None:
-        protected, end = facts
+    def _index(self, job: Job, facts: tuple[float, float, float], now: float) -> None:
+        protected, end, closes = facts
         self.facts[job.id] = facts
         kind = pair_key(job)
         if end < INF:
             insort(self.ending, (end, job.id))
+        if closes <= now:
+            return  # protected for good (`rules.protection` is inf once `closes` is not after it)
         if protected <= now:
             insort(self.lifted.setdefault(kind, []), job.id)
         elif protected < INF:
             insort(self.protected, (protected, job.id))
             insort(self.protected_of.setdefault(kind, []), (protected, job.id))
+        else:
+            return
+        if closes < INF:
+            insort(self.closing, (closes, job.id))
 
     # -- reading ------------------------------------------------------------------------------
     def kind_jobs(self) -> dict[Kind, Job]:
@@ -136,7 +171,7 @@ class ReleaseIndex:
     def is_lifted(self, job_id: str) -> bool:
         """Did the rules let the job go at the last refresh?"""
         facts = self.facts.get(job_id)
-        return facts is not None and facts[0] <= self.at
+        return facts is not None and facts[0] <= self.at < facts[2]
 
     def check(self, holding: dict[str, Job], now: float, facts_of: Facts) -> None:
         """Bring the index to `now`, then raise AssertionError unless it is what indexing
@@ -151,11 +186,13 @@ class ReleaseIndex:
         assert set(self.jobs) == set(holding), "indexed jobs differ from the holding ones"
         assert all(self.jobs[i] is j for i, j in holding.items()), "an indexed job is not its current version"
 
-        def lifted_or_time(facts: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
-            return {i: (0.0 if p <= now else p, end) for i, (p, end) in facts.items()}
+        def lifted_or_time(facts: dict[str, tuple[float, float, float]]) -> dict[str, tuple[float, float, float]]:
+            return {
+                i: (INF, end, INF) if c <= now else (0.0 if p <= now else p, end, c) for i, (p, end, c) in facts.items()
+            }
 
         assert lifted_or_time(self.facts) == lifted_or_time(fresh.facts), "ReleaseIndex.facts drifted"
-        for name in ("ending", "protected", "protected_of", "lifted", "kinds"):
+        for name in ("ending", "protected", "protected_of", "lifted", "closing", "kinds"):
             mine, theirs = getattr(self, name), getattr(fresh, name)
             if isinstance(mine, dict):
                 mine = {k: v for k, v in mine.items() if v}

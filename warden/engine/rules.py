@@ -5,9 +5,10 @@ check either lets V be taken (None) or returns a `Block` saying until when V is 
 (`until=inf` when time will not help). Each rule is an object that declares what it reads, and
 everything the pass needs to ask the rules cheaply is derived from those declarations:
 
-- a *victim rule* (`VictimRule`: preemptible, lease, thrash budget, efficiency floor) reads V
-  alone and says whether its protection ever lifts (`lifts`). A pass asks the victim rules once
-  per running job (`protection`: when V may go) and keeps the answer between passes;
+- a *victim rule* (`VictimRule`: preemptible, lease, thrash budget, efficiency floor, time
+  limit) reads V alone and says whether its protection ever lifts (`lifts`) or starts later
+  (`starts_at`). A pass asks the victim rules once per running job (`protection` and
+  `closes_at`: from when until when V may go) and keeps the answer between passes;
 - a *pair rule* (`PairRule`: direction, scope) reads P and V, and declares which fields of V it
   reads (`reads`): victims alike in those share an answer, so a search asks the pair rules once
   per (tier, queue) rather than once per victim (`allowed_for`, `pair_key`, and the release
@@ -179,18 +180,26 @@ shape of the quota tree alone, never the usage or `now` (`takeable_tiers` asks i
 policy)."""
 
 
+VictimCheckTime = Callable[[RuleContext, Job], float]
+
+
 def _any_tiers(ctx: RuleContext, p_tier: int, v_tier: int) -> bool:
     """A rule that does not look at tiers alone never rules a pair of tiers out."""
     return True
+
+
+def _never(policy: Policy) -> bool:
+    return False
 
 
 @dataclass(frozen=True, slots=True)
 class VictimRule:
     """A rule that reads V alone: asked once per running job, its answer kept per job.
 
-    A check that blocks says until when (`Block.until`); the answer computed at one `now` must
-    hold at every later one (protection only lifts as time passes), which is what lets a pass
-    keep it between passes.
+    Its answer changes at most once: a protection that lifts (`Block.until`: V may go from
+    then on), or one that starts (`starts_at`: V may go until then, never after). A pass keeps
+    the answer between passes as the window in which V may go (`protection`, `closes_at`), so
+    the answer computed at one `now` holds at every later one.
     """
 
     name: str
@@ -200,8 +209,15 @@ class VictimRule:
     for good (`until` inf), so a job it blocks is nobody's victim, now or in any forecast."""
     tiers: TierTest = _any_tiers
     thrash_guard: bool = False
-    """Part of the thrash guard: it protects V against preemptors of tiers 2–4 and against
-    reclaims, never against a tier-1 preemptor taking V by priority (`guarded`)."""
+    """It has the thrash guard's reach: it protects V against preemptors of tiers 2–4 and
+    against reclaims, never against a tier-1 preemptor taking V by priority (`guarded`)."""
+    starts_at: VictimCheckTime | None = None
+    """For a protection that starts later: when it starts for V (inf: never), asked at any
+    `now`. `check` blocks for good (inf) from then on and lets V go before."""
+    reads_estimate: Callable[[Policy], bool] = _never
+    """Does the check read V's runtime estimate (`Job.expected_duration`) under this policy?
+    Jobs of one waiting class differ in it, so what a reservation's holder may take back of
+    them (`phases.state.PassState.taken_back`) is then asked per job (`estimate_matters`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -499,10 +515,38 @@ def floor_lifts_at(policy: Policy, v: Job) -> float:
     return min(a.started_at + overhead / (1.0 - floor) - 1e-6, a.started_at + policy.max_lease)
 
 
+def near_time_limit(ctx: RuleContext, v: Job) -> Block | None:
+    """No preemption in the last `preemption.protect_before_time_limit` of V's time limit: V
+    ends by its limit soon anyway, and keeps the work it would lose."""
+    return Block("time_limit") if ctx.now >= time_limit_protects_from(ctx, v) else None
+
+
+def time_limit_protects_from(ctx: RuleContext, v: Job) -> float:
+    """When `near_time_limit` starts to protect V: its attempt's start plus its time limit less
+    `protect_before_time_limit`; inf without a time limit, an attempt, or the setting."""
+    window = ctx.policy.preemption.protect_before_time_limit
+    a = v.attempt
+    if window <= 0.0 or a is None or v.expected_duration is None:
+        return INF
+    return a.started_at + v.expected_duration - window
+
+
+def _time_limit_read(policy: Policy) -> bool:
+    return policy.preemption.protect_before_time_limit > 0.0
+
+
 PREEMPTIBLE = VictimRule("preemptible", preemptible, lifts=False, tiers=_preemptible_tiers)
 LEASE = VictimRule("lease", lease, lifts=True)
 THRASH_BUDGET = VictimRule("thrash_budget", thrash_budget, lifts=True, thrash_guard=True)
 EFFICIENCY_FLOOR = VictimRule("efficiency", efficiency_floor, lifts=True, thrash_guard=True)
+TIME_LIMIT = VictimRule(
+    "time_limit",
+    near_time_limit,
+    lifts=False,
+    thrash_guard=True,
+    starts_at=time_limit_protects_from,
+    reads_estimate=_time_limit_read,
+)
 DIRECTION = PairRule(
     "direction",
     direction,
@@ -519,7 +563,7 @@ SCOPE = PairRule(
     downward=_scope_downward,
 )
 
-VICTIM_RULES: tuple[VictimRule, ...] = (PREEMPTIBLE, LEASE, THRASH_BUDGET, EFFICIENCY_FLOOR)
+VICTIM_RULES: tuple[VictimRule, ...] = (PREEMPTIBLE, LEASE, THRASH_BUDGET, EFFICIENCY_FLOOR, TIME_LIMIT)
 
 PRODUCTION = 1
 """Production inference: the tier the thrash guard never delays (DESIGN §4.3). A tier-1 job is
@@ -585,9 +629,10 @@ def reservation_takes(ctx: RuleContext, holder_tier: int, v: Job, due: float) ->
 
 
 def protection(ctx: RuleContext, v: Job, guard: bool = True) -> float:
-    """When the victim rules let V go: 0.0 now, a time, or inf (never). `guard`: with the thrash
-    guard's rules (against tiers 2–4 and reclaims); without them, as a tier-1 preemptor taking
-    V by priority sees V (`guarded`)."""
+    """When the victim rules let V go: 0.0 now, a time, or inf (never: a rule blocks for good,
+    or one that starts later, `closes_at`, starts before the others have lifted). `guard`: with
+    the rules of the thrash guard's reach (against tiers 2–4 and reclaims); without them, as a
+    tier-1 preemptor taking V by priority sees V (`guarded`)."""
     until = 0.0
     for rule in VICTIM_RULES:
         if rule.thrash_guard and not guard:
@@ -597,7 +642,24 @@ def protection(ctx: RuleContext, v: Job, guard: bool = True) -> float:
             if b.until == INF:
                 return INF
             until = max(until, b.until)
-    return until
+    return INF if until >= closes_at(ctx, v, guard) else until
+
+
+def closes_at(ctx: RuleContext, v: Job, guard: bool = True) -> float:
+    """When a protection that starts later (`VictimRule.starts_at`) starts for V, the first of
+    them (with `guard` as in `protection`); inf when none will. V may go from `protection` until
+    then: the window a pass keeps per running job."""
+    closes = INF
+    for rule in VICTIM_RULES:
+        if rule.starts_at is None or (rule.thrash_guard and not guard):
+            continue
+        closes = min(closes, rule.starts_at(ctx, v))
+    return closes
+
+
+def estimate_matters(policy: Policy) -> bool:
+    """Does a victim rule read a job's runtime estimate under this policy (`reads_estimate`)?"""
+    return any(rule.reads_estimate(policy) for rule in VICTIM_RULES)
 
 
 def binding(ctx: RuleContext, v: Job, guard: bool = True) -> Block | None:

@@ -43,6 +43,7 @@ from warden.engine.phases.state import PassState
 from warden.engine.phases.victims import Victims
 from warden.engine.plan import Plan, SortKey
 from warden.engine.reasons import PreemptionWouldNotPay, Reason, UnknownQueue
+from warden.engine.rules import estimate_matters
 from warden.engine.waiting import WaitingIndex
 
 
@@ -93,8 +94,9 @@ class Engine:
             self._demand.apply(snapshot.policy, changed)
         index = self._index
         mode = order.mode_of(snapshot.policy)
-        if index is None or index.mode != mode:
-            index = self._index = WaitingIndex(mode)
+        exact = estimate_matters(snapshot.policy)
+        if index is None or index.mode != mode or index.exact_estimates != exact:
+            index = self._index = WaitingIndex(mode, exact)
             index.sync(self._waiting.values(), now)
         else:
             if changed is None:  # the whole snapshot: what differs from the last one changed

@@ -50,10 +50,11 @@ class ClassKey(NamedTuple):
     memory: int
     estimate: int
     """How its runtime estimate meets a reservation (`NO_RESERVATION`, `BY_ESTIMATE`)."""
-    lent: tuple[float | None, float | None, tuple[float, ...]]
-    """(lease, grace, preemption record): with the tier, what decides whether a reservation's
-    holder could take the job back, and so whether it may start in reserved capacity whatever
-    its estimate (`phases.state.PassState.taken_back`)."""
+    lent: tuple[float | None, float | None, tuple[float, ...], float | None]
+    """(lease, grace, preemption record, runtime estimate where a victim rule reads it): with
+    the tier, what decides whether a reservation's holder could take the job back, and so
+    whether it may start in reserved capacity whatever its estimate
+    (`phases.state.PassState.taken_back`)."""
     gate: int
     """Whether its members are considered (`OPEN`, `AWAITING`, `BACKOFF`)."""
 
@@ -140,11 +141,12 @@ def gate_of(job: Job, now: float) -> int:
     return OPEN
 
 
-def class_key(job: Job, now: float) -> ClassKey:
-    """The class of a waiting job at `now`."""
+def class_key(job: Job, now: float, exact_estimates: bool = False) -> ClassKey:
+    """The class of a waiting job at `now`; `exact_estimates`: a victim rule reads the runtime
+    estimate (`rules.estimate_matters`), so members share it exactly."""
     gate = gate_of(job, now)
     kind = NO_RESERVATION if job.expected_duration is None else BY_ESTIMATE
-    lent = (job.lease, job.grace, job.preempted_at)
+    lent = (job.lease, job.grace, job.preempted_at, job.expected_duration if exact_estimates else None)
     return _new(
         ClassKey,
         (job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.placement, job.cpu, job.memory, kind, lent, gate),
@@ -159,10 +161,12 @@ class WaitingIndex:
     `now`, so a warm index equals one built afresh.
     """
 
-    __slots__ = ("_backoff", "_where", "claimants", "classes", "mode", "now")
+    __slots__ = ("_backoff", "_where", "claimants", "classes", "exact_estimates", "mode", "now")
 
-    def __init__(self, mode: OrderMode) -> None:
+    def __init__(self, mode: OrderMode, exact_estimates: bool = False) -> None:
         self.mode = mode
+        self.exact_estimates = exact_estimates
+        """Classes split by runtime estimate (`class_key`)."""
         self.now = -float("inf")
         self.classes: dict[ClassKey, JobClass] = {}
         self.claimants: dict[str, Job] = {}
@@ -214,7 +218,7 @@ class WaitingIndex:
             self.claimants[job.id] = job
             self._where[job.id] = None
             return
-        key = class_key(job, self.now)
+        key = class_key(job, self.now, self.exact_estimates)
         cls = self.classes.get(key)
         if cls is None:
             cls = self.classes[key] = JobClass(key)
@@ -259,7 +263,7 @@ class WaitingIndex:
         for key, cls in self.classes.items():
             assert cls.members and cls.members == sorted(cls.members), key
             for entry in cls.members:
-                assert class_key(entry[3], self.now) == key, (entry[2], key)
+                assert class_key(entry[3], self.now, self.exact_estimates) == key, (entry[2], key)
                 assert self._where[entry[2]] == (cls, entry), entry[2]
             if cls.estimates is not None:
                 ends = [_estimate(e[3]) for e in cls.members]

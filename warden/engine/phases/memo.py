@@ -64,9 +64,12 @@ class Memo:
     held_ok: dict[PlaceKey, tuple[int, Reason]] = field(default_factory=dict)
     """Shapes that would fit but for the holds → (hold version, `Reserved`): until the holds
     change."""
-    lent: dict[tuple[int, int, float | None, float | None, tuple[float, ...]], bool] = field(default_factory=dict)
-    """(hold `id`, tier, lease, grace, preemption record) → may a job of those start in the
-    reservation's capacity although it does not end before it is due (`PassState.lent`)."""
+    lent: dict[tuple[int, int, float | None, float | None, tuple[float, ...], float | None], bool] = field(
+        default_factory=dict
+    )
+    """(hold `id`, tier, lease, grace, preemption record, runtime estimate where a victim rule
+    reads it) → may a job of those start in the reservation's capacity although it does not end
+    before it is due (`PassState.lent`)."""
     backfill_fail: dict[BackfillKey, int] = field(default_factory=dict)
     """Shapes that do not fit even in the reservations they may use → the hold version it was
     found at: free plus usable held capacity only shrinks while the holds stay as they are."""

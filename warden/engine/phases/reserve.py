@@ -318,7 +318,10 @@ class Reserve:
         expected end, or — if P may preempt it (pair rules) and its protection lifts before
         that — when the protection lifts (`now` for a job the rules let go already, its end if
         that is earlier); a job started in reserved capacity (`LENT`, `_takes`) counts the
-        same way whatever `scope` says. The running jobs come in those orders from
+        same way whatever `scope` says. A job the rules will protect again before it ends (the
+        last stretch of its time limit, `rules.closes_at`) counts at its end alone: a forecast
+        never counts on preempting it, though the search at its due time takes it where a pass
+        then may. The running jobs come in those orders from
         `Allocation.releases`, kept sorted between passes, and are merged here, each job taken
         from the order that applies to it: a forecast costs what it releases, not a walk over
         every running job.
@@ -355,10 +358,10 @@ class Reserve:
             for end, i in index.ending:
                 if i in terminating or i in claimed:
                     continue
-                protected = facts[i][0]
+                protected, _, closes = facts[i]
                 v = jobs[i]
                 # Taken from the lifting orders instead: its protection lifts before it ends.
-                if (0.0 if protected <= now else protected) < end and takes(v):
+                if (0.0 if protected <= now else protected) < end and closes == INF and takes(v):
                     continue
                 yield end, i, v, ITSELF
 
@@ -368,13 +371,13 @@ class Reserve:
         def lifted(kind: PairKey, way: int) -> Iterator[Freeing]:
             """The kind's jobs the rules let go now, taken `way` (`_takes`)."""
             for i in index.lifted.get(kind, ()):
-                if _after(facts[i][1], now) and free(i) and taken(way, jobs[i]):
+                if _after(facts[i][1], now) and facts[i][2] == INF and free(i) and taken(way, jobs[i]):
                     yield now, i, jobs[i], way
 
         def lifting(kind: PairKey, way: int) -> Iterator[Freeing]:
             """The kind's jobs whose protection lifts before they end, taken `way`."""
             for t, i in index.protected_of.get(kind, ()):
-                if t < facts[i][1] and free(i) and taken(way, jobs[i]):
+                if t < facts[i][1] and facts[i][2] == INF and free(i) and taken(way, jobs[i]):
                     yield t, i, jobs[i], way
 
         # Only the kinds P may take. Jobs the rules let go count from 0.0: lifted "before" any

@@ -17,7 +17,7 @@ from warden.engine.lifecycle import admitted
 from warden.engine.model import Attempt, Job, JobState
 from warden.engine.phases.memo import Memo, Part
 from warden.engine.plan import Admission, Preemption, Reservation
-from warden.engine.rules import RuleContext, grace_of, reservation_takes
+from warden.engine.rules import RuleContext, estimate_matters, grace_of, reservation_takes
 
 if TYPE_CHECKING:
     from warden.engine.allocation import Allocation
@@ -51,6 +51,7 @@ class PassState:
         "claims",
         "cpu_memory_governed",
         "ctx",
+        "exact_estimates",
         "flavor_of_job",
         "hold_ids",
         "holding",
@@ -119,6 +120,8 @@ class PassState:
         self.claimants: set[str] = set()
         """The jobs that claimed their victims in this pass (`Plan.claims`)."""
         self.cpu_memory_governed = any(r in ("cpu", "memory") for r in self.quota.resources)
+        self.exact_estimates = estimate_matters(self.policy)
+        """A victim rule reads the runtime estimate (`rules.estimate_matters`)."""
         self.memo = Memo()
         self.holds: list[Hold] = []
         self.hold_ids: tuple[int, ...] = ()
@@ -203,12 +206,20 @@ class PassState:
         grace (`rules.reservation_takes`, on the job as it would run if admitted now), and is
         that still to come?
 
-        The answer reads the job's tier, lease, grace and preemption record alone (fields
-        `waiting.class_key` keeps alike within a class), so it is remembered per hold."""
+        The answer reads the job's tier, lease, grace and preemption record, and its runtime
+        estimate where a victim rule reads it (fields `waiting.class_key` keeps alike within a
+        class), so it is remembered per hold."""
         due = hold.due
         if due is None or job.tier <= hold.tier or job.state is JobState.AWAITING_APPROVAL:
             return False  # (a job awaiting approval starts nowhere)
-        key = (id(hold), job.tier, job.lease, job.grace, job.preempted_at)
+        key = (
+            id(hold),
+            job.tier,
+            job.lease,
+            job.grace,
+            job.preempted_at,
+            job.expected_duration if self.exact_estimates else None,
+        )
         known = self.memo.lent.get(key)
         if known is None:
             at = due - grace_of(self.policy, job)

@@ -28,6 +28,7 @@ from warden.engine.rules import (
     Preemptor,
     allowed_for,
     at_risk_since,
+    closes_at,
     getter,
     may_take_back,
     protection,
@@ -131,15 +132,15 @@ class Victims:
             facts = known.get(v.id)
             if facts is None or facts[0] is not v or facts[1] > state.now:
                 facts = self.facts(v)
-            _, _, protected, since, restart, freed, gpus, tie, flavor, _, from_t1 = facts
-            if from_t1 <= now:
+            _, _, protected, since, restart, freed, gpus, tie, flavor, _, from_t1, closes, closes_t1 = facts
+            if from_t1 <= now < closes_t1:
                 if since is None:
                     lost = 0.0
                 else:
                     at_risk = now - since
                     lost = gpus * (at_risk if at_risk > 0.0 else 0.0)  # max(0.0, now - since)
                 cost = lost + restart
-                until = 0.0 if protected <= now else protected
+                until = (0.0 if protected <= now else protected) if now < closes else INF
                 if not cost >= 0.0:  # negative, or NaN
                     nonnegative = False
                     if not until:
@@ -176,13 +177,13 @@ class Victims:
         memo.releases_fresh.add(tier1)
         return index
 
-    def _protected_and_end(self, v: Job) -> tuple[float, float]:
+    def _protected_and_end(self, v: Job) -> tuple[float, float, float]:
         facts = self.facts(v)
-        return facts[2], facts[9]
+        return facts[2], facts[9], facts[11]
 
-    def _from_t1_and_end(self, v: Job) -> tuple[float, float]:
+    def _from_t1_and_end(self, v: Job) -> tuple[float, float, float]:
         facts = self.facts(v)
-        return facts[10], facts[9]
+        return facts[10], facts[9], facts[12]
 
     def any_eligible(self, p: Preemptor) -> bool:
         """Could a search for `p` take any running job now (`CandidatePool.eligible` without
@@ -240,17 +241,19 @@ class Victims:
         """What pricing a running job as a victim needs that does not change with time, kept
         between passes per job: (job, seen at, protected until, at risk since, restart cost,
         GPUs freed per node, GPUs, victim-order ties, flavor, expected end, protected from tier 1
-        until: `allocation.VictimFacts`).
+        until, protected again from, protected from tier 1 again from: `allocation.VictimFacts`).
 
-        A job's protection only ever lifts as time passes (a lease or stretched lease runs
-        out, old preemptions leave the budget window), so what was computed at an earlier
-        `now` holds later; a job whose facts change arrives as a new object and is priced anew.
+        A job's protection lifts as time passes (a lease or stretched lease runs out, old
+        preemptions leave the budget window) and one may start at a known time (the last stretch
+        of its time limit), so the window in which it may go, computed at an earlier `now`,
+        holds later; a job whose facts change arrives as a new object and is priced anew.
         """
         state = self.state
         facts = state.victim_facts.get(v.id)
         if facts is None or facts[0] is not v or facts[1] > state.now:
             end = expected_end(v)
             protected = protection(state.ctx, v)
+            closes = closes_at(state.ctx, v)
             facts = (
                 v,
                 state.now,
@@ -263,6 +266,8 @@ class Victims:
                 state.flavor_of_job[v.id],
                 end,
                 protected if v.tier <= PRODUCTION else protection(state.ctx, v, guard=False),
+                closes,
+                closes if v.tier <= PRODUCTION else closes_at(state.ctx, v, guard=False),
             )
             state.victim_facts[v.id] = facts
         return facts

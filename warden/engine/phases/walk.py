@@ -150,7 +150,9 @@ class Walker:
         heap: list[Entry] = []
         for job_id, key in claims.items():
             job = index.claimants[job_id]
-            heap.append((key, 0, _Track(JobClass(class_key(job, now), [order.mode.entry(job)]), None)))
+            heap.append(
+                (key, 0, _Track(JobClass(class_key(job, now, index.exact_estimates), [order.mode.entry(job)]), None))
+            )
         for cls in index.classes.values():
             if cls.key.gate == OPEN:
                 first = order.prefix(cls.members[0][3])
