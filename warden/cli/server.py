@@ -12,6 +12,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from warden.cli.app import duration, fail
+from warden.executors import registry
 from warden.executors.identity import DEFAULT_JOB_UIDS, parse_uid_range, parse_user_map
 from warden.urls import BadServerUrl, parse_urls
 
@@ -242,10 +243,9 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--executor",
                 envvar="WARDEN_EXECUTOR",
-                help="What runs the jobs: 'local' (this machine), 'slurm' (a Slurm cluster; see docs/slurm.md) or "
-                "'ray' (a Ray cluster; see docs/ray.md).",
+                help=f"What runs the jobs: {registry.described()}.",
             ),
-        ] = "local",
+        ] = registry.DEFAULT,
         slurm_partition: Annotated[
             str | None,
             typer.Option(
@@ -341,8 +341,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the warden server on this machine."""
         from warden.engine.policy import PolicyError, load_policy
-        from warden.executors.ray import RayError
-        from warden.executors.slurm import SlurmError
         from warden.server.app import Settings, serve
         from warden.server.listen import CannotListen
         from warden.server.statedir import StateDirError
@@ -359,16 +357,17 @@ def register(app: typer.Typer) -> None:
             fail(f"--history-interval: {history_interval!r} is not between 1 and 86400 seconds")
         if not 1.0 <= forecast_interval <= 3600.0:
             fail(f"--forecast-interval: {forecast_interval!r} is not between 1 and 3600 seconds")
-        if executor not in ("local", "slurm", "ray"):
-            fail(f"--executor: expected 'local', 'slurm' or 'ray', got {executor!r}")
-        if fake_gpus is not None and executor != "local":
-            fail(f"--fake-gpus: the {executor} executor takes its nodes and GPUs from the cluster")
-        if executor == "ray" and not ray_address:
-            fail("--ray-address: the ray executor needs the cluster's address (HOST:PORT, or $WARDEN_RAY_ADDRESS)")
-        if ray_address is not None and executor != "ray":
-            fail(f"--ray-address: given {ray_address!r}, but the executor is {executor!r} (add --executor ray)")
-        if ray_trust_unauthenticated and executor != "ray":
-            fail(f"--ray-trust-unauthenticated: the executor is {executor!r} (add --executor ray)")
+        refusal = registry.option_refusal(
+            executor,
+            {
+                "fake_gpus": fake_gpus,
+                "slurm_partition": slurm_partition,
+                "ray_address": ray_address,
+                "ray_trust_unauthenticated": ray_trust_unauthenticated,
+            },
+        )
+        if refusal is not None:
+            fail(refusal)
         if run_as not in ("dynamic", "user"):
             fail(f"--run-as: expected 'dynamic' or 'user', got {run_as!r}")
         try:
@@ -406,6 +405,7 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(2) from None
         if state_dir is not None:
             os.environ["WARDEN_STATE_DIR"] = str(state_dir)
+        errors = registry.kind(executor).errors()  # what the executor's factory raises when it cannot build it
         try:
             serve(
                 Settings(
@@ -420,7 +420,7 @@ def register(app: typer.Typer) -> None:
                     run_as="user" if run_as == "user" else "dynamic",
                     job_uids=uids,
                     user_map=mapping,
-                    executor="slurm" if executor == "slurm" else "ray" if executor == "ray" else "local",
+                    executor=executor,
                     slurm_partition=slurm_partition,
                     ray_address=ray_address,
                     ray_trust_unauthenticated=ray_trust_unauthenticated,
@@ -438,7 +438,7 @@ def register(app: typer.Typer) -> None:
             for issue in err.issues:
                 typer.echo(f"{policy}: {issue}", err=True)
             raise typer.Exit(2) from None
-        except (SlurmError, RayError) as err:
+        except errors as err:
             fail(f"--executor {executor}: {err}")
         except (StateDirError, CannotListen, TlsError) as err:
             fail(str(err))

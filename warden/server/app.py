@@ -17,15 +17,10 @@ import yaml
 from fastapi import FastAPI
 from sqlalchemy.engine import make_url
 
-from warden.engine.model import Node
 from warden.engine.overcommit import quota_warnings
 from warden.engine.policy import Policy, default_policy, load_policy, parse_policy
-from warden.executors.base import Executor, Inventory
-from warden.executors.gpus import discover_gpus
+from warden.executors import registry
 from warden.executors.identity import DEFAULT_JOB_UIDS, Identities
-from warden.executors.local import LocalExecutor
-from warden.executors.ray import RayError, RayExecutor
-from warden.executors.slurm import SlurmExecutor
 from warden.paths import default_state_dir, make_dirs
 from warden.runtime import tune_collector
 from warden.server.api import (
@@ -75,7 +70,7 @@ class Settings:
     run_as: Literal["dynamic", "user"] = "dynamic"  # who jobs run as when the server is root
     job_uids: range = DEFAULT_JOB_UIDS
     user_map: tuple[tuple[str, str], ...] = ()  # (warden user or "*", Unix account), for run_as="user"
-    executor: Literal["local", "slurm", "ray"] = "local"
+    executor: str = registry.DEFAULT  # the name of a kind in `warden.executors.registry.KINDS`
     slurm_partition: str | None = None  # default: the cluster's default partition
     ray_address: str | None = None  # the Ray cluster's head, for executor="ray"
     ray_trust_unauthenticated: bool = False  # govern a Ray cluster without token authentication
@@ -87,30 +82,12 @@ class Settings:
     tls_key: Path | None = None  # its key
     plain_http: bool = False  # serve plain HTTP: tokens cross the network in clear (docs/service.md)
 
+    def __post_init__(self) -> None:
+        registry.kind(self.executor)  # UnknownExecutor, a ValueError, for a name no executor has
+
     @property
     def scheme(self) -> str:
         return "http" if self.plain_http else "https"
-
-
-DEFAULT_FAKE_GPUS = 4
-
-
-def local_node(fake_gpus: int | None, say: Callable[[str], None] = print) -> tuple[Node, ...]:
-    """This machine as one node: its GPUs (or `fake_gpus` fake ones; 4 when it has none and
-    nothing was asked), cores and memory."""
-    gpus = discover_gpus(fake_gpus)
-    if not gpus and fake_gpus is None:
-        gpus = discover_gpus(DEFAULT_FAKE_GPUS)
-        say(f"no GPU found (nvidia-smi): pretending to have {DEFAULT_FAKE_GPUS} (--fake-gpus N to choose)")
-    memory_mib = 0
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    memory_mib = int(line.split()[1]) // 1024
-    except OSError:
-        pass
-    return (Node(socket.gethostname() or "localhost", len(gpus), (os.cpu_count() or 1) * 1000, memory_mib),)
 
 
 def _policy(store: Store, path: Path | None, now: float) -> Policy:
@@ -218,20 +195,6 @@ def _tokens(store: Store, bootstrap: str | None, state: Path, now: float, say: C
     say(f"created the first admin token; it is in {path} (the CLI on this machine reads it from there)")
 
 
-def cgroup_parent(state: Path) -> str:
-    """Where the local executor puts its jobs' cgroups, under the server's own: `warden/` and an
-    id of the state directory, so that servers of one machine never share one."""
-    import hashlib
-
-    return "warden/" + hashlib.sha256(str(Path(state).resolve()).encode()).hexdigest()[:12]
-
-
-def fresh_identities(identities: Identities) -> Identities:
-    """The same choice of job identities, with no uid held yet: each term's executor keeps
-    its own (an adopted attempt claims its uid again)."""
-    return Identities(identities.mode, identities.pool.uids, dict(identities.user_map))
-
-
 def build_service(
     settings: Settings, say: Callable[[str], None] = print, contend: bool = False, ca_pem: str | None = None
 ) -> Service:
@@ -271,49 +234,10 @@ def build_service(
             say(f"standing by for the lead on {make_url(url).render_as_string(hide_password=True)}")
     bind_database(state, store.database_id(), url)
     now = time.time()
-    executor: Executor
-    inventory: Callable[[], Inventory] | None = None
-    make_executor: Callable[[], Executor]
-    if settings.executor == "slurm":
-        slurm = SlurmExecutor(partition=settings.slurm_partition, identities=identities)
-        executor, inventory = slurm, slurm.inventory
-        nodes = slurm.inventory().nodes
-        say(f"executor slurm: partition {slurm.partition!r}, {len(nodes)} node(s)")
-        _say_containment(slurm.containment(), bool(slurm.unconstrained), say)
-
-        def make_executor() -> Executor:
-            return SlurmExecutor(partition=slurm.partition, identities=fresh_identities(identities))
-
-    elif settings.executor == "ray":
-        if not settings.ray_address:
-            raise RayError("no cluster address given (--ray-address)")
-        address = settings.ray_address
-        cluster = RayExecutor(
-            address=address,
-            identities=identities,
-            trust_unauthenticated=settings.ray_trust_unauthenticated,
-        )
-        executor, inventory = cluster, cluster.inventory
-        nodes = cluster.inventory().nodes
-        say(f"executor ray: cluster {settings.ray_address}, {len(nodes)} node(s)")
-
-        def make_executor() -> Executor:
-            return RayExecutor(
-                address=address,
-                identities=fresh_identities(identities),
-                trust_unauthenticated=settings.ray_trust_unauthenticated,
-            )
-
-    else:
-        parent = cgroup_parent(state)
-        local = LocalExecutor(identities=identities, cgroup_parent=parent)
-        executor = local
-        nodes = local_node(settings.fake_gpus, say)
-        _say_containment(local.containment(), local.layout is None, say)
-
-        def make_executor() -> Executor:
-            return LocalExecutor(identities=fresh_identities(identities), cgroup_parent=parent)
-
+    built = registry.kind(settings.executor).build(settings, identities, state, say)
+    if built.containment is not None:
+        _say_containment(built.containment.line, built.containment.unbounded, say)
+    nodes = built.nodes
     if lease is None:  # else the leader records them, each term (a standby writes nothing of the cluster)
         store.replace_nodes(NodeRecord.from_engine(n, updated_at=now) for n in nodes)
     policy = _policy(store, settings.policy, now)
@@ -322,18 +246,18 @@ def build_service(
     _tokens(store, settings.bootstrap_token, state, now, say)
     service = Service(
         store,
-        executor,
+        built.executor,
         nodes,
         policy,
         state,
         url=api_url,
-        inventory=inventory,
+        inventory=built.inventory,
         history_interval_s=settings.history_interval_s,
         forecast_interval_s=settings.forecast_interval_s,
         token_lifetime_s=settings.token_lifetime_s,
         private_data=settings.private_data,
         lease=lease,
-        make_executor=make_executor if lease is not None else None,
+        make_executor=built.make_executor if lease is not None else None,
         ca_pem=ca_pem,
     )
     _chmod(state / "report-secret", 0o600)
