@@ -18,7 +18,17 @@ from warden.engine.model import Snapshot
 from warden.engine.phases.state import PassState
 from warden.engine.phases.victims import Victims
 from warden.engine.preemption import VICTIM_ORDERS, Candidate, victim_key
-from warden.engine.rules import PAIR_RULES, PREEMPTOR_READS, allowed, pair_key, preemptor_key, share, victim_cost
+from warden.engine.rules import (
+    PAIR_READS,
+    PAIR_RULES,
+    PREEMPTOR_READS,
+    RECLAIM,
+    allowed,
+    pair_key,
+    preemptor_key,
+    share,
+    victim_cost,
+)
 
 
 def _with(p: object, path: str, value: object) -> object:
@@ -44,6 +54,25 @@ def test_pair_rules_read_only_the_fields_of_the_preemptor_they_declare(seed: int
         w = _random_victim(rng, "w")
         assert allowed(c, same, w) == allowed(c, p, w)
         assert pair_key(w) == (w.tier, w.queue)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_reclaim_reads_only_the_fields_it_declares(seed: int) -> None:
+    """Reclaim's queue-level answer (`RECLAIM.kind`) and whether P could reclaim at all
+    (`RECLAIM.may`) read only the declared fields of V and of P, which the pass's keys contain."""
+    rng = Random(seed + 300)
+    assert set(RECLAIM.reads) <= set(PAIR_READS) and set(RECLAIM.of_preemptor) <= set(PREEMPTOR_READS)
+    kinds = 0
+    for c, p, v in _cases(seed):
+        w = replace(_random_victim(rng, "w"), **{f: getattr(v, f) for f in RECLAIM.reads})
+        assert RECLAIM.kind(c, p, w) == RECLAIM.kind(c, p, v), (p, v, w)
+        alike = _random_preemptor(rng, c)
+        for path in RECLAIM.of_preemptor:
+            alike = _with(alike, path, _get(p, path))  # type: ignore[assignment]
+        assert RECLAIM.may(c, alike) == RECLAIM.may(c, p)
+        assert RECLAIM.kind(c, alike, v) == RECLAIM.kind(c, p, v)
+        kinds += RECLAIM.kind(c, p, v) is not None
+    assert kinds  # the cases reach reclaims
 
 
 def _get(obj: object, path: str) -> object:

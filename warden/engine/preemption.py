@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from warden.engine.model import Job
 from warden.engine.rules import (
+    RECLAIM,
+    PairKey,
     Preemptor,
     allowed_for,
     downward_allowed,
     downward_key,
-    may_take_back,
-    reclaim_kind,
-    reclaim_of,
+    pair_key,
 )
 
 if TYPE_CHECKING:
@@ -114,8 +114,7 @@ class CandidatePool:
         """The candidates the rules let go now (`protected_until` 0.0), in victim order."""
         self._downward: dict[tuple[object, ...], list[Candidate]] = {}
         """Lower-tier victims per `rules.downward_key`: for the pass."""
-        self._of_tier: dict[int, list[Candidate]] | None = None
-        self._of_queue: dict[int, dict[str, list[Candidate]]] | None = None
+        self._of_kind: dict[PairKey, list[Candidate]] | None = None
         self._held_on = held_on
 
     def held_on(self) -> dict[str, int]:
@@ -132,11 +131,11 @@ class CandidatePool:
     def eligible(self, ctx: RuleContext, p: Preemptor, leaving: Sequence[Candidate] = ()) -> Eligible:
         """Victims the rules let `p` take now, in victim order, after the jobs already `leaving`.
 
-        The pair rules read only a victim's tier and queue (`allowed_for`), so they are
-        evaluated once per (tier, queue), not once per victim. Victims of a lower tier taken by
-        priority are kept per `downward_key` for the pass; victims of a reclaim (of any tier,
-        `rules.reclaim_kind`) depend on the quota state and are listed anew, from the pass's
-        per-tier lists.
+        The pair rules and reclaim read only a victim's `pair_key` (`allowed_for`), so they
+        are evaluated once per kind of victim, not once per victim. Victims of a lower tier taken
+        by priority are kept per `downward_key` for the pass; victims of a reclaim (of any tier,
+        `RECLAIM.kind`) depend on the quota state and are listed anew, from the pass's lists
+        per kind.
         """
         key = downward_key(ctx, p)
         lower = self._downward.get(key)
@@ -147,37 +146,24 @@ class CandidatePool:
                 c for c in self.free_now if c.job.tier > tier and downward_allowed(ctx, p, c.job) and ok(c.job)
             ]
         taken_back: list[Candidate] = []
-        if may_take_back(ctx, p):
-            # The rules read a victim's tier and queue alone here: asked once per (tier, queue).
+        if RECLAIM.may(ctx, p):
             runs = [
                 members
-                for t, by_queue in sorted(self._queues().items())
-                if ctx.policy.tier(t).charged  # no reclaim takes an uncharged job
-                for members in by_queue.values()
+                for _, members in sorted(self._kinds().items())
                 if members
                 and not downward_allowed(ctx, p, members[0].job)
-                and reclaim_kind(ctx, p, members[0].job) is not None
+                and RECLAIM.kind(ctx, p, members[0].job) is not None
             ]
             taken_back = runs[0].copy() if len(runs) == 1 else sorted(chain.from_iterable(runs), key=_rank)
         return Eligible(leaving, lower, taken_back)
 
-    def _tiers(self) -> dict[int, list[Candidate]]:
-        """`free_now` by tier, in victim order."""
-        if self._of_tier is None:
-            self._of_tier = {}
+    def _kinds(self) -> dict[PairKey, list[Candidate]]:
+        """`free_now` by kind (`rules.pair_key`), in victim order."""
+        if self._of_kind is None:
+            self._of_kind = {}
             for c in self.free_now:
-                self._of_tier.setdefault(c.job.tier, []).append(c)
-        return self._of_tier
-
-    def _queues(self) -> dict[int, dict[str, list[Candidate]]]:
-        """`free_now` by tier, then by queue, in victim order."""
-        if self._of_queue is None:
-            self._of_queue = {}
-            for t, members in self._tiers().items():
-                by_queue: dict[str, list[Candidate]] = self._of_queue.setdefault(t, {})
-                for c in members:
-                    by_queue.setdefault(c.job.queue, []).append(c)
-        return self._of_queue
+                self._of_kind.setdefault(pair_key(c.job), []).append(c)
+        return self._of_kind
 
     def drop(self, c: Candidate) -> None:
         """The candidate was signalled: leave it out of every later search (nothing changes
@@ -189,10 +175,8 @@ class CandidatePool:
             for node, gpus in c.freed:
                 self._held_on[node] -= gpus
         lists = [self.free_now, *self._downward.values()]
-        if self._of_tier is not None:
-            lists.extend(self._of_tier.values())
-        if self._of_queue is not None:
-            lists.extend(m for by_queue in self._of_queue.values() for m in by_queue.values())
+        if self._of_kind is not None:
+            lists.extend(self._of_kind.values())
         for members in lists:
             # Every list is in victim order, so the candidate is found by its rank.
             j = bisect_left(members, c.rank, key=_rank)
@@ -382,7 +366,7 @@ def _held_on(pool: CandidatePool, leaving: Sequence[Candidate]) -> dict[str, int
 
 def _takeable(ws: Workspace, p: Preemptor, c: Candidate) -> bool:
     """May the search take the candidate now? A reclaim takes back only what is borrowed and
-    only while the swap is fair (`rules.reclaim_of`, asked again now: every victim taken before
+    only while the swap is fair (`RECLAIM.per_victim`, asked again now: every victim taken before
     it lowered what its side borrows). Notes how the rules let P take it (`Workspace.kinds`)."""
     v = c.job
     if c.leaving:
@@ -391,7 +375,7 @@ def _takeable(ws: Workspace, p: Preemptor, c: Candidate) -> bool:
         ws.kinds[v.id] = "downward"
         return True
     d = ws.quota.demand(v, c.flavor) if ws.ctx.policy.tier(v.tier).charged else ()
-    kind = reclaim_of(ws.ctx, p, v, d)
+    kind = RECLAIM.per_victim(ws.ctx, p, v, d)
     if kind is None:
         return False
     ws.kinds[v.id] = kind

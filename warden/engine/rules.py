@@ -17,6 +17,10 @@ everything the pass needs to ask the rules cheaply is derived from those declara
   any victim at all?"). And it declares what it reads of P when V is of a strictly lower tier
   (`downward`): preemptors with the same `downward_key` share one list of lower-tier victims
   for the whole pass;
+- *reclaim* (`ReclaimRule`: `RECLAIM`), the way P takes back a borrower's capacity whatever
+  the tiers, which `direction` and `scope` let P use, is declared as the pair rules are (the
+  fields of V and of P it reads, in the same keys), with its three steps: could P reclaim at
+  all (`may`), may it take V's kind back (`kind`), may it take this very V now (`per_victim`);
 - every rule gives a necessary condition on the two tiers alone (`tiers`), from which the
   pass's cheap test "could this P take any running job at all?" follows (`could_preempt`).
 
@@ -237,9 +241,31 @@ class PairRule:
     tiers: TierTest = _any_tiers
 
 
+@dataclass(frozen=True, slots=True)
+class ReclaimRule:
+    """Reclaim, the way P may take V back as a borrower's capacity whatever their tiers
+    (DESIGN §4.3: nominal and fair-share reclaim), declared as the pair rules are. The
+    `direction` and `scope` rules let P take V by it; the pass asks it in three steps, each
+    declared here: whether P could reclaim anything at all (`may`), whether it may take V's
+    kind back judged on the queues alone (`kind`, a necessary condition that reads the fields
+    of V in `reads` and the quota usage), and whether it may take this very V now (`per_victim`:
+    its size against what its side borrows, the swap, the starvation shield), which a search
+    asks again before each victim it takes."""
+
+    name: str
+    may: Callable[[RuleContext, Preemptor], bool]
+    kind: Callable[[RuleContext, Preemptor, Job], str | None]
+    per_victim: Callable[[RuleContext, Preemptor, Job, tuple[float, ...]], str | None]
+    reads: tuple[str, ...]
+    """The fields of V `kind` reads: victims equal in them get the same answer."""
+    of_preemptor: tuple[str, ...]
+    """The fields of P `may` and `kind` read, beyond the quota usage."""
+    tiers: TierTest
+
+
 def direction(ctx: RuleContext, p: Preemptor, v: Job) -> Block | None:
     """Downward (strictly lower tier), or a reclaim of borrowed capacity (`reclaim_kind`)."""
-    if v.tier > p.job.tier or reclaim_kind(ctx, p, v) is not None:
+    if v.tier > p.job.tier or RECLAIM.kind(ctx, p, v) is not None:
         return None
     return Block("direction")
 
@@ -401,9 +427,12 @@ def _direction_downward(ctx: RuleContext, p: Preemptor) -> tuple[object, ...]:
 
 
 def _direction_tiers(ctx: RuleContext, p_tier: int, v_tier: int) -> bool:
-    """Downward, or any charged tier under a governed tree (reclaim)."""
-    if v_tier > p_tier:
-        return True
+    """Downward, or a reclaim (`RECLAIM.tiers`)."""
+    return v_tier > p_tier or RECLAIM.tiers(ctx, p_tier, v_tier)
+
+
+def _reclaim_tiers(ctx: RuleContext, p_tier: int, v_tier: int) -> bool:
+    """Any charged tier under a governed tree, as far as the policy lets reclaims take it."""
     if not ctx.quota.governed() or not ctx.policy.tier(v_tier).charged:
         return False
     reclaim = ctx.policy.preemption.reclaim
@@ -415,7 +444,7 @@ def scope(ctx: RuleContext, p: Preemptor, v: Job) -> Block | None:
     tiers never; a reclaim (of V's tier or a higher one: `reclaim_kind`) is outside scope."""
     if v.queue == p.job.queue or _scope_free(ctx, p):
         return None
-    if v.tier <= p.job.tier and reclaim_kind(ctx, p, v) is not None:
+    if v.tier <= p.job.tier and RECLAIM.kind(ctx, p, v) is not None:
         return None
     return Block("scope")
 
@@ -547,6 +576,15 @@ TIME_LIMIT = VictimRule(
     starts_at=time_limit_protects_from,
     reads_estimate=_time_limit_read,
 )
+RECLAIM = ReclaimRule(
+    "reclaim",
+    may=may_take_back,
+    kind=reclaim_kind,
+    per_victim=reclaim_of,
+    reads=("tier", "queue"),
+    of_preemptor=("job.tier", "job.queue", "in_quota", "demand"),
+    tiers=_reclaim_tiers,
+)
 DIRECTION = PairRule(
     "direction",
     direction,
@@ -581,10 +619,13 @@ def guarded(p_tier: int, v_tier: int) -> bool:
 PAIR_RULES: tuple[PairRule, ...] = (DIRECTION, SCOPE)
 RULES: tuple[VictimRule | PairRule, ...] = (*VICTIM_RULES, *PAIR_RULES)
 
-PAIR_READS: tuple[str, ...] = tuple(dict.fromkeys(f for rule in PAIR_RULES for f in rule.reads))
-"""Every field of V a pair rule reads, in rule order."""
-PREEMPTOR_READS: tuple[str, ...] = tuple(dict.fromkeys(f for rule in PAIR_RULES for f in rule.of_preemptor))
-"""Every field of P a pair rule reads, in rule order."""
+_READERS: tuple[PairRule | ReclaimRule, ...] = (*PAIR_RULES, RECLAIM)
+"""The rules that read P and V: what the keys of victims and preemptors are built from."""
+PAIR_READS: tuple[str, ...] = tuple(dict.fromkeys(f for rule in _READERS for f in rule.reads))
+"""Every field of V a pair rule or reclaim reads, in rule order."""
+PREEMPTOR_READS: tuple[str, ...] = tuple(dict.fromkeys(f for rule in _READERS for f in rule.of_preemptor))
+"""Every field of P a pair rule or reclaim reads, in rule order: preemptors alike in them are
+allowed the same victims, and could reclaim alike (`RECLAIM.may`)."""
 
 PairKey = tuple[Any, ...]
 """A victim's values of `PAIR_READS` (`pair_key`)."""

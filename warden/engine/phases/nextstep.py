@@ -28,12 +28,12 @@ from warden.engine.reasons import (
 )
 from warden.engine.rules import (
     PRODUCTION,
+    RECLAIM,
     binding,
     checkpoint_of,
     guarded,
     lease_of,
     preemptor,
-    reclaim_kind,
     startup_of,
 )
 
@@ -153,7 +153,7 @@ class NextSteps:
             return replace(out, reclaimable=False)
         needed, got, takeable = reason.requested - reason.available, 0.0, False
         for until, gpus, v in self._lifting_order(r):
-            if v.queue not in over or not reclaim_kind(ctx, p, v):
+            if v.queue not in over or not RECLAIM.kind(ctx, p, v):
                 continue
             takeable = True
             got += gpus

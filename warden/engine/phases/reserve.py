@@ -34,6 +34,7 @@ from warden.engine.reasons import Fragmented, InsufficientCapacity, PreemptionWo
 from warden.engine.rules import (
     PAIR_READS,
     PRODUCTION,
+    RECLAIM,
     PairKey,
     Preemptor,
     RuleContext,
@@ -44,7 +45,6 @@ from warden.engine.rules import (
     pair_key,
     preemptor,
     preemptors,
-    reclaim_of,
     reservation_takes,
     victim_cost,
 )
@@ -337,7 +337,7 @@ class Reserve:
         leaving = self._leaving()
 
         # A job P takes by a reclaim, not by priority, must also pass what depends on the job
-        # itself (`rules.reclaim_of`: never below its queue's nominal, the swap, the shield),
+        # itself (`RECLAIM.per_victim`: never below its queue's nominal, the swap, the shield),
         # judged as the forecast begins.
         ctx = state.ctx
         refused = {
@@ -345,7 +345,7 @@ class Reserve:
             for kind, v in index.kind_jobs().items()
             if may[kind] == TAKEN and not downward_allowed(ctx, p, v)
             for i in index.kinds[kind]
-            if reclaim_of(ctx, p, jobs[i], state.demand(jobs[i], state.flavor_of_job[i])) is None
+            if RECLAIM.per_victim(ctx, p, jobs[i], state.demand(jobs[i], state.flavor_of_job[i])) is None
         }
 
         def taken(way: int, v: Job) -> bool:

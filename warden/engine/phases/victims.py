@@ -25,14 +25,13 @@ from warden.engine.releases import ReleaseIndex
 from warden.engine.rules import (
     PREEMPTOR_READS,
     PRODUCTION,
+    RECLAIM,
     Preemptor,
     allowed_for,
     at_risk_since,
     closes_at,
     getter,
-    may_take_back,
     protection,
-    reclaim_kind,
     share,
     startup_of,
 )
@@ -47,9 +46,9 @@ Its first two fields are the job's victim key (`preemption.victim_key`: cost lea
 order is by cost, and the rest, `preemption.ties`, ends with the unique id), so rows sort as
 plain tuples in victim order: no key function, and nothing after the ties is ever compared."""
 
-_ELIGIBLE_READS = getter(tuple(dict.fromkeys((*PREEMPTOR_READS, "job.tier", "in_quota"))))
-"""What `Victims.any_eligible` reads of P: what the pair rules read (`rules.PREEMPTOR_READS`),
-and its tier and whether it is in-quota (which tiers it may take, `rules.may_take_back`)."""
+_ELIGIBLE_READS = getter(PREEMPTOR_READS)
+"""What `Victims.any_eligible` reads of P: what the pair rules and reclaim read
+(`rules.PREEMPTOR_READS`; its tier too, which tiers it may take)."""
 
 
 class Victims:
@@ -207,16 +206,16 @@ class Victims:
         ctx = state.ctx
         ok = allowed_for(ctx, p)
         tier = p.job.tier
-        take_back = may_take_back(ctx, p)
+        take_back = RECLAIM.may(ctx, p)
         terminating, claimed = state.terminating, state.claimed
         for t, kinds in self.lifted(tier == PRODUCTION).items():
             if t <= tier and not take_back:
                 continue
             for ids, v in kinds:
                 if t <= tier:  # a reclaim alone may take it: asked first, as it is the cheaper
-                    may = reclaim_kind(ctx, p, v) is not None and ok(v)
+                    may = RECLAIM.kind(ctx, p, v) is not None and ok(v)
                 else:
-                    may = ok(v) or (take_back and reclaim_kind(ctx, p, v) is not None)
+                    may = ok(v) or (take_back and RECLAIM.kind(ctx, p, v) is not None)
                 if may and any(i not in terminating and i not in claimed for i in ids):
                     return True
         return False
