@@ -1,7 +1,8 @@
 """A tiny deterministic history driver for property tests of the engine.
 
 Not the simulator: it knows just enough to apply plans. It holds the nodes, a policy, the jobs
-(frozen `Job`s, changed with `dataclasses.replace`), the usage ledger and `now`. Every random
+(frozen `Job`s, moved through the functions of `warden.engine.lifecycle`, as the simulator moves
+them, so that the property tests exercise the real lifecycle), the usage ledger and `now`. Every random
 choice (arrivals, run times, when a signalled job exits, when an approval comes) is fixed up
 front in the `JobSpec`s, so a history is a pure function of its specs and step gaps.
 
@@ -9,11 +10,14 @@ front in the `JobSpec`s, so a history is a pure function of its specs and step g
 exits first, then approvals and arrivals, then one `schedule(snapshot, now)`, whose plan is then
 applied:
 
-- an `Admission` makes the job RUNNING with a new `Attempt` on the plan's placement;
-- a `Preemption` makes the victim PREEMPTING: `sigterm_at=now`, `kill_at=now+grace`, and
-  `preempted_at` gains `now`; the history fixes when in `[sigterm_at, kill_at]` it exits;
-- a preempted job that exits releases every replica at once and is REQUEUED (waiting), with
-  `pending_since=now` and no attempt;
+- an `Admission` makes the job RUNNING with a new `Attempt` on the plan's placement
+  (`lifecycle.admitted`);
+- a `Preemption` makes the victim PREEMPTING: `sigterm_at=now`, `kill_at=now+grace`
+  (`lifecycle.signalled`); the history fixes when in `[sigterm_at, kill_at]` it exits;
+- a preempted job that exits releases every replica at once, its `preempted_at` gains its
+  SIGTERM's time, and it is requeued in one step, as the simulator requeues it
+  (`lifecycle.exited`, then `lifecycle.requeued`): PENDING, with `pending_since=now`, the
+  back-off and no attempt;
 - exactly the waiting jobs in `Plan.claims` carry `Job.claim` into the next pass.
 
 `Driver.engine` chooses the path a pass takes: `"fresh"` calls `schedule()` (a new `Engine`
@@ -36,6 +40,7 @@ from typing import Literal
 
 from walk_reference import one_by_one
 
+from warden.engine import lifecycle
 from warden.engine.accounting import expected_end
 from warden.engine.allocation import Allocation
 from warden.engine.fairshare import accrue, cluster_capacity
@@ -262,22 +267,17 @@ class Driver:
                     assert ev.sigterm_at <= now <= ev.kill_at
                     self.evictions[k] = replace(ev, exited=True)
                     del self._exit_at[job_id]
-                    backoff = self.policy.thrash.requeue_backoff
                     # The whole gang goes at once: the attempt (every replica) is dropped.
-                    self.jobs[job_id] = replace(
-                        job,
-                        state=JobState.REQUEUED,
-                        attempt=None,
-                        pending_since=now,
-                        not_before=now + backoff if backoff > 0 else None,
-                    )
+                    gone = lifecycle.exited(job, JobState.REQUEUED, preempted_at=ev.sigterm_at)
+                    backoff = self.policy.thrash.requeue_backoff
+                    self.jobs[job_id] = lifecycle.requeued(gone, now, backoff=backoff)
                     exited.append(job_id)
                 continue
             end = self._completion_at(job)
             if end is not None:
                 assert end >= now, f"{job_id} should have completed at {end}, now {now}"
                 if end <= now:
-                    self.finished[job_id] = replace(job, state=JobState.SUCCEEDED)
+                    self.finished[job_id] = lifecycle.finished(job)
                     del self.jobs[job_id]
                     completed.append(job_id)
         return tuple(completed), tuple(exited)
@@ -293,6 +293,8 @@ class Driver:
         for job_id, job in self.jobs.items():
             t = self._approval_at(job)
             if t is not None and t <= now:
+                # The table's edge is an approval's whole rule (the server's store checks it so).
+                lifecycle.check(lifecycle.Event.APPROVED, job.state, JobState.PENDING)
                 self.jobs[job_id] = replace(job, state=JobState.PENDING)
                 approved.append(job_id)
         return tuple(arrived), tuple(approved)
@@ -315,7 +317,7 @@ class Driver:
                     facts["checkpoint_s"] = done * spec.checkpoint_cost
             changed = {k: v for k, v in facts.items() if getattr(a, k) != v}
             if changed:
-                self.jobs[job_id] = replace(job, attempt=replace(a, **changed))  # type: ignore[arg-type]
+                self.jobs[job_id] = lifecycle.reported(job, replace(a, **changed))  # type: ignore[arg-type]
 
     def _apply(self, plan: Plan, now: float) -> None:
         for adm in plan.admissions:
@@ -332,14 +334,7 @@ class Driver:
                 sigterm_save_s=spec.sigterm_save_s,
                 lent=adm.lent,
             )
-            self.jobs[job.id] = replace(
-                job,
-                state=JobState.RUNNING,
-                attempt=attempt,
-                waited=job.wait_at(now),
-                pending_since=None,
-                not_before=None,
-            )
+            self.jobs[job.id] = lifecycle.admitted(job, now, attempt, starts=True)
         for pre in plan.preemptions:
             job = self.jobs[pre.job_id]
             a = job.attempt
@@ -352,12 +347,7 @@ class Driver:
             kill_at = now + pre.grace
             # Exit strictly after the signal (the pass at `now` is over) and never after kill_at.
             exit_at = min(kill_at, now + max(1.0, frac * pre.grace))
-            self.jobs[job.id] = replace(
-                job,
-                state=JobState.PREEMPTING,
-                preempted_at=(*job.preempted_at, now),
-                attempt=replace(a, sigterm_at=now, kill_at=kill_at),
-            )
+            self.jobs[job.id] = lifecycle.signalled(job, now, kill_at)
             self._exit_at[job.id] = len(self.evictions)
             self.evictions.append(Eviction(job.id, a.number, pre.for_job, now, kill_at, pre.grace, exit_at))
         # The shell's side of a claim: exactly the jobs the plan names hold one next pass.

@@ -12,12 +12,14 @@ from fakeapi import fake_apis
 from typer.testing import CliRunner
 
 from warden.cli.main import app
+from warden.engine import lifecycle
+from warden.engine.model import JobState
 
 runner = CliRunner()
 
 
 def row(job_id: str, state: str = "RUNNING", **fields: Any) -> dict[str, Any]:
-    """A job as `GET /v1/jobs` lists it."""
+    """A job as `GET /v1/jobs` lists it, its `shown_state` as the server gives it."""
     out: dict[str, Any] = {
         "id": job_id,
         "name": f"job-{job_id}",
@@ -41,6 +43,10 @@ def row(job_id: str, state: str = "RUNNING", **fields: Any) -> dict[str, Any]:
         "expected_start": None,
     }
     out.update(fields)
+    out.setdefault(
+        "shown_state",
+        lifecycle.shown(JobState(state), cancel_requested=out["cancel_requested"], stopping=out["kill_at"] is not None),
+    )
     return out
 
 

@@ -435,7 +435,7 @@ def test_driver_applies_a_preemption_and_its_exit() -> None:
     exit_pass = driver.log[2]
     assert exit_pass.exited == ("low",) and [a.job_id for a in exit_pass.plan.admissions] == ["high"]
     requeued = next(j for j in exit_pass.snapshot.jobs if j.id == "low")
-    assert requeued.state is JobState.REQUEUED and requeued.pending_since == 160.0 and requeued.attempt is None
+    assert requeued.state is JobState.PENDING and requeued.pending_since == 160.0 and requeued.attempt is None
     last = driver.log[3]
     assert last.completed == ("high",) and [a.job_id for a in last.plan.admissions] == ["low"]
     assert driver.jobs["low"].attempt.number == 2 and driver.jobs["low"].preempted_at == (100.0,)

@@ -218,3 +218,27 @@ def test_docs_show_the_table_the_engine_holds() -> None:
 
     docs = (Path(__file__).resolve().parents[2] / "docs" / "engine.md").read_text()
     assert lc.table() in docs, "docs/engine.md: paste `warden.engine.lifecycle.table()` under 'The job lifecycle'"
+
+
+@pytest.mark.parametrize("state", list(JobState))
+@pytest.mark.parametrize("cancel_requested", [False, True])
+@pytest.mark.parametrize("stopping", [False, True])
+def test_a_job_being_stopped_shows_cancelling_or_stopping(
+    state: JobState, cancel_requested: bool, stopping: bool
+) -> None:
+    """Slurm's CG, in two words: a job that holds resources shows CANCELLING once a cancel
+    marked it (signalled yet or not), STOPPING once SIGTERM came for another cause; a PREEMPTING
+    job says so itself, and every other job shows its state."""
+    shown = lc.shown(state, cancel_requested=cancel_requested, stopping=stopping)
+    if state in (S.ADMITTED, S.STARTING, S.RUNNING) and cancel_requested:
+        assert shown == "CANCELLING"
+    elif state in (S.ADMITTED, S.STARTING, S.RUNNING) and stopping:
+        assert shown == "STOPPING"
+    else:
+        assert shown == state.value
+    assert shown in {s.value for s in JobState} | set(lc.SHOWN_ONLY)
+
+
+def test_the_shown_only_states_are_no_states_of_the_table() -> None:
+    assert not set(lc.SHOWN_ONLY) & {s.value for s in JobState}
+    assert lc.SHOWN_ONLY == ("CANCELLING", "STOPPING")

@@ -334,9 +334,10 @@ STUBBORN = (
 
 def test_a_cancelled_job_in_its_grace_shows_cancelling_and_its_sigkill_countdown(tmp_path: Path) -> None:
     """A running job shows its nodes (`queue --wide`), its lease end and η (`describe`). Then,
-    ignoring SIGTERM, it is cancelled: the API still says RUNNING (with
-    `cancel_requested` and `kill_at`); `queue` shows CANCELLING and when SIGKILL comes, and so
-    does `describe`, at 80 columns."""
+    ignoring SIGTERM, it is cancelled: the API's `state` still says RUNNING (with
+    `cancel_requested` and `kill_at`), its `shown_state` CANCELLING, in the cancel's answer, the
+    listing and the job's view; `queue` shows CANCELLING and when SIGKILL comes, and so does
+    `describe`, at 80 columns."""
     s = started(tmp_path, GRACEFUL)
     try:
         job = warden(s, "submit", "-q", "vision", "-t", "3", "--", sys.executable, "-c", STUBBORN, check=True)
@@ -347,12 +348,15 @@ def test_a_cancelled_job_in_its_grace_shows_cancelling_and_its_sigkill_countdown
         assert "node-0" in row or json.loads(warden(s, "nodes", "--json").stdout)[0]["name"] in row, wide
         running = " ".join(warden(s, "describe", job_id, check=True).stdout.split())
         assert "running: since" in running and "its lease end" in running and "η " in running, running
-        assert "cancel requested" in warden(s, "cancel", job_id, check=True).stdout
+        assert "CANCELLING (cancel requested)" in warden(s, "cancel", job_id, check=True).stdout
         listed = wait_for(
             lambda: (r := json.loads(warden(s, "describe", job_id, "--json").stdout))["kill_at"] and r,
             what="the SIGTERM",
         )
         assert listed["state"] == "RUNNING" and listed["cancel_requested"] is True
+        assert listed["shown_state"] == "CANCELLING"
+        (in_list,) = [r for r in json.loads(warden(s, "queue", "--json", check=True).stdout) if r["id"] == job_id]
+        assert in_list["state"] == "RUNNING" and in_list["shown_state"] == "CANCELLING"
         queue = warden(s, "queue", columns=80, check=True).stdout
         row = next(line for line in queue.splitlines() if line.startswith(f"{job_id} "))
         assert "CANCELLING" in row and re.search(r"SIGKILL in (4m\d+s|5m)", row), queue

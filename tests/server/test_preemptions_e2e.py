@@ -83,6 +83,7 @@ def test_a_preemption_is_listed_with_its_preemptor_grace_and_lost_work_and_the_g
                 "tier": 3,
                 "user": "admin",
                 "state": "RUNNING",
+                "shown_state": "RUNNING",
                 "kill_at": None,
                 "reserved_for": None,
             }
@@ -98,11 +99,12 @@ def test_a_preemption_is_listed_with_its_preemptor_grace_and_lost_work_and_the_g
         wait_for(lambda: out.with_suffix(".sigterm").exists(), what="the victim's SIGTERM")
         attempt = c.get(f"/v1/jobs/{low}").json()["attempts"][0]
         assert attempt["state"] == "terminating"  # it stays in its grace until released
-        assert [(h["job"], h["state"], h["kill_at"], h["reserved_for"]) for h in holders(c)] == [
-            (low, "PREEMPTING", attempt["kill_at"], high)
+        assert [(h["job"], h["state"], h["shown_state"], h["kill_at"], h["reserved_for"]) for h in holders(c)] == [
+            (low, "PREEMPTING", "PREEMPTING", attempt["kill_at"], high)
         ] * 4
         terminating = summary(c, low)
         assert terminating["kill_at"] == attempt["kill_at"] and terminating["lease_end_at"] is None
+        assert terminating["shown_state"] == "PREEMPTING"
         [during] = c.get("/v1/preemptions").json()
         assert during["at"] == attempt["sigterm_at"] and during["kill_at"] == attempt["kill_at"]
         assert during["ended_at"] is None and during["grace_used_s"] is None and during["lost_work_gpu_hours"] is None

@@ -14,7 +14,7 @@ from support import move
 from warden.engine.model import JobState, ReplicaPlacement
 from warden.engine.policy import parse_policy
 from warden.engine.reasons import AwaitingApproval, WaitingForLease
-from warden.server.views import job_detail, job_summary, warnings
+from warden.server.views import action_view, holder, job_detail, job_summary, warnings
 from warden.store.jobs import StoredAttempt, StoredJob
 from warden.store.repo import Store
 
@@ -128,6 +128,40 @@ def test_a_held_job_shows_its_hold_as_the_reason_it_waits(store: Store) -> None:
     assert summary["state"] == "PENDING" and summary["held_reason"] == reason
     assert summary["reason"]["code"] == "Held" and summary["wait_s"] == 20.0
     assert job_detail(job, store.events(job_id), (), now=30.0, policy=POLICY)["events"][-1]["reason"] == reason
+
+
+def test_a_job_being_stopped_shows_cancelling_or_stopping_in_every_view(store: Store) -> None:
+    """`shown_state`: RUNNING while it runs; STOPPING once its time limit's SIGTERM came;
+    CANCELLING once a cancel marked it, in its grace or before; PREEMPTING after a preemption's
+    SIGTERM; `state` stays the stored one throughout."""
+
+    def shown(job_id: int) -> set[str]:
+        job, attempt = store.get(job_id), store.attempt(job_id, 1)
+        assert job is not None and attempt is not None
+        views = (
+            job_summary(job, 1100.0, attempt, POLICY),
+            job_detail(job, (), [attempt], now=1100.0, policy=POLICY),
+            holder(0, attempt, job),
+            action_view(job, attempt),
+        )
+        assert {v["state"] for v in views} == {job.state.value}
+        return {v["shown_state"] for v in views}
+
+    timed, _ = running_job(store)
+    assert shown(timed.id) == {"RUNNING"}
+    store.update_attempt(timed.id, 1, timed_out=True, sigterm_at=1050.0, kill_at=1170.0)
+    assert shown(timed.id) == {"STOPPING"}
+
+    cancelled, _ = running_job(store)
+    store.note(cancelled.id, JobState.RUNNING, reason="cancel requested by u", now=1040.0, cancel_requested=True)
+    assert shown(cancelled.id) == {"CANCELLING"}  # marked, its SIGTERM not sent yet
+    store.update_attempt(cancelled.id, 1, state="terminating", sigterm_at=1050.0, kill_at=1170.0)
+    assert shown(cancelled.id) == {"CANCELLING"}
+
+    preempted, _ = running_job(store)
+    store.update_attempt(preempted.id, 1, state="terminating", sigterm_at=1050.0, kill_at=1170.0)
+    move(store, preempted.id, JobState.PREEMPTING, reason="preempted", actor="warden", now=1050.0)
+    assert shown(preempted.id) == {"PREEMPTING"}
 
 
 def test_a_waiting_jobs_fair_share_is_shown_as_it_is_now(store: Store) -> None:

@@ -146,6 +146,7 @@ def test_sign_in_and_the_node_grid_shows_each_job_on_its_gpus(big_server: Server
         page.until(lambda d: len(page.all(leaving)) == 2, "the cancelled job's GPUs in their grace")
         first = page.css(f"{leaving} .countdown").text
         assert re.fullmatch(r"SIGKILL in 1:[0-2]\d", first), first
+        assert page.css(f"{leaving} a").get_attribute("title").endswith("), CANCELLING")
         page.until(lambda d: page.css(f"{leaving} .countdown").text != first, "the countdown to move")
         page.shot("cluster")
         page.driver.set_window_size(390, 844)  # a phone
@@ -157,6 +158,10 @@ def test_sign_in_and_the_node_grid_shows_each_job_on_its_gpus(big_server: Server
                 lambda d, job=job: page.all(f'#pending tr[data-job="{job}"] .reason-code'), f"job {job}'s reason"
             )
         page.until(lambda d: len(page.all("#running tbody tr")) == len(jobs), "the running jobs")
+        # The cancelled job reads as the API's `shown_state`, the CLI's word: its `state` is RUNNING.
+        badge = page.css(f'#running tr[data-job="{jobs["leaving"]}"] .state')
+        assert badge.text == "cancelling" and "state-cancelling" in badge.get_attribute("class").split()
+        assert page.css(f'#running tr[data-job="{jobs["t1"]}"] .state').text == "running"
         page.shot("jobs-busy")
         assert page.console_errors() == []
 

@@ -439,7 +439,7 @@ def register(app: typer.Typer) -> None:
             _dump(outcomes)
             return
         for out in outcomes:
-            typer.echo(f"job {out['id']}: {out['state']} (cancel requested)")
+            typer.echo(f"job {out['id']}: {shown_state(out)} (cancel requested)")
         typer.echo(_cancelled_count(len(outcomes), ids, selected))
 
     @app.command("approve")
@@ -453,7 +453,7 @@ def register(app: typer.Typer) -> None:
         """Approve a tier-1/2 job that awaits an admin (admins only)."""
         with client(url, token, ca) as c:
             out = c.approve(job_id)
-        _dump(out) if json_out else typer.echo(f"job {out['id']}: {out['state']}")
+        _dump(out) if json_out else typer.echo(f"job {out['id']}: {shown_state(out)}")
 
     @app.command("release")
     def release(
@@ -466,7 +466,7 @@ def register(app: typer.Typer) -> None:
         """Let a held job be scheduled again, like Slurm's `scontrol release` (admins only)."""
         with client(url, token, ca) as c:
             out = c.release(job_id)
-        _dump(out) if json_out else typer.echo(f"job {out['id']}: {out['state']} (released)")
+        _dump(out) if json_out else typer.echo(f"job {out['id']}: {shown_state(out)} (released)")
 
     @app.command("logs")
     def logs(
@@ -695,15 +695,9 @@ def _holds(state: str) -> bool:
 
 
 def shown_state(job: dict[str, Any]) -> str:
-    """The state a person reads: the API's, except for a job that holds resources while it is
-    being stopped, as Slurm shows CG: CANCELLING once a cancel stops it, STOPPING once it got
-    SIGTERM for another cause (PREEMPTING says so itself)."""
-    state = str(job["state"])
-    if not _holds(state) or state == "PREEMPTING":
-        return state
-    if job.get("cancel_requested"):
-        return "CANCELLING"
-    return "STOPPING" if job.get("kill_at") is not None else state
+    """The state a person reads, as the API gives it (`shown_state`, `lifecycle.shown`): the
+    stored state, or CANCELLING or STOPPING for a job being stopped, as Slurm shows CG."""
+    return str(job["shown_state"])
 
 
 def _reason_cell(job: dict[str, Any], now: float) -> str:

@@ -129,6 +129,27 @@ def allows(event: Event, source: JobState | None, target: JobState) -> bool:
     return leaves and target in e.target
 
 
+CANCELLING = "CANCELLING"
+STOPPING = "STOPPING"
+SHOWN_ONLY = (CANCELLING, STOPPING)
+"""The states a person reads that the table never stores: a job that holds resources while it
+is being stopped (`shown`)."""
+
+
+def shown(state: JobState, *, cancel_requested: bool, stopping: bool) -> str:
+    """The state a person reads, as the API, the CLI and the dashboard show it: the stored one,
+    except for a job that holds resources while it is being stopped, shown as Slurm shows CG:
+    CANCELLING once a cancel marked it (whether or not SIGTERM has come yet: its exit ends it
+    CANCELLED), STOPPING once it got SIGTERM for another cause (`stopping`: its time limit ran
+    out, say). PREEMPTING says so itself, and stays: its exit requeues it unless a cancel
+    marked it. Neither word is a state of the table: the job stays in the one it holds."""
+    if not state.holds_resources or state is _S.PREEMPTING:
+        return state.value
+    if cancel_requested:
+        return CANCELLING
+    return STOPPING if stopping else state.value
+
+
 # -- what each event changes on a job ------------------------------------------------------------
 
 

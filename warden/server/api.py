@@ -32,6 +32,7 @@ from warden.server.history import MOST_SAMPLES, SPAN_MAX_S, history_view
 from warden.server.requests import INT32_MAX, INT64_MAX, Name, PolicyRequest, ReportRequest, SubmitRequest, TokenRequest
 from warden.server.service import Service
 from warden.server.views import (
+    action_view,
     cycles_of,
     job_detail,
     job_summary,
@@ -393,17 +394,17 @@ def build_router(service: Service) -> APIRouter:
     @r.post("/jobs/{job_id}/cancel", status_code=202, responses=errors(401, 403, 404, 409))
     def cancel(job_id: JobId, who: Caller) -> dict[str, Any]:
         job = service.actions.cancel(job_id, who)
-        return {"id": str(job.id), "state": job.state.value}
+        return action_view(job, service.store.attempt(job.id, job.attempt))
 
     @r.post("/jobs/{job_id}/approve", responses=errors(401, 403, 404, 409))
     def approve(job_id: JobId, who: Caller) -> dict[str, Any]:
         job = service.actions.approve(job_id, who)
-        return {"id": str(job.id), "state": job.state.value}
+        return action_view(job, service.store.attempt(job.id, job.attempt))
 
     @r.post("/jobs/{job_id}/release", responses=errors(401, 403, 404, 409))
     def release(job_id: JobId, who: Caller) -> dict[str, Any]:
         job = service.actions.release(job_id, who)
-        return {"id": str(job.id), "state": job.state.value}
+        return action_view(job, service.store.attempt(job.id, job.attempt))
 
     @r.post("/jobs/{job_id}/reports", status_code=202, responses=errors(401, 403, 404, 409))
     def report(

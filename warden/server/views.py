@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from warden.engine import accounting
+from warden.engine import accounting, lifecycle
 from warden.engine.cycles import Preempted, PreemptionCycle, preemption_cycles
 from warden.engine.durations import format_duration, span
 from warden.engine.fairshare import cluster_capacity, fair_order
@@ -33,6 +33,22 @@ def wait_s(job: JobHead, now: float) -> float:
     return accounting.wait_time(job.waited_s, job.pending_since, job.submit_at, now, job.state.waiting)
 
 
+def shown_state(job: JobHead, attempt: StoredAttempt | None) -> str:
+    """The state a person reads of `job` whose current attempt is `attempt` (None or ended:
+    none runs), the one rule the API's views, the CLI and the dashboard show (`lifecycle.shown`):
+    STOPPING needs the SIGTERM that only the attempt records."""
+    live = attempt if attempt is not None and attempt.number == job.attempt and attempt.ended_at is None else None
+    stopping = live is not None and live.sigterm_at is not None and live.kill_at is not None
+    return lifecycle.shown(job.state, cancel_requested=job.cancel_requested, stopping=stopping)
+
+
+def action_view(job: JobHead, attempt: StoredAttempt | None) -> dict[str, Any]:
+    """What `POST /v1/jobs/{id}/cancel`, `/approve` and `/release` answer: the job's id, its
+    state after the action and the state a person reads (`shown_state`; CANCELLING for a job a
+    cancel is stopping)."""
+    return {"id": str(job.id), "state": job.state.value, "shown_state": shown_state(job, attempt)}
+
+
 def job_summary(
     job: JobHead,
     now: float,
@@ -44,7 +60,8 @@ def job_summary(
     """A job as `GET /v1/jobs` lists it. Given its current `attempt` and the `policy`, a job
     that holds resources shows the nodes it runs on, when it started, checkpointed, and may
     first be preempted (`lease_end_at`) or will be killed (`kill_at`; `cancel_requested` when a
-    cancel stops it), and its attempt's η; a waiting one its
+    cancel stops it), and its attempt's η; `shown_state` is the state a person reads
+    (`lifecycle.shown`: CANCELLING, STOPPING where it is being stopped); a waiting one its
     `expected_start` as the forecast gives it (`Forecasts.view`); `in_cycle`: whether it is in
     a preemption cycle (`cycles_of`). `preemptible` says whether the policy lets its tier be
     preempted at all, so that a null `lease_end_at` reads "never" rather than "unknown"."""
@@ -63,6 +80,7 @@ def job_summary(
         "queue": job.queue,
         "tier": job.tier,
         "state": job.state.value,
+        "shown_state": shown_state(job, live),
         "replicas": job.replicas,
         "gpus": job.gpus * job.replicas,
         "gpus_per_replica": job.gpus,
@@ -470,7 +488,8 @@ def node_views(
 
 
 def holder(gpu: int | None, attempt: StoredAttempt, job: StoredJob | None) -> dict[str, Any]:
-    """Who holds one GPU (`gpu` None: a replica holding none); `kill_at` while its attempt is
+    """Who holds one GPU (`gpu` None: a replica holding none), its job's `state` and
+    `shown_state` as `job_summary` gives them; `kill_at` while its attempt is
     in its grace (preempted, evicted, cancelled or past its time limit), else null; `reserved_for`, the job the
     capacity is being freed for (its preemptor) while it is."""
     grace = attempt.sigterm_at is not None and attempt.ended_at is None
@@ -481,6 +500,7 @@ def holder(gpu: int | None, attempt: StoredAttempt, job: StoredJob | None) -> di
         "tier": job.tier if job else None,
         "user": job.user if job else None,
         "state": job.state.value if job else None,
+        "shown_state": shown_state(job, attempt) if job else None,
         "kill_at": attempt.kill_at if grace else None,
         "reserved_for": attempt.preempted_for if grace else None,
     }

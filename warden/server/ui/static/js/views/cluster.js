@@ -7,6 +7,7 @@ import { api } from "../api.js";
 import { h, notice, swap } from "../dom.js";
 import { tierBadge, tierLegend, tierName } from "../palette.js";
 import { countdown } from "../time.js";
+import { shownState } from "./jobs.js";
 
 function cellFor(node, gpu, holder, fallbackJob) {
   const down = node.down !== null && node.down !== undefined;
@@ -16,7 +17,7 @@ function cellFor(node, gpu, holder, fallbackJob) {
     const tier = holder.tier ?? "unknown";
     const title =
       `GPU ${gpu} of ${node.name}: job ${holder.job} (${holder.queue ?? "queue unknown"}, tier ${tier}${holder.tier != null ? ` ${tierName(holder.tier)}` : ""}` +
-      `${holder.user ? `, ${holder.user}` : ""}), ${holder.state}`;
+      `${holder.user ? `, ${holder.user}` : ""}), ${shownState(holder)}`;
     return h(
       "li",
       {

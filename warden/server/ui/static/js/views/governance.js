@@ -6,7 +6,7 @@ import { ApiError, api, has } from "../api.js";
 import { h, notice, swap, table } from "../dom.js";
 import { tierBadge } from "../palette.js";
 import { when } from "../time.js";
-import { jobLink, jobsPage } from "./jobs.js";
+import { jobLink, jobsPage, shownState } from "./jobs.js";
 
 const PAGE = 100;
 const AUDIT = 200;
@@ -42,7 +42,7 @@ export default {
     async function approve(id) {
       try {
         const out = await api(`/jobs/${encodeURIComponent(id)}/approve`, { method: "POST", template: "/v1/jobs/{job_id}/approve" });
-        message = h("p", { class: "notice notice-ok", role: "status", dataset: { approved: id } }, `Job #${id} approved: now ${String(out.state).toLowerCase()}.`);
+        message = h("p", { class: "notice notice-ok", role: "status", dataset: { approved: id } }, `Job #${id} approved: now ${String(shownState(out)).toLowerCase()}.`);
       } catch (err) {
         message = h("p", { class: "notice notice-error", role: "alert" }, `Could not approve job #${id}: ${err.message}`);
       }

@@ -7,7 +7,7 @@ import { ApiError, Unavailable, api, has } from "../api.js";
 import { facts, h, notice, swap, table } from "../dom.js";
 import { tierBadge, tierName } from "../palette.js";
 import { countdown, dur, when } from "../time.js";
-import { PROTECTED_HELP, efficiency, expectedStart, leaseEnd, reasonCell, stateBadge, tier1From } from "./jobs.js";
+import { PROTECTED_HELP, efficiency, expectedStart, leaseEnd, reasonCell, shownState, stateBadge, tier1From } from "./jobs.js";
 
 const LOG_POLL_MS = 2000;
 const LOG_KEEP = 2_000_000; // characters kept in the page
@@ -211,7 +211,7 @@ export default {
       confirming = false;
       try {
         const out = await api(`${base}/${verb}`, { method: "POST", template: `/v1/jobs/{job_id}/${verb}` });
-        message = h("p", { class: "notice notice-ok", role: "status" }, `Job #${id} ${done}: now ${String(out.state).toLowerCase()}.`);
+        message = h("p", { class: "notice notice-ok", role: "status" }, `Job #${id} ${done}: now ${String(shownState(out)).toLowerCase()}.`);
       } catch (err) {
         const text =
           err instanceof ApiError && err.status === 403
@@ -240,7 +240,7 @@ export default {
           if (err instanceof ApiError && err.status === 404) return;
           throw err;
         }
-        swap(head, h("h1", null, `Job #${job.id}`, job.name ? h("span", { class: "muted" }, ` ${job.name}`) : null, " ", stateBadge(job.state)));
+        swap(head, h("h1", null, `Job #${job.id}`, job.name ? h("span", { class: "muted" }, ` ${job.name}`) : null, " ", stateBadge(shownState(job))));
         renderActions(job);
         const last = job.attempts && job.attempts.length ? job.attempts[job.attempts.length - 1] : null;
         const waiting = ["AWAITING_APPROVAL", "PENDING", "REQUEUED"].includes(job.state);

@@ -135,6 +135,12 @@ export function tier1From(job) {
   return when(job.started_at + job.lease_s);
 }
 
+/** The state a person reads of a job (the API's `shown_state`: CANCELLING or STOPPING for one
+ * being stopped, else its `state`, which an older server alone gives). */
+export function shownState(job) {
+  return job.shown_state ?? job.state;
+}
+
 export function stateBadge(state) {
   return h("span", { class: ["state", `state-${String(state).toLowerCase()}`] }, String(state).replaceAll("_", " ").toLowerCase());
 }
@@ -216,7 +222,7 @@ export default {
                 { label: "queue", cell: (j) => j.queue },
                 { label: "tier", cell: (j) => tierBadge(j.tier) },
                 { label: "GPUs", class: "num", cell: (j) => (j.replicas > 1 ? `${j.replicas}×${j.gpus_per_replica}` : String(j.gpus)) },
-                { label: "state", cell: (j) => stateBadge(j.state) },
+                { label: "state", cell: (j) => stateBadge(shownState(j)) },
                 { label: "waited", class: "num", cell: (j) => dur(j.wait_s) },
                 { label: "why it waits", class: "wide", cell: reasonCell },
                 { label: "expected start", cell: expectedStart },
@@ -242,7 +248,7 @@ export default {
                 { label: "queue", cell: (j) => j.queue },
                 { label: "tier", cell: (j) => tierBadge(j.tier) },
                 { label: "GPUs", class: "num", cell: (j) => (j.replicas > 1 ? `${j.replicas}×${j.gpus_per_replica}` : String(j.gpus)) },
-                { label: "state", cell: (j) => [stateBadge(j.state), j.kill_at != null ? [" ", countdown(j.kill_at)] : null] },
+                { label: "state", cell: (j) => [stateBadge(shownState(j)), j.kill_at != null ? [" ", countdown(j.kill_at)] : null] },
                 { label: "started", cell: (j) => when(j.started_at) },
                 { label: h("span", { title: PROTECTED_HELP }, "protected until"), class: "lease-end", cell: leaseEnd },
                 { label: "last checkpoint", cell: (j) => when(j.last_checkpoint_at) },
