@@ -14,7 +14,7 @@ import pytest
 from serverproc import Server, cli, server_fixture, submit, until_state
 
 from warden.engine.policy import PolicyError, parse_policy
-from warden.server.fairuse import SubmissionRate
+from warden.server.submission_rate_limits import SubmissionRate
 
 # Every job waits for an admin's approval, so each one counts as waiting; the rate refills one
 # token in 1000 s, so none comes back during a test.

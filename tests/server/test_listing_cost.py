@@ -25,8 +25,8 @@ from warden.engine.model import JobState, Node
 from warden.engine.policy import PolicyError, parse_policy
 from warden.server import export as export_module
 from warden.server.api import _releasing
-from warden.server.busy import PerUserLimit
 from warden.server.errors import ApiError
+from warden.server.expensive_request_limits import PerUserLimit
 from warden.server.export import csv_chunks, export, exported_job
 from warden.server.service import Service
 from warden.server.views import listing_order

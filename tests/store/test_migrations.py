@@ -239,3 +239,56 @@ def test_0017_counts_the_bytes_each_user_keeps_from_the_jobs_already_stored(engi
     assert store.stored_bytes_of("nobody") == 0
     store.submit(name="y", user="bo", queue="q", tier=3, command=["ab"], env={"c": "d"}, actor="bo", now=2e6)
     assert store.stored_bytes_of("bo") == expected["bo"] + 4
+
+
+def test_0019_moves_a_sigkill_deadline_stored_in_an_events_text_into_its_details(engine: Engine) -> None:
+    """An event whose text holds its SIGKILL deadline as epoch seconds keeps it as `kill_at` in its
+    details, the text without it, so it reads as every later event does; other events stay."""
+    from alembic import command
+
+    from warden.server.explanations import event_message
+
+    config = alembic_config()
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0018")
+    evicted = "evicted: node n1 is DOWN; the whole gang stops and is requeued; grace 120s"
+    preempted = "preempted for job 3 (reclaim); grace 120s; expected lost work 5 GPU-s"
+    events = {  # id: (reason as stored, details as stored)
+        1: (f"{evicted}, SIGKILL at 1796386481.753", {}),
+        2: ("preempted for job 3 (reclaim); grace 120s, SIGKILL at 1796386481.753; expected lost work 5 GPU-s", {}),
+        3: (f"{preempted}, SIGKILL at 1796386481", {"kill_at": 1796386400.5, "grace_s": 120.0}),
+        4: ("preempted for job 3 (reclaim); grace 2m", {"kill_at": 1796386481.753}),
+        5: ("SIGKILL at 42s, the grace of a test", {}),
+        6: ("requeued", {"attempt": 1}),
+    }
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                'INSERT INTO jobs (id, name, "user", queue, tier, state, replicas, gpus, cpu, memory, placement, '
+                "command, workdir, env, submit_at, preempted_at, saves_on_sigterm) VALUES (1, 'x', 'u', 'q', 3, "
+                "'PENDING', 1, 1, 0, 0, 'any', '[]', '', '{}', 0, '[]', false)"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO events (id, job_id, at, to_state, reason, actor, details) "
+                "VALUES (:id, 1, :id, 'PREEMPTING', :reason, 'warden', :details)"
+            ),
+            [{"id": i, "reason": r, "details": json.dumps(d)} for i, (r, d) in events.items()],
+        )
+    migrate(engine)
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT id, reason, details FROM events ORDER BY id")).all()
+    stored = {i: (r, d if isinstance(d, dict) else json.loads(d)) for i, r, d in rows}
+    assert stored == {
+        1: (evicted, {"kill_at": 1796386481.753}),
+        2: (preempted, {"kill_at": 1796386481.753}),
+        3: (preempted, {"kill_at": 1796386400.5, "grace_s": 120.0}),
+        4: events[4],
+        5: events[5],
+        6: events[6],
+    }
+    now = 1_796_386_000.0
+    message = event_message(*stored[1], now)
+    assert message is not None and message.startswith(f"{evicted}, SIGKILL at ") and message.endswith("(in 8m2s)")

@@ -28,6 +28,7 @@ from warden.cli.tables import Col
 from warden.engine.durations import relative, span
 
 if TYPE_CHECKING:  # rich loads with the verbs that print a table
+    from rich.console import Console
     from rich.table import Table
 
     from warden.client import Client
@@ -752,10 +753,23 @@ def _stopping_line(j: dict[str, Any], now: float) -> str | None:
 
 def _print_job(j: dict[str, Any]) -> None:
     """`warden describe`: the job in sentences, then its attempts, preemptions and events."""
-    from rich.markup import escape
-
     con = tables.console()
     now = time.time()
+    _print_request(con, j, now)
+    _print_standing(con, j, now)
+    _print_warnings(con, j)
+    if j["attempts"]:
+        _print_attempts(con, j["attempts"], now)
+    if j.get("preemptions"):
+        _print_preemptions(con, j["preemptions"], now)
+    cells = [[_clock(e["at"], now), e["from"] or "", e["to"], e["actor"], e["reason"]] for e in j["events"]]
+    tables.titled(con, "events", tables.listing(EVENT_COLUMNS, cells))
+
+
+def _print_request(con: Console, j: dict[str, Any], now: float) -> None:
+    """Who submitted the job where, its state, and what it asked for."""
+    from rich.markup import escape
+
     command = shlex.join(j["command"]) if "command" in j else "hidden (another user's job)"
     if j.get("command_expired_at") is not None:  # dropped to make room under limits.max_stored_bytes_per_user
         command = f"dropped at {_clock(j['command_expired_at'], now)} to make room (limits.max_stored_bytes_per_user)"
@@ -769,6 +783,10 @@ def _print_job(j: dict[str, Any]) -> None:
         f"  {j['gpus']} GPU(s) as {j['replicas']} × {j['gpus_per_replica']}, placement {j['placement']}; "
         f"lease {_age(j['lease_s'])}, grace {_age(j['grace_s'])}{saves}; command: {escape(command)}"
     )
+
+
+def _print_standing(con: Console, j: dict[str, Any], now: float) -> None:
+    """How the job runs or stops, or why it waits and when it is expected to start."""
     running = _running_line(j, now)
     if running:
         con.print(f"  [bold]running:[/bold] {running}")
@@ -784,48 +802,56 @@ def _print_job(j: dict[str, Any]) -> None:
         con.print(f"  [bold]expected start:[/bold] {_expected_line(expected, now)}")
     if j.get("sort_key"):
         con.print(f"  sort key: {json.dumps(j['sort_key'])}")
+
+
+def _print_warnings(con: Console, j: dict[str, Any]) -> None:
+    """The submission's warnings and the preemption cycle the job is in, if any."""
     for w in j.get("warnings") or []:
         con.print(f"  [yellow]warning:[/yellow] {w}")
     cycle = j.get("preemption_cycle")
     if cycle:
         con.print(f"  [bold yellow]warning: preemption cycle ({cycle['kind']}):[/bold yellow] {cycle['message']}")
-    if j["attempts"]:
-        cells = [
-            [
-                str(a["number"]),
-                a["state"],
-                _clock(a["started_at"], now),
-                _clock(a["ended_at"], now),
-                "; ".join(f"{p['node']}:{','.join(map(str, p['gpus']))}" for p in a["placement"]),
-                ",".join(map(str, a["exit_codes"] or [])),
-                a["reason"] or "",
-            ]
-            for a in j["attempts"]
+
+
+def _print_attempts(con: Console, attempts: list[dict[str, Any]], now: float) -> None:
+    """The attempts table: each run of the job, where it ran and how it ended."""
+    cells = [
+        [
+            str(a["number"]),
+            a["state"],
+            _clock(a["started_at"], now),
+            _clock(a["ended_at"], now),
+            "; ".join(f"{p['node']}:{','.join(map(str, p['gpus']))}" for p in a["placement"]),
+            ",".join(map(str, a["exit_codes"] or [])),
+            a["reason"] or "",
         ]
-        tables.titled(con, "attempts", tables.listing(ATTEMPT_COLUMNS, cells))
-    if j.get("preemptions"):
-        cells = []
-        for p in j["preemptions"]:
-            by = p["by"] or "—"
-            if p["by_queue"] is not None:
-                by += f" ({p['by_queue']} t{p['by_tier']})"
-            lost = p["lost_work_gpu_hours"]
-            cells.append(
-                [
-                    str(p["attempt"]),
-                    _clock(p["at"], now),
-                    by,
-                    p["kind"],
-                    "" if lost is None else f"{lost:.3f}",
-                    "" if p["efficiency"] is None else f"{p['efficiency']:.2f}",
-                ]
-            )
-        tables.titled(con, "preemptions", tables.listing(PREEMPTION_COLUMNS, cells))
-        for p in j["preemptions"]:
-            if p.get("lost_work_why"):
-                con.print(f"  lost work of #{p['attempt']}: {p['lost_work_why']}", markup=False, highlight=False)
-    cells = [[_clock(e["at"], now), e["from"] or "", e["to"], e["actor"], e["reason"]] for e in j["events"]]
-    tables.titled(con, "events", tables.listing(EVENT_COLUMNS, cells))
+        for a in attempts
+    ]
+    tables.titled(con, "attempts", tables.listing(ATTEMPT_COLUMNS, cells))
+
+
+def _print_preemptions(con: Console, preemptions: list[dict[str, Any]], now: float) -> None:
+    """The preemptions table, then what each one's lost work rests on."""
+    cells = []
+    for p in preemptions:
+        by = p["by"] or "—"
+        if p["by_queue"] is not None:
+            by += f" ({p['by_queue']} t{p['by_tier']})"
+        lost = p["lost_work_gpu_hours"]
+        cells.append(
+            [
+                str(p["attempt"]),
+                _clock(p["at"], now),
+                by,
+                p["kind"],
+                "" if lost is None else f"{lost:.3f}",
+                "" if p["efficiency"] is None else f"{p['efficiency']:.2f}",
+            ]
+        )
+    tables.titled(con, "preemptions", tables.listing(PREEMPTION_COLUMNS, cells))
+    for p in preemptions:
+        if p.get("lost_work_why"):
+            con.print(f"  lost work of #{p['attempt']}: {p['lost_work_why']}", markup=False, highlight=False)
 
 
 def _cancellable_states(text: str | None) -> list[str]:

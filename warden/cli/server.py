@@ -7,7 +7,7 @@ import os
 import stat
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Literal, NoReturn
 
 import typer
 
@@ -15,6 +15,10 @@ from warden.cli.app import duration, fail
 from warden.executors import registry
 from warden.executors.identity import DEFAULT_JOB_UIDS, parse_uid_range, parse_user_map
 from warden.urls import BadServerUrl, parse_urls
+
+if TYPE_CHECKING:
+    from warden.engine.policy import PolicyError
+    from warden.server.app import Settings
 
 
 def _bootstrap_token(path: Path | None) -> str | None:
@@ -340,105 +344,177 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Run the warden server on this machine."""
-        from warden.engine.policy import PolicyError, load_policy
-        from warden.server.app import Settings, serve
-        from warden.server.listen import CannotListen
-        from warden.server.statedir import StateDirError
-        from warden.server.tls import TlsError
+        from warden.server.app import Settings
 
-        if fake_gpus is not None and fake_gpus < 0:
-            fail(f"--fake-gpus: {fake_gpus} must not be negative")
-        if bootstrap_token is not None:
-            fail(
-                "--bootstrap-token: a token on the command line is visible to every user of this machine "
-                "(/proc/PID/cmdline); use --bootstrap-token-file PATH or $WARDEN_BOOTSTRAP_TOKEN"
-            )
-        if not 1.0 <= history_interval <= 86400.0:
-            fail(f"--history-interval: {history_interval!r} is not between 1 and 86400 seconds")
-        if not 1.0 <= forecast_interval <= 3600.0:
-            fail(f"--forecast-interval: {forecast_interval!r} is not between 1 and 3600 seconds")
-        refusal = registry.option_refusal(
-            executor,
-            {
-                "fake_gpus": fake_gpus,
-                "slurm_partition": slurm_partition,
-                "ray_address": ray_address,
-                "ray_trust_unauthenticated": ray_trust_unauthenticated,
-            },
-        )
-        if refusal is not None:
-            fail(refusal)
-        if run_as not in ("dynamic", "user"):
-            fail(f"--run-as: expected 'dynamic' or 'user', got {run_as!r}")
-        try:
-            uids = parse_uid_range(job_uids)
-            mapping = tuple(parse_user_map(user_map or ()).items())
-        except ValueError as err:
-            fail(str(err))
+        _check_numbers(fake_gpus, bootstrap_token, history_interval, forecast_interval)
+        _check_executor(executor, fake_gpus, slurm_partition, ray_address, ray_trust_unauthenticated)
+        mode = _run_as(run_as)
+        uids, mapping = _job_identities(job_uids, user_map)
         lifetime = _token_lifetime(str(token_lifetime))
-        if private_data not in ("jobs", "none"):
-            fail(f"--private-data: expected 'jobs' or 'none', got {private_data!r}")
-        if advertise_url is not None:
-            try:
-                [advertise_url] = parse_urls(advertise_url, "--advertise-url")
-            except BadServerUrl as err:
-                fail(str(err))
-            except ValueError:
-                fail(f"--advertise-url: {advertise_url!r} names several URLs; give this server's one")
-        if (tls_cert is None) != (tls_key is None):
-            given, missing = ("--tls-cert", "--tls-key") if tls_cert is not None else ("--tls-key", "--tls-cert")
-            fail(f"{missing}: {given} was given without it; give both, or neither for the server's own certificate")
-        if plain_http and tls_cert is not None:
-            fail(f"--plain-http: given with --tls-cert {str(tls_cert)!r}; choose one")
-        if not plain_http and advertise_url is not None and advertise_url.startswith("http://"):
-            fail(
-                f"--advertise-url: {advertise_url!r} is http://, but the server serves HTTPS (https://…; "
-                "--plain-http for plain HTTP)"
-            )
+        hidden = _private_data(private_data)
+        advertised = _advertised(advertise_url)
+        _check_tls(tls_cert, tls_key, plain_http, advertised)
         token = _bootstrap_token(bootstrap_token_file)
         if policy is not None:
-            try:
-                load_policy(policy)  # a refused file is reported before anything is made
-            except PolicyError as err:
-                for issue in err.issues:
-                    typer.echo(f"{policy}: {issue}", err=True)
-                raise typer.Exit(2) from None
+            _check_policy(policy)
         if state_dir is not None:
             os.environ["WARDEN_STATE_DIR"] = str(state_dir)
-        errors = registry.kind(executor).errors()  # what the executor's factory raises when it cannot build it
-        try:
-            serve(
-                Settings(
-                    db=db,
-                    policy=policy,
-                    host=host,
-                    port=port,
-                    advertise_url=advertise_url,
-                    fake_gpus=fake_gpus,
-                    state_dir=state_dir,
-                    bootstrap_token=token,
-                    run_as="user" if run_as == "user" else "dynamic",
-                    job_uids=uids,
-                    user_map=mapping,
-                    executor=executor,
-                    slurm_partition=slurm_partition,
-                    ray_address=ray_address,
-                    ray_trust_unauthenticated=ray_trust_unauthenticated,
-                    history_interval_s=history_interval,
-                    forecast_interval_s=forecast_interval,
-                    token_lifetime_s=lifetime,
-                    private_data="none" if private_data == "none" else "jobs",
-                    tls_cert=tls_cert,
-                    tls_key=tls_key,
-                    plain_http=plain_http,
-                ),
-                say=lambda line: typer.echo(line, err=True),
-            )
-        except PolicyError as err:
-            for issue in err.issues:
-                typer.echo(f"{policy}: {issue}", err=True)
-            raise typer.Exit(2) from None
-        except errors as err:
-            fail(f"--executor {executor}: {err}")
-        except (StateDirError, CannotListen, TlsError) as err:
-            fail(str(err))
+        settings = Settings(
+            db=db,
+            policy=policy,
+            host=host,
+            port=port,
+            advertise_url=advertised,
+            fake_gpus=fake_gpus,
+            state_dir=state_dir,
+            bootstrap_token=token,
+            run_as=mode,
+            job_uids=uids,
+            user_map=mapping,
+            executor=executor,
+            slurm_partition=slurm_partition,
+            ray_address=ray_address,
+            ray_trust_unauthenticated=ray_trust_unauthenticated,
+            history_interval_s=history_interval,
+            forecast_interval_s=forecast_interval,
+            token_lifetime_s=lifetime,
+            private_data=hidden,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            plain_http=plain_http,
+        )
+        _serve(settings)
+
+
+# -- what `warden server` checks and runs, in the order it reports refusals -----------------------
+
+
+def _check_numbers(
+    fake_gpus: int | None, bootstrap_token: str | None, history_interval: float, forecast_interval: float
+) -> None:
+    """--fake-gpus, --history-interval and --forecast-interval in their bounds, and no
+    --bootstrap-token (a token on a command line is anyone's to read)."""
+    if fake_gpus is not None and fake_gpus < 0:
+        fail(f"--fake-gpus: {fake_gpus} must not be negative")
+    if bootstrap_token is not None:
+        fail(
+            "--bootstrap-token: a token on the command line is visible to every user of this machine "
+            "(/proc/PID/cmdline); use --bootstrap-token-file PATH or $WARDEN_BOOTSTRAP_TOKEN"
+        )
+    if not 1.0 <= history_interval <= 86400.0:
+        fail(f"--history-interval: {history_interval!r} is not between 1 and 86400 seconds")
+    if not 1.0 <= forecast_interval <= 3600.0:
+        fail(f"--forecast-interval: {forecast_interval!r} is not between 1 and 3600 seconds")
+
+
+def _check_executor(
+    executor: str,
+    fake_gpus: int | None,
+    slurm_partition: str | None,
+    ray_address: str | None,
+    ray_trust_unauthenticated: bool,
+) -> None:
+    """--executor names a kind, and the options another kind owns are not given with it (the
+    registry says which)."""
+    refusal = registry.option_refusal(
+        executor,
+        {
+            "fake_gpus": fake_gpus,
+            "slurm_partition": slurm_partition,
+            "ray_address": ray_address,
+            "ray_trust_unauthenticated": ray_trust_unauthenticated,
+        },
+    )
+    if refusal is not None:
+        fail(refusal)
+
+
+def _run_as(text: str) -> Literal["dynamic", "user"]:
+    """--run-as: 'dynamic' or 'user'."""
+    if text == "dynamic":
+        return "dynamic"
+    if text == "user":
+        return "user"
+    fail(f"--run-as: expected 'dynamic' or 'user', got {text!r}")
+
+
+def _job_identities(job_uids: str, user_map: list[str] | None) -> tuple[range, tuple[tuple[str, str], ...]]:
+    """--job-uids as a range and --user-map as (warden user, Unix account) pairs."""
+    try:
+        return parse_uid_range(job_uids), tuple(parse_user_map(user_map or ()).items())
+    except ValueError as err:
+        fail(str(err))
+
+
+def _private_data(text: str) -> Literal["jobs", "none"]:
+    """--private-data: 'jobs' or 'none'."""
+    if text == "jobs":
+        return "jobs"
+    if text == "none":
+        return "none"
+    fail(f"--private-data: expected 'jobs' or 'none', got {text!r}")
+
+
+def _advertised(text: str | None) -> str | None:
+    """--advertise-url: one server URL, as `parse_urls` writes it; None when not given."""
+    if text is None:
+        return None
+    try:
+        [url] = parse_urls(text, "--advertise-url")
+    except BadServerUrl as err:
+        fail(str(err))
+    except ValueError:
+        fail(f"--advertise-url: {text!r} names several URLs; give this server's one")
+    return url
+
+
+def _check_tls(tls_cert: Path | None, tls_key: Path | None, plain_http: bool, advertise_url: str | None) -> None:
+    """--tls-cert and --tls-key both or neither, neither with --plain-http, and an https://
+    --advertise-url unless the server serves plain HTTP."""
+    if (tls_cert is None) != (tls_key is None):
+        given, missing = ("--tls-cert", "--tls-key") if tls_cert is not None else ("--tls-key", "--tls-cert")
+        fail(f"{missing}: {given} was given without it; give both, or neither for the server's own certificate")
+    if plain_http and tls_cert is not None:
+        fail(f"--plain-http: given with --tls-cert {str(tls_cert)!r}; choose one")
+    if not plain_http and advertise_url is not None and advertise_url.startswith("http://"):
+        fail(
+            f"--advertise-url: {advertise_url!r} is http://, but the server serves HTTPS (https://…; "
+            "--plain-http for plain HTTP)"
+        )
+
+
+def _policy_refused(policy: Path | None, err: PolicyError) -> NoReturn:
+    """Each issue of a refused policy file on its own line of stderr, then exit 2."""
+    for issue in err.issues:
+        typer.echo(f"{policy}: {issue}", err=True)
+    raise typer.Exit(2) from None
+
+
+def _check_policy(policy: Path) -> None:
+    """--policy: a refused file is reported before anything is made."""
+    from warden.engine.policy import PolicyError, load_policy
+
+    try:
+        load_policy(policy)
+    except PolicyError as err:
+        _policy_refused(policy, err)
+
+
+def _serve(settings: Settings) -> None:
+    """Run the server until it is interrupted; what stops it from starting is reported as a
+    refusal of the option it comes from (exit 2)."""
+    from warden.engine.policy import PolicyError
+    from warden.server.app import serve
+    from warden.server.listen import CannotListen
+    from warden.server.statedir import StateDirError
+    from warden.server.tls import TlsError
+
+    errors = registry.kind(settings.executor).errors()  # what the executor's factory raises when it cannot build it
+    try:
+        serve(settings, say=lambda line: typer.echo(line, err=True))
+    except PolicyError as err:
+        _policy_refused(settings.policy, err)
+    except errors as err:
+        fail(f"--executor {settings.executor}: {err}")
+    except (StateDirError, CannotListen, TlsError) as err:
+        fail(str(err))

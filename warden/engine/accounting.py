@@ -22,21 +22,22 @@ times:
 Both count from the same point, so a job that reports nothing new after SIGTERM is measured
 to lose exactly what was predicted at SIGTERM.
 
-It imports nothing of warden but the policy's and the job's types (for annotations), and numpy only inside
-the owed computation, so the engine may use it without growing its imports.
+It imports nothing of warden but the policy's type (for annotations), and numpy only inside the
+owed computation, so the engine may use it without growing its imports; the job model imports it
+(`Job.wait_s` is `wait_time`), so what it reads of a job is a protocol (`RunningJob`), never the
+model's `Job`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Literal, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, TypeVar
 
 if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import ArrayLike, NDArray
 
-    from warden.engine.model import Job
     from warden.engine.policy import Policy
 
 _Amount = TypeVar("_Amount", float, "NDArray[np.float64]")
@@ -121,7 +122,24 @@ def attempt_eta(
 # -- waiting ----------------------------------------------------------------------------------
 
 
-def expected_end(job: Job) -> float:
+class StartedAttempt(Protocol):
+    """What `expected_end` reads of a job's attempt (`warden.engine.model.Attempt`)."""
+
+    @property
+    def started_at(self) -> float: ...
+
+
+class RunningJob(Protocol):
+    """What `expected_end` reads of a job (`warden.engine.model.Job`)."""
+
+    @property
+    def attempt(self) -> StartedAttempt | None: ...
+
+    @property
+    def expected_duration(self) -> float | None: ...
+
+
+def expected_end(job: RunningJob) -> float:
     """When a running job is expected to end (`run_end` of its attempt); inf when nothing says."""
     return run_end(job.attempt.started_at if job.attempt is not None else 0.0, job.expected_duration)
 

@@ -24,8 +24,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from warden.engine.model import JobState
 from warden.engine.overcommit import quota_warnings
 from warden.server.auth import Principal, bearer, require_admin
-from warden.server.busy import PerUserLimit, ServerBudget
 from warden.server.errors import ApiError, ErrorBody, error_body, safe_value, shorten
+from warden.server.expensive_request_limits import PerUserLimit, ServerBudget
 from warden.server.explanations import wall_times
 from warden.server.export import PARQUET_HINT, Export, csv_chunks, parquet_chunks
 from warden.server.history import MOST_SAMPLES, SPAN_MAX_S, history_view

@@ -15,7 +15,6 @@ time and relative to the reader's now; no sentence a person reads holds epoch se
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from datetime import datetime
 from functools import lru_cache
@@ -64,19 +63,15 @@ def rendered(reason: Mapping[str, Any] | None, now: float, job_id: str | None = 
 
 KILL_AT = "kill_at"
 """The detail of an event that holds its SIGKILL deadline (epoch seconds)."""
-_EPOCH_KILL = re.compile(r"SIGKILL at (\d{9,}(?:\.\d+)?)")
-"""An event text that holds its SIGKILL deadline as epoch seconds: written the same way when read."""
 
 
 def event_message(reason: str | None, details: Mapping[str, Any] | None, now: float) -> str | None:
     """An event's sentence as a person reads it at `now`: its SIGKILL deadline (the `kill_at`
-    detail) ends it as ", SIGKILL at 14:05 (in 2m)", in local time; a deadline an older
-    server wrote into the text as epoch seconds is written the same way. No text, no sentence."""
+    detail) ends it as ", SIGKILL at 14:05 (in 2m)", in local time (migration 0019 moved the
+    deadlines of events stored with it in their text into that detail). No text, no sentence."""
     if reason is None:
         return None
-    at = wall_times(now)
-    text, legacy = _EPOCH_KILL.subn(lambda m: f"SIGKILL at {at(float(m.group(1)))}", reason)
     kill_at = (details or {}).get(KILL_AT)
-    if not legacy and isinstance(kill_at, int | float) and not isinstance(kill_at, bool):
-        text += f", SIGKILL at {at(float(kill_at))}"
-    return text
+    if isinstance(kill_at, int | float) and not isinstance(kill_at, bool):
+        return f"{reason}, SIGKILL at {wall_times(now)(float(kill_at))}"
+    return reason

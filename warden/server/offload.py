@@ -7,7 +7,7 @@ work's millions of objects with the lock held. In a worker process the server on
 the answer. The worker is started on first use (`spawn`: it inherits neither the server's
 threads nor its descriptors, the API's socket among them), serves request after request, and
 is replaced should it die. How many such requests run at once is bounded by the caller
-(`warden.server.busy.ServerBudget`); `WORKERS` processes at most serve them.
+(`warden.server.expensive_request_limits.ServerBudget`); `WORKERS` processes at most serve them.
 
 What a worker refuses (`ApiError`) comes back as the same refusal."""
 

@@ -20,7 +20,6 @@ import hmac
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from warden.engine.durations import span
@@ -115,9 +114,7 @@ class Reports:
         self.ctx = ctx
         self.auth = auth
         self.peers = peers
-        self._key = ctx.store.shared_secret(
-            "report_secret", _legacy_secret(ctx.state_dir / "report-secret") or secrets.token_bytes(32)
-        )
+        self._key = ctx.store.shared_secret("report_secret", secrets.token_bytes(32))
         """The key of the report tokens, in the database: every server of it mints and checks
         the same tokens, so a job's reports are taken by whichever server is up."""
 
@@ -177,13 +174,3 @@ class Reports:
             details={"attempt": attempt, "report": what, "reported_s": reported, "kept_s": kept},
         )
         log.warning("job %s attempt %s: %s report of %.6g s clamped to %.3f s", job.id, attempt, what, reported, kept)
-
-
-def _legacy_secret(path: Path) -> bytes | None:
-    """The report key an older server kept in its state directory, if there is one: the first
-    server of a database to start stores it there (`Store.shared_secret`), so the attempts it
-    started before keep their tokens."""
-    try:
-        return bytes.fromhex(path.read_text().strip()) or None
-    except (OSError, ValueError):
-        return None

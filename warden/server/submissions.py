@@ -20,10 +20,10 @@ from warden.engine.policy import Limits, Policy, format_duration
 from warden.engine.whatif import Verdict, what_if
 from warden.server.auth import Principal, forbidden
 from warden.server.errors import ApiError
-from warden.server.fairuse import SubmissionRate
 from warden.server.forecasts import Forecasts
 from warden.server.requests import SubmitRequest
 from warden.server.serving import ServiceContext
+from warden.server.submission_rate_limits import SubmissionRate
 from warden.store.jobs import DuplicateSubmission, EarlierSubmission, TooManyWaiting, TooMuchStored, WaitingLimits
 
 

@@ -1,7 +1,7 @@
 // The public /v1 API, called with the signed-in token. The token lives in this tab's
 // sessionStorage only: never in a URL, a cookie or localStorage. A 401 signs the tab out.
-// Which endpoints and parameters the server has is read from its OpenAPI document, so that a
-// view asks nothing of an older server and says "not available" instead.
+// Which endpoints the server has is read from its OpenAPI document, so that a view never calls
+// a missing one and says "not available" instead.
 
 import { noteServerDate } from "./time.js";
 
@@ -67,30 +67,6 @@ export async function loadSpec() {
 export function has(method, path) {
   if (!spec || !spec.paths) return true;
   return Boolean(spec.paths[path] && spec.paths[path][method.toLowerCase()]);
-}
-
-/** Whether `method path` takes the query parameter `name`. */
-export function hasParam(method, path, name) {
-  if (!spec || !spec.paths) return false;
-  const op = spec.paths[path] && spec.paths[path][method.toLowerCase()];
-  return Boolean(op && (op.parameters || []).some((p) => p.name === name && p.in === "query"));
-}
-
-/** The enum a query parameter allows, when it has one. */
-export function paramEnum(method, path, name) {
-  const op = spec && spec.paths && spec.paths[path] && spec.paths[path][method.toLowerCase()];
-  const p = op && (op.parameters || []).find((q) => q.name === name && q.in === "query");
-  if (!p || !p.schema) return null;
-  const schemas = [p.schema, ...(p.schema.anyOf || []), ...(p.schema.allOf || [])];
-  for (const sc of schemas) {
-    if (sc.enum) return sc.enum;
-    if (sc.$ref) {
-      const ref = sc.$ref.split("/").pop();
-      const target = spec.components && spec.components.schemas && spec.components.schemas[ref];
-      if (target && target.enum) return target.enum;
-    }
-  }
-  return null;
 }
 
 function errorMessage(status, body) {

@@ -2,7 +2,7 @@
 // the running ones with when they may be preempted and their last checkpoint, a page at a time
 // (GET /v1/jobs?limit=&offset=, X-Total-Count), so that 5,000 pending jobs stay fast.
 
-import { api, hasParam, paramEnum } from "../api.js";
+import { api } from "../api.js";
 import { h, notice, swap, table } from "../dom.js";
 import { tierBadge } from "../palette.js";
 import { abs, countdown, dur, humanizeMessage, when } from "../time.js";
@@ -12,16 +12,6 @@ export const HOLDING = ["ADMITTED", "STARTING", "RUNNING", "PREEMPTING"];
 const PENDING_PAGE = 100;
 const RUNNING_PAGE = 50;
 
-/** The query parameter and value that sort jobs by rank, where the server offers one. */
-function rankOrder() {
-  for (const name of ["order", "sort", "order_by"]) {
-    const allowed = paramEnum("GET", "/v1/jobs", name);
-    const value = allowed && allowed.find((v) => /rank|position/i.test(String(v)));
-    if (value) return { [name]: value };
-  }
-  return {};
-}
-
 function byRank(a, b) {
   const pa = a.position ?? Number.POSITIVE_INFINITY;
   const pb = b.position ?? Number.POSITIVE_INFINITY;
@@ -29,21 +19,11 @@ function byRank(a, b) {
   return Number(a.id) - Number(b.id);
 }
 
-/**
- * One page of jobs in `states`: {jobs, total, paged}. With a server that takes limit/offset
- * the page is the server's; an older one answers every job and the page is cut here.
- */
+/** One page of jobs in `states`, as the server pages them: {jobs, total}, `total` being how
+ * many match (`X-Total-Count`), whatever the page. */
 export async function jobsPage(states, offset, limit, extra = {}) {
-  const paged = hasParam("GET", "/v1/jobs", "limit") && hasParam("GET", "/v1/jobs", "offset");
-  const params = { state: states.join(","), ...extra };
-  if (paged) {
-    const { data, headers } = await api("/jobs", { params: { ...params, ...rankOrder(), limit, offset }, full: true });
-    const total = Number(headers.get("X-Total-Count"));
-    return { jobs: data, total: Number.isFinite(total) && headers.get("X-Total-Count") !== null ? total : null, paged };
-  }
-  const all = await api("/jobs", { params });
-  all.sort(byRank);
-  return { jobs: all.slice(offset, offset + limit), total: all.length, paged };
+  const { data, headers } = await api("/jobs", { params: { state: states.join(","), ...extra, limit, offset }, full: true });
+  return { jobs: data, total: Number(headers.get("X-Total-Count")) };
 }
 
 const TIME_KEYS = /(_at|^eta|^due|^until)$/;
