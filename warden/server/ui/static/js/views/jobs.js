@@ -115,10 +115,10 @@ export function tier1From(job) {
   return when(job.started_at + job.lease_s);
 }
 
-/** The state a person reads of a job (the API's `shown_state`: CANCELLING or STOPPING for one
- * being stopped, else its `state`, which an older server alone gives). */
+/** The state a person reads of a job: the API's `shown_state` (CANCELLING or STOPPING for one
+ * being stopped, else its `state`), in every job, holder and action answer the API gives. */
 export function shownState(job) {
-  return job.shown_state ?? job.state;
+  return job.shown_state;
 }
 
 export function stateBadge(state) {
