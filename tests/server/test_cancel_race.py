@@ -99,10 +99,10 @@ def once_at(svc: Service, phase: str, action: Callable[[], None]) -> None:
 
     def hook(name: str) -> None:
         if name == phase:
-            svc.reconciler.phase_hook = None
+            svc.reconciler.ctx.phase_hook = None
             action()
 
-    svc.reconciler.phase_hook = hook
+    svc.reconciler.ctx.phase_hook = hook
 
 
 @dataclass

@@ -165,7 +165,7 @@ def test_a_diff_that_changes_one_weight_names_exactly_the_waiting_jobs_that_move
     out = r.json()
 
     with svc.reconciler.lock:
-        snapshot = svc.reconciler.live_snapshot(clock.t)
+        snapshot = svc.reconciler.snapshots.live(clock.t)
     before = {j.id: i for i, (_, j) in enumerate(rank(snapshot, clock.t), 1)}
     after = {j.id: i for i, (_, j) in enumerate(rank(replace(snapshot, policy=parse_policy(new)), clock.t), 1)}
     moved = {job for job in before if before[job] != after[job]}

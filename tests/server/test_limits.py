@@ -369,15 +369,15 @@ def test_a_recorded_sigkill_deadline_is_adopted_no_later_than_max_grace(api: Api
     edited in the database) cannot keep a job that ignores SIGTERM alive."""
     reconciler = api.service.reconciler
     max_grace = reconciler.policy.max_grace
-    assert reconciler._bounded_kill_at(1000.0, 1e12) == 1000.0 + max_grace
-    assert reconciler._bounded_kill_at(1000.0, 1000.0 + max_grace / 2) == 1000.0 + max_grace / 2
-    assert reconciler._bounded_kill_at(None, 5.0) == 5.0
-    assert reconciler._bounded_kill_at(1000.0, None) is None
+    assert reconciler.recovery.bounded_kill_at(1000.0, 1e12) == 1000.0 + max_grace
+    assert reconciler.recovery.bounded_kill_at(1000.0, 1000.0 + max_grace / 2) == 1000.0 + max_grace / 2
+    assert reconciler.recovery.bounded_kill_at(None, 5.0) == 5.0
+    assert reconciler.recovery.bounded_kill_at(1000.0, None) is None
 
 
 def test_report_counters_beyond_32_bits_are_kept(api: Api) -> None:
     job = api.service.store.list()[0]
-    api.service.store.start_attempt(job.id, 1, 0.0, [{"node": api.service.reconciler.nodes[0].name, "gpus": [0]}])
+    api.service.store.start_attempt(job.id, 1, 0.0, [{"node": api.service.reconciler.ctx.nodes[0].name, "gpus": [0]}])
     step, samples = 2**40, 2**62
     got = api.client.post(
         f"/v1/jobs/{job.id}/reports", json={"attempt": 1, "kind": "progress", "step": step, "samples": samples}

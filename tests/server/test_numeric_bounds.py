@@ -146,7 +146,7 @@ def running(tmp_path_factory: pytest.TempPathFactory, _jobs_base: Path | None) -
     api = Api(service, client, Path(tmp))
     assert client.post("/v1/jobs", json=api.job()).status_code == 201
     job = first(api)
-    service.store.start_attempt(job.id, 1, 0.0, [{"node": service.reconciler.nodes[0].name, "gpus": [0]}])
+    service.store.start_attempt(job.id, 1, 0.0, [{"node": service.reconciler.ctx.nodes[0].name, "gpus": [0]}])
     try:
         yield api
     finally:

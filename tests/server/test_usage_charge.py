@@ -60,7 +60,7 @@ def test_a_job_that_exits_between_passes_is_charged_until_the_pass_that_collects
     while svc.executor.replica_exit_codes(str(job_id), 1) != (0,):  # its process is gone
         assert time.monotonic() < deadline, "the job's process did not exit"
         time.sleep(0.05)
-    before = svc.reconciler.ledger.usage.get("team", 0.0)
+    before = svc.reconciler.charging.ledger.usage.get("team", 0.0)
     clock.t += 600.0
     svc.reconciler.reconcile()  # collects the exit ten minutes later
     job = svc.store.get(job_id)
@@ -68,8 +68,8 @@ def test_a_job_that_exits_between_passes_is_charged_until_the_pass_that_collects
     h = svc.policy.fair_share.half_life
     # the whole node (dominant share 1) for 600 s, decayed as the ledger decays
     gain = h / math.log(2) * (1 - 0.5 ** (600.0 / h))
-    assert svc.reconciler.ledger.usage.get("team", 0.0) == pytest.approx(before * 0.5 ** (600.0 / h) + gain)
-    assert "other" not in svc.reconciler.ledger.usage
+    assert svc.reconciler.charging.ledger.usage.get("team", 0.0) == pytest.approx(before * 0.5 ** (600.0 / h) + gain)
+    assert "other" not in svc.reconciler.charging.ledger.usage
 
 
 def test_an_idle_cluster_saves_no_ledger_and_what_was_saved_decays_to_the_running_one(
@@ -98,7 +98,7 @@ def test_an_idle_cluster_saves_no_ledger_and_what_was_saved_decays_to_the_runnin
         clock.t += 3600.0
         svc.reconciler.reconcile()
     assert svc.store.load_ledger() == saved  # five idle passes wrote nothing
-    running = svc.reconciler.ledger
+    running = svc.reconciler.charging.ledger
     assert running.at == clock.t and running.usage["team"] < saved.usage["team"]
     restarted = accrue(saved.to_engine(), (), (4, 16_000, 64_000), svc.policy, clock.t)
     assert restarted.usage["team"] == pytest.approx(running.usage["team"], rel=1e-12)

@@ -95,7 +95,7 @@ def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
         svc = rec.svc
         told = None if changed is None else list(changed)
         call = None
-        if svc is not None and engine is svc.reconciler.engine:  # not a trial pass, not `schedule`
+        if svc is not None and engine is svc.reconciler.guard.engine:  # not a trial pass, not `schedule`
             call = Call(rec.pass_no, snapshot, now, told, _fresh_jobs(svc.store.fresh_active()))
             rec.calls.append(call)
         if rec.broken and any(j.state.waiting and j.cpu == TRIGGER_CPU for j in snapshot.jobs):
@@ -269,7 +269,7 @@ def test_a_quiet_pass_converts_nothing_and_tells_the_engine_nothing(service: Ser
     for _ in range(3):  # the admissions, and the explanations they move, settle
         svc.reconciler.reconcile()
     assert sum(j.state is JobState.RUNNING for j in recorder.calls[-1].snapshot.jobs) == 10
-    before = dict(svc.reconciler._engine_jobs.jobs)
+    before = dict(svc.reconciler.guard.engine_jobs.jobs)
     svc.reconciler.reconcile()
     last = recorder.calls[-1]
     assert last.changed == [], [(j.id, j.state) for j in last.changed or ()]

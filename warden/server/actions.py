@@ -17,6 +17,7 @@ from warden.engine.model import JobState
 from warden.executors.base import Fenced
 from warden.server.auth import Principal, forbidden, require_admin
 from warden.server.errors import ApiError
+from warden.server.reconcile import Reconciler
 from warden.server.serving import ServiceContext
 from warden.store.jobs import StoredJob
 from warden.store.leadership import NotLeader
@@ -52,11 +53,11 @@ class JobActions:
             if job.state.terminal:
                 raise ApiError(409, "id", job_id, f"the job already ended ({job.state.value})")
             try:
-                return self.ctx.reconciler.cancel(job, who.user)
+                return _cancel(self.ctx.reconciler, job, who.user)
             except (NotLeader, Fenced):  # the lead was lost meanwhile: record it for the next leader
                 if self.ctx.standby is None:
                     raise
-                return self.ctx.standby.cancel(job, who.user)
+                return _cancel(self.ctx.standby, job, who.user)
 
         job, done = self._act(job_id, act)
         self.ctx.store.audit(
@@ -116,3 +117,15 @@ class JobActions:
         self.ctx.store.audit(who.user, "release", f"job/{job_id}", {"held_reason": job.held_reason}, now)
         self.ctx.changed()
         return self.ctx.reread(job)
+
+
+def _cancel(reconciler: Reconciler, job: StoredJob, actor: str) -> str | None:
+    """Cancel `job` as the caller read it under the loop's lock, through `reconciler`'s cancels
+    (`Cancels.cancel`), and wake its loop whatever came of it: the pass that follows sends the
+    SIGTERM or ends the job. Returns what was done, or None when a write found the job changed:
+    read it again and retry."""
+    with reconciler.lock:
+        try:
+            return reconciler.cancels.cancel(job, actor)
+        finally:
+            reconciler.poke()

@@ -379,7 +379,7 @@ def build_router(service: Service) -> APIRouter:
             attempts,
             service.now(),
             service.policy,
-            service.reconciler.ledger,
+            service.reconciler.charging.ledger,
             service.forecasts.view(job),
             links=service.store.preemption_links([job.id]),
             preemptors=service.store.queues_and_tiers(a.preempted_for for a in attempts),
@@ -472,7 +472,9 @@ def build_router(service: Service) -> APIRouter:
 
     @r.get("/queues", responses=errors(401))
     def queues(who: Caller) -> list[dict[str, Any]]:
-        return queue_views(service.policy, service.store, service.reconciler.ledger, service.nodes, service.now())
+        return queue_views(
+            service.policy, service.store, service.reconciler.charging.ledger, service.nodes, service.now()
+        )
 
     @r.get("/policy", responses=errors(401))
     def get_policy(who: Caller) -> dict[str, Any]:

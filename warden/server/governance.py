@@ -61,7 +61,7 @@ class Governance:
         plans are made after it, in a worker process (`warden.server.offload`)."""
         with self.ctx.reconciler.lock:
             now = self.ctx.now()
-            snapshot = self.ctx.reconciler.live_snapshot(now)
+            snapshot = self.ctx.reconciler.snapshots.live(now)
         return in_worker(_diff, source, snapshot, now)
 
     def export_history(self, since: float) -> Export:

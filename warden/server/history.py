@@ -16,9 +16,11 @@ from typing import Any
 
 from warden.engine.model import UsageLedger
 from warden.engine.policy import Policy
-from warden.executors.base import Inventory
+from warden.executors.base import Fenced, Inventory
+from warden.server.context import log
 from warden.server.views import queue_views, wait_s
 from warden.store.history import HistorySample
+from warden.store.leadership import NotLeader
 from warden.store.repo import Store
 
 INTERVAL_S = 60.0
@@ -43,6 +45,19 @@ class History:
         """The newest sample: the baseline of the next one's preemptions and lost work."""
         self._tried_at: float | None = None
         """When a sample was last taken or tried (None: not since start; the database says)."""
+
+    def sample(self, now: float, policy: Policy, ledger: UsageLedger, cluster: Inventory) -> None:
+        """The sample at `now`, when one is due: taken after a pass and outside its lock (it
+        reads every job's attempts, as `GET /v1/queues` does). A sample that fails is logged and
+        tried again an interval later; it never fails the pass. A write refused because this
+        server no longer leads is raised, and ends the loop as a pass's does."""
+        try:
+            if self.due(now):
+                self.record(now, policy, ledger, cluster)
+        except (NotLeader, Fenced):
+            raise
+        except Exception:
+            log.exception("recording the history sample failed; the next try is in %g s", self.interval_s)
 
     def due(self, now: float) -> bool:
         """A sample is due `interval_s` after the last one (taken before a restart too), or at

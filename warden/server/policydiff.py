@@ -2,7 +2,7 @@
 before anybody applies it.
 
 Both answers come from the engine itself, asked the same question twice: the live snapshot
-(`Reconciler.live_snapshot`) and one `now`, planned by two fresh engines, one under the
+(`Snapshots.live`) and one `now`, planned by two fresh engines, one under the
 policy in force and one under the new policy. Nothing is written and no pass is disturbed.
 
 - a job that holds resources is *preemptible from* the moment the victim rules (preemptible

@@ -35,8 +35,9 @@ second, one pass runs this fixed sequence under one lock:
 
 Each duty is an object of its own module, handed the store, the executor and the policy in one
 shared `ReconcileContext` (`warden.server.context`): `Charging` (the ledger, charged first),
-`Exits` (1), `NodeFollower`, `BoundDevices`, `Cancels` and `TimeLimits` (before the snapshot), `EngineGuard` (3, and the held
-jobs), `Preemptions` (4, and evictions), `PlanApplier` (5 and 6) and `Recovery` (at start).
+`Exits` (1), `NodeFollower`, `BoundDevices`, `Cancels` and `TimeLimits` (before the snapshot),
+`Snapshots` (2, and the live snapshot readers ask the engine about), `EngineGuard` (3, and the held
+jobs), `Preemptions` (4, and evictions), `PlanApplier` (5 and 6), `History` (7) and `Recovery` (at start).
 The `Reconciler` owns the lock, the loop and the order of the steps; none of its duties
 imports it back.
 
@@ -54,26 +55,25 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from warden.engine.model import Job, Node, Snapshot, UsageLedger
+from warden.engine.model import Node, Snapshot
 from warden.engine.plan import Plan
 from warden.engine.policy import Policy
-from warden.engine.scheduler import Engine
 from warden.executors.base import Executor, Fenced, Inventory
 from warden.server.apply import PlanApplier
 from warden.server.cancels import Cancels
 from warden.server.charging import Charging
 from warden.server.context import PassStats, ReconcileContext
 from warden.server.devices import BoundDevices
-from warden.server.engineguard import EngineGuard, EngineJobs
+from warden.server.engineguard import EngineGuard
 from warden.server.exits import Exits
 from warden.server.history import INTERVAL_S, History
 from warden.server.metrics import ServerMetrics
 from warden.server.nodes import NodeFollower
 from warden.server.preempt import Preemptions
 from warden.server.recovery import Recovery
+from warden.server.snapshots import Snapshots
 from warden.server.stops import Stops
 from warden.server.timelimits import TimeLimits
-from warden.store.jobs import ActiveJob, StoredJob
 from warden.store.leadership import NotLeader
 from warden.store.repo import Store
 
@@ -98,10 +98,13 @@ class Reconciler:
         inventory: Callable[[], Inventory] | None = None,
         history_interval_s: float = INTERVAL_S,
         lock: threading.RLock | None = None,
+        metrics: ServerMetrics | None = None,
     ) -> None:
+        """`metrics`: fed as passes go (`ReconcileContext.metrics`)."""
         self.store = store
         self.executor = executor
-        self.ctx = ReconcileContext(store, executor, policy, nodes, state_dir, clock)
+        self.ctx = ReconcileContext(store, executor, policy, nodes, state_dir, clock, metrics=metrics)
+        """The state every duty reads; tests set its `phase_hook` to act inside a pass."""
         self.history = History(store, history_interval_s)
         """The samples `GET /v1/history` reads: one at the end of a pass every interval."""
         self.inventory = inventory
@@ -135,17 +138,14 @@ class Reconciler:
         self.follower = NodeFollower(self.ctx, self.preemptions)
         self.devices = BoundDevices(self.ctx, self.preemptions)
         self.applier = PlanApplier(self.ctx, report_env)
+        self.snapshots = Snapshots(self.ctx, self.guard, self.charging)
+        """The engine's input: each pass's snapshot, and the one readers ask the engine about
+        (`Snapshots.live`: a dry run, a policy diff, a standby's forecasts)."""
 
-    # -- the shared state, under the names the service, app.py and tests read -------------
+    # -- what the service, its API and its metrics read of the loop ---------------------
     @property
     def policy(self) -> Policy:
         return self.ctx.policy
-
-    @property
-    def nodes(self) -> tuple[Node, ...]:
-        """The nodes of the last snapshot: the usable ones, and a down node only while jobs
-        still hold resources on it (`NodeFollower.follow`)."""
-        return self.ctx.nodes
 
     @property
     def cluster(self) -> Inventory:
@@ -153,40 +153,8 @@ class Reconciler:
         return self.ctx.cluster
 
     @property
-    def metrics(self) -> ServerMetrics | None:
-        """Fed as passes go."""
-        return self.ctx.metrics
-
-    @metrics.setter
-    def metrics(self, metrics: ServerMetrics | None) -> None:
-        self.ctx.metrics = metrics
-
-    @property
-    def phase_hook(self) -> Callable[[str], None] | None:
-        """Called inside a pass, under its lock, between a phase's reads and its writes
-        ("exit": an exit's job was read; "planned": the snapshot was planned): the seam race
-        tests use to interleave a user action there."""
-        return self.ctx.phase_hook
-
-    @phase_hook.setter
-    def phase_hook(self, hook: Callable[[str], None] | None) -> None:
-        self.ctx.phase_hook = hook
-
-    @property
     def stats(self) -> PassStats:
         return self.ctx.stats
-
-    @property
-    def ledger(self) -> UsageLedger:
-        return self.charging.ledger
-
-    @property
-    def engine(self) -> Engine:
-        return self.guard.engine
-
-    @property
-    def _engine_jobs(self) -> EngineJobs:
-        return self.guard.engine_jobs
 
     # -- the loop ---------------------------------------------------------------------------
     def poke(self) -> None:
@@ -232,10 +200,6 @@ class Reconciler:
             self.recovery.recover()
         self.poke()
 
-    def _bounded_kill_at(self, sigterm_at: float | None, kill_at: float | None) -> float | None:
-        """`Recovery.bounded_kill_at`: a SIGKILL deadline re-armed at start."""
-        return self.recovery.bounded_kill_at(sigterm_at, kill_at)
-
     # -- one pass ---------------------------------------------------------------------------
     def reconcile(self) -> Plan | None:
         """One pass; None when the engine failed on it (counted and logged; the exits were
@@ -257,7 +221,7 @@ class Reconciler:
             active = self.cancels.cancels_pending(active, now)
             active = self.time_limits.enforce(active, now)
             active = self.stops.watch(active, now)
-            snapshot = self._snapshot(active, now)
+            snapshot = self.snapshots.take(active, now)
             plan = self.guard.plan(snapshot, now)
             self.ctx.phase("planned")
             if plan is not None:
@@ -281,50 +245,7 @@ class Reconciler:
             if plan is not None:
                 s.admitted += len(plan.admissions)
                 s.preempted += len(plan.preemptions)
-            if self.metrics is not None:
-                self.metrics.pass_took(s.duration_s)
-        self._sample(now)
+            if self.ctx.metrics is not None:
+                self.ctx.metrics.pass_took(s.duration_s)
+        self.history.sample(now, self.policy, self.charging.ledger, self.cluster)  # outside the lock
         return plan
-
-    def _sample(self, now: float) -> None:
-        """The history's sample, when one is due: after the pass and outside its lock (it reads
-        every job's attempts, as `GET /v1/queues` does). A sample that fails is logged and
-        tried again an interval later; it never fails the pass. A write refused because this
-        server no longer leads ends the loop, as a pass's does."""
-        try:
-            if self.history.due(now):
-                self.history.record(now, self.policy, self.ledger, self.cluster)
-        except (NotLeader, Fenced):
-            raise
-        except Exception:
-            log.exception("recording the history sample failed; the next try is in %g s", self.history.interval_s)
-
-    def _snapshot(self, active: tuple[ActiveJob, ...], now: float) -> Snapshot:
-        """The engine's input: every unfinished job but the held ones, on the nodes and under
-        the policy in force, with the ledger brought up to now."""
-        jobs = self.guard.jobs(active)
-        return Snapshot(self.nodes, jobs, self.policy, self.charging.caught_up(jobs, now))
-
-    def live_snapshot(self, now: float) -> Snapshot:
-        """The snapshot a pass at `now` would plan, as far as the store says now, for readers
-        that ask the engine a question (a dry run, a policy diff) and change nothing: nothing
-        a pass reads or keeps is touched. Call it holding `lock`.
-
-        It differs from the next pass's own snapshot only by what that pass does first: exits
-        it collects, nodes it follows, cancels it completes (a waiting job marked cancelled is
-        left out here, as that pass ends it)."""
-        jobs: tuple[Job, ...] = tuple(
-            a.to_engine()
-            for a in self.store.active()
-            if not a.job.held and not (a.job.cancel_requested and a.job.state.waiting)
-        )
-        return Snapshot(self.nodes, jobs, self.policy, self.charging.ledger_at(jobs, now))
-
-    def cancel(self, job: StoredJob, actor: str) -> str | None:
-        """Cancel `job` as the caller read it under `lock` (`Cancels.cancel`): returns what was
-        done, or None when a write found the job changed: read it again and retry."""
-        with self.lock:
-            try:
-                return self.cancels.cancel(job, actor)
-            finally:
-                self.poke()

@@ -86,8 +86,8 @@ class Service:
                 inventory,
                 history_interval_s,
                 lock=lock,
+                metrics=self.metrics,
             )
-            rec.metrics = self.metrics
             return rec
 
         first = make_reconciler(store, executor if lease is None else StandbyExecutor(), policy)

@@ -182,7 +182,7 @@ class Submissions:
             with self.ctx.reconciler.lock:
                 now = self.ctx.now()
                 job_id, submit_at = self.ctx.store.next_submission(now)
-                snapshot = self.ctx.reconciler.live_snapshot(now)
+                snapshot = self.ctx.reconciler.snapshots.live(now)
             job = Job(
                 id=str(job_id),
                 queue=req.queue,

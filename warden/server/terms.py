@@ -169,7 +169,7 @@ class Terms:
                 standby.follower.take(inventory)
             standby.charging.ledger = ledger
             now = ctx.now()
-            standby.last_planned = (standby.live_snapshot(now), now)
+            standby.last_planned = (standby.snapshots.live(now), now)
 
     def stored_policy(self) -> Policy:
         """The policy in force in the database (another server may have applied one)."""
