@@ -104,3 +104,13 @@ def test_a_verb_named_on_the_command_line_is_built_alone_and_reads_as_in_the_who
     assert verb in commands and others == [], others
     whole = CliRunner().invoke(app, [verb, "--help"], prog_name="warden")
     assert CliRunner().invoke(alone, [verb, "--help"], prog_name="warden").output == whole.output
+
+
+def test_warden_version_prints_the_installed_version() -> None:
+    from importlib.metadata import version
+
+    out = subprocess.run(
+        [sys.executable, "-m", "warden.cli.main", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"warden {version('gpu-warden')}\n"

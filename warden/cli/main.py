@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from importlib import import_module
 from typing import Any
 
+import typer
 from typer.main import get_command_name
 from typer.models import CommandInfo
 
@@ -35,6 +36,7 @@ def build(argv: Sequence[str] | None = None) -> App:
     sub-app it names, or the verb it names (every verb when it names none, for `warden --help`
     and for a misspelt verb's suggestions), and each sub-app as its help alone."""
     app = App(name="warden", help="warden: a scheduler for shared GPU clusters that governs preemption.")
+    app.callback()(_options)
     first = None if argv is None else next((a for a in argv if not a.startswith("-")), None)
     for name in [] if first in GROUPS else VERBS:
         import_module(f"warden.cli.{name}").register(app)
@@ -47,6 +49,22 @@ def build(argv: Sequence[str] | None = None) -> App:
         elif first not in GROUPS:
             app.command(name, help=text, add_help_option=False)(_unreachable)
     return app
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"warden {version('gpu-warden')}")
+        raise typer.Exit()
+
+
+def _options(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="Print warden's version and exit."
+    ),
+) -> None:
+    """Options of `warden` itself, before any command."""
 
 
 def _command_name(info: CommandInfo) -> str | None:
