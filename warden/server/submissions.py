@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,12 +237,48 @@ class Submissions:
                 )
 
 
+_RUNNERS = re.compile(
+    r"(python|pypy)[0-9.]*|bash|sh|dash|zsh|perl|ruby|node|Rscript|julia|torchrun|deepspeed|accelerate|srun|mpirun"
+)
+"""Programs that run another one named after them (an interpreter, a launcher): a job is named
+after what they run."""
+
+
 def default_name(command: list[str], most: int) -> str:
-    """The name of a job submitted without one, as Slurm names it: its program, the last part
-    of the command's first word (`python3` for `/usr/bin/python3 train.py`), cut to `most`
-    characters (the policy's `limits.max_name_chars`)."""
-    program = command[0].rstrip("/")
-    return (program.rsplit("/", 1)[-1] or command[0])[:most]
+    """The name of a job submitted without one, as Slurm names a job after its script: the
+    program, the last part of the command's first word; where that program runs another (an
+    interpreter or a launcher, `_RUNNERS`, also behind `env`), the script it runs (`train.py`
+    for `/usr/bin/python3 -u train.py`) or the module (`pkg.train` for `python3 -m pkg.train`).
+    Cut to `most` characters (the policy's `limits.max_name_chars`)."""
+    name, rest = _program(command[0]), command[1:]
+    if name == "env":  # env [-i] [NAME=VALUE]... PROGRAM [ARG]...
+        skip = 0
+        while skip < len(rest) and (rest[skip].startswith("-") or "=" in rest[skip]):
+            skip += 1
+        if skip < len(rest):
+            name, rest = _program(rest[skip]), rest[skip + 1 :]
+    if _RUNNERS.fullmatch(name):
+        name = _run_by(rest) or name
+    return name[:most]
+
+
+def _program(word: str) -> str:
+    """The last part of a path (`python3` for `/usr/bin/python3`); the word itself for `/`."""
+    return word.rstrip("/").rsplit("/", 1)[-1] or word
+
+
+def _run_by(args: list[str]) -> str | None:
+    """What an interpreter or launcher given `args` runs: the module after `-m`, else the first
+    argument that is a path to a file (a dot or a slash in it, not an option: option values
+    such as `--nproc_per_node 8` are passed over); None for inline code (`-c`, `-e`) or none."""
+    for i, word in enumerate(args):
+        if word in ("-c", "-e"):
+            return None
+        if word == "-m":
+            return args[i + 1] if i + 1 < len(args) else None
+        if not word.startswith("-") and ("." in word or "/" in word):
+            return _program(word)
+    return None
 
 
 def _check_limits(req: SubmitRequest, limits: Limits) -> None:
