@@ -64,7 +64,7 @@ def test_a_preemption_that_would_not_pay_waits_for_capacity_that_frees_by_itself
     why = waits.explanations["p"].reason
     assert why.code == "PreemptionWouldNotPay" and why.victims == ("v",) and why.cost == 8 * 1_000.0
     assert why.frees_at == 10_500.0 and why.reserved_at == 10_500.0  # it holds what frees first
-    assert "Preempting v would throw away 2.22 GPU-hours" in why.message
+    assert "Preempting job v would throw away 2.22 GPU-hours" in why.message
     assert "frees by itself at t=10500s" in why.message
     assert preempted(first_pass(11_119.0)) == set()
     assert preempted(first_pass(11_121.0)) == {"v"}  # waiting would cost more than v loses

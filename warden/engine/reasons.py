@@ -48,6 +48,12 @@ def _ids(ids: tuple[str, ...], shown: int = 5) -> str:
     return text if len(ids) <= shown else f"{text} and {len(ids) - shown} more"
 
 
+def _jobs(ids: tuple[str, ...]) -> str:
+    """Job ids in a sentence, said to be jobs ("job 5", "jobs 5, 6"): bare numbers read as
+    counts."""
+    return f"{'job' if len(ids) == 1 else 'jobs'} {_ids(ids)}"
+
+
 def _reserved_tail(at: TimeText, reserved_at: float | None) -> str:
     """The end of a message for a job that may hold a reservation."""
     return "" if reserved_at is None else f"; capacity is reserved for it from {at(reserved_at)}"
@@ -329,7 +335,7 @@ class WaitingForLease(Reason):
 
     def render(self, at: TimeText = engine_time, job_id: str | None = None) -> str:
         when = at(self.earliest_at)
-        who = _ids(self.victims)
+        who = _jobs(self.victims)
         v = self.victim or (self.victims[-1] if self.victims else "?")
         lease = "" if self.lease_s is None else f" of {span(self.lease_s)}"
         tail = "; capacity is reserved for the job, so it starts then without any action"
@@ -392,7 +398,7 @@ class PreemptionWouldNotPay(Reason):
                 f"could be gone, so the job waits for it (`preemption.only_if_it_pays`){tail}."
             )
         return (
-            f"Preempting {_ids(self.victims)} would throw away {self.cost / 3600:.2f} GPU-hours of "
+            f"Preempting {_jobs(self.victims)} would throw away {self.cost / 3600:.2f} GPU-hours of "
             f"their work and restarts; capacity frees by itself at {at(self.frees_at)}, sooner "
             f"than that is worth, so the job waits for it (`preemption.only_if_it_pays`){tail}."
         )
@@ -408,7 +414,7 @@ class WaitingForGrace(Reason):
 
     def render(self, at: TimeText = engine_time, job_id: str | None = None) -> str:
         return (
-            f"Waiting for {_ids(self.victims)} to exit after SIGTERM (at the latest by {_when(at, self.eta)}); "
+            f"Waiting for {_jobs(self.victims)} to exit after SIGTERM (at the latest by {_when(at, self.eta)}); "
             "their GPUs are claimed for the job, so it starts then without any action."
         )
 
