@@ -11,6 +11,7 @@ from warden.cli import tables
 from warden.cli.app import App
 from warden.cli.tables import Col
 from warden.demo import NOW, demo_snapshot
+from warden.engine.durations import span
 from warden.engine.plan import Plan
 from warden.engine.reasons import virtual_times
 from warden.engine.scheduler import schedule
@@ -79,7 +80,7 @@ def demo(json_out: bool = typer.Option(False, "--json", help="Print the plan as 
                 v.queue,
                 p.for_job,
                 p.kind,
-                f"{p.grace:.0f}s",
+                span(p.grace),
                 f"{p.lost_work / 60:.0f}",
                 f"{p.cost / 60:.0f}",
             ]

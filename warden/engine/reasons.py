@@ -415,7 +415,8 @@ class WaitingForGrace(Reason):
     def render(self, at: TimeText = engine_time, job_id: str | None = None) -> str:
         return (
             f"Waiting for {_jobs(self.victims)} to exit after SIGTERM (at the latest by {_when(at, self.eta)}); "
-            "their GPUs are claimed for the job, so it starts then without any action."
+            f"{'its' if len(self.victims) == 1 else 'their'} GPUs are claimed for the job, so it starts then "
+            "without any action."
         )
 
 
