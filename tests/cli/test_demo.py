@@ -36,6 +36,9 @@ def test_demo_table_runs_as_a_command() -> None:
         [sys.executable, "-m", "warden.cli.main", "demo"], capture_output=True, text=True, timeout=60, check=True
     ).stdout
     assert "Preemptions" in out and "WaitingForGrace" in out and "AwaitingApproval" in out
+    # Durations read as everywhere else in warden: the victims' 120 s grace is "2m".
+    rows = [line.split() for line in out.splitlines() if line.startswith(("lang-eval ", "plat-batch "))]
+    assert rows and all(row[5] == "2m" for row in rows), rows
 
 
 def test_demo_fits_80_columns_with_every_victim_and_explanation_whole() -> None:
