@@ -962,11 +962,12 @@ def _clock(t: float | None, now: float) -> str:
 
 
 def _expected_cell(expected: dict[str, Any] | None, now: float) -> str:
-    """A waiting job's expected start in a table cell: `in 14 min`, `now`, or `?` when none is known."""
+    """A waiting job's expected start in a table cell: `in 14 min`, `now`, or `N/A` when none is
+    known (as squeue shows an unknown start; `describe` says why)."""
     if not expected:
         return ""
     if expected.get("at") is None:
-        return "?"
+        return "N/A"
     return relative(expected["at"], now)
 
 
