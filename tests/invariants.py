@@ -508,9 +508,9 @@ def check_preemptions(v: PassView) -> None:
             )
             # Nor in the last `protect_before_time_limit` of its time limit (the same reach).
             window = pol.preemption.protect_before_time_limit
-            if window > 0 and victim.expected_duration is not None:
-                assert ran < victim.expected_duration - window, (
-                    f"{where}: preempted {victim.expected_duration - ran}s before its time limit "
+            if window > 0 and victim.time_limit is not None:
+                assert ran < victim.time_limit - window, (
+                    f"{where}: preempted {victim.time_limit - ran}s before its time limit "
                     f"(protect_before_time_limit {window}s)"
                 )
         # -- 5: the grace period, at least min_grace and the victim's own

@@ -67,7 +67,7 @@ def running(
     assignment = tuple(ReplicaPlacement(node, tuple(range(first_gpu, first_gpu + g))) for node, g in placement)
     facts = {"startup_s": 0.0}
     facts.update(attempt)
-    job_fields = {k: facts.pop(k) for k in ("expected_duration", "lease", "grace", "preempted_at") if k in facts}
+    job_fields = {k: facts.pop(k) for k in ("time_limit", "lease", "grace", "preempted_at") if k in facts}
     return Job(
         job_id,
         queue,

@@ -157,7 +157,7 @@ def test_the_mix_is_mixed(large: Snapshot) -> None:
     assert any(j.attempt and NOW - j.attempt.started_at < 45 * 60 for j in holding)
     assert {"any", "pack", "block"} <= {j.placement for j in waiting}
     assert any(j.state is JobState.AWAITING_APPROVAL for j in waiting)
-    assert any(j.expected_duration for j in waiting)
+    assert any(j.time_limit for j in waiting)
     assert all(j.submit < NOW for j in large.jobs)
 
 

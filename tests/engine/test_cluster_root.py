@@ -75,7 +75,7 @@ def test_a_tier_1_job_that_would_borrow_waits_saying_its_tier_cannot_borrow() ->
 def test_a_tier_1_job_waits_while_it_would_borrow_and_starts_once_in_quota() -> None:
     """Its queue's own tier-1 job holds the nominal (not preemptible: no victim either); once
     that job has ended, the waiting one starts, in-quota, though 24 GPUs were idle all along."""
-    held = running("r", "a", 1, ("n0", 8), started=0.0, expected_duration=500.0)
+    held = running("r", "a", 1, ("n0", 8), started=0.0, time_limit=500.0)
     p = pending("p", "a", 1, submit=10.0)
     plan = plan_for(one_team(), nodes(4), [held, p], now=100.0)
     assert admitted(plan) == set() and preempted(plan) == set()

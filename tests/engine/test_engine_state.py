@@ -95,7 +95,7 @@ def test_a_stretched_lease_lifts_at_the_same_instant_warm_and_fresh() -> None:
         state=JobState.RUNNING,
         gpus=1,
         lease=0.0,
-        expected_duration=151.0,
+        time_limit=151.0,
         attempt=Attempt(1, 30.0, (ReplicaPlacement("pool", (7,)),), startup_s=15.0),
     )
     waiting = Job(id="09", queue="a", tier=1, submit=0.0, state=JobState.PENDING, replicas=2, gpus=4, lease=0.0)

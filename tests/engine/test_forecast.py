@@ -22,12 +22,12 @@ from warden.sim.simulator import Simulation
 
 
 def test_a_queue_drains_in_the_order_and_at_the_times_its_ends_free_capacity() -> None:
-    r = replace(running("r", "a", 3, ("n0", 8), 0.0), expected_duration=100.0)
+    r = replace(running("r", "a", 3, ("n0", 8), 0.0), time_limit=100.0)
     jobs = (
         r,
-        pending("p1", "a", 3, gpus=8, submit=1, expected_duration=50.0),
-        pending("p2", "a", 3, gpus=4, submit=2, expected_duration=30.0),
-        pending("p3", "a", 3, gpus=4, submit=3, expected_duration=10.0),
+        pending("p1", "a", 3, gpus=8, submit=1, time_limit=50.0),
+        pending("p2", "a", 3, gpus=4, submit=2, time_limit=30.0),
+        pending("p3", "a", 3, gpus=4, submit=3, time_limit=10.0),
     )
     found = expected_starts(Snapshot(nodes(1), jobs, policy()), 10.0)
     assert {i: e.at for i, e in found.starts.items()} == {"p1": 100.0, "p2": 150.0, "p3": 150.0}
@@ -47,8 +47,8 @@ def test_a_job_awaiting_approval_has_no_estimate_and_says_why() -> None:
 
 
 def test_jobs_beyond_the_forecasts_reach_have_no_estimate() -> None:
-    ends = [replace(running(f"r{i}", "a", 3, (f"n{i}", 8), 0.0), expected_duration=10.0 * (i + 1)) for i in range(4)]
-    waiting = [pending(f"p{i}", "a", 3, gpus=8, submit=i, expected_duration=1000.0) for i in range(4)]
+    ends = [replace(running(f"r{i}", "a", 3, (f"n{i}", 8), 0.0), time_limit=10.0 * (i + 1)) for i in range(4)]
+    waiting = [pending(f"p{i}", "a", 3, gpus=8, submit=i, time_limit=1000.0) for i in range(4)]
     one_queue = policy(queues={"name": "cluster", "children": [{"name": "a", "nominal": {"gpu": 32}}]})
     found = expected_starts(Snapshot(nodes(4), (*ends, *waiting), one_queue), 0.0, max_passes=2)
     assert found.passes == 2
@@ -58,8 +58,8 @@ def test_jobs_beyond_the_forecasts_reach_have_no_estimate() -> None:
 
 def test_a_preemptor_starts_when_its_victims_grace_ends_and_the_victim_is_requeued() -> None:
     pol = policy(tiers={3: {"name": "exp", "lease": "0s", "grace": "120s"}}, thrash={"min_efficiency": 0})
-    victim = replace(running("v", "a", 3, ("n0", 8), 0.0), expected_duration=10_000.0)
-    p = pending("p", "a", 1, gpus=8, submit=5, expected_duration=600.0)
+    victim = replace(running("v", "a", 3, ("n0", 8), 0.0), time_limit=10_000.0)
+    p = pending("p", "a", 1, gpus=8, submit=5, time_limit=600.0)
     found = expected_starts(Snapshot(nodes(1), (victim, p), pol), 100.0, ("p",))
     assert found.starts["p"].at == 220.0  # SIGTERM at 100, no save reported: gone at SIGKILL
 
@@ -161,7 +161,7 @@ def _waiting(i: int, data: st.DataObject) -> Job:
     tier = data.draw(st.sampled_from([1, 3, 3, 4]))
     gpus = data.draw(st.sampled_from([1, 2, 4, 8]))
     estimate = data.draw(st.one_of(st.none(), st.integers(1, 40).map(lambda m: m * 60.0)))
-    return pending(f"j{i:02d}", queue, tier, gpus=gpus, submit=float(i), expected_duration=estimate)
+    return pending(f"j{i:02d}", queue, tier, gpus=gpus, submit=float(i), time_limit=estimate)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -178,7 +178,7 @@ def test_the_forecasts_warm_passes_equal_fresh_ones(data: st.DataObject, fresh_c
         if data.draw(st.booleans()):
             queue, tier = data.draw(st.sampled_from(["a", "b"])), data.draw(st.sampled_from([3, 4]))
             job = running(f"r{k}", queue, tier, (n.name, 8), 0.0)
-            held.append(replace(job, expected_duration=data.draw(st.sampled_from([None, 600.0, 1800.0]))))
+            held.append(replace(job, time_limit=data.draw(st.sampled_from([None, 600.0, 1800.0]))))
     waiting = [_waiting(i, data) for i in range(data.draw(st.integers(1, 10)))]
     found = expected_starts(Snapshot(cluster, (*held, *waiting), pol), 100.0, max_passes=60)
     assert set(found.starts) == {j.id for j in waiting}

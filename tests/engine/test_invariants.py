@@ -298,7 +298,7 @@ def job_specs(
             placement=draw(st.sampled_from(["any", "any", "pack", "block"])),
             lease=_maybe(draw, st.sampled_from([0.0, 300.0, 3600.0]), 4, 5),
             grace=_maybe(draw, st.sampled_from([0.0, 130.0, 300.0]), 4, 5),
-            expected_duration=_maybe(draw, st.sampled_from([0.5, 1.0, 1.0, 2.0]).map(lambda f, d=duration: f * d)),
+            time_limit=_maybe(draw, st.sampled_from([0.5, 1.0, 1.0, 2.0]).map(lambda f, d=duration: f * d)),
         )
         out.append(
             JobSpec(

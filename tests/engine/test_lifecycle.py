@@ -121,9 +121,9 @@ def test_each_function_changes_what_it_says_and_nothing_else() -> None:
         pending, state=S.ADMITTED, attempt=attempt, waited=12.0 + (now - 50.0),
         pending_since=None, not_before=None, claim=False,
     )  # fmt: skip
-    assert lc.admitted(pending, now, attempt, starts=True, expected_duration=99.0) == replace(
+    assert lc.admitted(pending, now, attempt, starts=True, time_limit=99.0) == replace(
         pending, state=S.RUNNING, attempt=attempt, waited=12.0 + (now - 50.0),
-        pending_since=None, not_before=None, claim=False, expected_duration=99.0,
+        pending_since=None, not_before=None, claim=False, time_limit=99.0,
     )  # fmt: skip
     running = job_in(S.RUNNING)
     assert running.attempt is not None
@@ -155,7 +155,7 @@ def test_the_written_out_constructor_names_every_field() -> None:
     must be added there too, or this fails."""
     assert [f.name for f in fields(Job)] == [
         "id", "queue", "tier", "submit", "state", "replicas", "gpus", "cpu", "memory", "flavor",
-        "placement", "user", "lease", "grace", "expected_duration", "waited", "pending_since",
+        "placement", "user", "lease", "grace", "time_limit", "waited", "pending_since",
         "not_before", "preempted_at", "claim", "attempt",
     ]  # fmt: skip
     assert [f.name for f in fields(Attempt)] == [

@@ -26,7 +26,7 @@ def test_quota_exceeded_names_the_job_whose_end_frees_enough_and_the_idle_tier()
         {"name": "a", "nominal": {"gpu": 8}, "borrowing_limit": {"gpu": 0}},
         {"name": "b", "nominal": {"gpu": 16}},
     ]})  # fmt: skip
-    a1 = running("a1", "a", 3, ("n0", 4), started=0.0, expected_duration=10_840.0)
+    a1 = running("a1", "a", 3, ("n0", 4), started=0.0, time_limit=10_840.0)
     a2 = running("a2", "a", 3, ("n0", 4), started=0.0, first_gpu=4)
     p = pending("p", "a", 3, gpus=4, submit=9_000.0)
     r = why(plan_for(pol, nodes(3), [a1, a2, p], now=NOW), "p")
@@ -61,8 +61,8 @@ def test_borrowing_limit_states_the_queue_usage_and_limit() -> None:
         {"name": "a", "nominal": {"gpu": 8}, "borrowing_limit": {"gpu": 4}},
         {"name": "b", "nominal": {"gpu": 16}},
     ]})  # fmt: skip
-    a1 = running("a1", "a", 3, ("n0", 8), started=0.0, expected_duration=20_000.0)
-    a2 = running("a2", "a", 3, ("n1", 4), started=0.0, expected_duration=12_000.0)
+    a1 = running("a1", "a", 3, ("n0", 8), started=0.0, time_limit=20_000.0)
+    a2 = running("a2", "a", 3, ("n1", 4), started=0.0, time_limit=12_000.0)
     p = pending("p", "a", 3, gpus=4, submit=9_000.0)
     r = why(plan_for(pol, nodes(3), [a1, a2, p], now=NOW), "p")
     assert r.code == "BorrowingLimit"
@@ -80,7 +80,7 @@ def test_insufficient_capacity_says_why_it_holds_no_reservation() -> None:
     assert (r.reserved_at, r.unreserved, r.reservations) == (None, "no_forecast", None)  # type: ignore[attr-defined]
     assert "no time limit" in r.message
 
-    ends = replace(full, expected_duration=11_000.0)
+    ends = replace(full, time_limit=11_000.0)
     q = pending("q", "a", 3, submit=9_500.0)
     plan = plan_for(pol, nodes(1), [ends, p, q], now=NOW)
     assert why(plan, "p").reserved_at == 11_000.0  # type: ignore[attr-defined]
@@ -110,8 +110,8 @@ def test_fragmented_offers_the_placement_that_fits_now() -> None:
 
 def test_reserved_names_the_time_limit_that_lets_the_job_backfill() -> None:
     pol = policy(queues=NO_QUOTA)
-    r1 = running("r1", "a", 3, ("n0", 8), started=0.0, expected_duration=11_000.0)
-    r2 = running("r2", "a", 3, ("n1", 4), started=0.0, expected_duration=12_000.0)
+    r1 = running("r1", "a", 3, ("n0", 8), started=0.0, time_limit=11_000.0)
+    r2 = running("r2", "a", 3, ("n1", 4), started=0.0, time_limit=12_000.0)
     big = pending("big", "a", 3, gpus=8, replicas=2, submit=1.0)
     small = pending("small", "b", 3, gpus=4, submit=2.0)
     plan = plan_for(pol, nodes(2), [r1, r2, big, small], now=NOW)
@@ -119,7 +119,7 @@ def test_reserved_names_the_time_limit_that_lets_the_job_backfill() -> None:
     assert r.code == "Reserved" and r.for_job == "big" and r.due == 12_000.0  # type: ignore[attr-defined]
     assert r.backfill_s == 2_000.0  # type: ignore[attr-defined]
     assert "a time limit under 33m20s (`--time-limit`) would let it start now" in r.message
-    limited = replace(small, expected_duration=1_999.0)
+    limited = replace(small, time_limit=1_999.0)
     assert "small" in admitted(plan_for(pol, nodes(2), [r1, r2, big, limited], now=NOW))
 
 
@@ -228,7 +228,7 @@ def test_waiting_for_grace_and_would_not_pay_say_the_job_needs_nothing() -> None
     p = pending("p", "a", 2, submit=9_990.0)
     r = why(plan_for(policy(), nodes(2), [a1, b1, p], now=NOW), "p")
     assert r.code == "WaitingForGrace" and "claimed for the job" in r.message
-    soon = replace(a1, expected_duration=10_500.0)
+    soon = replace(a1, time_limit=10_500.0)
     r = why(plan_for(policy(), nodes(2), [soon, b1, p], now=NOW), "p")
     assert r.code == "PreemptionWouldNotPay" and "(`preemption.only_if_it_pays`)" in r.message
     # Tier 1 is bound by its victims' leases and grace, not by what they would lose.

@@ -28,7 +28,7 @@ def _take_back(pol: Policy, holder: Job, lower: Job, grace: float) -> None:
     """`lower` starts in `holder`'s reservation at 100 s; `holder` preempts it at due − grace,
     not earlier and not at due, and starts at due."""
     cluster = nodes(2)
-    a1 = running("a1", holder.queue, holder.tier, ("n0", 8), started=0.0, expected_duration=DUE)
+    a1 = running("a1", holder.queue, holder.tier, ("n0", 8), started=0.0, time_limit=DUE)
     first = plan_for(pol, cluster, [a1, holder, lower], now=100.0)
     assert admitted(first) == {lower.id}
     assert [a.lent for a in first.admissions] == [True]
@@ -61,13 +61,13 @@ def test_a_tier3_job_backfills_a_tier2_reservation_when_its_stretched_lease_ends
     # Lease 0 s, stretched by the efficiency floor to (60 + 30) / (1 − 0.9) = 900 s: over at
     # 1,000 s, long before 10,000 − 600 s.
     big = pending("big", "a", 2, gpus=8, replicas=2, submit=0.0)
-    t3 = pending("t3", "b", 3, gpus=8, submit=50.0, expected_duration=50_000.0)
+    t3 = pending("t3", "b", 3, gpus=8, submit=50.0, time_limit=50_000.0)
     _take_back(pol, big, t3, grace=600.0)
 
 
 def _backfills(pol: Policy, holder_tier: int, job: Job) -> bool:
     cluster = nodes(2)
-    a1 = running("a1", "a", holder_tier, ("n0", 8), started=0.0, expected_duration=DUE)
+    a1 = running("a1", "a", holder_tier, ("n0", 8), started=0.0, time_limit=DUE)
     big = pending("big", "a", holder_tier, gpus=8, replicas=2, submit=0.0)
     plan = plan_for(pol, cluster, [a1, big, job], now=100.0)
     assert [r.job_id for r in plan.reservations] == ["big"]
@@ -79,7 +79,7 @@ def _backfills(pol: Policy, holder_tier: int, job: Job) -> bool:
 
 def test_a_job_the_holder_could_not_take_back_at_due_minus_grace_backfills_only_if_it_ends_before_due() -> None:
     pol = policy(queues=NO_QUOTA)
-    ends_in_time = {"expected_duration": 5_000.0}
+    ends_in_time = {"time_limit": 5_000.0}
     # Inside its lease at due − grace: 100 + 45 min ≤ 9,880, but a 3 h lease is not.
     long_lease = pending("t3", "b", 3, submit=50.0, lease=3 * 3600.0)
     assert _backfills(pol, 2, pending("t3", "b", 3, submit=50.0))
@@ -109,7 +109,7 @@ def test_a_borrowing_scope_quota_holder_takes_back_a_backfilled_job_of_another_q
 def test_scope_still_protects_a_lower_job_of_another_queue_that_did_not_start_in_reserved_capacity() -> None:
     pol = policy()
     cluster = nodes(2)
-    a1 = running("a1", "a", 3, ("n0", 8), started=0.0, expected_duration=DUE)
+    a1 = running("a1", "a", 3, ("n0", 8), started=0.0, time_limit=DUE)
     big = pending("big", "a", 3, gpus=8, replicas=2, submit=0.0)
     scav = running("scav", "b", 4, ("n1", 8), started=100.0)  # started on free capacity
     plan = plan_for(pol, cluster, [a1, big, scav], now=DUE - 120.0)

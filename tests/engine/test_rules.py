@@ -552,7 +552,7 @@ def _random_victim(rng: Random, job_id: str = "v") -> Job:
         startup_s=rng.choice([None, 30.0, 600.0]),
         checkpoint_s=rng.choice([0.0, 120.0]),
         preempted_at=tuple(sorted(rng.uniform(0.0, 20_000.0) for _ in range(rng.randint(0, 3)))),
-        expected_duration=rng.choice([None, 1_800.0, 7_200.0, 20_000.0]),
+        time_limit=rng.choice([None, 1_800.0, 7_200.0, 20_000.0]),
     )
 
 

@@ -56,7 +56,7 @@ def test_a_preemption_that_would_not_pay_waits_for_capacity_that_frees_by_itself
     p = pending("p", "a", 2, submit=9_990.0)
 
     def first_pass(ends_at: float, **pol: object) -> object:
-        soon = running("soon", "a", 3, ("n0", 8), started=0.0, expected_duration=ends_at)
+        soon = running("soon", "a", 3, ("n0", 8), started=0.0, time_limit=ends_at)
         return plan_for(roomy(**pol), cluster, [soon, v, p], now=10_000.0)
 
     waits = first_pass(10_500.0)
@@ -75,7 +75,7 @@ def test_capacity_that_frees_within_the_least_grace_is_waited_for_without_a_sear
     """No job signalled now is gone before min_grace (120 s): capacity that frees sooner beats
     every victim set, so the reason names none."""
     cluster = nodes(2)
-    soon = running("soon", "a", 3, ("n0", 8), started=0.0, expected_duration=10_060.0)
+    soon = running("soon", "a", 3, ("n0", 8), started=0.0, time_limit=10_060.0)
     v = running("v", "b", 3, ("n1", 8), started=0.0, last_checkpoint_at=9_000.0)
     p = pending("p", "a", 2, submit=9_990.0)
     waits = plan_for(roomy(), cluster, [soon, v, p], now=10_000.0)
@@ -84,7 +84,7 @@ def test_capacity_that_frees_within_the_least_grace_is_waited_for_without_a_sear
     assert why.code == "PreemptionWouldNotPay" and why.victims == () and why.cost == 0.0
     assert why.frees_at == 10_060.0 and why.reserved_at == 10_060.0
     assert why.message.startswith("Capacity frees by itself at t=10060s, before any job preempted now")
-    later = running("soon", "a", 3, ("n0", 8), started=0.0, expected_duration=10_121.0)
+    later = running("soon", "a", 3, ("n0", 8), started=0.0, time_limit=10_121.0)
     why = plan_for(roomy(), cluster, [later, v, p], now=10_000.0).explanations["p"].reason
     assert why.code == "PreemptionWouldNotPay" and why.victims == ("v",)  # searched: it could pay
 
@@ -94,7 +94,7 @@ def test_a_starving_job_declines_only_while_it_can_reserve() -> None:
     a starving job (it has waited escalate_at × its queue's max wait: 0.75 × 24 h by default)
     then preempts, even if it does not pay."""
     cluster = nodes(2)
-    soon = running("soon", "a", 3, ("n0", 8), started=0.0, expected_duration=100_060.0)
+    soon = running("soon", "a", 3, ("n0", 8), started=0.0, time_limit=100_060.0)
     v = running("v", "b", 3, ("n1", 8), started=0.0, last_checkpoint_at=99_000.0)
     no_reservations = roomy(scheduling={"reservations": 0})
     fresh = pending("p", "a", 2, submit=99_990.0)
@@ -115,7 +115,7 @@ def test_a_victim_that_loses_nothing_is_preempted_unless_capacity_frees_before_i
     p = pending("p", "a", 2, submit=9_990.0)
 
     def preempted_when_soon_ends_at(end: float) -> set[str]:
-        soon = running("soon", "a", 3, ("n0", 8), started=0.0, expected_duration=end)
+        soon = running("soon", "a", 3, ("n0", 8), started=0.0, time_limit=end)
         return preempted(plan_for(roomy(), cluster, [soon, v, p], now=10_000.0))
 
     assert preempted_when_soon_ends_at(10_500.0) == {"v"}  # gone at 10,120, losing nothing
@@ -196,10 +196,10 @@ def test_no_head_of_line_blocking_small_job_passes_a_big_one() -> None:
 def test_reservation_lets_only_jobs_that_end_in_time_backfill() -> None:
     pol = policy(queues=NO_QUOTA)
     cluster = nodes(2)
-    a1 = running("a1", "a", 3, ("n0", 8), started=0.0, expected_duration=1_000.0)
+    a1 = running("a1", "a", 3, ("n0", 8), started=0.0, time_limit=1_000.0)
     big = pending("big", "a", 3, gpus=8, replicas=2, submit=0.0)
-    short = pending("short", "b", 3, gpus=4, submit=10.0, expected_duration=500.0)
-    long = pending("long", "b", 3, gpus=4, submit=20.0, expected_duration=5_000.0)
+    short = pending("short", "b", 3, gpus=4, submit=10.0, time_limit=500.0)
+    long = pending("long", "b", 3, gpus=4, submit=20.0, time_limit=5_000.0)
     scavenger = pending("scav", "b", 4, gpus=4, submit=30.0)
     plan = plan_for(pol, cluster, [a1, big, short, long, scavenger], now=100.0)
     # The tier-4 job could not be taken back at due − its grace (880 s): the efficiency floor
@@ -216,7 +216,7 @@ def test_reservation_lets_only_jobs_that_end_in_time_backfill() -> None:
 def test_tier4_backfill_is_preempted_when_the_reservation_is_due() -> None:
     pol = policy(queues=NO_QUOTA)
     cluster = nodes(2)
-    a1 = running("a1", "a", 3, ("n0", 8), started=0.0, expected_duration=1_000.0)
+    a1 = running("a1", "a", 3, ("n0", 8), started=0.0, time_limit=1_000.0)
     scav = running("scav", "b", 4, ("n1", 8), started=150.0)
     big = pending("big", "a", 3, gpus=8, replicas=2, submit=0.0)
     plan = plan_for(pol, cluster, [scav, big], now=1_000.0)  # a1 has ended

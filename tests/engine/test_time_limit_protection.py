@@ -34,14 +34,14 @@ def _pol(window: bool = True, **extra: object) -> object:
 def _near(job_id: str = "near", node: str = "n0") -> object:
     """A tier-4 job 5 minutes from its time limit, cheap to preempt (it saved a second ago)."""
     return running(
-        job_id, "a", 4, (node, 8), started=NOW - 3_300.0, expected_duration=3_600.0,
+        job_id, "a", 4, (node, 8), started=NOW - 3_300.0, time_limit=3_600.0,
         checkpoint_s=1.0, last_checkpoint_at=NOW - 1.0, startup_s=1.0,
     )  # fmt: skip
 
 
 def _far(job_id: str = "far", node: str = "n1") -> object:
     """A tier-4 job with hours left, dearer to preempt (nothing saved for an hour)."""
-    return running(job_id, "a", 4, (node, 8), started=NOW - 3_600.0, expected_duration=36_000.0, startup_s=1.0)
+    return running(job_id, "a", 4, (node, 8), started=NOW - 3_600.0, time_limit=36_000.0, startup_s=1.0)
 
 
 def test_the_window_is_the_last_stretch_of_the_time_limit() -> None:
@@ -57,7 +57,7 @@ def test_the_window_is_the_last_stretch_of_the_time_limit() -> None:
     leased = replace(v, lease=3_200.0)
     assert protection(early, leased) == float("inf")
     # Without a time limit, or with the setting off, nothing starts.
-    assert closes_at(ctx, replace(v, expected_duration=None)) == float("inf")
+    assert closes_at(ctx, replace(v, time_limit=None)) == float("inf")
     assert closes_at(RuleContext(_pol(window=False), None, NOW), v) == float("inf")  # type: ignore[arg-type]
 
 
@@ -106,13 +106,13 @@ def test_a_job_started_now_near_a_reservation_is_not_lent_its_capacity() -> None
     """A reservation's holder takes a backfilled job back at due − grace; a job whose time limit
     puts that moment in its last stretch could not be taken back, so it does not start there."""
     pol = _pol(scheduling={"reservations": 1})
-    blocker = running("r", "a", 2, [("n0", 8)], started=NOW - 100.0, expected_duration=2_100.0, lease=0.0)
+    blocker = running("r", "a", 2, [("n0", 8)], started=NOW - 100.0, time_limit=2_100.0, lease=0.0)
     big = pending("big", "a", 2, gpus=8, replicas=2, submit=NOW - 50)
     jobs = [blocker, big]
     # 40 minutes: taken back at due (NOW + 2000) − its 120 s grace, 1880 s in: in its last 10 minutes.
-    short = pending("x", "a", 4, gpus=8, submit=NOW - 10, expected_duration=2_400.0)
+    short = pending("x", "a", 4, gpus=8, submit=NOW - 10, time_limit=2_400.0)
     # 2 hours: 1880 s in is far from its limit, so it may be taken back and starts.
-    long = pending("y", "a", 4, gpus=8, submit=NOW - 10, expected_duration=7_200.0)
+    long = pending("y", "a", 4, gpus=8, submit=NOW - 10, time_limit=7_200.0)
     off = plan_for(_pol(window=False, scheduling={"reservations": 1}), nodes(2), [*jobs, short], now=NOW)
     assert admitted(off) == {"x"}
     assert admitted(plan_for(pol, nodes(2), [*jobs, short], now=NOW)) == set()

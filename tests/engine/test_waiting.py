@@ -32,7 +32,7 @@ def test_a_kept_index_equals_a_fresh_one_as_jobs_come_and_go(seed: int) -> None:
                 3,
                 gpus=rng.choice((1, 2)),
                 submit=now - rng.uniform(0, 100),
-                expected_duration=rng.choice((60.0, 600.0, 3600.0, rng.uniform(1, 7200))),
+                time_limit=rng.choice((60.0, 600.0, 3600.0, rng.uniform(1, 7200))),
                 not_before=now + 5 if rng.random() < 0.1 else None,
             )
             jobs[job.id] = job

@@ -95,12 +95,12 @@ def test_a_class_answered_before_a_reservation_is_looked_at_again_after_it() -> 
     pol = policy(queues={"name": "cluster", "children": [{"name": "a", "nominal": {"gpu": 32}}]})
     cluster = nodes(2)
     jobs = (
-        running("r0", "a", 3, ("n0", 8), started=0.0, expected_duration=500.0),
+        running("r0", "a", 3, ("n0", 8), started=0.0, time_limit=500.0),
         running("r1", "a", 3, ("n1", 8), started=0.0),
         pending("g1", "a", 3, gpus=8, submit=10.0, replicas=2),
         pending("s1", "a", 3, gpus=8, submit=20.0),
         pending("g2", "a", 3, gpus=8, submit=30.0, replicas=2),
-        pending("g3", "a", 3, gpus=8, submit=40.0, replicas=2, expected_duration=50.0),
+        pending("g3", "a", 3, gpus=8, submit=40.0, replicas=2, time_limit=50.0),
     )
     snap = Snapshot(cluster, jobs, pol, UsageLedger(100.0, {}))
     plan = schedule(snap, 100.0)
@@ -119,11 +119,11 @@ def test_a_class_told_it_is_reserved_out_is_looked_at_again_when_the_holds_chang
 
     pol = policy(queues={"name": "cluster", "children": [{"name": "a", "nominal": {"gpu": 32}}]})
     jobs = (
-        running("r0", "a", 3, ("n0", 8), started=0.0, expected_duration=500.0),
+        running("r0", "a", 3, ("n0", 8), started=0.0, time_limit=500.0),
         running("r1", "a", 3, ("n1", 8), started=0.0),
         pending("s1", "a", 3, gpus=8, submit=10.0, replicas=2),
         pending("x1", "a", 3, gpus=8, submit=20.0),
-        pending("b1", "a", 3, gpus=4, submit=30.0, expected_duration=50.0),
+        pending("b1", "a", 3, gpus=4, submit=30.0, time_limit=50.0),
         pending("x2", "a", 3, gpus=8, submit=40.0),
     )
     snap = Snapshot(nodes(3), jobs, pol, UsageLedger(100.0, {}))

@@ -106,7 +106,7 @@ def submit_until(
         now=svc.now(),
         gpus=gpus,
         lease_s=svc.policy.tier(tier).lease,
-        expected_duration_s=seconds,
+        time_limit_s=seconds,
         saves_on_sigterm=saves_on_sigterm,
     )
     return str(job)

@@ -11,10 +11,8 @@ from warden.server.forecasts import MAX_PASSES, MIN_PASSES, Forecasts
 
 
 def test_one_forecast_per_pass_its_estimates_and_its_reach_set_from_the_cost_of_a_pass() -> None:
-    ends = tuple(
-        replace(running(f"r{i}", "a", 3, (f"n{i}", 8), 0.0), expected_duration=60.0 * (i + 1)) for i in range(3)
-    )
-    waiting = tuple(pending(f"p{i}", "a", 3, gpus=8, submit=float(i), expected_duration=600.0) for i in range(3))
+    ends = tuple(replace(running(f"r{i}", "a", 3, (f"n{i}", 8), 0.0), time_limit=60.0 * (i + 1)) for i in range(3))
+    waiting = tuple(pending(f"p{i}", "a", 3, gpus=8, submit=float(i), time_limit=600.0) for i in range(3))
     one_queue = policy(queues={"name": "cluster", "children": [{"name": "a", "nominal": {"gpu": 24}}]})
     last: list[tuple[Snapshot, float] | None] = [None]
     f = Forecasts(lambda: last[0], budget_s=0.5)

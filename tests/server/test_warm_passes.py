@@ -187,7 +187,7 @@ def submit(svc: Service, rng: random.Random, **overrides: Any) -> int:
         cpu=rng.choice((0, 0, 1000, 4000)),
         memory=rng.choice((0, 0, 8000)),
         placement=rng.choice(("any", "pack", "block")) if replicas > 1 else "any",
-        expected_duration_s=rng.choice((None, 2.0, 30.0)),
+        time_limit_s=rng.choice((None, 2.0, 30.0)),
         command=list(command),
         workdir="/",
         actor="ana",

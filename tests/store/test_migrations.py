@@ -292,3 +292,45 @@ def test_0019_moves_a_sigkill_deadline_stored_in_an_events_text_into_its_details
     now = 1_796_386_000.0
     message = event_message(*stored[1], now)
     assert message is not None and message.startswith(f"{evicted}, SIGKILL at ") and message.endswith("(in 8m2s)")
+
+
+def test_0020_keeps_each_jobs_time_limit_under_its_new_name(engine: Engine) -> None:
+    """A job stored before 0020 keeps its time limit (`expected_duration_s` then, `time_limit_s`
+    after), NULL included, and the attempts that refer to it stay; downgrading gives the values
+    back under the old name."""
+    from alembic import command
+
+    config = alembic_config()
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0019")
+    limits = {1: 3600.0, 2: None, 3: 0.5}
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                'INSERT INTO jobs (id, name, "user", queue, tier, state, replicas, gpus, cpu, memory, placement, '
+                "command, workdir, env, submit_at, preempted_at, saves_on_sigterm, expected_duration_s) VALUES "
+                "(:id, 'x', 'u', 'q', 3, 'RUNNING', 1, 1, 0, 0, 'any', '[]', '', '{}', 0, '[]', false, :limit)"
+            ),
+            [{"id": i, "limit": limit} for i, limit in limits.items()],
+        )
+        conn.execute(
+            text(
+                "INSERT INTO attempts (job_id, number, state, started_at, assignment, log_dir) "
+                "VALUES (:id, 1, 'running', 1.0, '[]', '')"
+            ),
+            [{"id": i} for i in limits],
+        )
+    migrate(engine)
+    assert current_revision(engine) == "0020"
+    store = Store(engine)
+    assert {i: store.get(i).time_limit_s for i in limits} == limits  # type: ignore[union-attr]
+    assert {i: store.get(i).to_engine().time_limit for i in limits} == limits  # type: ignore[union-attr]
+    assert all(len(store.attempts(i)) == 1 for i in limits)
+
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0019")
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT id, expected_duration_s FROM jobs ORDER BY id")).all()
+    assert dict(rows) == limits

@@ -78,7 +78,7 @@ def test_submit_stores_the_request_and_its_first_event(store: Store) -> None:
         placement="pack",
         lease_s=600.0,
         grace_s=180.0,
-        expected_duration_s=3600.0,
+        time_limit_s=3600.0,
         workdir="/w",
         env={"A": "1"},
         state=JobState.AWAITING_APPROVAL,
@@ -96,7 +96,7 @@ def test_submit_stores_the_request_and_its_first_event(store: Store) -> None:
         8000,
         65536,
     )
-    assert (job.flavor, job.placement, job.lease_s, job.grace_s, job.expected_duration_s) == (
+    assert (job.flavor, job.placement, job.lease_s, job.grace_s, job.time_limit_s) == (
         "h100",
         "pack",
         600.0,
@@ -463,7 +463,7 @@ def test_attempt_errors(store: Store) -> None:
 
 
 def test_active_jobs_carry_their_live_attempt_and_convert_to_engine_jobs(store: Store) -> None:
-    pending = submit(store, lease_s=60.0, grace_s=120.0, expected_duration_s=900.0)
+    pending = submit(store, lease_s=60.0, grace_s=120.0, time_limit_s=900.0)
     running = submit(store, gpus=2, placement="pack", flavor="h100")
     requeued = submit(store)
     done = submit(store)
@@ -499,7 +499,7 @@ def test_active_jobs_carry_their_live_attempt_and_convert_to_engine_jobs(store: 
         ),
     )
     pending_job = by_id[pending].to_engine()
-    assert (pending_job.lease, pending_job.grace, pending_job.expected_duration, pending_job.attempt) == (
+    assert (pending_job.lease, pending_job.grace, pending_job.time_limit, pending_job.attempt) == (
         60.0,
         120.0,
         900.0,

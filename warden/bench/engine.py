@@ -388,7 +388,7 @@ def _running_jobs(
                 placement="block" if replicas > 1 else "any",
                 user=f"{leaf}-u{rng.randint(0, 4)}",
                 grace=grace,
-                expected_duration=age + rng.uniform(10 * MINUTE, 2 * DAY) if rng.random() < 0.4 else None,
+                time_limit=age + rng.uniform(10 * MINUTE, 2 * DAY) if rng.random() < 0.4 else None,
                 preempted_at=preempted_at,
                 attempt=Attempt(
                     number=number,
@@ -462,7 +462,7 @@ def _pending_jobs(
                 flavor=flavor,
                 placement=placement,
                 user=f"{leaf}-u{rng.randint(0, 4)}",
-                expected_duration=rng.uniform(10 * MINUTE, 2 * DAY) if rng.random() < 0.4 else None,
+                time_limit=rng.uniform(10 * MINUTE, 2 * DAY) if rng.random() < 0.4 else None,
                 waited=waited,
                 pending_since=pending_since,
                 not_before=not_before,

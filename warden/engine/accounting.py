@@ -136,18 +136,18 @@ class RunningJob(Protocol):
     def attempt(self) -> StartedAttempt | None: ...
 
     @property
-    def expected_duration(self) -> float | None: ...
+    def time_limit(self) -> float | None: ...
 
 
 def expected_end(job: RunningJob) -> float:
     """When a running job is expected to end (`run_end` of its attempt); inf when nothing says."""
-    return run_end(job.attempt.started_at if job.attempt is not None else 0.0, job.expected_duration)
+    return run_end(job.attempt.started_at if job.attempt is not None else 0.0, job.time_limit)
 
 
-def run_end(started_at: float, expected_duration: float | None) -> float:
+def run_end(started_at: float, time_limit: float | None) -> float:
     """When an attempt that started at `started_at` ends by its bound: its start plus its time
-    limit (`Job.expected_duration`), the moment the server stops it; inf without one."""
-    return math.inf if expected_duration is None else started_at + expected_duration
+    limit (`Job.time_limit`), the moment the server stops it; inf without one."""
+    return math.inf if time_limit is None else started_at + time_limit
 
 
 def wait_time(waited: float, pending_since: float | None, submit: float, now: float, waiting: bool = True) -> float:

@@ -153,15 +153,16 @@ def shown(state: JobState, *, cancel_requested: bool, stopping: bool) -> str:
 # -- what each event changes on a job ------------------------------------------------------------
 
 
-def admitted(job: Job, now: float, attempt: Attempt, *, starts: bool, expected_duration: float | None = None) -> Job:
+def admitted(job: Job, now: float, attempt: Attempt, *, starts: bool, time_limit: float | None = None) -> Job:
     """A waiting job admitted at `now` into `attempt`: its wait so far kept (aging carries over
     the next requeue), its back-off and claim over. `starts`: its processes start at once
-    (RUNNING) rather than being handed to an executor (ADMITTED). `expected_duration`: what is
-    left of its runtime, where the caller knows it better than the job did."""
+    (RUNNING) rather than being handed to an executor (ADMITTED). `time_limit`: the attempt's
+    own limit where the caller sets one (the simulator: what is left of the job's runtime),
+    else the job's."""
     target = _S.RUNNING if starts else _S.ADMITTED
     check(Event.ADMITTED, job.state, target)
-    duration = job.expected_duration if expected_duration is None else expected_duration
-    return _job(job, target, attempt, duration, job.wait_at(now), None, None, False, job.preempted_at)
+    limit = job.time_limit if time_limit is None else time_limit
+    return _job(job, target, attempt, limit, job.wait_at(now), None, None, False, job.preempted_at)
 
 
 def signalled(job: Job, now: float, kill_at: float) -> Job:
@@ -187,7 +188,7 @@ def signalled(job: Job, now: float, kill_at: float) -> Job:
         job,
         _S.PREEMPTING,
         attempt,
-        job.expected_duration,
+        job.time_limit,
         job.waited,
         job.pending_since,
         job.not_before,
@@ -240,9 +241,7 @@ def exited(job: Job, to: JobState, *, preempted_at: float | None) -> Job:
     if to is not _S.REQUEUED:
         return _moved(job, to)
     record = job.preempted_at if preempted_at is None else (*job.preempted_at, preempted_at)
-    return _job(
-        job, _S.REQUEUED, None, job.expected_duration, job.waited, job.pending_since, job.not_before, False, record
-    )
+    return _job(job, _S.REQUEUED, None, job.time_limit, job.waited, job.pending_since, job.not_before, False, record)
 
 
 def requeued(job: Job, now: float, *, backoff: float, restart_age: bool = False) -> Job:
@@ -268,9 +267,7 @@ def reported(job: Job, attempt: Attempt) -> Job:
     """`job` with its attempt's facts as the job last reported them (startup, saves): no change
     of state (the NOTED edge)."""
     j = job
-    return _job(
-        j, j.state, attempt, j.expected_duration, j.waited, j.pending_since, j.not_before, j.claim, j.preempted_at
-    )
+    return _job(j, j.state, attempt, j.time_limit, j.waited, j.pending_since, j.not_before, j.claim, j.preempted_at)
 
 
 def left(job: Job) -> Job:
@@ -280,27 +277,25 @@ def left(job: Job) -> Job:
     event that made it leave has already written."""
     j = job
     return _job(
-        j, _S.CANCELLED, j.attempt, j.expected_duration, j.waited, j.pending_since, j.not_before, False, j.preempted_at
+        j, _S.CANCELLED, j.attempt, j.time_limit, j.waited, j.pending_since, j.not_before, False, j.preempted_at
     )
 
 
 def _pending(job: Job, now: float, backoff: float, waited: float) -> Job:
     not_before = now + backoff if backoff > 0 else None
-    return _job(job, _S.PENDING, None, job.expected_duration, waited, now, not_before, False, job.preempted_at)
+    return _job(job, _S.PENDING, None, job.time_limit, waited, now, not_before, False, job.preempted_at)
 
 
 def _moved(job: Job, state: JobState) -> Job:
     j = job
-    return _job(
-        j, state, j.attempt, j.expected_duration, j.waited, j.pending_since, j.not_before, j.claim, j.preempted_at
-    )
+    return _job(j, state, j.attempt, j.time_limit, j.waited, j.pending_since, j.not_before, j.claim, j.preempted_at)
 
 
 def _job(
     j: Job,
     state: JobState,
     attempt: Attempt | None,
-    expected_duration: float | None,
+    time_limit: float | None,
     waited: float,
     pending_since: float | None,
     not_before: float | None,
@@ -325,7 +320,7 @@ def _job(
         j.user,
         j.lease,
         j.grace,
-        expected_duration,
+        time_limit,
         waited,
         pending_since,
         not_before,

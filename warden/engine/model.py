@@ -130,10 +130,11 @@ class Job:
     """Requested minimum runtime in seconds; None takes the tier's."""
     grace: float | None = None
     """Requested grace period in seconds; None takes the tier's."""
-    expected_duration: float | None = None
-    """Seconds the current attempt may run from its start: the job's time limit, which the
-    server enforces (TIMEOUT), or the simulator's exact remaining runtime. Reservations and
-    forecasts take it as when capacity frees."""
+    time_limit: float | None = None
+    """Seconds the current attempt may run from its start; None: no limit. The server stops an
+    attempt that reaches it (TIMEOUT); the simulator gives each attempt its exact remaining
+    runtime as its limit. Reservations, backfill and forecasts take the attempt's start plus
+    its limit as when its capacity frees, the only end the engine can count on."""
     waited: float = 0.0
     """Seconds spent pending in earlier attempts (aging carries over a requeue)."""
     pending_since: float | None = None

@@ -219,7 +219,7 @@ class VictimRule:
     """For a protection that starts later: when it starts for V (inf: never), asked at any
     `now`. `check` blocks for good (inf) from then on and lets V go before."""
     reads_estimate: Callable[[Policy], bool] = _never
-    """Does the check read V's runtime estimate (`Job.expected_duration`) under this policy?
+    """Does the check read V's time limit (`Job.time_limit`, its runtime estimate) under this policy?
     Jobs of one waiting class differ in it, so what a reservation's holder may take back of
     them (`phases.state.PassState.taken_back`) is then asked per job (`estimate_matters`)."""
 
@@ -555,9 +555,9 @@ def time_limit_protects_from(ctx: RuleContext, v: Job) -> float:
     `protect_before_time_limit`; inf without a time limit, an attempt, or the setting."""
     window = ctx.policy.preemption.protect_before_time_limit
     a = v.attempt
-    if window <= 0.0 or a is None or v.expected_duration is None:
+    if window <= 0.0 or a is None or v.time_limit is None:
         return INF
-    return a.started_at + v.expected_duration - window
+    return a.started_at + v.time_limit - window
 
 
 def _time_limit_read(policy: Policy) -> bool:

@@ -68,8 +68,8 @@ whose holder could take it back: that is the same for a whole class, `ClassKey.l
 
 
 def _estimate(job: Job) -> float:
-    """A member's runtime estimate as its class's range counts it (none: 0)."""
-    return job.expected_duration or 0.0
+    """A member's runtime estimate (its time limit) as its class's range counts it (none: 0)."""
+    return job.time_limit or 0.0
 
 
 @dataclass(slots=True, eq=False)
@@ -145,8 +145,8 @@ def class_key(job: Job, now: float, exact_estimates: bool = False) -> ClassKey:
     """The class of a waiting job at `now`; `exact_estimates`: a victim rule reads the runtime
     estimate (`rules.estimate_matters`), so members share it exactly."""
     gate = gate_of(job, now)
-    kind = NO_RESERVATION if job.expected_duration is None else BY_ESTIMATE
-    lent = (job.lease, job.grace, job.preempted_at, job.expected_duration if exact_estimates else None)
+    kind = NO_RESERVATION if job.time_limit is None else BY_ESTIMATE
+    lent = (job.lease, job.grace, job.preempted_at, job.time_limit if exact_estimates else None)
     return _new(
         ClassKey,
         (job.queue, job.tier, job.flavor, job.replicas, job.gpus, job.placement, job.cpu, job.memory, kind, lent, gate),

@@ -96,7 +96,7 @@ class PlanApplier(Duty):
                 memory_mib=job.memory or self.policy.containment.default_memory,
                 open_files=self.policy.containment.open_files,
             ),
-            time_limit_s=job.expected_duration_s,
+            time_limit_s=job.time_limit_s,
         )
 
     def launch_all(self, specs: Sequence[LaunchSpec], now: float) -> None:

@@ -59,7 +59,7 @@ class Exits(Duty):
             job.id,
             job.state,
             reason=f"{ran_out(job)}: SIGTERM from its supervisor, no server running then",
-            details={"sigterm_at": sigterm_at, "time_limit_s": job.expected_duration_s},
+            details={"sigterm_at": sigterm_at, "time_limit_s": job.time_limit_s},
             now=now,
         )
         return self.store.attempt(job.id, attempt.number) or attempt

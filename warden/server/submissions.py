@@ -115,7 +115,7 @@ class Submissions:
                 # job's (and its tier).
                 lease_s=checked.lease_s,
                 grace_s=req.grace,
-                expected_duration_s=checked.time_limit_s,
+                time_limit_s=checked.time_limit_s,
                 command=list(req.command),
                 workdir=workdir,
                 env=dict(req.env),
@@ -199,7 +199,7 @@ class Submissions:
                 user=who.user,
                 lease=checked.lease_s,
                 grace=req.grace,
-                expected_duration=checked.time_limit_s,
+                time_limit=checked.time_limit_s,
             )
             return what_if(snapshot, job, now, self.forecasts.passes), checked.state, now
 

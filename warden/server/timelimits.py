@@ -19,7 +19,7 @@ from warden.store.jobs import ActiveJob, StoredJob
 
 def ran_out(job: StoredJob) -> str:
     """The words every event of a time limit starts with: "ran out its time limit of 10s"."""
-    limit = job.expected_duration_s
+    limit = job.time_limit_s
     return "ran out its time limit" + ("" if limit is None else f" of {format_duration(limit)}")
 
 
@@ -39,10 +39,10 @@ class TimeLimits(Duty):
         changed = False
         for a in active:
             job, attempt = a.job, a.attempt
-            if attempt is None or attempt.handle is None or job.expected_duration_s is None or job.cancel_requested:
+            if attempt is None or attempt.handle is None or job.time_limit_s is None or job.cancel_requested:
                 continue  # nothing runs, no limit, or a cancel ends it
             if not attempt.timed_out:
-                if now < run_end(attempt.started_at, job.expected_duration_s):
+                if now < run_end(attempt.started_at, job.time_limit_s):
                     continue
                 self.store.update_attempt(job.id, attempt.number, timed_out=True)
                 changed = True
@@ -74,6 +74,6 @@ class TimeLimits(Duty):
             job.id,
             job.state,
             reason=reason,
-            details={**details, "time_limit_s": job.expected_duration_s},
+            details={**details, "time_limit_s": job.time_limit_s},
             now=now,
         )

@@ -228,7 +228,7 @@ def job_detail(
             "memory": job.memory,
             "lease_s": accounting.effective_lease(policy, job.tier, job.lease_s),
             "grace_s": accounting.effective_grace(policy, job.tier, job.grace_s),
-            "time_limit_s": job.expected_duration_s,
+            "time_limit_s": job.time_limit_s,
             "saves_on_sigterm": job.saves_on_sigterm,
             "approved_by": job.approved_by,
             "sort_key": (

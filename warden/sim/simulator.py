@@ -313,7 +313,7 @@ class Simulation:
                 flavor=spec.flavor,
                 user=spec.user,
                 lease=spec.lease,
-                expected_duration=finish_time(spec, 0.0, 0.0),
+                time_limit=_runtime_left(spec, 0.0),
                 pending_since=now,
             )
             pod = _Pod(eid, gang, job)
@@ -484,7 +484,7 @@ class Simulation:
         )
         self._update(
             pod,
-            lifecycle.admitted(job, now, attempt, starts=True, expected_duration=finish_time(spec, 0.0, gang.saved)),
+            lifecycle.admitted(job, now, attempt, starts=True, time_limit=_runtime_left(spec, gang.saved)),
         )
         self.waiting -= 1
         gang.waiting -= 1
@@ -632,6 +632,17 @@ class Simulation:
             wait,
             tuple(sorted(gang.records, key=lambda r: (r.admitted_at, r.number))),
         )
+
+
+def _runtime_left(spec: TraceJob, saved: float) -> float:
+    """Seconds an attempt that starts with `saved` progress runs if left alone (startup, the
+    rest of the work, its periodic saves): the time limit the engine is given for it.
+
+    Every simulated job carries its true runtime as its limit, as if each user's `--time-limit`
+    were exactly how long the job runs. The engine takes an attempt's start plus its limit as
+    when its capacity frees; with the runtime there, its forecasts, reservations and backfill
+    know when each job ends, and no job runs out its limit (none ends TIMEOUT)."""
+    return finish_time(spec, 0.0, saved)
 
 
 def _checkpointed(job: Job, a: Attempt, checkpoint_s: float, at: float) -> Job:

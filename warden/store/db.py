@@ -34,7 +34,7 @@ deferred BEGIN that could fail half-way with SQLITE_BUSY when it tries to upgrad
 BUSY_TIMEOUT_MS = 5000
 MIGRATIONS_DIR = Path(__file__).resolve().with_name("migrations")
 MIGRATE_LOCK_KEY = 0x77617264656E  # "warden": PostgreSQL advisory lock serializing migrations
-HEAD_REVISION = "0019"
+HEAD_REVISION = "0020"
 """The newest migration's revision (tests/store/test_migrations.py checks that it is Alembic's
 head). A database already there is not handed to Alembic: a server (re)starting on it skips
 Alembic's import and its scan of the migration scripts."""

@@ -151,7 +151,7 @@ class JobHead:
     placement: str
     lease_s: float | None
     grace_s: float | None
-    expected_duration_s: float | None
+    time_limit_s: float | None
     submit_at: float
     pending_since: float | None
     waited_s: float
@@ -202,7 +202,7 @@ class JobHead:
             user=self.user,
             lease=self.lease_s,
             grace=self.grace_s,
-            expected_duration=self.expected_duration_s,
+            time_limit=self.time_limit_s,
             waited=self.waited_s,
             pending_since=self.pending_since,
             not_before=self.not_before,
@@ -239,7 +239,7 @@ _MOVED = (
     ("not_before", "not_before"),
     ("preempted_at", "preempted_at"),
     ("claim", "claim"),
-    ("expected_duration", "expected_duration_s"),
+    ("time_limit", "time_limit_s"),
 )
 
 
@@ -524,7 +524,7 @@ class JobStore(StoreBase):
         placement: str = "any",
         lease_s: float | None = None,
         grace_s: float | None = None,
-        expected_duration_s: float | None = None,
+        time_limit_s: float | None = None,
         workdir: str = "",
         env: Mapping[str, str] | None = None,
         not_before: float | None = None,
@@ -565,7 +565,7 @@ class JobStore(StoreBase):
             placement=placement,
             lease_s=lease_s,
             grace_s=grace_s,
-            expected_duration_s=expected_duration_s,
+            time_limit_s=time_limit_s,
             command=_str_list("command", command),
             workdir=workdir,
             env=_str_dict("env", env or {}),

@@ -82,7 +82,7 @@ class JobRow(Base):
     placement: Mapped[str] = mapped_column(String(16))
     lease_s: Mapped[float | None] = mapped_column(Double)
     grace_s: Mapped[float | None] = mapped_column(Double)
-    expected_duration_s: Mapped[float | None] = mapped_column(Double)
+    time_limit_s: Mapped[float | None] = mapped_column(Double)
     command: Mapped[list[str]] = mapped_column(JSON)
     workdir: Mapped[str] = mapped_column(Text)
     env: Mapped[dict[str, str]] = mapped_column(JSON)

@@ -122,7 +122,7 @@ class Admit:
 
     def _ends_in_time(self, job: Job) -> bool:
         """Does the job end before every reservation is due (so none needs to take it back)?"""
-        d = self.state.now + job.expected_duration if job.expected_duration is not None else INF
+        d = self.state.now + job.time_limit if job.time_limit is not None else INF
         return all(h.due is not None and d <= h.due for h in self.state.reserved)
 
     def _capacity_reason(self, job: Job, flavor: str, pkey: PlaceKey) -> Reason:

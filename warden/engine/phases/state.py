@@ -198,7 +198,7 @@ class PassState:
         due = hold.due
         if due is None:
             return False
-        d = job.expected_duration
+        d = job.time_limit
         return (d is not None and self.now + d <= due) or self.taken_back(job, hold)
 
     def taken_back(self, job: Job, hold: Hold) -> bool:
@@ -218,7 +218,7 @@ class PassState:
             job.lease,
             job.grace,
             job.preempted_at,
-            job.expected_duration if self.exact_estimates else None,
+            job.time_limit if self.exact_estimates else None,
         )
         known = self.memo.lent.get(key)
         if known is None:

@@ -305,7 +305,7 @@ class Walker:
             return start  # no member may use it: the first wants False
         want = wanted[0]
         for j in range(start, len(members)):  # `usable_of`, inlined: members have estimates
-            if (now + members[j][3].expected_duration <= due) is want:  # type: ignore[operator]
+            if (now + members[j][3].time_limit <= due) is want:  # type: ignore[operator]
                 return j
         return None
 
