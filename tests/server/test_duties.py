@@ -394,7 +394,7 @@ def test_a_token_created_authenticates_until_it_is_revoked(world: World) -> None
 def test_an_attempt_past_its_time_limit_is_marked_and_one_within_it_is_not(world: World) -> None:
     """The local executor does not track these attempts (as before a restarted server adopts
     them): the mark is stored, and the SIGTERM is left to a pass whose executor tracks it."""
-    over, within = world.submit(expected_duration_s=10.0), world.submit(expected_duration_s=60.0)
+    over, within = world.submit(time_limit_s=10.0), world.submit(time_limit_s=60.0)
     world.run(over, T0)
     world.run(within, T0)
     limits = TimeLimits(world.loop(), Cancels(world.loop()))
@@ -409,7 +409,7 @@ def test_an_attempt_past_its_time_limit_is_marked_and_one_within_it_is_not(world
 
 
 def test_an_attempt_already_terminating_is_marked_with_its_sigkill_deadline_unchanged(world: World) -> None:
-    job_id = world.submit(expected_duration_s=10.0)
+    job_id = world.submit(time_limit_s=10.0)
     world.run(job_id, T0)
     world.store.update_attempt(job_id, 1, state="terminating", sigterm_at=T0 + 8, kill_at=T0 + 38)
     limits = TimeLimits(world.loop(), Cancels(world.loop()))
