@@ -30,7 +30,8 @@ if __package__ in (None, ""):
     # Run as a script from a checkout: make the repository's `warden` importable.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from warden.bench.engine import run_churn_bench, run_engine_bench, synthetic_snapshot
+from warden.bench.engine import run_churn_bench, run_engine_bench
+from warden.engine.synthetic import synthetic_snapshot
 
 CONFIGS: dict[str, dict[str, int]] = {
     "a": {"nodes": 1000, "gpus_per_node": 8, "pending": 10_000, "running": 5_000, "repeat": 5},

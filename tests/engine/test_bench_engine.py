@@ -16,9 +16,10 @@ from collections import Counter, defaultdict
 import pytest
 from typer.testing import CliRunner
 
-from warden.bench.engine import NOW, run_engine_bench, synthetic_snapshot
+from warden.bench.engine import run_engine_bench
 from warden.cli.main import app
 from warden.engine.model import Job, JobState, Snapshot
+from warden.engine.synthetic import NOW, synthetic_snapshot
 
 SMALL = (20, 8, 50, 30)
 CLI_ARGS = [

@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from warden.bench.engine import synthetic_snapshot
 from warden.engine.model import Attempt, JobState
 from warden.engine.scheduler import Engine, schedule
+from warden.engine.synthetic import synthetic_snapshot
 
 
 def test_warm_engine_matches_fresh_passes_over_changing_snapshots() -> None:

@@ -9,7 +9,6 @@ from dataclasses import replace
 
 import pytest
 
-from warden.bench.engine import synthetic_snapshot
 from warden.engine.allocation import Allocation
 from warden.engine.demand import cluster_gpus
 from warden.engine.fairshare import cluster_capacity
@@ -18,6 +17,7 @@ from warden.engine.overcommit import cluster_totals
 from warden.engine.plan import Plan
 from warden.engine.policy import parse_policy
 from warden.engine.scheduler import Engine, schedule
+from warden.engine.synthetic import synthetic_snapshot
 
 POLICY = parse_policy({"queues": {"name": "cluster", "children": [{"name": "a", "nominal": {"gpu": 4}}]}})
 

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from walk_reference import one_by_one
 
-from warden.bench.engine import synthetic_policy, synthetic_snapshot
 from warden.engine.model import Snapshot
 from warden.engine.policy import parse_policy
 from warden.engine.scheduler import Engine, schedule
+from warden.engine.synthetic import synthetic_policy, synthetic_snapshot
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
