@@ -229,3 +229,22 @@ def test_relative_says_in_ago_or_now() -> None:
     assert R.relative(1_540.0, 1_000.0) == "in 9m"
     assert R.relative(1_000.0, 1_180.0) == "3m ago"
     assert R.relative(1_000.4, 1_000.0) == "now"
+
+
+def test_the_efficiency_floor_sentence_does_not_say_the_lease_is_over() -> None:
+    """The floor is what holds the victim; its lease may still run (15 s into a 30 s lease): the
+    sentence says the lease ends before the floor lifts, never that it is over."""
+    why = R.WaitingForLease(
+        victims=("7",),
+        earliest_at=900.0,
+        rule="efficiency",
+        victim="7",
+        lease_s=30.0,
+        startup_s=60.0,
+        startup_measured=True,
+        checkpoint_s=30.0,
+        checkpoint_measured=True,
+        min_efficiency=0.9,
+    )
+    assert "its lease of 30s ends before that, but with its measured startup of 1m" in why.message
+    assert "is over" not in why.message

@@ -342,7 +342,7 @@ class WaitingForLease(Reason):
         if self.rule == "efficiency" and self.startup_s is not None:
             return (
                 f"The job will preempt {who} at {when}, when job {v}'s efficiency floor lifts: its lease{lease} "
-                f"is over, but with {self._overheads(v)} a preemption sooner would push its η below "
+                f"ends before that, but with {self._overheads(v)} a preemption sooner would push its η below "
                 f"{self.min_efficiency:g} (`thrash.min_efficiency`){tail}."
             )
         if self.rule == "thrash_budget" and self.thrash_count is not None and self.thrash_window_s is not None:
