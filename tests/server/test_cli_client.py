@@ -513,7 +513,7 @@ def _without_a_token(server: Server, tmp_path: Path) -> None:
 
 def test_a_second_server_on_a_busy_port_says_so_before_it_serves(shared_server: Server, tmp_path: Path) -> None:
     """Another server (another state directory) on the port of a running one exits non-zero at
-    once, naming the port, without having said it serves or touched a database of its own."""
+    once, naming the port, without having said it serves or made a state directory of its own."""
     server = shared_server
     other = tmp_path / "other"
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARDEN_")}
@@ -521,5 +521,5 @@ def test_a_second_server_on_a_busy_port_says_so_before_it_serves(shared_server: 
     done = subprocess.run([*argv, "--state-dir", str(other)], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 2, done.stderr
     assert f"--port {server.port}: 127.0.0.1:{server.port} is in use" in done.stderr, done.stderr
-    assert "serving" not in done.stdout + done.stderr and not (other / "warden.db").exists()
+    assert "serving" not in done.stdout + done.stderr and not other.exists()  # no state directory left behind
     assert warden(server, "queue", check=True).returncode == 0  # the first one serves on

@@ -35,7 +35,7 @@ from warden.server.connections import connection_settings, listening
 from warden.server.forecasts import INTERVAL_S as FORECAST_INTERVAL_S
 from warden.server.history import INTERVAL_S as HISTORY_INTERVAL_S
 from warden.server.leader import take_sqlite_lease, this_holder
-from warden.server.listen import CannotListen, inherited_sockets, listen_sockets
+from warden.server.listen import inherited_sockets, listen_sockets
 from warden.server.service import Service
 from warden.server.statedir import bind_database, check_reachable, interpreter_warning, lock_server
 from warden.server.tls import (
@@ -318,15 +318,16 @@ def serve(settings: Settings, say: Callable[[str], None] = print) -> None:
     tune_collector()
     os.umask(0o077)  # whatever the server creates is its own: database, secrets, logs
     state = settings.state_dir or default_state_dir()
-    make_dirs(state)
-    # Held until the process exits: the kernel releases them however it ends.
-    locks = lock_server(state, settings.db or default_url(state), settings.port)
+    # The address first: a server refused for a busy port leaves no state directory behind.
+    inherited = inherited_sockets()
+    sockets = inherited or listen_sockets(settings.host, settings.port)
     try:
-        inherited = inherited_sockets()
-        sockets = inherited or listen_sockets(settings.host, settings.port)
-    except CannotListen:
-        for lock in locks:
-            lock.release()
+        make_dirs(state)
+        # Held until the process exits: the kernel releases them however it ends.
+        locks = lock_server(state, settings.db or default_url(state), settings.port)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
         raise
     tls = server_tls(settings, state)
     service = build_service(settings, say, contend=True, ca_pem=tls.ca_pem if tls is not None else None)
