@@ -134,3 +134,28 @@ def test_the_policy_field_takes_a_duration(value: object, seconds: float) -> Non
 def test_a_bad_window_is_refused_naming_the_field(value: object) -> None:
     with pytest.raises(PolicyError, match=r"preemption\.protect_before_time_limit"):
         parse_policy({"queues": {"name": "c"}, "preemption": {"protect_before_time_limit": value}})
+
+
+def test_a_waiting_jobs_reclaim_time_counts_a_borrower_near_its_limit_as_protected() -> None:
+    """A full cluster: team b borrows team a's nominal with two jobs; a's job waits for the
+    cluster (`QuotaExceeded` at the root) and says from when it may take b's borrowing back.
+    Job x's lease ends at 850 and its window at 900: after 900 it is protected for good, so the
+    time is y's lease end, 3000 — on a warm engine that priced x before 900 as on a fresh pass."""
+    pol = policy(
+        tiers=QUIET,
+        preemption={"only_if_it_pays": False, **WINDOW},
+        queues={
+            "name": "cluster",
+            "children": [{"name": "a", "nominal": {"gpu": 8}}, {"name": "b", "nominal": {"gpu": 8}}],
+        },
+    )
+    x = running("x", "b", 3, ("n0", 8), started=0.0, lease=850.0, time_limit=1_500.0, startup_s=1.0)
+    y = running("y", "b", 3, ("n1", 8), started=0.0, lease=3_000.0, startup_s=1.0)
+    p = pending("p", "a", 3, gpus=8, submit=700.0)
+    snapshot = Snapshot(nodes(2), (x, y, p), pol)
+    engine = Engine()
+    for at, reclaim_at in ((800.0, 850.0), (950.0, 3_000.0)):
+        plan = engine.plan(snapshot, at)
+        check_warm_engine(engine, snapshot, plan, at)
+        why = plan.explanations["p"].reason
+        assert getattr(why, "reclaim_at", None) == reclaim_at, why

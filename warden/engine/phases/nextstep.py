@@ -187,7 +187,7 @@ class NextSteps:
         if jobs is None:
             over = self._borrowers(r)
             jobs = self._lifting[key] = sorted(
-                ((self.victims.facts(v)[2], v.total_gpus, v) for v in state.holding.values()
+                ((self.victims.protected_until(v), v.total_gpus, v) for v in state.holding.values()
                  if v.queue in over and v.id not in state.terminating and state.charged(v)),
                 key=lambda row: (row[0], row[2].id),
             )  # fmt: skip

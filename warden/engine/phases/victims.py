@@ -271,6 +271,12 @@ class Victims:
             state.victim_facts[v.id] = facts
         return facts
 
+    def protected_until(self, v: Job) -> float:
+        """When the victim rules let preemptors of tiers 2–4 and reclaims take V, as of now:
+        its kept protection (`facts`), or inf once a protection that starts later has started."""
+        facts = self.facts(v)
+        return facts[2] if self.state.now < facts[11] else INF
+
     def leaving(self) -> list[Candidate]:
         """Capacity already on its way out, soonest first, as free candidates: terminating jobs
         nobody counts on yet, and what is left of those others already count on. Kept until
