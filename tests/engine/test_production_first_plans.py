@@ -246,3 +246,19 @@ def test_a_job_the_pass_had_no_search_left_for_names_no_victims() -> None:
     later = plan_for(pol, nodes(2), [v2, v3, replace(first, claim=True), second], now=NOW + 1)
     assert len(preempted(later)) == 1 and preempted(later) <= {"v2", "v3"}
     assert later.preemptions[0].for_job == "p2"
+
+
+def test_a_victim_signalled_in_the_pass_is_never_signalled_again_for_a_higher_tier() -> None:
+    """FIFO order (which ranks no tier) puts a tier-2 job before a tier-1 one. The tier-2 job
+    signals the cheaper victim, w; the tier-1 job, searching after that claim, must not take w
+    again as if it were still running: no job is preempted twice in one plan (w's GPUs are
+    promised to the claim, and v alone does not make room for 8)."""
+    pol = _default(scheduling={"order": "fifo", "reservations": 0}, preemption={"only_if_it_pays": False})
+    v = running("v", "default", 4, ("n0", 4), started=NOW - 5_000, startup_s=5.0)
+    w = running("w", "default", 4, ("n0", 4), started=NOW - 4_000, startup_s=5.0, first_gpu=4)
+    early = pending("p2", "default", 2, gpus=4, submit=NOW - 20)
+    production = pending("p1", "default", 1, gpus=8, submit=NOW - 10)
+    plan = plan_for(pol, (Node("n0", 8),), [v, w, early, production], now=NOW)
+    ids = [p.job_id for p in plan.preemptions]
+    assert len(ids) == len(set(ids)), plan.preemptions
+    assert [(p.job_id, p.for_job) for p in plan.preemptions] == [("w", "p2")]

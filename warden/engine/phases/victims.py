@@ -63,16 +63,19 @@ class Victims:
         order, priced at `now`: as a tier-1 preemptor sees them (`tier1`: the thrash guard does
         not hold it back, `rules.guarded`), or as preemptors of tiers 2–4 and reclaims do (those
         of them the guard lets go too). Once a pass, from one walk: the two pools share their
-        candidates, so a claim drops a victim from both."""
+        candidates, so a claim drops a victim from both. The tier-1 pool is built first, on the
+        walk's own lists: a claim drops its victims from those too, so a pool built after it
+        (the other one) never offers a job already signalled as a new victim."""
         pools = self.memo.candidates
         pool = pools.get(tier1)
         if pool is None:
             every = self._every()
+            whole = pools.get(True)
+            if whole is None:
+                whole = pools[True] = self._pool(every[0], every[1], every[2])
             if tier1:
-                pool = self._pool(every[0], every[1], every[2])
-            else:
-                pool = self._pool([c for c in every[0] if c.protected_until == 0.0], None, every[3])
-            pools[tier1] = pool
+                return whole
+            pool = pools[False] = self._pool([c for c in every[0] if c.protected_until == 0.0], None, every[3])
         return pool
 
     def _every(self) -> tuple[list[Candidate], dict[str, int], bool, bool]:
