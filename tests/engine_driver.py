@@ -354,7 +354,7 @@ class Driver:
         for job_id, job in self.jobs.items():
             claim = job.state.waiting and job_id in plan.claims
             if job.claim != claim:
-                self.jobs[job_id] = replace(job, claim=claim)
+                self.jobs[job_id] = lifecycle.claimed(job, claim)
 
 
 def run_history(

@@ -88,6 +88,7 @@ def test_every_edge_is_walked_by_its_events_function(event: Event, source: JobSt
 
 def test_every_pair_the_table_lacks_is_refused() -> None:
     allowed = {(e.event, s, t) for e in EDGES for s in e.source for t in e.target}
+    allowed |= {(f.event, s, s) for f in lc.FLAGS for s in f.states}
     for event, source, target in itertools.product(Event, JobState, JobState):
         if event is Event.NOTED:
             assert lc.allows(event, source, target) is (source is target)
@@ -211,6 +212,54 @@ def test_timeout_ends_a_job_from_every_state_that_holds_resources_and_nothing_le
         assert not lc.allows(Event.EXITED, state, S.TIMEOUT) or state in lc.HOLDING
         assert not any(lc.allows(e.event, S.TIMEOUT, state) for e in EDGES)
     assert S.TIMEOUT.terminal and not S.TIMEOUT.holds_resources and not S.TIMEOUT.waiting
+
+
+FLAG_CHANGES = {
+    Event.HELD: ({"held_reason": "it broke the pass"}, lc.WAITING, "it broke the pass"),
+    Event.RELEASED: ({"held_reason": None}, lc.WAITING, None),
+    Event.CANCEL_MARKED: ({"cancel_requested": True}, lc.HOLDING, None),
+    Event.CLAIMED: ({"claim": True}, lc.WAITING, None),
+    Event.CLAIM_ENDED: ({"claim": False}, lc.WAITING, None),
+    Event.TIMED_OUT: ({"timed_out": True}, lc.HOLDING, None),
+}
+
+
+@pytest.mark.parametrize("event", [f.event for f in lc.FLAGS])
+def test_every_flag_event_gives_its_flags_in_its_states_and_is_refused_elsewhere(event: Event) -> None:
+    changes, states, given = FLAG_CHANGES[event]
+    assert lc.flag(event).states == states
+    assert lc.flag(event).attempt is (event is Event.TIMED_OUT)
+    for state in JobState:
+        if state in states:
+            assert lc.flagged(event, state, given) == changes
+            assert lc.allows(event, state, state)
+        else:
+            with pytest.raises(IllegalTransition, match=f"no {event.value} edge from {state.value}"):
+                lc.flagged(event, state, given)
+    with pytest.raises(ValueError, match="carries"):  # a value where none is carried, or none where one is
+        lc.flagged(event, next(iter(states)), None if given is not None else "a reason")
+
+
+def test_only_flag_events_are_flagged_and_every_flag_column_is_the_tables() -> None:
+    assert set(FLAG_CHANGES) == {f.event for f in lc.FLAGS}
+    for event in (Event.NOTED, Event.CANCELLED, Event.ADMITTED):
+        with pytest.raises(ValueError, match="no flag event"):
+            lc.flagged(event, S.PENDING)
+    assert {"held_reason", "cancel_requested", "claim", "timed_out"} == lc.FLAG_COLUMNS
+    assert lc.sets(Event.CANCELLED) == {"cancel_requested": True, "held_reason": None}
+    assert lc.sets(Event.ADMITTED) == {} and lc.sets(Event.HELD) == {}
+
+
+def test_a_claim_is_set_on_a_waiting_job_alone_and_nothing_else_changes() -> None:
+    for state in JobState:
+        job = replace(job_in(state), claim=not state.waiting)
+        if state.waiting:
+            assert lc.claimed(job, True) == replace(job, claim=True)
+            assert lc.claimed(job, False) == replace(job, claim=False)
+        else:
+            for on in (True, False):
+                with pytest.raises(IllegalTransition):
+                    lc.claimed(job, on)
 
 
 def test_docs_show_the_table_the_engine_holds() -> None:

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from serverproc import seed_database
 from support import move
 
+from warden.engine.lifecycle import Event
 from warden.engine.model import JobState, Node, ReplicaPlacement
 from warden.engine.policy import Policy, parse_policy
 from warden.executors.base import Handle
@@ -262,7 +263,7 @@ def test_an_admin_approves_a_job_awaiting_approval(world: World) -> None:
 
 def test_an_admin_releases_a_held_job_and_only_a_held_one(world: World) -> None:
     job_id = world.submit()
-    assert world.store.note(job_id, JobState.PENDING, reason="held", now=T0, held_reason="the engine fails on it")
+    assert world.store.flag(job_id, JobState.PENDING, Event.HELD, reason="held", now=T0, given="the engine fails on it")
     actions = JobActions(world.service())
     actions.release(str(job_id), ROOT)
     job = world.job(job_id)
@@ -425,7 +426,7 @@ def test_an_attempt_already_terminating_is_marked_with_its_sigkill_deadline_unch
 
 def test_a_waiting_job_a_cancel_marked_ends_cancelled_and_leaves_the_pass(world: World) -> None:
     marked, other = world.submit(), world.submit()
-    assert world.store.note(marked, JobState.PENDING, reason="cancel asked", now=T0, cancel_requested=True)
+    assert world.store.update(marked, cancel_requested=True)  # as an older server could leave a requeued job
     left = Cancels(world.loop()).cancel_marked(world.store.active(), T0 + 1)
     assert [a.job.id for a in left] == [other]
     job = world.job(marked)
@@ -435,8 +436,8 @@ def test_a_waiting_job_a_cancel_marked_ends_cancelled_and_leaves_the_pass(world:
 
 def test_the_live_snapshot_leaves_out_held_and_cancelled_waiting_jobs_and_changes_nothing(world: World) -> None:
     plain, held, marked = world.submit(), world.submit(), world.submit()
-    world.store.note(held, JobState.PENDING, reason="held", now=T0, held_reason="the engine fails on it")
-    world.store.note(marked, JobState.PENDING, reason="cancel asked", now=T0, cancel_requested=True)
+    world.store.flag(held, JobState.PENDING, Event.HELD, reason="held", now=T0, given="the engine fails on it")
+    world.store.update(marked, cancel_requested=True)  # as an older server could leave a requeued job
     ctx = world.loop()
     guard = EngineGuard(ctx)
     snapshots = Snapshots(ctx, guard, Charging(ctx))

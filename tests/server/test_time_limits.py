@@ -85,11 +85,13 @@ def test_sleep_past_its_limit_gets_sigterm_and_ends_timeout(server: Server, tmp_
         assert done["attempts"][0]["exit_codes"] == [-15] and done["exit_code"] == -15
         assert done["time_limit_s"] == LIMIT
         events = said(done)
-        assert [to for _, to, _ in events] == ["PENDING", "ADMITTED", "STARTING", "RUNNING", "RUNNING", "TIMEOUT"]
-        _, _, signalled = events[4]
+        states = ["PENDING", "ADMITTED", "STARTING", "RUNNING", "RUNNING", "RUNNING", "TIMEOUT"]
+        assert [to for _, to, _ in events] == states
+        assert events[4] == ("RUNNING", "RUNNING", "ran out its time limit of 2s: it ends TIMEOUT")
+        _, _, signalled = events[5]
         assert signalled.startswith("ran out its time limit of 2s: SIGTERM; grace 2s, SIGKILL at "), signalled
-        assert events[5] == ("RUNNING", "TIMEOUT", "ran out its time limit of 2s: exited -15 after SIGTERM")
-        assert done["events"][4]["details"]["time_limit_s"] == LIMIT
+        assert events[6] == ("RUNNING", "TIMEOUT", "ran out its time limit of 2s: exited -15 after SIGTERM")
+        assert done["events"][4]["details"]["time_limit_s"] == done["events"][5]["details"]["time_limit_s"] == LIMIT
 
         # Every listing of states knows TIMEOUT: the API's filter, `warden queue --state`, the export.
         assert [j["id"] for j in c.get("/v1/jobs", params={"state": "TIMEOUT"}).json()] == [job]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from support import move
 
+from warden.engine.lifecycle import Event
 from warden.engine.model import JobState, ReplicaPlacement
 from warden.engine.policy import parse_policy
 from warden.engine.reasons import AwaitingApproval, WaitingForLease
@@ -108,14 +109,13 @@ def test_the_grace_shown_is_the_one_the_job_gets_never_below_min_grace(store: St
 def test_a_held_job_shows_its_hold_as_the_reason_it_waits(store: Store) -> None:
     job_id = store.submit(name="", user="u", queue="team", tier=3, command=["true"], actor="u", now=10.0)
     reason = "quarantined: scheduling passes failed with ValueError: boom while this job waited"
-    move(
-        store,
+    store.flag(
         job_id,
         JobState.PENDING,
+        Event.HELD,
         reason=reason,
-        actor="warden",
         now=20.0,
-        held_reason=reason,
+        given=reason,
         explanation={
             "reason": {"code": "Held", "message": f"Held: {reason}.", "details": {}},
             "sort_key": None,
@@ -153,7 +153,7 @@ def test_a_job_being_stopped_shows_cancelling_or_stopping_in_every_view(store: S
     assert shown(timed.id) == {"STOPPING"}
 
     cancelled, _ = running_job(store)
-    store.note(cancelled.id, JobState.RUNNING, reason="cancel requested by u", now=1040.0, cancel_requested=True)
+    store.flag(cancelled.id, JobState.RUNNING, Event.CANCEL_MARKED, reason="cancel requested by u", now=1040.0)
     assert shown(cancelled.id) == {"CANCELLING"}  # marked, its SIGTERM not sent yet
     store.update_attempt(cancelled.id, 1, state="terminating", sigterm_at=1050.0, kill_at=1170.0)
     assert shown(cancelled.id) == {"CANCELLING"}

@@ -200,7 +200,7 @@ class _Forecast:
         for i in self.claimed | claims:
             w = jobs.get(i)
             if w is not None and w.state.waiting and w.claim != (i in claims):
-                changed.append(self._put(replace(w, claim=i in claims), t))
+                changed.append(self._put(lifecycle.claimed(w, i in claims), t))
         self.claimed = set(claims)
         for r in plan.reservations:
             if r.due is not None and r.due > t:

@@ -8,6 +8,11 @@ benchmarks move a job through it, so the shells cannot drift apart: what a reque
 written once, here. An event that changes the state alone (approved, launched, started,
 cancelled) is the table's edge and nothing more: the store's check is its whole rule.
 
+`FLAGS` are the events that leave the state as it is and change a flag the passes read: a hold
+and its release, a cancel's mark, a claim and its end, a time limit run out. Each names the
+states it may happen in and the columns it sets, so a flag changes one way only (`flagged`,
+which the store applies) and never through the generic note, which changes no flag.
+
 The shells differ in what they know, and those differences are the functions' arguments: the
 server admits a job before its processes exist (`starts=False`, ADMITTED then STARTING and
 RUNNING as the executor reports them) and passes a requeue through REQUEUED in its own
@@ -43,6 +48,12 @@ class Event(str, Enum):
     UNSTARTED = "unstarted"
     CANCELLED = "cancelled"
     NOTED = "noted"
+    HELD = "held"
+    RELEASED = "released"
+    CANCEL_MARKED = "cancel_marked"
+    CLAIMED = "claimed"
+    CLAIM_ENDED = "claim_ended"
+    TIMED_OUT = "timed_out"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +65,8 @@ class Edge:
     source: frozenset[JobState]
     target: frozenset[JobState]
     why: str
+    sets: tuple[tuple[str, object], ...] = ()
+    """The job's flags the event sets, as column and value, beside the state (`sets`)."""
 
 
 EDGES: tuple[Edge, ...] = (
@@ -94,16 +107,77 @@ EDGES: tuple[Edge, ...] = (
         frozenset({_S.PENDING}),
         "the server stopped before the job's processes started: admitted again later",
     ),
-    Edge(Event.CANCELLED, WAITING, frozenset({_S.CANCELLED}), "cancelled while it waited"),
+    Edge(
+        Event.CANCELLED,
+        WAITING,
+        frozenset({_S.CANCELLED}),
+        "cancelled while it waited",
+        (("cancel_requested", True), ("held_reason", None)),
+    ),
 )
 
 NOTED = Edge(
     Event.NOTED,
     frozenset(JobState),
     frozenset(JobState),
-    "an event without a change of state (a cancel mark, a time limit's SIGTERM, a hold, a "
-    "release, a claim, a clamped report): its state stays what it is",
+    "an event that changes neither the state nor a flag (a SIGTERM for a cancel or a time "
+    "limit, a clamped report, a stop of its processes): its state stays what it is",
 )
+
+
+class Given(Enum):
+    """The value of a flag that its event carries (a hold's reason), not one the table fixes."""
+
+    VALUE = "given"
+
+
+GIVEN = Given.VALUE
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """An event that keeps the job's state and changes flags: the states it may happen in, the
+    columns it sets to which value (`GIVEN`: the caller's), on the job or, with `attempt`, on
+    its current attempt; `why` is the sentence docs/engine.md shows."""
+
+    event: Event
+    states: frozenset[JobState]
+    sets: tuple[tuple[str, object], ...]
+    why: str
+    attempt: bool = False
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag(
+        Event.HELD,
+        WAITING,
+        (("held_reason", GIVEN),),
+        "the engine guard held it out of scheduling, for the reason given, until an admin releases it",
+    ),
+    Flag(Event.RELEASED, WAITING, (("held_reason", None),), "an admin released it: scheduled again"),
+    Flag(
+        Event.CANCEL_MARKED,
+        HOLDING,
+        (("cancel_requested", True),),
+        "a cancel marked it: SIGTERM, grace, SIGKILL, and its exit ends it CANCELLED",
+    ),
+    Flag(Event.CLAIMED, WAITING, (("claim", True),), "it claims the capacity its victims are freeing"),
+    Flag(Event.CLAIM_ENDED, WAITING, (("claim", False),), "its claim is over"),
+    Flag(
+        Event.TIMED_OUT,
+        HOLDING,
+        (("timed_out", True),),
+        "its attempt ran out its time limit: SIGTERM, grace, SIGKILL, and its exit ends it TIMEOUT",
+        attempt=True,
+    ),
+)
+
+FLAG_COLUMNS = frozenset(c for f in FLAGS for c, _ in f.sets) | frozenset(c for e in EDGES for c, _ in e.sets)
+"""The columns only the lifecycle's events set: no other write of an event may name them."""
+
+CARRIED_FLAGS = frozenset({"claim"})
+"""The flags a state edge's function changes on the engine's `Job` as well (an admission or a
+requeue ends a claim), which the store writes as that function's result (`jobs.moved`)."""
 
 
 class IllegalTransition(ValueError):
@@ -111,6 +185,7 @@ class IllegalTransition(ValueError):
 
 
 _BY_EVENT = {e.event: e for e in EDGES}
+_FLAG_BY_EVENT = {f.event: f for f in FLAGS}
 
 
 def check(event: Event, source: JobState | None, target: JobState) -> None:
@@ -124,9 +199,40 @@ def allows(event: Event, source: JobState | None, target: JobState) -> bool:
     """Has the table an `event` edge from `source` (None: a new job) to `target`?"""
     if event is Event.NOTED:
         return source is not None and source is target
+    f = _FLAG_BY_EVENT.get(event)
+    if f is not None:
+        return source is target and source in f.states
     e = _BY_EVENT[event]
     leaves = not e.source if source is None else source in e.source
     return leaves and target in e.target
+
+
+def sets(event: Event) -> dict[str, object]:
+    """The flags a change of state by `event` sets beside the state (a cancel's mark): what the
+    store writes with it."""
+    e = _BY_EVENT.get(event)
+    return dict(e.sets) if e is not None else {}
+
+
+def flag(event: Event) -> Flag:
+    """The table's entry for the flag event `event` (KeyError for an event that is none)."""
+    return _FLAG_BY_EVENT[event]
+
+
+def flagged(event: Event, state: JobState, given: object = None) -> dict[str, object]:
+    """The columns the flag event `event` sets on a job in `state` (on its current attempt where
+    the table says so), `given` the value of a column the event carries: what the store
+    writes, and nothing else. Raises IllegalTransition where the event may not happen in
+    `state`, ValueError for an event that is no flag event or a value given where none is
+    carried (or none where one is)."""
+    f = _FLAG_BY_EVENT.get(event)
+    if f is None:
+        raise ValueError(f"{event.value} is no flag event")
+    check(event, state, state)
+    carries = any(v is GIVEN for _, v in f.sets)
+    if carries is (given is None):
+        raise ValueError(f"{event.value} carries {'a value' if carries else 'no value'}")
+    return {c: given if v is GIVEN else v for c, v in f.sets}
 
 
 CANCELLING = "CANCELLING"
@@ -263,6 +369,14 @@ def finished(job: Job) -> Job:
     return exited(job, _S.SUCCEEDED, preempted_at=None)
 
 
+def claimed(job: Job, on: bool) -> Job:
+    """A waiting job whose claim on its victims' capacity begins (`on`) or ends: the CLAIMED or
+    CLAIM_ENDED flag event, refused outside the waiting states."""
+    flagged(Event.CLAIMED if on else Event.CLAIM_ENDED, job.state)
+    j = job
+    return _job(j, j.state, j.attempt, j.time_limit, j.waited, j.pending_since, j.not_before, on, j.preempted_at)
+
+
 def reported(job: Job, attempt: Attempt) -> Job:
     """`job` with its attempt's facts as the job last reported them (startup, saves): no change
     of state (the NOTED edge)."""
@@ -337,9 +451,15 @@ def table() -> str:
         order = list(JobState)
         return ", ".join(s.value for s in sorted(found, key=order.index)) if found else "—"
 
-    rows = ["| event | from | to | what it means |", "|---|---|---|---|"]
+    def changes(found: tuple[tuple[str, object], ...]) -> str:
+        return ", ".join(f"`{c}` = {'the value given' if v is GIVEN else v}" for c, v in found) or "—"
+
+    rows = ["| event | from | to | sets | what it means |", "|---|---|---|---|---|"]
     for e in (*EDGES, NOTED):
         source = "any" if e is NOTED else states(e.source)
         target = "the same" if e is NOTED else states(e.target)
-        rows.append(f"| `{e.event.value}` | {source} | {target} | {e.why} |")
+        rows.append(f"| `{e.event.value}` | {source} | {target} | {changes(e.sets)} | {e.why} |")
+    for f in FLAGS:
+        sets_ = changes(tuple((f"attempts.{c}" if f.attempt else c, v) for c, v in f.sets))
+        rows.append(f"| `{f.event.value}` | {states(f.states)} | the same | {sets_} | {f.why} |")
     return "\n".join(rows)

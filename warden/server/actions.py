@@ -101,14 +101,14 @@ class JobActions:
         def act(job: StoredJob) -> bool | None:
             if not job.held:
                 raise ApiError(409, "id", job_id, f"the job is not held ({job.state.value})")
-            released = self.ctx.store.note(
+            released = self.ctx.store.flag(
                 job.id,
                 job.state,
+                Event.RELEASED,
                 reason=f"released by {who.user}",
                 actor=who.user,
                 now=now,
                 expect_cancel_requested=False,
-                held_reason=None,
                 explanation=None,
             )
             return released or None

@@ -170,13 +170,7 @@ class PlanApplier(Duty):
                 reason = "claim released: its victims' capacity is no longer needed"
             else:
                 reason = "claim ended"
-            self.store.note(
-                job.id,
-                job.state,
-                reason=reason,
-                now=now,
-                claim=want,
-            )
+            self.store.flag(job.id, job.state, Event.CLAIMED if want else Event.CLAIM_ENDED, reason=reason, now=now)
 
     def explain(self, plan: Plan) -> None:
         """Store the explanations that changed. A job's wait grows every pass and its queue's

@@ -44,20 +44,18 @@ class Cancels(Duty):
             actor=actor,
             now=now,
             expect_state={job.state},
-            cancel_requested=True,
-            held_reason=None,
         )
         return f"cancelled while {job.state.value}, before it started" if done else None
 
     def _cancel_holding(self, job: StoredJob, actor: str, now: float) -> str | None:
-        if not self.store.note(
+        if not self.store.flag(
             job.id,
             job.state,
+            Event.CANCEL_MARKED,
             reason=f"cancel requested by {actor}",
             actor=actor,
             now=now,
             expect_cancel_requested=False,
-            cancel_requested=True,
         ):
             return None
         attempt = self.store.attempt(job.id, job.attempt)

@@ -240,12 +240,13 @@ class EngineGuard(Duty):
             "sort_key": None,
             "position": None,
         }
-        held = self.store.note(
+        held = self.store.flag(
             int(job.id),
             job.state,
+            lifecycle.Event.HELD,
             reason=reason,
             now=now,
-            held_reason=reason,
+            given=reason,
             explanation=explanation,
         )
         self._explained.pop(job.id, None)

@@ -54,12 +54,13 @@ class Exits(Duty):
         SIGTERM (and SIGKILL after its grace): record it as `TimeLimits` records its own, so
         it ends TIMEOUT. A time outside the attempt's life is no fact: never before it started."""
         sigterm_at = min(max(ex.timed_out_at or now, attempt.started_at), ex.ended_at)
-        self.store.update_attempt(job.id, attempt.number, timed_out=True, sigterm_at=sigterm_at, kill_at=ex.killed_at)
-        self.store.note(
+        self.store.flag(
             job.id,
             job.state,
+            Event.TIMED_OUT,
             reason=f"{ran_out(job)}: SIGTERM from its supervisor, no server running then",
             details={"sigterm_at": sigterm_at, "time_limit_s": job.time_limit_s},
+            attempt_fields={"sigterm_at": sigterm_at, "kill_at": ex.killed_at},
             now=now,
         )
         return self.store.attempt(job.id, attempt.number) or attempt

@@ -10,6 +10,7 @@ The deadline is the forecast's and the reservations' expected end of the attempt
 from __future__ import annotations
 
 from warden.engine.accounting import effective_grace, run_end
+from warden.engine.lifecycle import Event
 from warden.engine.policy import format_duration
 from warden.server.cancels import Cancels
 from warden.server.context import Duty, ReconcileContext
@@ -44,15 +45,20 @@ class TimeLimits(Duty):
             if not attempt.timed_out:
                 if now < run_end(attempt.started_at, job.time_limit_s):
                     continue
-                self.store.update_attempt(job.id, attempt.number, timed_out=True)
-                changed = True
-                if attempt.sigterm_at is not None:
-                    self._note(
-                        job,
-                        f"{ran_out(job)} while already terminating: it ends TIMEOUT, its SIGKILL deadline unchanged",
-                        {} if attempt.kill_at is None else {KILL_AT: attempt.kill_at},
-                        now,
+                terminating = attempt.sigterm_at is not None
+                if terminating:
+                    reason = (
+                        f"{ran_out(job)} while already terminating: it ends TIMEOUT, its SIGKILL deadline unchanged"
                     )
+                    marked = self._note(
+                        job, reason, {} if attempt.kill_at is None else {KILL_AT: attempt.kill_at}, now, Event.TIMED_OUT
+                    )
+                else:
+                    marked = self._note(job, f"{ran_out(job)}: it ends TIMEOUT", {}, now, Event.TIMED_OUT)
+                if not marked:
+                    continue  # the job moved on since it was read: the next pass sees it as it is
+                changed = True
+                if terminating:
                     continue
             elif attempt.sigterm_at is not None:
                 continue
@@ -69,11 +75,12 @@ class TimeLimits(Duty):
             )
         return self.store.active() if changed else active
 
-    def _note(self, job: StoredJob, reason: str, details: dict[str, float], now: float) -> None:
-        self.store.note(
-            job.id,
-            job.state,
-            reason=reason,
-            details={**details, "time_limit_s": job.time_limit_s},
-            now=now,
-        )
+    def _note(
+        self, job: StoredJob, reason: str, details: dict[str, float | None], now: float, event: Event = Event.NOTED
+    ) -> bool:
+        """Record a time limit's event, the limit in its details: its mark (`Event.TIMED_OUT`)
+        or the SIGTERM that follows it."""
+        details = {**details, "time_limit_s": job.time_limit_s}
+        if event is Event.NOTED:
+            return self.store.note(job.id, job.state, reason=reason, details=details, now=now)
+        return self.store.flag(job.id, job.state, event, reason=reason, details=details, now=now)

@@ -392,7 +392,7 @@ class Simulation:
             pod = self.pods[eid]
             want = eid in keep and pod.job.state.waiting
             if pod.job.claim != want:
-                self._update(pod, replace(pod.job, claim=want))
+                self._update(pod, lifecycle.claimed(pod.job, want))
                 moved = True
         self.claimed = {eid for eid in keep if self.pods[eid].job.claim}
         return moved

@@ -828,11 +828,46 @@ class JobStore(StoreBase):
         `finished_at = now`; leaving the waiting states clears the pending `explanation`.
         Raises JobNotFound for an unknown id, and `lifecycle.IllegalTransition` when the job's
         state has no `event` edge to `to_state` (a bug in the caller: the lifecycle's table is the
-        only way a state changes).
+        only way a state changes). The flags the event sets (`lifecycle.sets`: a cancel's mark)
+        are written with it; `field_updates` may name no flag (ValueError) but one a lifecycle
+        function's result carries (`lifecycle.CARRIED_FLAGS`, as `moved` gives it): a flag
+        changes by its event alone (`flag`).
         """
+        _no_flags({k: v for k, v in field_updates.items() if k not in lifecycle.CARRIED_FLAGS}, attempt_fields)
+        return self._move(
+            job_id,
+            to_state,
+            event,
+            reason,
+            actor,
+            now,
+            expect_state,
+            expect_cancel_requested,
+            details,
+            {**(attempt_fields or {})},
+            new_attempt,
+            {**field_updates, **lifecycle.sets(event)},
+        )
+
+    def _move(
+        self,
+        job_id: int | str,
+        to_state: JobState | str,
+        event: Event,
+        reason: str,
+        actor: str,
+        now: float,
+        expect_state: JobState | str | Iterable[JobState | str] | None,
+        expect_cancel_requested: bool | None,
+        details: Mapping[str, Any] | None,
+        attempt_fields: Mapping[str, Any],
+        new_attempt: Mapping[str, Any] | None,
+        field_updates: Mapping[str, Any],
+    ) -> bool:
+        """`transition` with its flags checked: the write itself, flags included."""
         target = JobState(to_state).value
         expected = _state_set(expect_state)
-        values = _job_updates(field_updates)
+        values = _job_updates(dict(field_updates))
         if target in TERMINAL_STATES:
             values.setdefault("finished_at", now)
         if target not in WAITING_STATES:
@@ -879,6 +914,46 @@ class JobStore(StoreBase):
         fields, a cancel-flag expectation)."""
         return self.transition(
             job_id, state, event=Event.NOTED, reason=reason, actor=actor, now=now, expect_state={state}, **changes
+        )
+
+    def flag(
+        self,
+        job_id: int | str,
+        state: JobState | str,
+        event: Event,
+        /,
+        *,
+        reason: str,
+        now: float,
+        actor: str = "warden",
+        given: object = None,
+        expect_cancel_requested: bool | None = None,
+        details: Mapping[str, Any] | None = None,
+        attempt_fields: Mapping[str, Any] | None = None,
+        **field_updates: Any,
+    ) -> bool:
+        """Record the flag event `event` (`lifecycle.FLAGS`: a hold, a release, a cancel's mark, a
+        claim or its end, a time limit run out) on a job that must still be in `state` (else
+        False and nothing changes): the flags the table gives for it (`given`: the value it
+        carries, a hold's reason) on the job or its current attempt, with the other
+        `field_updates` and `attempt_fields`, in one transaction with the event. Raises
+        `lifecycle.IllegalTransition` where the event may not happen in `state`."""
+        _no_flags(field_updates, attempt_fields)
+        changes = lifecycle.flagged(event, JobState(state), given)
+        on_attempt = lifecycle.flag(event).attempt
+        return self._move(
+            job_id,
+            state,
+            event,
+            reason,
+            actor,
+            now,
+            {state},
+            expect_cancel_requested,
+            details,
+            {**(attempt_fields or {}), **(changes if on_attempt else {})},
+            None,
+            {**field_updates, **({} if on_attempt else changes)},
         )
 
     def update(self, job_id: int | str, /, *, expect_version: int | None = None, **field_updates: Any) -> bool:
@@ -1065,6 +1140,13 @@ def _next_submit_at(now: float, newest: float | None) -> float:
         return float(now)
     floor = max(newest + SUBMIT_TICK, math.nextafter(newest, math.inf))
     return max(float(now), floor)
+
+
+def _no_flags(*updates: Mapping[str, Any] | None) -> None:
+    """Refuse a write that names a flag: the lifecycle's events alone set them."""
+    named = sorted(c for u in updates for c in (u or {}) if c in lifecycle.FLAG_COLUMNS)
+    if named:
+        raise ValueError(f"{', '.join(named)}: set by the lifecycle's flag events only (Store.flag)")
 
 
 def _add_event(
